@@ -1,0 +1,172 @@
+"""KernelCache: the tiers in order (memory, disk, NVRTC) behind one blocking, thread-safe call.
+
+The async Compiler drives the same pieces; this is the form for threads and scripts.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Literal
+
+from . import _nvrtc
+from ._artifact import Artifact
+from ._spec import KernelSpec
+from ._store import DiskTier, MemoryTier
+from ._store.disk import DEFAULT_DISK_LIMIT
+from ._target import TargetLike, as_target
+
+__all__ = ["DEFAULT_MEMORY_LIMIT", "CacheStats", "KernelCache"]
+
+DEFAULT_MEMORY_LIMIT = 256 << 20  # bytes (256 MiB)
+
+Origin = Literal["disk", "compile"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """A snapshot of a cache's counters since it was created."""
+
+    requests: int
+    memory_hits: int
+    disk_hits: int
+    compiles: int
+    compile_errors: int
+    compile_seconds: float  # total NVRTC time
+    joined: int  # requests that waited for another thread's work on the same key
+    corrupt_dropped: int  # disk entries that failed verification and were deleted
+    memory_evictions: int
+    disk_evictions: int
+    write_failures: int
+    memory_entries: int
+    memory_bytes: int
+    disk_writable: bool
+
+
+class KernelCache:
+    """Artifacts for one target: memory tier, then disk tier, then NVRTC.
+
+    Thread-safe: threads asking for the same key at once share one compile.
+    """
+
+    def __init__(
+        self,
+        arch: TargetLike | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        memory_limit: int = DEFAULT_MEMORY_LIMIT,
+        disk_limit: int = DEFAULT_DISK_LIMIT,
+        disk: bool = True,
+    ) -> None:
+        self.target = as_target(arch)
+        self.memory = MemoryTier(memory_limit)
+        self.disk: DiskTier | None = DiskTier(cache_dir, limit=disk_limit) if disk else None
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Future[Artifact]] = {}
+        self._requests = 0
+        self._memory_hits = 0
+        self._joined = 0
+        self._compiles = 0
+        self._compile_errors = 0
+        self._compile_seconds = 0.0
+
+    def key(self, spec: KernelSpec) -> str:
+        return spec.key(self.target)
+
+    def get_or_compile(self, spec: KernelSpec) -> Artifact:
+        """The artifact for ``spec``: from memory, else disk, else compiled (and stored)."""
+        key = spec.key(self.target)
+        artifact = self.memory.get(key)
+        with self._lock:
+            self._requests += 1
+            if artifact is not None:
+                self._memory_hits += 1
+                return artifact
+            shared = self._inflight.get(key)
+            if shared is None:
+                mine: Future[Artifact] = Future()
+                self._inflight[key] = mine
+            else:
+                self._joined += 1
+        if shared is not None:
+            return shared.result()
+        try:
+            artifact, _ = self.resolve(spec, key)
+        except BaseException as exc:
+            mine.set_exception(exc)
+            raise
+        else:
+            mine.set_result(artifact)
+            return artifact
+        finally:
+            with self._lock:
+                del self._inflight[key]
+            # Nobody else may be waiting: retrieve the exception so it is not logged as lost.
+            if mine.done() and not mine.cancelled():
+                mine.exception()
+
+    def resolve(self, spec: KernelSpec, key: str) -> tuple[Artifact, Origin]:
+        """Disk, then NVRTC (writing the result to disk); publishes to memory. Blocking."""
+        if self.disk is not None:
+            artifact = self.disk.read(key, arch=self.target.arch)
+            if artifact is not None:
+                self.memory.put(artifact)
+                return artifact, "disk"
+        try:
+            result = _nvrtc.compile_program(spec, self.target)
+        except BaseException:
+            with self._lock:
+                self._compile_errors += 1
+            raise
+        with self._lock:
+            self._compiles += 1
+            self._compile_seconds += result.seconds
+        artifact = Artifact(
+            key=key,
+            kind=result.kind,
+            image=result.image,
+            arch=self.target.arch,
+            nvrtc_version=_nvrtc.version_string(),
+            lowered_names=result.lowered_names,
+            compile_seconds=result.seconds,
+            log=result.log,
+        )
+        if self.disk is not None:
+            self.disk.write(artifact)
+        self.memory.put(artifact)
+        return artifact, "compile"
+
+    def forget(self, spec: KernelSpec) -> None:
+        """Drop ``spec``'s entry from memory and disk, so the next request compiles it."""
+        key = spec.key(self.target)
+        self.memory.discard(key)
+        if self.disk is not None:
+            self.disk.discard(key)
+
+    def clear(self) -> None:
+        """Empty the memory tier and this format version's disk entries."""
+        self.memory.clear()
+        if self.disk is not None:
+            self.disk.clear()
+
+    def stats(self) -> CacheStats:
+        disk = self.disk
+        with self._lock:
+            return CacheStats(
+                requests=self._requests,
+                memory_hits=self._memory_hits,
+                disk_hits=disk.hits if disk else 0,
+                compiles=self._compiles,
+                compile_errors=self._compile_errors,
+                compile_seconds=self._compile_seconds,
+                joined=self._joined,
+                corrupt_dropped=disk.corrupt if disk else 0,
+                memory_evictions=self.memory.evictions,
+                disk_evictions=disk.evictions if disk else 0,
+                write_failures=disk.write_failures if disk else 0,
+                memory_entries=len(self.memory),
+                memory_bytes=self.memory.bytes,
+                disk_writable=disk.writable if disk else False,
+            )

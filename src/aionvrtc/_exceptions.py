@@ -1,0 +1,65 @@
+"""One exception hierarchy: everything aionvrtc raises on purpose derives from AionvrtcError.
+
+Third-party errors (CuPy's NVRTC binding, the CUDA runtime) are mapped to these at one boundary,
+with ``raise ... from exc`` so the original stays attached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "AionvrtcError",
+    "CacheCorruptError",
+    "CompileError",
+    "NoDeviceError",
+    "NvrtcError",
+]
+
+
+class AionvrtcError(Exception):
+    """Raised for every failure that aionvrtc reports itself; catch this to catch them all."""
+
+
+class CompileError(AionvrtcError):
+    """Raised when NVRTC rejects a program: bad source, a bad option or a name expression it
+    cannot resolve. ``log`` holds NVRTC's full log, ``program`` the program's file name and
+    ``options`` the exact options it was given (the target architecture included)."""
+
+    def __init__(self, message: str, *, log: str, program: str, options: Sequence[str]) -> None:
+        super().__init__(message)
+        self.log = log
+        self.program = program
+        self.options = tuple(options)
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}\n{self.log.rstrip()}" if self.log.strip() else text
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only arguments need help to survive pickling (process pools, multiprocessing).
+        return (_rebuild_compile_error, (self.args[0], self.log, self.program, self.options))
+
+
+def _rebuild_compile_error(
+    message: str, log: str, program: str, options: Sequence[str]
+) -> CompileError:
+    return CompileError(message, log=log, program=program, options=options)
+
+
+class CacheCorruptError(AionvrtcError):
+    """Raised when a cache entry fails verification: truncated, bit-flipped, foreign, of another
+    format version, or holding a different key than its name says. The cache tiers catch it,
+    drop the entry and count it; it reaches callers only from the decoding functions."""
+
+
+class NvrtcError(AionvrtcError):
+    """Raised when NVRTC cannot be used at all (the library is missing or fails to load) or
+    cannot serve a request for reasons other than the program itself, such as a target
+    architecture older than this NVRTC supports."""
+
+
+class NoDeviceError(AionvrtcError):
+    """Raised when a CUDA GPU is needed, to detect the target architecture or to load a
+    module, and none is usable. Name the target explicitly (``arch="sm_90"``) to compile
+    without one."""

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from aionvrtc import KernelSpec
+
+_serial = itertools.count()
+# A process-unique salt: NVRTC 13 caches identical programs in-process, and tests that count
+# compiles must never see another test's kernel.
+_SALT = f"{os.getpid()}_{id(_serial)}"
+
+TEMPLATE = """
+template <typename T>
+__global__ void scale_{tag}(T* x, T factor, int n) {{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= factor;
+}}
+"""
+
+
+def make_spec(tag: str | None = None, **kwargs: object) -> KernelSpec:
+    """A tiny templated kernel, distinct per call unless ``tag`` is given."""
+    tag = tag or f"k{_SALT}_{next(_serial)}"
+    kwargs.setdefault("name_expressions", (f"scale_{tag}<float>",))
+    return KernelSpec(TEMPLATE.format(tag=tag), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def spec_factory() -> Callable[..., KernelSpec]:
+    return make_spec
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture(autouse=True)
+def _no_user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    # Never touch the real user cache dir from tests.
+    old = os.environ.get("AIONVRTC_CACHE_DIR")
+    os.environ["AIONVRTC_CACHE_DIR"] = str(tmp_path_factory.mktemp("default-cache"))
+    yield
+    if old is None:
+        os.environ.pop("AIONVRTC_CACHE_DIR", None)
+    else:
+        os.environ["AIONVRTC_CACHE_DIR"] = old
+
+
+def run_python(code: str, *, timeout: float = 120) -> str:
+    """Run ``code`` in a fresh interpreter; return its stdout."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stderr}")
+    return proc.stdout
+
+
+@pytest.fixture
+def read_only(tmp_path: Path) -> Iterator[Callable[[Path], Path]]:
+    """Make a folder read-only for real: a read-only bind mount as root (root ignores modes),
+    file modes otherwise. Returns the read-only view of the folder."""
+    mounts: list[Path] = []
+    chmods: list[Path] = []
+
+    def make(folder: Path) -> Path:
+        if os.geteuid() != 0:
+            for path in [folder, *folder.rglob("*")]:
+                if path.is_dir():
+                    path.chmod(0o555)
+                    chmods.append(path)
+            return folder
+        view = tmp_path / f"ro-view-{len(mounts)}"
+        view.mkdir()
+        for args in (["--bind", str(folder), str(view)], ["-o", "remount,bind,ro", str(view)]):
+            done = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                pytest.skip(f"running as root and cannot bind-mount read-only: {done.stderr}")
+            if args[0] == "--bind":
+                mounts.append(view)
+        return view
+
+    yield make
+    for view in mounts:
+        subprocess.run(["umount", str(view)], check=False)
+    for path in chmods:
+        path.chmod(0o700)

@@ -1,0 +1,380 @@
+"""KernelCache end to end: memory, disk and NVRTC for real, faults for real where possible."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from aionvrtc import CompileError, KernelCache, KernelSpec
+from aionvrtc._artifact import encode
+
+from .conftest import make_spec, run_python
+
+
+def test_memory_then_disk_then_compile(cache_dir: Path) -> None:
+    spec = make_spec()
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    first = cache.get_or_compile(spec)
+    assert first.kind == "cubin"
+    assert first.image[:4] == b"\x7fELF"
+    assert first.key == spec.key("sm_90")
+    assert first.arch == "sm_90"
+    assert first.compile_seconds > 0
+    assert cache.get_or_compile(spec) is first
+    stats = cache.stats()
+    assert (stats.requests, stats.memory_hits, stats.disk_hits, stats.compiles) == (2, 1, 0, 1)
+    assert stats.compile_seconds == pytest.approx(first.compile_seconds)
+    assert stats.memory_entries == 1
+    entry = cache_dir / "v1" / first.key[:2] / first.key
+    assert entry.is_file()
+
+    fresh = KernelCache("sm_90", cache_dir=cache_dir)
+    again = fresh.get_or_compile(spec)
+    assert again == first
+    stats = fresh.stats()
+    assert (stats.requests, stats.memory_hits, stats.disk_hits, stats.compiles) == (1, 0, 1, 0)
+
+
+def test_round_trip_through_a_new_process(cache_dir: Path) -> None:
+    spec = make_spec("newproc")
+    art = KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec)
+    out = run_python(
+        f"""
+import json
+from aionvrtc import KernelCache
+from tests.conftest import make_spec
+cache = KernelCache("sm_90", cache_dir={str(cache_dir)!r})
+art = cache.get_or_compile(make_spec("newproc"))
+s = cache.stats()
+print(json.dumps({{"key": art.key, "image": art.image.hex(), "names": dict(art.lowered_names),
+                  "compiles": s.compiles, "disk_hits": s.disk_hits}}))
+"""
+    )
+    child = json.loads(out)
+    assert child == {
+        "key": art.key,
+        "image": art.image.hex(),
+        "names": dict(art.lowered_names),
+        "compiles": 0,
+        "disk_hits": 1,
+    }
+
+
+def test_no_disk_tier(tmp_path: Path) -> None:
+    cache = KernelCache("sm_90", cache_dir=tmp_path / "unused", disk=False)
+    cache.get_or_compile(make_spec())
+    assert not (tmp_path / "unused").exists()
+    assert cache.stats().disk_writable is False
+
+
+def test_default_cache_dir_comes_from_the_environment(tmp_path: Path) -> None:
+    os.environ["AIONVRTC_CACHE_DIR"] = str(tmp_path / "from-env")
+    cache = KernelCache("sm_90")
+    art = cache.get_or_compile(make_spec())
+    assert (tmp_path / "from-env" / "v1" / art.key[:2] / art.key).is_file()
+
+
+def test_folders_are_private_and_entries_not_writable_by_others(cache_dir: Path) -> None:
+    art = KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(make_spec())
+    entry = cache_dir / "v1" / art.key[:2] / art.key
+    for folder in (cache_dir, cache_dir / "v1", entry.parent):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    assert entry.stat().st_mode & 0o777 == 0o600
+
+
+# -- corruption --------------------------------------------------------------------------
+
+
+def _damage(kind: str, path: Path, other: bytes) -> None:
+    data = path.read_bytes()
+    damaged = {
+        "truncated": data[: len(data) // 2],
+        "bit-flipped": data[:100] + bytes([data[100] ^ 0x01]) + data[101:],
+        "empty": b"",
+        "garbage": os.urandom(len(data)),
+        "wrong magic": b"NOTOURS!" + data[8:],
+        "future version": data[:8] + (2).to_bytes(2, "big") + data[10:],
+        "swapped key": other,
+    }[kind]
+    path.write_bytes(damaged)
+
+
+DAMAGE = ["truncated", "bit-flipped", "empty", "garbage", "wrong magic", "future version"]
+DAMAGE += ["swapped key"]
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_corrupt_entries_are_dropped_counted_and_recompiled(
+    cache_dir: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec, other = make_spec(), make_spec()
+    writer = KernelCache("sm_90", cache_dir=cache_dir)
+    good = writer.get_or_compile(spec)
+    other_art = writer.get_or_compile(other)
+    entry = cache_dir / "v1" / good.key[:2] / good.key
+    _damage(kind, entry, encode(other_art))
+
+    reader = KernelCache("sm_90", cache_dir=cache_dir)
+    with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+        art = reader.get_or_compile(spec)
+    assert art.image == good.image
+    assert art.key == good.key
+    stats = reader.stats()
+    assert (stats.corrupt_dropped, stats.compiles, stats.disk_hits) == (1, 1, 0)
+    assert [r.message for r in caplog.records if "dropping disk cache entry" in r.message]
+    # The recompiled entry replaced the bad one and verifies.
+    assert KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec).image == good.image
+
+
+def test_entry_for_another_arch_under_this_key_is_refused(cache_dir: Path) -> None:
+    spec = make_spec()
+    on_80 = KernelCache("sm_80", cache_dir=cache_dir).get_or_compile(spec)
+    key_90 = spec.key("sm_90")
+    planted = cache_dir / "v1" / key_90[:2] / key_90
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    from dataclasses import replace
+
+    planted.write_bytes(encode(replace(on_80, key=key_90)))  # valid checksum, wrong arch
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    art = cache.get_or_compile(spec)
+    assert art.arch == "sm_90"
+    assert cache.stats().corrupt_dropped == 1
+
+
+def test_symlinked_entry_is_not_followed(cache_dir: Path, tmp_path: Path) -> None:
+    spec = make_spec()
+    art = KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec)
+    entry = cache_dir / "v1" / art.key[:2] / art.key
+    target = tmp_path / "elsewhere"
+    target.write_bytes(entry.read_bytes())
+    entry.unlink()
+    entry.symlink_to(target)
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    cache.get_or_compile(spec)
+    stats = cache.stats()
+    assert (stats.disk_hits, stats.compiles, stats.corrupt_dropped) == (0, 1, 1)
+    assert not entry.is_symlink()
+    assert target.read_bytes()  # the link's target was never touched
+
+
+# -- disk faults -------------------------------------------------------------------------
+
+
+def test_read_only_cache_dir_serves_and_warns_once(
+    cache_dir: Path, read_only: Callable[[Path], Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    cached = make_spec()
+    KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(cached)
+    view = read_only(cache_dir)
+    cache = KernelCache("sm_90", cache_dir=view)
+    with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+        assert cache.get_or_compile(cached).image[:4] == b"\x7fELF"  # read from disk
+        fresh = [cache.get_or_compile(make_spec()) for _ in range(3)]  # compiled, not stored
+    assert all(a.image[:4] == b"\x7fELF" for a in fresh)
+    stats = cache.stats()
+    assert (stats.disk_hits, stats.compiles, stats.write_failures) == (1, 3, 1)
+    assert stats.disk_writable is False
+    warnings = [r.message for r in caplog.records if "not writable" in r.message]
+    assert len(warnings) == 1
+    assert "writing disabled" in warnings[0]
+    # Served from memory afterwards.
+    assert cache.get_or_compile(cached) is cache.get_or_compile(cached)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_full_disk_disables_writing(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch, code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A full disk cannot be produced on demand here: inject ENOSPC at the fsync of the write.
+    def full(fd: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", full)
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+        arts = [cache.get_or_compile(make_spec()) for _ in range(2)]
+    assert all(a.kind == "cubin" for a in arts)
+    stats = cache.stats()
+    assert (stats.compiles, stats.write_failures, stats.disk_writable) == (2, 1, False)
+    assert len([r for r in caplog.records if "not writable" in r.message]) == 1
+    leftovers = [p for p in cache_dir.rglob("*") if p.is_file()]
+    assert leftovers == []  # the tmp file of the failed write was removed
+
+
+def test_cache_dir_deleted_under_a_running_cache(cache_dir: Path) -> None:
+    import shutil
+
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    cache.get_or_compile(make_spec())
+    shutil.rmtree(cache_dir)
+    spec = make_spec()
+    art = cache.get_or_compile(spec)
+    assert (cache_dir / "v1" / art.key[:2] / art.key).is_file()  # recreated
+    assert cache.stats().write_failures == 0
+
+
+# -- size management ---------------------------------------------------------------------
+
+
+def _entries(cache_dir: Path) -> set[str]:
+    return {p.name for p in (cache_dir / "v1").glob("*/*") if not p.name.startswith(".")}
+
+
+def test_disk_eviction_is_least_recently_used_first(cache_dir: Path) -> None:
+    specs = {name: make_spec(f"evict_{name}") for name in "abcd"}
+    probe = KernelCache("sm_90", disk=False).get_or_compile(specs["a"])
+    size = len(encode(probe))
+    # Room for three entries and a half: the fourth write evicts exactly one.
+    cache = KernelCache("sm_90", cache_dir=cache_dir, disk_limit=int(size * 3.5))
+    keys = {name: cache.key(spec) for name, spec in specs.items()}
+    now = time.time()
+    for age, name in zip((300, 200, 100), "abc", strict=True):
+        cache.get_or_compile(specs[name])
+        entry = cache_dir / "v1" / keys[name][:2] / keys[name]
+        os.utime(entry, (now - age, now - age))
+    # A disk hit refreshes recency: a is now the most recently used.
+    assert KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(specs["a"]).key == keys["a"]
+    cache.get_or_compile(specs["d"])
+    assert _entries(cache_dir) == {keys["a"], keys["c"], keys["d"]}
+    assert cache.stats().disk_evictions == 1
+
+
+def test_memory_eviction_is_least_recently_used_first() -> None:
+    specs = [make_spec(f"mem_{i}") for i in range(4)]
+    probe = KernelCache("sm_90", disk=False).get_or_compile(specs[0])
+    cache = KernelCache("sm_90", disk=False, memory_limit=int(probe.size * 3.5))
+    a, b, c = (cache.get_or_compile(s) for s in specs[:3])
+    assert cache.get_or_compile(specs[0]) is a  # a becomes most recently used
+    cache.get_or_compile(specs[3])
+    assert b.key not in cache.memory
+    assert a.key in cache.memory
+    assert c.key in cache.memory
+    stats = cache.stats()
+    assert (stats.memory_evictions, stats.memory_entries) == (1, 3)
+    assert stats.memory_bytes <= cache.memory.limit
+
+
+def test_stale_tmp_files_are_removed_fresh_ones_kept(cache_dir: Path) -> None:
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    art = cache.get_or_compile(make_spec())
+    shard = cache_dir / "v1" / art.key[:2]
+    stale = shard / f".{art.key}.123.dead.tmp"
+    fresh = shard / f".{art.key}.456.live.tmp"
+    for tmp in (stale, fresh):
+        tmp.write_bytes(b"partial")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(make_spec())  # first write scans
+    assert not stale.exists()
+    assert fresh.exists()
+
+
+def test_clear_and_forget(cache_dir: Path) -> None:
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    one, two = make_spec(), make_spec()
+    cache.get_or_compile(one)
+    cache.get_or_compile(two)
+    cache.forget(one)
+    assert len(_entries(cache_dir)) == 1
+    assert len(cache.memory) == 1
+    cache.clear()
+    assert _entries(cache_dir) == set()
+    assert len(cache.memory) == 0
+    cache.get_or_compile(one)
+    assert cache.stats().compiles == 3
+
+
+# -- errors and concurrency ----------------------------------------------------------------
+
+
+def test_compile_errors_reach_the_caller_and_are_not_stored(cache_dir: Path) -> None:
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    broken = KernelSpec("__global__ void k() { undefined_call(); }", name="bad.cu")
+    for _ in range(2):
+        with pytest.raises(CompileError, match='identifier "undefined_call" is undefined'):
+            cache.get_or_compile(broken)
+    stats = cache.stats()
+    assert (stats.compile_errors, stats.compiles, stats.memory_entries) == (2, 0, 0)
+    assert _entries(cache_dir) == set()
+
+
+def test_threads_share_one_compile_per_key(cache_dir: Path) -> None:
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    specs = [make_spec() for _ in range(4)]
+    start = threading.Barrier(16)
+    results: list[str] = []
+
+    def worker(index: int) -> None:
+        start.wait()
+        for spec in specs[index % 2 :: 1]:
+            results.append(cache.get_or_compile(spec).key)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = cache.stats()
+    assert stats.compiles == 4
+    assert stats.requests == len(results) == 8 * 4 + 8 * 3
+    assert stats.memory_hits + stats.joined + stats.compiles == stats.requests
+    assert len(_entries(cache_dir)) == 4
+    for spec in specs:
+        assert KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec).key == spec.key(
+            "sm_90"
+        )
+
+
+WRITER = """
+import sys
+from aionvrtc import Artifact
+from aionvrtc._store import DiskTier
+tier = DiskTier(sys.argv[1])
+seed = int(sys.argv[2])
+bad = 0
+for round in range(150):
+    for k in range(6):
+        key = f"{k:02x}" * 32
+        art = Artifact(key=key, kind="cubin", image=b"\\x7fELF" + bytes([k]) * (2000 + 500 * k),
+                       arch="sm_90", nvrtc_version="13.5", compile_seconds=seed + round)
+        tier.write(art)
+        got = tier.read(key, arch="sm_90")
+        if got is None or got.image != art.image:
+            bad += 1
+print(bad, tier.corrupt, tier.write_failures)
+"""
+
+
+def test_concurrent_writers_from_processes_leave_only_valid_entries(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = tmp_path / "shared"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(root), str(seed)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for seed in range(4)
+    ]
+    outputs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    # Every read, while three other processes replaced the same entries, saw a whole entry.
+    assert outputs == [["0", "0", "0"]] * 4
+    from aionvrtc._store import DiskTier
+
+    tier = DiskTier(root)
+    names = sorted(p.name for p in (root / "v1").glob("*/*"))
+    assert names == [f"{k:02x}" * 32 for k in range(6)]  # no tmp leftovers
+    for name in names:
+        assert tier.read(name) is not None
+    assert tier.corrupt == 0
