@@ -6,6 +6,8 @@ import json
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aionvrtc import Artifact, CacheCorruptError
 from aionvrtc._artifact import MAGIC, decode, encode
@@ -93,3 +95,25 @@ def test_verified_but_wrong_entries_are_refused() -> None:
 def test_lowered_names_are_read_only() -> None:
     with pytest.raises(TypeError):
         artifact().lowered_names["x"] = "y"  # type: ignore[index]
+
+
+@given(st.binary(max_size=4096))
+@settings(max_examples=300, deadline=None)
+def test_arbitrary_bytes_only_ever_raise_cache_corrupt(data: bytes) -> None:
+    with pytest.raises(CacheCorruptError):
+        decode(data)
+    with pytest.raises(CacheCorruptError):
+        decode(MAGIC + data)  # past the magic check, into the version/checksum/header logic
+
+
+@given(st.binary(max_size=512), st.integers(min_value=0, max_value=2**32 - 1))
+@settings(max_examples=300, deadline=None)
+def test_well_checksummed_garbage_headers_only_raise_cache_corrupt(
+    header: bytes, claimed: int
+) -> None:
+    import hashlib
+
+    body = struct.pack(">8sHI", MAGIC, 1, claimed % (len(header) + 16)) + header
+    body += struct.pack(">Q", 4) + b"\x7fELF"
+    with pytest.raises(CacheCorruptError):
+        decode(body + hashlib.sha256(body).digest())
