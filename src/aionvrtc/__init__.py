@@ -1,16 +1,20 @@
 """aionvrtc: an async, actor-style CUDA compilation service, and the kernels it serves."""
 
+from ._actor import Compiler, CompilerStats
 from ._artifact import Artifact
 from ._cache import CacheStats, KernelCache
+from ._cuda import Module, ModuleLoadError
 from ._exceptions import (
     AionvrtcError,
     CacheCorruptError,
     CompileError,
+    CompilerClosed,
     NoDeviceError,
     NvrtcError,
 )
 from ._spec import FORMAT_VERSION, KernelSpec
 from ._store import default_cache_dir
+from ._sync import close_default_compiler, compile_sync, default_compiler, get_sync
 from ._target import Target
 from ._version import __version__
 
@@ -21,11 +25,20 @@ __all__ = [
     "CacheCorruptError",
     "CacheStats",
     "CompileError",
+    "Compiler",
+    "CompilerClosed",
+    "CompilerStats",
     "KernelCache",
     "KernelSpec",
+    "Module",
+    "ModuleLoadError",
     "NoDeviceError",
     "NvrtcError",
     "Target",
     "__version__",
+    "close_default_compiler",
+    "compile_sync",
     "default_cache_dir",
+    "default_compiler",
+    "get_sync",
 ]

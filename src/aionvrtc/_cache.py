@@ -5,6 +5,7 @@ The async Compiler drives the same pieces; this is the form for threads and scri
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from concurrent.futures import Future
@@ -21,6 +22,8 @@ from ._target import TargetLike, as_target
 __all__ = ["DEFAULT_MEMORY_LIMIT", "CacheStats", "KernelCache"]
 
 DEFAULT_MEMORY_LIMIT = 256 << 20  # bytes (256 MiB)
+
+logger = logging.getLogger("aionvrtc")
 
 Origin = Literal["disk", "compile"]
 
@@ -108,22 +111,49 @@ class KernelCache:
                 mine.exception()
 
     def resolve(self, spec: KernelSpec, key: str) -> tuple[Artifact, Origin]:
-        """Disk, then NVRTC (writing the result to disk); publishes to memory. Blocking."""
-        if self.disk is not None:
-            artifact = self.disk.read(key, arch=self.target.arch)
-            if artifact is not None:
-                self.memory.put(artifact)
-                return artifact, "disk"
+        """Disk, then NVRTC (writing the result to disk); publishes to memory. Blocking.
+
+        The compile runs under the key's file lock with the disk checked again inside it, so
+        processes cold on the same kernel compile it once and the others read it from disk.
+        """
+        disk = self.disk
+        if disk is None:
+            artifact = self._compile(spec, key)
+        else:
+            cached = disk.read(key, arch=self.target.arch)
+            if cached is None:
+                with disk.lock(key):
+                    cached = disk.read(key, arch=self.target.arch)  # written while we waited?
+                    if cached is None:
+                        artifact = self._compile(spec, key)
+                        disk.write(artifact)
+            if cached is not None:
+                self.memory.put(cached)
+                return cached, "disk"
+        self.memory.put(artifact)
+        return artifact, "compile"
+
+    def _compile(self, spec: KernelSpec, key: str) -> Artifact:
+        logger.debug("compiling %s (%s) for %s", spec.name, key[:16], self.target.arch)
         try:
             result = _nvrtc.compile_program(spec, self.target)
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 self._compile_errors += 1
+            first_line = f"{exc}".split("\n")[0]
+            logger.info("compile of %s (%s) failed: %s", spec.name, key[:16], first_line)
             raise
         with self._lock:
             self._compiles += 1
             self._compile_seconds += result.seconds
-        artifact = Artifact(
+        logger.info(
+            "compiled %s (%s) for %s in %.3f s",
+            spec.name,
+            key[:16],
+            self.target.arch,
+            result.seconds,
+        )
+        return Artifact(
             key=key,
             kind=result.kind,
             image=result.image,
@@ -133,10 +163,6 @@ class KernelCache:
             compile_seconds=result.seconds,
             log=result.log,
         )
-        if self.disk is not None:
-            self.disk.write(artifact)
-        self.memory.put(artifact)
-        return artifact, "compile"
 
     def forget(self, spec: KernelSpec) -> None:
         """Drop ``spec``'s entry from memory and disk, so the next request compiles it."""

@@ -12,6 +12,7 @@ __all__ = [
     "AionvrtcError",
     "CacheCorruptError",
     "CompileError",
+    "CompilerClosed",
     "NoDeviceError",
     "NvrtcError",
 ]
@@ -63,3 +64,8 @@ class NoDeviceError(AionvrtcError):
     """Raised when a CUDA GPU is needed, to detect the target architecture or to load a
     module, and none is usable. Name the target explicitly (``arch="sm_90"``) to compile
     without one."""
+
+
+class CompilerClosed(AionvrtcError):
+    """Raised by a request made to a Compiler that is closed or closing, and in every waiter of
+    a job that was still queued when the Compiler closed."""

@@ -16,12 +16,18 @@ import secrets
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._artifact import Artifact, decode, encode
 from .._exceptions import CacheCorruptError
 from .._spec import FORMAT_VERSION
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no cross-process single flight
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["DiskTier", "EntryInfo", "default_cache_dir"]
 
@@ -36,6 +42,10 @@ LOW_WATER = 0.9
 STALE_TMP_SECONDS = 300.0
 # Entries larger than this are refused on read before being loaded into memory.
 MAX_ENTRY_BYTES = 256 << 20  # bytes (256 MiB)
+# How long a process waits for another's compile of the same key before compiling itself: long
+# enough for any real kernel, short enough that a stopped process cannot wedge the others.
+LOCK_TIMEOUT = 300.0  # seconds
+_LOCK_SUFFIX = ".lock"
 
 _KEY = re.compile(r"[0-9a-f]{64}")
 _TMP_SUFFIX = ".tmp"
@@ -77,6 +87,7 @@ class DiskTier:
         self.dir = self.root / f"v{FORMAT_VERSION}"
         self.limit = limit
         self.writable = True
+        self.locking = True  # cross-process file locks; off if the file system has none
         self._lock = threading.Lock()
         self._approx_bytes: int | None = None  # unknown until the first scan
         self._warned: set[str] = set()
@@ -200,6 +211,71 @@ class DiskTier:
         else:
             self._warn_once(f"write:{exc.errno}", f"cannot write to the disk cache ({exc})")
 
+    # -- cross-process single flight --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[bool]:
+        """Hold the per-key file lock, so processes on this host compile a key once.
+
+        Yields whether the lock is held; without working locks (or a writable cache) it yields
+        False and the caller goes on unlocked: a duplicate compile, never a failed request.
+        """
+        fd = self._open_lock(key)
+        if fd is None:
+            yield False
+            return
+        try:
+            locked = self._acquire(fd, key)
+            try:
+                yield locked
+            finally:
+                if locked:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def _open_lock(self, key: str) -> int | None:
+        if not (self.locking and self.writable and fcntl is not None):
+            return None
+        path = self.path(key)
+        try:
+            self._make_dirs(path.parent)
+            flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC
+            return os.open(path.with_name(f".{key}{_LOCK_SUFFIX}"), flags, 0o600)
+        except OSError as exc:
+            self._write_failed(exc)  # the same cause will stop the write: one warning for both
+            return None
+
+    def _acquire(self, fd: int, key: str) -> bool:
+        assert fcntl is not None
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                # Another process is compiling this key; poll (a blocking flock could not be
+                # abandoned) with a backoff that keeps the wait short for quick compiles.
+                if time.monotonic() > deadline:
+                    logger.warning(
+                        "waited %.0f s for another process to compile %s; compiling here",
+                        LOCK_TIMEOUT,
+                        key[:16],
+                    )
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            except OSError as exc:
+                self.locking = False
+                self._warn_once(
+                    "locking",
+                    f"file locks do not work on {self.dir} ({exc}); going on without, so "
+                    "processes sharing this cache may compile the same kernel more than once",
+                )
+                return False
+            else:
+                return True
+
     # -- size management -------------------------------------------------------------------
 
     def scan(self) -> list[EntryInfo]:
@@ -241,6 +317,7 @@ class DiskTier:
                         break
                     if _unlink(entry.path):
                         removed += 1
+                        _unlink(entry.path.with_name(f".{entry.key}{_LOCK_SUFFIX}"))
                     total -= entry.size
             self.evictions += removed
             self._approx_bytes = total
@@ -251,7 +328,10 @@ class DiskTier:
 
     def clear(self) -> int:
         """Remove every entry of this format version; safe while other processes use it."""
-        removed = sum(_unlink(entry.path) for entry in self.scan())
+        removed = 0
+        for entry in self.scan():
+            removed += _unlink(entry.path)
+            _unlink(entry.path.with_name(f".{entry.key}{_LOCK_SUFFIX}"))
         with self._lock:
             self._approx_bytes = 0
         return removed

@@ -1,0 +1,390 @@
+"""Compiler: the async compilation service.
+
+One actor task per Compiler owns the queue, the in-flight map and the remembered failures; it
+takes jobs from a priority queue and runs each whole job (disk read, file lock, NVRTC, disk write)
+in one worker-thread hop. Requests never block the event loop: a memory hit returns without
+suspending, a miss joins the in-flight job for its key or queues a new one.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import heapq
+import itertools
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.to_thread
+
+from ._artifact import Artifact
+from ._cache import DEFAULT_MEMORY_LIMIT, KernelCache
+from ._exceptions import AionvrtcError, CompileError, CompilerClosed
+from ._spec import KernelSpec
+from ._store.disk import DEFAULT_DISK_LIMIT
+from ._target import Target, TargetLike
+
+if TYPE_CHECKING:
+    from ._cuda import Module
+
+__all__ = ["Compiler", "CompilerStats"]
+
+logger = logging.getLogger("aionvrtc")
+
+# Lower runs first: live requests overtake warm-up work queued before them.
+LIVE = 0
+PREFETCH = 1
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class CompilerStats:
+    """A snapshot of a Compiler's counters since it opened."""
+
+    requests: int  # compile() and get() calls
+    memory_hits: int
+    disk_hits: int
+    compiles: int  # successful NVRTC compiles
+    joined: int  # requests that shared another request's in-flight job
+    errors: int  # requests that raised (fast failures of known-bad specs included)
+    compile_seconds: float  # total NVRTC time
+    queued: int  # jobs waiting for a worker
+    in_flight: int  # jobs running in a worker thread
+    prefetched: int  # jobs queued by prefetch()
+    corrupt_dropped: int  # disk entries that failed verification and were deleted
+    memory_evictions: int
+    disk_evictions: int
+    write_failures: int
+    memory_entries: int
+    memory_bytes: int
+    disk_writable: bool
+
+
+class _Job:
+    """One key's work, shared by every request for that key while it runs."""
+
+    __slots__ = ("done", "error", "key", "priority", "result", "spec", "started")
+
+    def __init__(self, key: str, spec: KernelSpec, priority: int) -> None:
+        self.key = key
+        self.spec = spec
+        self.priority = priority
+        self.started = False
+        self.done = anyio.Event()
+        self.result: Artifact | None = None
+        self.error: BaseException | None = None
+
+    async def wait(self) -> Artifact:
+        # A waiter's cancellation ends only this wait; the job runs on in the actor's task group.
+        await self.done.wait()
+        if self.error is not None:
+            raise _fresh(self.error)
+        assert self.result is not None
+        return self.result
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A copy of a shared error for one waiter: raising one instance in many tasks would chain
+    every waiter's traceback onto it."""
+    try:
+        clone = copy.copy(error)
+    except Exception:
+        return error
+    clone.__cause__ = error.__cause__
+    clone.__traceback__ = None
+    return clone
+
+
+class Compiler:
+    """The async, actor-style compilation service.
+
+    ``async with Compiler(arch="sm_90") as compiler: artifact = await compiler.compile(spec)``.
+    ``arch`` defaults to the current GPU's; ``concurrency`` (default 1: one NVRTC job at a time)
+    is how many compiles may run at once in worker threads.
+    """
+
+    def __init__(
+        self,
+        *,
+        arch: TargetLike | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        concurrency: int | None = None,
+        memory_limit: int = DEFAULT_MEMORY_LIMIT,
+        disk_limit: int = DEFAULT_DISK_LIMIT,
+        disk: bool = True,
+    ) -> None:
+        if concurrency is None:
+            concurrency = 1
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be a positive int, got {concurrency!r}")
+        self.concurrency = concurrency
+        self._cache = KernelCache(
+            arch, cache_dir=cache_dir, memory_limit=memory_limit, disk_limit=disk_limit, disk=disk
+        )
+        self.target: Target = self._cache.target
+        self._memory = self._cache.memory
+        from . import _nvrtc
+
+        # The memo key KernelSpec.key uses, built once so the hot path does one dict lookup.
+        self._key_id = (self.target.arch, _nvrtc.version_string())
+        self._state = _State.NEW
+        self._inflight: dict[str, _Job] = {}
+        self._failures: dict[str, BaseException] = {}
+        self._queue: list[tuple[int, int, _Job]] = []
+        self._seq = itertools.count()
+        self._wakeup: anyio.Event | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._portal: anyio.from_thread.BlockingPortal | None = None
+        self._running = 0
+        self._requests = 0
+        self._memory_hits = 0
+        self._joined = 0
+        self._errors = 0
+        self._prefetched = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._state is not _State.NEW:
+            raise RuntimeError(f"a Compiler can be opened once; this one is {self._state.value}")
+        self._limiter = anyio.CapacityLimiter(self.concurrency)
+        self._slots = anyio.Semaphore(self.concurrency)
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        try:
+            await task_group.start(self._actor)
+        except BaseException as exc:
+            await task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._state = _State.OPEN
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close: queued jobs fail with CompilerClosed, running compiles finish and are cached,
+        and no task or thread is left behind. Call it from the task that opened the Compiler."""
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            return
+        if self._state is _State.NEW:
+            self._state = _State.CLOSED
+            return
+        self._state = _State.CLOSING
+        closed = CompilerClosed("the Compiler closed before this job started")
+        for _, _, job in self._queue:
+            if not job.started and not job.done.is_set():
+                job.error = closed
+                self._inflight.pop(job.key, None)
+                job.done.set()
+        self._queue.clear()
+        self._wake()
+        assert self._task_group is not None
+        with anyio.CancelScope(shield=True):
+            await self._task_group.__aexit__(None, None, None)
+        self._state = _State.CLOSED
+
+    @property
+    def closed(self) -> bool:
+        return self._state is _State.CLOSED
+
+    def _not_open(self) -> Exception:
+        if self._state is _State.NEW:
+            return RuntimeError("the Compiler is not open: use 'async with Compiler(...) as c'")
+        return CompilerClosed(f"the Compiler is {self._state.value}")
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def compile(self, spec: KernelSpec) -> Artifact:
+        """The compiled artifact for ``spec``: memory, else disk, else NVRTC. Needs no GPU."""
+        if self._state is not _State.OPEN:
+            raise self._not_open()
+        self._requests += 1
+        try:
+            key = spec._keys[self._key_id]
+        except (KeyError, AttributeError):
+            if not isinstance(spec, KernelSpec):
+                raise TypeError(f"spec must be a KernelSpec, not {type(spec).__name__}") from None
+            key = spec.key(self.target)
+        artifact = self._memory.get(key)
+        if artifact is not None:
+            self._memory_hits += 1
+            return artifact
+        job = self._submit(spec, key, LIVE)
+        try:
+            return await job.wait()
+        except AionvrtcError:
+            self._errors += 1
+            raise
+
+    async def get(self, spec: KernelSpec, *, device: int | None = None) -> Module:
+        """``spec`` compiled and loaded for ``device`` (default: CuPy's current device)."""
+        from . import _cuda
+
+        device_id = _cuda.device_id(device)
+        return _cuda.load(await self.compile(spec), device_id)
+
+    def prefetch(self, specs: Iterable[KernelSpec]) -> int:
+        """Queue low-priority background compiles (warm-up); returns how many were queued.
+
+        Live requests overtake them; a live request for a prefetched key promotes its job.
+        Failures are logged and remembered, never raised here.
+        """
+        if self._state is not _State.OPEN:
+            raise self._not_open()
+        queued = 0
+        for spec in specs:
+            if not isinstance(spec, KernelSpec):
+                raise TypeError(f"prefetch takes KernelSpecs, not {type(spec).__name__}")
+            key = spec.key(self.target)
+            if key in self._memory or key in self._inflight or key in self._failures:
+                continue
+            self._submit(spec, key, PREFETCH)
+            queued += 1
+        self._prefetched += queued
+        return queued
+
+    def _submit(self, spec: KernelSpec, key: str, priority: int) -> _Job:
+        failure = self._failures.get(key)
+        if failure is not None:
+            job = _Job(key, spec, priority)
+            job.error = failure
+            job.done.set()
+            return job
+        shared = self._inflight.get(key)
+        if shared is not None:
+            self._joined += 1
+            if priority < shared.priority and not shared.started:
+                shared.priority = priority  # the stale heap entry is skipped when popped
+                self._push(shared)
+            return shared
+        job = self._inflight[key] = _Job(key, spec, priority)
+        self._push(job)
+        return job
+
+    def _push(self, job: _Job) -> None:
+        heapq.heappush(self._queue, (job.priority, next(self._seq), job))
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    # -- the actor -------------------------------------------------------------------------
+
+    async def _actor(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as workers:
+            task_status.started()
+            while True:
+                await self._slots.acquire()
+                job = await self._next_job()
+                if job is None:
+                    self._slots.release()
+                    break
+                job.started = True
+                self._running += 1
+                workers.start_soon(self._run_job, job)
+            # Leaving the task group waits for the running jobs: they finish and are cached.
+
+    async def _next_job(self) -> _Job | None:
+        while True:
+            while self._queue:
+                priority, _, job = heapq.heappop(self._queue)
+                if not job.started and not job.done.is_set() and priority == job.priority:
+                    return job
+            if self._state is not _State.OPEN:
+                return None
+            self._wakeup = anyio.Event()
+            await self._wakeup.wait()
+            self._wakeup = None
+
+    async def _run_job(self, job: _Job) -> None:
+        try:
+            job.result, _ = await anyio.to_thread.run_sync(
+                self._cache.resolve, job.spec, job.key, limiter=self._limiter
+            )
+        except Exception as exc:
+            job.error = exc
+            if isinstance(exc, CompileError):
+                self._failures[job.key] = exc  # fail fast until forget() or clear()
+            else:
+                logger.exception("job for %s failed", job.key[:16])
+        except BaseException:
+            job.error = CompilerClosed("the Compiler was cancelled while compiling")
+            raise
+        finally:
+            self._running -= 1
+            self._inflight.pop(job.key, None)
+            job.done.set()
+            self._slots.release()
+
+    # -- management --------------------------------------------------------------------------
+
+    async def forget(self, spec: KernelSpec) -> None:
+        """Drop ``spec`` from memory and disk and forget a remembered failure: the next request
+        compiles it again."""
+        key = spec.key(self.target)
+        self._failures.pop(key, None)
+        await anyio.to_thread.run_sync(self._cache.forget, spec)
+
+    async def clear(self) -> None:
+        """Empty the memory tier, the remembered failures and this format's disk entries."""
+        self._failures.clear()
+        await anyio.to_thread.run_sync(self._cache.clear)
+
+    def stats(self) -> CompilerStats:
+        cache = self._cache.stats()
+        return CompilerStats(
+            requests=self._requests,
+            memory_hits=self._memory_hits,
+            disk_hits=cache.disk_hits,
+            compiles=cache.compiles,
+            joined=self._joined,
+            errors=self._errors,
+            compile_seconds=cache.compile_seconds,
+            queued=len(self._inflight) - self._running,
+            in_flight=self._running,
+            prefetched=self._prefetched,
+            corrupt_dropped=cache.corrupt_dropped,
+            memory_evictions=cache.memory_evictions,
+            disk_evictions=cache.disk_evictions,
+            write_failures=cache.write_failures,
+            memory_entries=cache.memory_entries,
+            memory_bytes=cache.memory_bytes,
+            disk_writable=cache.disk_writable,
+        )
+
+    # -- blocking facade ---------------------------------------------------------------------
+
+    def compile_sync(self, spec: KernelSpec) -> Artifact:
+        """``compile`` for code that is not async: from any thread when this Compiler runs in
+        a portal (``default_compiler()``), else from a worker thread of its event loop."""
+        if self._portal is not None:
+            return self._portal.call(self.compile, spec)
+        return anyio.from_thread.run(self.compile, spec)
+
+    def get_sync(self, spec: KernelSpec, *, device: int | None = None) -> Module:
+        """``get`` for code that is not async; see ``compile_sync``."""
+        from . import _cuda
+
+        device_id = _cuda.device_id(device)  # in the caller's thread: its current device
+        return _cuda.load(self.compile_sync(spec), device_id)
