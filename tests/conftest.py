@@ -93,3 +93,33 @@ def read_only(tmp_path: Path) -> Iterator[Callable[[Path], Path]]:
         subprocess.run(["umount", str(view)], check=False)
     for path in chmods:
         path.chmod(0o700)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Every async test of the core runs under asyncio and under trio."""
+    return str(request.param)
+
+
+def has_gpu() -> bool:
+    try:
+        import cupy
+
+        return bool(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return False
+
+
+SLOW_TEMPLATE = """
+__global__ void slow_{tag}(float* x) {{
+    float a = x[threadIdx.x];
+    #pragma unroll
+    for (int i = 0; i < {depth}; ++i) a = sinf(a) * 1.0001f + (float)(i ^ {tag});
+    x[threadIdx.x] = a;
+}}
+"""
+
+
+def make_slow_spec(depth: int = 30) -> KernelSpec:
+    """A kernel that takes NVRTC a few hundred milliseconds, for overlap and race tests."""
+    return KernelSpec(SLOW_TEMPLATE.format(tag=next(_serial), depth=depth))

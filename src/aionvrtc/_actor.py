@@ -165,12 +165,14 @@ class Compiler:
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
+        # Open before the actor runs: it stops as soon as it sees a state other than OPEN.
+        self._state = _State.OPEN
         try:
             await task_group.start(self._actor)
         except BaseException as exc:
+            self._state = _State.CLOSED
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)
             raise
-        self._state = _State.OPEN
         return self
 
     async def __aexit__(
@@ -199,8 +201,10 @@ class Compiler:
         self._queue.clear()
         self._wake()
         assert self._task_group is not None
-        with anyio.CancelScope(shield=True):
-            await self._task_group.__aexit__(None, None, None)
+        # Shield the task group's own scope (a new scope around its exit would break anyio's
+        # nesting): running compiles finish even if the closing task is being cancelled.
+        self._task_group.cancel_scope.shield = True
+        await self._task_group.__aexit__(None, None, None)
         self._state = _State.CLOSED
 
     @property
@@ -378,6 +382,8 @@ class Compiler:
     def compile_sync(self, spec: KernelSpec) -> Artifact:
         """``compile`` for code that is not async: from any thread when this Compiler runs in
         a portal (``default_compiler()``), else from a worker thread of its event loop."""
+        if self._state is not _State.OPEN:
+            raise self._not_open()  # the portal itself may be gone
         if self._portal is not None:
             return self._portal.call(self.compile, spec)
         return anyio.from_thread.run(self.compile, spec)

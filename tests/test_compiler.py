@@ -1,0 +1,343 @@
+"""The Compiler actor under asyncio and trio: single flight, parallelism, cancellation, errors,
+close, priorities, processes. Real NVRTC throughout."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aionvrtc import (
+    Artifact,
+    CompileError,
+    Compiler,
+    CompilerClosed,
+    KernelSpec,
+    NoDeviceError,
+)
+
+from .conftest import has_gpu, make_slow_spec, make_spec
+
+pytestmark = pytest.mark.anyio
+
+BROKEN = "__global__ void k() { this_is_not_defined(); }"
+
+
+async def test_thousand_requests_for_one_cold_key_compile_once(cache_dir: Path) -> None:
+    spec = make_spec()
+    results: list[Artifact] = []
+
+    async def request() -> None:
+        results.append(await compiler.compile(spec))
+
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        async with anyio.create_task_group() as tg:
+            for _ in range(1000):
+                tg.start_soon(request)
+        stats = compiler.stats()
+    assert len(results) == 1000
+    assert all(r is results[0] for r in results)
+    assert results[0].image[:4] == b"\x7fELF"
+    assert (stats.requests, stats.compiles, stats.joined, stats.memory_hits) == (1000, 1, 999, 0)
+    assert (stats.errors, stats.queued, stats.in_flight) == (0, 0, 0)
+
+
+async def test_memory_hit_returns_without_suspending(cache_dir: Path) -> None:
+    spec = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        first = await compiler.compile(spec)
+        coroutine = compiler.compile(spec)
+        with pytest.raises(StopIteration) as done:
+            coroutine.send(None)  # finishes on its first step: it never yielded to the loop
+        assert done.value.value is first
+        assert compiler.stats().memory_hits == 1
+
+
+async def test_second_compiler_reads_the_disk(cache_dir: Path) -> None:
+    spec = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        first = await compiler.compile(spec)
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        again = await compiler.compile(spec)
+        stats = compiler.stats()
+    assert again == first
+    assert (stats.disk_hits, stats.compiles) == (1, 0)
+
+
+def _key_of(record: logging.LogRecord) -> str:
+    """The key prefix of a "compiling"/"compiled" log record."""
+    assert isinstance(record.args, tuple)
+    return str(record.args[1])
+
+
+def _compile_intervals(records: list[logging.LogRecord]) -> list[tuple[float, float]]:
+    starts: dict[str, float] = {}
+    intervals = []
+    for record in records:
+        key = _key_of(record) if record.msg.startswith("compil") else ""
+        if record.msg.startswith("compiling "):
+            starts[key] = record.created
+        elif record.msg.startswith("compiled "):
+            intervals.append((starts[key], record.created))
+    return sorted(intervals)
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+async def test_distinct_keys_compile_in_parallel_up_to_concurrency(
+    cache_dir: Path, concurrency: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    specs = [make_slow_spec() for _ in range(4)]
+    caplog.set_level(logging.DEBUG, logger="aionvrtc")
+    async with (
+        Compiler(arch="sm_90", cache_dir=cache_dir, concurrency=concurrency) as compiler,
+        anyio.create_task_group() as tg,
+    ):
+        for spec in specs:
+            tg.start_soon(compiler.compile, spec)
+    intervals = _compile_intervals(caplog.records)
+    assert len(intervals) == 4
+    overlapping = sum(b[0] < a[1] for a, b in itertools.pairwise(intervals))
+    if concurrency == 1:
+        assert overlapping == 0, intervals  # strictly one NVRTC job at a time
+    else:
+        assert overlapping >= 1, intervals
+
+
+async def test_cancellation_storm_leaves_the_job_cached(cache_dir: Path) -> None:
+    spec = make_slow_spec()
+    outcomes = {"done": 0, "cancelled": 0}
+    rng = random.Random(1234)
+    before = len(anyio.get_running_tasks())
+
+    async def waiter(cancel_after: float | None) -> None:
+        with anyio.CancelScope() as scope:
+            if cancel_after is not None:
+                scope.deadline = anyio.current_time() + cancel_after
+            art = await compiler.compile(spec)
+            assert art.key == spec.key("sm_90")
+            outcomes["done"] += 1
+        if scope.cancelled_caught:
+            outcomes["cancelled"] += 1
+
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        async with anyio.create_task_group() as tg:
+            for index in range(300):
+                cancel = rng.uniform(0.0, 0.05) if index % 3 else None
+                tg.start_soon(waiter, cancel)
+        # Every survivor got the artifact; the job itself was never cancelled.
+        assert outcomes == {"done": 100, "cancelled": 200}
+        stats = compiler.stats()
+        assert (stats.compiles, stats.errors, stats.in_flight, stats.queued) == (1, 0, 0, 0)
+        assert await compiler.compile(spec) is not None
+        assert compiler.stats().memory_hits == 1
+    assert len(anyio.get_running_tasks()) == before  # the actor and its workers are gone
+
+
+async def test_all_cancelled_waiters_still_finish_and_cache_the_job(cache_dir: Path) -> None:
+    spec = make_slow_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        with anyio.move_on_after(0.02):
+            await compiler.compile(spec)
+        assert compiler.stats().in_flight == 1
+    # Closing waited for the running compile, which was written to disk.
+    key = spec.key("sm_90")
+    assert (cache_dir / "v1" / key[:2] / key).is_file()
+
+
+async def test_compile_error_fans_out_and_is_remembered(cache_dir: Path) -> None:
+    broken = KernelSpec(BROKEN, name="broken.cu")
+    errors: list[CompileError] = []
+
+    async def request() -> None:
+        with pytest.raises(CompileError) as info:
+            await compiler.compile(broken)
+        errors.append(info.value)
+
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        async with anyio.create_task_group() as tg:
+            for _ in range(50):
+                tg.start_soon(request)
+        assert len(errors) == 50
+        assert len({id(e) for e in errors}) == 50  # each waiter got its own copy
+        for error in errors:
+            assert 'identifier "this_is_not_defined" is undefined' in error.log
+            assert error.program == "broken.cu"
+        stats = compiler.stats()
+        assert (stats.errors, stats.compiles, stats.joined) == (50, 0, 49)
+        assert compiler._cache.stats().compile_errors == 1
+
+        with pytest.raises(CompileError, match="this_is_not_defined"):
+            await compiler.compile(broken)  # fails fast: NVRTC is not asked again
+        assert compiler._cache.stats().compile_errors == 1
+        assert compiler.stats().errors == 51
+
+        await compiler.forget(broken)
+        with pytest.raises(CompileError):
+            await compiler.compile(broken)
+        assert compiler._cache.stats().compile_errors == 2
+    assert not any((cache_dir / "v1").glob("*/[0-9a-f]*"))  # nothing written to disk
+
+
+async def test_close_fails_queued_jobs_and_finishes_running_ones(cache_dir: Path) -> None:
+    running, queued = make_slow_spec(), [make_spec(), make_spec()]
+    outcomes: dict[str, object] = {}
+
+    async def request(name: str, spec: KernelSpec) -> None:
+        try:
+            outcomes[name] = await compiler.compile(spec)
+        except CompilerClosed as exc:
+            outcomes[name] = exc
+
+    compiler = Compiler(arch="sm_90", cache_dir=cache_dir, concurrency=1)
+    async with anyio.create_task_group() as tg:
+        await compiler.__aenter__()
+        tg.start_soon(request, "running", running)
+        while compiler.stats().in_flight == 0:
+            await anyio.sleep(0.001)
+        tg.start_soon(request, "queued-0", queued[0])
+        tg.start_soon(request, "queued-1", queued[1])
+        while compiler.stats().queued < 2:
+            await anyio.sleep(0.001)
+        await compiler.aclose()
+    assert isinstance(outcomes["running"], Artifact)
+    for name in ("queued-0", "queued-1"):
+        assert isinstance(outcomes[name], CompilerClosed)
+        assert "closed before this job started" in str(outcomes[name])
+    assert compiler.closed
+    with pytest.raises(CompilerClosed, match="the Compiler is closed"):
+        await compiler.compile(running)
+    with pytest.raises(CompilerClosed):
+        compiler.prefetch([make_spec()])
+    await compiler.aclose()  # idempotent
+
+
+async def test_lifecycle_errors(cache_dir: Path) -> None:
+    compiler = Compiler(arch="sm_90", cache_dir=cache_dir)
+    with pytest.raises(RuntimeError, match="not open: use 'async with Compiler"):
+        await compiler.compile(make_spec())
+    async with compiler:
+        with pytest.raises(TypeError, match="spec must be a KernelSpec, not str"):
+            await compiler.compile("__global__ void k() {}")  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="opened once"):
+        async with compiler:
+            pass
+    with pytest.raises(ValueError, match="concurrency must be a positive int, got 0"):
+        Compiler(arch="sm_90", concurrency=0)
+
+
+async def test_prefetch_is_overtaken_by_live_requests(
+    cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="aionvrtc")
+    warm = [make_spec() for _ in range(6)]
+    live = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir, concurrency=1) as compiler:
+        assert compiler.prefetch(warm) == 6
+        assert compiler.prefetch(warm) == 0  # already queued
+        await compiler.compile(live)
+        order = [_key_of(r) for r in caplog.records if r.msg.startswith("compiled ")]
+        # At most the one prefetch that was already running finished before the live request.
+        assert order.index(live.key("sm_90")[:16]) <= 1
+        # A live request for a prefetched key promotes its job.
+        await compiler.compile(warm[-1])
+        stats = compiler.stats()
+        assert stats.prefetched == 6
+        assert stats.joined == 1
+        while compiler.stats().queued or compiler.stats().in_flight:
+            await anyio.sleep(0.01)
+        assert compiler.stats().compiles == 7
+
+
+async def test_get_without_a_gpu_names_compile(cache_dir: Path) -> None:
+    if has_gpu():
+        pytest.skip("this machine has a GPU: get() is tested by the GPU tests")
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        with pytest.raises(NoDeviceError, match=r"await compiler.compile\(spec\)"):
+            await compiler.get(make_spec())
+
+
+CHILD = """
+import sys, time, json
+import anyio
+from aionvrtc import Compiler, KernelSpec
+source, cache_dir, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+async def main():
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        time.sleep(max(0.0, start - time.time()))
+        await compiler.compile(KernelSpec(source))
+        s = compiler.stats()
+        print(json.dumps({"compiles": s.compiles, "disk_hits": s.disk_hits}))
+
+anyio.run(main)
+"""
+
+
+def test_processes_cold_on_one_key_compile_it_once(cache_dir: Path) -> None:
+    import json
+
+    source = make_slow_spec().source
+    start = time.time() + 2.0  # every child has imported and opened its Compiler by then
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, source, str(cache_dir), str(start)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    results = [json.loads(child.communicate(timeout=120)[0]) for child in children]
+    assert all(child.returncode == 0 for child in children)
+    assert sum(r["compiles"] for r in results) == 1, results
+    assert sum(r["disk_hits"] for r in results) == 3, results
+
+
+def test_blocking_facade_serves_threads(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import aionvrtc
+
+    monkeypatch.setenv("AIONVRTC_ARCH", "sm_90")
+    monkeypatch.setenv("AIONVRTC_CACHE_DIR", str(cache_dir))
+    spec = make_slow_spec()
+    results: list[Artifact] = []
+    try:
+        compiler = aionvrtc.default_compiler()
+        assert aionvrtc.default_compiler() is compiler
+        assert compiler.target.arch == "sm_90"
+        threads = [
+            threading.Thread(target=lambda: results.append(aionvrtc.compile_sync(spec)))
+            for _ in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(results) == 8
+        assert all(r is results[0] for r in results)
+        stats = compiler.stats()
+        assert (stats.compiles, stats.requests) == (1, 8)
+        assert stats.joined + stats.memory_hits == 7
+        with pytest.raises(CompileError, match="this_is_not_defined"):
+            aionvrtc.compile_sync(KernelSpec(BROKEN))
+        if not has_gpu():
+            with pytest.raises(NoDeviceError, match="compile"):
+                aionvrtc.get_sync(spec)
+    finally:
+        aionvrtc.close_default_compiler()
+    assert compiler.closed
+    with pytest.raises(CompilerClosed):
+        compiler.compile_sync(spec)
+
+
+async def test_compile_sync_from_a_worker_thread_of_the_loop(cache_dir: Path) -> None:
+    spec = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        art = await anyio.to_thread.run_sync(compiler.compile_sync, spec)
+        assert art is await compiler.compile(spec)
