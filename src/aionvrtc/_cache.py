@@ -69,7 +69,6 @@ class KernelCache:
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
         self._requests = 0
-        self._memory_hits = 0
         self._joined = 0
         self._compiles = 0
         self._compile_errors = 0
@@ -85,7 +84,6 @@ class KernelCache:
         with self._lock:
             self._requests += 1
             if artifact is not None:
-                self._memory_hits += 1
                 return artifact
             shared = self._inflight.get(key)
             if shared is None:
@@ -182,7 +180,7 @@ class KernelCache:
         with self._lock:
             return CacheStats(
                 requests=self._requests,
-                memory_hits=self._memory_hits,
+                memory_hits=self.memory.hits(),
                 disk_hits=disk.hits if disk else 0,
                 compiles=self._compiles,
                 compile_errors=self._compile_errors,

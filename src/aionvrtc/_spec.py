@@ -81,9 +81,7 @@ class KernelSpec:
     options: tuple[str, ...] = ()
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     name: str = "kernel.cu"
-    _keys: dict[tuple[str, str], str] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
+    _keys: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __init__(
         self,
@@ -133,11 +131,20 @@ class KernelSpec:
 
         arch = as_target(target).arch
         version = _nvrtc.version_string()
+        memo = memo_id(arch, version)
         try:
-            return self._keys[arch, version]
+            return self._keys[memo]
         except KeyError:
-            key = self._keys[arch, version] = derive_key(self, arch, version)
+            key = self._keys[memo] = derive_key(self, arch, version)
             return key
+
+
+def memo_id(arch: str, nvrtc_version: str) -> str:
+    """The key under which a spec remembers its cache key for one target and NVRTC.
+
+    A str, not a tuple: str hashes are cached, so the per-request lookup hashes nothing.
+    """
+    return f"{arch}/{nvrtc_version}"
 
 
 def _field(digest: hashlib._Hash, data: str | bytes) -> None:

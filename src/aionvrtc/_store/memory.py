@@ -22,64 +22,77 @@ class _Entry:
 class MemoryTier:
     """Artifacts by key, bounded in bytes, least recently used evicted first.
 
-    Copy-on-write: writers build a new dict under a lock and swap it in; a reader does one dict
-    lookup on whatever dict is current and records recency with a plain attribute store, so the
-    hot path (every request) never waits for a writer. Writes are rare (one per compile or
-    disk hit), so copying the map, which holds at most a few thousand kernels, is cheap.
+    Readers never take a lock: a read is one dict lookup (atomic in CPython, and internally
+    locked per dict in free-threaded builds) and records recency with a plain attribute store
+    of a clock tick. Writers (one per compile or disk hit) serialise on a lock among
+    themselves. ``entries`` and ``clock`` are never rebound, so hot paths may hold them.
+
+    The clock doubles as the hit counter, so a hit does no other bookkeeping: every tick is
+    taken by a hit, a put or a ``hits()`` call, and the latter two are counted.
     """
 
     def __init__(self, limit: int) -> None:
         if limit < 0:
             raise ValueError(f"memory_limit must be >= 0 bytes, got {limit}")
         self.limit = limit
-        self._entries: dict[str, _Entry] = {}
-        self._clock = itertools.count()
+        self.entries: dict[str, _Entry] = {}
+        self.clock = itertools.count(1)
+        self._ticks_not_hits = 0
         self._lock = threading.Lock()
         self.bytes = 0
         self.evictions = 0
 
     def get(self, key: str) -> Artifact | None:
-        entry = self._entries.get(key)
+        entry = self.entries.get(key)
         if entry is None:
             return None
-        entry.used = next(self._clock)
+        entry.used = next(self.clock)
         return entry.artifact
 
+    def hits(self) -> int:
+        """Reads that found their key (through ``get`` or a hot path holding the clock)."""
+        with self._lock:
+            now = next(self.clock)
+            self._ticks_not_hits += 1
+            return now - self._ticks_not_hits
+
     def __contains__(self, key: str) -> bool:
-        return key in self._entries
+        return key in self.entries
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
     def put(self, artifact: Artifact) -> None:
-        entry = _Entry(artifact, next(self._clock))
-        if entry.size > self.limit:
+        if artifact.size > self.limit:
             return  # it would evict everything and still not fit; the disk tier keeps it
         with self._lock:
-            entries = dict(self._entries)
-            old = entries.pop(artifact.key, None)
+            entry = _Entry(artifact, next(self.clock))
+            self._ticks_not_hits += 1
+            entries = self.entries
+            old = entries.get(artifact.key)
             total = self.bytes - (old.size if old else 0) + entry.size
             if total > self.limit:
-                for victim in sorted(entries.values(), key=lambda e: e.used):
+                victims = sorted(
+                    (e for k, e in entries.items() if k != artifact.key), key=lambda e: e.used
+                )
+                for victim in victims:
                     del entries[victim.artifact.key]
                     total -= victim.size
                     self.evictions += 1
                     if total <= self.limit:
                         break
             entries[artifact.key] = entry
-            self._entries = entries
             self.bytes = total
 
     def discard(self, key: str) -> bool:
         with self._lock:
-            if key not in self._entries:
+            entry = self.entries.pop(key, None)
+            if entry is None:
                 return False
-            entries = dict(self._entries)
-            self.bytes -= entries.pop(key).size
-            self._entries = entries
+            self.bytes -= entry.size
             return True
 
     def clear(self) -> None:
         with self._lock:
-            self._entries = {}
+            self.entries.clear()
             self.bytes = 0
