@@ -123,3 +123,12 @@ __global__ void slow_{tag}(float* x) {{
 def make_slow_spec(depth: int = 30) -> KernelSpec:
     """A kernel that takes NVRTC a few hundred milliseconds, for overlap and race tests."""
     return KernelSpec(SLOW_TEMPLATE.format(tag=next(_serial), depth=depth))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: run on the device machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -3,7 +3,7 @@
 from ._actor import Compiler, CompilerStats
 from ._artifact import Artifact
 from ._cache import CacheStats, KernelCache
-from ._cuda import Module, ModuleLoadError
+from ._cuda import Module, ModuleLoadError, synchronize
 from ._exceptions import (
     AionvrtcError,
     CacheCorruptError,
@@ -41,4 +41,5 @@ __all__ = [
     "default_cache_dir",
     "default_compiler",
     "get_sync",
+    "synchronize",
 ]

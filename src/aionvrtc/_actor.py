@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import functools
 import heapq
 import itertools
 import logging
@@ -17,23 +18,21 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 import anyio
 import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
 
-from . import _spec
+from . import _cuda, _spec
 from ._artifact import Artifact
 from ._cache import DEFAULT_MEMORY_LIMIT, KernelCache
+from ._cuda import Module
 from ._exceptions import CompileError, CompilerClosed
 from ._spec import KernelSpec
 from ._store.disk import DEFAULT_DISK_LIMIT
 from ._target import Target, TargetLike
-
-if TYPE_CHECKING:
-    from ._cuda import Module
 
 __all__ = ["Compiler", "CompilerStats"]
 
@@ -244,11 +243,41 @@ class Compiler:
         raise _fresh(job.error)
 
     async def get(self, spec: KernelSpec, *, device: int | None = None) -> Module:
-        """``spec`` compiled and loaded for ``device`` (default: CuPy's current device)."""
-        from . import _cuda
+        """``spec`` compiled and loaded for ``device`` (default: CuPy's current device).
 
-        device_id = _cuda.device_id(device)
-        return _cuda.load(await self.compile(spec), device_id)
+        A second ``get`` on the same device returns the same Module and loads nothing. An
+        image the driver refuses is dropped from the tiers and recompiled once.
+        """
+        if not self._open:
+            raise self._not_open()
+        if device is None:
+            device = _cuda.current_device()
+        try:  # the hot path, as in compile(): the module is already loaded on this device
+            entry = self._entries[spec._keys[self._key_id]]
+            module = entry.loaded[device]
+        except (KeyError, AttributeError):
+            return await self._load(spec, device)
+        entry.used = next(self._clock)
+        return module  # type: ignore[return-value]
+
+    async def _load(self, spec: KernelSpec, device: int) -> Module:
+        _cuda.check_device(device)
+        if not _cuda.device_ready(device):
+            await anyio.to_thread.run_sync(_cuda.init_device, device)
+        artifact = await self.compile(spec)
+        try:
+            module = _cuda.load(artifact, device)
+        except _cuda.ModuleLoadError as exc:
+            if _cuda.runnable(artifact, _cuda.check_device(device)) is not None:
+                raise  # another architecture: compiling again would not help
+            logger.warning("%s; dropping it and compiling again", exc)
+            await self.forget(spec)
+            artifact = await self.compile(spec)
+            module = _cuda.load(artifact, device)
+        entry = self._entries.get(artifact.key)
+        if entry is not None:
+            entry.loaded[device] = module
+        return module
 
     def prefetch(self, specs: Iterable[KernelSpec]) -> int:
         """Queue low-priority background compiles (warm-up); returns how many were queued.
@@ -393,7 +422,11 @@ class Compiler:
 
     def get_sync(self, spec: KernelSpec, *, device: int | None = None) -> Module:
         """``get`` for code that is not async; see ``compile_sync``."""
-        from . import _cuda
-
-        device_id = _cuda.device_id(device)  # in the caller's thread: its current device
-        return _cuda.load(self.compile_sync(spec), device_id)
+        if not self._open:
+            raise self._not_open()
+        if device is None:
+            device = _cuda.current_device()  # the caller's thread's current device
+        get = functools.partial(self.get, spec, device=device)
+        if self._portal is not None:
+            return self._portal.call(get)
+        return anyio.from_thread.run(get)

@@ -1,36 +1,106 @@
-"""Loading artifacts into per-device CuPy modules: the only module that touches the CUDA driver."""
+"""Artifacts on the GPU: loading into per-device CuPy modules, and awaiting GPU work.
+
+The only module that touches the CUDA driver. Loading a kernel's image takes tens of
+microseconds and is done on the caller's thread; creating a device's context takes far longer
+and is done once per device in a worker thread.
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
+
+import anyio
 
 from ._artifact import Artifact
 from ._exceptions import AionvrtcError, NoDeviceError
 
-__all__ = ["Module", "ModuleLoadError", "device_id", "load"]
+__all__ = [
+    "Module",
+    "ModuleLoadError",
+    "check_device",
+    "current_device",
+    "init_device",
+    "load",
+    "synchronize",
+]
 
 
 class ModuleLoadError(AionvrtcError):
-    """Raised when the driver refuses an artifact's image (wrong arch, unsupported PTX, a
-    damaged image). ``Compiler.get`` drops such an image and recompiles it once first."""
+    """Raised when the driver refuses an artifact's image (a damaged image, unsupported PTX) or
+    the image cannot run on the device (another architecture). ``Compiler.get`` drops a refused
+    image and recompiles it once before raising this."""
 
 
-def device_id(device: int | None) -> int:
-    """``device``, or CuPy's current device, checked to exist. NoDeviceError without a GPU."""
+def _no_device(exc: BaseException) -> NoDeviceError:
+    return NoDeviceError(
+        f"no usable CUDA GPU here ({exc}); `await compiler.compile(spec)` compiles without "
+        "one when the Compiler is given arch='sm_90'"
+    )
+
+
+class _Runtime:
+    # cupy.cuda.runtime.getDevice, bound on first use: Compiler.get calls it on every request.
+    get_device: Callable[[], int] | None = None
+
+
+def current_device() -> int:
+    """CuPy's current device in this thread. NoDeviceError without a usable GPU."""
+    try:
+        get_device = _Runtime.get_device
+        if get_device is None:
+            import cupy
+
+            get_device = _Runtime.get_device = cupy.cuda.runtime.getDevice
+        return get_device()
+    except Exception as exc:  # CuPy raises runtime and driver errors of several types.
+        raise _no_device(exc) from exc
+
+
+_capabilities: dict[int, tuple[int, int]] = {}
+_ready: set[int] = set()
+_lock = threading.Lock()
+
+
+def check_device(device: int) -> tuple[int, int]:
+    """Validate ``device`` and return its compute capability (major, minor)."""
+    try:
+        return _capabilities[device]
+    except (KeyError, TypeError):
+        pass
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(f"device must be an int, not {type(device).__name__}")
     try:
         import cupy
 
         count = cupy.cuda.runtime.getDeviceCount()
-        current = cupy.cuda.runtime.getDevice() if device is None else device
-    except Exception as exc:  # CuPy raises runtime and driver errors of several types.
-        raise NoDeviceError(
-            f"no usable CUDA GPU here ({exc}); `await compiler.compile(spec)` compiles without "
-            "one when the Compiler is given arch='sm_90'"
-        ) from exc
-    if isinstance(current, bool) or not isinstance(current, int) or not 0 <= current < count:
-        raise ValueError(f"device must be an int in 0..{count - 1}, got {device!r}")
-    return current
+        if not 0 <= device < count:
+            raise ValueError(f"device must be in 0..{count - 1}, got {device}")
+        props = cupy.cuda.runtime.getDeviceProperties(device)
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise _no_device(exc) from exc
+    capability = (int(props["major"]), int(props["minor"]))
+    _capabilities[device] = capability
+    return capability
+
+
+def init_device(device: int) -> None:
+    """Create ``device``'s primary context (blocking, ~100 ms the first time): call it in a
+    worker thread so the event loop never waits for it."""
+    if device in _ready:
+        return
+    import cupy
+
+    with _lock, cupy.cuda.Device(device):
+        cupy.cuda.runtime.free(0)  # the usual way to make the runtime create the context
+        _ready.add(device)
+
+
+def device_ready(device: int) -> bool:
+    return device in _ready
 
 
 class Module:
@@ -66,25 +136,30 @@ class Module:
         return f"<Module {self.artifact.key[:12]} {self.artifact.kind} on device {self.device}>"
 
 
-_modules: dict[tuple[str, int], Module] = {}
-_lock = threading.Lock()
+def runnable(artifact: Artifact, capability: tuple[int, int]) -> str | None:
+    """Why ``artifact`` cannot run on a device of ``capability``, or None if it can."""
+    number = int(artifact.arch[3:].rstrip("af"))
+    major, minor = divmod(number, 10)
+    device = capability[0] * 10 + capability[1]
+    if artifact.kind == "ptx":
+        ok = device >= number  # the driver compiles PTX for any newer GPU
+    elif artifact.arch.endswith("a"):
+        ok = capability == (major, minor)  # arch-specific features exist on that GPU alone
+    else:
+        ok = capability[0] == major and capability[1] >= minor
+    if ok:
+        return None
+    return (
+        f"a {artifact.kind} for {artifact.arch} cannot run on a GPU of compute capability "
+        f"{capability[0]}.{capability[1]}; use a Compiler with arch='sm_{device}' for it"
+    )
 
 
 def load(artifact: Artifact, device: int) -> Module:
-    """Load ``artifact`` on ``device`` once per process; later calls return the same Module."""
-    module = _modules.get((artifact.key, device))
-    if module is not None:
-        return module
-    with _lock:
-        module = _modules.get((artifact.key, device))
-        if module is None:
-            module = _modules[artifact.key, device] = Module(
-                artifact, device, _load_image(artifact, device)
-            )
-    return module
-
-
-def _load_image(artifact: Artifact, device: int) -> Any:
+    """Load ``artifact`` into ``device``'s context (cuModuleLoadData)."""
+    reason = runnable(artifact, check_device(device))
+    if reason is not None:
+        raise ModuleLoadError(reason)
     import cupy
     from cupy.cuda.function import Module as CupyModule
 
@@ -97,11 +172,36 @@ def _load_image(artifact: Artifact, device: int) -> Any:
             f"the driver refused the {artifact.kind} for {artifact.arch} "
             f"(key {artifact.key[:16]}...) on device {device}: {exc}"
         ) from exc
-    return raw
+    return Module(artifact, device, raw)
 
 
-def forget(key: str) -> None:
-    """Unload every device's module for ``key`` (their kernels keep working while referenced)."""
-    with _lock:
-        for found in [k for k in _modules if k[0] == key]:
-            del _modules[found]
+# Polling an event: first at once, then backing off, so a short kernel costs little latency and
+# a long one little CPU.
+_FIRST_POLL = 20e-6  # seconds
+_MAX_POLL = 1e-3  # seconds
+
+
+async def synchronize(work: Any = None) -> None:
+    """Wait until GPU work is done without blocking the event loop.
+
+    ``work`` is a ``cupy.cuda.Stream`` (all work queued on it so far), a ``cupy.cuda.Event``
+    (recorded earlier), or None for CuPy's current stream. Polls the event with a short
+    backoff, so an asyncio or trio server keeps serving while the GPU works.
+    """
+    import cupy
+
+    if work is None:
+        work = cupy.cuda.get_current_stream()
+    if isinstance(work, cupy.cuda.Event):
+        event = work
+    elif isinstance(work, cupy.cuda.Stream | cupy.cuda.ExternalStream):
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(work)
+    else:
+        raise TypeError(
+            f"synchronize takes a cupy.cuda.Stream or cupy.cuda.Event, not {type(work).__name__}"
+        )
+    delay = _FIRST_POLL
+    while not event.done:
+        await anyio.sleep(delay)
+        delay = min(delay * 2, _MAX_POLL)

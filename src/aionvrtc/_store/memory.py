@@ -11,12 +11,14 @@ __all__ = ["MemoryTier"]
 
 
 class _Entry:
-    __slots__ = ("artifact", "size", "used")
+    __slots__ = ("artifact", "loaded", "size", "used")
 
     def __init__(self, artifact: Artifact, used: int) -> None:
         self.artifact = artifact
         self.size = artifact.size
         self.used = used
+        # The artifact loaded per device (by Compiler.get): dropped with the entry on eviction.
+        self.loaded: dict[int, object] = {}
 
 
 class MemoryTier:

@@ -1,0 +1,234 @@
+"""On the GPU (device machine): modules, launches, recompiling refused images, synchronize."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from aionvrtc import (
+    Compiler,
+    KernelSpec,
+    ModuleLoadError,
+    Target,
+    synchronize,
+)
+from aionvrtc._artifact import encode
+
+from .conftest import run_python
+
+pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
+
+AXPY = r"""
+template <typename T>
+__global__ void axpy_{tag}(T a, const T* x, T* y, int n) {{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}}
+"""
+
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles, int* out) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+    out[threadIdx.x] = threadIdx.x + 1;
+}
+"""
+
+_tags = iter(range(10**6))
+
+
+def axpy_spec() -> KernelSpec:
+    tag = f"t{next(_tags)}_{id(_tags)}"
+    return KernelSpec(
+        AXPY.format(tag=tag),
+        name_expressions=(f"axpy_{tag}<float>", f"axpy_{tag}<double>"),
+        name=f"axpy_{tag}.cu",
+    )
+
+
+def run_axpy(module: Any, expression: str, dtype: Any, n: int = 10_007) -> float:
+    """Launch axpy on fresh random inputs; the largest error against NumPy."""
+    import cupy
+
+    rng = np.random.default_rng()
+    x_host, y_host = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
+    x, y = cupy.asarray(x_host), cupy.asarray(y_host)
+    a = dtype(rng.standard_normal())
+    module.get_function(expression)(((n + 127) // 128,), (128,), (a, x, y, np.int32(n)))
+    want = a.astype(np.float64) * x_host + y_host
+    return float(np.abs(cupy.asnumpy(y).astype(np.float64) - want).max())
+
+
+async def test_a_compiled_kernel_computes_the_right_answer(cache_dir: Path) -> None:
+    spec = axpy_spec()
+    float_expr, double_expr = spec.name_expressions
+    async with Compiler(cache_dir=cache_dir) as compiler:
+        module = await compiler.get(spec)
+        assert module.device == 0
+        assert run_axpy(module, float_expr, np.float32) < 1e-5
+        assert run_axpy(module, double_expr, np.float64) < 1e-12
+        # The mangled name works as well as the name expression.
+        lowered = module.artifact.lowered_names[double_expr]
+        assert module.get_function(lowered) is not None
+        with pytest.raises(KeyError, match="no kernel 'nope' in this module"):
+            module.get_function("nope")
+        # A second get loads nothing: the same Module.
+        assert await compiler.get(spec) is module
+        assert await compiler.get(spec, device=0) is module
+        stats = compiler.stats()
+        assert (stats.compiles, stats.requests) == (1, 3)
+
+
+def test_a_second_process_loads_from_disk_without_compiling(cache_dir: Path) -> None:
+    spec = axpy_spec()
+
+    async def first() -> None:
+        async with Compiler(cache_dir=cache_dir) as compiler:
+            await compiler.get(spec)
+
+    anyio.run(first)
+    expression = spec.name_expressions[0]
+    out = run_python(
+        f"""
+import json, anyio, numpy as np
+from aionvrtc import Compiler, KernelSpec
+from tests.test_gpu import run_axpy
+spec = KernelSpec({spec.source!r}, name_expressions={spec.name_expressions!r}, name={spec.name!r})
+async def main():
+    async with Compiler(cache_dir={str(cache_dir)!r}) as compiler:
+        module = await compiler.get(spec)
+        error = run_axpy(module, {expression!r}, np.float32)
+        s = compiler.stats()
+        print(json.dumps({{"compiles": s.compiles, "disk_hits": s.disk_hits, "error": error}}))
+anyio.run(main)
+"""
+    )
+    result = json.loads(out)
+    assert (result["compiles"], result["disk_hits"]) == (0, 1)
+    assert result["error"] < 1e-5
+
+
+@pytest.mark.parametrize("damage", ["bit-flip", "elf-garbage", "other-arch-cubin"])
+async def test_a_bad_image_on_disk_is_recompiled_and_runs(cache_dir: Path, damage: str) -> None:
+    spec = axpy_spec()
+    arch = Target.current().arch
+    key = spec.key(arch)
+    entry = cache_dir / "v1" / key[:2] / key
+    async with Compiler(cache_dir=cache_dir) as compiler:
+        good = await compiler.compile(spec)
+    if damage == "bit-flip":  # caught by the checksum
+        data = bytearray(entry.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        entry.write_bytes(bytes(data))
+    else:  # a well-formed entry whose image the driver refuses
+        if damage == "elf-garbage":
+            image = b"\x7fELF" + bytes(range(256)) * 8
+        else:
+            async with Compiler(arch="sm_80", cache_dir=cache_dir) as other:
+                image = (await other.compile(spec)).image
+        entry.write_bytes(encode(dataclasses.replace(good, image=image)))
+    async with Compiler(cache_dir=cache_dir) as compiler:
+        module = await compiler.get(spec)
+        assert run_axpy(module, spec.name_expressions[0], np.float32) < 1e-5
+        stats = compiler.stats()
+        assert stats.compiles == 1
+        assert stats.corrupt_dropped == (1 if damage == "bit-flip" else 0)
+    assert entry.read_bytes() == encode(dataclasses.replace(module.artifact))
+
+
+async def test_an_image_for_another_arch_is_refused_without_recompiling(cache_dir: Path) -> None:
+    async with Compiler(arch="sm_80", cache_dir=cache_dir) as compiler:
+        with pytest.raises(ModuleLoadError, match=r"cubin for sm_80 cannot run on a GPU of"):
+            await compiler.get(axpy_spec())
+        assert compiler.stats().compiles == 1
+
+
+async def test_synchronize_keeps_the_loop_serving() -> None:
+    import cupy
+
+    ticks = 0
+    done = anyio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            await anyio.sleep(0.001)
+            ticks += 1
+
+    async with Compiler(disk=False) as compiler:
+        module = await compiler.get(KernelSpec(SPIN))
+        stream = cupy.cuda.Stream(non_blocking=True)
+        out = cupy.zeros(32, dtype=cupy.int32)
+        rate = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000  # cycles/s
+        with stream:
+            module.get_function("spin")((1,), (32,), (np.int64(rate * 0.2), out))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            started = anyio.current_time()
+            await synchronize(stream)
+            waited = anyio.current_time() - started
+            done.set()
+        assert waited > 0.1  # it really waited for the kernel
+        assert ticks > 20  # and the loop kept running meanwhile
+        assert out.get().tolist() == list(range(1, 33))
+        event = cupy.cuda.Event()
+        event.record(stream)
+        await synchronize(event)
+        await synchronize()  # the current stream
+        with pytest.raises(TypeError, match=r"synchronize takes a cupy\.cuda\.Stream"):
+            await synchronize(42)
+
+
+def test_get_sync_from_threads(cache_dir: Path) -> None:
+    spec = axpy_spec()
+    modules: list[Any] = []
+
+    async def main() -> None:
+        async with Compiler(cache_dir=cache_dir) as compiler:
+
+            def work() -> None:
+                modules.append(compiler.get_sync(spec))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(anyio.to_thread.run_sync, work)
+            assert compiler.stats().compiles == 1
+
+    anyio.run(main)
+    assert len(modules) == 4
+    assert all(m is modules[0] for m in modules)
+    assert run_axpy(modules[0], spec.name_expressions[0], np.float32) < 1e-5
+
+
+async def test_each_device_gets_its_own_module(cache_dir: Path) -> None:
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("one GPU: run on nvidia-h200-x2 for this check")
+    spec = axpy_spec()
+    async with Compiler(cache_dir=cache_dir) as compiler:
+        zero = await compiler.get(spec, device=0)
+        one = await compiler.get(spec, device=1)
+        assert (zero.device, one.device) == (0, 1)
+        assert zero is not one
+        assert zero.artifact is one.artifact  # compiled once
+        with cupy.cuda.Device(1):
+            assert run_axpy(one, spec.name_expressions[0], np.float32) < 1e-5
+        assert compiler.stats().compiles == 1
+
+
+async def test_bad_device_arguments(cache_dir: Path) -> None:
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    async with Compiler(cache_dir=cache_dir) as compiler:
+        with pytest.raises(ValueError, match=f"device must be in 0..{count - 1}, got {count}"):
+            await compiler.get(axpy_spec(), device=count)
+        with pytest.raises(TypeError, match="device must be an int, not str"):
+            await compiler.get(axpy_spec(), device="0")  # type: ignore[arg-type]
