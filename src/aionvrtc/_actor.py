@@ -32,6 +32,7 @@ from ._cuda import Module
 from ._exceptions import CompileError, CompilerClosed
 from ._spec import KernelSpec
 from ._store.disk import DEFAULT_DISK_LIMIT
+from ._store.memory import _Entry
 from ._target import Target, TargetLike
 
 __all__ = ["Compiler", "CompilerStats"]
@@ -141,7 +142,9 @@ class Compiler:
         self._wakeup: anyio.Event | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
-        self._open = False  # mirrors _state is OPEN, for the hot path
+        self._open = False  # mirrors _state is OPEN
+        self._hot: dict[str, _Entry] = {}  # see compile()
+        self._only_device: int | None = None
         self._running = 0
         self._misses = 0
         self._joined = 0
@@ -159,11 +162,11 @@ class Compiler:
         await task_group.__aenter__()
         self._task_group = task_group
         # Open before the actor runs: it stops as soon as it sees a state other than OPEN.
-        self._state, self._open = _State.OPEN, True
+        self._state, self._open, self._hot = _State.OPEN, True, self._entries
         try:
             await task_group.start(self._actor)
         except BaseException as exc:
-            self._state, self._open = _State.CLOSED, False
+            self._state, self._open, self._hot = _State.CLOSED, False, {}
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         return self
@@ -184,7 +187,7 @@ class Compiler:
         if self._state is _State.NEW:
             self._state = _State.CLOSED
             return
-        self._state, self._open = _State.CLOSING, False
+        self._state, self._open, self._hot = _State.CLOSING, False, {}
         closed = CompilerClosed("the Compiler closed before this job started")
         for _, _, job in self._queue:
             if not job.started and not job.done.is_set():
@@ -211,24 +214,29 @@ class Compiler:
 
     # -- requests ----------------------------------------------------------------------------
 
+    # The hot paths of compile() and get() (a memory hit) are written out by hand: they run on
+    # every request and are measured against awaiting a trivial coroutine (benchmarks/). They
+    # read ``_hot``, the memory tier's map while the Compiler is open and an empty map
+    # otherwise, so a request to a Compiler that is not open takes the slow path, which raises.
+
     async def compile(self, spec: KernelSpec) -> Artifact:
         """The compiled artifact for ``spec``: memory, else disk, else NVRTC. Needs no GPU."""
-        # The hot path (a memory hit) is written out by hand: it runs on every request and is
-        # measured against awaiting a trivial coroutine (benchmarks/compile_service.py).
+        try:
+            entry = self._hot[spec._keys[self._key_id]]
+        except (KeyError, AttributeError):
+            return await self._compile(spec)
+        entry.used = next(self._clock)  # recency for LRU eviction, and the hit count
+        return entry.artifact
+
+    async def _compile(self, spec: KernelSpec) -> Artifact:
         if not self._open:
             raise self._not_open()
-        try:
-            key = spec._keys[self._key_id]
-        except (KeyError, AttributeError):
-            if not isinstance(spec, KernelSpec):
-                raise TypeError(f"spec must be a KernelSpec, not {type(spec).__name__}") from None
-            key = spec.key(self.target)
-        try:
-            entry = self._entries[key]
-        except KeyError:
-            pass
-        else:
-            entry.used = next(self._clock)  # recency for LRU eviction, and the hit count
+        if not isinstance(spec, KernelSpec):
+            raise TypeError(f"spec must be a KernelSpec, not {type(spec).__name__}")
+        key = spec.key(self.target)
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.used = next(self._clock)
             return entry.artifact
         self._misses += 1
         job = self._submit(spec, key, LIVE)
@@ -248,23 +256,33 @@ class Compiler:
         A second ``get`` on the same device returns the same Module and loads nothing. An
         image the driver refuses is dropped from the tiers and recompiled once.
         """
+        try:
+            entry = self._hot[spec._keys[self._key_id]]
+            if device is None:
+                device = self._only_device  # set once this process is known to see one GPU
+                if device is None:
+                    device = _cuda.current_device()
+            module = entry.loaded[device]
+        except (KeyError, AttributeError):
+            return await self._get(spec, device)
+        entry.used = next(self._clock)
+        return module  # type: ignore[no-any-return]
+
+    async def _get(self, spec: KernelSpec, device: int | None) -> Module:
         if not self._open:
             raise self._not_open()
         if device is None:
             device = _cuda.current_device()
-        try:  # the hot path, as in compile(): the module is already loaded on this device
-            entry = self._entries[spec._keys[self._key_id]]
-            module = entry.loaded[device]
-        except (KeyError, AttributeError):
-            return await self._load(spec, device)
-        entry.used = next(self._clock)
-        return module  # type: ignore[return-value]
-
-    async def _load(self, spec: KernelSpec, device: int) -> Module:
         _cuda.check_device(device)
         if not _cuda.device_ready(device):
             await anyio.to_thread.run_sync(_cuda.init_device, device)
+        self._only_device = 0 if _cuda.device_count() == 1 else None
         artifact = await self.compile(spec)
+        entry = self._entries.get(artifact.key)
+        # Requests that were waiting for the same compile load the module once.
+        loaded = entry.loaded.get(device) if entry is not None else None
+        if loaded is not None:
+            return loaded  # type: ignore[no-any-return]
         try:
             module = _cuda.load(artifact, device)
         except _cuda.ModuleLoadError as exc:

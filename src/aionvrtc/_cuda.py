@@ -87,6 +87,12 @@ def check_device(device: int) -> tuple[int, int]:
     return capability
 
 
+def device_count() -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceCount())
+
+
 def init_device(device: int) -> None:
     """Create ``device``'s primary context (blocking, ~100 ms the first time): call it in a
     worker thread so the event loop never waits for it."""
@@ -100,7 +106,19 @@ def init_device(device: int) -> None:
 
 
 def device_ready(device: int) -> bool:
-    return device in _ready
+    """Whether ``device``'s context exists, so using it from this thread costs nothing."""
+    if device in _ready:
+        return True
+    try:
+        import cupy
+
+        # Made current in this thread by the application already (cheap to ask).
+        if cupy.cuda.runtime.getDevice() == device and cupy.cuda.driver.ctxGetCurrent() != 0:
+            _ready.add(device)
+            return True
+    except Exception:
+        pass
+    return False
 
 
 class Module:

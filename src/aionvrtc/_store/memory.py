@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from typing import Any
 
 from .._artifact import Artifact
 
@@ -18,7 +19,7 @@ class _Entry:
         self.size = artifact.size
         self.used = used
         # The artifact loaded per device (by Compiler.get): dropped with the entry on eviction.
-        self.loaded: dict[int, object] = {}
+        self.loaded: dict[int, Any] = {}
 
 
 class MemoryTier:
