@@ -144,7 +144,10 @@ class Compiler:
         self._portal: anyio.from_thread.BlockingPortal | None = None
         self._open = False  # mirrors _state is OPEN
         self._hot: dict[str, _Entry] = {}  # see compile()
-        self._only_device: int | None = None
+        # Loaded modules by device and key, for the Compiler's life (or until forget/clear):
+        # a module is small, and reloading one that is in use would waste a load.
+        self._modules: dict[int, dict[str, Module]] = {}
+        self._hot_modules: dict[str, Module] = {}  # see get()
         self._running = 0
         self._misses = 0
         self._joined = 0
@@ -188,6 +191,7 @@ class Compiler:
             self._state = _State.CLOSED
             return
         self._state, self._open, self._hot = _State.CLOSING, False, {}
+        self._modules, self._hot_modules = {}, {}
         closed = CompilerClosed("the Compiler closed before this job started")
         for _, _, job in self._queue:
             if not job.started and not job.done.is_set():
@@ -257,16 +261,16 @@ class Compiler:
         image the driver refuses is dropped from the tiers and recompiled once.
         """
         try:
-            entry = self._hot[spec._keys[self._key_id]]
             if device is None:
-                device = self._only_device  # set once this process is known to see one GPU
-                if device is None:
-                    device = _cuda.current_device()
-            module = entry.loaded[device]
+                # The only GPU's modules when the process sees one GPU, else empty (the slow
+                # path asks CUDA for the current device).
+                module = self._hot_modules[spec._keys[self._key_id]]
+            else:
+                module = self._modules[device][spec._keys[self._key_id]]
         except (KeyError, AttributeError):
             return await self._get(spec, device)
-        entry.used = next(self._clock)
-        return module  # type: ignore[no-any-return]
+        next(self._clock)  # counts the memory hit
+        return module
 
     async def _get(self, spec: KernelSpec, device: int | None) -> Module:
         if not self._open:
@@ -276,13 +280,14 @@ class Compiler:
         _cuda.check_device(device)
         if not _cuda.device_ready(device):
             await anyio.to_thread.run_sync(_cuda.init_device, device)
-        self._only_device = 0 if _cuda.device_count() == 1 else None
+        modules = self._modules.setdefault(device, {})
+        if _cuda.device_count() == 1:
+            self._hot_modules = modules
         artifact = await self.compile(spec)
-        entry = self._entries.get(artifact.key)
         # Requests that were waiting for the same compile load the module once.
-        loaded = entry.loaded.get(device) if entry is not None else None
-        if loaded is not None:
-            return loaded  # type: ignore[no-any-return]
+        module = modules.get(artifact.key)
+        if module is not None:
+            return module
         try:
             module = _cuda.load(artifact, device)
         except _cuda.ModuleLoadError as exc:
@@ -292,9 +297,8 @@ class Compiler:
             await self.forget(spec)
             artifact = await self.compile(spec)
             module = _cuda.load(artifact, device)
-        entry = self._entries.get(artifact.key)
-        if entry is not None:
-            entry.loaded[device] = module
+        if self._open:
+            modules[artifact.key] = module
         return module
 
     def prefetch(self, specs: Iterable[KernelSpec]) -> int:
@@ -398,11 +402,15 @@ class Compiler:
         compiles it again."""
         key = spec.key(self.target)
         self._failures.pop(key, None)
+        for modules in self._modules.values():
+            modules.pop(key, None)
         await anyio.to_thread.run_sync(self._cache.forget, spec)
 
     async def clear(self) -> None:
         """Empty the memory tier, the remembered failures and this format's disk entries."""
         self._failures.clear()
+        for modules in self._modules.values():
+            modules.clear()
         await anyio.to_thread.run_sync(self._cache.clear)
 
     def stats(self) -> CompilerStats:

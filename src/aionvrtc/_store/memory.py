@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any
 
 from .._artifact import Artifact
 
@@ -12,14 +11,12 @@ __all__ = ["MemoryTier"]
 
 
 class _Entry:
-    __slots__ = ("artifact", "loaded", "size", "used")
+    __slots__ = ("artifact", "size", "used")
 
     def __init__(self, artifact: Artifact, used: int) -> None:
         self.artifact = artifact
         self.size = artifact.size
         self.used = used
-        # The artifact loaded per device (by Compiler.get): dropped with the entry on eviction.
-        self.loaded: dict[int, Any] = {}
 
 
 class MemoryTier:
