@@ -77,15 +77,13 @@ def check_device(device: int) -> tuple[int, int]:
         count = cupy.cuda.runtime.getDeviceCount()
         if not 0 <= device < count:
             raise ValueError(f"device must be in 0..{count - 1}, got {device}")
-        # Two attributes, not getDeviceProperties: that builds a large dict (about 1 ms).
-        attribute = cupy.cuda.runtime.deviceGetAttribute
-        major = attribute(cupy.cuda.runtime.cudaDevAttrComputeCapabilityMajor, device)
-        minor = attribute(cupy.cuda.runtime.cudaDevAttrComputeCapabilityMinor, device)
+        # Not getDeviceProperties: that builds a large dict (about 1 ms).
+        major, minor = divmod(int(cupy.cuda.Device(device).compute_capability), 10)
     except ValueError:
         raise
     except Exception as exc:
         raise _no_device(exc) from exc
-    capability = (int(major), int(minor))
+    capability = (major, minor)
     _capabilities[device] = capability
     return capability
 
