@@ -1,16 +1,24 @@
-"""Compile and serve CUDA kernels through aionvrtc's cache.
+"""Compile and serve CUDA kernels with aionvrtc's async compile service.
 
-Run twice: the first run compiles with NVRTC, the second is served from the disk cache.
-On a machine with no GPU it compiles for ``--arch`` (default sm_90) and says what it would run.
+100 concurrent requests for a templated kernel share one compile; the result lands in memory and
+on disk, so a second run is served from the disk cache. On a GPU the kernels run and are checked
+against NumPy; on a machine without one, they are compiled for ``--arch`` (default sm_90) and the
+example says what it would run.
+
+    python examples/quickstart.py [--arch sm_90]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
+
+import anyio
+import numpy as np
 
 import aionvrtc
-from aionvrtc import KernelCache, KernelSpec, NoDeviceError, Target
+from aionvrtc import Compiler, KernelSpec, NoDeviceError, Target
 
 SOURCE = r"""
 template <typename T>
@@ -19,58 +27,65 @@ __global__ void axpy(T a, const T* x, T* y, int n) {
     if (i < n) y[i] = a * x[i] + y[i];
 }
 """
-EXPRESSIONS = ("axpy<float>", "axpy<double>")
+SPEC = KernelSpec(
+    SOURCE,
+    name_expressions=("axpy<float>", "axpy<double>"),
+    options=("-std=c++17",),
+    name="axpy.cu",
+)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--arch", help="target such as sm_90 (default: this GPU's, else sm_90)")
-    args = parser.parse_args()
+async def main(arch: str | None) -> None:
     try:
         gpu: Target | None = Target.current()
     except NoDeviceError:
         gpu = None
-    target = Target(args.arch) if args.arch else (gpu or Target("sm_90"))
+    target = Target(arch) if arch else (gpu or Target("sm_90"))
     if gpu is None:
         print(f"no usable GPU here: compiling for {target} only")
 
-    spec = KernelSpec(SOURCE, name_expressions=EXPRESSIONS, options=("-std=c++17",), name="axpy.cu")
-    cache = KernelCache(target)
-    started = time.perf_counter()
-    artifact = cache.get_or_compile(spec)
-    elapsed = time.perf_counter() - started
-    stats = cache.stats()
-    source = "NVRTC" if stats.compiles else "the disk cache"
-    print(
-        f"aionvrtc {aionvrtc.__version__}: {artifact.kind} for {artifact.arch}, "
-        f"{len(artifact.image)} bytes from {source} in {elapsed * 1e3:.1f} ms"
-    )
-    print(f"cache: {cache.disk.dir if cache.disk else 'memory only'}  key {artifact.key[:16]}...")
-    for expression, lowered in artifact.lowered_names.items():
-        print(f"  {expression:14} -> {lowered}")
-    if gpu != target:
-        print("would run: axpy<float> and axpy<double> on 2**20 elements, checked against NumPy")
-        return
-    run_on_gpu(artifact)
+    async with Compiler(arch=target) as compiler:
+        started = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(100):  # e.g. 100 requests arriving at a cold server at once
+                tg.start_soon(compiler.compile, SPEC)
+        elapsed = time.perf_counter() - started
+        artifact = await compiler.compile(SPEC)
+        stats = compiler.stats()
+        source = "NVRTC" if stats.compiles else "the disk cache"
+        print(
+            f"aionvrtc {aionvrtc.__version__}: 100 requests, {stats.compiles} compile(s), "
+            f"{stats.joined} joined, {stats.disk_hits} disk hit(s): a {artifact.kind} for "
+            f"{artifact.arch} ({len(artifact.image)} bytes) from {source} in {elapsed * 1e3:.1f} ms"
+        )
+        for expression, lowered in sorted(artifact.lowered_names.items()):
+            print(f"  {expression:14} -> {lowered}")
+        if gpu != target:
+            print(
+                "would run: axpy<float> and axpy<double> on 2**20 elements, checked against NumPy"
+            )
+            return
+        module = await compiler.get(SPEC)
+        for expression, dtype in (("axpy<float>", np.float32), ("axpy<double>", np.float64)):
+            error = await run(module, expression, dtype)
+            print(f"  ran {expression} on 2**20 elements: max error against NumPy {error:.1e}")
+            assert error < 1e-5
 
 
-def run_on_gpu(artifact: aionvrtc.Artifact) -> None:
+async def run(module: aionvrtc.Module, expression: str, dtype: Any) -> float:
     import cupy
-    from cupy.cuda.function import Module
 
-    module = Module()
-    module.load(artifact.image)
     n = 1 << 20
-    for expression, dtype in zip(EXPRESSIONS, (cupy.float32, cupy.float64), strict=True):
-        x = cupy.random.random(n).astype(dtype)
-        y = cupy.random.random(n).astype(dtype)
-        want = 2 * x + y
-        kernel = module.get_function(artifact.lowered_names[expression])
-        kernel(((n + 255) // 256,), (256,), (dtype(2), x, y, cupy.int32(n)))
-        error = float(cupy.abs(y - want).max())
-        print(f"  ran {expression} on {n} elements: max error {error:.2e}")
-        assert error < 1e-5
+    rng = np.random.default_rng()
+    x, y = rng.random(n).astype(dtype), rng.random(n).astype(dtype)
+    x_gpu, y_gpu = cupy.asarray(x), cupy.asarray(y)
+    kernel = module.get_function(expression)
+    kernel(((n + 255) // 256,), (256,), (dtype(2), x_gpu, y_gpu, np.int32(n)))
+    await aionvrtc.synchronize()  # the event loop keeps serving while the GPU works
+    return float(np.abs(cupy.asnumpy(y_gpu) - (2 * x + y)).max())
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--arch", help="target such as sm_90 (default: this GPU's, else sm_90)")
+    anyio.run(main, parser.parse_args().arch)
