@@ -1,0 +1,27 @@
+"""Tropical matrix multiplication on the GPU, each kernel compiled lazily through aionvrtc.
+
+Semirings (``semiring=``): ``maxplus`` (max over k of a + b), ``minplus`` (min over k of a + b),
+``maxmul`` (max over k of a * b, defined for non-negative inputs) on float32, float64, int32 and
+int64, and ``andor`` on bool. Integer infinities are the type's extremes and arithmetic
+saturates. ``reference`` holds a NumPy implementation with the same semantics.
+"""
+
+from . import reference
+from ._api import backward, backward_sync, matmul, matmul_sync, warm
+from ._semirings import SEMIRINGS, Semiring
+from ._specs import LAYOUTS, all_specs, backward_spec, gemm_spec
+
+__all__ = [
+    "LAYOUTS",
+    "SEMIRINGS",
+    "Semiring",
+    "all_specs",
+    "backward",
+    "backward_spec",
+    "backward_sync",
+    "gemm_spec",
+    "matmul",
+    "matmul_sync",
+    "reference",
+    "warm",
+]

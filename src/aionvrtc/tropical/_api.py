@@ -1,0 +1,411 @@
+"""tropical.matmul and friends: validation, layout, launch; kernels fetched through a Compiler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+
+from .._actor import Compiler
+from .._cuda import Module
+from .._spec import KernelSpec
+from .._sync import default_compiler
+from ._semirings import Semiring, semiring
+from ._specs import Layout, all_specs, backward_spec, gemm_spec
+
+if TYPE_CHECKING:
+    import cupy
+
+__all__ = ["backward", "backward_sync", "matmul", "matmul_sync", "warm"]
+
+_THREADS = 256
+_TILE = 64
+_MAX_GRID_YZ = 65535
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+def _require_cupy(x: Any, what: str) -> Any:
+    cupy = _cupy()
+    if not isinstance(x, cupy.ndarray):
+        hint = ": move it with cupy.asarray(...)" if isinstance(x, np.ndarray) else ""
+        raise TypeError(
+            f"{what} must be a cupy.ndarray, not {type(x).__module__}.{type(x).__name__}{hint}"
+        )
+    return x
+
+
+def _strides(x: Any) -> tuple[int, int, int]:
+    """Element strides (batch, rows, columns) of a 2-D or 3-D array; batch 0 for 2-D."""
+    item = x.itemsize
+    strides = [s // item for s in x.strides]
+    if x.ndim == 2:
+        return 0, strides[0], strides[1]
+    return (0 if x.shape[0] == 1 else strides[0]), strides[1], strides[2]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    ring: Semiring
+    spec: KernelSpec
+    a: Any
+    b: Any
+    c: Any
+    index: Any  # int32 argmax output, or None
+    batch: int
+    m: int
+    n: int
+    k: int
+    device: int
+    batched: bool
+
+
+def _plan(a: Any, b: Any, semiring_name: str, *, argmax: bool, out: Any, accumulate: bool) -> _Plan:
+    cupy = _cupy()
+    ring = semiring(semiring_name)
+    a = _require_cupy(a, "a")
+    b = _require_cupy(b, "b")
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have one dtype, got {a.dtype} and {b.dtype}")
+    ring.check_dtype(a.dtype, "a")
+    if a.ndim not in (2, 3) or b.ndim not in (2, 3):
+        raise ValueError(f"a and b must be 2-D or 3-D, got shapes {a.shape} and {b.shape}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"a's columns must match b's rows, got shapes {a.shape} and {b.shape}")
+    if a.device.id != b.device.id:
+        raise ValueError(f"a is on device {a.device.id} and b on device {b.device.id}")
+    batch_a = a.shape[0] if a.ndim == 3 else 1
+    batch_b = b.shape[0] if b.ndim == 3 else 1
+    if batch_a != batch_b and 1 not in (batch_a, batch_b):
+        raise ValueError(f"batch sizes must match or be 1, got shapes {a.shape} and {b.shape}")
+    batched = a.ndim == 3 or b.ndim == 3
+    batch = batch_b if batch_a == 1 else batch_a
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    shape = (batch, m, n) if batched else (m, n)
+    c, index = _outputs(ring, a, shape, argmax=argmax, out=out, accumulate=accumulate)
+    _, _, sak = _strides(a)
+    _, _, sbn = _strides(b)
+    layout: Layout = "rowmajor" if sak == 1 and sbn == 1 else "strided"
+    spec = gemm_spec(ring.name, a.dtype, argmax=argmax, accumulate=accumulate, layout=layout)
+    del cupy
+    return _Plan(ring, spec, a, b, c, index, batch, m, n, k, a.device.id, batched)
+
+
+def _outputs(
+    ring: Semiring, a: Any, shape: tuple[int, ...], *, argmax: bool, out: Any, accumulate: bool
+) -> tuple[Any, Any]:
+    cupy = _cupy()
+    if out is None:
+        if accumulate:
+            raise ValueError("accumulate=True needs out: C = C (+) A (x) B updates out in place")
+        with cupy.cuda.Device(a.device.id):
+            c = cupy.empty(shape, dtype=a.dtype)
+            index = cupy.empty(shape, dtype=cupy.int32) if argmax else None
+        return c, index
+    if argmax:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError("with argmax=True, out must be a (values, argmax) pair of arrays")
+        c, index = out
+        _require_cupy(index, "out[1] (argmax)")
+        if index.dtype != np.int32 or index.shape != shape:
+            raise ValueError(
+                f"out[1] (argmax) must be int32 of shape {shape}, "
+                f"got {index.dtype} of shape {index.shape}"
+            )
+    else:
+        c, index = out, None
+    _require_cupy(c, "out")
+    if c.dtype != a.dtype or c.shape != shape:
+        raise ValueError(
+            f"out must be {a.dtype} of shape {shape}, got {c.dtype} of shape {c.shape}"
+        )
+    return c, index
+
+
+def _launch(plan: _Plan, module: Module, stream: Any) -> None:
+    cupy = _cupy()
+    sab, sam, sak = _strides(plan.a)
+    sbb, sbk, sbn = _strides(plan.b)
+    c3 = plan.c if plan.batched else plan.c[None]
+    scb, scm, scn = (s // c3.itemsize for s in c3.strides)
+    if plan.index is not None:
+        i3 = plan.index if plan.batched else plan.index[None]
+        sib, sim, sin = (s // 4 for s in i3.strides)
+        index_arg: Any = plan.index
+    else:
+        sib = sim = sin = 0
+        index_arg = np.uint64(0)  # a null pointer
+    grid = (
+        -(-plan.m // _TILE),
+        min(-(-plan.n // _TILE), _MAX_GRID_YZ),
+        min(plan.batch, _MAX_GRID_YZ),
+    )
+    args = (
+        plan.a,
+        plan.b,
+        plan.c,
+        index_arg,
+        np.int64(plan.m),
+        np.int64(plan.n),
+        np.int64(plan.k),
+        np.int64(plan.batch),
+        np.int64(sab),
+        np.int64(sam),
+        np.int64(sak),
+        np.int64(sbb),
+        np.int64(sbk),
+        np.int64(sbn),
+        np.int64(scb),
+        np.int64(scm),
+        np.int64(scn),
+        np.int64(sib),
+        np.int64(sim),
+        np.int64(sin),
+    )
+    function = module.get_function(plan.spec.name_expressions[0])
+    with cupy.cuda.Device(plan.device):
+        function(grid, (_THREADS,), args, stream=stream)
+
+
+# Modules the default compiler loaded, by (key, device): matmul(compiler=None) reaches the
+# process-wide Compiler (another thread's event loop) only on first use of a kernel.
+_default_modules: dict[tuple[str, int], Module] = {}
+
+
+async def _module(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:
+    if compiler is not None:
+        return await compiler.get(spec, device=device)
+    default = default_compiler()
+    memo = (spec.key(default.target), device)
+    module = _default_modules.get(memo)
+    if module is None:
+        module = await anyio.to_thread.run_sync(_default_get, spec, device)
+        _default_modules[memo] = module
+    return module
+
+
+def _default_get(spec: KernelSpec, device: int) -> Module:
+    return default_compiler().get_sync(spec, device=device)
+
+
+def _needs_launch(plan: _Plan) -> bool:
+    return bool(plan.m and plan.n and plan.batch)
+
+
+async def matmul(
+    a: cupy.ndarray,
+    b: cupy.ndarray,
+    semiring: str = "maxplus",
+    *,
+    argmax: bool = False,
+    out: Any = None,
+    accumulate: bool = False,
+    stream: Any = None,
+    compiler: Compiler | None = None,
+) -> Any:
+    """C = A (x) B over ``semiring`` on the GPU, enqueued on ``stream`` (default: CuPy's
+    current stream) without synchronising. Returns C, or (C, argmax) with ``argmax=True``:
+    the int32 index of the winning k (the smallest on ties; -1 where C is the semiring's zero).
+
+    ``a`` (M, K) and ``b`` (K, N) are CuPy arrays of one dtype, with any strides (transposed
+    and sliced views are used in place); 3-D operands carry a leading batch dimension, and a
+    batch of 1 (or a 2-D operand) broadcasts. ``out`` receives C (with ``argmax``, a
+    (C, argmax) pair); ``accumulate=True`` computes C = C (+) A (x) B into ``out``. The kernel is
+    fetched through ``compiler`` (default: aionvrtc's process-wide Compiler), compiled on first use.
+    """
+    plan = _plan(a, b, semiring, argmax=argmax, out=out, accumulate=accumulate)
+    if _needs_launch(plan):
+        _fill_if_empty_sum(plan, accumulate, stream)
+        if plan.k:
+            _launch(plan, await _module(plan.spec, plan.device, compiler), stream)
+    return (plan.c, plan.index) if argmax else plan.c
+
+
+def matmul_sync(
+    a: cupy.ndarray,
+    b: cupy.ndarray,
+    semiring: str = "maxplus",
+    *,
+    argmax: bool = False,
+    out: Any = None,
+    accumulate: bool = False,
+    stream: Any = None,
+    compiler: Compiler | None = None,
+) -> Any:
+    """``matmul`` for code that is not async (scripts, PyTorch autograd functions). Like
+    ``matmul`` it only enqueues the work; ``compiler``, if given, must run in a portal or this
+    must be a worker thread of its event loop."""
+    plan = _plan(a, b, semiring, argmax=argmax, out=out, accumulate=accumulate)
+    if _needs_launch(plan):
+        _fill_if_empty_sum(plan, accumulate, stream)
+        if plan.k:
+            _launch(plan, _module_sync(plan.spec, plan.device, compiler), stream)
+    return (plan.c, plan.index) if argmax else plan.c
+
+
+def _module_sync(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:
+    if compiler is not None:
+        return compiler.get_sync(spec, device=device)
+    default = default_compiler()
+    memo = (spec.key(default.target), device)
+    module = _default_modules.get(memo)
+    if module is None:
+        module = _default_modules[memo] = _default_get(spec, device)
+    return module
+
+
+def _fill_if_empty_sum(plan: _Plan, accumulate: bool, stream: Any) -> None:
+    """K = 0: the sum over no k is the semiring's zero (and C (+) zero = C)."""
+    if plan.k or accumulate:
+        return
+    cupy = _cupy()
+    with cupy.cuda.Device(plan.device), _on(stream):
+        plan.c.fill(plan.ring.zero(plan.c.dtype))
+        if plan.index is not None:
+            plan.index.fill(-1)
+
+
+def _on(stream: Any) -> Any:
+    import contextlib
+
+    return stream if stream is not None else contextlib.nullcontext()
+
+
+# -- backward --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _BackwardPlan:
+    spec: KernelSpec
+    args: tuple[Any, ...]
+    blocks: int
+    device: int
+    grads: tuple[Any, Any]
+
+
+def _backward_plan(grad_c: Any, a: Any, b: Any, argmax: Any, semiring_name: str) -> _BackwardPlan:
+    cupy = _cupy()
+    ring = semiring(semiring_name)
+    for x, what in ((grad_c, "grad_c"), (a, "a"), (b, "b"), (argmax, "argmax")):
+        _require_cupy(x, what)
+    spec = backward_spec(ring.name, a.dtype)
+    plan = _plan(a, b, ring.name, argmax=False, out=None, accumulate=False)
+    shape = plan.c.shape
+    if grad_c.shape != shape or grad_c.dtype != a.dtype:
+        raise ValueError(
+            f"grad_c must be {a.dtype} of shape {shape}, got {grad_c.dtype} of {grad_c.shape}"
+        )
+    if argmax.shape != shape or argmax.dtype != np.int32:
+        raise ValueError(
+            f"argmax must be int32 of shape {shape}, got {argmax.dtype} of {argmax.shape}"
+        )
+    with cupy.cuda.Device(plan.device):
+        grad_a, grad_b = cupy.zeros_like(a, order="C"), cupy.zeros_like(b, order="C")
+
+    g3 = grad_c if plan.batched else grad_c[None]
+    i3 = argmax if plan.batched else argmax[None]
+    args = (
+        grad_c,
+        argmax,
+        a,
+        b,
+        grad_a,
+        grad_b,
+        np.int64(plan.m),
+        np.int64(plan.n),
+        np.int64(plan.batch),
+        *(np.int64(s // g3.itemsize) for s in g3.strides),
+        *(np.int64(s // 4) for s in i3.strides),
+        *(np.int64(s) for s in _strides(a)),
+        *(np.int64(s) for s in _strides(b)),
+        *(np.int64(s) for s in _strides(grad_a)),
+        *(np.int64(s) for s in _strides(grad_b)),
+    )
+    total = plan.batch * plan.m * plan.n
+    blocks = max(1, min(-(-total // _THREADS), 1 << 20))  # a grid-stride loop covers the rest
+    return _BackwardPlan(spec, args, blocks if total else 0, plan.device, (grad_a, grad_b))
+
+
+def _backward_launch(plan: _BackwardPlan, module: Module, stream: Any) -> None:
+    cupy = _cupy()
+    function = module.get_function(plan.spec.name_expressions[0])
+    with cupy.cuda.Device(plan.device):
+        function((plan.blocks,), (_THREADS,), plan.args, stream=stream)
+
+
+async def backward(
+    grad_c: Any,
+    a: Any,
+    b: Any,
+    argmax: Any,
+    semiring: str = "maxplus",
+    *,
+    stream: Any = None,
+    compiler: Compiler | None = None,
+) -> tuple[Any, Any]:
+    """Gradients (grad_a, grad_b) of C = A (x) B given dL/dC and the forward argmax.
+
+    The gradient flows through the winning k only: unchanged for max-plus and min-plus, by the
+    product rule for max-times (grad_a[m, k] += g * b[k, n]). A broadcast (batch 1) operand's
+    gradient sums over the batch. float32 and float64 only.
+    """
+    plan = _backward_plan(grad_c, a, b, argmax, semiring)
+    if plan.blocks:
+        _backward_launch(plan, await _module(plan.spec, plan.device, compiler), stream)
+    return plan.grads
+
+
+def backward_sync(
+    grad_c: Any,
+    a: Any,
+    b: Any,
+    argmax: Any,
+    semiring: str = "maxplus",
+    *,
+    stream: Any = None,
+    compiler: Compiler | None = None,
+) -> tuple[Any, Any]:
+    """``backward`` for code that is not async."""
+    plan = _backward_plan(grad_c, a, b, argmax, semiring)
+    if plan.blocks:
+        _backward_launch(plan, _module_sync(plan.spec, plan.device, compiler), stream)
+    return plan.grads
+
+
+# -- warm-up --------------------------------------------------------------------------------
+
+
+async def warm(
+    semirings: Any = None,
+    dtypes: Any = None,
+    *,
+    arch: str | None = None,
+    compiler: Compiler | None = None,
+) -> int:
+    """Compile every kernel of the named semirings and dtypes (default: all) ahead of use, in
+    parallel; returns how many. Without ``compiler``, a temporary Compiler with one worker per
+    CPU fills the disk cache (target ``arch``, default ``$AIONVRTC_ARCH`` or the current GPU's)
+    that later requests read."""
+    import os
+
+    specs = all_specs(semirings, dtypes)
+    if compiler is None:
+        target = arch or os.environ.get("AIONVRTC_ARCH") or None
+        async with Compiler(arch=target, concurrency=os.cpu_count() or 1) as temporary:
+            await _compile_all(temporary, specs)
+    else:
+        await _compile_all(compiler, specs)
+    return len(specs)
+
+
+async def _compile_all(compiler: Compiler, specs: list[KernelSpec]) -> None:
+    async with anyio.create_task_group() as tg:
+        for spec in specs:
+            tg.start_soon(compiler.compile, spec)

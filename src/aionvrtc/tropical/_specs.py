@@ -1,0 +1,101 @@
+"""KernelSpecs of the tropical kernels: one per (semiring, type, variant, layout class)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterable
+from importlib import resources
+from typing import Literal
+
+import numpy as np
+
+from .._spec import KernelSpec
+from ._semirings import DTYPES, SEMIRINGS, semiring
+
+__all__ = ["LAYOUTS", "all_specs", "backward_spec", "gemm_expression", "gemm_spec"]
+
+Layout = Literal["rowmajor", "strided"]
+# rowmajor: A has unit stride along k and B along n, known at compile time; strided: any.
+LAYOUTS: tuple[Layout, ...] = ("rowmajor", "strided")
+OPTIONS = ("-std=c++17",)
+
+
+@functools.cache
+def source() -> str:
+    return resources.files(__package__).joinpath("kernels/tropical.cu").read_text()
+
+
+def _bool(flag: bool) -> str:
+    return "true" if flag else "false"
+
+
+def gemm_expression(
+    semiring_name: str,
+    dtype: np.dtype[np.generic],
+    *,
+    argmax: bool,
+    accumulate: bool,
+    layout: Layout,
+) -> str:
+    ring = semiring(semiring_name)
+    ring.check_dtype(dtype, "the operands")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return (
+        f"tropical_gemm<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {_bool(argmax)}, "
+        f"{_bool(accumulate)}, {_bool(layout == 'rowmajor')}>"
+    )
+
+
+@functools.cache
+def gemm_spec(
+    semiring_name: str,
+    dtype: np.dtype[np.generic],
+    *,
+    argmax: bool,
+    accumulate: bool,
+    layout: Layout,
+) -> KernelSpec:
+    """The spec of one forward kernel: the shared source, one instantiation."""
+    expression = gemm_expression(
+        semiring_name, dtype, argmax=argmax, accumulate=accumulate, layout=layout
+    )
+    return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
+
+
+@functools.cache
+def backward_spec(semiring_name: str, dtype: np.dtype[np.generic]) -> KernelSpec:
+    ring = semiring(semiring_name)
+    if ring.name == "andor" or np.dtype(dtype).kind != "f":
+        raise TypeError(
+            f"gradients need float32 or float64 operands of maxplus, minplus or maxmul, "
+            f"not {np.dtype(dtype)} under {ring.name}"
+        )
+    product = _bool(ring.name == "maxmul")
+    expression = f"tropical_backward<{DTYPES[np.dtype(dtype)]}, {product}>"
+    return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
+
+
+def all_specs(
+    semirings: Iterable[str] | None = None, dtypes: Iterable[object] | None = None
+) -> list[KernelSpec]:
+    """Every forward variant and layout (and backward kernel) of the named semirings and
+    dtypes (default: all); combinations a semiring does not define are skipped."""
+    names = list(SEMIRINGS) if semirings is None else [semiring(n).name for n in semirings]
+    wanted = None if dtypes is None else {np.dtype(d) for d in dtypes}  # type: ignore[call-overload]
+    specs: list[KernelSpec] = []
+    for name in names:
+        ring = SEMIRINGS[name]
+        for dtype in ring.dtypes:
+            if wanted is not None and dtype not in wanted:
+                continue
+            for argmax, accumulate, layout in itertools.product(
+                (False, True), (False, True), LAYOUTS
+            ):
+                specs.append(
+                    gemm_spec(name, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
+                )
+            if name != "andor" and dtype.kind == "f":
+                specs.append(backward_spec(name, dtype))
+    return list(dict.fromkeys(specs))  # max-plus and min-plus share backward kernels

@@ -1,0 +1,209 @@
+// Tropical matrix multiplication: C[b, m, n] = (+)_k A[b, m, k] (x) B[b, k, n]
+// over the semirings max-plus, min-plus, max-times and and-or, with the index of the winning k.
+//
+// Every (semiring, type, variant, layout) is one template instantiation, compiled on its own
+// (lazily, through aionvrtc's compile service) by naming it as a name expression.
+
+// -- numbers ---------------------------------------------------------------------------------
+
+template <typename T> struct Num;
+template <> struct Num<float> {
+    __device__ static float lowest() { return __int_as_float(0xff800000); }   // -inf
+    __device__ static float highest() { return __int_as_float(0x7f800000); }  // +inf
+};
+template <> struct Num<double> {
+    __device__ static double lowest() { return __longlong_as_double(0xfff0000000000000ULL); }
+    __device__ static double highest() { return __longlong_as_double(0x7ff0000000000000ULL); }
+};
+template <> struct Num<int> {
+    __device__ static int lowest() { return -2147483647 - 1; }
+    __device__ static int highest() { return 2147483647; }
+};
+template <> struct Num<long long> {
+    __device__ static long long lowest() { return -9223372036854775807LL - 1; }
+    __device__ static long long highest() { return 9223372036854775807LL; }
+};
+template <> struct Num<bool> {
+    __device__ static bool lowest() { return false; }
+    __device__ static bool highest() { return true; }
+};
+
+// Integer "infinity" is the type's extreme value, and arithmetic saturates: nothing wraps.
+template <typename I, typename U>
+__device__ __forceinline__ I saturating_add(I a, I b) {
+    const I s = (I)((U)a + (U)b);
+    // Overflow iff a and b have one sign and the sum the other.
+    if (((a ^ s) & (b ^ s)) < 0) return a < 0 ? Num<I>::lowest() : Num<I>::highest();
+    return s;
+}
+__device__ __forceinline__ int sat_add(int a, int b) { return saturating_add<int, unsigned>(a, b); }
+__device__ __forceinline__ long long sat_add(long long a, long long b) {
+    return saturating_add<long long, unsigned long long>(a, b);
+}
+
+// -- semirings ---------------------------------------------------------------------------------
+// zero(): the identity of the reduction, absorbing for the combination.
+// mul(a, b): the combination. better(x, y): x wins the reduction over y (strictly: ties keep
+// the first k, so the argmax is the smallest winning k).
+
+struct MaxPlus {
+    template <typename T> __device__ static T zero() { return Num<T>::lowest(); }
+    // IEEE for floats (-inf + x = -inf; -inf + inf is NaN, which never wins: it counts as zero).
+    __device__ static float mul(float a, float b) { return a + b; }
+    __device__ static double mul(double a, double b) { return a + b; }
+    template <typename I> __device__ static I mul(I a, I b) {
+        if (a == Num<I>::lowest() || b == Num<I>::lowest()) return Num<I>::lowest();
+        const I s = sat_add(a, b);
+        return s == Num<I>::lowest() ? Num<I>::lowest() + 1 : s;  // finite stays finite
+    }
+    template <typename T> __device__ static bool better(T x, T y) { return x > y; }
+};
+
+struct MinPlus {
+    template <typename T> __device__ static T zero() { return Num<T>::highest(); }
+    __device__ static float mul(float a, float b) { return a + b; }
+    __device__ static double mul(double a, double b) { return a + b; }
+    template <typename I> __device__ static I mul(I a, I b) {
+        if (a == Num<I>::highest() || b == Num<I>::highest()) return Num<I>::highest();
+        const I s = sat_add(a, b);
+        return s == Num<I>::highest() ? Num<I>::highest() - 1 : s;
+    }
+    template <typename T> __device__ static bool better(T x, T y) { return x < y; }
+};
+
+// Max-times is defined for non-negative inputs: zero is 0 and products saturate at the
+// type's largest value.
+struct MaxMul {
+    template <typename T> __device__ static T zero() { return T(0); }
+    __device__ static float mul(float a, float b) { return a * b; }
+    __device__ static double mul(double a, double b) { return a * b; }
+    template <typename I> __device__ static I mul(I a, I b) {
+        if (a != 0 && b > Num<I>::highest() / a) return Num<I>::highest();
+        return a * b;
+    }
+    template <typename T> __device__ static bool better(T x, T y) { return x > y; }
+};
+
+struct AndOr {
+    template <typename T> __device__ static T zero() { return false; }
+    __device__ static bool mul(bool a, bool b) { return a && b; }
+    template <typename T> __device__ static bool better(T x, T y) { return x && !y; }
+};
+
+// -- the product -------------------------------------------------------------------------------
+// Block tile 64 x 64, k-step 16, 256 threads each owning a 4 x 4 tile of C (rows ty + 16 i,
+// columns tx + 16 j). Out-of-range elements load as the semiring's zero, which never wins, so
+// the inner loop needs no bounds checks. Strides are in elements and may be zero (a broadcast
+// batch) or negative. ROWMAJOR: A has unit stride along k and B along n (the common layout),
+// known at compile time.
+
+constexpr int BM = 64, BN = 64, BK = 16, TM = 4, TN = 4, THREADS = 256;
+
+template <typename T, typename S, bool ARGMAX, bool ACCUMULATE, bool ROWMAJOR>
+__global__ void __launch_bounds__(THREADS) tropical_gemm(
+    const T* __restrict__ A, const T* __restrict__ B, T* C, int* I,
+    long long M, long long N, long long K, long long batch,
+    long long sAb, long long sAm, long long sAk,
+    long long sBb, long long sBk, long long sBn,
+    long long sCb, long long sCm, long long sCn,
+    long long sIb, long long sIm, long long sIn) {
+    if (ROWMAJOR) { sAk = 1; sBn = 1; }
+    __shared__ T As[BK][BM];
+    __shared__ T Bs[BK][BN];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const long long m0 = (long long)blockIdx.x * BM;
+    for (long long b = blockIdx.z; b < batch; b += gridDim.z) {
+        for (long long n0 = (long long)blockIdx.y * BN; n0 < N; n0 += (long long)gridDim.y * BN) {
+            T acc[TM][TN];
+            int idx[TM][TN];
+            #pragma unroll
+            for (int i = 0; i < TM; ++i)
+                #pragma unroll
+                for (int j = 0; j < TN; ++j) { acc[i][j] = S::template zero<T>(); idx[i][j] = -1; }
+            for (long long k0 = 0; k0 < K; k0 += BK) {
+                for (int t = threadIdx.x; t < BK * BM; t += THREADS) {
+                    const int kk = t / BM, mm = t % BM;
+                    const long long m = m0 + mm, k = k0 + kk;
+                    As[kk][mm] = (m < M && k < K) ? A[b * sAb + m * sAm + k * sAk] : S::template zero<T>();
+                }
+                for (int t = threadIdx.x; t < BK * BN; t += THREADS) {
+                    const int kk = t / BN, nn = t % BN;
+                    const long long n = n0 + nn, k = k0 + kk;
+                    Bs[kk][nn] = (n < N && k < K) ? B[b * sBb + k * sBk + n * sBn] : S::template zero<T>();
+                }
+                __syncthreads();
+                #pragma unroll
+                for (int kk = 0; kk < BK; ++kk) {
+                    T a[TM], bv[TN];
+                    #pragma unroll
+                    for (int i = 0; i < TM; ++i) a[i] = As[kk][ty + 16 * i];
+                    #pragma unroll
+                    for (int j = 0; j < TN; ++j) bv[j] = Bs[kk][tx + 16 * j];
+                    #pragma unroll
+                    for (int i = 0; i < TM; ++i)
+                        #pragma unroll
+                        for (int j = 0; j < TN; ++j) {
+                            const T p = S::mul(a[i], bv[j]);
+                            if (S::better(p, acc[i][j])) {
+                                acc[i][j] = p;
+                                if (ARGMAX) idx[i][j] = (int)(k0 + kk);
+                            }
+                        }
+                }
+                __syncthreads();
+            }
+            #pragma unroll
+            for (int i = 0; i < TM; ++i)
+                #pragma unroll
+                for (int j = 0; j < TN; ++j) {
+                    const long long m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+                    if (m >= M || n >= N) continue;
+                    T* c = C + b * sCb + m * sCm + n * sCn;
+                    int* ix = ARGMAX ? I + b * sIb + m * sIm + n * sIn : nullptr;
+                    T value = acc[i][j];
+                    int winner = idx[i][j];
+                    if (ACCUMULATE) {
+                        const T old = *c;  // C was there first: it wins ties
+                        if (!S::better(value, old)) {
+                            value = old;
+                            if (ARGMAX) winner = *ix;
+                        }
+                    }
+                    *c = value;
+                    if (ARGMAX) *ix = winner;
+                }
+        }
+    }
+}
+
+// -- backward ------------------------------------------------------------------------------------
+// The gradient flows through the winning k only: dA[b, m, k*] += g and dB[b, k*, n] += g for
+// the plus semirings; times B[b, k*, n] and A[b, m, k*] (the product rule) for max-times.
+// Broadcast inputs have batch stride 0 in their gradient, so the atomics sum over the batch.
+
+template <typename T, bool PRODUCT>
+__global__ void tropical_backward(
+    const T* __restrict__ G, const int* __restrict__ I,
+    const T* __restrict__ A, const T* __restrict__ B, T* GA, T* GB,
+    long long M, long long N, long long batch,
+    long long sGb, long long sGm, long long sGn,
+    long long sIb, long long sIm, long long sIn,
+    long long sAb, long long sAm, long long sAk,
+    long long sBb, long long sBk, long long sBn,
+    long long sGAb, long long sGAm, long long sGAk,
+    long long sGBb, long long sGBk, long long sGBn) {
+    const long long total = batch * M * N;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (long long)gridDim.x * blockDim.x) {
+        const long long n = t % N, m = (t / N) % M, b = t / (M * N);
+        const long long k = I[b * sIb + m * sIm + n * sIn];
+        if (k < 0) continue;
+        const T g = G[b * sGb + m * sGm + n * sGn];
+        if (GA != nullptr)
+            atomicAdd(GA + b * sGAb + m * sGAm + k * sGAk,
+                      PRODUCT ? g * B[b * sBb + k * sBk + n * sBn] : g);
+        if (GB != nullptr)
+            atomicAdd(GB + b * sGBb + k * sGBk + n * sGBn,
+                      PRODUCT ? g * A[b * sAb + m * sAm + k * sAk] : g);
+    }
+}

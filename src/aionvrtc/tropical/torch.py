@@ -1,0 +1,53 @@
+"""PyTorch autograd for tropical matmul (the optional ``torch`` extra).
+
+``aionvrtc.tropical.torch.matmul(a, b, semiring)`` takes CUDA tensors, shares their memory with
+CuPy through DLPack (no copies), runs on PyTorch's current stream, and differentiates through
+the argmax.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy
+import torch
+
+from ._api import backward_sync, matmul_sync
+
+__all__ = ["matmul"]
+
+
+def _cupy(x: torch.Tensor) -> Any:
+    return cupy.from_dlpack(x.detach())
+
+
+def _stream(x: torch.Tensor) -> Any:
+    return cupy.cuda.ExternalStream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
+
+
+class _TropicalMatmul(torch.autograd.Function):  # type: ignore[misc]
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, semiring: str) -> torch.Tensor:
+        with cupy.cuda.Device(a.device.index):
+            c, argmax = matmul_sync(_cupy(a), _cupy(b), semiring, argmax=True, stream=_stream(a))
+        ctx.save_for_backward(a, b)
+        ctx.argmax = argmax
+        ctx.semiring = semiring
+        return torch.from_dlpack(c)
+
+    @staticmethod
+    def backward(ctx: Any, grad_c: torch.Tensor) -> tuple[Any, Any, None]:
+        a, b = ctx.saved_tensors
+        with cupy.cuda.Device(a.device.index):
+            grad_a, grad_b = backward_sync(
+                _cupy(grad_c), _cupy(a), _cupy(b), ctx.argmax, ctx.semiring, stream=_stream(a)
+            )
+        return torch.from_dlpack(grad_a), torch.from_dlpack(grad_b), None
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, semiring: str = "maxplus") -> torch.Tensor:
+    """C = A (x) B over ``semiring`` for CUDA tensors, differentiable (float32/float64)."""
+    if not (a.is_cuda and b.is_cuda):
+        raise TypeError("a and b must be CUDA tensors")
+    result: torch.Tensor = _TropicalMatmul.apply(a, b, semiring)
+    return result
