@@ -1,0 +1,178 @@
+"""Tropical products on the CPU: the NumPy reference against brute force, and every kernel
+spec compiled for sm_90 through the service (real NVRTC)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from aionvrtc import Compiler, tropical
+from aionvrtc.tropical import reference
+
+from .tropical_data import brute_force, operands
+
+CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=[f"{s}-{d}" for s, d in CASES])
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 1, 1), (3, 5, 4), (6, 1, 7), (5, 9, 1)])
+def test_reference_matches_brute_force(ring: str, dtype: Any, m: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(m * 100 + k * 10 + n)
+    for ties in (False, True):
+        a, b = operands(rng, ring, dtype, (m, k), (k, n), ties=ties)
+        value, index = reference.matmul(a, b, ring, argmax=True)
+        want_value, want_index = brute_force(a, b, ring)
+        np.testing.assert_array_equal(value, want_value)
+        np.testing.assert_array_equal(index, want_index)
+        assert value.dtype == a.dtype
+        assert index.dtype == np.int32
+
+
+def test_reference_saturates_and_keeps_infinities() -> None:
+    lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    a = np.array([[lo, hi - 5, -hi, 7]], dtype=np.int32).T  # (4, 1)
+    b = np.array([[10]], dtype=np.int32)
+    assert reference.matmul(a, b, "maxplus")[:, 0].tolist() == [lo, hi, -hi + 10, 17]
+    assert reference.matmul(a, b, "minplus")[:, 0].tolist() == [lo + 10, hi - 1, -hi + 10, 17]
+    c = np.array([[hi, lo]], dtype=np.int32).T
+    assert reference.matmul(c, b, "minplus")[:, 0].tolist() == [hi, lo + 10]
+    assert (
+        reference.matmul(np.array([[-hi]], np.int32), np.array([[-10]], np.int32), "maxplus")[0, 0]
+        == lo + 1
+    )  # a finite sum that underflows stays finite
+    big = np.array([[1 << 40]], dtype=np.int64)
+    assert reference.matmul(big, big, "maxmul")[0, 0] == np.iinfo(np.int64).max
+    inf = np.float32(np.inf)
+    fa = np.array([[-inf, 1.0]], np.float32)
+    fb = np.array([[inf], [2.0]], np.float32)
+    value, index = reference.matmul(fa, fb, "maxplus", argmax=True)
+    assert (value[0, 0], index[0, 0]) == (3.0, 1)  # -inf + inf counts as the zero
+
+
+def test_empty_sums_batches_and_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(7)
+    value, index = reference.matmul(
+        np.zeros((3, 0), np.float32), np.zeros((0, 2), np.float32), "minplus", argmax=True
+    )
+    assert value.tolist() == [[np.inf] * 2] * 3
+    assert index.tolist() == [[-1] * 2] * 3
+    assert reference.matmul(np.zeros((0, 4), np.int64), np.zeros((4, 5), np.int64)).shape == (0, 5)
+    a, b = operands(rng, "maxplus", np.float64, (1, 6, 5), (4, 5, 3))
+    value, index = reference.matmul(a, b, "maxplus", argmax=True)
+    assert value.shape == index.shape == (4, 6, 3)
+    for i in range(4):
+        want_value, want_index = brute_force(a[0], b[i], "maxplus")
+        np.testing.assert_array_equal(value[i], want_value)
+        np.testing.assert_array_equal(index[i], want_index)
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 7)  # many tiny chunks, same answer
+    np.testing.assert_array_equal(reference.matmul(a, b, "maxplus"), value)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (
+            lambda: reference.matmul(np.ones((2, 3)), np.ones((4, 2))),
+            ValueError,
+            r"a's columns must match b's rows, got shapes \(2, 3\) and \(4, 2\)",
+        ),
+        (
+            lambda: reference.matmul(np.ones((2, 3)), np.ones((3, 2), np.float32)),
+            TypeError,
+            "a and b must have one dtype, got float64 and float32",
+        ),
+        (
+            lambda: reference.matmul(np.ones((2, 2), np.float16), np.ones((2, 2), np.float16)),
+            TypeError,
+            "a has dtype float16; maxplus takes float32, float64, int32, int64",
+        ),
+        (
+            lambda: reference.matmul(np.ones((2, 2), bool), np.ones((2, 2), bool), "maxplus"),
+            TypeError,
+            "a has dtype bool; maxplus takes",
+        ),
+        (
+            lambda: reference.matmul(np.ones((2, 2)), np.ones((2, 2)), "andor"),
+            TypeError,
+            "a has dtype float64; andor takes bool",
+        ),
+        (
+            lambda: reference.matmul(np.ones((2, 2)), np.ones((2, 2)), "plusmax"),
+            ValueError,
+            "semiring must be one of maxplus, minplus, maxmul, andor, got 'plusmax'",
+        ),
+        (
+            lambda: reference.matmul(np.ones((2, 2, 2)), np.ones((3, 2, 2))),
+            ValueError,
+            "batch sizes must match or be 1",
+        ),
+    ],
+)
+def test_reference_errors(call: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_numpy_input_where_cupy_is_needed_is_named() -> None:
+    with pytest.raises(TypeError, match=r"a must be a cupy.ndarray, not numpy.ndarray: move it"):
+        tropical.matmul_sync(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
+
+
+def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path) -> None:
+    specs = tropical.all_specs()
+    # 3 semirings x 4 types + and-or on bool, x argmax x accumulate x 2 layouts, and the
+    # backward kernels of float32/float64 for the plus semirings and max-times.
+    assert len(specs) == 13 * 2 * 2 * 2 + 4
+    expressions = [s.name_expressions[0] for s in specs]
+    assert len(set(expressions)) == len(specs)
+
+    async def main() -> tuple[list[Any], Any]:
+        async with Compiler(arch="sm_90", cache_dir=tmp_path, concurrency=2) as compiler:
+            artifacts: list[Any] = [None] * len(specs)
+
+            async def one(i: int) -> None:
+                artifacts[i] = await compiler.compile(specs[i])
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(specs)):
+                    tg.start_soon(one, i)
+            return artifacts, compiler.stats()
+
+    artifacts, stats = anyio.run(main)
+    assert stats.compiles == len(specs)
+    for spec, artifact in zip(specs, artifacts, strict=True):
+        assert artifact.kind == "cubin"
+        assert artifact.image[:4] == b"\x7fELF"
+        assert set(artifact.lowered_names) == {spec.name_expressions[0]}
+
+    # warm() fills the disk cache through a parallel Compiler; a second warm compiles nothing.
+    count = anyio.run(lambda: tropical.warm(["maxplus"], ["float32"], arch="sm_90"))
+    assert count == 2 * 2 * 2 + 1
+
+    async def again() -> int:
+        async with Compiler(arch="sm_90", cache_dir=tmp_path) as compiler:
+            await tropical.warm(["maxplus"], ["float32"], compiler=compiler)
+            return compiler.stats().compiles
+
+    assert anyio.run(again) == 0
+
+
+def test_spec_builders_validate() -> None:
+    with pytest.raises(TypeError, match="gradients need float32 or float64"):
+        tropical.backward_spec("maxplus", np.dtype(np.int32))
+    with pytest.raises(TypeError, match="gradients need"):
+        tropical.backward_spec("andor", np.dtype(np.bool_))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        layout: Any = "diagonal"
+        tropical.gemm_spec(
+            "maxplus", np.dtype(np.float32), argmax=False, accumulate=False, layout=layout
+        )
+    spec = tropical.gemm_spec(
+        "minplus", np.dtype(np.int64), argmax=True, accumulate=False, layout="strided"
+    )
+    assert spec.name_expressions == ("tropical_gemm<long long, MinPlus, true, false, false>",)
+    assert list(tropical.SEMIRINGS) == ["maxplus", "minplus", "maxmul", "andor"]

@@ -1,0 +1,95 @@
+"""Inputs and a brute-force oracle for the tropical tests (CPU and GPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from aionvrtc.tropical import SEMIRINGS
+
+
+def operands(
+    rng: np.random.Generator,
+    ring: str,
+    dtype: Any,
+    shape_a: tuple[int, ...],
+    shape_b: tuple[int, ...],
+    *,
+    ties: bool = False,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Fresh random operands, with the type's infinities sprinkled in; ``ties`` draws from a
+    handful of values so that equal products (and the smallest-k rule) are common."""
+    dtype = np.dtype(dtype)
+
+    def draw(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        if dtype == np.bool_:
+            flags: np.ndarray[Any, Any] = rng.random(shape) < (0.2 if not ties else 0.5)
+            return flags
+        if ties:
+            x = rng.integers(0, 4, size=shape).astype(dtype)
+        elif dtype.kind == "f":
+            x = rng.standard_normal(shape).astype(dtype) * 10
+        else:
+            x = rng.integers(-1000, 1000, size=shape).astype(dtype)
+        if ring == "maxmul":
+            return np.abs(x)  # max-times is defined for non-negative inputs
+        if x.size and not ties:
+            special = rng.random(shape) < 0.05
+            if dtype.kind == "f":
+                x[special] = rng.choice(np.array([-np.inf, np.inf], dtype=dtype), special.sum())
+            else:
+                info = np.iinfo(dtype)
+                x[special] = rng.choice(np.array([info.min, info.max], dtype=dtype), special.sum())
+        return x
+
+    return draw(shape_a), draw(shape_b)
+
+
+def _mul(ring: str, x: Any, y: Any, dtype: np.dtype[Any]) -> Any:
+    if ring == "andor":
+        return bool(x and y)
+    if dtype.kind == "f":
+        with np.errstate(invalid="ignore", over="ignore"):
+            p = dtype.type(x + y) if ring != "maxmul" else dtype.type(x * y)
+        return SEMIRINGS[ring].zero(dtype) if np.isnan(p) else p
+    info = np.iinfo(dtype)
+    x, y = int(x), int(y)  # Python ints: no overflow, then saturate by hand
+    if ring == "maxmul":
+        return min(x * y, info.max)
+    if ring == "maxplus":
+        if info.min in (x, y):
+            return info.min
+        return min(max(x + y, info.min + 1), info.max)
+    if info.max in (x, y):
+        return info.max
+    return min(max(x + y, info.min), info.max - 1)
+
+
+def brute_force(
+    a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], ring: str
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Triple loop over Python scalars: the definition, slowly."""
+    semiring = SEMIRINGS[ring]
+    dtype = a.dtype
+    zero = semiring.zero(dtype)
+    m, k = a.shape
+    n = b.shape[1]
+    value = np.empty((m, n), dtype=dtype)
+    index = np.full((m, n), -1, dtype=np.int32)
+    for i in range(m):
+        for j in range(n):
+            best, arg = zero, -1
+            for t in range(k):
+                p = _mul(ring, a[i, t], b[t, j], dtype)
+                if ring == "andor":
+                    wins = p and not best
+                elif semiring.maximise:
+                    wins = p > best
+                else:
+                    wins = p < best
+                if wins:
+                    best, arg = p, t
+            value[i, j] = best
+            index[i, j] = arg
+    return value, index
