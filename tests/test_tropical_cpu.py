@@ -166,8 +166,8 @@ def test_spec_builders_validate() -> None:
         tropical.backward_spec("maxplus", np.dtype(np.int32))
     with pytest.raises(TypeError, match="gradients need"):
         tropical.backward_spec("andor", np.dtype(np.bool_))
+    layout: Any = "diagonal"
     with pytest.raises(ValueError, match="layout must be one of"):
-        layout: Any = "diagonal"
         tropical.gemm_spec(
             "maxplus", np.dtype(np.float32), argmax=False, accumulate=False, layout=layout
         )

@@ -26,6 +26,7 @@ def operands(
         if dtype == np.bool_:
             flags: np.ndarray[Any, Any] = rng.random(shape) < (0.2 if not ties else 0.5)
             return flags
+        x: np.ndarray[Any, Any]
         if ties:
             x = rng.integers(0, 4, size=shape).astype(dtype)
         elif dtype.kind == "f":
@@ -33,7 +34,8 @@ def operands(
         else:
             x = rng.integers(-1000, 1000, size=shape).astype(dtype)
         if ring == "maxmul":
-            return np.abs(x)  # max-times is defined for non-negative inputs
+            x = np.abs(x)  # max-times is defined for non-negative inputs
+            return x
         if x.size and not ties:
             special = rng.random(shape) < 0.05
             if dtype.kind == "f":
