@@ -1,0 +1,349 @@
+"""Tropical products on the GPU (device machine) against the NumPy reference, on fresh random
+inputs: every semiring x type x variant, odd sizes, views, batches, infinities, ties, gradients."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import aionvrtc
+from aionvrtc import Compiler, tropical
+from aionvrtc.tropical import reference
+
+from .tropical_data import operands
+
+pytestmark = pytest.mark.gpu
+
+CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
+IDS = [f"{s}-{np.dtype(d)}" for s, d in CASES]
+SIZES = [(1, 1, 1), (7, 33, 129), (33, 129, 7), (129, 7, 33), (1000, 65, 70)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One process-wide Compiler for these tests, its cache filled in parallel up front."""
+    os.environ["AIONVRTC_CACHE_DIR"] = str(tmp_path_factory.mktemp("tropical-cache"))
+    aionvrtc.close_default_compiler()
+    aionvrtc.default_compiler()
+    count = anyio.run(tropical.warm)
+    assert count == len(tropical.all_specs())
+    yield
+    aionvrtc.close_default_compiler()
+
+
+def gpu(x: np.ndarray[Any, Any]) -> Any:
+    import cupy
+
+    return cupy.asarray(x)
+
+
+def host(x: Any) -> np.ndarray[Any, Any]:
+    import cupy
+
+    result: np.ndarray[Any, Any] = cupy.asnumpy(x)
+    return result
+
+
+def check(ring: str, a: Any, b: Any, *, argmax: bool = True) -> None:
+    """The GPU result (on the given device arrays, views included) against the reference."""
+    got = tropical.matmul_sync(a, b, ring, argmax=argmax)
+    want = reference.matmul(host(a), host(b), ring, argmax=argmax)
+    if argmax:
+        np.testing.assert_array_equal(host(got[0]), want[0])
+        np.testing.assert_array_equal(host(got[1]), want[1])
+        assert got[1].dtype == np.int32
+    else:
+        np.testing.assert_array_equal(host(got), want)
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@pytest.mark.parametrize("argmax", [False, True])
+@pytest.mark.parametrize(("m", "k", "n"), SIZES)
+def test_forward(ring: str, dtype: Any, argmax: bool, m: int, k: int, n: int) -> None:
+    a, b = operands(np.random.default_rng(), ring, dtype, (m, k), (k, n))
+    check(ring, gpu(a), gpu(b), argmax=argmax)
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@pytest.mark.parametrize("layout", ["a transposed", "b transposed", "sliced", "reversed"])
+def test_views_are_used_in_place(ring: str, dtype: Any, layout: str) -> None:
+    rng = np.random.default_rng()
+    m, k, n = 37, 45, 29
+    if layout == "a transposed":
+        at, b = operands(rng, ring, dtype, (k, m), (k, n))
+        a_gpu, b_gpu = gpu(at).T, gpu(b)  # F-ordered view
+    elif layout == "b transposed":
+        a, bt = operands(rng, ring, dtype, (m, k), (n, k))
+        a_gpu, b_gpu = gpu(a), gpu(bt).T
+    elif layout == "sliced":
+        a, b = operands(rng, ring, dtype, (2 * m, 3 * k + 1), (k + 5, 2 * n))
+        a_gpu, b_gpu = gpu(a)[::2, 1::3], gpu(b)[5:, ::2]
+    else:
+        a, b = operands(rng, ring, dtype, (m, k), (k, n))
+        a_gpu, b_gpu = gpu(a)[::-1], gpu(b)[:, ::-1]
+    assert not (a_gpu.flags.c_contiguous and b_gpu.flags.c_contiguous)
+    check(ring, a_gpu, b_gpu)
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_ties_resolve_to_the_smallest_k(ring: str, dtype: Any) -> None:
+    a, b = operands(np.random.default_rng(), ring, dtype, (50, 40), (40, 30), ties=True)
+    check(ring, gpu(a), gpu(b))
+
+
+@pytest.mark.parametrize(
+    ("shape_a", "shape_b"),
+    [
+        ((3, 17, 9), (3, 9, 11)),
+        ((1, 17, 9), (4, 9, 11)),
+        ((4, 17, 9), (1, 9, 11)),
+        ((17, 9), (5, 9, 11)),
+        ((5, 17, 9), (9, 11)),
+        ((70_000, 2, 3), (70_000, 3, 2)),  # more batches than a grid dimension holds
+    ],
+)
+@pytest.mark.parametrize("ring", ["maxplus", "minplus", "maxmul"])
+def test_batches(ring: str, shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> None:
+    a, b = operands(np.random.default_rng(), ring, np.float32, shape_a, shape_b)
+    check(ring, gpu(a), gpu(b))
+
+
+def test_many_rows_and_columns() -> None:
+    # More column tiles than a grid dimension holds, and a tall skinny product.
+    for shape_a, shape_b in (((3, 4), (4, 65_536 * 64 + 70)), ((1 << 20, 8), (8, 4))):
+        a, b = operands(np.random.default_rng(), "maxplus", np.float32, shape_a, shape_b)
+        check("maxplus", gpu(a), gpu(b))
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@pytest.mark.parametrize("argmax", [False, True])
+def test_accumulate(ring: str, dtype: Any, argmax: bool) -> None:
+    rng = np.random.default_rng()
+    a, b = operands(rng, ring, dtype, (40, 23), (23, 31))
+    old, _ = operands(rng, ring, dtype, (40, 31), (1, 1))
+    old_index = rng.integers(-1, 23, size=(40, 31)).astype(np.int32)
+    c = gpu(old)
+    index = gpu(old_index)
+    out = (c, index) if argmax else c
+    result = tropical.matmul_sync(gpu(a), gpu(b), ring, argmax=argmax, out=out, accumulate=True)
+    assert (result[0] if argmax else result) is c  # in place
+    value, new_index = reference.matmul(a, b, ring, argmax=True)
+    semiring = tropical.SEMIRINGS[ring]
+    if ring == "andor":
+        new_wins = value & ~old
+    elif semiring.maximise:
+        new_wins = value > old
+    else:
+        new_wins = value < old
+    np.testing.assert_array_equal(host(c), np.where(new_wins, value, old))
+    if argmax:
+        np.testing.assert_array_equal(host(index), np.where(new_wins, new_index, old_index))
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_empty_dimensions(ring: str, dtype: Any) -> None:
+    import cupy
+
+    zero = tropical.SEMIRINGS[ring].zero(np.dtype(dtype))
+    c, index = tropical.matmul_sync(
+        cupy.ones((3, 0), dtype), cupy.ones((0, 4), dtype), ring, argmax=True
+    )
+    assert host(c).tolist() == [[zero] * 4] * 3
+    assert host(index).tolist() == [[-1] * 4] * 3
+    assert tropical.matmul_sync(cupy.ones((0, 5), dtype), cupy.ones((5, 4), dtype), ring).shape == (
+        0,
+        4,
+    )
+    assert tropical.matmul_sync(cupy.ones((2, 5), dtype), cupy.ones((5, 0), dtype), ring).shape == (
+        2,
+        0,
+    )
+    old = cupy.ones((3, 4), dtype)
+    tropical.matmul_sync(
+        cupy.ones((3, 0), dtype), cupy.ones((0, 4), dtype), ring, out=old, accumulate=True
+    )
+    assert host(old).tolist() == [[dtype(1)] * 4] * 3  # C (+) zero = C
+
+
+def test_bad_input_names_the_argument() -> None:
+    import cupy
+
+    f32 = cupy.ones((4, 5), cupy.float32)
+    cases: list[tuple[Any, type[Exception], str]] = [
+        (
+            lambda: tropical.matmul_sync(f32, cupy.ones((4, 5), cupy.float32)),
+            ValueError,
+            r"a's columns must match b's rows, got shapes \(4, 5\) and \(4, 5\)",
+        ),
+        (
+            lambda: tropical.matmul_sync(f32, cupy.ones((5, 2), cupy.float64)),
+            TypeError,
+            "a and b must have one dtype, got float32 and float64",
+        ),
+        (
+            lambda: tropical.matmul_sync(f32.astype(cupy.float16), f32.T.astype(cupy.float16)),
+            TypeError,
+            "a has dtype float16; maxplus takes",
+        ),
+        (lambda: tropical.matmul_sync(f32, f32.T, "andor"), TypeError, "andor takes bool"),
+        (
+            lambda: tropical.matmul_sync(f32, f32.T, out=cupy.empty((4, 5), cupy.float32)),
+            ValueError,
+            r"out must be float32 of shape \(4, 4\), got float32 of shape \(4, 5\)",
+        ),
+        (
+            lambda: tropical.matmul_sync(f32, f32.T, out=cupy.empty((4, 4), cupy.float64)),
+            ValueError,
+            "out must be float32 of shape",
+        ),
+        (
+            lambda: tropical.matmul_sync(
+                f32, f32.T, argmax=True, out=cupy.empty((4, 4), cupy.float32)
+            ),
+            TypeError,
+            r"with argmax=True, out must be a \(values, argmax\) pair",
+        ),
+        (
+            lambda: tropical.matmul_sync(
+                f32,
+                f32.T,
+                argmax=True,
+                out=(cupy.empty((4, 4), cupy.float32), cupy.empty((4, 4), cupy.int64)),
+            ),
+            ValueError,
+            r"out\[1\] \(argmax\) must be int32",
+        ),
+        (
+            lambda: tropical.matmul_sync(f32, f32.T, accumulate=True),
+            ValueError,
+            "accumulate=True needs out",
+        ),
+        (
+            lambda: tropical.matmul_sync(f32, np.ones((5, 4), np.float32)),
+            TypeError,
+            "b must be a cupy.ndarray, not numpy.ndarray",
+        ),
+        (
+            lambda: tropical.matmul_sync(f32, f32.T, "tropical"),
+            ValueError,
+            "semiring must be one of",
+        ),
+        (
+            lambda: tropical.matmul_sync(
+                cupy.ones((2, 4, 5), cupy.float32), cupy.ones((3, 5, 4), cupy.float32)
+            ),
+            ValueError,
+            "batch sizes must match or be 1",
+        ),
+        (
+            lambda: tropical.backward_sync(
+                cupy.ones((4, 4), cupy.int32),
+                f32.astype(cupy.int32),
+                f32.T.astype(cupy.int32),
+                cupy.zeros((4, 4), cupy.int32),
+            ),
+            TypeError,
+            "gradients need float32 or float64",
+        ),
+        (
+            lambda: tropical.backward_sync(
+                cupy.ones((4, 3), cupy.float32), f32, f32.T, cupy.zeros((4, 4), cupy.int32)
+            ),
+            ValueError,
+            r"grad_c must be float32 of shape \(4, 4\)",
+        ),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+
+
+def numpy_backward(
+    g: np.ndarray[Any, Any],
+    a: np.ndarray[Any, Any],
+    b: np.ndarray[Any, Any],
+    index: np.ndarray[Any, Any],
+    ring: str,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    grad_a, grad_b = np.zeros(a.shape, np.float64), np.zeros(b.shape, np.float64)
+    for i, j in zip(*np.nonzero(index >= 0), strict=True):
+        k = index[i, j]
+        grad_a[i, k] += g[i, j] * (b[k, j] if ring == "maxmul" else 1)
+        grad_b[k, j] += g[i, j] * (a[i, k] if ring == "maxmul" else 1)
+    return grad_a, grad_b
+
+
+@pytest.mark.parametrize("ring", ["maxplus", "minplus", "maxmul"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backward_routes_the_gradient_through_the_argmax(ring: str, dtype: Any) -> None:
+    rng = np.random.default_rng()
+    a, b = operands(rng, ring, dtype, (33, 20), (20, 17))
+    g = rng.standard_normal((33, 17)).astype(dtype)
+    _, index = tropical.matmul_sync(gpu(a), gpu(b), ring, argmax=True)
+    grad_a, grad_b = tropical.backward_sync(gpu(g), gpu(a), gpu(b), index, ring)
+    want_a, want_b = numpy_backward(g, a, b, host(index), ring)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(host(grad_a), want_a, rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(host(grad_b), want_b, rtol=tolerance, atol=tolerance)
+
+
+def test_backward_of_a_broadcast_operand_sums_over_the_batch() -> None:
+    rng = np.random.default_rng()
+    a, b = operands(rng, "maxplus", np.float64, (9, 6), (4, 6, 5))
+    g = rng.standard_normal((4, 9, 5))
+    _, index = tropical.matmul_sync(gpu(a), gpu(b), "maxplus", argmax=True)
+    grad_a, grad_b = tropical.backward_sync(gpu(g), gpu(a), gpu(b), index, "maxplus")
+    assert grad_a.shape == a.shape
+    assert grad_b.shape == b.shape
+    want_a = sum(numpy_backward(g[i], a, b[i], host(index)[i], "maxplus")[0] for i in range(4))
+    np.testing.assert_allclose(host(grad_a), want_a, atol=1e-10)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_async_matmul_on_a_stream_through_a_compiler(tmp_path: Path) -> None:
+    import cupy
+
+    a, b = operands(np.random.default_rng(), "minplus", np.float32, (300, 200), (200, 100))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    async with Compiler(cache_dir=tmp_path) as compiler:
+        with stream:
+            a_gpu, b_gpu = gpu(a), gpu(b)
+        c, index = await tropical.matmul(
+            a_gpu, b_gpu, "minplus", argmax=True, stream=stream, compiler=compiler
+        )
+        await aionvrtc.synchronize(stream)
+        grads = await tropical.backward(
+            cupy.ones_like(c), a_gpu, b_gpu, index, "minplus", stream=stream, compiler=compiler
+        )
+        await aionvrtc.synchronize(stream)
+        assert compiler.stats().compiles == 2
+    value, want_index = reference.matmul(a, b, "minplus", argmax=True)
+    np.testing.assert_array_equal(host(c), value)
+    np.testing.assert_array_equal(host(index), want_index)
+    assert float(host(grads[0]).sum()) == pytest.approx(300 * 100)  # each output routes one 1
+    # The default path (compiler=None) from an event loop.
+    again = await tropical.matmul(a_gpu, b_gpu, "minplus")
+    np.testing.assert_array_equal(host(again), value)
+
+
+@pytest.mark.parametrize("ring", ["maxplus", "minplus", "maxmul"])
+def test_torch_gradients_match_finite_differences(ring: str) -> None:
+    torch = pytest.importorskip("torch")
+    from aionvrtc.tropical.torch import matmul
+
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.rand((6, 5), dtype=torch.float64, device="cuda", generator=generator)
+    b = torch.rand((5, 4), dtype=torch.float64, device="cuda", generator=generator)
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x, y: matmul(x, y, ring), (a, b), eps=1e-6, atol=1e-5)
+    c = matmul(a, b, ring)
+    want = reference.matmul(a.detach().cpu().numpy(), b.detach().cpu().numpy(), ring)
+    np.testing.assert_array_equal(c.detach().cpu().numpy(), want)
