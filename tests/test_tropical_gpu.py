@@ -168,7 +168,7 @@ def test_empty_dimensions(ring: str, dtype: Any) -> None:
     tropical.matmul_sync(
         cupy.ones((3, 0), dtype), cupy.ones((0, 4), dtype), ring, out=old, accumulate=True
     )
-    assert host(old).tolist() == [[dtype(1)] * 4] * 3  # C (+) zero = C
+    assert host(old).tolist() == [[np.dtype(dtype).type(1)] * 4] * 3  # C (+) zero = C
 
 
 def test_bad_input_names_the_argument() -> None:
