@@ -22,7 +22,12 @@ def _cupy(x: torch.Tensor) -> Any:
 
 
 def _stream(x: torch.Tensor) -> Any:
-    return cupy.cuda.ExternalStream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
+    """PyTorch's current stream as a CuPy stream, so the work is ordered with PyTorch's."""
+    stream = torch.cuda.current_stream(x.device)
+    try:
+        return cupy.cuda.Stream.from_external(stream)  # the CUDA stream protocol
+    except (AttributeError, TypeError):  # an older PyTorch or CuPy
+        return cupy.cuda.ExternalStream(stream.cuda_stream, x.device.index)
 
 
 class _TropicalMatmul(torch.autograd.Function):  # type: ignore[misc]
