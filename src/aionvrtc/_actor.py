@@ -9,6 +9,7 @@ suspending, a miss joins the in-flight job for its key or queues a new one.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 import functools
 import heapq
@@ -27,7 +28,7 @@ import anyio.to_thread
 
 from . import _cuda, _spec
 from ._artifact import Artifact
-from ._cache import DEFAULT_MEMORY_LIMIT, KernelCache
+from ._cache import DEFAULT_MEMORY_LIMIT, CacheStats, KernelCache
 from ._cuda import Module
 from ._exceptions import CompileError, CompilerClosed
 from ._spec import KernelSpec
@@ -72,6 +73,14 @@ class CompilerStats:
     memory_entries: int
     memory_bytes: int
     disk_writable: bool
+
+
+_FROM_CACHE = tuple(
+    f.name
+    for f in dataclasses.fields(CompilerStats)
+    if f.name in {c.name for c in dataclasses.fields(CacheStats)}
+    and f.name not in {"requests", "joined"}
+)
 
 
 class _Job:
@@ -415,24 +424,16 @@ class Compiler:
 
     def stats(self) -> CompilerStats:
         cache = self._cache.stats()
+        # The tiers' counters carry over by name; the rest are the actor's own.
+        shared = {name: getattr(cache, name) for name in _FROM_CACHE}
         return CompilerStats(
+            **shared,
             requests=cache.memory_hits + self._misses,
-            memory_hits=cache.memory_hits,
-            disk_hits=cache.disk_hits,
-            compiles=cache.compiles,
             joined=self._joined,
             errors=self._errors,
-            compile_seconds=cache.compile_seconds,
             queued=len(self._inflight) - self._running,
             in_flight=self._running,
             prefetched=self._prefetched,
-            corrupt_dropped=cache.corrupt_dropped,
-            memory_evictions=cache.memory_evictions,
-            disk_evictions=cache.disk_evictions,
-            write_failures=cache.write_failures,
-            memory_entries=cache.memory_entries,
-            memory_bytes=cache.memory_bytes,
-            disk_writable=cache.disk_writable,
         )
 
     # -- blocking facade ---------------------------------------------------------------------

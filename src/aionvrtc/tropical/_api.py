@@ -14,6 +14,7 @@ from .._cuda import Module
 from .._spec import KernelSpec
 from .._sync import default_compiler
 from ._semirings import Semiring, semiring
+from ._shapes import check_operands
 from ._specs import Layout, all_specs, backward_spec, gemm_spec
 
 if TYPE_CHECKING:
@@ -68,33 +69,19 @@ class _Plan:
 
 
 def _plan(a: Any, b: Any, semiring_name: str, *, argmax: bool, out: Any, accumulate: bool) -> _Plan:
-    cupy = _cupy()
     ring = semiring(semiring_name)
     a = _require_cupy(a, "a")
     b = _require_cupy(b, "b")
-    if a.dtype != b.dtype:
-        raise TypeError(f"a and b must have one dtype, got {a.dtype} and {b.dtype}")
-    ring.check_dtype(a.dtype, "a")
-    if a.ndim not in (2, 3) or b.ndim not in (2, 3):
-        raise ValueError(f"a and b must be 2-D or 3-D, got shapes {a.shape} and {b.shape}")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"a's columns must match b's rows, got shapes {a.shape} and {b.shape}")
+    shapes = check_operands(ring, a, b)
     if a.device.id != b.device.id:
         raise ValueError(f"a is on device {a.device.id} and b on device {b.device.id}")
-    batch_a = a.shape[0] if a.ndim == 3 else 1
-    batch_b = b.shape[0] if b.ndim == 3 else 1
-    if batch_a != batch_b and 1 not in (batch_a, batch_b):
-        raise ValueError(f"batch sizes must match or be 1, got shapes {a.shape} and {b.shape}")
-    batched = a.ndim == 3 or b.ndim == 3
-    batch = batch_b if batch_a == 1 else batch_a
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch, m, k, n, batched = shapes.batch, shapes.m, shapes.k, shapes.n, shapes.batched
     shape = (batch, m, n) if batched else (m, n)
     c, index = _outputs(ring, a, shape, argmax=argmax, out=out, accumulate=accumulate)
     _, _, sak = _strides(a)
     _, _, sbn = _strides(b)
     layout: Layout = "rowmajor" if sak == 1 and sbn == 1 else "strided"
     spec = gemm_spec(ring.name, a.dtype, argmax=argmax, accumulate=accumulate, layout=layout)
-    del cupy
     return _Plan(ring, spec, a, b, c, index, batch, m, n, k, a.device.id, batched)
 
 
@@ -179,24 +166,48 @@ def _launch(plan: _Plan, module: Module, stream: Any) -> None:
 _default_modules: dict[tuple[str, int], Module] = {}
 
 
-async def _module(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:
-    if compiler is not None:
-        return await compiler.get(spec, device=device)
-    default = default_compiler()
-    memo = (spec.key(default.target), device)
+def _default_module(spec: KernelSpec, device: int) -> Module:
+    """Blocking: the default compiler's module for ``spec`` on ``device``, memoised."""
+    memo = (spec.key(default_compiler().target), device)
     module = _default_modules.get(memo)
     if module is None:
-        module = await anyio.to_thread.run_sync(_default_get, spec, device)
-        _default_modules[memo] = module
+        module = _default_modules[memo] = default_compiler().get_sync(spec, device=device)
     return module
 
 
-def _default_get(spec: KernelSpec, device: int) -> Module:
-    return default_compiler().get_sync(spec, device=device)
+async def _module(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:
+    if compiler is not None:
+        return await compiler.get(spec, device=device)
+    module = _default_modules.get((spec.key(default_compiler().target), device))
+    if module is None:  # first use: the compile may take a while, so off this event loop
+        module = await anyio.to_thread.run_sync(_default_module, spec, device)
+    return module
 
 
-def _needs_launch(plan: _Plan) -> bool:
-    return bool(plan.m and plan.n and plan.batch)
+def _module_sync(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:
+    if compiler is not None:
+        return compiler.get_sync(spec, device=device)
+    return _default_module(spec, device)
+
+
+def _prepare(plan: _Plan, accumulate: bool, stream: Any) -> bool:
+    """Handle what needs no kernel; True if the product kernel must be launched."""
+    if not (plan.m and plan.n and plan.batch):
+        return False  # an empty result
+    if plan.k == 0:
+        # The sum over no k is the semiring's zero (and C (+) zero = C).
+        if not accumulate:
+            cupy = _cupy()
+            with cupy.cuda.Device(plan.device), _on(stream):
+                plan.c.fill(plan.ring.zero(plan.c.dtype))
+                if plan.index is not None:
+                    plan.index.fill(-1)
+        return False
+    return True
+
+
+def _result(plan: _Plan, argmax: bool) -> Any:
+    return (plan.c, plan.index) if argmax else plan.c
 
 
 async def matmul(
@@ -221,11 +232,9 @@ async def matmul(
     fetched through ``compiler`` (default: aionvrtc's process-wide Compiler), compiled on first use.
     """
     plan = _plan(a, b, semiring, argmax=argmax, out=out, accumulate=accumulate)
-    if _needs_launch(plan):
-        _fill_if_empty_sum(plan, accumulate, stream)
-        if plan.k:
-            _launch(plan, await _module(plan.spec, plan.device, compiler), stream)
-    return (plan.c, plan.index) if argmax else plan.c
+    if _prepare(plan, accumulate, stream):
+        _launch(plan, await _module(plan.spec, plan.device, compiler), stream)
+    return _result(plan, argmax)
 
 
 def matmul_sync(
@@ -243,33 +252,9 @@ def matmul_sync(
     ``matmul`` it only enqueues the work; ``compiler``, if given, must run in a portal or this
     must be a worker thread of its event loop."""
     plan = _plan(a, b, semiring, argmax=argmax, out=out, accumulate=accumulate)
-    if _needs_launch(plan):
-        _fill_if_empty_sum(plan, accumulate, stream)
-        if plan.k:
-            _launch(plan, _module_sync(plan.spec, plan.device, compiler), stream)
-    return (plan.c, plan.index) if argmax else plan.c
-
-
-def _module_sync(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:
-    if compiler is not None:
-        return compiler.get_sync(spec, device=device)
-    default = default_compiler()
-    memo = (spec.key(default.target), device)
-    module = _default_modules.get(memo)
-    if module is None:
-        module = _default_modules[memo] = _default_get(spec, device)
-    return module
-
-
-def _fill_if_empty_sum(plan: _Plan, accumulate: bool, stream: Any) -> None:
-    """K = 0: the sum over no k is the semiring's zero (and C (+) zero = C)."""
-    if plan.k or accumulate:
-        return
-    cupy = _cupy()
-    with cupy.cuda.Device(plan.device), _on(stream):
-        plan.c.fill(plan.ring.zero(plan.c.dtype))
-        if plan.index is not None:
-            plan.index.fill(-1)
+    if _prepare(plan, accumulate, stream):
+        _launch(plan, _module_sync(plan.spec, plan.device, compiler), stream)
+    return _result(plan, argmax)
 
 
 def _on(stream: Any) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ._semirings import Semiring, semiring
+from ._shapes import check_operands
 
 __all__ = ["matmul"]
 
@@ -79,26 +80,17 @@ def matmul(a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False) -
     """
     ring = _semiring(semiring)
     a, b = np.asarray(a), np.asarray(b)
-    if a.dtype != b.dtype:
-        raise TypeError(f"a and b must have one dtype, got {a.dtype} and {b.dtype}")
-    ring.check_dtype(a.dtype, "a")
-    if a.ndim not in (2, 3) or b.ndim not in (2, 3):
-        raise ValueError(f"a and b must be 2-D or 3-D, got shapes {a.shape} and {b.shape}")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"a's columns must match b's rows, got shapes {a.shape} and {b.shape}")
-    batched = a.ndim == 3 or b.ndim == 3
+    shapes = check_operands(ring, a, b)
     a3, b3 = (x if x.ndim == 3 else x[None] for x in (a, b))
-    if a3.shape[0] != b3.shape[0] and 1 not in (a3.shape[0], b3.shape[0]):
-        raise ValueError(f"batch sizes must match or be 1, got shapes {a.shape} and {b.shape}")
-    batch = max(a3.shape[0], b3.shape[0])
+    batch = shapes.batch
     pairs = [
         _product(ring, a3[i if a3.shape[0] > 1 else 0], b3[i if b3.shape[0] > 1 else 0])
         for i in range(batch)
     ]
-    m, n = a.shape[-2], b.shape[-1]
+    m, n = shapes.m, shapes.n
     value = np.stack([p[0] for p in pairs]) if pairs else np.empty((0, m, n), a.dtype)
     index = np.stack([p[1] for p in pairs]) if pairs else np.empty((0, m, n), np.int32)
-    if not batched:
+    if not shapes.batched:
         value, index = value[0], index[0]
     return (value, index) if argmax else value
 
