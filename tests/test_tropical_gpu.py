@@ -50,16 +50,18 @@ def host(x: Any) -> np.ndarray[Any, Any]:
     return result
 
 
-def check(ring: str, a: Any, b: Any, *, argmax: bool = True) -> None:
-    """The GPU result (on the given device arrays, views included) against the reference."""
-    got = tropical.matmul_sync(a, b, ring, argmax=argmax)
-    want = reference.matmul(host(a), host(b), ring, argmax=argmax)
-    if argmax:
-        np.testing.assert_array_equal(host(got[0]), want[0])
-        np.testing.assert_array_equal(host(got[1]), want[1])
-        assert got[1].dtype == np.int32
-    else:
-        np.testing.assert_array_equal(host(got), want)
+def check(ring: str, a: Any, b: Any, *, argmax: bool | None = None) -> None:
+    """The GPU result (on the given device arrays, views included) against the reference,
+    with and without the argmax (by default both: they take different kernels)."""
+    for with_argmax in (False, True) if argmax is None else (argmax,):
+        got = tropical.matmul_sync(a, b, ring, argmax=with_argmax)
+        want = reference.matmul(host(a), host(b), ring, argmax=with_argmax)
+        if with_argmax:
+            np.testing.assert_array_equal(host(got[0]), want[0])
+            np.testing.assert_array_equal(host(got[1]), want[1])
+            assert got[1].dtype == np.int32
+        else:
+            np.testing.assert_array_equal(host(got), want)
 
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
@@ -92,8 +94,10 @@ def test_views_are_used_in_place(ring: str, dtype: Any, layout: str) -> None:
 
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
-def test_ties_resolve_to_the_smallest_k(ring: str, dtype: Any) -> None:
-    a, b = operands(np.random.default_rng(), ring, dtype, (50, 40), (40, 30), ties=True)
+@pytest.mark.parametrize(("m", "k", "n"), [(50, 40, 30), (300, 257, 260)])
+def test_ties_resolve_to_the_smallest_k(ring: str, dtype: Any, m: int, k: int, n: int) -> None:
+    # Small values: no infinities, so the tuned kernel takes its fast path (DPX for int32).
+    a, b = operands(np.random.default_rng(), ring, dtype, (m, k), (k, n), ties=True)
     check(ring, gpu(a), gpu(b))
 
 

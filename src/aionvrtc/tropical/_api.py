@@ -15,7 +15,7 @@ from .._spec import KernelSpec
 from .._sync import default_compiler
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
-from ._specs import Layout, all_specs, backward_spec, gemm_spec
+from ._specs import TILES, Layout, all_specs, backward_spec, gemm_spec, tiled_spec, tiled_supported
 
 if TYPE_CHECKING:
     import cupy
@@ -66,6 +66,7 @@ class _Plan:
     k: int
     device: int
     batched: bool
+    tile: tuple[int, int, int, int, int] | None  # the tuned kernel's, or None: the generic one
 
 
 def _plan(a: Any, b: Any, semiring_name: str, *, argmax: bool, out: Any, accumulate: bool) -> _Plan:
@@ -80,9 +81,15 @@ def _plan(a: Any, b: Any, semiring_name: str, *, argmax: bool, out: Any, accumul
     c, index = _outputs(ring, a, shape, argmax=argmax, out=out, accumulate=accumulate)
     _, _, sak = _strides(a)
     _, _, sbn = _strides(b)
-    layout: Layout = "rowmajor" if sak == 1 and sbn == 1 else "strided"
-    spec = gemm_spec(ring.name, a.dtype, argmax=argmax, accumulate=accumulate, layout=layout)
-    return _Plan(ring, spec, a, b, c, index, batch, m, n, k, a.device.id, batched)
+    rowmajor = sak == 1 and sbn == 1
+    tile = None
+    if rowmajor and tiled_supported(ring.name, a.dtype, argmax=argmax):
+        tile = TILES[a.dtype.itemsize]
+        spec = tiled_spec(ring.name, a.dtype, accumulate=accumulate)
+    else:
+        layout: Layout = "rowmajor" if rowmajor else "strided"
+        spec = gemm_spec(ring.name, a.dtype, argmax=argmax, accumulate=accumulate, layout=layout)
+    return _Plan(ring, spec, a, b, c, index, batch, m, n, k, a.device.id, batched, tile)
 
 
 def _outputs(
@@ -122,43 +129,45 @@ def _launch(plan: _Plan, module: Module, stream: Any) -> None:
     sbb, sbk, sbn = _strides(plan.b)
     c3 = plan.c if plan.batched else plan.c[None]
     scb, scm, scn = (s // c3.itemsize for s in c3.strides)
-    if plan.index is not None:
-        i3 = plan.index if plan.batched else plan.index[None]
-        sib, sim, sin = (s // 4 for s in i3.strides)
-        index_arg: Any = plan.index
+    sizes = (np.int64(plan.m), np.int64(plan.n), np.int64(plan.k), np.int64(plan.batch))
+    if plan.tile is not None:
+        bm, bn, _, tm, tn = plan.tile
+        grid = _grid(plan, bm, bn)
+        block = ((bm // tm) * (bn // tn),)
+        args: tuple[Any, ...] = (
+            plan.a, plan.b, plan.c, *sizes,
+            np.int64(sab), np.int64(sam), np.int64(sbb), np.int64(sbk),
+            np.int64(scb), np.int64(scm), np.int64(scn),
+        )  # fmt: skip
     else:
-        sib = sim = sin = 0
-        index_arg = np.uint64(0)  # a null pointer
-    grid = (
-        -(-plan.m // _TILE),
-        min(-(-plan.n // _TILE), _MAX_GRID_YZ),
-        min(plan.batch, _MAX_GRID_YZ),
-    )
-    args = (
-        plan.a,
-        plan.b,
-        plan.c,
-        index_arg,
-        np.int64(plan.m),
-        np.int64(plan.n),
-        np.int64(plan.k),
-        np.int64(plan.batch),
-        np.int64(sab),
-        np.int64(sam),
-        np.int64(sak),
-        np.int64(sbb),
-        np.int64(sbk),
-        np.int64(sbn),
-        np.int64(scb),
-        np.int64(scm),
-        np.int64(scn),
-        np.int64(sib),
-        np.int64(sim),
-        np.int64(sin),
-    )
+        if plan.index is not None:
+            i3 = plan.index if plan.batched else plan.index[None]
+            sib, sim, sin = (s // 4 for s in i3.strides)
+            index_arg: Any = plan.index
+        else:
+            sib = sim = sin = 0
+            index_arg = np.uint64(0)  # a null pointer
+        grid = _grid(plan, _TILE, _TILE)
+        block = (_THREADS,)
+        args = (
+            plan.a, plan.b, plan.c, index_arg, *sizes,
+            np.int64(sab), np.int64(sam), np.int64(sak),
+            np.int64(sbb), np.int64(sbk), np.int64(sbn),
+            np.int64(scb), np.int64(scm), np.int64(scn),
+            np.int64(sib), np.int64(sim), np.int64(sin),
+        )  # fmt: skip
     function = module.get_function(plan.spec.name_expressions[0])
     with cupy.cuda.Device(plan.device):
-        function(grid, (_THREADS,), args, stream=stream)
+        function(grid, block, args, stream=stream)
+
+
+def _grid(plan: _Plan, bm: int, bn: int) -> tuple[int, int, int]:
+    # Row tiles on x (up to 2**31 - 1); column tiles and batches beyond 65535 are looped over.
+    return (
+        -(-plan.m // bm),
+        min(-(-plan.n // bn), _MAX_GRID_YZ),
+        min(plan.batch, _MAX_GRID_YZ),
+    )
 
 
 # Modules the default compiler loaded, by (key, device): matmul(compiler=None) reaches the
@@ -281,8 +290,8 @@ def _backward_plan(grad_c: Any, a: Any, b: Any, argmax: Any, semiring_name: str)
     for x, what in ((grad_c, "grad_c"), (a, "a"), (b, "b"), (argmax, "argmax")):
         _require_cupy(x, what)
     spec = backward_spec(ring.name, a.dtype)
-    plan = _plan(a, b, ring.name, argmax=False, out=None, accumulate=False)
-    shape = plan.c.shape
+    dims = check_operands(ring, a, b)
+    shape = (dims.batch, dims.m, dims.n) if dims.batched else (dims.m, dims.n)
     if grad_c.shape != shape or grad_c.dtype != a.dtype:
         raise ValueError(
             f"grad_c must be {a.dtype} of shape {shape}, got {grad_c.dtype} of {grad_c.shape}"
@@ -291,11 +300,12 @@ def _backward_plan(grad_c: Any, a: Any, b: Any, argmax: Any, semiring_name: str)
         raise ValueError(
             f"argmax must be int32 of shape {shape}, got {argmax.dtype} of {argmax.shape}"
         )
-    with cupy.cuda.Device(plan.device):
+    device = a.device.id
+    with cupy.cuda.Device(device):
         grad_a, grad_b = cupy.zeros_like(a, order="C"), cupy.zeros_like(b, order="C")
 
-    g3 = grad_c if plan.batched else grad_c[None]
-    i3 = argmax if plan.batched else argmax[None]
+    g3 = grad_c if dims.batched else grad_c[None]
+    i3 = argmax if dims.batched else argmax[None]
     args = (
         grad_c,
         argmax,
@@ -303,9 +313,9 @@ def _backward_plan(grad_c: Any, a: Any, b: Any, argmax: Any, semiring_name: str)
         b,
         grad_a,
         grad_b,
-        np.int64(plan.m),
-        np.int64(plan.n),
-        np.int64(plan.batch),
+        np.int64(dims.m),
+        np.int64(dims.n),
+        np.int64(dims.batch),
         *(np.int64(s // g3.itemsize) for s in g3.strides),
         *(np.int64(s // 4) for s in i3.strides),
         *(np.int64(s) for s in _strides(a)),
@@ -313,9 +323,9 @@ def _backward_plan(grad_c: Any, a: Any, b: Any, argmax: Any, semiring_name: str)
         *(np.int64(s) for s in _strides(grad_a)),
         *(np.int64(s) for s in _strides(grad_b)),
     )
-    total = plan.batch * plan.m * plan.n
+    total = dims.batch * dims.m * dims.n
     blocks = max(1, min(-(-total // _THREADS), 1 << 20))  # a grid-stride loop covers the rest
-    return _BackwardPlan(spec, args, blocks if total else 0, plan.device, (grad_a, grad_b))
+    return _BackwardPlan(spec, args, blocks if total else 0, device, (grad_a, grad_b))
 
 
 def _backward_launch(plan: _BackwardPlan, module: Module, stream: Any) -> None:

@@ -13,7 +13,16 @@ import numpy as np
 from .._spec import KernelSpec
 from ._semirings import DTYPES, SEMIRINGS, semiring
 
-__all__ = ["LAYOUTS", "all_specs", "backward_spec", "gemm_expression", "gemm_spec"]
+__all__ = [
+    "LAYOUTS",
+    "TILES",
+    "all_specs",
+    "backward_spec",
+    "gemm_expression",
+    "gemm_spec",
+    "tiled_spec",
+    "tiled_supported",
+]
 
 Layout = Literal["rowmajor", "strided"]
 # rowmajor: A has unit stride along k and B along n, known at compile time; strided: any.
@@ -64,6 +73,40 @@ def gemm_spec(
     return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
 
 
+# Tile configurations (BM, BN, BK, TM, TN) of the tuned kernel, by element size.
+TILES: dict[int, tuple[int, int, int, int, int]] = {
+    4: (128, 128, 8, 8, 8),
+    8: (128, 64, 8, 8, 4),
+}
+_FAST = {"maxplus": "FastMaxPlus", "minplus": "FastMinPlus", "maxmul": "FastMaxMul"}
+
+
+def tiled_supported(semiring_name: str, dtype: np.dtype[np.generic], *, argmax: bool) -> bool:
+    """Whether the tuned kernel serves this product (row-major operands assumed)."""
+    return not argmax and semiring_name in _FAST and np.dtype(dtype).itemsize in TILES
+
+
+@functools.cache
+def tiled_spec(
+    semiring_name: str,
+    dtype: np.dtype[np.generic],
+    *,
+    accumulate: bool,
+    tile: tuple[int, int, int, int, int] | None = None,
+) -> KernelSpec:
+    """The spec of one tuned row-major kernel (no argmax) with one tile configuration."""
+    ring = semiring(semiring_name)
+    ring.check_dtype(dtype, "the operands")
+    if not tiled_supported(ring.name, dtype, argmax=False):
+        raise ValueError(f"no tuned kernel for {ring.name} on {np.dtype(dtype)}")
+    bm, bn, bk, tm, tn = tile or TILES[np.dtype(dtype).itemsize]
+    expression = (
+        f"tropical_gemm_tiled<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, "
+        f"{_bool(accumulate)}, {bm}, {bn}, {bk}, {tm}, {tn}>"
+    )
+    return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
+
+
 @functools.cache
 def backward_spec(semiring_name: str, dtype: np.dtype[np.generic]) -> KernelSpec:
     ring = semiring(semiring_name)
@@ -96,6 +139,8 @@ def all_specs(
                 specs.append(
                     gemm_spec(name, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
                 )
+            if tiled_supported(name, dtype, argmax=False):
+                specs += [tiled_spec(name, dtype, accumulate=acc) for acc in (False, True)]
             if name != "andor" and dtype.kind == "f":
                 specs.append(backward_spec(name, dtype))
     return list(dict.fromkeys(specs))  # max-plus and min-plus share backward kernels

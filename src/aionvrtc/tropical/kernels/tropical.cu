@@ -207,3 +207,182 @@ __global__ void tropical_backward(
                       PRODUCT ? g * A[b * sAb + m * sAm + k * sAk] : g);
     }
 }
+
+// -- the tuned product (row-major operands) ------------------------------------------------------
+// A (M x K) with unit stride along k and B (K x N) with unit stride along n. Block tile BM x BN,
+// k-step BK, each thread a TM x TN tile of C split in two halves along each side (rows
+// ty * TM/2 + i and BM/2 + ty * TM/2 + i, likewise columns), so that the threads of a warp read
+// consecutive shared-memory words. The next k-tile is loaded into registers while the current
+// one is computed (double-buffered shared memory, one barrier per k-tile).
+//
+// fast(): the semiring's step acc = acc (+) a (x) b in the fewest instructions, exact whenever
+// the tile holds no infinity and no value that could overflow (always, for floats: fmax and fmin
+// ignore the NaN of -inf + inf, as the semantics ask). Tiles that do not qualify, and the last,
+// partial k-tile, take the exact path.
+
+template <typename T> __device__ __forceinline__ T tmax(T a, T b) { return a > b ? a : b; }
+template <typename T> __device__ __forceinline__ T tmin(T a, T b) { return a < b ? a : b; }
+__device__ __forceinline__ float tmax(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ float tmin(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ double tmax(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ double tmin(double a, double b) { return fmin(a, b); }
+
+// Operands strictly inside (-limit, limit) cannot overflow the fast path's arithmetic.
+template <typename T, bool PRODUCT> struct SafeLimit;
+template <bool P> struct SafeLimit<float, P> { __device__ static bool ok(float) { return true; } };
+template <bool P> struct SafeLimit<double, P> { __device__ static bool ok(double) { return true; } };
+template <> struct SafeLimit<int, false> {
+    __device__ static bool ok(int x) { return x > -(1 << 30) && x < (1 << 30); } };
+template <> struct SafeLimit<int, true> {
+    __device__ static bool ok(int x) { return x > -(1 << 15) && x < (1 << 15); } };
+template <> struct SafeLimit<long long, false> {
+    __device__ static bool ok(long long x) { return x > -(1LL << 62) && x < (1LL << 62); } };
+template <> struct SafeLimit<long long, true> {
+    __device__ static bool ok(long long x) { return x > -(1LL << 31) && x < (1LL << 31); } };
+
+struct FastMaxPlus {
+    typedef MaxPlus Exact;
+    static constexpr bool product = false;
+    template <typename T> __device__ static T step(T acc, T a, T b) { return tmax(acc, a + b); }
+    __device__ static int step(int acc, int a, int b) {
+#if __CUDA_ARCH__ >= 900
+        return __viaddmax_s32(a, b, acc);  // Hopper DPX: max(a + b, acc) in one instruction
+#else
+        return tmax(acc, a + b);
+#endif
+    }
+};
+struct FastMinPlus {
+    typedef MinPlus Exact;
+    static constexpr bool product = false;
+    template <typename T> __device__ static T step(T acc, T a, T b) { return tmin(acc, a + b); }
+    __device__ static int step(int acc, int a, int b) {
+#if __CUDA_ARCH__ >= 900
+        return __viaddmin_s32(a, b, acc);
+#else
+        return tmin(acc, a + b);
+#endif
+    }
+};
+struct FastMaxMul {
+    typedef MaxMul Exact;
+    static constexpr bool product = true;
+    template <typename T> __device__ static T step(T acc, T a, T b) { return tmax(acc, a * b); }
+};
+
+template <typename T, typename F, bool ACCUMULATE, int BM, int BN, int BK, int TM, int TN>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
+    const T* __restrict__ A, const T* __restrict__ B, T* C,
+    long long M, long long N, long long K, long long batch,
+    long long sAb, long long lda, long long sBb, long long ldb,
+    long long sCb, long long sCm, long long sCn) {
+    typedef typename F::Exact S;
+    constexpr int NT = (BM / TM) * (BN / TN);
+    constexpr int A_PER = BM * BK / NT, B_PER = BK * BN / NT;
+    static_assert(BM * BK % NT == 0 && BK * BN % NT == 0, "tile loads must divide evenly");
+    __shared__ __align__(16) T As[2][BK][BM];
+    __shared__ __align__(16) T Bs[2][BK][BN];
+    const int tid = threadIdx.x;
+    const int tx = tid % (BN / TN), ty = tid / (BN / TN);
+    const long long m0 = (long long)blockIdx.x * BM;
+    const long long tiles = (K + BK - 1) / BK;
+    for (long long b = blockIdx.z; b < batch; b += gridDim.z) {
+        const T* Ab = A + b * sAb;
+        const T* Bb = B + b * sBb;
+        for (long long n0 = (long long)blockIdx.y * BN; n0 < N; n0 += (long long)gridDim.y * BN) {
+            T ra[A_PER], rb[B_PER];
+            bool safe = true;
+            // Thread t loads A rows (t * A_PER) / BK.. as runs along k, B rows as runs along n.
+            auto load = [&](long long k0) {
+                safe = k0 + BK <= K;
+                #pragma unroll
+                for (int u = 0; u < A_PER; ++u) {
+                    const int e = tid * A_PER + u, r = e / BK, c = e % BK;
+                    const long long m = m0 + r, k = k0 + c;
+                    ra[u] = k < K ? (m < M ? Ab[m * lda + k] : T(0)) : S::template zero<T>();
+                    if (m < M && k < K) safe &= SafeLimit<T, F::product>::ok(ra[u]);
+                }
+                #pragma unroll
+                for (int u = 0; u < B_PER; ++u) {
+                    const int e = tid * B_PER + u, r = e / BN, c = e % BN;
+                    const long long n = n0 + c, k = k0 + r;
+                    rb[u] = k < K ? (n < N ? Bb[k * ldb + n] : T(0)) : S::template zero<T>();
+                    if (n < N && k < K) safe &= SafeLimit<T, F::product>::ok(rb[u]);
+                }
+            };
+            auto store = [&](int buf) {
+                #pragma unroll
+                for (int u = 0; u < A_PER; ++u) {
+                    const int e = tid * A_PER + u;
+                    As[buf][e % BK][e / BK] = ra[u];
+                }
+                #pragma unroll
+                for (int u = 0; u < B_PER; ++u) {
+                    const int e = tid * B_PER + u;
+                    Bs[buf][e / BN][e % BN] = rb[u];
+                }
+            };
+            T acc[TM][TN];
+            #pragma unroll
+            for (int i = 0; i < TM; ++i)
+                #pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = S::template zero<T>();
+            load(0);
+            store(0);
+            bool tile_safe = __syncthreads_and(safe);
+            for (long long t = 0; t < tiles; ++t) {
+                const int buf = t & 1;
+                if (t + 1 < tiles) load((t + 1) * BK);
+                if (tile_safe) {
+                    #pragma unroll
+                    for (int kk = 0; kk < BK; ++kk) {
+                        T a[TM], bv[TN];
+                        #pragma unroll
+                        for (int i = 0; i < TM / 2; ++i) {
+                            a[i] = As[buf][kk][ty * (TM / 2) + i];
+                            a[i + TM / 2] = As[buf][kk][BM / 2 + ty * (TM / 2) + i];
+                        }
+                        #pragma unroll
+                        for (int j = 0; j < TN / 2; ++j) {
+                            bv[j] = Bs[buf][kk][tx * (TN / 2) + j];
+                            bv[j + TN / 2] = Bs[buf][kk][BN / 2 + tx * (TN / 2) + j];
+                        }
+                        #pragma unroll
+                        for (int i = 0; i < TM; ++i)
+                            #pragma unroll
+                            for (int j = 0; j < TN; ++j) acc[i][j] = F::step(acc[i][j], a[i], bv[j]);
+                    }
+                } else {
+                    for (int kk = 0; kk < BK; ++kk) {
+                        #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int r = (i < TM / 2 ? 0 : BM / 2) + ty * (TM / 2) + i % (TM / 2);
+                            const T a = As[buf][kk][r];
+                            #pragma unroll
+                            for (int j = 0; j < TN; ++j) {
+                                const int c = (j < TN / 2 ? 0 : BN / 2) + tx * (TN / 2) + j % (TN / 2);
+                                const T p = S::mul(a, Bs[buf][kk][c]);
+                                if (S::better(p, acc[i][j])) acc[i][j] = p;
+                            }
+                        }
+                    }
+                }
+                if (t + 1 < tiles) store(buf ^ 1);
+                tile_safe = __syncthreads_and(safe);
+            }
+            #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const long long m = m0 + (i < TM / 2 ? 0 : BM / 2) + ty * (TM / 2) + i % (TM / 2);
+                #pragma unroll
+                for (int j = 0; j < TN; ++j) {
+                    const long long n = n0 + (j < TN / 2 ? 0 : BN / 2) + tx * (TN / 2) + j % (TN / 2);
+                    if (m >= M || n >= N) continue;
+                    T* c = C + b * sCb + m * sCm + n * sCn;
+                    T value = acc[i][j];
+                    if (ACCUMULATE && !S::better(value, *c)) value = *c;
+                    *c = value;
+                }
+            }
+        }
+    }
+}
