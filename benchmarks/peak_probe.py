@@ -80,7 +80,7 @@ def probe(name: str, iterations: int = 4096, repeats: int = 7) -> float:
         stop.synchronize()
         seconds = cupy.cuda.get_elapsed_time(start, stop) / 1e3
         samples.append(blocks * threads * iterations * PAIRS_PER_ITERATION / seconds)
-    return statistics.median(samples)
+    return float(statistics.median(samples))
 
 
 def run_all() -> dict[str, Any]:

@@ -21,10 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import peak_probe
-
 from aionvrtc import tropical
 from aionvrtc.tropical import reference
+from benchmarks import peak_probe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROBE_FOR = {"float32": "f32", "float64": "f64", "int32": "i32_dpx", "int64": "i32"}
@@ -53,7 +52,7 @@ def timed(call: Any, repeats: int) -> float:
         stop.record()
         stop.synchronize()
         samples.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
-    return statistics.median(samples)
+    return float(statistics.median(samples))
 
 
 def check_small(ring: str, dtype: Any, argmax: bool) -> None:
