@@ -3,8 +3,8 @@ is judged against in the same run (f32, f64, i32 plain, i32 with Hopper's DPX __
 
     python benchmarks/peak_probe.py      (a GPU; prints pairs/s per type)
 
-Each thread runs 16 independent chains x = max(x + d, y), y = max(y + e, x): one add and one
-max per pair, enough chains to hide latency, no memory traffic.
+Each thread runs the GEMM's inner step on 64 independent accumulators held in registers: one
+add and one max per pair (one instruction with DPX), no memory traffic.
 """
 
 from __future__ import annotations
@@ -18,30 +18,46 @@ import numpy as np
 from aionvrtc import KernelSpec, compile_sync
 
 SOURCE = r"""
-template <typename T> __device__ __forceinline__ T mx(T a, T b) { return a > b ? a : b; }
+// The GEMM's inner step with operands in registers: acc[i][j] = max(acc[i][j], a[i] + b[j]),
+// 64 independent accumulators per thread. The add is volatile inline PTX so that the compiler
+// cannot hoist the loop-invariant sums out of the loop: exactly one add and one max per pair
+// (one DPX instruction per pair for the DPX case, whose operands cannot be hoisted).
+__device__ __forceinline__ float add(float a, float b) {
+    float r; asm volatile("add.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ double add(double a, double b) {
+    double r; asm volatile("add.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b)); return r; }
+__device__ __forceinline__ int add(int a, int b) {
+    int r; asm volatile("add.s32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
 __device__ __forceinline__ float mx(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double mx(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ int mx(int a, int b) { return max(a, b); }
 
 template <typename T, bool DPX>
 __global__ void probe(T* out, T d, T e, long long iterations) {
-    T x[8], y[8];
+    T a[8], b[8], acc[8][8];
     #pragma unroll
-    for (int i = 0; i < 8; ++i) { x[i] = (T)(threadIdx.x + i); y[i] = (T)(blockIdx.x - i); }
+    for (int i = 0; i < 8; ++i) { a[i] = (T)(threadIdx.x + i) * d; b[i] = (T)(blockIdx.x - i) * e; }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = (T)(i - j);
     for (long long it = 0; it < iterations; ++it) {
         #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            if constexpr (DPX) {
-                x[i] = __viaddmax_s32((int)x[i], (int)d, (int)y[i]);
-                y[i] = __viaddmax_s32((int)y[i], (int)e, (int)x[i]);
-            } else {
-                x[i] = mx(x[i] + d, y[i]);
-                y[i] = mx(y[i] + e, x[i]);
+        for (int i = 0; i < 8; ++i)
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                if constexpr (DPX) {
+                    acc[i][j] = __viaddmax_s32((int)a[i], (int)b[j], (int)acc[i][j]);
+                } else {
+                    acc[i][j] = mx(acc[i][j], add(a[i], b[j]));
+                }
             }
-        }
     }
     T s = 0;
     #pragma unroll
-    for (int i = 0; i < 8; ++i) s += x[i] + y[i];
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) s += acc[i][j];
     if (s == (T)12345) out[0] = s;  // keeps the work alive; practically never stores
 }
 """
@@ -51,7 +67,7 @@ CASES = {
     "i32": ("int", False, np.int32),
     "i32_dpx": ("int", True, np.int32),
 }
-PAIRS_PER_ITERATION = 16
+PAIRS_PER_ITERATION = 64
 
 
 def probe(name: str, iterations: int = 4096, repeats: int = 7) -> float:
@@ -67,7 +83,7 @@ def probe(name: str, iterations: int = 4096, repeats: int = 7) -> float:
     module: Module = load(compile_sync(spec), cupy.cuda.runtime.getDevice())
     kernel = module.get_function(expression)
     sms = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
-    blocks, threads = sms * 8, 256
+    blocks, threads = sms * 4, 256
     out = cupy.zeros(1, dtype=dtype)
     args = (out, dtype(-1), dtype(1), np.int64(iterations))
     kernel((blocks,), (threads,), args)  # warm up
