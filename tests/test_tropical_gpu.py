@@ -22,7 +22,17 @@ pytestmark = pytest.mark.gpu
 
 CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
 IDS = [f"{s}-{np.dtype(d)}" for s, d in CASES]
-SIZES = [(1, 1, 1), (7, 33, 129), (33, 129, 7), (129, 7, 33), (1000, 65, 70)]
+# Odd sizes for every kernel: the generic one (argmax), small and large tiles, and the skinny
+# kernel's two classes (M >= 4096 with K, N <= 8 or <= 64).
+SIZES = [
+    (1, 1, 1),
+    (7, 33, 129),
+    (33, 129, 7),
+    (129, 7, 33),
+    (1000, 65, 70),
+    (4100, 5, 7),
+    (5000, 40, 64),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,6 +120,7 @@ def test_ties_resolve_to_the_smallest_k(ring: str, dtype: Any, m: int, k: int, n
         ((17, 9), (5, 9, 11)),
         ((5, 17, 9), (9, 11)),
         ((70_000, 2, 3), (70_000, 3, 2)),  # more batches than a grid dimension holds
+        ((3, 5000, 7), (1, 7, 5)),  # the skinny kernel, batched
     ],
 )
 @pytest.mark.parametrize("ring", ["maxplus", "minplus", "maxmul"])

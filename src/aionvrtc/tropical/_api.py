@@ -15,7 +15,17 @@ from .._spec import KernelSpec
 from .._sync import default_compiler
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
-from ._specs import TILES, Layout, all_specs, backward_spec, gemm_spec, tiled_spec, tiled_supported
+from ._specs import (
+    TILES,
+    Layout,
+    all_specs,
+    backward_spec,
+    gemm_spec,
+    rows_spec,
+    shape_class,
+    tiled_spec,
+    tiled_supported,
+)
 
 if TYPE_CHECKING:
     import cupy
@@ -66,7 +76,8 @@ class _Plan:
     k: int
     device: int
     batched: bool
-    tile: tuple[int, int, int, int, int] | None  # the tuned kernel's, or None: the generic one
+    tile: tuple[int, int, int, int, int] | None  # the tuned kernel's tile, if it serves
+    rows: int  # KMAX of the skinny kernel, if it serves (else 0)
 
 
 def _plan(a: Any, b: Any, semiring_name: str, *, argmax: bool, out: Any, accumulate: bool) -> _Plan:
@@ -83,13 +94,19 @@ def _plan(a: Any, b: Any, semiring_name: str, *, argmax: bool, out: Any, accumul
     _, _, sbn = _strides(b)
     rowmajor = sak == 1 and sbn == 1
     tile = None
+    rows = 0
     if rowmajor and tiled_supported(ring.name, a.dtype, argmax=argmax):
-        tile = TILES[a.dtype.itemsize]
-        spec = tiled_spec(ring.name, a.dtype, accumulate=accumulate)
+        kind = shape_class(m, n, k)
+        if kind.startswith("rows"):
+            rows = int(kind[4:])
+            spec = rows_spec(ring.name, a.dtype, accumulate=accumulate, kmax=rows)
+        else:
+            tile = TILES[kind][a.dtype.itemsize]
+            spec = tiled_spec(ring.name, a.dtype, accumulate=accumulate, tile=tile)
     else:
         layout: Layout = "rowmajor" if rowmajor else "strided"
         spec = gemm_spec(ring.name, a.dtype, argmax=argmax, accumulate=accumulate, layout=layout)
-    return _Plan(ring, spec, a, b, c, index, batch, m, n, k, a.device.id, batched, tile)
+    return _Plan(ring, spec, a, b, c, index, batch, m, n, k, a.device.id, batched, tile, rows)
 
 
 def _outputs(
@@ -130,10 +147,16 @@ def _launch(plan: _Plan, module: Module, stream: Any) -> None:
     c3 = plan.c if plan.batched else plan.c[None]
     scb, scm, scn = (s // c3.itemsize for s in c3.strides)
     sizes = (np.int64(plan.m), np.int64(plan.n), np.int64(plan.k), np.int64(plan.batch))
-    if plan.tile is not None:
-        bm, bn, _, tm, tn = plan.tile
-        grid = _grid(plan, bm, bn)
-        block = ((bm // tm) * (bn // tn),)
+    if plan.tile is not None or plan.rows:
+        if plan.rows:
+            rows_per_block = _THREADS
+            grid = (min(-(-plan.m // rows_per_block), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
+            block = (_THREADS,)
+        else:
+            assert plan.tile is not None
+            bm, bn, _, tm, tn = plan.tile
+            grid = _grid(plan, bm, bn)
+            block = ((bm // tm) * (bn // tn),)
         args: tuple[Any, ...] = (
             plan.a, plan.b, plan.c, *sizes,
             np.int64(sab), np.int64(sam), np.int64(sbb), np.int64(sbk),

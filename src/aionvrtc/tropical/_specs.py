@@ -16,10 +16,12 @@ from ._semirings import DTYPES, SEMIRINGS, semiring
 __all__ = [
     "LAYOUTS",
     "TILES",
+    "Tile",
     "all_specs",
     "backward_spec",
     "gemm_expression",
     "gemm_spec",
+    "shape_class",
     "tiled_spec",
     "tiled_supported",
 ]
@@ -73,17 +75,50 @@ def gemm_spec(
     return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
 
 
-# Tile configurations (BM, BN, BK, TM, TN) of the tuned kernel, by element size.
-TILES: dict[int, tuple[int, int, int, int, int]] = {
-    4: (128, 128, 8, 8, 8),
-    8: (128, 64, 8, 8, 4),
+Tile = tuple[int, int, int, int, int]  # BM, BN, BK, TM, TN
+# Tile configurations of the tuned kernel, by shape class and element size: "large" products
+# fill the GPU with big tiles; "small" ones (M or N at most 64: batches of small matrices,
+# skinny products) waste less of a tile and make more blocks.
+TILES: dict[str, dict[int, Tile]] = {
+    "large": {4: (128, 128, 8, 8, 8), 8: (128, 64, 8, 8, 4)},
+    "small": {4: (64, 64, 8, 4, 4), 8: (64, 64, 8, 4, 4)},
 }
+
+
+# The skinny kernel serves K and N up to these (one instantiation each), for tall products.
+ROWS_KMAX = (8, 64)
+ROWS_MIN_M = 4096
+
+
+def shape_class(m: int, n: int, k: int = 1 << 30) -> str:
+    """ "rows<KMAX>" for tall products with small K and N, else "small" or "large" tiles."""
+    if m >= ROWS_MIN_M and max(n, k) <= ROWS_KMAX[-1]:
+        return f"rows{next(kmax for kmax in ROWS_KMAX if max(n, k) <= kmax)}"
+    return "small" if min(m, n) <= 64 else "large"
+
+
+@functools.cache
+def rows_spec(
+    semiring_name: str, dtype: np.dtype[np.generic], *, accumulate: bool, kmax: int
+) -> KernelSpec:
+    """The spec of one skinny-product kernel (row-major, no argmax, K and N <= kmax)."""
+    ring = semiring(semiring_name)
+    ring.check_dtype(dtype, "the operands")
+    if not tiled_supported(ring.name, dtype, argmax=False) or kmax not in ROWS_KMAX:
+        raise ValueError(f"no skinny kernel for {ring.name} on {np.dtype(dtype)}, K <= {kmax}")
+    expression = (
+        f"tropical_gemm_rows<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, "
+        f"{_bool(accumulate)}, {kmax}>"
+    )
+    return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
+
+
 _FAST = {"maxplus": "FastMaxPlus", "minplus": "FastMinPlus", "maxmul": "FastMaxMul"}
 
 
 def tiled_supported(semiring_name: str, dtype: np.dtype[np.generic], *, argmax: bool) -> bool:
     """Whether the tuned kernel serves this product (row-major operands assumed)."""
-    return not argmax and semiring_name in _FAST and np.dtype(dtype).itemsize in TILES
+    return not argmax and semiring_name in _FAST and np.dtype(dtype).itemsize in TILES["large"]
 
 
 @functools.cache
@@ -92,14 +127,14 @@ def tiled_spec(
     dtype: np.dtype[np.generic],
     *,
     accumulate: bool,
-    tile: tuple[int, int, int, int, int] | None = None,
+    tile: Tile | None = None,
 ) -> KernelSpec:
     """The spec of one tuned row-major kernel (no argmax) with one tile configuration."""
     ring = semiring(semiring_name)
     ring.check_dtype(dtype, "the operands")
     if not tiled_supported(ring.name, dtype, argmax=False):
         raise ValueError(f"no tuned kernel for {ring.name} on {np.dtype(dtype)}")
-    bm, bn, bk, tm, tn = tile or TILES[np.dtype(dtype).itemsize]
+    bm, bn, bk, tm, tn = tile or TILES["large"][np.dtype(dtype).itemsize]
     expression = (
         f"tropical_gemm_tiled<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, "
         f"{_bool(accumulate)}, {bm}, {bn}, {bk}, {tm}, {tn}>"
@@ -140,7 +175,14 @@ def all_specs(
                     gemm_spec(name, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
                 )
             if tiled_supported(name, dtype, argmax=False):
-                specs += [tiled_spec(name, dtype, accumulate=acc) for acc in (False, True)]
+                for acc in (False, True):
+                    specs += [
+                        tiled_spec(name, dtype, accumulate=acc, tile=tiles[dtype.itemsize])
+                        for tiles in TILES.values()
+                    ]
+                    specs += [
+                        rows_spec(name, dtype, accumulate=acc, kmax=kmax) for kmax in ROWS_KMAX
+                    ]
             if name != "andor" and dtype.kind == "f":
                 specs.append(backward_spec(name, dtype))
     return list(dict.fromkeys(specs))  # max-plus and min-plus share backward kernels

@@ -386,3 +386,53 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
         }
     }
 }
+
+// -- skinny products (row-major operands, K and N at most KMAX) -----------------------------------
+// Tall products from tensor networks (M = 2^20, N = K = 4..64) are bound by memory, not
+// arithmetic: B fits in shared memory, each thread owns whole rows of A and C (read and
+// written once), and the warp's loads and stores cover contiguous rows.
+
+template <typename T, typename F, bool ACCUMULATE, int KMAX>
+__global__ void __launch_bounds__(256) tropical_gemm_rows(
+    const T* __restrict__ A, const T* __restrict__ B, T* C,
+    long long M, long long N, long long K, long long batch,
+    long long sAb, long long lda, long long sBb, long long ldb,
+    long long sCb, long long sCm, long long sCn) {
+    typedef typename F::Exact S;
+    __shared__ T Bs[KMAX * KMAX];
+    for (long long b = blockIdx.z; b < batch; b += gridDim.z) {
+        __syncthreads();  // the previous batch's readers are done with Bs
+        for (int t = threadIdx.x; t < K * N; t += blockDim.x)
+            Bs[t] = B[b * sBb + (t / N) * ldb + t % N];
+        __syncthreads();
+        for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < M;
+             m += (long long)gridDim.x * blockDim.x) {
+            const T* row = A + b * sAb + m * lda;
+            T a[KMAX];
+            bool safe = true;
+            #pragma unroll
+            for (int k = 0; k < KMAX; ++k) {
+                a[k] = k < K ? row[k] : S::template zero<T>();
+                if (k < K) safe &= SafeLimit<T, F::product>::ok(a[k]);
+            }
+            for (long long n = 0; n < N; ++n) {
+                T acc = S::template zero<T>();
+                #pragma unroll
+                for (int k = 0; k < KMAX; ++k) {
+                    if (k < K) {
+                        const T bk = Bs[k * N + n];
+                        if (safe && SafeLimit<T, F::product>::ok(bk)) {
+                            acc = F::step(acc, a[k], bk);
+                        } else {
+                            const T p = S::mul(a[k], bk);
+                            if (S::better(p, acc)) acc = p;
+                        }
+                    }
+                }
+                T* c = C + b * sCb + m * sCm + n * sCn;
+                if (ACCUMULATE && !S::better(acc, *c)) acc = *c;
+                *c = acc;
+            }
+        }
+    }
+}
