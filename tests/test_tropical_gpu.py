@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
 IDS = [f"{s}-{np.dtype(d)}" for s, d in CASES]
 # Odd sizes for every kernel: the generic one (argmax), small and large tiles, and the skinny
-# kernel's two classes (M >= 4096 with K, N <= 8 or <= 64).
+# kernel (M >= 4096 with K, N <= 8).
 SIZES = [
     (1, 1, 1),
     (7, 33, 129),
