@@ -22,8 +22,8 @@ pytestmark = pytest.mark.gpu
 
 CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
 IDS = [f"{s}-{np.dtype(d)}" for s, d in CASES]
-# Odd sizes for every kernel: the generic one (argmax), small and large tiles, and the skinny
-# kernel (M >= 4096 with K, N <= 8).
+# Odd sizes for every kernel class (tropical.shape_class): the generic kernel (argmax), small
+# and large tiles, the skinny kernel and the three tall classes.
 SIZES = [
     (1, 1, 1),
     (7, 33, 129),
@@ -31,6 +31,8 @@ SIZES = [
     (129, 7, 33),
     (1000, 65, 70),
     (4100, 5, 7),
+    (4500, 20, 16),
+    (4200, 30, 31),
     (5000, 40, 64),
 ]
 

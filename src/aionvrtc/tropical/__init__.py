@@ -9,11 +9,12 @@ saturates. ``reference`` holds a NumPy implementation with the same semantics.
 from . import reference
 from ._api import backward, backward_sync, matmul, matmul_sync, warm
 from ._semirings import SEMIRINGS, Semiring
-from ._specs import LAYOUTS, all_specs, backward_spec, gemm_spec
+from ._specs import LAYOUTS, TILES, all_specs, backward_spec, gemm_spec, shape_class
 
 __all__ = [
     "LAYOUTS",
     "SEMIRINGS",
+    "TILES",
     "Semiring",
     "all_specs",
     "backward",
@@ -23,5 +24,6 @@ __all__ = [
     "matmul",
     "matmul_sync",
     "reference",
+    "shape_class",
     "warm",
 ]

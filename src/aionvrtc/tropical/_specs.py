@@ -76,26 +76,32 @@ def gemm_spec(
 
 
 Tile = tuple[int, int, int, int, int]  # BM, BN, BK, TM, TN
-# Tile configurations of the tuned kernel, by shape class and element size: "large" products
-# fill the GPU with big tiles; "small" ones (M or N at most 64: batches of small matrices,
-# skinny products) waste less of a tile and make more blocks.
+# Tile configurations of the tuned kernel, by shape class and element size. Chosen from a sweep
+# of candidate tiles on the lent H200 (f32 max-plus; .probe sweeps are not committed): "large"
+# products fill the GPU with big tiles; "small" ones (M or N at most 64, such as batches of small
+# matrices) want more, smaller blocks; tall products (M >= 4096) want a tile as wide as N.
 TILES: dict[str, dict[int, Tile]] = {
     "large": {4: (128, 128, 8, 8, 8), 8: (128, 64, 8, 8, 4)},
-    "small": {4: (64, 64, 8, 4, 4), 8: (64, 64, 8, 4, 4)},
+    "small": {4: (64, 64, 8, 8, 4), 8: (64, 64, 8, 4, 4)},
+    "tall16": {4: (128, 32, 8, 8, 4), 8: (128, 32, 8, 8, 4)},
+    "tall32": {4: (64, 32, 8, 4, 4), 8: (64, 32, 8, 4, 4)},
+    "tall64": {4: (128, 64, 8, 8, 4), 8: (128, 64, 8, 8, 4)},
 }
 
-
-# The skinny kernel serves K and N up to these (one instantiation each), for tall products.
-# (A KMAX of 64 measured slower than small tiles at N = K = 16..64 on the H200: one shared-memory
-# load per pair.)
+# The skinny kernel (a thread per row, B in shared memory) serves tall products with K and N
+# up to these; above, tiles measured faster (one shared-memory load per pair in the skinny one).
 ROWS_KMAX = (8,)
-ROWS_MIN_M = 4096
+TALL_M = 4096
 
 
 def shape_class(m: int, n: int, k: int = 1 << 30) -> str:
-    """ "rows<KMAX>" for tall products with small K and N, else "small" or "large" tiles."""
-    if m >= ROWS_MIN_M and max(n, k) <= ROWS_KMAX[-1]:
-        return f"rows{next(kmax for kmax in ROWS_KMAX if max(n, k) <= kmax)}"
+    """The kernel class for an M x N x K product: "rows8", "tall16/32/64", "small", "large"."""
+    if m >= TALL_M:
+        if max(n, k) <= ROWS_KMAX[-1]:
+            return f"rows{ROWS_KMAX[-1]}"
+        for width in (16, 32, 64):
+            if n <= width:
+                return f"tall{width}"
     return "small" if min(m, n) <= 64 else "large"
 
 
@@ -179,8 +185,8 @@ def all_specs(
             if tiled_supported(name, dtype, argmax=False):
                 for acc in (False, True):
                     specs += [
-                        tiled_spec(name, dtype, accumulate=acc, tile=tiles[dtype.itemsize])
-                        for tiles in TILES.values()
+                        tiled_spec(name, dtype, accumulate=acc, tile=tile)
+                        for tile in dict.fromkeys(t[dtype.itemsize] for t in TILES.values())
                     ]
                     specs += [
                         rows_spec(name, dtype, accumulate=acc, kmax=kmax) for kmax in ROWS_KMAX
