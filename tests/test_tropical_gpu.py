@@ -22,9 +22,8 @@ pytestmark = pytest.mark.gpu
 
 CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
 IDS = [f"{s}-{np.dtype(d)}" for s, d in CASES]
-# Odd sizes for every kernel class (tropical.shape_class): small and large tiles, the skinny
-# kernel, the three tall classes; with argmax=True the tuned argmax kernel (row-major) or the
-# generic one (views).
+# Odd sizes for every kernel class (tropical.shape_class): the generic kernel (argmax), small
+# and large tiles, the skinny kernel and the three tall classes.
 SIZES = [
     (1, 1, 1),
     (7, 33, 129),

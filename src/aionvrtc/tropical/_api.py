@@ -17,7 +17,6 @@ from ._semirings import Semiring, semiring
 from ._shapes import check_operands
 from ._specs import (
     TILES,
-    TILES_ARGMAX,
     Layout,
     all_specs,
     backward_spec,
@@ -96,12 +95,9 @@ def _plan(a: Any, b: Any, semiring_name: str, *, argmax: bool, out: Any, accumul
     rowmajor = sak == 1 and sbn == 1
     tile = None
     rows = 0
-    if rowmajor and tiled_supported(ring.name, a.dtype):
+    if rowmajor and tiled_supported(ring.name, a.dtype, argmax=argmax):
         kind = shape_class(m, n, k)
-        if argmax:
-            tile = TILES_ARGMAX[a.dtype.itemsize]
-            spec = tiled_spec(ring.name, a.dtype, argmax=True, accumulate=accumulate, tile=tile)
-        elif kind.startswith("rows"):
+        if kind.startswith("rows"):
             rows = int(kind[4:])
             spec = rows_spec(ring.name, a.dtype, accumulate=accumulate, kmax=rows)
         else:
@@ -151,40 +147,37 @@ def _launch(plan: _Plan, module: Module, stream: Any) -> None:
     c3 = plan.c if plan.batched else plan.c[None]
     scb, scm, scn = (s // c3.itemsize for s in c3.strides)
     sizes = (np.int64(plan.m), np.int64(plan.n), np.int64(plan.k), np.int64(plan.batch))
-    if plan.index is not None:
-        i3 = plan.index if plan.batched else plan.index[None]
-        sib, sim, sin = (s // 4 for s in i3.strides)
-        index_arg: Any = plan.index
-    else:
-        sib = sim = sin = 0
-        index_arg = np.uint64(0)  # a null pointer
-    index_strides = (np.int64(sib), np.int64(sim), np.int64(sin))
     if plan.tile is not None or plan.rows:
         if plan.rows:
-            grid = (min(-(-plan.m // _THREADS), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
+            rows_per_block = _THREADS
+            grid = (min(-(-plan.m // rows_per_block), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
             block = (_THREADS,)
-            pointers: tuple[Any, ...] = (plan.a, plan.b, plan.c)
-            tail: tuple[Any, ...] = ()
         else:
             assert plan.tile is not None
             bm, bn, _, tm, tn = plan.tile
             grid = _grid(plan, bm, bn)
             block = ((bm // tm) * (bn // tn),)
-            pointers = (plan.a, plan.b, plan.c, index_arg)
-            tail = index_strides
         args: tuple[Any, ...] = (
-            *pointers, *sizes,
+            plan.a, plan.b, plan.c, *sizes,
             np.int64(sab), np.int64(sam), np.int64(sbb), np.int64(sbk),
-            np.int64(scb), np.int64(scm), np.int64(scn), *tail,
+            np.int64(scb), np.int64(scm), np.int64(scn),
         )  # fmt: skip
     else:
+        if plan.index is not None:
+            i3 = plan.index if plan.batched else plan.index[None]
+            sib, sim, sin = (s // 4 for s in i3.strides)
+            index_arg: Any = plan.index
+        else:
+            sib = sim = sin = 0
+            index_arg = np.uint64(0)  # a null pointer
         grid = _grid(plan, _TILE, _TILE)
         block = (_THREADS,)
         args = (
             plan.a, plan.b, plan.c, index_arg, *sizes,
             np.int64(sab), np.int64(sam), np.int64(sak),
             np.int64(sbb), np.int64(sbk), np.int64(sbn),
-            np.int64(scb), np.int64(scm), np.int64(scn), *index_strides,
+            np.int64(scb), np.int64(scm), np.int64(scn),
+            np.int64(sib), np.int64(sim), np.int64(sin),
         )  # fmt: skip
     function = module.get_function(plan.spec.name_expressions[0])
     with cupy.cuda.Device(plan.device):

@@ -16,7 +16,6 @@ from ._semirings import DTYPES, SEMIRINGS, semiring
 __all__ = [
     "LAYOUTS",
     "TILES",
-    "TILES_ARGMAX",
     "Tile",
     "all_specs",
     "backward_spec",
@@ -89,10 +88,6 @@ TILES: dict[str, dict[int, Tile]] = {
     "tall64": {4: (128, 64, 8, 8, 4), 8: (128, 64, 8, 8, 4)},
 }
 
-# With argmax the tuned kernel holds three values per output (running value, index, the k-tile's
-# best), so it takes one smaller-per-thread tile for every shape.
-TILES_ARGMAX: dict[int, Tile] = {4: (64, 64, 8, 4, 4), 8: (32, 64, 8, 2, 4)}
-
 # The skinny kernel (a thread per row, B in shared memory) serves tall products with K and N
 # up to these; above, tiles measured faster (one shared-memory load per pair in the skinny one).
 ROWS_KMAX = (8,)
@@ -117,7 +112,7 @@ def rows_spec(
     """The spec of one skinny-product kernel (row-major, no argmax, K and N <= kmax)."""
     ring = semiring(semiring_name)
     ring.check_dtype(dtype, "the operands")
-    if not tiled_supported(ring.name, dtype) or kmax not in ROWS_KMAX:
+    if not tiled_supported(ring.name, dtype, argmax=False) or kmax not in ROWS_KMAX:
         raise ValueError(f"no skinny kernel for {ring.name} on {np.dtype(dtype)}, K <= {kmax}")
     expression = (
         f"tropical_gemm_rows<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, "
@@ -129,9 +124,9 @@ def rows_spec(
 _FAST = {"maxplus": "FastMaxPlus", "minplus": "FastMinPlus", "maxmul": "FastMaxMul"}
 
 
-def tiled_supported(semiring_name: str, dtype: np.dtype[np.generic]) -> bool:
-    """Whether the tuned kernels serve this semiring and type (row-major operands assumed)."""
-    return semiring_name in _FAST and np.dtype(dtype).itemsize in TILES["large"]
+def tiled_supported(semiring_name: str, dtype: np.dtype[np.generic], *, argmax: bool) -> bool:
+    """Whether the tuned kernel serves this product (row-major operands assumed)."""
+    return not argmax and semiring_name in _FAST and np.dtype(dtype).itemsize in TILES["large"]
 
 
 @functools.cache
@@ -139,19 +134,17 @@ def tiled_spec(
     semiring_name: str,
     dtype: np.dtype[np.generic],
     *,
-    argmax: bool = False,
     accumulate: bool,
     tile: Tile | None = None,
 ) -> KernelSpec:
-    """The spec of one tuned row-major kernel with one tile configuration."""
+    """The spec of one tuned row-major kernel (no argmax) with one tile configuration."""
     ring = semiring(semiring_name)
     ring.check_dtype(dtype, "the operands")
-    if not tiled_supported(ring.name, dtype):
+    if not tiled_supported(ring.name, dtype, argmax=False):
         raise ValueError(f"no tuned kernel for {ring.name} on {np.dtype(dtype)}")
-    size = np.dtype(dtype).itemsize
-    bm, bn, bk, tm, tn = tile or (TILES_ARGMAX[size] if argmax else TILES["large"][size])
+    bm, bn, bk, tm, tn = tile or TILES["large"][np.dtype(dtype).itemsize]
     expression = (
-        f"tropical_gemm_tiled<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, {_bool(argmax)}, "
+        f"tropical_gemm_tiled<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, "
         f"{_bool(accumulate)}, {bm}, {bn}, {bk}, {tm}, {tn}>"
     )
     return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
@@ -189,9 +182,8 @@ def all_specs(
                 specs.append(
                     gemm_spec(name, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
                 )
-            if tiled_supported(name, dtype):
+            if tiled_supported(name, dtype, argmax=False):
                 for acc in (False, True):
-                    specs.append(tiled_spec(name, dtype, argmax=True, accumulate=acc))
                     specs += [
                         tiled_spec(name, dtype, accumulate=acc, tile=tile)
                         for tile in dict.fromkeys(t[dtype.itemsize] for t in TILES.values())

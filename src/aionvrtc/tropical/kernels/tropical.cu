@@ -270,20 +270,12 @@ struct FastMaxMul {
     template <typename T> __device__ static T step(T acc, T a, T b) { return tmax(acc, a * b); }
 };
 
-//
-// ARGMAX: the fast path keeps no index per pair. It takes each k-tile's best product per element
-// with the fast step, compares it once with the running value, and only where the tile improves
-// on it (rarely, once k is large) rescans the tile for the first k attaining it: ties keep the
-// earlier tile, and within a tile the smallest k.
-
-template <typename T, typename F, bool ARGMAX, bool ACCUMULATE, int BM, int BN, int BK, int TM,
-          int TN>
+template <typename T, typename F, bool ACCUMULATE, int BM, int BN, int BK, int TM, int TN>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
-    const T* __restrict__ A, const T* __restrict__ B, T* C, int* I,
+    const T* __restrict__ A, const T* __restrict__ B, T* C,
     long long M, long long N, long long K, long long batch,
     long long sAb, long long lda, long long sBb, long long ldb,
-    long long sCb, long long sCm, long long sCn,
-    long long sIb, long long sIm, long long sIn) {
+    long long sCb, long long sCm, long long sCn) {
     typedef typename F::Exact S;
     constexpr int NT = (BM / TM) * (BN / TN);
     constexpr int A_PER = BM * BK / NT, B_PER = BK * BN / NT;
@@ -331,11 +323,10 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
                 }
             };
             T acc[TM][TN];
-            int idx[TM][TN];
             #pragma unroll
             for (int i = 0; i < TM; ++i)
                 #pragma unroll
-                for (int j = 0; j < TN; ++j) { acc[i][j] = S::template zero<T>(); idx[i][j] = -1; }
+                for (int j = 0; j < TN; ++j) acc[i][j] = S::template zero<T>();
             load(0);
             store(0);
             bool tile_safe = __syncthreads_and(safe);
@@ -343,12 +334,6 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
                 const int buf = t & 1;
                 if (t + 1 < tiles) load((t + 1) * BK);
                 if (tile_safe) {
-                    T best[TM][TN];  // ARGMAX: this tile's best (else unused, optimised away)
-                    #pragma unroll
-                    for (int i = 0; i < TM; ++i)
-                        #pragma unroll
-                        for (int j = 0; j < TN; ++j)
-                            best[i][j] = ARGMAX ? S::template zero<T>() : acc[i][j];
                     #pragma unroll
                     for (int kk = 0; kk < BK; ++kk) {
                         T a[TM], bv[TN];
@@ -365,25 +350,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
                         #pragma unroll
                         for (int i = 0; i < TM; ++i)
                             #pragma unroll
-                            for (int j = 0; j < TN; ++j) best[i][j] = F::step(best[i][j], a[i], bv[j]);
-                    }
-                    #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int r = (i < TM / 2 ? 0 : BM / 2) + ty * (TM / 2) + i % (TM / 2);
-                        #pragma unroll
-                        for (int j = 0; j < TN; ++j) {
-                            if (!ARGMAX) {
-                                acc[i][j] = best[i][j];
-                            } else if (S::better(best[i][j], acc[i][j])) {
-                                const int c = (j < TN / 2 ? 0 : BN / 2) + tx * (TN / 2) + j % (TN / 2);
-                                int first = 0;
-                                while (first < BK - 1 &&
-                                       !(S::mul(As[buf][first][r], Bs[buf][first][c]) == best[i][j]))
-                                    ++first;
-                                acc[i][j] = best[i][j];
-                                idx[i][j] = (int)(t * BK + first);
-                            }
-                        }
+                            for (int j = 0; j < TN; ++j) acc[i][j] = F::step(acc[i][j], a[i], bv[j]);
                     }
                 } else {
                     for (int kk = 0; kk < BK; ++kk) {
@@ -395,10 +362,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
                             for (int j = 0; j < TN; ++j) {
                                 const int c = (j < TN / 2 ? 0 : BN / 2) + tx * (TN / 2) + j % (TN / 2);
                                 const T p = S::mul(a, Bs[buf][kk][c]);
-                                if (S::better(p, acc[i][j])) {
-                                    acc[i][j] = p;
-                                    if (ARGMAX) idx[i][j] = (int)(t * BK + kk);
-                                }
+                                if (S::better(p, acc[i][j])) acc[i][j] = p;
                             }
                         }
                     }
@@ -414,15 +378,9 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
                     const long long n = n0 + (j < TN / 2 ? 0 : BN / 2) + tx * (TN / 2) + j % (TN / 2);
                     if (m >= M || n >= N) continue;
                     T* c = C + b * sCb + m * sCm + n * sCn;
-                    int* ix = ARGMAX ? I + b * sIb + m * sIm + n * sIn : nullptr;
                     T value = acc[i][j];
-                    int winner = idx[i][j];
-                    if (ACCUMULATE && !S::better(value, *c)) {  // C was there first: it wins ties
-                        value = *c;
-                        if (ARGMAX) winner = *ix;
-                    }
+                    if (ACCUMULATE && !S::better(value, *c)) value = *c;
                     *c = value;
-                    if (ARGMAX) *ix = winner;
                 }
             }
         }
