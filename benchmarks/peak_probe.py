@@ -41,9 +41,10 @@ __global__ void probe(T* out, T d, T e, long long iterations) {
     for (int i = 0; i < 8; ++i)
         #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = (T)(i - j);
-    // Unrolled so that the loop's own instructions stop counting (measured on the H200: 14.3 T
-    // pairs/s without, 16.6 T with 32, the issue limit of 64 pairs per SM per clock).
-    #pragma unroll 32
+    // Unrolled so that the loop's own instructions stop counting (measured on the H200, f32: 14.3 T
+    // pairs/s without, 16.3 T with 8, 16.6 T with 32, the issue limit of 64 pairs per SM per
+    // clock; 32 made the f64 probe collapse to 0.46 T).
+    #pragma unroll 8
     for (long long it = 0; it < iterations; ++it) {
         #pragma unroll
         for (int i = 0; i < 8; ++i)
