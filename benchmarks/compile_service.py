@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -29,7 +27,9 @@ import anyio.lowlevel
 import aionvrtc
 from aionvrtc import Compiler, KernelSpec, _nvrtc
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._results import RESULTS, trivial_coroutine, write
 
 # Distinct per call (NVRTC caches identical programs in-process), ~50-300 ms to compile.
 _SERIAL = iter(range(1_000_000))
@@ -50,10 +50,6 @@ __global__ void bench_{tag}(float* x) {{
     )
 
 
-async def _trivial(spec: KernelSpec) -> KernelSpec:
-    return spec
-
-
 async def hot_hit(cache_dir: str) -> dict[str, float]:
     """Median over batches of the mean time of one awaited call, in nanoseconds: a memory hit
     against a trivial coroutine taking the same argument, in identical loops."""
@@ -69,7 +65,7 @@ async def hot_hit(cache_dir: str) -> dict[str, float]:
             hits.append((time.perf_counter_ns() - started) / calls)
             started = time.perf_counter_ns()
             for _ in range(calls):
-                await _trivial(spec)
+                await trivial_coroutine(spec)
             trivials.append((time.perf_counter_ns() - started) / calls)
     hit, trivial = statistics.median(hits), statistics.median(trivials)
     return {"hot_hit_ns": hit, "trivial_coroutine_ns": trivial, "ratio": hit / trivial}
@@ -294,14 +290,15 @@ def main() -> None:
     args = parser.parse_args()
     facts = machine_facts(args.machine, args.backend)
     results = anyio.run(run_all, args.kernels, backend=args.backend)
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{args.machine}-{args.backend}".lower()).strip("-")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"compile_service-{slug}.json").write_text(
-        json.dumps({"facts": facts, "results": results}, indent=2) + "\n"
+    label = f"{args.machine}-{args.backend}"
+    write(
+        args.out,
+        "compile_service",
+        label=label,
+        facts=facts,
+        results=results,
+        table=table(facts, results),
     )
-    text = table(facts, results)
-    (args.out / f"compile_service-{slug}.md").write_text(text)
-    sys.stdout.write(text)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,10 @@ from typing import Any
 import anyio
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._results import RESULTS, gpu_facts, trivial_coroutine, write
+
 REPEATS = 5
 
 SOURCE = r"""
@@ -170,10 +172,6 @@ def warm_start(workdir: Path) -> dict[str, Any]:
 # -- in-process measures --------------------------------------------------------------------
 
 
-async def _trivial(spec: Any) -> Any:
-    return spec
-
-
 async def hot_get(workdir: Path) -> dict[str, float]:
     """Hot get() and compile() against a trivial coroutine taking the same argument, in
     identical loops, interleaved, in this process (CUDA context and CuPy loaded)."""
@@ -195,7 +193,7 @@ async def hot_get(workdir: Path) -> dict[str, float]:
             samples["compile"].append((time.perf_counter_ns() - started) / calls)
             started = time.perf_counter_ns()
             for _ in range(calls):
-                await _trivial(spec)
+                await trivial_coroutine(spec)
             samples["trivial"].append((time.perf_counter_ns() - started) / calls)
     get, compile_, trivial = (statistics.median(samples[k]) for k in ("get", "compile", "trivial"))
     return {
@@ -293,27 +291,6 @@ async def loop_lag(workdir: Path, requests: int = 64) -> dict[str, Any]:
     return out
 
 
-def facts() -> dict[str, Any]:
-    import cupy
-
-    import aionvrtc
-    from aionvrtc import _nvrtc
-
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    name = props["name"]
-    return {
-        "gpu": name.decode() if isinstance(name, bytes) else str(name),
-        "driver": cupy.cuda.runtime.driverGetVersion(),
-        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
-        "cupy": cupy.__version__,
-        "nvrtc": _nvrtc.version_string(),
-        "aionvrtc": aionvrtc.__version__,
-        "python": sys.version.split()[0],
-        "cpus": os.cpu_count(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
-
-
 def table(f: dict[str, Any], r: dict[str, Any]) -> str:
     rows = [
         f"# GPU start-up and serving on {f['gpu']}",
@@ -367,7 +344,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    f = facts()
+    f = gpu_facts()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         results: dict[str, Any] = {"warm_start": warm_start(work)}
@@ -375,14 +352,7 @@ def main() -> None:
         results["cold_first_use"] = anyio.run(cold_first_use)
         results["loop_lag"] = anyio.run(loop_lag, work)
     assert results["loop_lag"]["max_abs_error"] < 1e-5, results["loop_lag"]
-    slug = re.sub(r"[^a-z0-9]+", "-", f["gpu"].lower()).strip("-")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"gpu_start-{slug}.json").write_text(
-        json.dumps({"facts": f, "results": results}, indent=2) + "\n"
-    )
-    text = table(f, results)
-    (args.out / f"gpu_start-{slug}.md").write_text(text)
-    sys.stdout.write(text)
+    write(args.out, "gpu_start", label=f["gpu"], facts=f, results=results, table=table(f, results))
 
 
 if __name__ == "__main__":

@@ -10,11 +10,8 @@ max per (m, n, k)); ratios compare pairs/s = M * N * K / time with the probe's a
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aionvrtc import tropical
 from aionvrtc.tropical import reference
 from benchmarks import peak_probe
+from benchmarks._results import RESULTS, gpu_facts, write
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROBE_FOR = {"float32": "f32", "float64": "f64", "int32": "i32_dpx", "int64": "i32"}
 
 
@@ -157,21 +154,6 @@ def baselines(repeats: int) -> dict[str, Any]:
     return result
 
 
-def facts() -> dict[str, Any]:
-    import cupy
-
-    from aionvrtc import _nvrtc
-
-    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-    return {
-        "gpu": name.decode() if isinstance(name, bytes) else str(name),
-        "driver": cupy.cuda.runtime.driverGetVersion(),
-        "cupy": cupy.__version__,
-        "nvrtc": _nvrtc.version_string(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
-
-
 CONFIGS = [
     ("maxplus", "float32"),
     ("minplus", "float32"),
@@ -207,15 +189,10 @@ def main() -> None:
     results["batched 1024 x 64^3"] = row
     results["skinny"] = skinny(repeats)
     results["baselines"] = baselines(repeats)
-    f = facts()
-    slug = re.sub(r"[^a-z0-9]+", "-", f["gpu"].lower()).strip("-")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"tropical_gemm-{slug}.json").write_text(
-        json.dumps({"facts": f, "results": results}, indent=2) + "\n"
+    f = gpu_facts()
+    write(
+        args.out, "tropical_gemm", label=f["gpu"], facts=f, results=results, table=table(f, results)
     )
-    text = table(f, results)
-    (args.out / f"tropical_gemm-{slug}.md").write_text(text)
-    sys.stdout.write(text)
 
 
 def table(f: dict[str, Any], r: dict[str, Any]) -> str:
