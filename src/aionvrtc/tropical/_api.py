@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -230,7 +231,8 @@ def _prepare(plan: _Plan, accumulate: bool, stream: Any) -> bool:
         # The sum over no k is the semiring's zero (and C (+) zero = C).
         if not accumulate:
             cupy = _cupy()
-            with cupy.cuda.Device(plan.device), _on(stream):
+            on_stream = stream if stream is not None else contextlib.nullcontext()
+            with cupy.cuda.Device(plan.device), on_stream:
                 plan.c.fill(plan.ring.zero(plan.c.dtype))
                 if plan.index is not None:
                     plan.index.fill(-1)
@@ -287,12 +289,6 @@ def matmul_sync(
     if _prepare(plan, accumulate, stream):
         _launch(plan, _module_sync(plan.spec, plan.device, compiler), stream)
     return _result(plan, argmax)
-
-
-def _on(stream: Any) -> Any:
-    import contextlib
-
-    return stream if stream is not None else contextlib.nullcontext()
 
 
 # -- backward --------------------------------------------------------------------------------
