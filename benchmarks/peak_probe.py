@@ -19,18 +19,14 @@ from aionvrtc import KernelSpec, compile_sync
 
 SOURCE = r"""
 // The GEMM's inner step with operands in registers: acc[i][j] = max(acc[i][j], a[i] + b[j]),
-// 64 independent accumulators per thread. The add is volatile inline PTX so that the compiler
-// cannot hoist the loop-invariant sums out of the loop: exactly one add and one max per pair
-// (one DPX instruction per pair for the DPX case, whose operands cannot be hoisted).
-__device__ __forceinline__ float add(float a, float b) {
-    float r; asm volatile("add.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
-__device__ __forceinline__ double add(double a, double b) {
-    double r; asm volatile("add.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b)); return r; }
-__device__ __forceinline__ int add(int a, int b) {
-    int r; asm volatile("add.s32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
-__device__ __forceinline__ float mx(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ double mx(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ int mx(int a, int b) { return max(a, b); }
+// 64 independent accumulators per thread: one add and one max per pair (one instruction with
+// DPX). After each round a[i] takes the value of an accumulator, so no sum is loop-invariant
+// and the compiler cannot hoist the adds out of the loop (it did, when a and b were fixed:
+// the earlier probe timed the max alone). The copies are register renames in unrolled code.
+__device__ __forceinline__ float mx(float acc, float s) { return fmaxf(acc, s); }
+// Doubles: a compare and a select, as the GEMM's fast step (fmax adds NaN handling).
+__device__ __forceinline__ double mx(double acc, double s) { return s > acc ? s : acc; }
+__device__ __forceinline__ int mx(int acc, int s) { return max(acc, s); }
 
 template <typename T, bool DPX>
 __global__ void probe(T* out, T d, T e, long long iterations) {
@@ -41,9 +37,7 @@ __global__ void probe(T* out, T d, T e, long long iterations) {
     for (int i = 0; i < 8; ++i)
         #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = (T)(i - j);
-    // Unrolled so that the loop's own instructions stop counting (measured on the H200, f32: 14.3 T
-    // pairs/s without, 16.3 T with 8, 16.6 T with 32, the issue limit of 64 pairs per SM per
-    // clock; 32 made the f64 probe collapse to 0.46 T).
+    // Unrolled so that the loop's own instructions stop counting.
     #pragma unroll 8
     for (long long it = 0; it < iterations; ++it) {
         #pragma unroll
@@ -53,9 +47,11 @@ __global__ void probe(T* out, T d, T e, long long iterations) {
                 if constexpr (DPX) {
                     acc[i][j] = __viaddmax_s32((int)a[i], (int)b[j], (int)acc[i][j]);
                 } else {
-                    acc[i][j] = mx(acc[i][j], add(a[i], b[j]));
+                    acc[i][j] = mx(acc[i][j], a[i] + b[j]);
                 }
             }
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) a[i] = acc[i][7 - i];
     }
     T s = 0;
     #pragma unroll

@@ -10,7 +10,6 @@ max per (m, n, k)); ratios compare pairs/s = M * N * K / time with the probe's a
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,36 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aionvrtc import tropical
 from aionvrtc.tropical import reference
+from aionvrtc.tropical._tune import random_operands as random
+from aionvrtc.tropical._tune import timed
 from benchmarks import peak_probe
 from benchmarks._results import RESULTS, gpu_facts, write
 
 PROBE_FOR = {"float32": "f32", "float64": "f64", "int32": "i32_dpx", "int64": "i32"}
-
-
-def random(shape: tuple[int, ...], dtype: Any, ring: str) -> Any:
-    import cupy
-
-    if np.dtype(dtype).kind == "f":
-        x = cupy.random.standard_normal(shape, dtype=np.float32).astype(dtype)
-    else:
-        x = cupy.random.randint(-1000, 1000, size=shape).astype(dtype)
-    return cupy.abs(x) if ring == "maxmul" else x
-
-
-def timed(call: Any, repeats: int) -> float:
-    """Median seconds of ``call`` (GPU work on the current stream), timed with CUDA events."""
-    import cupy
-
-    call()
-    samples = []
-    for _ in range(repeats):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        call()
-        stop.record()
-        stop.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
-    return float(statistics.median(samples))
 
 
 def check_small(ring: str, dtype: Any, argmax: bool) -> None:
@@ -67,8 +42,11 @@ def check_small(ring: str, dtype: Any, argmax: bool) -> None:
         assert np.array_equal(cupy.asnumpy(got), want), (ring, dtype)
 
 
-def check_sampled(ring: str, a: Any, b: Any, c: Any, samples: int = 64) -> None:
-    """Entries of a large result against the reference computed for those entries alone."""
+def check_sampled(
+    ring: str, a: Any, b: Any, c: Any, index: Any = None, *, samples: int = 64
+) -> None:
+    """Entries of a large result (and its argmax) against the reference computed for those
+    entries alone."""
     import cupy
 
     rng = np.random.default_rng()
@@ -76,9 +54,13 @@ def check_sampled(ring: str, a: Any, b: Any, c: Any, samples: int = 64) -> None:
     cols = rng.integers(0, b.shape[1], samples)
     a_rows = cupy.asnumpy(a[cupy.asarray(rows)])
     b_cols = cupy.asnumpy(b[:, cupy.asarray(cols)])
-    want = reference.matmul(a_rows, b_cols, ring)
-    got = cupy.asnumpy(c)[rows, cols]
-    assert np.array_equal(got, want[np.arange(samples), np.arange(samples)]), ring
+    diagonal = (np.arange(samples), np.arange(samples))
+    if index is None:
+        want = reference.matmul(a_rows, b_cols, ring)
+    else:
+        want, want_index = reference.matmul(a_rows, b_cols, ring, argmax=True)
+        assert np.array_equal(cupy.asnumpy(index)[rows, cols], want_index[diagonal]), ring
+    assert np.array_equal(cupy.asnumpy(c)[rows, cols], want[diagonal]), ring
 
 
 def gemm(ring: str, dtype: Any, size: int, repeats: int, argmax: bool = False) -> dict[str, Any]:
@@ -89,7 +71,7 @@ def gemm(ring: str, dtype: Any, size: int, repeats: int, argmax: bool = False) -
     index = cupy.empty((size, size), cupy.int32) if argmax else None
     target = (out, index) if argmax else out
     seconds = timed(lambda: tropical.matmul_sync(a, b, ring, argmax=argmax, out=target), repeats)
-    check_sampled(ring, a, b, out)
+    check_sampled(ring, a, b, out, index)
     return {
         "seconds": seconds,
         "pairs_per_s": size**3 / seconds,
@@ -110,23 +92,62 @@ def batched(repeats: int) -> dict[str, Any]:
     return {"seconds": seconds, "pairs_per_s": pairs / seconds, "ops_per_s": 2 * pairs / seconds}
 
 
-def skinny(repeats: int) -> dict[str, Any]:
-    """M = 2**20 with N = K in 4..64, against a device-to-device copy's bandwidth."""
+def skinny(repeats: int, probe: float) -> dict[str, Any]:
+    """M = 2**20 with N = K in 4..64 (tall), and its transpose N = 2**20 with M = K (wide),
+    f32 max-plus, against a device-to-device copy's bandwidth and against the roofline: the
+    longer of moving the bytes at the copy's rate and doing the pairs at the probe's."""
     import cupy
 
-    m = 1 << 20
+    big = 1 << 20
     src = cupy.empty(1 << 28, dtype=cupy.uint8)
     dst = cupy.empty_like(src)
     copy_s = timed(lambda: dst.__setitem__(Ellipsis, src), repeats)
     bandwidth = 2 * src.nbytes / copy_s  # bytes read + written per second
     rows: dict[str, Any] = {"copy_bytes_per_s": bandwidth}
-    for nk in (4, 16, 32, 64):
-        a, b = random((m, nk), np.float32, "maxplus"), random((nk, nk), np.float32, "maxplus")
-        out = cupy.empty((m, nk), np.float32)
-        seconds = timed(lambda a=a, b=b, out=out: tropical.matmul_sync(a, b, out=out), repeats)
-        check_sampled("maxplus", a, b, out)
-        moved = (a.nbytes + b.nbytes + out.nbytes) / seconds
-        rows[f"n=k={nk}"] = {"seconds": seconds, "bytes_per_s": moved, "ratio": moved / bandwidth}
+    for nk in (4, 8, 16, 32, 64):
+        for name, (m, n) in (("tall", (big, nk)), ("wide", (nk, big))):
+            a = random((m, nk), np.float32, "maxplus")
+            b = random((nk, n), np.float32, "maxplus")
+            out = cupy.empty((m, n), np.float32)
+            seconds = timed(lambda a=a, b=b, out=out: tropical.matmul_sync(a, b, out=out), repeats)
+            check_sampled("maxplus", a, b, out)
+            moved = a.nbytes + b.nbytes + out.nbytes
+            bound = max(moved / bandwidth, m * n * nk / probe)
+            rows[f"{name} n=k={nk}" if name == "tall" else f"{name} m=k={nk}"] = {
+                "seconds": seconds,
+                "bytes_per_s": moved / seconds,
+                "ratio": moved / seconds / bandwidth,
+                "ratio_to_roofline": bound / seconds,
+            }
+    return rows
+
+
+def curve(repeats: int) -> dict[str, Any]:
+    """Throughput against size (square, f32 max-plus): ours with and without argmax, and the
+    broadcast-and-reduce baselines where their M*K*N intermediate fits (up to 1024)."""
+    rows: dict[str, Any] = {"aionvrtc": {}, "aionvrtc argmax": {}, "cupy": {}, "torch": {}}
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    for size in (256, 512, 1024, 2048, 4096, 8192):
+        a = random((size, size), np.float32, "maxplus")
+        b = random((size, size), np.float32, "maxplus")
+        ops = 2 * size**3
+        rows["aionvrtc"][size] = ops / timed(lambda a=a, b=b: tropical.matmul_sync(a, b), repeats)
+        rows["aionvrtc argmax"][size] = ops / timed(
+            lambda a=a, b=b: tropical.matmul_sync(a, b, argmax=True), repeats
+        )
+        if size <= 1024:
+            rows["cupy"][size] = ops / timed(
+                lambda a=a, b=b: (a[:, :, None] + b[None, :, :]).max(axis=1), repeats
+            )
+            if torch is not None:
+                ta, tb = torch.from_dlpack(a), torch.from_dlpack(b)
+                rows["torch"][size] = ops / timed(
+                    lambda ta=ta, tb=tb: torch.amax(ta[:, :, None] + tb[None, :, :], dim=1),
+                    repeats,
+                )
     return rows
 
 
@@ -178,17 +199,16 @@ def main() -> None:
     results: dict[str, Any] = {"probe_pairs_per_s": probe, "gemm": {}}
     for ring, dtype in CONFIGS:
         for size in sizes:
-            row = gemm(ring, dtype, size, repeats)
-            row["ratio_to_probe"] = row["pairs_per_s"] / probe[PROBE_FOR[dtype]]
-            results["gemm"][f"{ring} {dtype} {size}"] = row
-    row = gemm("maxplus", "float32", 4096, repeats, argmax=True)
-    row["ratio_to_probe"] = row["pairs_per_s"] / probe["f32"]
-    results["gemm"]["maxplus float32 4096 argmax"] = row
+            for argmax in (False, True) if ring == "maxplus" else (False,):
+                row = gemm(ring, dtype, size, repeats, argmax=argmax)
+                row["ratio_to_probe"] = row["pairs_per_s"] / probe[PROBE_FOR[dtype]]
+                results["gemm"][f"{ring} {dtype} {size}{' argmax' if argmax else ''}"] = row
     row = batched(repeats)
     row["ratio_to_probe"] = row["pairs_per_s"] / probe["f32"]
     results["batched 1024 x 64^3"] = row
-    results["skinny"] = skinny(repeats)
+    results["skinny"] = skinny(repeats, probe["f32"])
     results["baselines"] = baselines(repeats)
+    results["curve"] = curve(repeats)
     f = gpu_facts()
     write(
         args.out, "tropical_gemm", label=f["gpu"], facts=f, results=results, table=table(f, results)
@@ -218,12 +238,20 @@ def table(f: dict[str, Any], r: dict[str, Any]) -> str:
             f"{row['ratio_to_probe'] * 100:.0f}% |"
         )
     sk = r["skinny"]
-    lines += ["", f"Skinny M = 2^20 (copy bandwidth {sk['copy_bytes_per_s'] / 1e12:.2f} TB/s):", ""]
+    lines += [
+        "",
+        f"Skinny products, 2^20 rows or columns (copy bandwidth "
+        f"{sk['copy_bytes_per_s'] / 1e12:.2f} TB/s; the roofline is the longer of moving the "
+        "bytes at that rate and doing the pairs at the f32 probe's):",
+        "",
+        "| product | TB/s | of the copy | of the roofline |",
+        "| --- | --- | --- | --- |",
+    ]
     for key, row in sk.items():
         if key != "copy_bytes_per_s":
             lines.append(
-                f"- {key}: {row['bytes_per_s'] / 1e12:.2f} TB/s, "
-                f"{row['ratio'] * 100:.0f}% of the copy"
+                f"| {key} | {row['bytes_per_s'] / 1e12:.2f} | {row['ratio'] * 100:.0f}% | "
+                f"{row['ratio_to_roofline'] * 100:.0f}% |"
             )
     base = r["baselines"]
     torch_rate = base["torch_broadcast_reduce"]

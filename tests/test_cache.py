@@ -379,3 +379,28 @@ def test_concurrent_writers_from_processes_leave_only_valid_entries(tmp_path: Pa
     for name in names:
         assert tier.read(name) is not None
     assert tier.corrupt == 0
+
+
+def test_records_live_beside_the_kernels_verified_and_per_target(cache_dir: Path) -> None:
+    from aionvrtc._spec import record_key
+
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    assert cache.record("tuning/gpu") is None
+    assert cache.put_record("tuning/gpu", b'{"large": 1}') is True
+    assert cache.record("tuning/gpu") == b'{"large": 1}'
+    assert KernelCache("sm_90", cache_dir=cache_dir).record("tuning/gpu") == b'{"large": 1}'
+    assert KernelCache("sm_80", cache_dir=cache_dir).record("tuning/gpu") is None
+    key = record_key("tuning/gpu", "sm_90")
+    assert key not in {make_spec().key("sm_90"), record_key("tuning/gpu", "sm_80")}
+    # A record is an entry like any other: a damaged one is dropped and counted, not returned.
+    path = cache_dir / "v1" / key[:2] / key
+    damaged = bytearray(path.read_bytes())
+    damaged[-1] ^= 1
+    path.write_bytes(bytes(damaged))
+    assert cache.record("tuning/gpu") is None
+    assert not path.exists()
+    assert cache.stats().corrupt_dropped == 1
+    # No disk tier, no records.
+    memory_only = KernelCache("sm_90", disk=False)
+    assert memory_only.put_record("tuning/gpu", b"1") is False
+    assert memory_only.record("tuning/gpu") is None

@@ -341,3 +341,13 @@ async def test_compile_sync_from_a_worker_thread_of_the_loop(cache_dir: Path) ->
     async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
         art = await anyio.to_thread.run_sync(compiler.compile_sync, spec)
         assert art is await compiler.compile(spec)
+
+
+async def test_records_through_the_compiler(cache_dir: Path) -> None:
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        assert await compiler.load_record("tiles") is None
+        assert await compiler.save_record("tiles", b"[1, 2]") is True
+        assert await compiler.load_record("tiles") == b"[1, 2]"
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as later:
+        assert await later.load_record("tiles") == b"[1, 2]"
+        assert later.stats().requests == 0  # records are not kernel requests

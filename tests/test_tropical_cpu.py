@@ -125,11 +125,11 @@ def test_numpy_input_where_cupy_is_needed_is_named() -> None:
 def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path) -> None:
     specs = tropical.all_specs()
     # 3 semirings x 4 types + and-or on bool, x argmax x accumulate x 2 layouts; the backward
-    # kernels of float32/float64 for the plus semirings and max-times; the tuned kernels (no
-    # argmax) of the 3 numeric semirings x accumulate: each distinct tile of a type's element
-    # size, and the skinny kernel.
-    tiles = {size: len({t[size] for t in tropical.TILES.values()}) for size in (4, 8)}
-    tuned = 3 * 2 * (2 * tiles[4] + 2 * tiles[8] + 4)
+    # kernels of float32/float64 for the plus semirings and max-times; the tuned kernels of the
+    # 3 numeric semirings x accumulate: each distinct tile of a type's element size, with and
+    # without argmax, and the skinny kernel (no argmax).
+    tiles = {v: len({t[v] for t in tropical.TILES.values()}) for v in tropical.VARIANTS}
+    tuned = 3 * 2 * (sum(tiles.values()) + 4)
     assert len(specs) == 13 * 2 * 2 * 2 + 4 + tuned
     expressions = [s.name_expressions[0] for s in specs]
     assert len(set(expressions)) == len(specs)
@@ -155,7 +155,7 @@ def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path
 
     # warm() fills the disk cache through a parallel Compiler; a second warm compiles nothing.
     count = anyio.run(lambda: tropical.warm(["maxplus"], ["float32"], arch="sm_90"))
-    assert count == 2 * 2 * 2 + 1 + 2 * (tiles[4] + 1)
+    assert count == 2 * 2 * 2 + 1 + 2 * (tiles["f4"] + tiles["f4-argmax"] + 1)
 
     async def again() -> int:
         async with Compiler(arch="sm_90", cache_dir=tmp_path) as compiler:
@@ -163,6 +163,37 @@ def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path
             return compiler.stats().compiles
 
     assert anyio.run(again) == 0
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "kind"),
+    [
+        (4096, 8, 8, "rows8"),
+        (1 << 20, 16, 64, "tall16"),
+        (4096, 33, 4, "tall64"),
+        (16, 1 << 20, 16, "wide16"),
+        (17, 4096, 64, "wide32"),
+        (64, 5000, 3, "wide64"),
+        (65, 4096, 64, "large"),
+        (1024, 64, 64, "small"),
+        (4095, 4095, 4095, "large"),
+    ],
+)
+def test_shape_classes(m: int, n: int, k: int, kind: str) -> None:
+    assert tropical.shape_class(m, n, k) == kind
+
+
+def test_every_default_tile_fits_its_variant() -> None:
+    from aionvrtc.tropical._specs import tile_fits
+    from aionvrtc.tropical._tune import CANDIDATES, SHAPES
+
+    assert set(tropical.TILES) == set(CANDIDATES) == set(SHAPES)
+    for kind, variants in tropical.TILES.items():
+        assert tuple(variants) == tropical.VARIANTS
+        for variant, tile in variants.items():
+            assert tile_fits(tile, int(variant[1])), (kind, variant, tile)
+    assert not tile_fits((128, 128, 16, 8, 8, 1), 8)  # 64 KiB of shared memory
+    assert not tile_fits((256, 16, 8, 8, 2, 1), 4)  # B's 8 x 16 tile, 256 threads
 
 
 def test_spec_builders_validate() -> None:

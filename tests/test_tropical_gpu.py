@@ -22,8 +22,9 @@ pytestmark = pytest.mark.gpu
 
 CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
 IDS = [f"{s}-{np.dtype(d)}" for s, d in CASES]
-# Odd sizes for every kernel class (tropical.shape_class): the generic kernel (argmax), small
-# and large tiles, the skinny kernel and the three tall classes.
+# Odd sizes for every kernel class (tropical.shape_class): small and large tiles, the skinny
+# kernel and the three tall classes; multiples of 4 (aligned rows) take the tiles' unchecked
+# interior path around the edges.
 SIZES = [
     (1, 1, 1),
     (7, 33, 129),
@@ -34,6 +35,9 @@ SIZES = [
     (4500, 20, 16),
     (4200, 30, 31),
     (5000, 40, 64),
+    (300, 264, 136),
+    (4104, 32, 32),
+    (4160, 64, 48),
 ]
 
 
@@ -364,3 +368,36 @@ def test_torch_gradients_match_finite_differences(ring: str) -> None:
     c = matmul(a, b, ring)
     want = reference.matmul(a.detach().cpu().numpy(), b.detach().cpu().numpy(), ring)
     np.testing.assert_array_equal(c.detach().cpu().numpy(), want)
+
+
+def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path) -> None:
+    from aionvrtc.tropical import _tune
+    from aionvrtc.tropical._specs import tile_fits
+
+    reports: list[dict[str, Any]] = []
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with Compiler(cache_dir=tmp_path, concurrency=4) as compiler:
+            first = await tropical.autotune(
+                ["float32"], kinds=["small"], argmax=[False], compiler=compiler,
+                repeats=2, report=reports.append,
+            )  # fmt: skip
+            in_use = tropical.tuned_tiles(0)["small"]["f4"]
+            _tune._installed.clear()  # as a new process would start
+            again = await tropical.autotune(
+                ["float32"], kinds=["small"], argmax=[False], compiler=compiler,
+                report=reports.append,
+            )  # fmt: skip
+            return first, in_use, again
+
+    try:
+        first, in_use, again = anyio.run(main)
+    finally:
+        _tune._installed.clear()
+    # Every candidate that fits was checked and timed once; the second run read the record.
+    candidates = [t for t in _tune.CANDIDATES["small"] if tile_fits(t, 4)]
+    assert [tuple(r["tile"]) for r in reports] == candidates
+    assert all(r["seconds"] > 0 and r["class"] == "small" for r in reports)
+    fastest = tuple(min(reports, key=lambda r: r["seconds"])["tile"])
+    assert first["small"]["f4"] == in_use == again["small"]["f4"] == fastest
+    assert first["large"] == tropical.TILES["large"]  # classes not tuned keep their defaults

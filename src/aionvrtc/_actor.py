@@ -415,6 +415,16 @@ class Compiler:
             modules.pop(key, None)
         await anyio.to_thread.run_sync(self._cache.forget, spec)
 
+    async def load_record(self, name: str) -> bytes | None:
+        """Data stored with ``save_record`` under ``name`` for this Compiler's target (in this
+        or an earlier process sharing the cache dir), or None."""
+        return await anyio.to_thread.run_sync(self._cache.record, name)
+
+    async def save_record(self, name: str, data: bytes) -> bool:
+        """Keep ``data`` (such as tuning results) under ``name`` in the disk cache, beside the
+        kernels; False if there is no writable disk cache."""
+        return await anyio.to_thread.run_sync(self._cache.put_record, name, data)
+
     async def clear(self) -> None:
         """Empty the memory tier, the remembered failures and this format's disk entries."""
         self._failures.clear()

@@ -30,7 +30,7 @@ from ._version import __version__
 
 __all__ = ["Artifact", "ArtifactKind", "decode", "encode"]
 
-ArtifactKind = Literal["cubin", "ptx"]
+ArtifactKind = Literal["cubin", "ptx", "data"]  # data: a named record (KernelCache.record)
 
 MAGIC = b"AIONVRTC"
 _PREFIX = struct.Struct(">8sHI")  # magic, format version, header length
@@ -137,7 +137,7 @@ def decode(
     if expected_key is not None and key != expected_key:
         raise _corrupt(f"entry holds key {key[:16]}... but was read as {expected_key[:16]}...")
     kind = _typed(header, "kind", str)
-    if kind not in ("cubin", "ptx"):
+    if kind not in ("cubin", "ptx", "data"):
         raise _corrupt(f"unknown kind {kind!r}")
     image = body[image_at:]
     if kind == "cubin" and not image.startswith(_ELF_MAGIC):

@@ -14,7 +14,7 @@ from typing import Literal
 
 from . import _nvrtc
 from ._artifact import Artifact
-from ._spec import KernelSpec
+from ._spec import KernelSpec, record_key
 from ._store import DiskTier, MemoryTier
 from ._store.disk import DEFAULT_DISK_LIMIT
 from ._target import TargetLike, as_target
@@ -161,6 +161,28 @@ class KernelCache:
             compile_seconds=result.seconds,
             log=result.log,
         )
+
+    def record(self, name: str) -> bytes | None:
+        """The data last stored under ``name`` for this target (see put_record), or None.
+        Records live on disk only: a cache without one keeps none."""
+        if self.disk is None:
+            return None
+        artifact = self.disk.read(record_key(name, self.target), arch=self.target.arch)
+        return artifact.image if artifact is not None and artifact.kind == "data" else None
+
+    def put_record(self, name: str, data: bytes) -> bool:
+        """Keep ``data`` under ``name`` beside the kernels (written atomically, verified on
+        read, evicted with them). False if there is no disk or it cannot take it."""
+        if self.disk is None:
+            return False
+        artifact = Artifact(
+            key=record_key(name, self.target),
+            kind="data",
+            image=bytes(data),
+            arch=self.target.arch,
+            nvrtc_version=_nvrtc.version_string(),
+        )
+        return self.disk.write(artifact)
 
     def forget(self, spec: KernelSpec) -> None:
         """Drop ``spec``'s entry from memory and disk, so the next request compiles it."""

@@ -154,6 +154,16 @@ def _field(digest: hashlib._Hash, data: str | bytes) -> None:
     digest.update(raw)
 
 
+def record_key(name: str, arch: Target | str) -> str:
+    """The key of a named record (data kept beside the kernels, such as tuning results): its
+    own domain in the digest, so it never equals a kernel's key."""
+    digest = hashlib.sha256()
+    _field(digest, f"aionvrtc-record/{FORMAT_VERSION}")
+    _field(digest, name)
+    _field(digest, str(arch))
+    return digest.hexdigest()
+
+
 def derive_key(spec: KernelSpec, arch: Target | str, nvrtc_version: str) -> str:
     """Digest over the format version and every input that can change the compiled image."""
     digest = hashlib.sha256()

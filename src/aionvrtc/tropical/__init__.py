@@ -9,14 +9,17 @@ saturates. ``reference`` holds a NumPy implementation with the same semantics.
 from . import reference
 from ._api import backward, backward_sync, matmul, matmul_sync, warm
 from ._semirings import SEMIRINGS, Semiring
-from ._specs import LAYOUTS, TILES, all_specs, backward_spec, gemm_spec, shape_class
+from ._specs import LAYOUTS, TILES, VARIANTS, all_specs, backward_spec, gemm_spec, shape_class
+from ._tune import autotune, tuned_tiles
 
 __all__ = [
     "LAYOUTS",
     "SEMIRINGS",
     "TILES",
+    "VARIANTS",
     "Semiring",
     "all_specs",
+    "autotune",
     "backward",
     "backward_spec",
     "backward_sync",
@@ -25,5 +28,6 @@ __all__ = [
     "matmul_sync",
     "reference",
     "shape_class",
+    "tuned_tiles",
     "warm",
 ]

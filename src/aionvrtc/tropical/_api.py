@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -17,16 +17,18 @@ from .._sync import default_compiler
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
 from ._specs import (
-    TILES,
     Layout,
+    Tile,
     all_specs,
     backward_spec,
     gemm_spec,
     rows_spec,
     shape_class,
+    tile_variant,
     tiled_spec,
     tiled_supported,
 )
+from ._tune import tuned_tiles
 
 if TYPE_CHECKING:
     import cupy
@@ -77,11 +79,22 @@ class _Plan:
     k: int
     device: int
     batched: bool
-    tile: tuple[int, int, int, int, int] | None  # the tuned kernel's tile, if it serves
+    tile: Tile | None  # the tuned kernel's tile, if it serves
     rows: int  # KMAX of the skinny kernel, if it serves (else 0)
 
 
-def _plan(a: Any, b: Any, semiring_name: str, *, argmax: bool, out: Any, accumulate: bool) -> _Plan:
+def _plan(
+    a: Any,
+    b: Any,
+    semiring_name: str,
+    *,
+    argmax: bool,
+    out: Any,
+    accumulate: bool,
+    tile: Tile | Literal["auto"] | None = "auto",
+) -> _Plan:
+    """What to launch. ``tile``: "auto" picks the kernel by shape class (tuned_tiles); the
+    autotuner names a tile of the tuned kernel, or None for the generic kernel."""
     ring = semiring(semiring_name)
     a = _require_cupy(a, "a")
     b = _require_cupy(b, "b")
@@ -94,16 +107,22 @@ def _plan(a: Any, b: Any, semiring_name: str, *, argmax: bool, out: Any, accumul
     _, _, sak = _strides(a)
     _, _, sbn = _strides(b)
     rowmajor = sak == 1 and sbn == 1
-    tile = None
     rows = 0
-    if rowmajor and tiled_supported(ring.name, a.dtype, argmax=argmax):
-        kind = shape_class(m, n, k)
-        if kind.startswith("rows"):
-            rows = int(kind[4:])
-            spec = rows_spec(ring.name, a.dtype, accumulate=accumulate, kmax=rows)
-        else:
-            tile = TILES[kind][a.dtype.itemsize]
-            spec = tiled_spec(ring.name, a.dtype, accumulate=accumulate, tile=tile)
+    if tile not in ("auto", None) and not rowmajor:
+        raise ValueError("the tuned kernel needs row-major operands")
+    if tile == "auto":
+        tile = None
+        if rowmajor and tiled_supported(ring.name, a.dtype):
+            kind = shape_class(m, n, k)
+            if kind.startswith("rows") and not argmax:
+                rows = int(kind[4:])
+            else:
+                kind = "tall16" if kind.startswith("rows") else kind
+                tile = tuned_tiles(a.device.id)[kind][tile_variant(a.dtype, argmax=argmax)]
+    if rows:
+        spec = rows_spec(ring.name, a.dtype, accumulate=accumulate, kmax=rows)
+    elif tile is not None:
+        spec = tiled_spec(ring.name, a.dtype, argmax=argmax, accumulate=accumulate, tile=tile)
     else:
         layout: Layout = "rowmajor" if rowmajor else "strided"
         spec = gemm_spec(ring.name, a.dtype, argmax=argmax, accumulate=accumulate, layout=layout)
@@ -147,30 +166,40 @@ def _launch(plan: _Plan, module: Module, stream: Any) -> None:
     sbb, sbk, sbn = _strides(plan.b)
     c3 = plan.c if plan.batched else plan.c[None]
     scb, scm, scn = (s // c3.itemsize for s in c3.strides)
+    if plan.index is not None:
+        i3 = plan.index if plan.batched else plan.index[None]
+        sib, sim, sin = (s // 4 for s in i3.strides)
+        index_arg: Any = plan.index
+    else:
+        sib = sim = sin = 0
+        index_arg = np.uint64(0)  # a null pointer
     sizes = (np.int64(plan.m), np.int64(plan.n), np.int64(plan.k), np.int64(plan.batch))
-    if plan.tile is not None or plan.rows:
-        if plan.rows:
-            rows_per_block = _THREADS
-            grid = (min(-(-plan.m // rows_per_block), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
-            block = (_THREADS,)
-        else:
-            assert plan.tile is not None
-            bm, bn, _, tm, tn = plan.tile
-            grid = _grid(plan, bm, bn)
-            block = ((bm // tm) * (bn // tn),)
+    if plan.rows:
+        grid = (min(-(-plan.m // _THREADS), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
+        block: tuple[int, ...] = (_THREADS,)
         args: tuple[Any, ...] = (
             plan.a, plan.b, plan.c, *sizes,
             np.int64(sab), np.int64(sam), np.int64(sbb), np.int64(sbk),
             np.int64(scb), np.int64(scm), np.int64(scn),
         )  # fmt: skip
+    elif plan.tile is not None:
+        bm, bn, _, tm, tn, _ = plan.tile
+        grid = _grid(plan, bm, bn)
+        block = ((bm // tm) * (bn // tn),)
+        # 16-byte loads need 16-byte aligned rows and batches.
+        vector = 16 // plan.a.itemsize
+        aligned = (
+            plan.a.data.ptr % 16 == 0
+            and plan.b.data.ptr % 16 == 0
+            and all(s % vector == 0 for s in (sab, sam, sbb, sbk))
+        )
+        args = (
+            plan.a, plan.b, plan.c, index_arg, *sizes,
+            np.int64(sab), np.int64(sam), np.int64(sbb), np.int64(sbk),
+            np.int64(scb), np.int64(scm), np.int64(scn),
+            np.int64(sib), np.int64(sim), np.int64(sin), np.int32(aligned),
+        )  # fmt: skip
     else:
-        if plan.index is not None:
-            i3 = plan.index if plan.batched else plan.index[None]
-            sib, sim, sin = (s // 4 for s in i3.strides)
-            index_arg: Any = plan.index
-        else:
-            sib = sim = sin = 0
-            index_arg = np.uint64(0)  # a null pointer
         grid = _grid(plan, _TILE, _TILE)
         block = (_THREADS,)
         args = (

@@ -16,12 +16,15 @@ from ._semirings import DTYPES, SEMIRINGS, semiring
 __all__ = [
     "LAYOUTS",
     "TILES",
+    "VARIANTS",
     "Tile",
     "all_specs",
     "backward_spec",
     "gemm_expression",
     "gemm_spec",
     "shape_class",
+    "tile_fits",
+    "tile_variant",
     "tiled_spec",
     "tiled_supported",
 ]
@@ -75,18 +78,87 @@ def gemm_spec(
     return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
 
 
-Tile = tuple[int, int, int, int, int]  # BM, BN, BK, TM, TN
-# Tile configurations of the tuned kernel, by shape class and element size. Chosen from a sweep
-# of candidate tiles on the lent H200 (f32 max-plus; .probe sweeps are not committed): "large"
-# products fill the GPU with big tiles; "small" ones (M or N at most 64, such as batches of small
-# matrices) want more, smaller blocks; tall products (M >= 4096) want a tile as wide as N.
-TILES: dict[str, dict[int, Tile]] = {
-    "large": {4: (128, 128, 8, 8, 8), 8: (128, 64, 8, 8, 4)},
-    "small": {4: (64, 64, 8, 8, 4), 8: (64, 64, 8, 4, 4)},
-    "tall16": {4: (128, 32, 8, 8, 4), 8: (128, 32, 8, 8, 4)},
-    "tall32": {4: (64, 32, 8, 4, 4), 8: (64, 32, 8, 4, 4)},
-    "tall64": {4: (128, 64, 8, 8, 4), 8: (128, 64, 8, 8, 4)},
-}
+Tile = tuple[int, int, int, int, int, int]  # BM, BN, BK, TM, TN, blocks per SM
+
+# Tile configurations of the tuned kernel, by shape class, then variant (tile_variant): the
+# defaults where the autotuner (tropical.autotune) has not run on this GPU, its winners on the
+# lent H200 (benchmarks/tile_sweep.py, results/tile_sweep-nvidia-h200.md). "large" products fill
+# the GPU with big tiles; "small" ones (M or N at most 64, such as batches of small matrices)
+# want more, smaller blocks; tall (wide) products want a tile as wide (tall) as N (M).
+TILES: dict[str, dict[str, Tile]] = {
+    "large": {
+        "f4": (128, 128, 8, 8, 8, 2), "i4": (128, 128, 8, 8, 8, 2),
+        "f8": (128, 128, 8, 8, 4, 1), "i8": (128, 64, 8, 8, 4, 2),
+        "f4-argmax": (64, 64, 16, 4, 4, 1), "i4-argmax": (128, 128, 16, 8, 8, 1),
+        "f8-argmax": (64, 64, 8, 4, 4, 1), "i8-argmax": (64, 64, 8, 4, 4, 1),
+    },
+    "small": {
+        "f4": (32, 64, 16, 4, 4, 1), "i4": (64, 64, 32, 4, 4, 1),
+        "f8": (64, 64, 16, 4, 4, 1), "i8": (64, 64, 16, 4, 4, 1),
+        "f4-argmax": (64, 64, 16, 4, 4, 1), "i4-argmax": (32, 64, 16, 4, 4, 1),
+        "f8-argmax": (64, 64, 8, 4, 4, 1), "i8-argmax": (64, 64, 8, 4, 4, 1),
+    },
+    "tall16": {
+        "f4": (128, 16, 8, 8, 2, 1), "i4": (64, 16, 16, 4, 2, 1),
+        "f8": (64, 16, 16, 4, 2, 1), "i8": (128, 16, 8, 8, 2, 1),
+        "f4-argmax": (64, 16, 16, 4, 2, 1), "i4-argmax": (64, 16, 16, 4, 2, 1),
+        "f8-argmax": (64, 16, 16, 4, 2, 1), "i8-argmax": (64, 16, 16, 4, 2, 1),
+    },
+    "tall32": {
+        "f4": (64, 32, 16, 4, 4, 1), "i4": (128, 32, 16, 8, 4, 1),
+        "f8": (64, 32, 8, 4, 4, 1), "i8": (64, 32, 8, 4, 4, 1),
+        "f4-argmax": (64, 32, 8, 4, 4, 1), "i4-argmax": (64, 32, 16, 4, 4, 1),
+        "f8-argmax": (64, 32, 8, 4, 4, 1), "i8-argmax": (64, 32, 8, 4, 4, 1),
+    },
+    "tall64": {
+        "f4": (128, 64, 16, 8, 4, 1), "i4": (128, 64, 8, 8, 4, 1),
+        "f8": (64, 64, 16, 4, 4, 1), "i8": (64, 64, 16, 4, 4, 1),
+        "f4-argmax": (64, 64, 16, 4, 4, 1), "i4-argmax": (64, 64, 8, 4, 4, 1),
+        "f8-argmax": (64, 64, 8, 4, 4, 1), "i8-argmax": (64, 64, 8, 4, 4, 1),
+    },
+    "wide16": {
+        "f4": (16, 64, 16, 2, 4, 1), "i4": (16, 64, 16, 2, 4, 1),
+        "f8": (16, 64, 16, 2, 4, 1), "i8": (16, 64, 16, 2, 4, 1),
+        "f4-argmax": (16, 64, 16, 2, 4, 1), "i4-argmax": (16, 64, 16, 2, 4, 1),
+        "f8-argmax": (16, 64, 16, 2, 4, 1), "i8-argmax": (16, 64, 16, 2, 4, 1),
+    },
+    "wide32": {
+        "f4": (32, 64, 16, 4, 4, 1), "i4": (32, 64, 16, 4, 4, 1),
+        "f8": (32, 128, 8, 4, 8, 1), "i8": (32, 64, 16, 4, 4, 1),
+        "f4-argmax": (32, 64, 16, 4, 4, 1), "i4-argmax": (32, 64, 16, 4, 4, 1),
+        "f8-argmax": (32, 64, 16, 4, 4, 1), "i8-argmax": (32, 64, 16, 4, 4, 1),
+    },
+    "wide64": {
+        "f4": (64, 128, 8, 8, 8, 1), "i4": (64, 128, 8, 8, 8, 1),
+        "f8": (64, 64, 16, 4, 4, 1), "i8": (64, 64, 16, 4, 4, 1),
+        "f4-argmax": (64, 64, 16, 4, 4, 1), "i4-argmax": (64, 128, 8, 8, 8, 1),
+        "f8-argmax": (64, 64, 8, 4, 4, 1), "i8-argmax": (64, 64, 8, 4, 4, 1),
+    },
+}  # fmt: skip
+VARIANTS = tuple(TILES["large"])
+
+
+def tile_variant(dtype: np.dtype[np.generic], *, argmax: bool) -> str:
+    """The key of TILES[kind] for ``dtype``: kind and bytes ("f4", "i8"), "-argmax" added."""
+    dtype = np.dtype(dtype)
+    return f"{dtype.kind}{dtype.itemsize}{'-argmax' if argmax else ''}"
+
+
+def tile_fits(tile: Tile, itemsize: int) -> bool:
+    """Whether the tuned kernel compiles with ``tile`` (its static_asserts) and fits the 48 KiB
+    of static shared memory."""
+    bm, bn, bk, tm, tn, blocks = tile
+    if min(tile) < 1 or bm % tm or bn % tn or tm % 2 or tn % 2:
+        return False
+    threads = (bm // tm) * (bn // tn)
+    return (
+        threads <= 1024
+        and (bm * bk) % threads == 0
+        and (bk * bn) % threads == 0
+        and 2 * bk * (bm + bn) * itemsize <= 48 << 10
+        and blocks * threads <= 2048
+    )
+
 
 # The skinny kernel (a thread per row, B in shared memory) serves tall products with K and N
 # up to these; above, tiles measured faster (one shared-memory load per pair in the skinny one).
@@ -95,13 +167,18 @@ TALL_M = 4096
 
 
 def shape_class(m: int, n: int, k: int = 1 << 30) -> str:
-    """The kernel class for an M x N x K product: "rows8", "tall16/32/64", "small", "large"."""
+    """The kernel class of an M x N x K product: "rows8", "tall16/32/64" (M >= TALL_M, N
+    small), "wide16/32/64" (N >= TALL_M, M small), "small" or "large"."""
     if m >= TALL_M:
         if max(n, k) <= ROWS_KMAX[-1]:
             return f"rows{ROWS_KMAX[-1]}"
         for width in (16, 32, 64):
             if n <= width:
                 return f"tall{width}"
+    if n >= TALL_M:
+        for width in (16, 32, 64):
+            if m <= width:
+                return f"wide{width}"
     return "small" if min(m, n) <= 64 else "large"
 
 
@@ -112,7 +189,7 @@ def rows_spec(
     """The spec of one skinny-product kernel (row-major, no argmax, K and N <= kmax)."""
     ring = semiring(semiring_name)
     ring.check_dtype(dtype, "the operands")
-    if not tiled_supported(ring.name, dtype, argmax=False) or kmax not in ROWS_KMAX:
+    if not tiled_supported(ring.name, dtype) or kmax not in ROWS_KMAX:
         raise ValueError(f"no skinny kernel for {ring.name} on {np.dtype(dtype)}, K <= {kmax}")
     expression = (
         f"tropical_gemm_rows<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, "
@@ -124,9 +201,9 @@ def rows_spec(
 _FAST = {"maxplus": "FastMaxPlus", "minplus": "FastMinPlus", "maxmul": "FastMaxMul"}
 
 
-def tiled_supported(semiring_name: str, dtype: np.dtype[np.generic], *, argmax: bool) -> bool:
-    """Whether the tuned kernel serves this product (row-major operands assumed)."""
-    return not argmax and semiring_name in _FAST and np.dtype(dtype).itemsize in TILES["large"]
+def tiled_supported(semiring_name: str, dtype: np.dtype[np.generic]) -> bool:
+    """Whether the tuned kernels serve this product (row-major operands assumed)."""
+    return semiring_name in _FAST and np.dtype(dtype).itemsize in (4, 8)
 
 
 @functools.cache
@@ -134,18 +211,20 @@ def tiled_spec(
     semiring_name: str,
     dtype: np.dtype[np.generic],
     *,
+    argmax: bool,
     accumulate: bool,
     tile: Tile | None = None,
 ) -> KernelSpec:
-    """The spec of one tuned row-major kernel (no argmax) with one tile configuration."""
+    """The spec of one tuned row-major kernel with one tile configuration (default: the
+    "large" class's)."""
     ring = semiring(semiring_name)
     ring.check_dtype(dtype, "the operands")
-    if not tiled_supported(ring.name, dtype, argmax=False):
+    if not tiled_supported(ring.name, dtype):
         raise ValueError(f"no tuned kernel for {ring.name} on {np.dtype(dtype)}")
-    bm, bn, bk, tm, tn = tile or TILES["large"][np.dtype(dtype).itemsize]
+    bm, bn, bk, tm, tn, blocks = tile or TILES["large"][tile_variant(dtype, argmax=argmax)]
     expression = (
-        f"tropical_gemm_tiled<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, "
-        f"{_bool(accumulate)}, {bm}, {bn}, {bk}, {tm}, {tn}>"
+        f"tropical_gemm_tiled<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, {_bool(argmax)}, "
+        f"{_bool(accumulate)}, {bm}, {bn}, {bk}, {tm}, {tn}, {blocks}>"
     )
     return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
 
@@ -182,12 +261,14 @@ def all_specs(
                 specs.append(
                     gemm_spec(name, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
                 )
-            if tiled_supported(name, dtype, argmax=False):
-                for acc in (False, True):
+            if tiled_supported(name, dtype):
+                for argmax, acc in itertools.product((False, True), (False, True)):
+                    variant = tile_variant(dtype, argmax=argmax)
                     specs += [
-                        tiled_spec(name, dtype, accumulate=acc, tile=tile)
-                        for tile in dict.fromkeys(t[dtype.itemsize] for t in TILES.values())
+                        tiled_spec(name, dtype, argmax=argmax, accumulate=acc, tile=tile)
+                        for tile in dict.fromkeys(t[variant] for t in TILES.values())
                     ]
+                for acc in (False, True):
                     specs += [
                         rows_spec(name, dtype, accumulate=acc, kmax=kmax) for kmax in ROWS_KMAX
                     ]

@@ -212,8 +212,9 @@ __global__ void tropical_backward(
 // A (M x K) with unit stride along k and B (K x N) with unit stride along n. Block tile BM x BN,
 // k-step BK, each thread a TM x TN tile of C split in two halves along each side (rows
 // ty * TM/2 + i and BM/2 + ty * TM/2 + i, likewise columns), so that the threads of a warp read
-// consecutive shared-memory words. The next k-tile is loaded into registers while the current
-// one is computed (double-buffered shared memory, one barrier per k-tile).
+// consecutive shared-memory words (16-byte loads). The next k-tile is loaded into registers while
+// the current one is computed (double-buffered shared memory, one barrier per k-tile). Interior
+// tiles of aligned operands load 16 bytes at a time without bounds checks.
 //
 // fast(): the semiring's step acc = acc (+) a (x) b in the fewest instructions, exact whenever
 // the tile holds no infinity and no value that could overflow (always, for floats: fmax and fmin
@@ -224,8 +225,10 @@ template <typename T> __device__ __forceinline__ T tmax(T a, T b) { return a > b
 template <typename T> __device__ __forceinline__ T tmin(T a, T b) { return a < b ? a : b; }
 __device__ __forceinline__ float tmax(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ float tmin(float a, float b) { return fminf(a, b); }
-__device__ __forceinline__ double tmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ double tmin(double a, double b) { return fmin(a, b); }
+// Doubles have no one-instruction max on Hopper, and fmax's NaN handling costs four more: a
+// compare and a select of the new value (s first, so that a NaN s never wins) is exact here.
+__device__ __forceinline__ double tmax(double acc, double s) { return s > acc ? s : acc; }
+__device__ __forceinline__ double tmin(double acc, double s) { return s < acc ? s : acc; }
 
 // Operands strictly inside (-limit, limit) cannot overflow the fast path's arithmetic.
 template <typename T, bool PRODUCT> struct SafeLimit;
@@ -240,9 +243,12 @@ template <> struct SafeLimit<long long, false> {
 template <> struct SafeLimit<long long, true> {
     __device__ static bool ok(long long x) { return x > -(1LL << 31) && x < (1LL << 31); } };
 
+// step(acc, a, b): acc (+) a (x) b; mul(a, b): a (x) b without the checks for infinities and
+// overflow (for the argmax, which compares and selects anyway).
 struct FastMaxPlus {
     typedef MaxPlus Exact;
     static constexpr bool product = false;
+    template <typename T> __device__ static T mul(T a, T b) { return a + b; }
     template <typename T> __device__ static T step(T acc, T a, T b) { return tmax(acc, a + b); }
     __device__ static int step(int acc, int a, int b) {
 #if __CUDA_ARCH__ >= 900
@@ -255,6 +261,7 @@ struct FastMaxPlus {
 struct FastMinPlus {
     typedef MinPlus Exact;
     static constexpr bool product = false;
+    template <typename T> __device__ static T mul(T a, T b) { return a + b; }
     template <typename T> __device__ static T step(T acc, T a, T b) { return tmin(acc, a + b); }
     __device__ static int step(int acc, int a, int b) {
 #if __CUDA_ARCH__ >= 900
@@ -267,66 +274,126 @@ struct FastMinPlus {
 struct FastMaxMul {
     typedef MaxMul Exact;
     static constexpr bool product = true;
+    template <typename T> __device__ static T mul(T a, T b) { return a * b; }
     template <typename T> __device__ static T step(T acc, T a, T b) { return tmax(acc, a * b); }
 };
 
-template <typename T, typename F, bool ACCUMULATE, int BM, int BN, int BK, int TM, int TN>
-__global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
-    const T* __restrict__ A, const T* __restrict__ B, T* C,
+// V elements of T in one load of up to 16 bytes.
+template <typename T, int V> struct alignas(V * sizeof(T)) Pack { T v[V]; };
+// The widest V (at most 16 bytes) that splits both tiles' loads evenly between NT threads.
+__host__ __device__ constexpr int pick_vector(int v, int a_elements, int b_elements, int threads) {
+    return v == 1 || (a_elements % (v * threads) == 0 && b_elements % (v * threads) == 0)
+        ? v : pick_vector(v / 2, a_elements, b_elements, threads);
+}
+
+// MINB: blocks per SM that ptxas must fit (2 caps 256 threads at 128 registers each).
+template <typename T, typename F, bool ARGMAX, bool ACCUMULATE, int BM, int BN, int BK, int TM, int TN,
+          int MINB>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_tiled(
+    const T* __restrict__ A, const T* __restrict__ B, T* C, int* I,
     long long M, long long N, long long K, long long batch,
     long long sAb, long long lda, long long sBb, long long ldb,
-    long long sCb, long long sCm, long long sCn) {
+    long long sCb, long long sCm, long long sCn,
+    long long sIb, long long sIm, long long sIn, int aligned) {
     typedef typename F::Exact S;
     constexpr int NT = (BM / TM) * (BN / TN);
-    constexpr int A_PER = BM * BK / NT, B_PER = BK * BN / NT;
-    static_assert(BM * BK % NT == 0 && BK * BN % NT == 0, "tile loads must divide evenly");
+    constexpr int V = pick_vector(16 / sizeof(T), BM * BK, BK * BN, NT);
+    constexpr int A_CH = BM * BK / (V * NT), B_CH = BK * BN / (V * NT);  // 16-byte chunks
+    static_assert(BM * BK % (V * NT) == 0 && BK * BN % (V * NT) == 0, "tile loads must divide evenly");
+    static_assert(BK % V == 0 && BN % V == 0 && TM % 2 == 0 && TN % 2 == 0, "tile shape");
     __shared__ __align__(16) T As[2][BK][BM];
     __shared__ __align__(16) T Bs[2][BK][BN];
     const int tid = threadIdx.x;
     const int tx = tid % (BN / TN), ty = tid / (BN / TN);
     const long long m0 = (long long)blockIdx.x * BM;
     const long long tiles = (K + BK - 1) / BK;
+    // Chunk u of this thread: A row ar[u], columns ac[u]..+V of the tile; B row br[u], cols bc[u].
+    int ar[A_CH], ac[A_CH], br[B_CH], bc[B_CH];
+    #pragma unroll
+    for (int u = 0; u < A_CH; ++u) {
+        const int q = tid + u * NT;
+        ar[u] = q / (BK / V);
+        ac[u] = q % (BK / V) * V;
+    }
+    #pragma unroll
+    for (int u = 0; u < B_CH; ++u) {
+        const int q = tid + u * NT;
+        br[u] = q / (BN / V);
+        bc[u] = q % (BN / V) * V;
+    }
     for (long long b = blockIdx.z; b < batch; b += gridDim.z) {
         const T* Ab = A + b * sAb;
         const T* Bb = B + b * sBb;
         for (long long n0 = (long long)blockIdx.y * BN; n0 < N; n0 += (long long)gridDim.y * BN) {
-            T ra[A_PER], rb[B_PER];
+            const bool interior = aligned && m0 + BM <= M && n0 + BN <= N;
+            T ra[A_CH][V], rb[B_CH][V];
             bool safe = true;
-            // Thread t loads A rows (t * A_PER) / BK.. as runs along k, B rows as runs along n.
             auto load = [&](long long k0) {
+                if (interior && k0 + BK <= K) {
+                    #pragma unroll
+                    for (int u = 0; u < A_CH; ++u) {
+                        const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(Ab + (m0 + ar[u]) * lda + k0 + ac[u]);
+                        #pragma unroll
+                        for (int v = 0; v < V; ++v) ra[u][v] = p.v[v];
+                    }
+                    #pragma unroll
+                    for (int u = 0; u < B_CH; ++u) {
+                        const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(Bb + (k0 + br[u]) * ldb + n0 + bc[u]);
+                        #pragma unroll
+                        for (int v = 0; v < V; ++v) rb[u][v] = p.v[v];
+                    }
+                    safe = true;
+                    #pragma unroll
+                    for (int u = 0; u < A_CH; ++u)
+                        #pragma unroll
+                        for (int v = 0; v < V; ++v) safe &= SafeLimit<T, F::product>::ok(ra[u][v]);
+                    #pragma unroll
+                    for (int u = 0; u < B_CH; ++u)
+                        #pragma unroll
+                        for (int v = 0; v < V; ++v) safe &= SafeLimit<T, F::product>::ok(rb[u][v]);
+                    return;
+                }
+                // Edges: rows past M and columns past N are never stored (any value will do);
+                // k past K must not win, so it loads as the semiring's zero.
                 safe = k0 + BK <= K;
                 #pragma unroll
-                for (int u = 0; u < A_PER; ++u) {
-                    const int e = tid * A_PER + u, r = e / BK, c = e % BK;
-                    const long long m = m0 + r, k = k0 + c;
-                    ra[u] = k < K ? (m < M ? Ab[m * lda + k] : T(0)) : S::template zero<T>();
-                    if (m < M && k < K) safe &= SafeLimit<T, F::product>::ok(ra[u]);
-                }
+                for (int u = 0; u < A_CH; ++u)
+                    #pragma unroll
+                    for (int v = 0; v < V; ++v) {
+                        const long long m = m0 + ar[u], k = k0 + ac[u] + v;
+                        const bool in = m < M && k < K;
+                        ra[u][v] = in ? Ab[m * lda + k] : k < K ? T(0) : S::template zero<T>();
+                        if (in) safe &= SafeLimit<T, F::product>::ok(ra[u][v]);
+                    }
                 #pragma unroll
-                for (int u = 0; u < B_PER; ++u) {
-                    const int e = tid * B_PER + u, r = e / BN, c = e % BN;
-                    const long long n = n0 + c, k = k0 + r;
-                    rb[u] = k < K ? (n < N ? Bb[k * ldb + n] : T(0)) : S::template zero<T>();
-                    if (n < N && k < K) safe &= SafeLimit<T, F::product>::ok(rb[u]);
-                }
+                for (int u = 0; u < B_CH; ++u)
+                    #pragma unroll
+                    for (int v = 0; v < V; ++v) {
+                        const long long n = n0 + bc[u] + v, k = k0 + br[u];
+                        const bool in = n < N && k < K;
+                        rb[u][v] = in ? Bb[k * ldb + n] : k < K ? T(0) : S::template zero<T>();
+                        if (in) safe &= SafeLimit<T, F::product>::ok(rb[u][v]);
+                    }
             };
             auto store = [&](int buf) {
                 #pragma unroll
-                for (int u = 0; u < A_PER; ++u) {
-                    const int e = tid * A_PER + u;
-                    As[buf][e % BK][e / BK] = ra[u];
-                }
+                for (int u = 0; u < A_CH; ++u)
+                    #pragma unroll
+                    for (int v = 0; v < V; ++v) As[buf][ac[u] + v][ar[u]] = ra[u][v];
                 #pragma unroll
-                for (int u = 0; u < B_PER; ++u) {
-                    const int e = tid * B_PER + u;
-                    Bs[buf][e / BN][e % BN] = rb[u];
-                }
+                for (int u = 0; u < B_CH; ++u)
+                    #pragma unroll
+                    for (int v = 0; v < V; ++v) Bs[buf][br[u]][bc[u] + v] = rb[u][v];
             };
             T acc[TM][TN];
+            int idx[ARGMAX ? TM : 1][ARGMAX ? TN : 1];
             #pragma unroll
             for (int i = 0; i < TM; ++i)
                 #pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] = S::template zero<T>();
+                for (int j = 0; j < TN; ++j) {
+                    acc[i][j] = S::template zero<T>();
+                    if (ARGMAX) idx[ARGMAX ? i : 0][ARGMAX ? j : 0] = -1;
+                }
             load(0);
             store(0);
             bool tile_safe = __syncthreads_and(safe);
@@ -350,7 +417,17 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
                         #pragma unroll
                         for (int i = 0; i < TM; ++i)
                             #pragma unroll
-                            for (int j = 0; j < TN; ++j) acc[i][j] = F::step(acc[i][j], a[i], bv[j]);
+                            for (int j = 0; j < TN; ++j) {
+                                if (ARGMAX) {
+                                    const T p = F::mul(a[i], bv[j]);
+                                    if (S::better(p, acc[i][j])) {
+                                        acc[i][j] = p;
+                                        idx[ARGMAX ? i : 0][ARGMAX ? j : 0] = (int)(t * BK) + kk;
+                                    }
+                                } else {
+                                    acc[i][j] = F::step(acc[i][j], a[i], bv[j]);
+                                }
+                            }
                     }
                 } else {
                     for (int kk = 0; kk < BK; ++kk) {
@@ -362,7 +439,10 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
                             for (int j = 0; j < TN; ++j) {
                                 const int c = (j < TN / 2 ? 0 : BN / 2) + tx * (TN / 2) + j % (TN / 2);
                                 const T p = S::mul(a, Bs[buf][kk][c]);
-                                if (S::better(p, acc[i][j])) acc[i][j] = p;
+                                if (S::better(p, acc[i][j])) {
+                                    acc[i][j] = p;
+                                    if (ARGMAX) idx[ARGMAX ? i : 0][ARGMAX ? j : 0] = (int)(t * BK) + kk;
+                                }
                             }
                         }
                     }
@@ -378,9 +458,18 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) tropical_gemm_tiled(
                     const long long n = n0 + (j < TN / 2 ? 0 : BN / 2) + tx * (TN / 2) + j % (TN / 2);
                     if (m >= M || n >= N) continue;
                     T* c = C + b * sCb + m * sCm + n * sCn;
+                    int* ix = ARGMAX ? I + b * sIb + m * sIm + n * sIn : nullptr;
                     T value = acc[i][j];
-                    if (ACCUMULATE && !S::better(value, *c)) value = *c;
+                    int winner = ARGMAX ? idx[ARGMAX ? i : 0][ARGMAX ? j : 0] : 0;
+                    if (ACCUMULATE) {
+                        const T old = *c;  // C was there first: it wins ties
+                        if (!S::better(value, old)) {
+                            value = old;
+                            if (ARGMAX) winner = *ix;
+                        }
+                    }
                     *c = value;
+                    if (ARGMAX) *ix = winner;
                 }
             }
         }

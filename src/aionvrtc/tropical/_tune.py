@@ -1,0 +1,284 @@
+"""A small autotuner: the fastest tile of each shape class on this GPU, cached through the compiler.
+
+For each shape class and tile variant (element type, with or without argmax) it times the
+candidate tiles on one representative product, after checking each candidate's result against
+the generic kernel's, itself checked against the NumPy reference on sample rows. The winners are
+kept as a record in the compiler's disk cache (keyed by GPU, target, NVRTC version and the
+kernels' source), so later processes on the same kind of GPU read them instead of tuning again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import anyio.to_thread
+import numpy as np
+
+from .._actor import Compiler
+from .._exceptions import CompileError
+from .._sync import default_compiler
+from . import reference
+from ._specs import TILES, Tile, source, tile_fits, tile_variant, tiled_spec
+
+__all__ = ["CANDIDATES", "SHAPES", "autotune", "random_operands", "timed", "tuned_tiles"]
+
+logger = logging.getLogger("aionvrtc")
+
+# Candidate tiles by shape class (those a variant cannot use are skipped, see tile_fits).
+CANDIDATES: dict[str, tuple[Tile, ...]] = {
+    "large": (
+        (128, 128, 8, 8, 8, 1), (128, 128, 8, 8, 8, 2), (128, 128, 16, 8, 8, 1),
+        (128, 128, 8, 8, 4, 1), (128, 64, 8, 8, 4, 1), (128, 64, 16, 8, 4, 1),
+        (128, 64, 8, 8, 4, 2), (64, 64, 8, 4, 4, 1), (64, 64, 16, 4, 4, 1), (64, 128, 8, 4, 8, 1),
+    ),
+    "small": (
+        (64, 64, 8, 8, 4, 1), (64, 64, 8, 4, 4, 1), (64, 64, 16, 4, 4, 1), (64, 64, 32, 4, 4, 1),
+        (64, 64, 16, 8, 4, 1), (64, 64, 32, 8, 8, 1), (32, 64, 16, 4, 4, 1),
+    ),
+    "tall16": (
+        (128, 16, 8, 8, 2, 1), (128, 16, 16, 8, 2, 1), (64, 16, 16, 4, 2, 1),
+        (128, 16, 16, 4, 4, 1), (256, 16, 16, 8, 4, 1), (128, 32, 8, 8, 4, 1),
+    ),
+    "tall32": (
+        (64, 32, 8, 4, 4, 1), (128, 32, 8, 8, 4, 1), (128, 32, 16, 8, 4, 1),
+        (128, 32, 16, 4, 4, 1), (256, 32, 16, 8, 4, 1), (64, 32, 16, 4, 4, 1),
+    ),
+    "tall64": (
+        (128, 64, 8, 8, 4, 1), (128, 64, 16, 8, 4, 1), (64, 64, 16, 4, 4, 1),
+        (128, 64, 16, 4, 4, 1), (256, 64, 8, 8, 8, 1), (64, 64, 8, 4, 4, 1),
+    ),
+    "wide16": ((16, 128, 16, 2, 8, 1), (16, 128, 8, 2, 8, 1), (16, 64, 16, 2, 4, 1)),
+    "wide32": (
+        (32, 128, 8, 4, 8, 1), (32, 128, 16, 4, 8, 1), (32, 64, 16, 4, 4, 1),
+        (32, 256, 8, 4, 8, 1),
+    ),
+    "wide64": (
+        (64, 64, 8, 4, 4, 1), (64, 128, 8, 4, 8, 1), (64, 128, 8, 8, 8, 1),
+        (64, 256, 8, 8, 8, 1), (64, 64, 16, 4, 4, 1),
+    ),
+}  # fmt: skip
+
+# The representative product of each class: (batch, M, N, K).
+SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "large": (1, 4096, 4096, 4096),
+    "small": (1024, 64, 64, 64),
+    "tall16": (1, 1 << 20, 16, 16),
+    "tall32": (1, 1 << 20, 32, 32),
+    "tall64": (1, 1 << 20, 64, 64),
+    "wide16": (1, 16, 1 << 20, 16),
+    "wide32": (1, 32, 1 << 20, 32),
+    "wide64": (1, 64, 1 << 20, 64),
+}
+
+# Winners installed in this process, by device: device -> class -> variant -> tile.
+_installed: dict[int, dict[str, dict[str, Tile]]] = {}
+
+
+def tuned_tiles(device: int) -> dict[str, dict[str, Tile]]:
+    """The tiles matmul uses on ``device``: the autotuner's winners, else the built-in TILES."""
+    return _installed.get(device, TILES)
+
+
+def random_operands(shape: tuple[int, ...], dtype: Any, semiring_name: str) -> Any:
+    """Fresh random CuPy operands: normal floats, integers in [-1000, 1000); non-negative for
+    max-times."""
+    import cupy
+
+    if np.dtype(dtype).kind == "f":
+        x = cupy.random.standard_normal(shape, dtype=np.float32).astype(dtype)
+    else:
+        x = cupy.random.randint(-1000, 1000, size=shape).astype(dtype)
+    return cupy.abs(x) if semiring_name == "maxmul" else x
+
+
+def timed(call: Callable[..., object], repeats: int) -> float:
+    """Median seconds of ``call`` (GPU work on the current stream), timed with CUDA events
+    after one warm-up call."""
+    import cupy
+
+    call()
+    samples = []
+    for _ in range(repeats):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+    return float(statistics.median(samples))
+
+
+def _record_name(device: int) -> str:
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(device)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    code = hashlib.sha256(source().encode()).hexdigest()[:16]
+    return f"tropical-tiles/{name}/sm_{props['major']}{props['minor']}/{code}"
+
+
+def _parse(data: bytes) -> dict[str, dict[str, Tile]] | None:
+    try:
+        table = json.loads(data)
+        return {
+            kind: {variant: _tile(tile) for variant, tile in variants.items()}
+            for kind, variants in table.items()
+            if kind in TILES
+        }
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _tile(value: Any) -> Tile:
+    if not (isinstance(value, list) and len(value) == 6 and all(type(v) is int for v in value)):
+        raise TypeError(f"not a tile: {value!r}")
+    return (value[0], value[1], value[2], value[3], value[4], value[5])
+
+
+async def autotune(
+    dtypes: Iterable[object] = ("float32", "float64", "int32", "int64"),
+    *,
+    kinds: Iterable[str] = tuple(SHAPES),
+    argmax: Iterable[bool] = (False, True),
+    device: int = 0,
+    retune: bool = False,
+    repeats: int = 5,
+    compiler: Compiler | None = None,
+    report: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, dict[str, Tile]]:
+    """Tune the tiles of the named shape classes for ``dtypes`` (with and without argmax) on
+    ``device``, and use them for matmul on that device from now on. Returns the table in use.
+
+    The winners are read from ``compiler``'s disk cache (default: the process-wide Compiler)
+    when an earlier run on the same kind of GPU stored them, unless ``retune``; otherwise each
+    candidate is compiled through the compiler, checked, timed (median of ``repeats``) on the
+    class's representative product (SHAPES) and the fastest stored. ``report`` receives one
+    dict per candidate timed (class, variant, tile, seconds, pairs_per_s).
+    """
+    import cupy
+
+    if compiler is None:
+        compiler = await anyio.to_thread.run_sync(default_compiler)
+    with cupy.cuda.Device(device):
+        name = _record_name(device)
+    table = {kind: dict(variants) for kind, variants in tuned_tiles(device).items()}
+    stored = None if retune else await compiler.load_record(name)
+    known = _parse(stored) if stored is not None else None
+    wanted = [
+        (kind, np.dtype(dtype), flag)  # type: ignore[call-overload]
+        for kind in kinds
+        for dtype in dtypes
+        for flag in argmax
+    ]
+    todo = []
+    for kind, dtype, flag in wanted:
+        if kind not in SHAPES:
+            raise ValueError(f"unknown shape class {kind!r}; the classes are {tuple(SHAPES)}")
+        variant = tile_variant(dtype, argmax=flag)
+        if known is not None and variant in known.get(kind, {}):
+            table[kind][variant] = known[kind][variant]
+        else:
+            todo.append((kind, dtype, flag))
+    # Every candidate compiles in the background (as parallel as the compiler allows) while
+    # the first ones are timed.
+    compiler.prefetch(
+        tiled_spec("maxplus", dtype, argmax=flag, accumulate=False, tile=tile)
+        for kind, dtype, flag in todo
+        for tile in CANDIDATES[kind]
+        if tile_fits(tile, dtype.itemsize)
+    )
+    for kind, dtype, flag in todo:
+        variant = tile_variant(dtype, argmax=flag)
+        with cupy.cuda.Device(device):
+            best = await _tune_one(
+                compiler, kind=kind, dtype=dtype, argmax=flag, device=device,
+                repeats=repeats, report=report,
+            )  # fmt: skip
+        if best is not None:
+            table[kind][variant] = best
+    _installed[device] = table
+    await compiler.save_record(name, json.dumps(table, sort_keys=True).encode())
+    return table
+
+
+async def _tune_one(
+    compiler: Compiler,
+    *,
+    kind: str,
+    dtype: np.dtype[Any],
+    argmax: bool,
+    device: int,
+    repeats: int,
+    report: Callable[[dict[str, Any]], None] | None,
+) -> Tile | None:
+    from ._api import _launch, _plan
+
+    ring = "maxplus"  # the semirings' fast steps cost the same; max-plus stands for all three
+    batch, m, n, k = SHAPES[kind]
+    shape_a, shape_b = ((batch, m, k), (batch, k, n)) if batch > 1 else ((m, k), (k, n))
+    a, b = random_operands(shape_a, dtype, ring), random_operands(shape_b, dtype, ring)
+    generic = _plan(a, b, ring, argmax=argmax, out=None, accumulate=False, tile=None)
+    _launch(generic, await compiler.get(generic.spec, device=device), None)
+    want = (generic.c, generic.index) if argmax else generic.c
+    _check_rows(a, b, want, argmax)
+    variant = tile_variant(dtype, argmax=argmax)
+    timings: list[tuple[float, Tile]] = []
+    for tile in CANDIDATES[kind]:
+        if not tile_fits(tile, dtype.itemsize):
+            continue
+        plan = _plan(a, b, ring, argmax=argmax, out=None, accumulate=False, tile=tile)
+        try:
+            module = await compiler.get(plan.spec, device=device)
+        except CompileError as exc:
+            logger.info("tile %s of %s/%s does not compile: %s", tile, kind, variant, exc)
+            continue
+        _launch(plan, module, None)
+        if not _same((plan.c, plan.index) if argmax else plan.c, want, argmax):
+            logger.warning("tile %s of %s/%s gives a wrong result: skipped", tile, kind, variant)
+            continue
+        seconds = timed(lambda: _launch(plan, module, None), repeats)  # noqa: B023 (called now)
+        timings.append((seconds, tile))
+        if report is not None:
+            report(
+                {
+                    "class": kind,
+                    "variant": variant,
+                    "tile": list(tile),
+                    "seconds": seconds,
+                    "pairs_per_s": batch * m * n * k / seconds,
+                }
+            )
+    return min(timings)[1] if timings else None
+
+
+def _check_rows(a: Any, b: Any, got: Any, argmax: bool) -> None:
+    """Sample rows of the generic kernel's result against the NumPy reference."""
+    import cupy
+
+    a2, b2 = (a[0], b[0]) if a.ndim == 3 else (a, b)
+    values = got[0] if argmax else got
+    v2 = values[0] if values.ndim == 3 else values
+    rows = np.random.default_rng().choice(a2.shape[0], size=min(8, a2.shape[0]), replace=False)
+    want = reference.matmul(cupy.asnumpy(a2[rows]), cupy.asnumpy(b2), "maxplus", argmax=argmax)
+    if argmax:
+        i2 = got[1][0] if got[1].ndim == 3 else got[1]
+        ok = np.array_equal(cupy.asnumpy(v2[rows]), want[0]) and np.array_equal(
+            cupy.asnumpy(i2[rows]), want[1]
+        )
+    else:
+        ok = np.array_equal(cupy.asnumpy(v2[rows]), want)
+    if not ok:
+        raise AssertionError("the generic kernel disagrees with the reference: not tuning")
+
+
+def _same(got: Any, want: Any, argmax: bool) -> bool:
+    import cupy
+
+    if argmax:
+        return bool(cupy.array_equal(got[0], want[0]) and cupy.array_equal(got[1], want[1]))
+    return bool(cupy.array_equal(got, want))
