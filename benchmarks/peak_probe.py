@@ -70,28 +70,34 @@ CASES = {
 PAIRS_PER_ITERATION = 64
 
 
-def probe(name: str, iterations: int = 4096, repeats: int = 7) -> float:
-    """Median add+max pairs per second of ``name``'s probe on the current GPU."""
+def kernel(name: str) -> tuple[Any, Any]:
+    """``name``'s probe kernel loaded on the current GPU, and its NumPy type."""
     import cupy
 
-    from aionvrtc import Module
     from aionvrtc._cuda import load
 
     ctype, dpx, dtype = CASES[name]
     expression = f"probe<{ctype}, {'true' if dpx else 'false'}>"
     spec = KernelSpec(SOURCE, name_expressions=(expression,), options=("-std=c++17",))
-    module: Module = load(compile_sync(spec), cupy.cuda.runtime.getDevice())
-    kernel = module.get_function(expression)
+    module = load(compile_sync(spec), cupy.cuda.runtime.getDevice())
+    return module.get_function(expression), dtype
+
+
+def probe(name: str, iterations: int = 4096, repeats: int = 7) -> float:
+    """Median add+max pairs per second of ``name``'s probe on the current GPU."""
+    import cupy
+
+    function, dtype = kernel(name)
     sms = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     blocks, threads = sms * 4, 256
     out = cupy.zeros(1, dtype=dtype)
     args = (out, dtype(-1), dtype(1), np.int64(iterations))
-    kernel((blocks,), (threads,), args)  # warm up
+    function((blocks,), (threads,), args)  # warm up
     samples = []
     for _ in range(repeats):
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        kernel((blocks,), (threads,), args)
+        function((blocks,), (threads,), args)
         stop.record()
         stop.synchronize()
         seconds = cupy.cuda.get_elapsed_time(start, stop) / 1e3

@@ -1,7 +1,7 @@
 """Every candidate tile of every shape class and variant, timed on this GPU: the autotuner
 (tropical.autotune, retuning) run in full, with each candidate's time written out.
 
-    python benchmarks/tile_sweep.py [--out DIR]
+    python benchmarks/tile_sweep.py [--out DIR] [--kinds large small ...]
 
 The winners are the defaults in tropical.TILES (aionvrtc/tropical/_specs.py).
 """
@@ -22,10 +22,12 @@ from aionvrtc import Compiler, tropical
 from benchmarks._results import RESULTS, gpu_facts, write
 
 
-async def sweep() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+async def sweep(kinds: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     async with Compiler(concurrency=os.cpu_count() or 1) as compiler:
-        table = await tropical.autotune(compiler=compiler, retune=True, report=rows.append)
+        table = await tropical.autotune(
+            compiler=compiler, kinds=kinds, retune=True, report=rows.append
+        )
     return rows, table
 
 
@@ -63,8 +65,9 @@ def markdown(facts: dict[str, Any], rows: list[dict[str, Any]], table: dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--kinds", nargs="+", default=list(tropical.TILES), help="shape classes")
     args = parser.parse_args()
-    rows, table = anyio.run(sweep)
+    rows, table = anyio.run(sweep, args.kinds)
     facts = gpu_facts()
     write(
         args.out,

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -95,8 +96,11 @@ def batched(repeats: int) -> dict[str, Any]:
 def skinny(repeats: int, probe: float) -> dict[str, Any]:
     """M = 2**20 with N = K in 4..64 (tall), and its transpose N = 2**20 with M = K (wide),
     f32 max-plus, against a device-to-device copy's bandwidth and against the roofline: the
-    longer of moving the bytes at the copy's rate and doing the pairs at the probe's."""
+    longer of moving the bytes at the copy's rate and doing the pairs at the probe's. Each shape
+    runs through matmul (the skinny kernel) and, side by side, through the tiles of its class."""
     import cupy
+
+    from aionvrtc.tropical._api import _launch, _module_sync, _plan
 
     big = 1 << 20
     src = cupy.empty(1 << 28, dtype=cupy.uint8)
@@ -109,16 +113,27 @@ def skinny(repeats: int, probe: float) -> dict[str, Any]:
             a = random((m, nk), np.float32, "maxplus")
             b = random((nk, n), np.float32, "maxplus")
             out = cupy.empty((m, n), np.float32)
-            seconds = timed(lambda a=a, b=b, out=out: tropical.matmul_sync(a, b, out=out), repeats)
-            check_sampled("maxplus", a, b, out)
+            kind = f"{name}{max(16, nk)}"
+            plan = _plan(
+                a, b, "maxplus", argmax=False, out=out, accumulate=False,
+                tile=tropical.TILES[kind]["f4"],
+            )  # fmt: skip
+            module = _module_sync(plan.spec, plan.device, None)
             moved = a.nbytes + b.nbytes + out.nbytes
             bound = max(moved / bandwidth, m * n * nk / probe)
-            rows[f"{name} n=k={nk}" if name == "tall" else f"{name} m=k={nk}"] = {
-                "seconds": seconds,
-                "bytes_per_s": moved / seconds,
-                "ratio": moved / seconds / bandwidth,
-                "ratio_to_roofline": bound / seconds,
-            }
+            label = f"{name} n=k={nk}" if name == "tall" else f"{name} m=k={nk}"
+            for how, call in (
+                ("", lambda a=a, b=b, out=out: tropical.matmul_sync(a, b, out=out)),
+                (" (tiles)", lambda plan=plan, module=module: _launch(plan, module, None)),
+            ):
+                seconds = timed(call, repeats)
+                check_sampled("maxplus", a, b, out)
+                rows[label + how] = {
+                    "seconds": seconds,
+                    "bytes_per_s": moved / seconds,
+                    "ratio": moved / seconds / bandwidth,
+                    "ratio_to_roofline": bound / seconds,
+                }
     return rows
 
 
@@ -189,7 +204,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quick", action="store_true", help="4096 only, fewer repeats")
+    parser.add_argument(
+        "--autotune", action="store_true", help="use the autotuner's tiles (its stored record)"
+    )
     args = parser.parse_args()
+    if args.autotune:
+        anyio.run(lambda: tropical.autotune(kinds=["large", "small"]))
     repeats = 3 if args.quick else 7
     sizes = (4096,) if args.quick else (4096, 8192)
     for ring, dtype in CONFIGS:
@@ -213,6 +233,29 @@ def main() -> None:
     write(
         args.out, "tropical_gemm", label=f["gpu"], facts=f, results=results, table=table(f, results)
     )
+    plot(f, results, args.out)
+
+
+def plot(f: dict[str, Any], r: dict[str, Any], out: Path) -> None:
+    """Throughput against size (square f32 max-plus, T ops/s), with the probe as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, by_size in r["curve"].items():
+        points = sorted((int(size), rate) for size, rate in by_size.items())  # JSON keys: str
+        if points:
+            ax.plot(*zip(*((s, v / 1e12) for s, v in points), strict=True), marker="o", label=name)
+    ax.axhline(2 * r["probe_pairs_per_s"]["f32"] / 1e12, color="gray", ls="--", label="f32 probe")
+    ax.set(xscale="log", yscale="log", xlabel="M = N = K", ylabel="tropical T ops/s")
+    ax.set_xticks([256, 512, 1024, 2048, 4096, 8192], ["256", "512", "1k", "2k", "4k", "8k"])
+    ax.set_title(f"Max-plus f32 on {f['gpu']} ({f['date']})")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    slug = f["gpu"].lower().replace(" ", "-")
+    fig.savefig(out / f"tropical_gemm-{slug}.png", dpi=120, bbox_inches="tight")
 
 
 def table(f: dict[str, Any], r: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ import pytest
 
 from aionvrtc import Compiler, tropical
 from aionvrtc.tropical import reference
+from aionvrtc.tropical._specs import ROWS_KMAX
 
 from .tropical_data import brute_force, operands
 
@@ -127,9 +128,10 @@ def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path
     # 3 semirings x 4 types + and-or on bool, x argmax x accumulate x 2 layouts; the backward
     # kernels of float32/float64 for the plus semirings and max-times; the tuned kernels of the
     # 3 numeric semirings x accumulate: each distinct tile of a type's element size, with and
-    # without argmax, and the skinny kernel (no argmax).
+    # without argmax, and the skinny kernel for each K class (no argmax).
     tiles = {v: len({t[v] for t in tropical.TILES.values()}) for v in tropical.VARIANTS}
-    tuned = 3 * 2 * (sum(tiles.values()) + 4)
+    skinny = len(ROWS_KMAX)
+    tuned = 3 * 2 * (sum(tiles.values()) + 4 * skinny)
     assert len(specs) == 13 * 2 * 2 * 2 + 4 + tuned
     expressions = [s.name_expressions[0] for s in specs]
     assert len(set(expressions)) == len(specs)
@@ -155,7 +157,7 @@ def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path
 
     # warm() fills the disk cache through a parallel Compiler; a second warm compiles nothing.
     count = anyio.run(lambda: tropical.warm(["maxplus"], ["float32"], arch="sm_90"))
-    assert count == 2 * 2 * 2 + 1 + 2 * (tiles["f4"] + tiles["f4-argmax"] + 1)
+    assert count == 2 * 2 * 2 + 1 + 2 * (tiles["f4"] + tiles["f4-argmax"] + skinny)
 
     async def again() -> int:
         async with Compiler(arch="sm_90", cache_dir=tmp_path) as compiler:
@@ -166,21 +168,29 @@ def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path
 
 
 @pytest.mark.parametrize(
-    ("m", "n", "k", "kind"),
+    ("m", "n", "k", "argmax", "kind"),
     [
-        (4096, 8, 8, "rows8"),
-        (1 << 20, 16, 64, "tall16"),
-        (4096, 33, 4, "tall64"),
-        (16, 1 << 20, 16, "wide16"),
-        (17, 4096, 64, "wide32"),
-        (64, 5000, 3, "wide64"),
-        (65, 4096, 64, "large"),
-        (1024, 64, 64, "small"),
-        (4095, 4095, 4095, "large"),
+        (4096, 8, 8, False, "rows8"),
+        (1 << 20, 16, 64, False, "rows64"),
+        (4096, 33, 4, False, "rows4"),
+        (4096, 64, 5, False, "rows8"),
+        (16, 1 << 20, 16, False, "cols16"),
+        (17, 4096, 33, False, "cols64"),
+        (64, 5000, 3, False, "cols4"),
+        # No skinny kernel for argmax or K past 64: tiles as wide as N (or as tall as M).
+        (1 << 20, 16, 64, True, "tall16"),
+        (1 << 20, 17, 65, False, "tall32"),
+        (4096, 64, 1000, False, "tall64"),
+        (17, 4096, 64, True, "wide32"),
+        (64, 5000, 65, False, "wide64"),
+        (4096, 65, 8, False, "large"),
+        (65, 4096, 64, False, "large"),
+        (1024, 64, 64, False, "small"),
+        (4095, 4095, 4095, True, "large"),
     ],
 )
-def test_shape_classes(m: int, n: int, k: int, kind: str) -> None:
-    assert tropical.shape_class(m, n, k) == kind
+def test_shape_classes(m: int, n: int, k: int, argmax: bool, kind: str) -> None:
+    assert tropical.shape_class(m, n, k, argmax=argmax) == kind
 
 
 def test_every_default_tile_fits_its_variant() -> None:

@@ -22,9 +22,10 @@ pytestmark = pytest.mark.gpu
 
 CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
 IDS = [f"{s}-{np.dtype(d)}" for s, d in CASES]
-# Odd sizes for every kernel class (tropical.shape_class): small and large tiles, the skinny
-# kernel and the three tall classes; multiples of 4 (aligned rows) take the tiles' unchecked
-# interior path around the edges.
+# Odd sizes (M, K, N) for every kernel class (tropical.shape_class): small and large tiles, the
+# skinny kernel for each K class on tall products and on wide ones (run transposed), and the tall
+# and wide tiles (argmax, or K past 64); multiples of 4 (aligned rows) take the tiles' unchecked
+# interior path around the edges and the skinny kernel's 16-byte loads.
 SIZES = [
     (1, 1, 1),
     (7, 33, 129),
@@ -38,7 +39,18 @@ SIZES = [
     (300, 264, 136),
     (4104, 32, 32),
     (4160, 64, 48),
+    (4096, 4, 9),
+    (4104, 16, 13),
+    (3, 3, 4099),
+    (5, 7, 4100),
+    (20, 16, 4500),
+    (31, 30, 4200),
+    (64, 40, 5000),
+    (4100, 70, 20),
+    (20, 100, 4100),
 ]
+# One size of each kernel class, for the tests that run every class once.
+CLASS_SIZES = [(40, 23, 31), (300, 70, 260), (4100, 23, 31), (31, 23, 4100), (4100, 70, 20)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,7 +122,16 @@ def test_views_are_used_in_place(ring: str, dtype: Any, layout: str) -> None:
 
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
-@pytest.mark.parametrize(("m", "k", "n"), [(50, 40, 30), (300, 257, 260)])
+@pytest.mark.parametrize(("m", "k", "n"), CLASS_SIZES)
+def test_fast_path_without_infinities(ring: str, dtype: Any, m: int, k: int, n: int) -> None:
+    # No infinities: integer tiles and rows take the fast step (DPX for int32), and the argmax
+    # comes from the rescan of each output's last improving k-tile.
+    a, b = operands(np.random.default_rng(), ring, dtype, (m, k), (k, n), infinities=False)
+    check(ring, gpu(a), gpu(b))
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@pytest.mark.parametrize(("m", "k", "n"), [(50, 40, 30), (300, 257, 260), (4100, 40, 30)])
 def test_ties_resolve_to_the_smallest_k(ring: str, dtype: Any, m: int, k: int, n: int) -> None:
     # Small values: no infinities, so the tuned kernel takes its fast path (DPX for int32).
     a, b = operands(np.random.default_rng(), ring, dtype, (m, k), (k, n), ties=True)
@@ -144,11 +165,12 @@ def test_many_rows_and_columns() -> None:
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
 @pytest.mark.parametrize("argmax", [False, True])
-def test_accumulate(ring: str, dtype: Any, argmax: bool) -> None:
+@pytest.mark.parametrize(("m", "k", "n"), CLASS_SIZES)
+def test_accumulate(ring: str, dtype: Any, argmax: bool, m: int, k: int, n: int) -> None:
     rng = np.random.default_rng()
-    a, b = operands(rng, ring, dtype, (40, 23), (23, 31))
-    old, _ = operands(rng, ring, dtype, (40, 31), (1, 1))
-    old_index = rng.integers(-1, 23, size=(40, 31)).astype(np.int32)
+    a, b = operands(rng, ring, dtype, (m, k), (k, n))
+    old, _ = operands(rng, ring, dtype, (m, n), (1, 1))
+    old_index = rng.integers(-1, k, size=(m, n)).astype(np.int32)
     c = gpu(old)
     index = gpu(old_index)
     out = (c, index) if argmax else c

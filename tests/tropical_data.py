@@ -17,9 +17,11 @@ def operands(
     shape_b: tuple[int, ...],
     *,
     ties: bool = False,
+    infinities: bool = True,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """Fresh random operands, with the type's infinities sprinkled in; ``ties`` draws from a
-    handful of values so that equal products (and the smallest-k rule) are common."""
+    """Fresh random operands, with the type's infinities sprinkled in (unless ``infinities`` is
+    false: then integer tiles take the fast path); ``ties`` draws from a handful of values so
+    that equal products (and the smallest-k rule) are common."""
     dtype = np.dtype(dtype)
 
     def draw(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -36,7 +38,7 @@ def operands(
         if ring == "maxmul":
             x = np.abs(x)  # max-times is defined for non-negative inputs
             return x
-        if x.size and not ties:
+        if x.size and not ties and infinities:
             special = rng.random(shape) < 0.05
             if dtype.kind == "f":
                 x[special] = rng.choice(np.array([-np.inf, np.inf], dtype=dtype), special.sum())

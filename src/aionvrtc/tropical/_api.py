@@ -81,6 +81,7 @@ class _Plan:
     batched: bool
     tile: Tile | None  # the tuned kernel's tile, if it serves
     rows: int  # KMAX of the skinny kernel, if it serves (else 0)
+    transposed: bool  # the skinny kernel runs C' = B' A' (wide products)
 
 
 def _plan(
@@ -107,17 +108,16 @@ def _plan(
     _, _, sak = _strides(a)
     _, _, sbn = _strides(b)
     rowmajor = sak == 1 and sbn == 1
-    rows = 0
+    rows, transposed = 0, False
     if tile not in ("auto", None) and not rowmajor:
         raise ValueError("the tuned kernel needs row-major operands")
     if tile == "auto":
         tile = None
         if rowmajor and tiled_supported(ring.name, a.dtype):
-            kind = shape_class(m, n, k)
-            if kind.startswith("rows") and not argmax:
-                rows = int(kind[4:])
+            kind = shape_class(m, n, k, argmax=argmax)
+            if kind.startswith(("rows", "cols")):
+                rows, transposed = int(kind[4:]), kind.startswith("cols")
             else:
-                kind = "tall16" if kind.startswith("rows") else kind
                 tile = tuned_tiles(a.device.id)[kind][tile_variant(a.dtype, argmax=argmax)]
     if rows:
         spec = rows_spec(ring.name, a.dtype, accumulate=accumulate, kmax=rows)
@@ -126,7 +126,9 @@ def _plan(
     else:
         layout: Layout = "rowmajor" if rowmajor else "strided"
         spec = gemm_spec(ring.name, a.dtype, argmax=argmax, accumulate=accumulate, layout=layout)
-    return _Plan(ring, spec, a, b, c, index, batch, m, n, k, a.device.id, batched, tile, rows)
+    return _Plan(
+        ring, spec, a, b, c, index, batch, m, n, k, a.device.id, batched, tile, rows, transposed
+    )
 
 
 def _outputs(
@@ -175,13 +177,28 @@ def _launch(plan: _Plan, module: Module, stream: Any) -> None:
         index_arg = np.uint64(0)  # a null pointer
     sizes = (np.int64(plan.m), np.int64(plan.n), np.int64(plan.k), np.int64(plan.batch))
     if plan.rows:
-        grid = (min(-(-plan.m // _THREADS), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
+        # The skinny kernel computes C' = A' B'; wide products run transposed (A' = B^T,
+        # B' = A^T, C' = C^T: the products commute). Strides are (batch, rows, columns).
+        if plan.transposed:
+            operands = (plan.b, plan.a, plan.c)
+            strides = (sbb, sbn, sbk, sab, sak, sam, scb, scn, scm)
+            m, n = plan.n, plan.m
+        else:
+            operands = (plan.a, plan.b, plan.c)
+            strides = (sab, sam, sak, sbb, sbk, sbn, scb, scm, scn)
+            m, n = plan.m, plan.n
+        # Rows of A' load 16 bytes at a time where contiguous and 16-byte aligned.
+        vector = 16 // plan.a.itemsize
+        aligned = (
+            strides[2] == 1
+            and operands[0].data.ptr % 16 == 0
+            and strides[0] % vector == 0
+            and strides[1] % vector == 0
+        )
+        grid = (min(-(-m // _THREADS), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
         block: tuple[int, ...] = (_THREADS,)
-        args: tuple[Any, ...] = (
-            plan.a, plan.b, plan.c, *sizes,
-            np.int64(sab), np.int64(sam), np.int64(sbb), np.int64(sbk),
-            np.int64(scb), np.int64(scm), np.int64(scn),
-        )  # fmt: skip
+        dims = (m, n, plan.k, plan.batch)
+        args: tuple[Any, ...] = (*operands, *map(np.int64, (*dims, *strides)), np.int32(aligned))
     elif plan.tile is not None:
         bm, bn, _, tm, tn, _ = plan.tile
         grid = _grid(plan, bm, bn)

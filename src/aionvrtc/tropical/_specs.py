@@ -160,37 +160,40 @@ def tile_fits(tile: Tile, itemsize: int) -> bool:
     )
 
 
-# The skinny kernel (a thread per row, B in shared memory) serves tall products with K and N
-# up to these; above, tiles measured faster (one shared-memory load per pair in the skinny one).
-ROWS_KMAX = (8,)
+# The skinny kernel (a thread per row of C, B in shared memory) serves products with K at most
+# 64 and N (tall) or M (wide, run transposed) at most 64, by K's class; tiles serve the rest.
+ROWS_KMAX = (4, 8, 16, 32, 64)
+ROWS_NMAX = 64
 TALL_M = 4096
 
 
-def shape_class(m: int, n: int, k: int = 1 << 30) -> str:
-    """The kernel class of an M x N x K product: "rows8", "tall16/32/64" (M >= TALL_M, N
-    small), "wide16/32/64" (N >= TALL_M, M small), "small" or "large"."""
-    if m >= TALL_M:
-        if max(n, k) <= ROWS_KMAX[-1]:
-            return f"rows{ROWS_KMAX[-1]}"
-        for width in (16, 32, 64):
-            if n <= width:
-                return f"tall{width}"
-    if n >= TALL_M:
-        for width in (16, 32, 64):
-            if m <= width:
-                return f"wide{width}"
+def shape_class(m: int, n: int, k: int = 1 << 30, *, argmax: bool = False) -> str:
+    """The kernel class of an M x N x K product: "rows4".."rows64" (the skinny kernel: M at
+    least TALL_M, N and K at most 64, no argmax), "cols4".."cols64" (the same kernel on the
+    transpose: N at least TALL_M, M and K at most 64), "tall16/32/64" and "wide16/32/64"
+    (tiles as wide as N, or as tall as M), "small" (M or N at most 64) or "large"."""
+    skinny = k <= ROWS_KMAX[-1] and not argmax
+    kmax = next((x for x in ROWS_KMAX if k <= x), 0)
+    if m >= TALL_M and n <= ROWS_NMAX:
+        return f"rows{kmax}" if skinny else f"tall{_width(n)}"
+    if n >= TALL_M and m <= ROWS_NMAX:
+        return f"cols{kmax}" if skinny else f"wide{_width(m)}"
     return "small" if min(m, n) <= 64 else "large"
+
+
+def _width(size: int) -> int:
+    return next(w for w in (16, 32, 64) if size <= w)
 
 
 @functools.cache
 def rows_spec(
     semiring_name: str, dtype: np.dtype[np.generic], *, accumulate: bool, kmax: int
 ) -> KernelSpec:
-    """The spec of one skinny-product kernel (row-major, no argmax, K and N <= kmax)."""
+    """The spec of one skinny-product kernel (no argmax, K <= kmax, N <= ROWS_NMAX)."""
     ring = semiring(semiring_name)
     ring.check_dtype(dtype, "the operands")
     if not tiled_supported(ring.name, dtype) or kmax not in ROWS_KMAX:
-        raise ValueError(f"no skinny kernel for {ring.name} on {np.dtype(dtype)}, K <= {kmax}")
+        raise ValueError(f"no skinny kernel for {ring.name} on {np.dtype(dtype)} with K <= {kmax}")
     expression = (
         f"tropical_gemm_rows<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, "
         f"{_bool(accumulate)}, {kmax}>"

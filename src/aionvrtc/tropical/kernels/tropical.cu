@@ -230,17 +230,26 @@ __device__ __forceinline__ float tmin(float a, float b) { return fminf(a, b); }
 __device__ __forceinline__ double tmax(double acc, double s) { return s > acc ? s : acc; }
 __device__ __forceinline__ double tmin(double acc, double s) { return s < acc ? s : acc; }
 
-// Operands strictly inside (-limit, limit) cannot overflow the fast path's arithmetic.
+// Operands strictly inside (-limit, limit) cannot overflow the fast path's arithmetic; floats
+// always qualify (`always`), so their kernels skip the checks and the reduction across the block.
 template <typename T, bool PRODUCT> struct SafeLimit;
-template <bool P> struct SafeLimit<float, P> { __device__ static bool ok(float) { return true; } };
-template <bool P> struct SafeLimit<double, P> { __device__ static bool ok(double) { return true; } };
+template <bool P> struct SafeLimit<float, P> {
+    static constexpr bool always = true;
+    __device__ static bool ok(float) { return true; } };
+template <bool P> struct SafeLimit<double, P> {
+    static constexpr bool always = true;
+    __device__ static bool ok(double) { return true; } };
 template <> struct SafeLimit<int, false> {
+    static constexpr bool always = false;
     __device__ static bool ok(int x) { return x > -(1 << 30) && x < (1 << 30); } };
 template <> struct SafeLimit<int, true> {
+    static constexpr bool always = false;
     __device__ static bool ok(int x) { return x > -(1 << 15) && x < (1 << 15); } };
 template <> struct SafeLimit<long long, false> {
+    static constexpr bool always = false;
     __device__ static bool ok(long long x) { return x > -(1LL << 62) && x < (1LL << 62); } };
 template <> struct SafeLimit<long long, true> {
+    static constexpr bool always = false;
     __device__ static bool ok(long long x) { return x > -(1LL << 31) && x < (1LL << 31); } };
 
 // step(acc, a, b): acc (+) a (x) b; mul(a, b): a (x) b without the checks for infinities and
@@ -286,7 +295,18 @@ __host__ __device__ constexpr int pick_vector(int v, int a_elements, int b_eleme
         ? v : pick_vector(v / 2, a_elements, b_elements, threads);
 }
 
+// The first product of a k-tile may seed its best without a max, except for doubles, whose
+// compare-and-select max (tmax) would keep a NaN seed (-inf + inf) for good.
+template <typename T> struct SeedsWithoutMax { static constexpr bool value = true; };
+template <> struct SeedsWithoutMax<double> { static constexpr bool value = false; };
+
 // MINB: blocks per SM that ptxas must fit (2 caps 256 threads at 128 registers each).
+//
+// ARGMAX: each k-tile's best product for every output is found with the fast step (two
+// instructions per pair, as without argmax); where it beats the running value, strictly, so that
+// the first tile attaining the maximum keeps it, the tile's number is recorded. At the end one
+// rescan of that tile (BK products, from global memory) finds the smallest k attaining the value.
+// That costs a compare and two selects per output and k-tile, instead of per (m, n, k).
 template <typename T, typename F, bool ARGMAX, bool ACCUMULATE, int BM, int BN, int BK, int TM, int TN,
           int MINB>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_tiled(
@@ -296,9 +316,11 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
     long long sCb, long long sCm, long long sCn,
     long long sIb, long long sIm, long long sIn, int aligned) {
     typedef typename F::Exact S;
+    typedef SafeLimit<T, F::product> Safe;
     constexpr int NT = (BM / TM) * (BN / TN);
     constexpr int V = pick_vector(16 / sizeof(T), BM * BK, BK * BN, NT);
     constexpr int A_CH = BM * BK / (V * NT), B_CH = BK * BN / (V * NT);  // 16-byte chunks
+    constexpr int AI = ARGMAX ? TM : 1, AJ = ARGMAX ? TN : 1;  // sizes of the argmax arrays
     static_assert(BM * BK % (V * NT) == 0 && BK * BN % (V * NT) == 0, "tile loads must divide evenly");
     static_assert(BK % V == 0 && BN % V == 0 && TM % 2 == 0 && TN % 2 == 0, "tile shape");
     __shared__ __align__(16) T As[2][BK][BM];
@@ -327,7 +349,6 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
         for (long long n0 = (long long)blockIdx.y * BN; n0 < N; n0 += (long long)gridDim.y * BN) {
             const bool interior = aligned && m0 + BM <= M && n0 + BN <= N;
             T ra[A_CH][V], rb[B_CH][V];
-            bool safe = true;
             auto load = [&](long long k0) {
                 if (interior && k0 + BK <= K) {
                     #pragma unroll
@@ -342,61 +363,67 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                         #pragma unroll
                         for (int v = 0; v < V; ++v) rb[u][v] = p.v[v];
                     }
-                    safe = true;
-                    #pragma unroll
-                    for (int u = 0; u < A_CH; ++u)
-                        #pragma unroll
-                        for (int v = 0; v < V; ++v) safe &= SafeLimit<T, F::product>::ok(ra[u][v]);
-                    #pragma unroll
-                    for (int u = 0; u < B_CH; ++u)
-                        #pragma unroll
-                        for (int v = 0; v < V; ++v) safe &= SafeLimit<T, F::product>::ok(rb[u][v]);
                     return;
                 }
-                // Edges: rows past M and columns past N are never stored (any value will do);
-                // k past K must not win, so it loads as the semiring's zero.
-                safe = k0 + BK <= K;
+                // Edges: rows past M and columns past N are never stored (0 will do); k past K
+                // must not win, so it loads as the semiring's zero (which the check below
+                // refuses, so integer tiles that hold it take the exact path).
                 #pragma unroll
                 for (int u = 0; u < A_CH; ++u)
                     #pragma unroll
                     for (int v = 0; v < V; ++v) {
                         const long long m = m0 + ar[u], k = k0 + ac[u] + v;
-                        const bool in = m < M && k < K;
-                        ra[u][v] = in ? Ab[m * lda + k] : k < K ? T(0) : S::template zero<T>();
-                        if (in) safe &= SafeLimit<T, F::product>::ok(ra[u][v]);
+                        ra[u][v] = k >= K ? S::template zero<T>() : m < M ? Ab[m * lda + k] : T(0);
                     }
                 #pragma unroll
                 for (int u = 0; u < B_CH; ++u)
                     #pragma unroll
                     for (int v = 0; v < V; ++v) {
                         const long long n = n0 + bc[u] + v, k = k0 + br[u];
-                        const bool in = n < N && k < K;
-                        rb[u][v] = in ? Bb[k * ldb + n] : k < K ? T(0) : S::template zero<T>();
-                        if (in) safe &= SafeLimit<T, F::product>::ok(rb[u][v]);
+                        rb[u][v] = k >= K ? S::template zero<T>() : n < N ? Bb[k * ldb + n] : T(0);
                     }
             };
+            // Stores the tile loaded last, and says whether it may take the fast step. The check
+            // runs here, long after the loads were issued: run at the load, it made every k-tile
+            // of the integer kernels wait on memory.
             auto store = [&](int buf) {
+                bool safe = true;
                 #pragma unroll
                 for (int u = 0; u < A_CH; ++u)
                     #pragma unroll
-                    for (int v = 0; v < V; ++v) As[buf][ac[u] + v][ar[u]] = ra[u][v];
+                    for (int v = 0; v < V; ++v) {
+                        As[buf][ac[u] + v][ar[u]] = ra[u][v];
+                        if (!Safe::always) safe &= Safe::ok(ra[u][v]);
+                    }
                 #pragma unroll
                 for (int u = 0; u < B_CH; ++u)
                     #pragma unroll
-                    for (int v = 0; v < V; ++v) Bs[buf][br[u]][bc[u] + v] = rb[u][v];
+                    for (int v = 0; v < V; ++v) {
+                        Bs[buf][br[u]][bc[u] + v] = rb[u][v];
+                        if (!Safe::always) safe &= Safe::ok(rb[u][v]);
+                    }
+                return safe;
+            };
+            // The barrier that publishes a stored tile; for integers it also agrees on the check.
+            auto publish = [&](bool safe) {
+                if (Safe::always) {
+                    __syncthreads();
+                    return true;
+                }
+                return __syncthreads_and(safe) != 0;
             };
             T acc[TM][TN];
-            int idx[ARGMAX ? TM : 1][ARGMAX ? TN : 1];
+            T part[AI][AJ];  // ARGMAX: this k-tile's best
+            int last[AI][AJ];  // ARGMAX: the last k-tile that improved the running value
             #pragma unroll
             for (int i = 0; i < TM; ++i)
                 #pragma unroll
                 for (int j = 0; j < TN; ++j) {
                     acc[i][j] = S::template zero<T>();
-                    if (ARGMAX) idx[ARGMAX ? i : 0][ARGMAX ? j : 0] = -1;
+                    if (ARGMAX) last[ARGMAX ? i : 0][ARGMAX ? j : 0] = -1;
                 }
             load(0);
-            store(0);
-            bool tile_safe = __syncthreads_and(safe);
+            bool tile_safe = publish(store(0));
             for (long long t = 0; t < tiles; ++t) {
                 const int buf = t & 1;
                 if (t + 1 < tiles) load((t + 1) * BK);
@@ -419,17 +446,22 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                             #pragma unroll
                             for (int j = 0; j < TN; ++j) {
                                 if (ARGMAX) {
-                                    const T p = F::mul(a[i], bv[j]);
-                                    if (S::better(p, acc[i][j])) {
-                                        acc[i][j] = p;
-                                        idx[ARGMAX ? i : 0][ARGMAX ? j : 0] = (int)(t * BK) + kk;
-                                    }
+                                    T& p = part[ARGMAX ? i : 0][ARGMAX ? j : 0];
+                                    if (kk == 0 && SeedsWithoutMax<T>::value)
+                                        p = F::mul(a[i], bv[j]);
+                                    else
+                                        p = F::step(kk == 0 ? S::template zero<T>() : p, a[i], bv[j]);
                                 } else {
                                     acc[i][j] = F::step(acc[i][j], a[i], bv[j]);
                                 }
                             }
                     }
                 } else {
+                    #pragma unroll
+                    for (int i = 0; i < TM; ++i)
+                        #pragma unroll
+                        for (int j = 0; j < TN; ++j)
+                            if (ARGMAX) part[ARGMAX ? i : 0][ARGMAX ? j : 0] = S::template zero<T>();
                     for (int kk = 0; kk < BK; ++kk) {
                         #pragma unroll
                         for (int i = 0; i < TM; ++i) {
@@ -439,16 +471,27 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                             for (int j = 0; j < TN; ++j) {
                                 const int c = (j < TN / 2 ? 0 : BN / 2) + tx * (TN / 2) + j % (TN / 2);
                                 const T p = S::mul(a, Bs[buf][kk][c]);
-                                if (S::better(p, acc[i][j])) {
-                                    acc[i][j] = p;
-                                    if (ARGMAX) idx[ARGMAX ? i : 0][ARGMAX ? j : 0] = (int)(t * BK) + kk;
-                                }
+                                T& best = ARGMAX ? part[ARGMAX ? i : 0][ARGMAX ? j : 0] : acc[i][j];
+                                if (S::better(p, best)) best = p;
                             }
                         }
                     }
                 }
-                if (t + 1 < tiles) store(buf ^ 1);
-                tile_safe = __syncthreads_and(safe);
+                if (ARGMAX) {
+                    #pragma unroll
+                    for (int i = 0; i < TM; ++i)
+                        #pragma unroll
+                        for (int j = 0; j < TN; ++j) {
+                            const T p = part[ARGMAX ? i : 0][ARGMAX ? j : 0];
+                            if (S::better(p, acc[i][j])) {
+                                acc[i][j] = p;
+                                last[ARGMAX ? i : 0][ARGMAX ? j : 0] = (int)t;
+                            }
+                        }
+                }
+                bool safe = true;
+                if (t + 1 < tiles) safe = store(buf ^ 1);
+                tile_safe = publish(safe);
             }
             #pragma unroll
             for (int i = 0; i < TM; ++i) {
@@ -460,7 +503,17 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                     T* c = C + b * sCb + m * sCm + n * sCn;
                     int* ix = ARGMAX ? I + b * sIb + m * sIm + n * sIn : nullptr;
                     T value = acc[i][j];
-                    int winner = ARGMAX ? idx[ARGMAX ? i : 0][ARGMAX ? j : 0] : 0;
+                    int winner = -1;
+                    if (ARGMAX && last[ARGMAX ? i : 0][ARGMAX ? j : 0] >= 0) {
+                        // The smallest k of the improving tile whose product is the value (the
+                        // fast step computed the same sums and products, so it is there).
+                        const long long k0 = (long long)last[ARGMAX ? i : 0][ARGMAX ? j : 0] * BK;
+                        #pragma unroll
+                        for (int kk = BK - 1; kk >= 0; --kk) {
+                            const long long k = k0 + kk;
+                            if (k < K && S::mul(Ab[m * lda + k], Bb[k * ldb + n]) == value) winner = (int)k;
+                        }
+                    }
                     if (ACCUMULATE) {
                         const T old = *c;  // C was there first: it wins ties
                         if (!S::better(value, old)) {
@@ -476,51 +529,118 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
     }
 }
 
-// -- skinny products (row-major operands, K and N at most KMAX) -----------------------------------
-// Tall products from tensor networks (M = 2^20, N = K = 4..64) are bound by memory, not
-// arithmetic: B fits in shared memory, each thread owns whole rows of A and C (read and
-// written once), and the warp's loads and stores cover contiguous rows.
+// -- skinny products (K at most KMAX, N at most 64) ---------------------------------------------
+// Tall products from tensor networks (M = 2^20, N = K = 4..64) are bound by memory, or nearly:
+// each row of A is read once and each row of C written once. A thread owns a row of C: it holds
+// the row's K values of A in registers and walks N four columns at a time, reading B from shared
+// memory with one load per four columns that the whole warp shares (a broadcast), so the inner
+// step costs little more than the fast step itself. B is padded with zeros to KMAX rows (those k
+// meet A's padding, the semiring's zero, which never wins) and to a multiple of four columns
+// (never stored). A warp's 32 rows keep many bytes in flight.
+//
+// Wide products (N = 2^20, M small) run as their transpose, C' = B' A' (the products commute),
+// so the same kernel serves both: strides are arguments. Rows of A load 16 bytes at a time where
+// A's k-stride is 1 and rows are aligned (`vector` bit 0), else one element per load, which the
+// warp's consecutive rows coalesce when A's row stride is 1 (the transposed case).
+// Blocks of 256 threads per SM the rows kernel asks ptxas to fit: the row's registers and about 40
+// more each. Unbounded, ptxas hoisted every shared-memory load of the unrolled k loop and took
+// up to 255 registers (spilling at KMAX = 64); occupancy is what hides this kernel's memory
+// latency.
+__host__ __device__ constexpr int rows_min_blocks(int words) {
+    return 65536 / (256 * (words + 40)) < 1 ? 1 : 65536 / (256 * (words + 40)) > 8 ? 8
+        : 65536 / (256 * (words + 40));
+}
 
 template <typename T, typename F, bool ACCUMULATE, int KMAX>
-__global__ void __launch_bounds__(256) tropical_gemm_rows(
+__global__ void __launch_bounds__(256, rows_min_blocks(KMAX * (int)sizeof(T) / 4)) tropical_gemm_rows(
     const T* __restrict__ A, const T* __restrict__ B, T* C,
     long long M, long long N, long long K, long long batch,
-    long long sAb, long long lda, long long sBb, long long ldb,
-    long long sCb, long long sCm, long long sCn) {
+    long long sAb, long long sAm, long long sAk,
+    long long sBb, long long sBk, long long sBn,
+    long long sCb, long long sCm, long long sCn, int vector) {
     typedef typename F::Exact S;
-    __shared__ T Bs[KMAX * KMAX];
+    typedef SafeLimit<T, F::product> Safe;
+    constexpr int NC = 4, NMAX = 64, V = 16 / sizeof(T) < KMAX ? 16 / sizeof(T) : KMAX;
+    __shared__ __align__(16) T Bs[KMAX][NMAX];
+    const int NP = (int)(N + NC - 1) / NC * NC;
     for (long long b = blockIdx.z; b < batch; b += gridDim.z) {
         __syncthreads();  // the previous batch's readers are done with Bs
-        for (int t = threadIdx.x; t < K * N; t += blockDim.x)
-            Bs[t] = B[b * sBb + (t / N) * ldb + t % N];
-        __syncthreads();
+        bool bsafe = true;
+        for (int t = threadIdx.x; t < KMAX * NP; t += blockDim.x) {
+            const int k = t / NP, n = t % NP;
+            T v = T(0);
+            if (k < K && n < N) {
+                v = B[b * sBb + k * sBk + n * sBn];
+                if (!Safe::always) bsafe &= Safe::ok(v);
+            }
+            Bs[k][n] = v;
+        }
+        if (Safe::always)
+            __syncthreads();
+        else
+            bsafe = __syncthreads_and(bsafe) != 0;
         for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < M;
              m += (long long)gridDim.x * blockDim.x) {
-            const T* row = A + b * sAb + m * lda;
+            const T* row = A + b * sAb + m * sAm;
             T a[KMAX];
-            bool safe = true;
             #pragma unroll
-            for (int k = 0; k < KMAX; ++k) {
-                a[k] = k < K ? row[k] : S::template zero<T>();
-                if (k < K) safe &= SafeLimit<T, F::product>::ok(a[k]);
-            }
-            for (long long n = 0; n < N; ++n) {
-                T acc = S::template zero<T>();
-                #pragma unroll
-                for (int k = 0; k < KMAX; ++k) {
-                    if (k < K) {
-                        const T bk = Bs[k * N + n];
-                        if (safe && SafeLimit<T, F::product>::ok(bk)) {
-                            acc = F::step(acc, a[k], bk);
-                        } else {
-                            const T p = S::mul(a[k], bk);
-                            if (S::better(p, acc)) acc = p;
-                        }
+            for (int c = 0; c < KMAX / V; ++c) {
+                if ((vector & 1) && (c + 1) * V <= K) {
+                    const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(row + c * V);
+                    #pragma unroll
+                    for (int v = 0; v < V; ++v) a[c * V + v] = p.v[v];
+                } else {
+                    #pragma unroll
+                    for (int v = 0; v < V; ++v) {
+                        const int k = c * V + v;
+                        a[k] = k < K ? row[k * sAk] : S::template zero<T>();
                     }
                 }
-                T* c = C + b * sCb + m * sCm + n * sCn;
-                if (ACCUMULATE && !S::better(acc, *c)) acc = *c;
-                *c = acc;
+            }
+            bool safe = bsafe;
+            if (!Safe::always) {
+                #pragma unroll
+                for (int k = 0; k < KMAX; ++k)
+                    if (k < K) safe &= Safe::ok(a[k]);
+            }
+            T* crow = C + b * sCb + m * sCm;
+            for (int n0 = 0; n0 < N; n0 += NC) {
+                // H partial results per column (over k mod H), so that the fast step has
+                // 4 * H independent chains: with one chain per column, ptxas hoisted every sum
+                // and load of the row ahead of the maxima (64 registers at KMAX = 16) and spilled.
+                constexpr int H = KMAX < 4 ? KMAX : 4;
+                T acc[NC][H];
+                #pragma unroll
+                for (int w = 0; w < NC; ++w)
+                    #pragma unroll
+                    for (int h = 0; h < H; ++h) acc[w][h] = S::template zero<T>();
+                if (safe) {
+                    #pragma unroll
+                    for (int k = 0; k < KMAX; ++k) {
+                        const Pack<T, NC> bv = *reinterpret_cast<const Pack<T, NC>*>(&Bs[k][n0]);
+                        #pragma unroll
+                        for (int w = 0; w < NC; ++w) acc[w][k % H] = F::step(acc[w][k % H], a[k], bv.v[w]);
+                    }
+                } else {
+                    #pragma unroll
+                    for (int k = 0; k < KMAX; ++k)
+                        #pragma unroll
+                        for (int w = 0; w < NC; ++w) {
+                            const T p = S::mul(a[k], Bs[k][n0 + w]);
+                            if (S::better(p, acc[w][k % H])) acc[w][k % H] = p;
+                        }
+                }
+                #pragma unroll
+                for (int w = 0; w < NC; ++w)
+                    #pragma unroll
+                    for (int h = 1; h < H; ++h)
+                        if (S::better(acc[w][h], acc[w][0])) acc[w][0] = acc[w][h];
+                #pragma unroll
+                for (int w = 0; w < NC; ++w) {
+                    if (n0 + w >= N) break;
+                    T* c = crow + (n0 + w) * sCn;
+                    *c = ACCUMULATE && !S::better(acc[w][0], *c) ? *c : acc[w][0];
+                }
             }
         }
     }
