@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The device machine's one script (see ../shared/DEVICE.md): the whole test suite with the GPU
-# tests, then the GPU and compile-service benchmarks. Full logs and results under $OUT; a short
-# summary last. Run from the project root with .whl carried:
-#   bash benchmarks/gpu_suite.sh [pytest args...]
+# tests, then benchmarks. Full logs and results under $OUT; a short summary last. Run from the
+# project root with .whl carried:
+#   bash benchmarks/gpu_suite.sh [pytest args...]           tests, start-up and compile service
+#   bash benchmarks/gpu_suite.sh tropical [pytest args...]  tests, tile sweep, tropical GEMM
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/aionvrtc-out}
@@ -11,21 +12,32 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD
 export AIONVRTC_CACHE_DIR=/tmp/aionvrtc-cache
+mode=service
+if [ "${1:-}" = tropical ]; then mode=tropical; shift; fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
-python3 -m pytest -p no:cacheprovider -ra "$@" 2>&1 | tee "$OUT/pytest.log"
-tests=${PIPESTATUS[0]}
-python3 benchmarks/gpu_start.py --out "$OUT" > "$OUT/gpu_start.log" 2>&1
-start=$?
+python3 -m pytest -p no:cacheprovider -ra "$@" > "$OUT/pytest.log" 2>&1
+tests=$?
 gpu=$(head -2 "$OUT/nvidia-smi.csv" | tail -1 | cut -d, -f1)
-python3 benchmarks/compile_service.py --machine "$gpu host, $(nproc) CPUs" --out "$OUT" \
-  > "$OUT/compile_service.log" 2>&1
-service=$?
+if [ $mode = tropical ]; then
+  # The sweep stores its winners in the cache dir; the GEMM benchmark reads them (--autotune).
+  python3 benchmarks/tile_sweep.py --kinds large small --out "$OUT" > "$OUT/tile_sweep.log" 2>&1
+  first=$?
+  python3 benchmarks/tropical_gemm.py --autotune --out "$OUT" > "$OUT/tropical_gemm.log" 2>&1
+  second=$?
+  python3 benchmarks/sustained.py > "$OUT/sustained.md" 2>&1
+else
+  python3 benchmarks/gpu_start.py --out "$OUT" > "$OUT/gpu_start.log" 2>&1
+  first=$?
+  python3 benchmarks/compile_service.py --machine "$gpu host, $(nproc) CPUs" --out "$OUT" \
+    > "$OUT/compile_service.log" 2>&1
+  second=$?
+fi
 
 echo "== summary =="
 cat "$OUT/nvidia-smi.csv"
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 tail -1 "$OUT/pytest.log"
-cat "$OUT"/gpu_start-*.md 2>/dev/null || tail -30 "$OUT/gpu_start.log"
-cat "$OUT"/compile_service-*.md 2>/dev/null || tail -30 "$OUT/compile_service.log"
-echo "exit: tests $tests, gpu_start $start, compile_service $service"
-[ "$tests$start$service" = "000" ]
+for log in "$OUT"/*.md; do cat "$log"; done
+echo "exit: tests $tests, benchmarks $first $second ($mode)"
+[ "$tests$first$second" = "000" ]

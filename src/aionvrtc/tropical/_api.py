@@ -187,18 +187,29 @@ def _launch(plan: _Plan, module: Module, stream: Any) -> None:
             operands = (plan.a, plan.b, plan.c)
             strides = (sab, sam, sak, sbb, sbk, sbn, scb, scm, scn)
             m, n = plan.m, plan.n
-        # Rows of A' load 16 bytes at a time where contiguous and 16-byte aligned.
+        # Rows of A' load 16 bytes at a time, and rows of C' store four elements at a time,
+        # where contiguous and aligned (see tropical_gemm_rows).
         vector = 16 // plan.a.itemsize
-        aligned = (
+        loads = (
             strides[2] == 1
             and operands[0].data.ptr % 16 == 0
             and strides[0] % vector == 0
             and strides[1] % vector == 0
         )
+        stores = (
+            strides[8] == 1
+            and operands[2].data.ptr % (4 * plan.a.itemsize) == 0
+            and strides[6] % 4 == 0
+            and strides[7] % 4 == 0
+        )
         grid = (min(-(-m // _THREADS), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
         block: tuple[int, ...] = (_THREADS,)
         dims = (m, n, plan.k, plan.batch)
-        args: tuple[Any, ...] = (*operands, *map(np.int64, (*dims, *strides)), np.int32(aligned))
+        args: tuple[Any, ...] = (
+            *operands,
+            *map(np.int64, (*dims, *strides)),
+            np.int32(loads | stores << 1),
+        )
     elif plan.tile is not None:
         bm, bn, _, tm, tn, _ = plan.tile
         grid = _grid(plan, bm, bn)
