@@ -3,7 +3,8 @@
 # tests, then benchmarks. Full logs and results under $OUT; a short summary last. Run from the
 # project root with .whl carried:
 #   bash benchmarks/gpu_suite.sh [pytest args...]           tests, start-up and compile service
-#   bash benchmarks/gpu_suite.sh tropical [pytest args...]  tests, tile sweep, tropical GEMM
+#   bash benchmarks/gpu_suite.sh tropical [pytest args...]  tests, tropical GEMM (tiles: TILES)
+#   SWEEP=1 bash benchmarks/gpu_suite.sh tropical ...       tile sweep first, GEMM on its winners
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/aionvrtc-out}
@@ -20,10 +21,13 @@ python3 -m pytest -p no:cacheprovider -ra "$@" > "$OUT/pytest.log" 2>&1
 tests=$?
 gpu=$(head -2 "$OUT/nvidia-smi.csv" | tail -1 | cut -d, -f1)
 if [ $mode = tropical ]; then
-  # The sweep stores its winners in the cache dir; the GEMM benchmark reads them (--autotune).
-  python3 benchmarks/tile_sweep.py --kinds large small --out "$OUT" > "$OUT/tile_sweep.log" 2>&1
-  first=$?
-  python3 benchmarks/tropical_gemm.py --autotune --out "$OUT" > "$OUT/tropical_gemm.log" 2>&1
+  first=0 tuned=()
+  if [ "${SWEEP:-0}" = 1 ]; then
+    # The sweep stores its winners in the cache dir; the GEMM benchmark reads them (--autotune).
+    python3 benchmarks/tile_sweep.py --kinds large small --out "$OUT" > "$OUT/tile_sweep.log" 2>&1
+    first=$? tuned=(--autotune)
+  fi
+  python3 benchmarks/tropical_gemm.py "${tuned[@]}" --out "$OUT" > "$OUT/tropical_gemm.log" 2>&1
   second=$?
   python3 benchmarks/sustained.py > "$OUT/sustained.md" 2>&1
 else

@@ -48,9 +48,10 @@ SIZES = [
     (64, 40, 5000),
     (4100, 70, 20),
     (20, 100, 4100),
+    (9, 20, 4100),
 ]
 # One size of each kernel class, for the tests that run every class once.
-CLASS_SIZES = [(40, 23, 31), (300, 70, 260), (4100, 23, 31), (31, 23, 4100), (4100, 70, 20)]
+CLASS_SIZES = [(40, 23, 31), (300, 70, 260), (4100, 13, 31), (31, 13, 4100), (4100, 70, 20)]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -82,20 +82,22 @@ Tile = tuple[int, int, int, int, int, int]  # BM, BN, BK, TM, TN, blocks per SM
 
 # Tile configurations of the tuned kernel, by shape class, then variant (tile_variant): the
 # defaults where the autotuner (tropical.autotune) has not run on this GPU, its winners on the
-# lent H200 (benchmarks/tile_sweep.py, results/tile_sweep-nvidia-h200.md). "large" products fill
-# the GPU with big tiles; "small" ones (M or N at most 64, such as batches of small matrices)
-# want more, smaller blocks; tall (wide) products want a tile as wide (tall) as N (M).
+# lent H200 (benchmarks/tile_sweep.py; results/tile_sweep-nvidia-h200*.md: "large" and "small"
+# from the latest sweep, their argmax variants from the sweep of the argmax kernel kept, the
+# tall and wide classes from the sweep of all classes). "large" products fill the GPU with big
+# tiles; "small" ones (M or N at most 64, such as batches of small matrices) want more, smaller
+# blocks; tall (wide) products want a tile as wide (tall) as N (M).
 TILES: dict[str, dict[str, Tile]] = {
     "large": {
-        "f4": (128, 128, 8, 8, 8, 2), "i4": (128, 128, 8, 8, 8, 2),
-        "f8": (128, 128, 8, 8, 4, 1), "i8": (128, 64, 8, 8, 4, 2),
-        "f4-argmax": (64, 64, 16, 4, 4, 1), "i4-argmax": (128, 128, 16, 8, 8, 1),
-        "f8-argmax": (64, 64, 8, 4, 4, 1), "i8-argmax": (64, 64, 8, 4, 4, 1),
+        "f4": (128, 128, 16, 8, 8, 1), "i4": (128, 128, 8, 8, 8, 2),
+        "f8": (64, 64, 8, 4, 4, 1), "i8": (128, 128, 8, 8, 4, 1),
+        "f4-argmax": (64, 64, 16, 4, 4, 2), "i4-argmax": (64, 64, 16, 4, 4, 2),
+        "f8-argmax": (64, 64, 16, 4, 4, 1), "i8-argmax": (64, 64, 16, 4, 4, 2),
     },
     "small": {
-        "f4": (32, 64, 16, 4, 4, 1), "i4": (64, 64, 32, 4, 4, 1),
-        "f8": (64, 64, 16, 4, 4, 1), "i8": (64, 64, 16, 4, 4, 1),
-        "f4-argmax": (64, 64, 16, 4, 4, 1), "i4-argmax": (32, 64, 16, 4, 4, 1),
+        "f4": (64, 64, 16, 8, 4, 1), "i4": (32, 64, 16, 4, 4, 1),
+        "f8": (64, 64, 8, 4, 4, 1), "i8": (64, 64, 8, 4, 4, 1),
+        "f4-argmax": (64, 64, 8, 4, 4, 1), "i4-argmax": (64, 64, 8, 4, 4, 1),
         "f8-argmax": (64, 64, 8, 4, 4, 1), "i8-argmax": (64, 64, 8, 4, 4, 1),
     },
     "tall16": {
@@ -161,17 +163,19 @@ def tile_fits(tile: Tile, itemsize: int) -> bool:
 
 
 # The skinny kernel (a thread per row of C, B in shared memory) serves products with K at most
-# 64 and N (tall) or M (wide, run transposed) at most 64, by K's class; tiles serve the rest.
-ROWS_KMAX = (4, 8, 16, 32, 64)
+# 16 and N (tall) or M (wide, run transposed) at most 64, by K's class; tiles serve the rest. On
+# the H200 (results/tropical_gemm-nvidia-h200.md) it moved 59-79% of copy bandwidth at N = K =
+# 4..16 against 12-37% for tiles, and lost to tiles at K = 32 and 64 (which it also compiles for).
+ROWS_KMAX = (4, 8, 16)
 ROWS_NMAX = 64
 TALL_M = 4096
 
 
 def shape_class(m: int, n: int, k: int = 1 << 30, *, argmax: bool = False) -> str:
-    """The kernel class of an M x N x K product: "rows4".."rows64" (the skinny kernel: M at
-    least TALL_M, N and K at most 64, no argmax), "cols4".."cols64" (the same kernel on the
-    transpose: N at least TALL_M, M and K at most 64), "tall16/32/64" and "wide16/32/64"
-    (tiles as wide as N, or as tall as M), "small" (M or N at most 64) or "large"."""
+    """The kernel class of an M x N x K product: "rows4/8/16" (the skinny kernel: M at least
+    TALL_M, N at most 64, K at most 16, no argmax), "cols4/8/16" (the same kernel on the
+    transpose: N at least TALL_M, M at most 64), "tall16/32/64" and "wide16/32/64" (tiles as
+    wide as N, or as tall as M), "small" (M or N at most 64) or "large"."""
     skinny = k <= ROWS_KMAX[-1] and not argmax
     kmax = next((x for x in ROWS_KMAX if k <= x), 0)
     if m >= TALL_M and n <= ROWS_NMAX:

@@ -295,14 +295,18 @@ __host__ __device__ constexpr int pick_vector(int v, int a_elements, int b_eleme
         ? v : pick_vector(v / 2, a_elements, b_elements, threads);
 }
 
+// The first product of a k-tile may seed its best without a max, except for doubles, whose
+// compare-and-select max (tmax) would keep a NaN seed (-inf + inf) for good.
+template <typename T> struct SeedsWithoutMax { static constexpr bool value = true; };
+template <> struct SeedsWithoutMax<double> { static constexpr bool value = false; };
+
 // MINB: blocks per SM that ptxas must fit (2 caps 256 threads at 128 registers each).
 //
-// ARGMAX: the best product of each group of k-tiles (32 values of k) for every output is found
-// with the fast step (two instructions per pair, as without argmax); where it beats the running
-// value, strictly, so that the first group attaining the maximum keeps it, the group's number is
-// recorded. At the end one rescan of that group (32 products, from global memory) finds the
-// smallest k attaining the value. That costs a compare and two selects per output and 32 k,
-// instead of per (m, n, k): the selects run on the ALU pipe, the one the fast step saturates.
+// ARGMAX: each k-tile's best product for every output is found with the fast step (two
+// instructions per pair, as without argmax); where it beats the running value, strictly, so that
+// the first tile attaining the maximum keeps it, the tile's number is recorded. At the end one
+// rescan of that tile (BK products, from global memory) finds the smallest k attaining the value.
+// That costs a compare and two selects per output and k-tile, instead of per (m, n, k).
 template <typename T, typename F, bool ARGMAX, bool ACCUMULATE, int BM, int BN, int BK, int TM, int TN,
           int MINB>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_tiled(
@@ -317,7 +321,6 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
     constexpr int V = pick_vector(16 / sizeof(T), BM * BK, BK * BN, NT);
     constexpr int A_CH = BM * BK / (V * NT), B_CH = BK * BN / (V * NT);  // 16-byte chunks
     constexpr int AI = ARGMAX ? TM : 1, AJ = ARGMAX ? TN : 1;  // sizes of the argmax arrays
-    constexpr int GROUP = BK >= 32 ? 1 : 32 / BK;  // k-tiles per argmax comparison
     static_assert(BM * BK % (V * NT) == 0 && BK * BN % (V * NT) == 0, "tile loads must divide evenly");
     static_assert(BK % V == 0 && BN % V == 0 && TM % 2 == 0 && TN % 2 == 0, "tile shape");
     __shared__ __align__(16) T As[2][BK][BM];
@@ -410,8 +413,8 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                 return __syncthreads_and(safe) != 0;
             };
             T acc[TM][TN];
-            T part[AI][AJ];  // ARGMAX: this group's best
-            int last[AI][AJ];  // ARGMAX: the last group that improved the running value
+            T part[AI][AJ];  // ARGMAX: this k-tile's best
+            int last[AI][AJ];  // ARGMAX: the last k-tile that improved the running value
             #pragma unroll
             for (int i = 0; i < TM; ++i)
                 #pragma unroll
@@ -424,12 +427,6 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
             for (long long t = 0; t < tiles; ++t) {
                 const int buf = t & 1;
                 if (t + 1 < tiles) load((t + 1) * BK);
-                if (ARGMAX && t % GROUP == 0) {
-                    #pragma unroll
-                    for (int i = 0; i < TM; ++i)
-                        #pragma unroll
-                        for (int j = 0; j < TN; ++j) part[ARGMAX ? i : 0][ARGMAX ? j : 0] = S::template zero<T>();
-                }
                 if (tile_safe) {
                     #pragma unroll
                     for (int kk = 0; kk < BK; ++kk) {
@@ -448,11 +445,23 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                         for (int i = 0; i < TM; ++i)
                             #pragma unroll
                             for (int j = 0; j < TN; ++j) {
-                                T& best = ARGMAX ? part[ARGMAX ? i : 0][ARGMAX ? j : 0] : acc[i][j];
-                                best = F::step(best, a[i], bv[j]);
+                                if (ARGMAX) {
+                                    T& p = part[ARGMAX ? i : 0][ARGMAX ? j : 0];
+                                    if (kk == 0 && SeedsWithoutMax<T>::value)
+                                        p = F::mul(a[i], bv[j]);
+                                    else
+                                        p = F::step(kk == 0 ? S::template zero<T>() : p, a[i], bv[j]);
+                                } else {
+                                    acc[i][j] = F::step(acc[i][j], a[i], bv[j]);
+                                }
                             }
                     }
                 } else {
+                    #pragma unroll
+                    for (int i = 0; i < TM; ++i)
+                        #pragma unroll
+                        for (int j = 0; j < TN; ++j)
+                            if (ARGMAX) part[ARGMAX ? i : 0][ARGMAX ? j : 0] = S::template zero<T>();
                     for (int kk = 0; kk < BK; ++kk) {
                         #pragma unroll
                         for (int i = 0; i < TM; ++i) {
@@ -468,7 +477,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                         }
                     }
                 }
-                if (ARGMAX && (t % GROUP == GROUP - 1 || t + 1 == tiles)) {
+                if (ARGMAX) {
                     #pragma unroll
                     for (int i = 0; i < TM; ++i)
                         #pragma unroll
@@ -476,7 +485,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                             const T p = part[ARGMAX ? i : 0][ARGMAX ? j : 0];
                             if (S::better(p, acc[i][j])) {
                                 acc[i][j] = p;
-                                last[ARGMAX ? i : 0][ARGMAX ? j : 0] = (int)(t / GROUP);
+                                last[ARGMAX ? i : 0][ARGMAX ? j : 0] = (int)t;
                             }
                         }
                 }
@@ -496,11 +505,11 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                     T value = acc[i][j];
                     int winner = -1;
                     if (ARGMAX && last[ARGMAX ? i : 0][ARGMAX ? j : 0] >= 0) {
-                        // The smallest k of the improving group whose product is the value (the
+                        // The smallest k of the improving tile whose product is the value (the
                         // fast step computed the same sums and products, so it is there).
-                        const long long k0 = (long long)last[ARGMAX ? i : 0][ARGMAX ? j : 0] * (GROUP * BK);
-                        #pragma unroll 8
-                        for (int kk = GROUP * BK - 1; kk >= 0; --kk) {
+                        const long long k0 = (long long)last[ARGMAX ? i : 0][ARGMAX ? j : 0] * BK;
+                        #pragma unroll
+                        for (int kk = BK - 1; kk >= 0; --kk) {
                             const long long k = k0 + kk;
                             if (k < K && S::mul(Ab[m * lda + k], Bb[k * ldb + n]) == value) winner = (int)k;
                         }
