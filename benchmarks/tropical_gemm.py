@@ -280,6 +280,7 @@ def plot(f: dict[str, Any], r: dict[str, Any], out: Path) -> None:
     ax.axhline(2 * r["probe_pairs_per_s"]["f32"] / 1e12, color="gray", ls="--", label="f32 probe")
     ax.set(xscale="log", yscale="log", xlabel="M = N = K", ylabel="tropical T ops/s")
     ax.set_xticks([256, 512, 1024, 2048, 4096, 8192], ["256", "512", "1k", "2k", "4k", "8k"])
+    ax.minorticks_off()
     ax.set_title(f"Max-plus f32 on {f['gpu']} ({f['date']})")
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)

@@ -185,14 +185,22 @@ def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path
         (17, 4096, 8, True, "wide32"),
         (17, 4096, 33, False, "wide32"),
         (64, 5000, 65, False, "wide64"),
-        (4096, 65, 8, False, "large"),
-        (65, 4096, 64, False, "large"),
+        (4096, 65, 8, False, "small"),  # 32 tiles of 128 x 128: too few to fill the GPU
+        (65, 4096, 64, False, "small"),
+        (1024, 1024, 1024, False, "small"),
+        (2048, 2048, 8, False, "large"),
         (1024, 64, 64, False, "small"),
         (4095, 4095, 4095, True, "large"),
     ],
 )
 def test_shape_classes(m: int, n: int, k: int, argmax: bool, kind: str) -> None:
     assert tropical.shape_class(m, n, k, argmax=argmax) == kind
+
+
+def test_batches_count_towards_filling_the_gpu() -> None:
+    assert tropical.shape_class(512, 512, 512, batch=15) == "small"  # 240 tiles
+    assert tropical.shape_class(512, 512, 512, batch=16) == "large"  # 256
+    assert tropical.shape_class(64, 64, 64, batch=1 << 20) == "small"  # M, N <= 64
 
 
 def test_every_default_tile_fits_its_variant() -> None:

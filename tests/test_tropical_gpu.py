@@ -15,6 +15,7 @@ import pytest
 import aionvrtc
 from aionvrtc import Compiler, tropical
 from aionvrtc.tropical import reference
+from aionvrtc.tropical._specs import tile_variant, tiled_supported
 
 from .tropical_data import operands
 
@@ -37,6 +38,7 @@ SIZES = [
     (4200, 30, 31),
     (5000, 40, 64),
     (300, 264, 136),
+    (1100, 40, 1000),
     (4104, 32, 32),
     (4160, 64, 48),
     (4096, 4, 9),
@@ -51,6 +53,7 @@ SIZES = [
     (9, 20, 4100),
 ]
 # One size of each kernel class, for the tests that run every class once.
+# (products of test size are never "large": test_large_tiles_at_test_sizes forces those tiles)
 CLASS_SIZES = [(40, 23, 31), (300, 70, 260), (4100, 13, 31), (31, 13, 4100), (4100, 70, 20)]
 
 
@@ -120,6 +123,34 @@ def test_views_are_used_in_place(ring: str, dtype: Any, layout: str) -> None:
         a_gpu, b_gpu = gpu(a)[::-1], gpu(b)[:, ::-1]
     assert not (a_gpu.flags.c_contiguous and b_gpu.flags.c_contiguous)
     check(ring, a_gpu, b_gpu)
+
+
+TILED = [(s, d) for s, d in CASES if tiled_supported(s, np.dtype(d))]
+
+
+@pytest.mark.parametrize(("ring", "dtype"), TILED, ids=[f"{s}-{np.dtype(d)}" for s, d in TILED])
+@pytest.mark.parametrize("argmax", [False, True])
+@pytest.mark.parametrize("infinities", [True, False])
+def test_large_tiles_at_test_sizes(ring: str, dtype: Any, argmax: bool, infinities: bool) -> None:
+    # Products of test size are too small for the large class (too few 128 x 128 tiles to fill
+    # the GPU), so its tiles are forced here: edges, and the 16-byte loads of aligned interiors.
+    from aionvrtc.tropical._api import _launch, _module_sync, _plan
+
+    tile = tropical.TILES["large"][tile_variant(np.dtype(dtype), argmax=argmax)]
+    rng = np.random.default_rng()
+    for m, k, n in ((300, 257, 260), (129, 7, 33), (256, 64, 384)):
+        a, b = operands(rng, ring, dtype, (m, k), (k, n), infinities=infinities)
+        plan = _plan(
+            gpu(a), gpu(b), ring, argmax=argmax, out=None, accumulate=False, tile=tile
+        )  # fmt: skip
+        assert plan.tile == tile
+        _launch(plan, _module_sync(plan.spec, plan.device, None), None)
+        want = reference.matmul(a, b, ring, argmax=argmax)
+        if argmax:
+            np.testing.assert_array_equal(host(plan.c), want[0])
+            np.testing.assert_array_equal(host(plan.index), want[1])
+        else:
+            np.testing.assert_array_equal(host(plan.c), want)
 
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)

@@ -114,7 +114,7 @@ def _plan(
     if tile == "auto":
         tile = None
         if rowmajor and tiled_supported(ring.name, a.dtype):
-            kind = shape_class(m, n, k, argmax=argmax)
+            kind = shape_class(m, n, k, argmax=argmax, batch=batch)
             if kind.startswith(("rows", "cols")):
                 rows, transposed = int(kind[4:]), kind.startswith("cols")
             else:

@@ -171,18 +171,26 @@ ROWS_NMAX = 64
 TALL_M = 4096
 
 
-def shape_class(m: int, n: int, k: int = 1 << 30, *, argmax: bool = False) -> str:
-    """The kernel class of an M x N x K product: "rows4/8/16" (the skinny kernel: M at least
-    TALL_M, N at most 64, K at most 16, no argmax), "cols4/8/16" (the same kernel on the
-    transpose: N at least TALL_M, M at most 64), "tall16/32/64" and "wide16/32/64" (tiles as
-    wide as N, or as tall as M), "small" (M or N at most 64) or "large"."""
+# Fewer tiles of 128 x 128 than this (about two per SM of a 132-SM H100 or H200) and a product
+# takes the small tiles: at 1024^3 the large tiles left half of the H200 idle (12 T ops/s, where
+# the 64 x 64 tiles of the argmax variant ran 14 T with the argmax's extra work).
+LARGE_MIN_TILES = 256
+
+
+def shape_class(m: int, n: int, k: int = 1 << 30, *, argmax: bool = False, batch: int = 1) -> str:
+    """The kernel class of a ``batch`` x M x N x K product: "rows4/8/16" (the skinny kernel: M
+    at least TALL_M, N at most 64, K at most 16, no argmax), "cols4/8/16" (the same kernel on
+    the transpose: N at least TALL_M, M at most 64), "tall16/32/64" and "wide16/32/64" (tiles
+    as wide as N, or as tall as M), "large" (enough 128 x 128 tiles to fill the GPU) or
+    "small"."""
     skinny = k <= ROWS_KMAX[-1] and not argmax
     kmax = next((x for x in ROWS_KMAX if k <= x), 0)
     if m >= TALL_M and n <= ROWS_NMAX:
         return f"rows{kmax}" if skinny else f"tall{_width(n)}"
     if n >= TALL_M and m <= ROWS_NMAX:
         return f"cols{kmax}" if skinny else f"wide{_width(m)}"
-    return "small" if min(m, n) <= 64 else "large"
+    tiles = batch * -(-m // 128) * -(-n // 128)
+    return "small" if min(m, n) <= 64 or tiles < LARGE_MIN_TILES else "large"
 
 
 def _width(size: int) -> int:
