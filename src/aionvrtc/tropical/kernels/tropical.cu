@@ -90,6 +90,21 @@ struct AndOr {
     template <typename T> __device__ static bool better(T x, T y) { return x && !y; }
 };
 
+// One output of a product (and its argmax). With ACCUMULATE, C = C (+) A (x) B: the value that was
+// there first wins ties, and keeps its index.
+template <typename S, bool ARGMAX, bool ACCUMULATE, typename T>
+__device__ __forceinline__ void write_output(T* c, int* ix, T value, int winner) {
+    if (ACCUMULATE) {
+        const T old = *c;
+        if (!S::better(value, old)) {
+            value = old;
+            if (ARGMAX) winner = *ix;
+        }
+    }
+    *c = value;
+    if (ARGMAX) *ix = winner;
+}
+
 // -- the product -------------------------------------------------------------------------------
 // Block tile 64 x 64, k-step 16, 256 threads each owning a 4 x 4 tile of C (rows ty + 16 i,
 // columns tx + 16 j). Out-of-range elements load as the semiring's zero, which never wins, so
@@ -162,15 +177,7 @@ __global__ void __launch_bounds__(THREADS) tropical_gemm(
                     int* ix = ARGMAX ? I + b * sIb + m * sIm + n * sIn : nullptr;
                     T value = acc[i][j];
                     int winner = idx[i][j];
-                    if (ACCUMULATE) {
-                        const T old = *c;  // C was there first: it wins ties
-                        if (!S::better(value, old)) {
-                            value = old;
-                            if (ARGMAX) winner = *ix;
-                        }
-                    }
-                    *c = value;
-                    if (ARGMAX) *ix = winner;
+                    write_output<S, ARGMAX, ACCUMULATE>(c, ix, value, winner);
                 }
         }
     }
@@ -514,15 +521,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                             if (k < K && S::mul(Ab[m * lda + k], Bb[k * ldb + n]) == value) winner = (int)k;
                         }
                     }
-                    if (ACCUMULATE) {
-                        const T old = *c;  // C was there first: it wins ties
-                        if (!S::better(value, old)) {
-                            value = old;
-                            if (ARGMAX) winner = *ix;
-                        }
-                    }
-                    *c = value;
-                    if (ARGMAX) *ix = winner;
+                    write_output<S, ARGMAX, ACCUMULATE>(c, ix, value, winner);
                 }
             }
         }
