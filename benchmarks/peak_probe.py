@@ -10,12 +10,13 @@ add and one max per pair (one instruction with DPX), no memory traffic.
 from __future__ import annotations
 
 import json
-import statistics
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from aionvrtc import KernelSpec, compile_sync
+from aionvrtc.tropical._tune import timed
 
 SOURCE = r"""
 // The GEMM's inner step with operands in registers: acc[i][j] = max(acc[i][j], a[i] + b[j]),
@@ -83,8 +84,9 @@ def kernel(name: str) -> tuple[Any, Any]:
     return module.get_function(expression), dtype
 
 
-def probe(name: str, iterations: int = 4096, repeats: int = 7) -> float:
-    """Median add+max pairs per second of ``name``'s probe on the current GPU."""
+def launch(name: str, iterations: int) -> tuple[Callable[[], object], int]:
+    """One launch of ``name``'s probe filling the current GPU (4 blocks of 256 threads per SM),
+    and the add+max pairs it does."""
     import cupy
 
     function, dtype = kernel(name)
@@ -92,17 +94,14 @@ def probe(name: str, iterations: int = 4096, repeats: int = 7) -> float:
     blocks, threads = sms * 4, 256
     out = cupy.zeros(1, dtype=dtype)
     args = (out, dtype(-1), dtype(1), np.int64(iterations))
-    function((blocks,), (threads,), args)  # warm up
-    samples = []
-    for _ in range(repeats):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        function((blocks,), (threads,), args)
-        stop.record()
-        stop.synchronize()
-        seconds = cupy.cuda.get_elapsed_time(start, stop) / 1e3
-        samples.append(blocks * threads * iterations * PAIRS_PER_ITERATION / seconds)
-    return float(statistics.median(samples))
+    pairs = blocks * threads * iterations * PAIRS_PER_ITERATION
+    return (lambda: function((blocks,), (threads,), args)), pairs
+
+
+def probe(name: str, iterations: int = 4096, repeats: int = 7) -> float:
+    """Median add+max pairs per second of ``name``'s probe on the current GPU."""
+    call, pairs = launch(name, iterations)
+    return pairs / timed(call, repeats, graph=False)
 
 
 def run_all() -> dict[str, Any]:

@@ -95,18 +95,14 @@ def sustained(call: Callable[[], object], work: float, seconds: float = 1.5) -> 
 
 
 def probe_call(name: str, milliseconds: float) -> tuple[Callable[[], object], float]:
-    """The peak probe's kernel sized to run about ``milliseconds`` per launch."""
+    """The peak probe's launch sized to run about ``milliseconds``."""
     import cupy
 
     rate = 16e12 if name != "f64" else 2e12
-    sms = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
-    blocks, threads = sms * 4, 256
-    iterations = int(rate * milliseconds / 1e3 / (blocks * threads * 64)) // 8 * 8
-    kernel, dtype = peak_probe.kernel(name)
-    out = cupy.zeros(1, dtype=dtype)
-    args = (out, dtype(-1), dtype(1), np.int64(iterations))
-    work = blocks * threads * iterations * peak_probe.PAIRS_PER_ITERATION
-    return (lambda: kernel((blocks,), (threads,), args)), float(work)
+    threads = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"] * 4 * 256
+    iterations = int(rate * milliseconds / 1e3 / (threads * peak_probe.PAIRS_PER_ITERATION))
+    call, pairs = peak_probe.launch(name, iterations // 8 * 8)
+    return call, float(pairs)
 
 
 def gemm_call(

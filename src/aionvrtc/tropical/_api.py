@@ -189,19 +189,8 @@ def _launch(plan: _Plan, module: Module, stream: Any) -> None:
             m, n = plan.m, plan.n
         # Rows of A' load 16 bytes at a time, and rows of C' store four elements at a time,
         # where contiguous and aligned (see tropical_gemm_rows).
-        vector = 16 // plan.a.itemsize
-        loads = (
-            strides[2] == 1
-            and operands[0].data.ptr % 16 == 0
-            and strides[0] % vector == 0
-            and strides[1] % vector == 0
-        )
-        stores = (
-            strides[8] == 1
-            and operands[2].data.ptr % (4 * plan.a.itemsize) == 0
-            and strides[6] % 4 == 0
-            and strides[7] % 4 == 0
-        )
+        loads = strides[2] == 1 and _vectors(operands[0], strides[0:2], 16 // plan.a.itemsize)
+        stores = strides[8] == 1 and _vectors(operands[2], strides[6:8], 4)
         grid = (min(-(-m // _THREADS), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
         block: tuple[int, ...] = (_THREADS,)
         dims = (m, n, plan.k, plan.batch)
@@ -216,11 +205,7 @@ def _launch(plan: _Plan, module: Module, stream: Any) -> None:
         block = ((bm // tm) * (bn // tn),)
         # 16-byte loads need 16-byte aligned rows and batches.
         vector = 16 // plan.a.itemsize
-        aligned = (
-            plan.a.data.ptr % 16 == 0
-            and plan.b.data.ptr % 16 == 0
-            and all(s % vector == 0 for s in (sab, sam, sbb, sbk))
-        )
+        aligned = _vectors(plan.a, (sab, sam), vector) and _vectors(plan.b, (sbb, sbk), vector)
         args = (
             plan.a, plan.b, plan.c, index_arg, *sizes,
             np.int64(sab), np.int64(sam), np.int64(sbb), np.int64(sbk),
@@ -240,6 +225,12 @@ def _launch(plan: _Plan, module: Module, stream: Any) -> None:
     function = module.get_function(plan.spec.name_expressions[0])
     with cupy.cuda.Device(plan.device):
         function(grid, block, args, stream=stream)
+
+
+def _vectors(x: Any, strides: tuple[int, ...], width: int) -> bool:
+    """Whether ``x`` can be read or written ``width`` elements at a time at offsets that are
+    multiples of ``strides`` (in elements): its start and every stride aligned to the vector."""
+    return bool(x.data.ptr % (width * x.itemsize) == 0 and all(s % width == 0 for s in strides))
 
 
 def _grid(plan: _Plan, bm: int, bn: int) -> tuple[int, int, int]:

@@ -108,8 +108,8 @@ def timed(call: Callable[..., object], repeats: int, *, graph: bool = True) -> f
 
     call()  # compiles, loads and allocates outside any capture
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    stream = cupy.cuda.Stream(non_blocking=True)
-    inner = 1
+    stream = cupy.cuda.get_current_stream()
+    run, inner = call, 1
     if graph:
         start.record()
         call()
@@ -117,15 +117,13 @@ def timed(call: Callable[..., object], repeats: int, *, graph: bool = True) -> f
         stop.synchronize()
         once = max(cupy.cuda.get_elapsed_time(start, stop) / 1e3, 1e-7)
         inner = min(100, max(1, int(2e-3 / once)))
+        stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             stream.begin_capture()
             for _ in range(inner):
                 call()
             captured = stream.end_capture()
-        run: Callable[[], object] = lambda: captured.launch(stream)  # noqa: E731
-    else:
-        run = call
-        stream = cupy.cuda.get_current_stream()
+        run = lambda: captured.launch(stream)  # noqa: E731
     samples = []
     for _ in range(repeats):
         start.record(stream)

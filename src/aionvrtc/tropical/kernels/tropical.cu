@@ -543,9 +543,8 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
 // warp's consecutive rows coalesce when A's row stride is 1 (the transposed case); likewise four
 // columns of C are stored at once where C's rows are contiguous and aligned (bit 1).
 // Blocks of 256 threads per SM the rows kernel asks ptxas to fit: the row's registers and about 40
-// more each. Unbounded, ptxas hoisted every shared-memory load of the unrolled k loop and took
-// up to 255 registers (spilling at KMAX = 64); occupancy is what hides this kernel's memory
-// latency.
+// more each, since occupancy is what hides this kernel's memory latency (f32 at KMAX = 16: 64
+// registers, four blocks, against 65 and three unbounded).
 __host__ __device__ constexpr int rows_min_blocks(int words) {
     return 65536 / (256 * (words + 40)) < 1 ? 1 : 65536 / (256 * (words + 40)) > 8 ? 8
         : 65536 / (256 * (words + 40));
