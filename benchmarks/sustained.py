@@ -7,7 +7,9 @@ board power sampled through NVML meanwhile.
 
 A short probe can run at a higher clock than a GEMM that runs for seconds; quoting the GEMM
 against the probe at the same clock separates the kernel's efficiency from the board's power
-limit.
+limit. Calls are launched one by one from Python, as a service would: the rates of kernels of a
+few microseconds (the batched and tall rows) include that overhead; tropical_gemm.py times the
+kernels alone.
 """
 
 from __future__ import annotations
