@@ -211,8 +211,12 @@ def test_every_default_tile_fits_its_variant() -> None:
     for kind, variants in tropical.TILES.items():
         assert tuple(variants) == tropical.VARIANTS
         for variant, tile in variants.items():
-            assert tile_fits(tile, int(variant[1])), (kind, variant, tile)
+            argmax = variant.endswith("-argmax")
+            assert tile_fits(tile, int(variant[1]), argmax=argmax), (kind, variant, tile)
     assert not tile_fits((128, 128, 16, 8, 8, 1), 8)  # 64 KiB of shared memory
+    # The argmax's 2 bytes per output: 16 KiB of tiles and 32 KiB of indices fit, no more.
+    assert tile_fits((128, 128, 8, 8, 8, 1), 4, argmax=True)
+    assert not tile_fits((128, 128, 16, 8, 8, 1), 4, argmax=True)
     assert not tile_fits((256, 16, 8, 8, 2, 1), 4)  # B's 8 x 16 tile, 256 threads
 
 

@@ -153,6 +153,21 @@ def test_large_tiles_at_test_sizes(ring: str, dtype: Any, argmax: bool, infiniti
             np.testing.assert_array_equal(host(plan.c), want)
 
 
+def test_argmax_past_the_tuned_kernels_tile_count() -> None:
+    # The tuned kernel counts k-tiles in 16 bits for its argmax: longer products take the
+    # generic kernel, even when a tile is named.
+    from aionvrtc.tropical._api import _plan
+    from aionvrtc.tropical._specs import ARGMAX_MAX_TILES
+
+    tile = tropical.TILES["small"]["f4-argmax"]
+    k = ARGMAX_MAX_TILES * tile[2] + 3
+    a, b = operands(np.random.default_rng(), "maxplus", np.float32, (3, k), (k, 5))
+    plan = _plan(gpu(a), gpu(b), "maxplus", argmax=True, out=None, accumulate=False, tile=tile)
+    assert plan.tile is None
+    assert "tropical_gemm<" in plan.spec.name_expressions[0]
+    check("maxplus", gpu(a), gpu(b))
+
+
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
 @pytest.mark.parametrize(("m", "k", "n"), CLASS_SIZES)
 def test_fast_path_without_infinities(ring: str, dtype: Any, m: int, k: int, n: int) -> None:

@@ -17,6 +17,7 @@ from .._sync import default_compiler
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
 from ._specs import (
+    ARGMAX_MAX_TILES,
     Layout,
     Tile,
     all_specs,
@@ -119,6 +120,8 @@ def _plan(
                 rows, transposed = int(kind[4:]), kind.startswith("cols")
             else:
                 tile = tuned_tiles(a.device.id)[kind][tile_variant(a.dtype, argmax=argmax)]
+    if argmax and tile is not None and -(-k // tile[2]) > ARGMAX_MAX_TILES:
+        tile = None
     if rows:
         spec = rows_spec(ring.name, a.dtype, accumulate=accumulate, kmax=rows)
     elif tile is not None:

@@ -14,6 +14,7 @@ from .._spec import KernelSpec
 from ._semirings import DTYPES, SEMIRINGS, semiring
 
 __all__ = [
+    "ARGMAX_MAX_TILES",
     "LAYOUTS",
     "TILES",
     "VARIANTS",
@@ -83,16 +84,17 @@ Tile = tuple[int, int, int, int, int, int]  # BM, BN, BK, TM, TN, blocks per SM
 # Tile configurations of the tuned kernel, by shape class, then variant (tile_variant): the
 # defaults where the autotuner (tropical.autotune) has not run on this GPU, its winners on the
 # lent H200 (benchmarks/tile_sweep.py; results/tile_sweep-nvidia-h200*.md: "large" and "small"
-# from the latest sweep, their argmax variants from the sweep of the argmax kernel kept, the
-# tall and wide classes from the sweep of all classes). "large" products fill the GPU with big
-# tiles; "small" ones (M or N at most 64, such as batches of small matrices) want more, smaller
-# blocks; tall (wide) products want a tile as wide (tall) as N (M).
+# from the latest sweep, their argmax variants from the sweep of the argmax kernel with its tile
+# numbers in shared memory (-argmax-shared-index), the tall and wide classes from the sweep of all
+# classes). "large" products fill the GPU with big tiles; "small" ones (M or N at most 64, such
+# as batches of small matrices) want more, smaller blocks; tall (wide) products want a tile as
+# wide (tall) as N (M).
 TILES: dict[str, dict[str, Tile]] = {
     "large": {
         "f4": (128, 128, 16, 8, 8, 1), "i4": (128, 128, 8, 8, 8, 2),
         "f8": (64, 64, 8, 4, 4, 1), "i8": (128, 128, 8, 8, 4, 1),
-        "f4-argmax": (64, 64, 16, 4, 4, 2), "i4-argmax": (64, 64, 16, 4, 4, 2),
-        "f8-argmax": (64, 64, 16, 4, 4, 1), "i8-argmax": (64, 64, 16, 4, 4, 2),
+        "f4-argmax": (64, 128, 16, 4, 8, 2), "i4-argmax": (64, 128, 16, 4, 8, 2),
+        "f8-argmax": (64, 64, 16, 4, 4, 2), "i8-argmax": (64, 64, 8, 4, 4, 1),
     },
     "small": {
         "f4": (64, 64, 16, 8, 4, 1), "i4": (32, 64, 16, 4, 4, 1),
@@ -146,9 +148,9 @@ def tile_variant(dtype: np.dtype[np.generic], *, argmax: bool) -> str:
     return f"{dtype.kind}{dtype.itemsize}{'-argmax' if argmax else ''}"
 
 
-def tile_fits(tile: Tile, itemsize: int) -> bool:
+def tile_fits(tile: Tile, itemsize: int, *, argmax: bool = False) -> bool:
     """Whether the tuned kernel compiles with ``tile`` (its static_asserts) and fits the 48 KiB
-    of static shared memory."""
+    of static shared memory (the argmax variant also keeps 2 bytes per output there)."""
     bm, bn, bk, tm, tn, blocks = tile
     if min(tile) < 1 or bm % tm or bn % tn or tm % 2 or tn % 2:
         return False
@@ -157,9 +159,15 @@ def tile_fits(tile: Tile, itemsize: int) -> bool:
         threads <= 1024
         and (bm * bk) % threads == 0
         and (bk * bn) % threads == 0
-        and 2 * bk * (bm + bn) * itemsize <= 48 << 10
+        and 2 * bk * (bm + bn) * itemsize + (2 * bm * bn if argmax else 0) <= 48 << 10
         and blocks * threads <= 2048
     )
+
+
+# The tuned kernel's argmax keeps the last improving k-tile of each output in 16 bits (0xffff:
+# none), so products with an argmax and more k-tiles take the generic kernel (K past 0xffff * BK:
+# at least half a million).
+ARGMAX_MAX_TILES = 0xFFFF
 
 
 # The skinny kernel (a thread per row of C, B in shared memory) serves products with K at most

@@ -36,7 +36,7 @@ CANDIDATES: dict[str, tuple[Tile, ...]] = {
         (128, 128, 16, 8, 8, 2), (128, 128, 8, 8, 4, 1), (128, 64, 8, 8, 4, 1),
         (128, 64, 16, 8, 4, 1), (128, 64, 16, 8, 4, 2), (128, 64, 32, 8, 4, 1),
         (128, 64, 8, 8, 4, 2), (64, 64, 8, 4, 4, 1), (64, 64, 16, 4, 4, 1), (64, 64, 16, 4, 4, 2),
-        (64, 64, 32, 4, 4, 1), (64, 128, 8, 4, 8, 1),
+        (64, 64, 32, 4, 4, 1), (64, 128, 8, 4, 8, 1), (64, 128, 16, 4, 8, 2),
     ),
     "small": (
         (64, 64, 8, 8, 4, 1), (64, 64, 8, 4, 4, 1), (64, 64, 16, 4, 4, 1), (64, 64, 32, 4, 4, 1),
@@ -211,7 +211,7 @@ async def autotune(
         tiled_spec("maxplus", dtype, argmax=flag, accumulate=False, tile=tile)
         for kind, dtype, flag in todo
         for tile in CANDIDATES[kind]
-        if tile_fits(tile, dtype.itemsize)
+        if tile_fits(tile, dtype.itemsize, argmax=flag)
     )
     for kind, dtype, flag in todo:
         variant = tile_variant(dtype, argmax=flag)
@@ -250,7 +250,7 @@ async def _tune_one(
     variant = tile_variant(dtype, argmax=argmax)
     timings: list[tuple[float, Tile]] = []
     for tile in CANDIDATES[kind]:
-        if not tile_fits(tile, dtype.itemsize):
+        if not tile_fits(tile, dtype.itemsize, argmax=argmax):
             continue
         plan = _plan(a, b, ring, argmax=argmax, out=None, accumulate=False, tile=tile)
         try:

@@ -313,7 +313,8 @@ template <> struct SeedsWithoutMax<double> { static constexpr bool value = false
 // instructions per pair, as without argmax); where it beats the running value, strictly, so that
 // the first tile attaining the maximum keeps it, the tile's number is recorded. At the end one
 // rescan of that tile (BK products, from global memory) finds the smallest k attaining the value.
-// That costs a compare and two selects per output and k-tile, instead of per (m, n, k).
+// That costs a compare, a select and a store per output and k-tile, instead of per (m, n, k).
+// (Comparing once per 32 values of k, two or four tiles, measured slower on the H200.)
 template <typename T, typename F, bool ARGMAX, bool ACCUMULATE, int BM, int BN, int BK, int TM, int TN,
           int MINB>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_tiled(
@@ -332,6 +333,12 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
     static_assert(BK % V == 0 && BN % V == 0 && TM % 2 == 0 && TN % 2 == 0, "tile shape");
     __shared__ __align__(16) T As[2][BK][BM];
     __shared__ __align__(16) T Bs[2][BK][BN];
+    // ARGMAX: the last k-tile that improved each output's running value (0xffff: none), kept in
+    // shared memory, a column per thread (no bank conflicts), so that the registers hold only
+    // the running and the tile's best values: with the index in registers too, 8 x 4 outputs
+    // per thread took 242 registers. 16 bits: at most ARGMAX_MAX_TILES k-tiles (the host routes
+    // longer products to the generic kernel).
+    __shared__ unsigned short Ls[ARGMAX ? TM * TN : 1][ARGMAX ? NT : 1];
     const int tid = threadIdx.x;
     const int tx = tid % (BN / TN), ty = tid / (BN / TN);
     const long long m0 = (long long)blockIdx.x * BM;
@@ -421,13 +428,12 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
             };
             T acc[TM][TN];
             T part[AI][AJ];  // ARGMAX: this k-tile's best
-            int last[AI][AJ];  // ARGMAX: the last k-tile that improved the running value
             #pragma unroll
             for (int i = 0; i < TM; ++i)
                 #pragma unroll
                 for (int j = 0; j < TN; ++j) {
                     acc[i][j] = S::template zero<T>();
-                    if (ARGMAX) last[ARGMAX ? i : 0][ARGMAX ? j : 0] = -1;
+                    if (ARGMAX) Ls[ARGMAX ? i * TN + j : 0][ARGMAX ? tid : 0] = 0xffff;
                 }
             load(0);
             bool tile_safe = publish(store(0));
@@ -492,7 +498,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                             const T p = part[ARGMAX ? i : 0][ARGMAX ? j : 0];
                             if (S::better(p, acc[i][j])) {
                                 acc[i][j] = p;
-                                last[ARGMAX ? i : 0][ARGMAX ? j : 0] = (int)t;
+                                Ls[ARGMAX ? i * TN + j : 0][ARGMAX ? tid : 0] = (unsigned short)t;
                             }
                         }
                 }
@@ -511,10 +517,11 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) tropical_gemm_til
                     int* ix = ARGMAX ? I + b * sIb + m * sIm + n * sIn : nullptr;
                     T value = acc[i][j];
                     int winner = -1;
-                    if (ARGMAX && last[ARGMAX ? i : 0][ARGMAX ? j : 0] >= 0) {
+                    const unsigned last = ARGMAX ? Ls[ARGMAX ? i * TN + j : 0][ARGMAX ? tid : 0] : 0xffff;
+                    if (last != 0xffff) {
                         // The smallest k of the improving tile whose product is the value (the
                         // fast step computed the same sums and products, so it is there).
-                        const long long k0 = (long long)last[ARGMAX ? i : 0][ARGMAX ? j : 0] * BK;
+                        const long long k0 = (long long)last * BK;
                         #pragma unroll
                         for (int kk = BK - 1; kk >= 0; --kk) {
                             const long long k = k0 + kk;
