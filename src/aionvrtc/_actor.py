@@ -32,7 +32,6 @@ from ._cache import DEFAULT_MEMORY_LIMIT, CacheStats, KernelCache
 from ._cuda import Module
 from ._exceptions import CompileError, CompilerClosed
 from ._spec import KernelSpec
-from ._store.disk import DEFAULT_DISK_LIMIT
 from ._store.memory import _Entry
 from ._target import Target, TargetLike
 
@@ -125,7 +124,7 @@ class Compiler:
         cache_dir: str | os.PathLike[str] | None = None,
         concurrency: int | None = None,
         memory_limit: int = DEFAULT_MEMORY_LIMIT,
-        disk_limit: int = DEFAULT_DISK_LIMIT,
+        disk_limit: int | None = None,
         disk: bool = True,
     ) -> None:
         if concurrency is None:

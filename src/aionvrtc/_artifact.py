@@ -22,13 +22,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from ._exceptions import CacheCorruptError
 from ._spec import FORMAT_VERSION
 from ._version import __version__
 
-__all__ = ["Artifact", "ArtifactKind", "decode", "encode"]
+__all__ = ["Artifact", "ArtifactKind", "decode", "encode", "read_header"]
 
 ArtifactKind = Literal["cubin", "ptx", "data"]  # data: a named record (KernelCache.record)
 
@@ -105,6 +105,29 @@ def _typed(header: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) 
     if not isinstance(value, kind) or isinstance(value, bool):
         raise _corrupt(f"header field {name!r} is missing or of the wrong type")
     return value
+
+
+def read_header(file: BinaryIO) -> dict[str, Any]:
+    """The header of the entry ``file`` is positioned at, read without the image and not
+    verified (the checksum covers the image too): for listing a cache, never for loading."""
+    prefix = file.read(_PREFIX.size)
+    if len(prefix) < _PREFIX.size:
+        raise _corrupt(f"truncated ({len(prefix)} bytes)")
+    magic, version, header_len = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise _corrupt("not an aionvrtc entry (bad magic)")
+    if version != FORMAT_VERSION:
+        raise _corrupt(f"format version {version}, this aionvrtc reads {FORMAT_VERSION}")
+    raw = file.read(header_len)
+    if len(raw) < header_len:
+        raise _corrupt("header length runs past the end")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _corrupt(f"unreadable header ({exc})") from exc
+    if not isinstance(header, dict):
+        raise _corrupt("header is not an object")
+    return header
 
 
 def decode(

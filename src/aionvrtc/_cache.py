@@ -16,7 +16,6 @@ from . import _nvrtc
 from ._artifact import Artifact
 from ._spec import KernelSpec, record_key
 from ._store import DiskTier, MemoryTier
-from ._store.disk import DEFAULT_DISK_LIMIT
 from ._target import TargetLike, as_target
 
 __all__ = ["DEFAULT_MEMORY_LIMIT", "CacheStats", "KernelCache"]
@@ -60,7 +59,7 @@ class KernelCache:
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         memory_limit: int = DEFAULT_MEMORY_LIMIT,
-        disk_limit: int = DEFAULT_DISK_LIMIT,
+        disk_limit: int | None = None,
         disk: bool = True,
     ) -> None:
         self.target = as_target(arch)

@@ -19,21 +19,24 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .._artifact import Artifact, decode, encode
+from .._artifact import Artifact, decode, encode, read_header
 from .._exceptions import CacheCorruptError
 from .._spec import FORMAT_VERSION
+from .._units import parse_size
 
 try:
     import fcntl
 except ImportError:  # not POSIX: no cross-process single flight
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["DiskTier", "EntryInfo", "default_cache_dir"]
+__all__ = ["EVENT_KINDS", "DiskTier", "EntryInfo", "default_cache_dir", "default_disk_limit"]
 
 logger = logging.getLogger("aionvrtc")
 
 ENV_CACHE_DIR = "AIONVRTC_CACHE_DIR"
+ENV_DISK_LIMIT = "AIONVRTC_DISK_LIMIT"
 DEFAULT_DISK_LIMIT = 1 << 30  # bytes (1 GiB)
 # Eviction frees down to this fraction of the limit, so a full cache is not rescanned on every
 # write.
@@ -46,6 +49,11 @@ MAX_ENTRY_BYTES = 256 << 20  # bytes (256 MiB)
 # enough for any real kernel, short enough that a stopped process cannot wedge the others.
 LOCK_TIMEOUT = 300.0  # seconds
 _LOCK_SUFFIX = ".lock"
+# Corrupt entries dropped, evictions and prunes, appended by every process as "<time> <kind>
+# <count>" lines (O_APPEND writes of one short line are atomic), so that `aionvrtc cache info`
+# can report them for the cache dir, not for one process.
+_EVENTS = ".events"
+EVENT_KINDS = ("corrupt", "evicted", "pruned")
 
 _KEY = re.compile(r"[0-9a-f]{64}")
 _TMP_SUFFIX = ".tmp"
@@ -65,6 +73,17 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("aionvrtc", appauthor=False))
 
 
+def default_disk_limit() -> int:
+    """``$AIONVRTC_DISK_LIMIT`` ("2G", "500MiB", bytes) if set, else 1 GiB."""
+    configured = os.environ.get(ENV_DISK_LIMIT)
+    if not configured:
+        return DEFAULT_DISK_LIMIT
+    try:
+        return parse_size(configured)
+    except ValueError as exc:
+        raise ValueError(f"${ENV_DISK_LIMIT}: {exc}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class EntryInfo:
     """One entry as the file system sees it; ``last_used`` is its mtime (hits refresh it)."""
@@ -79,8 +98,10 @@ class DiskTier:
     """Entries on disk, bounded in bytes with least-recently-used eviction. Thread-safe."""
 
     def __init__(
-        self, root: str | os.PathLike[str] | None = None, *, limit: int = DEFAULT_DISK_LIMIT
+        self, root: str | os.PathLike[str] | None = None, *, limit: int | None = None
     ) -> None:
+        if limit is None:
+            limit = default_disk_limit()
         if limit < 0:
             raise ValueError(f"disk_limit must be >= 0 bytes, got {limit}")
         self.root = Path(root) if root is not None else default_cache_dir()
@@ -147,6 +168,7 @@ class DiskTier:
 
     def _drop(self, path: Path, opened: os.stat_result | None, reason: str) -> None:
         self._count("corrupt")
+        self._log_event("corrupt", 1)
         logger.warning("dropping disk cache entry %s: %s", path, reason)
         try:
             if opened is not None:
@@ -308,20 +330,90 @@ class DiskTier:
         """Remove least recently used entries until the total is under the low-water mark."""
         with self._lock:
             entries = self.scan()
-            total = sum(e.size for e in entries)
-            removed = 0
-            if total > self.limit:
-                target = self.limit * LOW_WATER
-                for entry in sorted(entries, key=lambda e: e.last_used):
-                    if total <= target:
-                        break
-                    if _unlink(entry.path):
-                        removed += 1
-                        _unlink(entry.path.with_name(f".{entry.key}{_LOCK_SUFFIX}"))
-                    total -= entry.size
+            over = sum(e.size for e in entries) > self.limit
+            removed = self._remove(entries, int(self.limit * LOW_WATER) if over else None, None)
             self.evictions += removed
-            self._approx_bytes = total
+        if removed:
+            self._log_event("evicted", removed)
         return removed
+
+    def prune(self, *, max_bytes: int | None = None, older_than: float | None = None) -> int:
+        """Remove entries unused for ``older_than`` seconds, then least recently used ones until
+        at most ``max_bytes`` remain. Safe while other processes use the cache: a reader holding
+        an entry open keeps its data, and a later request recompiles it."""
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        if older_than is not None and older_than < 0:
+            raise ValueError(f"older_than must be >= 0 seconds, got {older_than}")
+        cutoff = time.time() - older_than if older_than is not None else None
+        with self._lock:
+            removed = self._remove(self.scan(), max_bytes, cutoff)
+        if removed:
+            self._log_event("pruned", removed)
+        return removed
+
+    def _remove(self, entries: list[EntryInfo], max_bytes: int | None, cutoff: float | None) -> int:
+        """Least recently used first: entries last used before ``cutoff``, then as many as it
+        takes to bring the total to ``max_bytes``. Called with the lock held."""
+        total = sum(e.size for e in entries)
+        removed = 0
+        for entry in sorted(entries, key=lambda e: e.last_used):
+            stale = cutoff is not None and entry.last_used < cutoff
+            if not stale and (max_bytes is None or total <= max_bytes):
+                break  # the rest are newer: neither stale nor needed to make room
+            if _unlink(entry.path):
+                removed += 1
+                _unlink(entry.path.with_name(f".{entry.key}{_LOCK_SUFFIX}"))
+            total -= entry.size
+        self._approx_bytes = total
+        return removed
+
+    def describe(self, entry: EntryInfo) -> dict[str, Any] | None:
+        """The header of ``entry`` (key, kind, arch, NVRTC version, names, created), read
+        without the image and not verified; None if it is unreadable or not an entry."""
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as file:
+            try:
+                return read_header(file)
+            except (CacheCorruptError, OSError):
+                return None
+
+    # -- events shared by the processes that use this cache dir ------------------------------
+
+    def _log_event(self, kind: str, count: int) -> None:
+        line = f"{time.time():.3f} {kind} {count}\n".encode()
+        try:
+            fd = os.open(
+                self.dir / _EVENTS,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC,
+                0o600,
+            )
+        except OSError:
+            return  # a read-only or missing cache dir: the counters here still count
+        try:
+            os.write(fd, line)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def events(self) -> dict[str, int]:
+        """Totals of each event kind that any process logged in this cache dir."""
+        totals = dict.fromkeys(EVENT_KINDS, 0)
+        try:
+            fd = os.open(self.dir / _EVENTS, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+        except OSError:
+            return totals
+        with os.fdopen(fd, "rb") as file:
+            for raw in file.read(MAX_ENTRY_BYTES).splitlines():
+                parts = raw.split()
+                if len(parts) == 3 and parts[1].decode(errors="replace") in totals:
+                    with contextlib.suppress(ValueError):
+                        totals[parts[1].decode()] += int(parts[2])
+        return totals
 
     def discard(self, key: str) -> bool:
         return _unlink(self.path(key))

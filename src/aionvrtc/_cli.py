@@ -1,0 +1,457 @@
+"""The command line, ``aionvrtc`` or ``python -m aionvrtc``: inspect, prune, warm and diagnose
+the disk cache. Every command takes ``--json`` (one JSON document on stdout, for scripts) and
+``--cache-dir`` (default: ``$AIONVRTC_CACHE_DIR``, else the user cache dir); tables and progress
+for people are drawn by rich.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ._exceptions import AionvrtcError
+from ._spec import FORMAT_VERSION
+from ._store.disk import DiskTier, EntryInfo, default_cache_dir
+from ._units import format_size, parse_age, parse_size
+from ._version import __version__
+
+__all__ = ["main"]
+
+Result = tuple[Any, int]  # (what --json prints, exit status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    from rich.console import Console
+
+    console = Console(stderr=False, highlight=False)
+    run: Callable[[argparse.Namespace, Any], Result] = args.run
+    try:
+        data, status = run(args, console)
+    except (AionvrtcError, ValueError, OSError) as exc:
+        if args.json:
+            print(json.dumps({"error": str(exc)}))
+        else:
+            Console(stderr=True, highlight=False).print(f"[red]error:[/red] {exc}")
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+    return status
+
+
+def _argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as an argparse type: its ValueError's message becomes the usage error."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _parser() -> argparse.ArgumentParser:
+    size, age = _argument(parse_size), _argument(parse_age)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON document")
+    common.add_argument(
+        "--cache-dir", type=Path, default=None, help="default: $AIONVRTC_CACHE_DIR or the user's"
+    )
+    parser = argparse.ArgumentParser(
+        prog="aionvrtc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"aionvrtc {__version__}")
+    commands = parser.add_subparsers(title="commands")
+
+    cache = commands.add_parser("cache", help="the disk cache").add_subparsers(title="commands")
+    info = cache.add_parser("info", parents=[common], help="location, size, entries, events")
+    info.set_defaults(run=_info)
+    ls = cache.add_parser("ls", parents=[common], help="one row per entry")
+    ls.add_argument("--arch", help="only entries compiled for this arch, such as sm_90")
+    ls.add_argument("--older-than", type=age, help="last used before, such as 7d")
+    ls.add_argument("--newer-than", type=age, help="last used within, such as 12h")
+    ls.set_defaults(run=_ls)
+    clear = cache.add_parser("clear", parents=[common], help="remove every entry")
+    clear.set_defaults(run=_clear)
+    prune = cache.add_parser("prune", parents=[common], help="remove least recently used entries")
+    prune.add_argument("--max-size", type=size, help="keep at most this much, such as 2G")
+    prune.add_argument("--older-than", type=age, help="remove entries unused for, e.g. 30d")
+    prune.set_defaults(run=_prune)
+
+    warm = commands.add_parser("warm", help="compile kernels ahead of use (no GPU needed)")
+    warm_kinds = warm.add_subparsers(title="kernels")
+    tropical = warm_kinds.add_parser("tropical", parents=[common], help="the tropical GEMM kernels")
+    tropical.add_argument(
+        "--arch", default=os.environ.get("AIONVRTC_ARCH") or None,
+        help="target, such as sm_90 (default: $AIONVRTC_ARCH, else this machine's GPU)",
+    )  # fmt: skip
+    tropical.add_argument("--semirings", nargs="+", help="default: all")
+    tropical.add_argument("--dtypes", nargs="+", help="default: all, such as float32 int32")
+    tropical.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: CPUs)"
+    )
+    tropical.set_defaults(run=_warm_tropical)
+
+    doctor = commands.add_parser(
+        "doctor", parents=[common], help="check NVRTC, GPUs and the cache dir; exit 1 if broken"
+    )
+    doctor.set_defaults(run=_doctor)
+    return parser
+
+
+# -- cache ---------------------------------------------------------------------------------------
+
+
+def _tier(args: argparse.Namespace) -> DiskTier:
+    return DiskTier(args.cache_dir if args.cache_dir is not None else default_cache_dir())
+
+
+def _when(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(timespec="seconds")
+
+
+def _ago(timestamp: float) -> str:
+    seconds = max(0.0, time.time() - timestamp)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _info(args: argparse.Namespace, console: Any) -> Result:
+    tier = _tier(args)
+    entries = tier.scan()
+    events = tier.events()
+    used = [e.last_used for e in entries]
+    others = sorted(
+        p.name for p in tier.root.glob("v*") if p.is_dir() and p.name != tier.dir.name
+    )  # fmt: skip
+    data: dict[str, Any] = {
+        "location": str(tier.root),
+        "directory": str(tier.dir),
+        "format_version": FORMAT_VERSION,
+        "entries": len(entries),
+        "bytes": sum(e.size for e in entries),
+        "limit": tier.limit,
+        "oldest": _when(min(used) if used else None),
+        "newest": _when(max(used) if used else None),
+        "corrupt_dropped": events["corrupt"],
+        "evictions": events["evicted"],
+        "pruned": events["pruned"],
+        "other_format_versions": others,
+    }
+    if not args.json:
+        from rich.table import Table
+
+        table = Table(title="aionvrtc disk cache", show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        table.add_row("location", f"{data['directory']} (format v{FORMAT_VERSION})")
+        percent = 100 * data["bytes"] / tier.limit if tier.limit else 0.0
+        table.add_row(
+            "size",
+            f"{len(entries)} entries, {format_size(data['bytes'])} of "
+            f"{format_size(tier.limit)} ({percent:.0f}%)",
+        )
+        oldest, newest = data["oldest"] or "-", data["newest"] or "-"
+        table.add_row("last used", f"oldest {oldest}, newest {newest}")
+        table.add_row(
+            "events",
+            f"{data['corrupt_dropped']} corrupt entries dropped, {data['evictions']} evicted, "
+            f"{data['pruned']} pruned",
+        )
+        if others:
+            table.add_row("other formats", ", ".join(others) + " (not read by this version)")
+        console.print(table)
+    return data, 0
+
+
+def _ls(args: argparse.Namespace, console: Any) -> Result:
+    tier = _tier(args)
+    now = time.time()
+    rows = []
+    for entry in sorted(tier.scan(), key=lambda e: e.last_used, reverse=True):
+        if args.older_than is not None and entry.last_used >= now - args.older_than:
+            continue
+        if args.newer_than is not None and entry.last_used < now - args.newer_than:
+            continue
+        header = tier.describe(entry) or {}
+        if args.arch is not None and header.get("arch") != args.arch:
+            continue
+        rows.append(_row(entry, header))
+    if not args.json:
+        from rich.table import Table
+
+        table = Table(title=f"{len(rows)} entries in {tier.dir}")
+        for column in ("key", "kind", "arch", "NVRTC", "size", "last used", "names"):
+            table.add_column(column, justify="right" if column == "size" else "left")
+        for row in rows:
+            table.add_row(
+                row["key"][:12], row["kind"] or "?", row["arch"] or "?",
+                row["nvrtc_version"] or "?", format_size(row["size"]),
+                _ago(row["last_used_unix"]) + " ago", "\n".join(row["names"]),
+            )  # fmt: skip
+        console.print(table)
+    return rows, 0
+
+
+def _row(entry: EntryInfo, header: dict[str, Any]) -> dict[str, Any]:
+    names = header.get("lowered_names")
+    return {
+        "key": entry.key,
+        "kind": header.get("kind"),  # None: unreadable (a later read drops it)
+        "arch": header.get("arch"),
+        "nvrtc_version": header.get("nvrtc_version"),
+        "size": entry.size,
+        "last_used": _when(entry.last_used),
+        "last_used_unix": entry.last_used,
+        "created": _when(header["created"]) if isinstance(header.get("created"), float) else None,
+        "names": sorted(names) if isinstance(names, dict) else [],
+    }
+
+
+def _clear(args: argparse.Namespace, console: Any) -> Result:
+    tier = _tier(args)
+    removed = tier.clear()
+    if not args.json:
+        console.print(f"removed {removed} entries from {tier.dir}")
+    return {"removed": removed, "directory": str(tier.dir)}, 0
+
+
+def _prune(args: argparse.Namespace, console: Any) -> Result:
+    if args.max_size is None and args.older_than is None:
+        raise ValueError("prune needs --max-size SIZE, --older-than AGE or both")
+    tier = _tier(args)
+    before = tier.scan()
+    removed = tier.prune(max_bytes=args.max_size, older_than=args.older_than)
+    after = tier.scan()
+    data: dict[str, Any] = {
+        "removed": removed,
+        "removed_keys": sorted({e.key for e in before} - {e.key for e in after}),
+        "entries": len(after),
+        "bytes_before": sum(e.size for e in before),
+        "bytes": sum(e.size for e in after),
+    }
+    if not args.json:
+        console.print(
+            f"removed {removed} entries: {format_size(data['bytes_before'])} -> "
+            f"{format_size(data['bytes'])} in {len(after)} entries"
+        )
+    return data, 0
+
+
+# -- warm ----------------------------------------------------------------------------------------
+
+
+def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
+    import anyio
+
+    from . import tropical
+    from ._actor import Compiler
+    from ._target import Target
+
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    target = Target(args.arch) if args.arch else Target.current()
+    specs = tropical.all_specs(args.semirings, args.dtypes)
+    if not specs:
+        raise ValueError(f"no tropical kernels for semirings {args.semirings}, {args.dtypes}")
+
+    async def run() -> dict[str, Any]:
+        from rich.progress import Progress
+
+        started = time.perf_counter()
+        async with Compiler(arch=target, cache_dir=args.cache_dir, concurrency=args.jobs) as c:
+            with Progress(console=console, disable=args.json, transient=True) as progress:
+                task = progress.add_task(f"compiling for {target}", total=len(specs))
+
+                async def one(spec: Any) -> None:
+                    await c.compile(spec)
+                    progress.advance(task)
+
+                async with anyio.create_task_group() as group:
+                    for spec in specs:
+                        group.start_soon(one, spec)
+            stats = c.stats()
+        return {
+            "arch": target.arch,
+            "kernels": len(specs),
+            "compiled": stats.compiles,
+            "from_disk": stats.disk_hits,
+            "compile_seconds": round(stats.compile_seconds, 3),
+            "seconds": round(time.perf_counter() - started, 3),
+            "directory": str(_tier(args).dir),
+        }
+
+    data = anyio.run(run)
+    if not args.json:
+        console.print(
+            f"{data['kernels']} tropical kernels for {data['arch']}: {data['compiled']} compiled, "
+            f"{data['from_disk']} already on disk, in {data['seconds']:.1f} s ({data['directory']})"
+        )
+    return data, 0
+
+
+# -- doctor --------------------------------------------------------------------------------------
+
+Check = dict[str, str]
+
+
+def _doctor(args: argparse.Namespace, console: Any) -> Result:
+    checks: list[Check] = []
+    for probe in (_check_nvrtc, _check_gpus, _check_cache_dir, _check_free_space, _check_locks):
+        try:
+            checks.extend(probe(args))
+        except Exception as exc:  # a probe that breaks is itself a finding
+            checks.append(_check(probe.__name__[7:], "fail", f"the check failed: {exc}", ""))
+    failed = [c for c in checks if c["status"] == "fail"]
+    data = {
+        "aionvrtc": __version__,
+        "python": platform.python_version(),
+        "ok": not failed,
+        "checks": checks,
+    }
+    if not args.json:
+        from rich.table import Table
+
+        table = Table(title=f"aionvrtc {__version__} doctor")
+        for column in ("check", "status", "detail", "fix"):
+            table.add_column(column)
+        colours = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for c in checks:
+            status = f"[{colours[c['status']]}]{c['status']}[/]"
+            table.add_row(c["check"], status, c["detail"], c["fix"])
+        console.print(table)
+    return data, 1 if failed else 0
+
+
+def _check(name: str, status: str, detail: str, fix: str = "") -> Check:
+    return {"check": name, "status": status, "detail": detail, "fix": fix}
+
+
+def _check_nvrtc(args: argparse.Namespace) -> list[Check]:
+    from . import _nvrtc
+
+    try:
+        version = _nvrtc.version_string()
+    except AionvrtcError as exc:
+        fix = "pip install 'nvidia-cuda-nvrtc>=13,<14' (or install a CUDA 13 toolkit)"
+        return [_check("nvrtc", "fail", str(exc), fix)]
+    archs = ", ".join(f"sm_{a}" for a in _nvrtc.supported_archs())
+    return [
+        _check("nvrtc", "ok", f"NVRTC {version} from {_loaded('libnvrtc') or 'CuPy'}"),
+        _check("archs", "ok", archs),
+    ]
+
+
+def _loaded(library: str) -> str | None:
+    """Where the process mapped ``library`` from (Linux), for saying which NVRTC is in use."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            path = line.split()[-1]
+            if library in Path(path).name:
+                return path
+    return None
+
+
+def _check_gpus(args: argparse.Namespace) -> list[Check]:
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+        driver = cupy.cuda.runtime.driverGetVersion()
+    except Exception as exc:  # CuPy raises several error types when there is no driver
+        detail = f"none usable ({str(exc).splitlines()[0]}): kernels compile (warm) but not load"
+        return [_check("gpus", "warn", detail, "run on a machine with an NVIDIA GPU and driver")]
+    if count == 0:
+        return [_check("gpus", "warn", "none: kernels compile (warm) but do not load")]
+    rows = []
+    for device in range(count):
+        props = cupy.cuda.runtime.getDeviceProperties(device)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        arch = f"sm_{props['major']}{props['minor']}"
+        detail = f"{name}, {arch}, driver CUDA {driver // 1000}.{driver % 1000 // 10}"
+        rows.append(_check(f"gpu {device}", "ok", detail))
+    return rows
+
+
+def _check_cache_dir(args: argparse.Namespace) -> list[Check]:
+    tier = _tier(args)
+    fix = (
+        f"give this user write access (chmod u+rwx {tier.root}) or point AIONVRTC_CACHE_DIR at a "
+        "writable folder; until then kernels compile on every start"
+    )
+    try:
+        tier.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        probe = tier.dir / f".doctor.{os.getpid()}.tmp"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"probe")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        probe.unlink()
+    except OSError as exc:
+        return [_check("cache dir", "fail", f"{tier.dir} is not writable: {exc}", fix)]
+    checks = [_check("cache dir", "ok", f"{tier.dir} is writable")]
+    loose = [p for p in (tier.root, tier.dir) if p.stat().st_mode & 0o022]
+    if loose:
+        detail = f"{loose[0]} is writable by group or others: they could plant entries"
+        fix = f"chmod go-w {loose[0]} (share a cache through a group only if you trust it)"
+        checks.append(_check("permissions", "warn", detail, fix))
+    return checks
+
+
+def _check_free_space(args: argparse.Namespace) -> list[Check]:
+    tier = _tier(args)
+    folder = tier.dir
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    detail = f"{format_size(free)} free, cache limit {format_size(tier.limit)}"
+    if free < 64 << 20:
+        return [_check("free space", "fail", detail, f"free space on the disk of {folder}")]
+    if free < tier.limit:
+        fix = "lower the limit (AIONVRTC_DISK_LIMIT) or free space: a full disk stops writes"
+        return [_check("free space", "warn", detail, fix)]
+    return [_check("free space", "ok", detail)]
+
+
+def _check_locks(args: argparse.Namespace) -> list[Check]:
+    tier = _tier(args)
+    try:
+        import fcntl
+    except ImportError:
+        return [_check("file locks", "warn", "not POSIX: processes may compile a kernel twice")]
+    probe = tier.dir / f".doctor.{os.getpid()}.lock"
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        return [_check("file locks", "fail", f"cannot create a lock file: {exc}", "see cache dir")]
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError as exc:
+        detail = f"flock fails here ({exc}): processes may each compile a kernel once"
+        fix = "put the cache on a local file system (AIONVRTC_CACHE_DIR)"
+        return [_check("file locks", "warn", detail, fix)]
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    return [_check("file locks", "ok", "flock works: one compile per kernel across processes")]

@@ -1,0 +1,97 @@
+"""A Compiler's statistics as Prometheus metrics (``pip install 'aionvrtc[metrics]'``).
+
+    from prometheus_client import start_http_server
+    from aionvrtc.metrics import register
+    register(compiler)           # or register(compiler, registry=my_registry, name="gemm")
+    start_http_server(9100)
+
+Values are read from ``compiler.stats()`` at each scrape, so nothing is counted twice and an idle
+service costs nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ._actor import Compiler, CompilerStats
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
+__all__ = ["CompilerCollector", "register"]
+
+# (stats field, metric name without the prefix, help): counters, then gauges.
+_COUNTERS = (
+    ("requests", "requests", "compile() and get() calls"),
+    ("memory_hits", "memory_hits", "requests served from the in-memory map"),
+    ("disk_hits", "disk_hits", "requests served from the disk cache"),
+    ("compiles", "compiles", "successful NVRTC compiles"),
+    ("joined", "joined", "requests that shared another request's compile"),
+    ("errors", "errors", "requests that raised"),
+    ("compile_seconds", "compile_seconds", "seconds spent in NVRTC"),
+    ("corrupt_dropped", "corrupt_dropped", "disk entries that failed verification"),
+    ("memory_evictions", "memory_evictions", "entries evicted from memory"),
+    ("disk_evictions", "disk_evictions", "entries evicted from disk"),
+    ("write_failures", "disk_write_failures", "disk writes that failed"),
+)
+_GAUGES = (
+    ("queued", "queue_depth", "compile jobs waiting for a worker"),
+    ("in_flight", "compiles_in_flight", "compile jobs running"),
+    ("memory_entries", "memory_entries", "entries in the in-memory map"),
+    ("memory_bytes", "memory_bytes", "bytes in the in-memory map"),
+)
+
+
+class CompilerCollector:
+    """A prometheus_client collector of one Compiler: ``aionvrtc_*_total`` counters, gauges of
+    the queue and memory, and ``aionvrtc_hit_ratio`` (hits over requests). ``name`` becomes the
+    ``compiler`` label, to tell several compilers in one process apart."""
+
+    def __init__(self, compiler: Compiler, *, name: str = "default") -> None:
+        self.compiler = compiler
+        self.name = name
+
+    def describe(self) -> list[Any]:
+        return []  # no fixed description: metrics are made at collect time
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats: CompilerStats = self.compiler.stats()
+        labels = ["compiler"]
+        for field, name, text in _COUNTERS:
+            counter = CounterMetricFamily(f"aionvrtc_{name}", text, labels=labels)
+            counter.add_metric([self.name], float(getattr(stats, field)))
+            yield counter
+        for field, name, text in _GAUGES:
+            gauge = GaugeMetricFamily(f"aionvrtc_{name}", text, labels=labels)
+            gauge.add_metric([self.name], float(getattr(stats, field)))
+            yield gauge
+        writable = GaugeMetricFamily(
+            "aionvrtc_disk_writable", "1 while the disk cache takes writes", labels=labels
+        )
+        writable.add_metric([self.name], 1.0 if stats.disk_writable else 0.0)
+        yield writable
+        hits = stats.memory_hits + stats.disk_hits
+        ratio = GaugeMetricFamily(
+            "aionvrtc_hit_ratio", "cache hits (memory and disk) over requests", labels=labels
+        )
+        ratio.add_metric([self.name], hits / stats.requests if stats.requests else 0.0)
+        yield ratio
+
+
+def register(
+    compiler: Compiler, *, registry: CollectorRegistry | None = None, name: str = "default"
+) -> CompilerCollector:
+    """Register a CompilerCollector for ``compiler`` with ``registry`` (default: the global
+    prometheus_client registry) and return it (``registry.unregister(it)`` removes it)."""
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError as exc:
+        raise ImportError(
+            "aionvrtc.metrics needs prometheus_client: pip install 'aionvrtc[metrics]'"
+        ) from exc
+    collector = CompilerCollector(compiler, name=name)
+    (registry or REGISTRY).register(collector)
+    return collector

@@ -1,0 +1,206 @@
+"""The command line (`python -m aionvrtc`) through real processes on a temporary cache dir, with
+real NVRTC compiles (no GPU needed), and the Prometheus collector against a Compiler's stats."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aionvrtc import Compiler, tropical
+from aionvrtc._store.disk import DiskTier
+
+from .conftest import make_spec
+
+# The and-or semiring on bool has the fewest tropical kernels (the generic kernel's variants).
+WARM = ["warm", "tropical", "--arch", "sm_90", "--semirings", "andor", "--dtypes", "bool"]
+KERNELS = len(tropical.all_specs(["andor"], ["bool"]))
+
+
+def cli(*args: str, cache: Path, status: int = 0) -> Any:
+    """Run ``python -m aionvrtc ARGS --json --cache-dir CACHE``; its JSON output, parsed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "aionvrtc", *args, "--json", "--cache-dir", str(cache)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache dir holding the and-or kernels for sm_90, compiled once for the module."""
+    cache = tmp_path_factory.mktemp("warmed")
+    first = cli(*WARM, cache=cache)
+    assert first == {**first, "arch": "sm_90", "kernels": KERNELS, "compiled": KERNELS}
+    assert first["from_disk"] == 0
+    return cache
+
+
+@pytest.fixture
+def cache(warmed: Path, tmp_path: Path) -> Path:
+    """A private copy of the warmed cache dir, for tests that change it."""
+    import shutil
+
+    return Path(shutil.copytree(warmed, tmp_path / "cache"))
+
+
+def entries(cache: Path) -> dict[str, Path]:
+    return {p.name: p for p in (cache / "v1").glob("*/*") if not p.name.startswith(".")}
+
+
+def test_warm_compiles_each_kernel_once(warmed: Path) -> None:
+    again = cli(*WARM, cache=warmed)
+    assert (again["compiled"], again["from_disk"], again["kernels"]) == (0, KERNELS, KERNELS)
+    assert len(entries(warmed)) == KERNELS
+
+
+def test_info_reports_the_entries(warmed: Path) -> None:
+    info = cli("cache", "info", cache=warmed)
+    files = entries(warmed).values()
+    assert info["entries"] == KERNELS
+    assert info["bytes"] == sum(p.stat().st_size for p in files)
+    assert info["limit"] == 1 << 30
+    assert info["format_version"] == 1
+    assert info["directory"] == str(warmed / "v1")
+    assert info["oldest"] <= info["newest"]
+    assert (info["corrupt_dropped"], info["evictions"], info["pruned"]) == (0, 0, 0)
+
+
+def test_ls_lists_and_filters(warmed: Path) -> None:
+    rows = cli("cache", "ls", cache=warmed)
+    assert {row["key"] for row in rows} == set(entries(warmed))
+    for row in rows:
+        assert (row["kind"], row["arch"]) == ("cubin", "sm_90")
+        assert row["names"][0].startswith("tropical_gemm<bool, AndOr")
+        assert row["size"] == entries(warmed)[row["key"]].stat().st_size
+    assert cli("cache", "ls", "--arch", "sm_80", cache=warmed) == []
+    assert len(cli("cache", "ls", "--arch", "sm_90", "--newer-than", "1h", cache=warmed)) == KERNELS
+    assert cli("cache", "ls", "--older-than", "1h", cache=warmed) == []
+
+
+def test_prune_removes_the_least_recently_used_first(cache: Path) -> None:
+    files = sorted(entries(cache).items())
+    now = time.time()
+    for age, (_, path) in enumerate(files):  # the first key is the most recently used
+        os.utime(path, (now - 60 * age, now - 60 * age))
+    sizes = [path.stat().st_size for _, path in files]
+    keep = 3
+    result = cli("cache", "prune", "--max-size", str(sum(sizes[:keep])), cache=cache)
+    assert result["removed"] == len(files) - keep
+    assert result["removed_keys"] == sorted(key for key, _ in files[keep:])
+    assert set(entries(cache)) == {key for key, _ in files[:keep]}
+    assert result["bytes"] == sum(sizes[:keep])
+    # By age: the entry unused for two minutes goes, the newer ones stay.
+    result = cli("cache", "prune", "--older-than", "90s", cache=cache)
+    assert result["removed_keys"] == [files[2][0]]
+    assert cli("cache", "info", cache=cache)["pruned"] == len(files) - keep + 1
+
+
+def test_clear_removes_every_entry(cache: Path) -> None:
+    assert cli("cache", "clear", cache=cache)["removed"] == KERNELS
+    assert cli("cache", "info", cache=cache)["entries"] == 0
+
+
+def test_info_counts_what_other_processes_dropped_and_evicted(cache: Path) -> None:
+    keys = sorted(entries(cache))
+    path = entries(cache)[keys[0]]
+    path.write_bytes(path.read_bytes()[:100])  # truncated: dropped on the next read
+    tier = DiskTier(cache, limit=1)  # another process, with a tiny limit
+    assert tier.read(keys[0]) is None
+    assert tier.evict() == KERNELS - 1
+    info = cli("cache", "info", cache=cache)
+    assert (info["corrupt_dropped"], info["evictions"], info["entries"]) == (1, KERNELS - 1, 0)
+
+
+def test_doctor_passes_on_a_writable_dir(tmp_path: Path) -> None:
+    report = cli("doctor", cache=tmp_path / "fresh")
+    checks = {c["check"]: c for c in report["checks"]}
+    assert report["ok"] is True
+    assert checks["nvrtc"]["status"] == "ok"
+    assert checks["nvrtc"]["detail"].startswith("NVRTC 13.")
+    assert "sm_90" in checks["archs"]["detail"]
+    assert checks["cache dir"]["status"] == "ok"
+    assert checks["file locks"]["status"] == "ok"
+    assert checks["free space"]["status"] in ("ok", "warn")
+
+
+def test_doctor_reports_a_read_only_dir(cache: Path, read_only: Callable[[Path], Path]) -> None:
+    view = read_only(cache)
+    report = cli("doctor", cache=view, status=1)
+    checks = {c["check"]: c for c in report["checks"]}
+    assert report["ok"] is False
+    assert checks["cache dir"]["status"] == "fail"
+    assert "not writable" in checks["cache dir"]["detail"]
+    assert "AIONVRTC_CACHE_DIR" in checks["cache dir"]["fix"]
+
+
+def test_bad_input_names_what_was_wrong(tmp_path: Path) -> None:
+    assert cli("cache", "prune", cache=tmp_path, status=1) == {
+        "error": "prune needs --max-size SIZE, --older-than AGE or both"
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "aionvrtc", "cache", "prune", "--max-size", "12X"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "not a size: '12X'" in proc.stderr
+    error = cli(*WARM[:3], "sm_9", cache=tmp_path, status=1)["error"]
+    assert "arch must look like 'sm_90'" in error
+
+
+@pytest.mark.anyio
+async def test_metrics_follow_the_compiler_stats(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from aionvrtc.metrics import register
+
+    registry = CollectorRegistry()
+
+    def sample(name: str) -> float | None:
+        return registry.get_sample_value(f"aionvrtc_{name}", {"compiler": "svc"})
+
+    spec = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=tmp_path) as compiler:
+        register(compiler, registry=registry, name="svc")
+        assert sample("requests_total") == 0
+        assert sample("hit_ratio") == 0
+        await compiler.compile(spec)
+        await compiler.compile(spec)
+        stats = compiler.stats()
+        assert sample("requests_total") == stats.requests == 2
+        assert sample("compiles_total") == stats.compiles == 1
+        assert sample("memory_hits_total") == stats.memory_hits == 1
+        assert sample("hit_ratio") == 0.5
+        assert sample("compile_seconds_total") == pytest.approx(stats.compile_seconds)
+        assert sample("queue_depth") == 0
+        assert sample("disk_writable") == 1
+        assert sample("memory_entries") == stats.memory_entries == 1
+
+
+def test_sizes_ages_and_the_disk_limit_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aionvrtc._store.disk import default_disk_limit
+    from aionvrtc._units import parse_age, parse_size
+
+    assert [parse_size(t) for t in ("100", "1.5K", "500MiB", "2G", "1tb")] == [
+        100, 1536, 500 << 20, 2 << 30, 1 << 40,
+    ]  # fmt: skip
+    assert [parse_age(t) for t in ("90", "90s", "30m", "12h", "7d", "2w")] == [
+        90, 90, 1800, 43200, 604800, 1209600,
+    ]  # fmt: skip
+    for bad in ("", "G", "-1M", "1.5.2"):
+        with pytest.raises(ValueError, match="not a size"):
+            parse_size(bad)
+    monkeypatch.setenv("AIONVRTC_DISK_LIMIT", "64M")
+    assert default_disk_limit() == 64 << 20
+    assert DiskTier(Path("unused")).limit == 64 << 20
+    monkeypatch.setenv("AIONVRTC_DISK_LIMIT", "lots")
+    with pytest.raises(ValueError, match=r"\$AIONVRTC_DISK_LIMIT: not a size: 'lots'"):
+        default_disk_limit()
