@@ -74,6 +74,29 @@ def test_info_reports_the_entries(warmed: Path) -> None:
     assert (info["corrupt_dropped"], info["evictions"], info["pruned"]) == (0, 0, 0)
 
 
+def test_tables_for_people(warmed: Path) -> None:
+    def run(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "aionvrtc", *args, "--cache-dir", str(warmed)],
+            capture_output=True, text=True, timeout=60, check=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+        return proc.stdout
+
+    info = run("cache", "info")
+    assert f"{KERNELS} entries" in info
+    assert "of 1.0 GiB" in info
+    assert "0 corrupt entries dropped, 0 evicted, 0 pruned" in info
+    listing = run("cache", "ls")
+    assert f"{KERNELS} entries in {warmed / 'v1'}" in listing
+    assert listing.count("sm_90") == KERNELS
+    assert "no GPU here" in subprocess.run(
+        [sys.executable, "-m", "aionvrtc", *WARM[:2], "--cache-dir", str(warmed)],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "AIONVRTC_ARCH": "", "CUDA_VISIBLE_DEVICES": ""},
+    ).stderr  # fmt: skip
+
+
 def test_ls_lists_and_filters(warmed: Path) -> None:
     rows = cli("cache", "ls", cache=warmed)
     assert {row["key"] for row in rows} == set(entries(warmed))

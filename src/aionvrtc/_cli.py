@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._exceptions import AionvrtcError
+from ._exceptions import AionvrtcError, NoDeviceError
 from ._spec import FORMAT_VERSION
 from ._store.disk import DiskTier, EntryInfo, default_cache_dir
 from ._units import format_size, parse_age, parse_size
@@ -268,7 +268,16 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
 
     if args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
-    target = Target(args.arch) if args.arch else Target.current()
+    if args.arch:
+        target = Target(args.arch)
+    else:
+        try:
+            target = Target.current()
+        except NoDeviceError:
+            raise NoDeviceError(
+                "no GPU here to take the arch from: name one, such as --arch sm_90 "
+                "(or set AIONVRTC_ARCH)"
+            ) from None
     specs = tropical.all_specs(args.semirings, args.dtypes)
     if not specs:
         raise ValueError(f"no tropical kernels for semirings {args.semirings}, {args.dtypes}")
