@@ -219,6 +219,27 @@ async def test_close_fails_queued_jobs_and_finishes_running_ones(cache_dir: Path
     await compiler.aclose()  # idempotent
 
 
+async def test_close_from_another_task_finishes_the_running_compile(cache_dir: Path) -> None:
+    # A server's shutdown handler closes the Compiler from a task of its own.
+    results: list[Artifact] = []
+
+    async def request(spec: KernelSpec) -> None:
+        results.append(await compiler.compile(spec))
+
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request, make_slow_spec())
+            while compiler.stats().in_flight == 0:
+                await anyio.sleep(0.001)
+            tg.start_soon(compiler.aclose)
+        assert compiler.closed
+        assert compiler.stats().in_flight == 0
+        assert [a.kind for a in results] == ["cubin"]
+        with pytest.raises(CompilerClosed, match="the Compiler is closed"):
+            await compiler.compile(make_spec())
+    assert compiler.closed  # and leaving the async with afterwards is clean
+
+
 async def test_lifecycle_errors(cache_dir: Path) -> None:
     compiler = Compiler(arch="sm_90", cache_dir=cache_dir)
     with pytest.raises(RuntimeError, match="not open: use 'async with Compiler"):

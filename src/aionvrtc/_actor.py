@@ -149,6 +149,8 @@ class Compiler:
         self._seq = itertools.count()
         self._wakeup: anyio.Event | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._opener = 0  # the id of the task that opened the Compiler (owns _task_group)
+        self._stopped: anyio.Event | None = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
         self._open = False  # mirrors _state is OPEN
         self._hot: dict[str, _Entry] = {}  # see compile()
@@ -172,6 +174,8 @@ class Compiler:
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
+        self._opener = anyio.get_current_task().id
+        self._stopped = anyio.Event()  # set by the actor once its last job has finished
         # Open before the actor runs: it stops as soon as it sees a state other than OPEN.
         self._state, self._open, self._hot = _State.OPEN, True, self._entries
         try:
@@ -192,12 +196,25 @@ class Compiler:
 
     async def aclose(self) -> None:
         """Close: queued jobs fail with CompilerClosed, running compiles finish and are cached,
-        and no task or thread is left behind. Call it from the task that opened the Compiler."""
-        if self._state in (_State.CLOSING, _State.CLOSED):
-            return
+        and no task or thread is left behind. Any task may call it (a server's shutdown handler,
+        say); it returns once the running compiles are done. The task group the Compiler runs in
+        belongs to the task that opened it, which leaves it on its own ``async with`` exit."""
         if self._state is _State.NEW:
             self._state = _State.CLOSED
             return
+        if self._state is _State.OPEN:
+            self._begin_close()
+        if self._task_group is None or anyio.get_current_task().id != self._opener:
+            assert self._stopped is not None
+            await self._stopped.wait()
+            return
+        task_group, self._task_group = self._task_group, None
+        # Shield the task group's own scope (a new scope around its exit would break anyio's
+        # nesting): running compiles finish even if the closing task is being cancelled.
+        task_group.cancel_scope.shield = True
+        await task_group.__aexit__(None, None, None)
+
+    def _begin_close(self) -> None:
         self._state, self._open, self._hot = _State.CLOSING, False, {}
         self._modules, self._hot_modules = {}, {}
         closed = CompilerClosed("the Compiler closed before this job started")
@@ -208,12 +225,6 @@ class Compiler:
                 job.done.set()
         self._queue.clear()
         self._wake()
-        assert self._task_group is not None
-        # Shield the task group's own scope (a new scope around its exit would break anyio's
-        # nesting): running compiles finish even if the closing task is being cancelled.
-        self._task_group.cancel_scope.shield = True
-        await self._task_group.__aexit__(None, None, None)
-        self._state = _State.CLOSED
 
     @property
     def closed(self) -> bool:
@@ -358,18 +369,23 @@ class Compiler:
     # -- the actor -------------------------------------------------------------------------
 
     async def _actor(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with anyio.create_task_group() as workers:
-            task_status.started()
-            while True:
-                await self._slots.acquire()
-                job = await self._next_job()
-                if job is None:
-                    self._slots.release()
-                    break
-                job.started = True
-                self._running += 1
-                workers.start_soon(self._run_job, job)
-            # Leaving the task group waits for the running jobs: they finish and are cached.
+        try:
+            async with anyio.create_task_group() as workers:
+                task_status.started()
+                while True:
+                    await self._slots.acquire()
+                    job = await self._next_job()
+                    if job is None:
+                        self._slots.release()
+                        break
+                    job.started = True
+                    self._running += 1
+                    workers.start_soon(self._run_job, job)
+                # Leaving the task group waits for the running jobs: they finish and are cached.
+        finally:
+            self._state, self._open, self._hot = _State.CLOSED, False, {}
+            assert self._stopped is not None
+            self._stopped.set()
 
     async def _next_job(self) -> _Job | None:
         while True:

@@ -1,0 +1,137 @@
+"""The reliability workloads of tests/reliability at full size, with their figures committed:
+
+    python benchmarks/soak.py --machine "this CPU" [--trials 200] [--processes 8]
+        [--requests 1000] [--keys 200] [--waiters 10000]
+
+- crash safety: a writer of 0.5-4 MiB entries killed with SIGKILL at a random point, ``--trials``
+  times over one cache dir; then every entry must verify and the tmp files of the dead writers
+  must go at the next scan;
+- load: ``--processes`` processes x ``--requests`` requests over ``--keys`` fresh kernels (real
+  NVRTC) on one cache dir: each key compiled once across all, no corrupt read;
+- storm: ``--waiters`` waiters on a Compiler, a third cancelled at random, the Compiler closed in
+  the middle, under asyncio and under trio.
+
+Writes benchmarks/results/soak-<machine slug>.{json,md}; exits 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.reliability.workloads import crash_trials, multi_process_load, storm
+
+import aionvrtc
+from aionvrtc import _nvrtc
+from benchmarks._results import RESULTS, write
+
+
+def checks(crash: dict[str, Any], load: dict[str, Any], storms: dict[str, Any]) -> list[str]:
+    """What failed, in words (empty: everything held)."""
+    failed = []
+    if crash["entries_verified"] != crash["entries"] or crash["corrupt"]:
+        failed.append("crash: an entry did not verify")
+    if crash["tmp_files_after_scan"] or crash["other_files"]:
+        failed.append("crash: files left behind")
+    if load["compiles"] != load["keys"]:
+        failed.append(f"load: {load['compiles']} compiles for {load['keys']} keys")
+    if load["corrupt"] or load["errors"] or load["bad"]:
+        failed.append("load: corrupt reads or failed requests")
+    for backend, result in storms.items():
+        ended = result["result"] + result["cancelled"] + result["closed"]
+        if result["other"] or ended != result["waiters"] or result["other_threads_after"]:
+            failed.append(f"storm ({backend}): a waiter or a thread did not end as it should")
+    return failed
+
+
+def markdown(facts: dict[str, Any], crash: dict[str, Any], load: dict[str, Any],
+             storms: dict[str, Any], failed: list[str]) -> str:  # fmt: skip
+    lines = [
+        f"# Soak on {facts['machine']}",
+        "",
+        f"{facts['cpus']} CPUs, Python {facts['python']}, NVRTC {facts['nvrtc']}, "
+        f"aionvrtc {facts['aionvrtc']}, {facts['date']}; {facts['seconds']:.0f} s in all. "
+        + ("Every check held." if not failed else "FAILED: " + "; ".join(failed)),
+        "",
+        "| workload | figures |",
+        "| --- | --- |",
+        f"| writers killed with SIGKILL | {crash['trials']} kills, "
+        f"{crash['trials_that_left_a_tmp_file']} of them mid-write (a tmp file left); "
+        f"{crash['entries']} entries left, {crash['entries_verified']} verify, "
+        f"{crash['corrupt']} corrupt; {crash['tmp_files_left']} tmp files, "
+        f"{crash['tmp_files_after_scan']} after the next scan |",
+        f"| {load['processes']} processes x {load['requests'] // load['processes']} requests, "
+        f"{load['keys']} kernels, one cache dir | {load['compiles']} compiles in all, "
+        f"{load['disk_hits']} disk hits, {load['memory_hits']} memory hits, "
+        f"{load['corrupt']} corrupt, {load['errors']} errors; {load['seconds']:.1f} s, "
+        f"{load['requests_per_s']:.0f} requests/s |",
+    ]
+    for backend, r in storms.items():
+        lines.append(
+            f"| {r['waiters']} waiters, a third cancelled, closed midway ({backend}) | "
+            f"{r['result']} results, {r['cancelled']} cancelled, {r['closed']} CompilerClosed, "
+            f"{r['other']} other; {r['compiles']} compiles; in flight after close: "
+            f"{r['in_flight_after_close']}; threads left: {len(r['other_threads_after'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--machine", required=True, help="a name for this machine")
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--keys", type=int, default=200)
+    parser.add_argument("--waiters", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        crash = crash_trials(root / "crash", args.trials, seed)
+        print("crash:", crash, flush=True)
+        load = multi_process_load(root / "load", args.processes, args.requests, args.keys, seed)
+        print("load:", load, flush=True)
+        storms = {
+            backend: anyio.run(storm, args.waiters, 40, seed, root / backend, backend=backend)
+            for backend in ("asyncio", "trio")
+        }
+        print("storms:", storms, flush=True)
+    failed = checks(crash, load, storms)
+    facts = {
+        "machine": args.machine,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "nvrtc": _nvrtc.version_string(),
+        "aionvrtc": aionvrtc.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "seed": seed,
+        "seconds": time.perf_counter() - started,
+    }
+    write(
+        args.out,
+        "soak",
+        label=args.machine,
+        facts=facts,
+        results={"crash": crash, "load": load, "storms": storms, "failed": failed},
+        table=markdown(facts, crash, load, storms, failed),
+    )
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
