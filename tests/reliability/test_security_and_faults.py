@@ -1,6 +1,5 @@
 """What a planted file, a bad permission or arbitrary input can do to the cache: nothing but a
-recompile. (Corrupt entries of every kind, a read-only dir, a full disk and a deleted dir are in
-tests/test_cache.py; arbitrary bytes to the entry decoder in tests/test_artifact.py.)"""
+recompile. (Arbitrary bytes to the entry decoder: tests/test_artifact.py.)"""
 
 from __future__ import annotations
 
