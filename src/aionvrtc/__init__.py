@@ -14,6 +14,7 @@ from ._exceptions import (
 )
 from ._spec import FORMAT_VERSION, KernelSpec
 from ._store import default_cache_dir
+from ._store.remote import RedisTier
 from ._sync import close_default_compiler, compile_sync, default_compiler, get_sync
 from ._target import Target
 from ._version import __version__
@@ -34,6 +35,7 @@ __all__ = [
     "ModuleLoadError",
     "NoDeviceError",
     "NvrtcError",
+    "RedisTier",
     "Target",
     "__version__",
     "close_default_compiler",

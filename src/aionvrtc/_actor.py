@@ -33,6 +33,7 @@ from ._cuda import Module
 from ._exceptions import CompileError, CompilerClosed
 from ._spec import KernelSpec
 from ._store.memory import _Entry
+from ._store.remote import RedisTier
 from ._target import Target, TargetLike
 
 __all__ = ["Compiler", "CompilerStats"]
@@ -72,6 +73,13 @@ class CompilerStats:
     memory_entries: int
     memory_bytes: int
     disk_writable: bool
+    # The remote tier (zero without one): entries read, not there, refused (unsigned, badly
+    # signed or corrupt), failed calls, and compiles that waited for another host's.
+    remote_hits: int = 0
+    remote_misses: int = 0
+    remote_rejected: int = 0
+    remote_errors: int = 0
+    remote_lock_waits: int = 0
 
 
 _FROM_CACHE = tuple(
@@ -126,6 +134,7 @@ class Compiler:
         memory_limit: int = DEFAULT_MEMORY_LIMIT,
         disk_limit: int | None = None,
         disk: bool = True,
+        remote: RedisTier | None = None,
     ) -> None:
         if concurrency is None:
             concurrency = 1
@@ -136,6 +145,9 @@ class Compiler:
             arch, cache_dir=cache_dir, memory_limit=memory_limit, disk_limit=disk_limit, disk=disk
         )
         self.target: Target = self._cache.target
+        # The fleet's shared tier: ``remote``, else one from $AIONVRTC_REMOTE_URL if set.
+        self.remote = remote if remote is not None else RedisTier.from_environment()
+        self._cache.remote = self.remote
         self._memory = self._cache.memory
         self._entries, self._clock = self._memory.entries, self._memory.clock
         from . import _nvrtc
@@ -169,6 +181,8 @@ class Compiler:
     async def __aenter__(self) -> Self:
         if self._state is not _State.NEW:
             raise RuntimeError(f"a Compiler can be opened once; this one is {self._state.value}")
+        if self.remote is not None:
+            self.remote.check_backend()
         self._limiter = anyio.CapacityLimiter(self.concurrency)
         self._slots = anyio.Semaphore(self.concurrency)
         task_group = anyio.create_task_group()
@@ -176,6 +190,8 @@ class Compiler:
         self._task_group = task_group
         self._opener = anyio.get_current_task().id
         self._stopped = anyio.Event()  # set by the actor once its last job has finished
+        if self.remote is not None:
+            self.remote.bind(task_group)  # lock renewals run beside the actor
         # Open before the actor runs: it stops as soon as it sees a state other than OPEN.
         self._state, self._open, self._hot = _State.OPEN, True, self._entries
         try:
@@ -213,6 +229,9 @@ class Compiler:
         # nesting): running compiles finish even if the closing task is being cancelled.
         task_group.cancel_scope.shield = True
         await task_group.__aexit__(None, None, None)
+        if self.remote is not None:
+            with anyio.CancelScope(shield=True):
+                await self.remote.aclose()
 
     def _begin_close(self) -> None:
         self._state, self._open, self._hot = _State.CLOSING, False, {}
@@ -451,6 +470,7 @@ class Compiler:
         cache = self._cache.stats()
         # The tiers' counters carry over by name; the rest are the actor's own.
         shared = {name: getattr(cache, name) for name in _FROM_CACHE}
+        remote = self.remote
         return CompilerStats(
             **shared,
             requests=cache.memory_hits + self._misses,
@@ -459,6 +479,11 @@ class Compiler:
             queued=len(self._inflight) - self._running,
             in_flight=self._running,
             prefetched=self._prefetched,
+            remote_hits=remote.hits if remote else 0,
+            remote_misses=remote.misses if remote else 0,
+            remote_rejected=remote.rejected if remote else 0,
+            remote_errors=remote.errors if remote else 0,
+            remote_lock_waits=remote.lock_waits if remote else 0,
         )
 
     # -- blocking facade ---------------------------------------------------------------------

@@ -5,12 +5,15 @@ The async Compiler drives the same pieces; this is the form for threads and scri
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+from anyio import from_thread
 
 from . import _nvrtc
 from ._artifact import Artifact
@@ -18,13 +21,16 @@ from ._spec import KernelSpec, record_key
 from ._store import DiskTier, MemoryTier
 from ._target import TargetLike, as_target
 
+if TYPE_CHECKING:
+    from ._store.remote import RedisTier
+
 __all__ = ["DEFAULT_MEMORY_LIMIT", "CacheStats", "KernelCache"]
 
 DEFAULT_MEMORY_LIMIT = 256 << 20  # bytes (256 MiB)
 
 logger = logging.getLogger("aionvrtc")
 
-Origin = Literal["disk", "compile"]
+Origin = Literal["disk", "remote", "compile"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,8 @@ class KernelCache:
         self.target = as_target(arch)
         self.memory = MemoryTier(memory_limit)
         self.disk: DiskTier | None = DiskTier(cache_dir, limit=disk_limit) if disk else None
+        # The Compiler's RedisTier, if any (its calls need the Compiler's event loop).
+        self.remote: RedisTier | None = None
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
         self._requests = 0
@@ -108,27 +116,52 @@ class KernelCache:
                 mine.exception()
 
     def resolve(self, spec: KernelSpec, key: str) -> tuple[Artifact, Origin]:
-        """Disk, then NVRTC (writing the result to disk); publishes to memory. Blocking.
+        """Disk, then the remote tier, then NVRTC (writing the result to disk and remote);
+        publishes to memory. Blocking; with a remote tier, it must run in a worker thread of
+        the event loop that owns the tier (the Compiler's).
 
         The compile runs under the key's file lock with the disk checked again inside it, so
-        processes cold on the same kernel compile it once and the others read it from disk.
+        processes cold on the same kernel compile it once and the others read it from disk;
+        across hosts, the remote tier's lock does the same.
         """
-        disk = self.disk
-        if disk is None:
-            artifact = self._compile(spec, key)
-        else:
-            cached = disk.read(key, arch=self.target.arch)
-            if cached is None:
-                with disk.lock(key):
-                    cached = disk.read(key, arch=self.target.arch)  # written while we waited?
-                    if cached is None:
-                        artifact = self._compile(spec, key)
-                        disk.write(artifact)
+        disk, remote, arch = self.disk, self.remote, self.target.arch
+        cached = disk.read(key, arch=arch) if disk is not None else None
+        if cached is not None:
+            self.memory.put(cached)
+            return cached, "disk"
+        if remote is not None:
+            cached = from_thread.run(remote.fetch, key, arch)
+            if cached is not None:
+                return self._keep(cached), "remote"
+        with disk.lock(key) if disk is not None else contextlib.nullcontext(False):
+            cached = disk.read(key, arch=arch) if disk is not None else None  # written meanwhile?
             if cached is not None:
                 self.memory.put(cached)
                 return cached, "disk"
+            token = None
+            if remote is not None:
+                token, cached = from_thread.run(remote.claim, key, arch)
+                if cached is not None:  # another host compiled it while this one waited
+                    return self._keep(cached), "remote"
+            try:
+                artifact = self._compile(spec, key)
+                if disk is not None:
+                    disk.write(artifact)
+                if remote is not None:
+                    from_thread.run(remote.store, artifact)
+            finally:
+                if token is not None:
+                    assert remote is not None
+                    from_thread.run(remote.release, key, token)
         self.memory.put(artifact)
         return artifact, "compile"
+
+    def _keep(self, artifact: Artifact) -> Artifact:
+        """A remote hit: written to the local disk and memory."""
+        if self.disk is not None:
+            self.disk.write(artifact)
+        self.memory.put(artifact)
+        return artifact
 
     def _compile(self, spec: KernelSpec, key: str) -> Artifact:
         logger.debug("compiling %s (%s) for %s", spec.name, key[:16], self.target.arch)

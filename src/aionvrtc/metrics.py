@@ -34,6 +34,11 @@ _COUNTERS = (
     ("memory_evictions", "memory_evictions", "entries evicted from memory"),
     ("disk_evictions", "disk_evictions", "entries evicted from disk"),
     ("write_failures", "disk_write_failures", "disk writes that failed"),
+    ("remote_hits", "remote_hits", "requests served from the remote tier"),
+    ("remote_misses", "remote_misses", "remote tier lookups that found nothing"),
+    ("remote_rejected", "remote_rejected", "remote entries refused: unsigned, bad or corrupt"),
+    ("remote_errors", "remote_errors", "remote tier calls that failed"),
+    ("remote_lock_waits", "remote_lock_waits", "compiles that waited for another host's"),
 )
 _GAUGES = (
     ("queued", "queue_depth", "compile jobs waiting for a worker"),
@@ -73,9 +78,9 @@ class CompilerCollector:
         )
         writable.add_metric([self.name], 1.0 if stats.disk_writable else 0.0)
         yield writable
-        hits = stats.memory_hits + stats.disk_hits
+        hits = stats.memory_hits + stats.disk_hits + stats.remote_hits
         ratio = GaugeMetricFamily(
-            "aionvrtc_hit_ratio", "cache hits (memory and disk) over requests", labels=labels
+            "aionvrtc_hit_ratio", "cache hits (memory, disk, remote) over requests", labels=labels
         )
         ratio.add_metric([self.name], hits / stats.requests if stats.requests else 0.0)
         yield ratio

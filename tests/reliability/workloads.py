@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import sniffio
 
 from aionvrtc import Compiler, CompilerClosed, KernelSpec
 from aionvrtc._store.disk import STALE_TMP_SECONDS, DiskTier
@@ -192,6 +193,7 @@ async def storm(waiters: int, kernels: int, seed: int, cache_dir: Path) -> dict[
     outcomes = {"result": 0, "cancelled": 0, "closed": 0, "other": 0}
     others: list[str] = []
     in_flight_at_close: list[int] = []
+    tasks_before = _task_count()
 
     async def waiter(compiler: Compiler, spec: KernelSpec, cancel_after: float | None) -> None:
         with anyio.CancelScope() as scope:
@@ -225,6 +227,8 @@ async def storm(waiters: int, kernels: int, seed: int, cache_dir: Path) -> dict[
             group.start_soon(waiter, compiler, rng.choice(specs), cancel)
         group.start_soon(close_later, compiler, rng.randint(1, kernels // 2))
     stats = compiler.stats()
+    tasks_after = _task_count()
+    tasks_left = None if tasks_before is None or tasks_after is None else tasks_after - tasks_before
     return {
         "waiters": waiters,
         **outcomes,
@@ -233,6 +237,7 @@ async def storm(waiters: int, kernels: int, seed: int, cache_dir: Path) -> dict[
         "in_flight_when_aclose_returned": in_flight_at_close[0],
         "in_flight_after_close": stats.in_flight,
         "queued_after_close": stats.queued,
+        "tasks_left": tasks_left,  # asyncio only: trio has no list of live tasks
         # Idle worker threads of anyio's or trio's pool may stay for reuse; anything else would
         # be a thread the Compiler left behind.
         "other_threads_after": sorted(
@@ -242,3 +247,12 @@ async def storm(waiters: int, kernels: int, seed: int, cache_dir: Path) -> dict[
             and not t.name.startswith(("AnyIO worker thread", "Trio thread"))
         ),
     }
+
+
+def _task_count() -> int | None:
+    """Live tasks under asyncio (trio keeps no list of them)."""
+    if sniffio.current_async_library() != "asyncio":
+        return None
+    import asyncio
+
+    return len(asyncio.all_tasks())
