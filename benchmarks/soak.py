@@ -50,7 +50,12 @@ def checks(crash: dict[str, Any], load: dict[str, Any], storms: dict[str, Any]) 
         failed.append("load: corrupt reads or failed requests")
     for backend, result in storms.items():
         ended = result["result"] + result["cancelled"] + result["closed"]
-        if result["other"] or ended != result["waiters"] or result["other_threads_after"]:
+        if (
+            result["other"]
+            or ended != result["waiters"]
+            or result["other_threads_after"]
+            or (result["tasks_left"])
+        ):
             failed.append(f"storm ({backend}): a waiter or a thread did not end as it should")
     return failed
 
@@ -82,7 +87,9 @@ def markdown(facts: dict[str, Any], crash: dict[str, Any], load: dict[str, Any],
             f"| {r['waiters']} waiters, a third cancelled, closed midway ({backend}) | "
             f"{r['result']} results, {r['cancelled']} cancelled, {r['closed']} CompilerClosed, "
             f"{r['other']} other; {r['compiles']} compiles; in flight after close: "
-            f"{r['in_flight_after_close']}; threads left: {len(r['other_threads_after'])} |"
+            f"{r['in_flight_after_close']}; threads left: {len(r['other_threads_after'])}"
+            + (f"; tasks left: {r['tasks_left']}" if r["tasks_left"] is not None else "")
+            + " |"
         )
     return "\n".join(lines) + "\n"
 

@@ -126,3 +126,11 @@ def test_key_is_computed_once_per_target() -> None:
     from aionvrtc import _nvrtc
 
     assert k90 == derive_key(spec, "sm_90", _nvrtc.version_string())
+
+
+@pytest.mark.parametrize("option", ["=", " =x", "=sm_90"])
+def test_options_with_an_empty_name_are_kept_for_nvrtc_to_judge(option: str) -> None:
+    # Found by the property test of tests/reliability: these raised IndexError in validation.
+    spec = KernelSpec(SRC, options=(option,))
+    assert spec.options == (option,)
+    assert len(spec.key("sm_90")) == 64

@@ -43,7 +43,8 @@ def _str_tuple(values: object, what: str) -> tuple[str, ...]:
 
 
 def _check_option(index: int, option: str) -> None:
-    head = option.split("=", 1)[0].split(maxsplit=1)[0] if option.strip() else option
+    words = option.split("=", 1)[0].split(maxsplit=1)  # none for "=", " =x"
+    head = words[0] if words else ""
     if head in _TARGET_OPTIONS:
         raise ValueError(
             f"options[{index}] is {option!r}: the target architecture belongs to the compiler "

@@ -9,7 +9,7 @@ import secrets
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from aionvrtc import AionvrtcError, KernelCache, KernelSpec, Target
@@ -89,6 +89,7 @@ SOURCES = st.one_of(
     names=st.lists(st.text(min_size=1, max_size=30), max_size=2),
     arch=st.sampled_from(["sm_75", "sm_90", "sm_120"]),
 )
+@example(source="0", options=["="], names=[], arch="sm_75")  # raised IndexError once
 def test_arbitrary_specs_raise_only_validation_or_aionvrtc_errors(
     source: str, options: list[str], names: list[str], arch: str
 ) -> None:
