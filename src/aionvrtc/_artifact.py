@@ -113,14 +113,24 @@ def read_header(file: BinaryIO) -> dict[str, Any]:
     prefix = file.read(_PREFIX.size)
     if len(prefix) < _PREFIX.size:
         raise _corrupt(f"truncated ({len(prefix)} bytes)")
-    magic, version, header_len = _PREFIX.unpack(prefix)
+    header_len = _check_prefix(prefix)
+    raw = file.read(header_len)
+    if len(raw) < header_len:
+        raise _corrupt("header length runs past the end")
+    return _parse_header(raw)
+
+
+def _check_prefix(data: bytes) -> int:
+    """The header length, after the magic and the format version are checked."""
+    magic, version, header_len = _PREFIX.unpack_from(data)
     if magic != MAGIC:
         raise _corrupt("not an aionvrtc entry (bad magic)")
     if version != FORMAT_VERSION:
         raise _corrupt(f"format version {version}, this aionvrtc reads {FORMAT_VERSION}")
-    raw = file.read(header_len)
-    if len(raw) < header_len:
-        raise _corrupt("header length runs past the end")
+    return int(header_len)
+
+
+def _parse_header(raw: bytes) -> dict[str, Any]:
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -136,11 +146,7 @@ def decode(
     """Verify and decode an entry. Raises CacheCorruptError saying what is wrong with it."""
     if len(data) < _MIN_LEN:
         raise _corrupt(f"truncated ({len(data)} bytes)")
-    magic, version, header_len = _PREFIX.unpack_from(data)
-    if magic != MAGIC:
-        raise _corrupt("not an aionvrtc entry (bad magic)")
-    if version != FORMAT_VERSION:
-        raise _corrupt(f"format version {version}, this aionvrtc reads {FORMAT_VERSION}")
+    header_len = _check_prefix(data)
     body, checksum = data[:-_CHECKSUM_LEN], data[-_CHECKSUM_LEN:]
     if hashlib.sha256(body).digest() != checksum:
         raise _corrupt("checksum mismatch (truncated or modified)")
@@ -150,12 +156,7 @@ def decode(
     (image_len,) = _IMAGE_LEN.unpack_from(body, image_at - _IMAGE_LEN.size)
     if image_at + image_len != len(body):
         raise _corrupt("image length does not match the entry size")
-    try:
-        header = json.loads(body[_PREFIX.size : _PREFIX.size + header_len])
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _corrupt(f"unreadable header ({exc})") from exc
-    if not isinstance(header, dict):
-        raise _corrupt("header is not an object")
+    header = _parse_header(body[_PREFIX.size : _PREFIX.size + header_len])
     key = _typed(header, "key", str)
     if expected_key is not None and key != expected_key:
         raise _corrupt(f"entry holds key {key[:16]}... but was read as {expected_key[:16]}...")
