@@ -198,6 +198,8 @@ class Compiler:
             await task_group.start(self._actor)
         except BaseException as exc:
             self._state, self._open, self._hot = _State.CLOSED, False, {}
+            self._task_group = None  # left here: aclose() has nothing more to leave
+            self._stopped.set()
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         return self
