@@ -39,3 +39,87 @@ def test_quickstart_compiles_once_then_serves_from_disk(cache_dir: Path) -> None
     second = run_example("quickstart.py", cache_dir, "--arch", "sm_90")
     assert "100 requests, 0 compile(s), 99 joined, 1 disk hit(s)" in second
     assert "from the disk cache" in second
+
+
+def test_viterbi_compiles_its_kernel_and_says_what_it_would_decode(cache_dir: Path) -> None:
+    if has_gpu():
+        pytest.skip("with a GPU the example decodes and checks against NumPy: test_gpu")
+    out = run_example("viterbi.py", cache_dir, "--sequences", "100", "--steps", "7")
+    assert (
+        "max-plus kernel with argmax for sm_90: tropical_gemm_tiled<float, FastMaxPlus, true" in out
+    )
+    assert "would decode 100 sequences of 7 steps over 64 states (6 max-plus products)" in out
+
+
+def test_viterbi_reference_agrees_with_brute_force() -> None:
+    import itertools
+
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from viterbi import random_hmm, viterbi_numpy
+    finally:
+        sys.path.pop(0)
+    rng = np.random.default_rng()
+    start, trans, emit = random_hmm(rng, 4, 3)
+    obs = rng.integers(0, 3, size=(5, 6))
+    paths = viterbi_numpy(start, trans, emit, obs)
+    for q in range(5):
+
+        def score(p: tuple[int, ...], q: int = q) -> float:
+            total = start[p[0]] + emit[p[0], obs[q, 0]]
+            return float(
+                total + sum(trans[p[i - 1], p[i]] + emit[p[i], obs[q, i]] for i in range(1, 6))
+            )
+
+        best = max(itertools.product(range(4), repeat=6), key=score)
+        assert list(paths[q]) == list(best)
+
+
+def test_warm_start_measures_a_cold_then_warm_restart(cache_dir: Path) -> None:
+    out = run_example("warm_start.py", cache_dir, "--arch", "sm_90", "--semirings", "andor",
+                      "--dtypes", "bool")  # fmt: skip
+    lines = out.splitlines()
+    assert lines[0].startswith("cold start: 8 kernels for sm_90 ready in")
+    assert lines[0].endswith("(8 compiled, 0 from the disk cache)")
+    assert lines[1].endswith("(0 compiled, 8 from the disk cache)")
+    assert lines[2].endswith("(0 compiled, 8 from the disk cache)")
+    assert "a warm cache makes the restart" in lines[3]
+
+
+def test_shortest_paths_server_compiles_and_says_what_it_would_serve(cache_dir: Path) -> None:
+    if has_gpu():
+        pytest.skip("with a GPU the server serves: test_gpu")
+    out = run_example("shortest_paths_server.py", cache_dir, "--sizes", "64", "4096")
+    assert "compiled 2 min-plus kernel(s) with argmax for sm_90" in out
+    assert "would serve POST /shortest-paths and GET /stats on port 8080" in out
+
+
+def test_shortest_paths_requests_are_validated() -> None:
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from shortest_paths_server import parse, path
+    finally:
+        sys.path.pop(0)
+    import numpy as np
+
+    weights, pairs = parse(
+        {"weights": [[0, 4, None], [None, 0, 1], [2, None, 0]], "pairs": [[0, 2]]}
+    )
+    assert weights.dtype == np.float32
+    assert np.isinf(weights[0, 2])
+    assert pairs == [(0, 2)]
+    for body, message in (
+        ([], 'a JSON object with "weights"'),
+        ({"weights": [[0, 1]]}, "square list of lists"),
+        ({"weights": [["x"]]}, "numbers or null"),
+        ({"weights": [[-1]]}, "non-negative"),
+        ({"weights": [[0]], "pairs": [[0, 1]]}, "below 1"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse(body)
+    hop = np.array([[0, 1, 1], [-1, 1, 2], [0, 0, 2]])
+    assert path(hop, 0, 2) == [0, 1, 2]
+    assert path(hop, 1, 0) == []
+    assert path(hop, 2, 2) == [2]

@@ -235,3 +235,24 @@ def test_spec_builders_validate() -> None:
     )
     assert spec.name_expressions == ("tropical_gemm<long long, MinPlus, true, false, false>",)
     assert list(tropical.SEMIRINGS) == ["maxplus", "minplus", "maxmul", "andor"]
+
+
+def test_kernel_spec_names_the_kernel_of_each_shape_class() -> None:
+    def name(*args: Any, **kwargs: Any) -> str:
+        return tropical.kernel_spec(*args, **kwargs).name_expressions[0]
+
+    assert name(4096, 4096, 4096).startswith("tropical_gemm_tiled<float, FastMaxPlus, false")
+    assert name(4096, 4096, 4096, argmax=True).startswith(
+        "tropical_gemm_tiled<float, FastMaxPlus, true, false, 64, 128, 16, 4, 8, 2>"
+    )
+    assert name(1 << 20, 16, 16) == "tropical_gemm_rows<float, FastMaxPlus, false, 16>"
+    assert (
+        name(16, 1 << 20, 8, "minplus", "int32") == "tropical_gemm_rows<int, FastMinPlus, false, 8>"
+    )
+    assert name(3, 5, 7, "andor", "bool").startswith("tropical_gemm<bool, AndOr, false")
+    # Past the tuned kernel's 16-bit tile count, an argmax takes the generic kernel.
+    assert name(4, 4, 1 << 21, argmax=True).startswith("tropical_gemm<float, MaxPlus, true")
+    with pytest.raises(ValueError, match="sizes must be positive, got M=0"):
+        tropical.kernel_spec(0, 4, 4)
+    with pytest.raises(TypeError, match="andor takes bool"):
+        tropical.kernel_spec(4, 4, 4, "andor", "float32")

@@ -153,6 +153,16 @@ def test_large_tiles_at_test_sizes(ring: str, dtype: Any, argmax: bool, infiniti
             np.testing.assert_array_equal(host(plan.c), want)
 
 
+@pytest.mark.parametrize(("m", "k", "n"), [*CLASS_SIZES, (4100, 16, 16), (3000, 500, 2000)])
+@pytest.mark.parametrize("argmax", [False, True])
+def test_kernel_spec_is_the_kernel_matmul_launches(argmax: bool, m: int, k: int, n: int) -> None:
+    from aionvrtc.tropical._api import _plan
+
+    a, b = operands(np.random.default_rng(), "minplus", np.float32, (m, k), (k, n))
+    plan = _plan(gpu(a), gpu(b), "minplus", argmax=argmax, out=None, accumulate=False)
+    assert plan.spec == tropical.kernel_spec(m, n, k, "minplus", argmax=argmax)
+
+
 def test_argmax_past_the_tuned_kernels_tile_count() -> None:
     # The tuned kernel counts k-tiles in 16 bits for its argmax: longer products take the
     # generic kernel, even when a tile is named.

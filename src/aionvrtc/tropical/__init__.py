@@ -7,7 +7,7 @@ saturates. ``reference`` holds a NumPy implementation with the same semantics.
 """
 
 from . import reference
-from ._api import backward, backward_sync, matmul, matmul_sync, warm
+from ._api import backward, backward_sync, kernel_spec, matmul, matmul_sync, warm
 from ._semirings import SEMIRINGS, Semiring
 from ._specs import LAYOUTS, TILES, VARIANTS, all_specs, backward_spec, gemm_spec, shape_class
 from ._tune import autotune, tuned_tiles
@@ -24,6 +24,7 @@ __all__ = [
     "backward_spec",
     "backward_sync",
     "gemm_spec",
+    "kernel_spec",
     "matmul",
     "matmul_sync",
     "reference",

@@ -14,10 +14,12 @@ from .._actor import Compiler
 from .._cuda import Module
 from .._spec import KernelSpec
 from .._sync import default_compiler
+from . import _semirings
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
 from ._specs import (
     ARGMAX_MAX_TILES,
+    TILES,
     Layout,
     Tile,
     all_specs,
@@ -109,29 +111,79 @@ def _plan(
     _, _, sak = _strides(a)
     _, _, sbn = _strides(b)
     rowmajor = sak == 1 and sbn == 1
-    rows, transposed = 0, False
     if tile not in ("auto", None) and not rowmajor:
         raise ValueError("the tuned kernel needs row-major operands")
+    table = tuned_tiles(a.device.id) if tile == "auto" else None
+    spec, tile, rows, transposed = _choose(
+        ring, a.dtype, m, n, k, batch=batch, argmax=argmax, accumulate=accumulate,
+        rowmajor=rowmajor, tile=tile, table=table,
+    )  # fmt: skip
+    return _Plan(
+        ring, spec, a, b, c, index, batch, m, n, k, a.device.id, batched, tile, rows, transposed
+    )
+
+
+def _choose(
+    ring: Semiring,
+    dtype: Any,
+    m: int,
+    n: int,
+    k: int,
+    *,
+    batch: int,
+    argmax: bool,
+    accumulate: bool,
+    rowmajor: bool,
+    tile: Tile | Literal["auto"] | None,
+    table: dict[str, dict[str, Tile]] | None,
+) -> tuple[KernelSpec, Tile | None, int, bool]:
+    """The kernel of a product (spec, tile, skinny KMAX or 0, transposed): by shape class from
+    ``table`` when ``tile`` is "auto", else the named tile, or the generic kernel for None."""
+    rows, transposed = 0, False
     if tile == "auto":
         tile = None
-        if rowmajor and tiled_supported(ring.name, a.dtype):
+        if rowmajor and tiled_supported(ring.name, dtype):
             kind = shape_class(m, n, k, argmax=argmax, batch=batch)
             if kind.startswith(("rows", "cols")):
                 rows, transposed = int(kind[4:]), kind.startswith("cols")
             else:
-                tile = tuned_tiles(a.device.id)[kind][tile_variant(a.dtype, argmax=argmax)]
+                tile = (table or TILES)[kind][tile_variant(dtype, argmax=argmax)]
     if argmax and tile is not None and -(-k // tile[2]) > ARGMAX_MAX_TILES:
         tile = None
     if rows:
-        spec = rows_spec(ring.name, a.dtype, accumulate=accumulate, kmax=rows)
+        spec = rows_spec(ring.name, dtype, accumulate=accumulate, kmax=rows)
     elif tile is not None:
-        spec = tiled_spec(ring.name, a.dtype, argmax=argmax, accumulate=accumulate, tile=tile)
+        spec = tiled_spec(ring.name, dtype, argmax=argmax, accumulate=accumulate, tile=tile)
     else:
         layout: Layout = "rowmajor" if rowmajor else "strided"
-        spec = gemm_spec(ring.name, a.dtype, argmax=argmax, accumulate=accumulate, layout=layout)
-    return _Plan(
-        ring, spec, a, b, c, index, batch, m, n, k, a.device.id, batched, tile, rows, transposed
-    )
+        spec = gemm_spec(ring.name, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
+    return spec, tile, rows, transposed
+
+
+def kernel_spec(
+    m: int,
+    n: int,
+    k: int,
+    semiring: str = "maxplus",
+    dtype: Any = "float32",
+    *,
+    argmax: bool = False,
+    accumulate: bool = False,
+    batch: int = 1,
+) -> KernelSpec:
+    """The kernel that ``matmul`` would launch for a ``batch`` x M x N x K product of
+    contiguous operands, with the default tiles (TILES): for compiling it ahead of use, or on a
+    machine without a GPU (``await compiler.compile(tropical.kernel_spec(...))``)."""
+    ring = _semirings.semiring(semiring)
+    dtype = np.dtype(dtype)
+    ring.check_dtype(dtype, "dtype")
+    if min(m, n, k, batch) < 1:
+        raise ValueError(f"sizes must be positive, got M={m}, N={n}, K={k}, batch={batch}")
+    spec, *_ = _choose(
+        ring, dtype, m, n, k, batch=batch, argmax=argmax, accumulate=accumulate,
+        rowmajor=True, tile="auto", table=None,
+    )  # fmt: skip
+    return spec
 
 
 def _outputs(
