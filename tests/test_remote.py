@@ -247,3 +247,32 @@ def test_under_trio_the_remote_tier_says_it_needs_asyncio(tmp_path: Path) -> Non
 
     with pytest.raises(RuntimeError, match="RedisTier\\) needs asyncio"):
         anyio.run(main, backend="trio")
+
+
+async def test_the_compile_lock_is_renewed_while_the_compile_runs(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # A lock taken for 0.3 s around a compile of about a second: renewed every 0.1 s, it is
+    # still held long after 0.3 s, and released when the compile is done.
+    remote = tier(redis_server, lock_ttl=0.3)
+    spec = make_slow_spec(150)
+    lock = f"{remote.prefix}:lock:{spec.key('sm_90')}"
+    client = redis_server.client()
+    held_since: float | None = None
+    held_for = 0.0
+
+    async def watch() -> None:
+        nonlocal held_since, held_for
+        while held_since is None or client.exists(lock):
+            if client.exists(lock):
+                held_since = held_since or time.monotonic()
+                held_for = time.monotonic() - held_since
+            await anyio.sleep(0.02)
+
+    compiler = Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote)
+    async with compiler, anyio.create_task_group() as group:
+        group.start_soon(watch)
+        artifact = await compiler.compile(spec)
+    assert held_for > 0.45, held_for  # past the 0.3 s the lock was taken for
+    assert client.exists(lock) == 0
+    assert artifact.compile_seconds > held_for - 0.1
