@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,18 @@ def run_example(name: str, cache_dir: Path, *args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def example_module(name: str) -> Any:
+    """examples/<name>.py imported as a module (its functions, without running main)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_quickstart_compiles_once_then_serves_from_disk(cache_dir: Path) -> None:
@@ -56,11 +69,8 @@ def test_viterbi_reference_agrees_with_brute_force() -> None:
 
     import numpy as np
 
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        from viterbi import random_hmm, viterbi_numpy
-    finally:
-        sys.path.pop(0)
+    viterbi = example_module("viterbi")
+    random_hmm, viterbi_numpy = viterbi.random_hmm, viterbi.viterbi_numpy
     rng = np.random.default_rng()
     start, trans, emit = random_hmm(rng, 4, 3)
     obs = rng.integers(0, 3, size=(5, 6))
@@ -97,11 +107,8 @@ def test_shortest_paths_server_compiles_and_says_what_it_would_serve(cache_dir: 
 
 
 def test_shortest_paths_requests_are_validated() -> None:
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        from shortest_paths_server import parse, path
-    finally:
-        sys.path.pop(0)
+    server = example_module("shortest_paths_server")
+    parse, path = server.parse, server.path
     import numpy as np
 
     weights, pairs = parse(
