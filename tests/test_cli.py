@@ -227,3 +227,16 @@ def test_sizes_ages_and_the_disk_limit_variable(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("AIONVRTC_DISK_LIMIT", "lots")
     with pytest.raises(ValueError, match=r"\$AIONVRTC_DISK_LIMIT: not a size: 'lots'"):
         default_disk_limit()
+
+
+def test_a_reader_that_stops_early_is_not_an_error(warmed: Path) -> None:
+    # `aionvrtc cache ls --json | head -1`: the pipe closes before the output is written.
+    child = subprocess.Popen(
+        [sys.executable, "-m", "aionvrtc", "cache", "ls", "--json", "--cache-dir", str(warmed)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert child.stdout is not None
+    child.stdout.close()
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 0
+    assert b"Traceback" not in err

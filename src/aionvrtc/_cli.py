@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,15 +41,23 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=False, highlight=False)
     run: Callable[[argparse.Namespace, Any], Result] = args.run
     try:
-        data, status = run(args, console)
-    except (AionvrtcError, ValueError, OSError) as exc:
+        try:
+            data, status = run(args, console)
+        except BrokenPipeError:
+            raise
+        except (AionvrtcError, ValueError, OSError) as exc:
+            if args.json:
+                print(json.dumps({"error": str(exc)}))
+            else:
+                Console(stderr=True, highlight=False).print(f"[red]error:[/red] {exc}")
+            return 1
         if args.json:
-            print(json.dumps({"error": str(exc)}))
-        else:
-            Console(stderr=True, highlight=False).print(f"[red]error:[/red] {exc}")
-        return 1
-    if args.json:
-        print(json.dumps(data, indent=2))
+            print(json.dumps(data, indent=2), flush=True)
+    except BrokenPipeError:
+        # The reader stopped early (`aionvrtc cache ls | head`): not a failure. Point stdout at
+        # /dev/null so that the interpreter's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return status
 
 
