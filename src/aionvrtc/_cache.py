@@ -125,18 +125,16 @@ class KernelCache:
         across hosts, the remote tier's lock does the same.
         """
         disk, remote, arch = self.disk, self.remote, self.target.arch
-        cached = disk.read(key, arch=arch) if disk is not None else None
+        cached = self._from_disk(key)
         if cached is not None:
-            self.memory.put(cached)
             return cached, "disk"
         if remote is not None:
             cached = from_thread.run(remote.fetch, key, arch)
             if cached is not None:
                 return self._keep(cached), "remote"
         with disk.lock(key) if disk is not None else contextlib.nullcontext(False):
-            cached = disk.read(key, arch=arch) if disk is not None else None  # written meanwhile?
+            cached = self._from_disk(key)  # written while we waited?
             if cached is not None:
-                self.memory.put(cached)
                 return cached, "disk"
             token = None
             if remote is not None:
@@ -155,6 +153,13 @@ class KernelCache:
                     from_thread.run(remote.release, key, token)
         self.memory.put(artifact)
         return artifact, "compile"
+
+    def _from_disk(self, key: str) -> Artifact | None:
+        """The disk's verified entry for ``key``, published to memory, or None."""
+        cached = self.disk.read(key, arch=self.target.arch) if self.disk is not None else None
+        if cached is not None:
+            self.memory.put(cached)
+        return cached
 
     def _keep(self, artifact: Artifact) -> Artifact:
         """A remote hit: written to the local disk and memory."""

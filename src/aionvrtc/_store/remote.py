@@ -207,7 +207,7 @@ class RedisTier:
                 if waited:  # the holder may have stored it and let go since the last look
                     artifact = await self.fetch(key, arch)
                     if artifact is not None:
-                        await self._call(self._client.eval, _RELEASE, 1, self._lock_key(key), token)
+                        await self.release(key, token)  # (renewal never started)
                         return None, artifact
                 self._renew_soon(key, token)
                 return token, None
