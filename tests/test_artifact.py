@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aionvrtc import Artifact, CacheCorruptError
-from aionvrtc._artifact import MAGIC, decode, encode
+from aionvrtc import FORMAT_VERSION, Artifact, CacheCorruptError, KernelCache
+from aionvrtc._artifact import MAGIC, decode, encode, read_header
+
+from .conftest import make_spec
 
 KEY = "ab" * 32
 
@@ -65,22 +68,30 @@ def test_foreign_and_other_version_entries() -> None:
     corrupt("bad magic", b"GARBAGE!" + data[8:])
     future = bytearray(data)
     struct.pack_into(">H", future, len(MAGIC), 99)
-    corrupt("format version 99, this aionvrtc reads 1", bytes(future))
+    corrupt(f"format version 99, this aionvrtc reads {FORMAT_VERSION}", bytes(future))
+
+
+def checksummed(header: bytes, image: bytes = b"\x7fELF", claimed: int | None = None) -> bytes:
+    """An entry with a valid checksum around whatever header bytes it is given."""
+    import hashlib
+
+    length = len(header) if claimed is None else claimed
+    body = struct.pack(">8sHI", MAGIC, FORMAT_VERSION, length) + header
+    body += struct.pack(">Q", len(image)) + image
+    return body + hashlib.sha256(body).digest()
+
+
+def good_header() -> dict[str, object]:
+    data = encode(artifact())
+    header_len = struct.unpack_from(">I", data, 10)[0]
+    return dict(json.loads(data[14 : 14 + header_len]))
 
 
 def reencode(mutate: dict[str, object], image: bytes | None = None) -> bytes:
     """A well-formed entry (valid checksum) whose header says something wrong."""
-    good = artifact()
-    data = encode(good if image is None else artifact(image=image))
-    header_len = struct.unpack_from(">I", data, 10)[0]
-    header = json.loads(data[14 : 14 + header_len])
+    header = good_header()
     header.update(mutate)
-    body = json.dumps(header).encode()
-    rest = data[14 + header_len : -32]
-    import hashlib
-
-    out = struct.pack(">8sHI", MAGIC, 1, len(body)) + body + rest
-    return out + hashlib.sha256(out).digest()
+    return checksummed(json.dumps(header).encode(), artifact().image if image is None else image)
 
 
 def test_verified_but_wrong_entries_are_refused() -> None:
@@ -113,7 +124,88 @@ def test_well_checksummed_garbage_headers_only_raise_cache_corrupt(
 ) -> None:
     import hashlib
 
-    body = struct.pack(">8sHI", MAGIC, 1, claimed % (len(header) + 16)) + header
+    body = struct.pack(">8sHI", MAGIC, FORMAT_VERSION, claimed % (len(header) + 16)) + header
     body += struct.pack(">Q", 4) + b"\x7fELF"
     with pytest.raises(CacheCorruptError):
         decode(body + hashlib.sha256(body).digest())
+
+
+# -- crafted entries with a valid checksum: bounded, so only ever refused -------------------------
+
+
+def test_huge_numbers_in_a_checksummed_header_are_refused() -> None:
+    # Before: float(10**400) raised OverflowError in every reader, and the entry was kept.
+    corrupt("unreadable header .*integer of 401 digits", reencode({"created": 10**400}))
+    corrupt("unreadable header .*out of range", checksummed(
+        json.dumps(good_header()).replace('"created":', '"created": 1e400, "x":').encode()
+    ))  # fmt: skip
+    corrupt("unreadable header .*NaN", reencode({"compile_seconds": float("nan")}))
+    corrupt("'created' is out of range", reencode({"created": -5}))
+    corrupt("'compile_seconds' is out of range", reencode({"compile_seconds": 2.0**41}))
+    corrupt("'arch' is 1000 characters long", reencode({"arch": "s" * 1000}))
+    corrupt("'key' is not a cache key", reencode({"key": "../../etc/passwd"}))
+
+
+def test_deeply_nested_header_is_refused_before_parsing() -> None:
+    # Before: RecursionError from the JSON parser reached every caller in every process.
+    deep = b"[" * 100_000 + b"]" * 100_000
+    corrupt("nested more than 3 deep", checksummed(deep))
+    nested_names: dict[str, object] = {"lowered_names": {"k": {"a": {"b": "c"}}}}
+    corrupt("nested more than 3 deep", reencode(nested_names))
+    # Brackets inside strings are text, not nesting: an NVRTC log may hold any of them.
+    log = artifact(log='error: [[[[{{{{ ]]]] }}}} \\" [[[[')
+    assert decode(encode(log)).log == log.log
+
+
+def test_header_length_is_bounded_before_reading() -> None:
+    import io
+
+    from aionvrtc._artifact import MAX_HEADER_BYTES
+
+    claimed = MAX_HEADER_BYTES + 1
+    corrupt(f"header of {claimed} bytes", checksummed(b"{}", claimed=claimed))
+    with pytest.raises(CacheCorruptError, match=f"header of {claimed} bytes"):
+        read_header(io.BytesIO(struct.pack(">8sHI", MAGIC, FORMAT_VERSION, claimed)))
+    deep = b"[" * 50_000
+    with pytest.raises(CacheCorruptError, match="nested more than 3 deep"):
+        read_header(io.BytesIO(struct.pack(">8sHI", MAGIC, FORMAT_VERSION, len(deep)) + deep))
+
+
+def test_a_crafted_entry_on_disk_is_dropped_and_recompiled(cache_dir: Path) -> None:
+    spec = make_spec()
+    first = KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec)
+    entry = cache_dir / f"v{FORMAT_VERSION}" / first.key[:2] / first.key
+    header = {**good_header(), "key": first.key, "created": 10**400}
+    entry.write_bytes(checksummed(json.dumps(header).encode(), first.image))
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    again = cache.get_or_compile(spec)  # before: OverflowError, every time, in every process
+    assert again.image == first.image
+    stats = cache.stats()
+    assert (stats.corrupt_dropped, stats.compiles, stats.disk_hits) == (1, 1, 0)
+    assert decode(entry.read_bytes(), expected_key=first.key) == again  # rewritten, good
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+@given(st.dictionaries(
+    st.sampled_from(sorted(good_header())) | st.text(max_size=8), json_values, max_size=12
+))  # fmt: skip
+@settings(max_examples=400, deadline=None, derandomize=True)
+def test_arbitrary_checksummed_headers_decode_or_raise_cache_corrupt(
+    mutate: dict[str, object],
+) -> None:
+    header = good_header()
+    header.update(mutate)
+    data = checksummed(json.dumps(header).encode(), artifact().image)
+    try:
+        decoded = decode(data)
+    except CacheCorruptError:
+        return
+    assert decoded.key == header["key"]
+    assert 0 <= decoded.created <= 2.0**40

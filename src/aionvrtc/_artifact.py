@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 import struct
 import time
 from collections.abc import Mapping
@@ -38,6 +40,17 @@ _IMAGE_LEN = struct.Struct(">Q")
 _CHECKSUM_LEN = 32
 _MIN_LEN = _PREFIX.size + _IMAGE_LEN.size + _CHECKSUM_LEN
 _ELF_MAGIC = b"\x7fELF"
+# Bounds on what a header may hold, so that an entry crafted with a valid checksum can only ever
+# be refused (CacheCorruptError), never raise OverflowError or RecursionError in every reader.
+MAX_HEADER_BYTES = 16 << 20  # bytes; the header holds NVRTC's log, which can be long
+_MAX_NESTING = 3  # the header is an object holding one object (lowered_names); 3 leaves room
+_MAX_INT_DIGITS = 20  # the header's integers are times and seconds
+_MAX_TIME = 2.0**40  # seconds since the epoch (year 36812): past it, `created` is not a time
+_MAX_TEXT = 256  # characters of the short fields (arch, versions)
+_KEY = re.compile(r"[0-9a-f]{64}")
+# JSON strings (escapes included): removed before counting brackets, which may sit inside them.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,17 +140,63 @@ def _check_prefix(data: bytes) -> int:
         raise _corrupt("not an aionvrtc entry (bad magic)")
     if version != FORMAT_VERSION:
         raise _corrupt(f"format version {version}, this aionvrtc reads {FORMAT_VERSION}")
+    if header_len > MAX_HEADER_BYTES:
+        raise _corrupt(f"header of {header_len} bytes (at most {MAX_HEADER_BYTES})")
     return int(header_len)
 
 
 def _parse_header(raw: bytes) -> dict[str, Any]:
+    _check_nesting(raw)
     try:
-        header = json.loads(raw)
+        header = json.loads(
+            raw, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant
+        )
     except (UnicodeDecodeError, ValueError) as exc:
         raise _corrupt(f"unreadable header ({exc})") from exc
     if not isinstance(header, dict):
         raise _corrupt("header is not an object")
     return header
+
+
+def _check_nesting(raw: bytes) -> None:
+    """Refuse JSON nested deeper than a header can be, before the parser recurses into it."""
+    depth = 0
+    for bracket in _BRACKETS.findall(_JSON_STRING.sub(b"", raw)):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > _MAX_NESTING:
+            raise _corrupt(f"header nested more than {_MAX_NESTING} deep")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)  # 1e400 parses as inf
+    if not math.isfinite(value):
+        raise ValueError(f"a number out of range ({text[:32]})")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a number a header holds")
+
+
+def _number(header: Mapping[str, Any], name: str, high: float) -> float:
+    """A header number in [0, high]: JSON ints and floats both, never a bool."""
+    value = float(_typed(header, name, (int, float)))
+    if not 0.0 <= value <= high:
+        raise _corrupt(f"header field {name!r} is out of range ({value!r})")
+    return value
+
+
+def _text(header: Mapping[str, Any], name: str) -> str:
+    value: str = _typed(header, name, str)
+    if len(value) > _MAX_TEXT:
+        raise _corrupt(f"header field {name!r} is {len(value)} characters long")
+    return value
 
 
 def decode(
@@ -158,6 +217,8 @@ def decode(
         raise _corrupt("image length does not match the entry size")
     header = _parse_header(body[_PREFIX.size : _PREFIX.size + header_len])
     key = _typed(header, "key", str)
+    if not _KEY.fullmatch(key):
+        raise _corrupt("header field 'key' is not a cache key")
     if expected_key is not None and key != expected_key:
         raise _corrupt(f"entry holds key {key[:16]}... but was read as {expected_key[:16]}...")
     kind = _typed(header, "kind", str)
@@ -166,7 +227,7 @@ def decode(
     image = body[image_at:]
     if kind == "cubin" and not image.startswith(_ELF_MAGIC):
         raise _corrupt("cubin image is not an ELF file")
-    arch = _typed(header, "arch", str)
+    arch = _text(header, "arch")
     if expected_arch is not None and arch != expected_arch:
         raise _corrupt(f"entry was compiled for {arch}, expected {expected_arch}")
     lowered = _typed(header, "lowered_names", dict)
@@ -177,10 +238,10 @@ def decode(
         kind=kind,
         image=image,
         arch=arch,
-        nvrtc_version=_typed(header, "nvrtc_version", str),
+        nvrtc_version=_text(header, "nvrtc_version"),
         lowered_names=lowered,
-        compile_seconds=float(_typed(header, "compile_seconds", (int, float))),
+        compile_seconds=_number(header, "compile_seconds", _MAX_TIME),
         log=_typed(header, "log", str),
-        created=float(_typed(header, "created", (int, float))),
-        package_version=_typed(header, "package_version", str),
+        created=_number(header, "created", _MAX_TIME),
+        package_version=_text(header, "package_version"),
     )
