@@ -31,6 +31,7 @@ from ._artifact import Artifact
 from ._cache import DEFAULT_MEMORY_LIMIT, CacheStats, KernelCache
 from ._cuda import Module
 from ._exceptions import CompileError, CompilerClosed
+from ._failures import Failures
 from ._spec import KernelSpec
 from ._store.memory import _Entry
 from ._store.remote import RedisTier
@@ -156,7 +157,7 @@ class Compiler:
         self._key_id = _spec.memo_id(self.target.arch, _nvrtc.version_string())
         self._state = _State.NEW
         self._inflight: dict[str, _Job] = {}
-        self._failures: dict[str, BaseException] = {}
+        self._failures = Failures()
         self._queue: list[tuple[int, int, _Job]] = []
         self._seq = itertools.count()
         self._wakeup: anyio.Event | None = None
@@ -428,7 +429,7 @@ class Compiler:
         except Exception as exc:
             job.error = exc
             if isinstance(exc, CompileError):
-                self._failures[job.key] = exc  # fail fast until forget() or clear()
+                self._failures.remember(job.key, exc)  # fail fast until forget() or clear()
             else:
                 logger.exception("job for %s failed", job.key[:16])
         except BaseException:
@@ -446,7 +447,7 @@ class Compiler:
         """Drop ``spec`` from memory and disk and forget a remembered failure: the next request
         compiles it again."""
         key = spec.key(self.target)
-        self._failures.pop(key, None)
+        self._failures.pop(key)
         for modules in self._modules.values():
             modules.pop(key, None)
         await anyio.to_thread.run_sync(self._cache.forget, spec)
