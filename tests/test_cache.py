@@ -30,7 +30,7 @@ def test_memory_then_disk_then_compile(cache_dir: Path) -> None:
     assert (stats.requests, stats.memory_hits, stats.disk_hits, stats.compiles) == (2, 1, 0, 1)
     assert stats.compile_seconds == pytest.approx(first.compile_seconds)
     assert stats.memory_entries == 1
-    entry = cache_dir / "v1" / first.key[:2] / first.key
+    entry = cache_dir / "v2" / first.key[:2] / first.key
     assert entry.is_file()
 
     fresh = KernelCache("sm_90", cache_dir=cache_dir)
@@ -76,14 +76,14 @@ def test_default_cache_dir_comes_from_the_environment(tmp_path: Path) -> None:
     os.environ["AIONVRTC_CACHE_DIR"] = str(tmp_path / "from-env")
     cache = KernelCache("sm_90")
     art = cache.get_or_compile(make_spec())
-    assert (tmp_path / "from-env" / "v1" / art.key[:2] / art.key).is_file()
+    assert (tmp_path / "from-env" / "v2" / art.key[:2] / art.key).is_file()
 
 
 # -- size management ---------------------------------------------------------------------
 
 
 def _entries(cache_dir: Path) -> set[str]:
-    return {p.name for p in (cache_dir / "v1").glob("*/*") if not p.name.startswith(".")}
+    return {p.name for p in (cache_dir / "v2").glob("*/*") if not p.name.startswith(".")}
 
 
 def test_disk_eviction_is_least_recently_used_first(cache_dir: Path) -> None:
@@ -96,7 +96,7 @@ def test_disk_eviction_is_least_recently_used_first(cache_dir: Path) -> None:
     now = time.time()
     for age, name in zip((300, 200, 100), "abc", strict=True):
         cache.get_or_compile(specs[name])
-        entry = cache_dir / "v1" / keys[name][:2] / keys[name]
+        entry = cache_dir / "v2" / keys[name][:2] / keys[name]
         os.utime(entry, (now - age, now - age))
     # A disk hit refreshes recency: a is now the most recently used.
     assert KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(specs["a"]).key == keys["a"]
@@ -123,7 +123,7 @@ def test_memory_eviction_is_least_recently_used_first() -> None:
 def test_stale_tmp_files_are_removed_fresh_ones_kept(cache_dir: Path) -> None:
     cache = KernelCache("sm_90", cache_dir=cache_dir)
     art = cache.get_or_compile(make_spec())
-    shard = cache_dir / "v1" / art.key[:2]
+    shard = cache_dir / "v2" / art.key[:2]
     stale = shard / f".{art.key}.123.dead.tmp"
     fresh = shard / f".{art.key}.456.live.tmp"
     for tmp in (stale, fresh):
@@ -231,7 +231,7 @@ def test_concurrent_writers_from_processes_leave_only_valid_entries(tmp_path: Pa
     from aionvrtc._store import DiskTier
 
     tier = DiskTier(root)
-    names = sorted(p.name for p in (root / "v1").glob("*/*"))
+    names = sorted(p.name for p in (root / "v2").glob("*/*"))
     assert names == [f"{k:02x}" * 32 for k in range(6)]  # no tmp leftovers
     for name in names:
         assert tier.read(name) is not None
@@ -250,7 +250,7 @@ def test_records_live_beside_the_kernels_verified_and_per_target(cache_dir: Path
     key = record_key("tuning/gpu", "sm_90")
     assert key not in {make_spec().key("sm_90"), record_key("tuning/gpu", "sm_80")}
     # A record is an entry like any other: a damaged one is dropped and counted, not returned.
-    path = cache_dir / "v1" / key[:2] / key
+    path = cache_dir / "v2" / key[:2] / key
     damaged = bytearray(path.read_bytes())
     damaged[-1] ^= 1
     path.write_bytes(bytes(damaged))

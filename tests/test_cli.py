@@ -53,7 +53,7 @@ def cache(warmed: Path, tmp_path: Path) -> Path:
 
 
 def entries(cache: Path) -> dict[str, Path]:
-    return {p.name: p for p in (cache / "v1").glob("*/*") if not p.name.startswith(".")}
+    return {p.name: p for p in (cache / "v2").glob("*/*") if not p.name.startswith(".")}
 
 
 def test_warm_compiles_each_kernel_once(warmed: Path) -> None:
@@ -69,7 +69,7 @@ def test_info_reports_the_entries(warmed: Path) -> None:
     assert info["bytes"] == sum(p.stat().st_size for p in files)
     assert info["limit"] == 1 << 30
     assert info["format_version"] == 1
-    assert info["directory"] == str(warmed / "v1")
+    assert info["directory"] == str(warmed / "v2")
     assert info["oldest"] <= info["newest"]
     assert (info["corrupt_dropped"], info["evictions"], info["pruned"]) == (0, 0, 0)
 
@@ -88,7 +88,7 @@ def test_tables_for_people(warmed: Path) -> None:
     assert "of 1.0 GiB" in info
     assert "0 corrupt entries dropped, 0 evicted, 0 pruned" in info
     listing = run("cache", "ls")
-    assert f"{KERNELS} entries in {warmed / 'v1'}" in listing
+    assert f"{KERNELS} entries in {warmed / 'v2'}" in listing
     assert listing.count("sm_90") == KERNELS
     assert "no GPU here" in subprocess.run(
         [sys.executable, "-m", "aionvrtc", *WARM[:2], "--cache-dir", str(warmed)],

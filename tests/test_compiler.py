@@ -149,7 +149,7 @@ async def test_all_cancelled_waiters_still_finish_and_cache_the_job(cache_dir: P
         assert compiler.stats().in_flight == 1
     # Closing waited for the running compile, which was written to disk.
     key = spec.key("sm_90")
-    assert (cache_dir / "v1" / key[:2] / key).is_file()
+    assert (cache_dir / "v2" / key[:2] / key).is_file()
 
 
 async def test_compile_error_fans_out_and_is_remembered(cache_dir: Path) -> None:
@@ -183,7 +183,7 @@ async def test_compile_error_fans_out_and_is_remembered(cache_dir: Path) -> None
         with pytest.raises(CompileError):
             await compiler.compile(broken)
         assert compiler._cache.stats().compile_errors == 2
-    assert not any((cache_dir / "v1").glob("*/[0-9a-f]*"))  # nothing written to disk
+    assert not any((cache_dir / "v2").glob("*/[0-9a-f]*"))  # nothing written to disk
 
 
 async def test_close_fails_queued_jobs_and_finishes_running_ones(cache_dir: Path) -> None:

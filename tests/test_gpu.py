@@ -119,7 +119,7 @@ async def test_a_bad_image_on_disk_is_recompiled_and_runs(cache_dir: Path, damag
     spec = axpy_spec()
     arch = Target.current().arch
     key = spec.key(arch)
-    entry = cache_dir / "v1" / key[:2] / key
+    entry = cache_dir / "v2" / key[:2] / key
     async with Compiler(cache_dir=cache_dir) as compiler:
         good = await compiler.compile(spec)
     if damage == "bit-flip":  # caught by the checksum

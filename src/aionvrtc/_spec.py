@@ -14,7 +14,7 @@ __all__ = ["FORMAT_VERSION", "KernelSpec", "derive_key"]
 
 # Bump when the key derivation or the entry encoding changes: old entries then live in another
 # folder of the disk tier and are never read as current ones.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 # Options that choose the target. The target belongs to the compiler (one spec, many GPUs), so a
 # spec naming one would silently disagree with the key.
