@@ -1,11 +1,14 @@
 """The remote tier against a real redis-server that these tests start on a free loopback port
 (.ci/run installs redis-server where it is missing): a fleet compiles a kernel once, a killed
-Redis fails no request, tampered and unsigned entries are refused, entries expire."""
+Redis fails no request, tampered and unsigned entries are refused, entries expire, and whoever
+can write to the Redis cannot stall (foreign locks), flood (oversize values, values pulled on
+every poll) or poison (no secret without an explicit opt-in) the fleet."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import socket
 import subprocess
@@ -19,6 +22,7 @@ import anyio
 import pytest
 
 from aionvrtc import Compiler, RedisTier
+from aionvrtc._store.remote import MAGIC
 
 from .conftest import make_slow_spec, make_spec
 
@@ -83,8 +87,15 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 def tier(server: RedisServer, **kwargs: Any) -> RedisTier:
+    """A tier on ``server`` with a fresh prefix, signed unless the test says otherwise."""
     kwargs.setdefault("prefix", f"test{time.time_ns()}")
+    kwargs.setdefault("secret", "test secret")
     return RedisTier(server.url, **kwargs)
+
+
+def net_output_bytes(server: RedisServer) -> int:
+    """Bytes the server has sent to all its clients since it started."""
+    return int(server.client().info("stats")["total_net_output_bytes"])
 
 
 HOST = r"""
@@ -189,7 +200,7 @@ async def test_tampered_and_unsigned_entries_are_refused(
         assert (stats.remote_rejected, stats.compiles, stats.remote_hits) == (1, 1, 0)
     # An unsigned entry (a writer without the secret) is refused by a reader with one.
     other = make_spec()
-    unsigned = tier(redis_server, prefix=prefix)
+    unsigned = tier(redis_server, prefix=prefix, secret=None, allow_unsigned=True)
     async with Compiler(arch="sm_90", cache_dir=tmp_path / "c", remote=unsigned) as compiler:
         await compiler.compile(other)
     strict = tier(redis_server, prefix=prefix, secret=b"k1")
@@ -239,7 +250,7 @@ async def test_configured_from_the_environment(
 
 
 def test_under_trio_the_remote_tier_says_it_needs_asyncio(tmp_path: Path) -> None:
-    remote = RedisTier("redis://127.0.0.1:1/0")  # never reached
+    remote = RedisTier("redis://127.0.0.1:1/0", secret="s")  # never reached
 
     async def main() -> None:
         async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote):
@@ -276,3 +287,258 @@ async def test_the_compile_lock_is_renewed_while_the_compile_runs(
     assert held_for > 0.45, held_for  # past the 0.3 s the lock was taken for
     assert client.exists(lock) == 0
     assert artifact.compile_seconds > held_for - 0.1
+
+
+# -- stalls, floods and poison ---------------------------------------------------------------------
+
+LOCK_TOKEN = re.compile(r"aionvrtc-lock:1:[0-9a-f]{32}:[0-9a-f]{64}")
+
+
+def plant_lock(server: RedisServer, name: str, case: str, owner: RedisTier, key: str) -> None:
+    """Put a lock that is not to be waited on at ``name`` (``owner`` makes well-formed ones)."""
+    client = server.client()
+    if case == "no expiry":  # well formed and signed, but it would never lapse
+        client.set(name, owner._lock_token(key))
+    elif case == "long expiry":  # well formed and signed, longer than any lock_ttl of ours
+        client.set(name, owner._lock_token(key), px=600_000)
+    elif case == "wrong signature":
+        other = RedisTier(server.url, prefix=owner.prefix, secret="another secret")
+        client.set(name, other._lock_token(key), px=20_000)
+    elif case == "unsigned":  # the format of a fleet without a secret
+        client.set(name, owner._lock_token(key).rsplit(":", 1)[0], px=20_000)
+    elif case == "not ours":
+        client.set(name, b"locked", px=20_000)
+    elif case == "huge":  # never sent back: the script reads its length only
+        client.set(name, b"x" * (1 << 20), px=20_000)
+    elif case == "not a string":
+        client.rpush(name, b"a", b"b")
+        client.pexpire(name, 20_000)
+    else:
+        raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        ("no expiry", "no expiry"),
+        ("long expiry", "after lock_ttl"),
+        ("wrong signature", "not signed with this secret"),
+        ("unsigned", "not signed with this secret"),
+        ("not ours", "not an aionvrtc lock"),
+        ("huge", "not an aionvrtc lock"),
+        ("not a string", "not an aionvrtc lock"),
+    ],
+)
+async def test_a_foreign_lock_is_not_waited_on(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str, why: str
+) -> None:
+    # wait_timeout 30 s: a host that waited on the planted lock would take 30 s per kernel.
+    remote = tier(redis_server, wait_timeout=30.0)
+    client = redis_server.client()
+    specs = [make_spec(), make_spec()]
+    locks = [f"{remote.prefix}:lock:{spec.key('sm_90')}" for spec in specs]
+    for spec, lock in zip(specs, locks, strict=True):
+        plant_lock(redis_server, lock, case, remote, spec.key("sm_90"))
+    before = net_output_bytes(redis_server)
+    async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote) as compiler:
+        with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+            started = time.monotonic()
+            artifacts = [await compiler.compile(spec) for spec in specs]
+            elapsed = time.monotonic() - started
+        stats = compiler.stats()
+    assert elapsed < 5.0, elapsed
+    assert (stats.compiles, stats.remote_lock_waits, stats.remote_errors) == (2, 0, 0)
+    assert remote.foreign_locks == stats.remote_foreign_locks == 2
+    warnings = [r.message for r in caplog.records if "ignoring the compile lock" in r.message]
+    assert len(warnings) == 1, warnings  # once per tier
+    for words in (why, "foreign_locks", "at most wait_timeout"):
+        assert words in warnings[0], warnings[0]
+    # The planted locks are left alone, and the kernels reach the fleet all the same.
+    assert all(client.exists(lock) == 1 for lock in locks)
+    for artifact in artifacts:
+        assert client.exists(f"{remote.prefix}:entry:{artifact.key}") == 1
+    assert net_output_bytes(redis_server) - before < 256 << 10  # a 1 MiB lock never came back
+
+
+@pytest.mark.parametrize("case", ["no expiry", "not ours"])
+async def test_a_fleet_without_a_secret_ignores_foreign_locks_too(
+    redis_server: RedisServer, tmp_path: Path, case: str
+) -> None:
+    remote = tier(redis_server, secret=None, allow_unsigned=True, wait_timeout=30.0)
+    spec = make_spec()
+    key = spec.key("sm_90")
+    plant_lock(redis_server, f"{remote.prefix}:lock:{key}", case, remote, key)
+    async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote) as compiler:
+        started = time.monotonic()
+        await compiler.compile(spec)
+        elapsed = time.monotonic() - started
+        stats = compiler.stats()
+    assert elapsed < 5.0, elapsed
+    assert (stats.compiles, stats.remote_lock_waits, remote.foreign_locks) == (1, 0, 1)
+
+
+async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # Another host holds the lock while the entry key holds a large, badly signed value: the
+    # waiter polls the lock only, reads the entry once before and once after the wait (both
+    # refused), compiles, and closes at once.
+    prefix = f"poll{time.time_ns()}"
+    spec = make_spec()
+    key = spec.key("sm_90")
+    client = redis_server.client()
+    holder = tier(redis_server, prefix=prefix)
+    token, _ = await holder.claim(key, "sm_90")
+    assert token is not None
+    assert LOCK_TOKEN.fullmatch(token), token
+    lock = f"{prefix}:lock:{key}"
+    assert client.get(lock) == token.encode()
+    assert 0 < client.pttl(lock) <= 30_000  # ours are set to lock_ttl, never beyond
+    bad = MAGIC + b"\1" + bytes(32) + b"x" * (8 << 20)  # under max_entry_bytes: it is read
+    client.set(f"{prefix}:entry:{key}", bad)
+    waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02)
+    before = net_output_bytes(redis_server)
+    async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=waiter) as compiler:
+        async with anyio.create_task_group() as group:
+            group.start_soon(compiler.compile, spec)
+            await anyio.sleep(2.0)  # about 100 polls
+            during = net_output_bytes(redis_server) - before
+            waiting = compiler.stats()
+            await holder.release(key, token)
+        stats = compiler.stats()
+        closing = time.monotonic()
+    closed_in = time.monotonic() - closing
+    total = net_output_bytes(redis_server) - before
+    await holder.aclose()
+    assert (waiting.remote_lock_waits, waiting.compiles, waiting.remote_rejected) == (1, 0, 1)
+    assert during < 1.5 * len(bad), during  # one read, before the lock was found taken
+    assert total < 2.5 * len(bad), total  # and one more once the lock was ours
+    assert (stats.compiles, stats.remote_rejected, stats.remote_hits) == (1, 2, 0)
+    assert waiter.foreign_locks == 0
+    assert closed_in < 2.0, closed_in
+
+
+async def test_aclose_stops_a_claim_waiting_on_a_lock(redis_server: RedisServer) -> None:
+    prefix = f"close{time.time_ns()}"
+    key = "ab" * 32
+    holder = tier(redis_server, prefix=prefix)
+    token, _ = await holder.claim(key, "sm_90")
+    assert token is not None
+    redis_server.client().set(f"{prefix}:entry:{key}", MAGIC + b"\1" + b"x" * (8 << 20))
+    waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02)
+    claimed: list[tuple[str | None, object]] = []
+
+    async def claim() -> None:
+        claimed.append(await waiter.claim(key, "sm_90"))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(claim)
+        await anyio.sleep(0.5)
+        started = time.monotonic()
+        await waiter.aclose()
+        closed_in = time.monotonic() - started
+    waited = time.monotonic() - started
+    await holder.release(key, token)
+    await holder.aclose()
+    assert closed_in < 1.0, closed_in
+    assert waited < 1.0, waited  # the claim stopped at its next look
+    assert claimed == [(None, None)]
+    assert (waiter.errors, waiter.lock_waits) == (0, 1)
+
+
+async def test_an_entry_over_max_entry_bytes_is_refused_unread(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    remote = tier(redis_server, max_entry_bytes=1 << 20)
+    client = redis_server.client()
+    big, listed = make_spec(), make_spec()
+    big_key, listed_key = big.key("sm_90"), listed.key("sm_90")
+    client.set(f"{remote.prefix}:entry:{big_key}", MAGIC + b"\1" + b"x" * (4 << 20))
+    client.rpush(f"{remote.prefix}:entry:{listed_key}", b"not", b"an entry")
+    before = net_output_bytes(redis_server)
+    async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote) as compiler:
+        with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+            await compiler.compile(big)
+            await compiler.compile(listed)
+        stats = compiler.stats()
+    sent = net_output_bytes(redis_server) - before
+    assert sent < 64 << 10, sent  # the 4 MiB value never left the server
+    assert (stats.compiles, stats.remote_rejected, stats.remote_hits) == (2, 2, 0)
+    assert stats.remote_errors == 0  # a list where an entry should be is refused, not an error
+    messages = [r.message for r in caplog.records]
+    assert any(
+        big_key[:16] in m and f"{4 * (1 << 20) + len(MAGIC) + 1} bytes" in m
+        and "over max_entry_bytes (1048576)" in m
+        for m in messages
+    ), messages  # fmt: skip
+    assert any(listed_key[:16] in m and "a Redis list, not a string" in m for m in messages)
+    # Both were compiled here and written over the planted values, within the bound.
+    assert len(client.get(f"{remote.prefix}:entry:{big_key}")) < 1 << 20
+
+
+async def test_an_entry_over_max_entry_bytes_is_not_uploaded(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    remote = tier(redis_server, max_entry_bytes=64)  # smaller than any cubin
+    async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote) as compiler:
+        with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+            artifact = await compiler.compile(make_spec())
+        assert compiler.stats().compiles == 1
+    assert redis_server.client().exists(f"{remote.prefix}:entry:{artifact.key}") == 0
+    assert remote.writes == 0
+    assert any(
+        "not storing" in r.message and "over max_entry_bytes (64)" in r.message
+        for r in caplog.records
+    )
+
+
+def test_a_tier_without_a_secret_refuses_to_start() -> None:
+    url = "redis://127.0.0.1:1/0"  # never reached
+    with pytest.raises(ValueError, match="without a secret") as raised:
+        RedisTier(url)
+    message = str(raised.value)
+    for words in ("plant", "secret=", "AIONVRTC_REMOTE_SECRET", "allow_unsigned=True"):
+        assert words in message, message
+    assert RedisTier(url, allow_unsigned=True).allow_unsigned
+    assert not RedisTier(url, secret="s").allow_unsigned
+    with pytest.raises(ValueError, match="secret is empty"):
+        RedisTier(url, secret="")
+    with pytest.raises(ValueError, match="max_entry_bytes must be a positive byte count, got 0"):
+        RedisTier(url, secret="s", max_entry_bytes=0)
+
+
+async def test_an_unsigned_tier_runs_when_allowed(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    remote = tier(redis_server, secret=None, allow_unsigned=True)
+    async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote) as compiler:
+        artifact = await compiler.compile(make_spec())
+    value = redis_server.client().get(f"{remote.prefix}:entry:{artifact.key}")
+    assert value is not None
+    assert value[len(MAGIC)] == 0
+
+
+async def test_from_environment_needs_a_secret_or_allow_unsigned(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIONVRTC_REMOTE_URL", redis_server.url)
+    monkeypatch.delenv("AIONVRTC_REMOTE_SECRET", raising=False)
+    monkeypatch.delenv("AIONVRTC_REMOTE_ALLOW_UNSIGNED", raising=False)
+    with pytest.raises(ValueError, match=r"AIONVRTC_REMOTE_ALLOW_UNSIGNED.*trusted"):
+        RedisTier.from_environment()
+    with pytest.raises(ValueError, match="without a secret"):
+        Compiler(arch="sm_90", cache_dir=tmp_path)
+    monkeypatch.setenv("AIONVRTC_REMOTE_ALLOW_UNSIGNED", "0")
+    with pytest.raises(ValueError, match="without a secret"):
+        RedisTier.from_environment()
+    monkeypatch.setenv("AIONVRTC_REMOTE_ALLOW_UNSIGNED", "maybe")
+    with pytest.raises(ValueError, match="AIONVRTC_REMOTE_ALLOW_UNSIGNED must be 1 or 0"):
+        RedisTier.from_environment()
+    monkeypatch.setenv("AIONVRTC_REMOTE_ALLOW_UNSIGNED", "1")
+    async with Compiler(arch="sm_90", cache_dir=tmp_path) as compiler:
+        assert compiler.remote is not None
+        assert compiler.remote.allow_unsigned
+        artifact = await compiler.compile(make_spec())
+    value = redis_server.client().get(f"aionvrtc:entry:{artifact.key}")
+    assert value is not None
+    assert value[len(MAGIC)] == 0

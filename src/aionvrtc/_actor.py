@@ -75,12 +75,14 @@ class CompilerStats:
     memory_bytes: int
     disk_writable: bool
     # The remote tier (zero without one): entries read, not there, refused (unsigned, badly
-    # signed or corrupt), failed calls, and compiles that waited for another host's.
+    # signed, corrupt or too large), failed calls, compiles that waited for another host's, and
+    # compile locks ignored as not another aionvrtc host's (see RedisTier.claim).
     remote_hits: int = 0
     remote_misses: int = 0
     remote_rejected: int = 0
     remote_errors: int = 0
     remote_lock_waits: int = 0
+    remote_foreign_locks: int = 0
 
 
 _FROM_CACHE = tuple(
@@ -487,6 +489,7 @@ class Compiler:
             remote_rejected=remote.rejected if remote else 0,
             remote_errors=remote.errors if remote else 0,
             remote_lock_waits=remote.lock_waits if remote else 0,
+            remote_foreign_locks=remote.foreign_locks if remote else 0,
         )
 
     # -- blocking facade ---------------------------------------------------------------------

@@ -39,6 +39,7 @@ _COUNTERS = (
     ("remote_rejected", "remote_rejected", "remote entries refused: unsigned, bad or corrupt"),
     ("remote_errors", "remote_errors", "remote tier calls that failed"),
     ("remote_lock_waits", "remote_lock_waits", "compiles that waited for another host's"),
+    ("remote_foreign_locks", "remote_foreign_locks", "remote compile locks ignored as foreign"),
 )
 _GAUGES = (
     ("queued", "queue_depth", "compile jobs waiting for a worker"),

@@ -4,7 +4,23 @@ Read after memory and disk, written after each compile; a remote hit is written 
 disk too. One host compiles a kernel while the others wait for it (a lock with an expiry, SET NX
 PX, renewed while the compile runs); a waiter gives up after ``wait_timeout`` and compiles
 itself. With a ``secret`` every entry is signed (HMAC-SHA256 over the key and the entry) and an
-unsigned or badly signed entry is refused: a shared cache is code that runs on the GPU.
+unsigned or badly signed entry is refused: a shared cache is code that runs on the GPU, so a tier
+without a secret refuses to start unless ``allow_unsigned=True`` says every writer is trusted.
+
+Whoever can write to the Redis must not be able to stall, flood or poison the fleet:
+
+- A lock's value is a token of this format (``aionvrtc-lock:1:<nonce>``, with a secret also an
+  HMAC of the lock key and the nonce), always set and renewed with an expiry of ``lock_ttl``. A
+  waiter reads the lock it found (value and PTTL, in the same round trip as its ``SET NX``) and
+  waits only on one that could be ours: well formed, signed with our secret when there is one,
+  expiring within ``lock_ttl``. Anything else (a foreign lock) is counted in ``foreign_locks``
+  and this host compiles at once. So a genuine lock is waited on for at most ``wait_timeout``,
+  a foreign one not at all.
+- A waiter polls the lock, not the entry: the entry is read once, when the lock is gone (its
+  holder stores, then releases), so a large value that is refused is not pulled on every poll.
+- An entry is read only if it is at most ``max_entry_bytes`` long: its size is checked in the
+  same round trip, on the server, before any byte of it is sent. Larger ones are refused
+  (``rejected``) and never transferred, and this tier does not upload one either.
 
 Redis being down, slow or restarted never fails a request: every call has a short timeout, a
 failure is counted and warned about once, and the tier is skipped for a backoff (doubling up to
@@ -21,6 +37,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import secrets
 import time
 from typing import Any
@@ -31,14 +48,55 @@ import anyio.abc
 from .._artifact import Artifact, decode, encode
 from .._exceptions import CacheCorruptError
 
-__all__ = ["ENV_REMOTE_SECRET", "ENV_REMOTE_URL", "RedisTier"]
+__all__ = [
+    "DEFAULT_MAX_ENTRY_BYTES",
+    "ENV_REMOTE_ALLOW_UNSIGNED",
+    "ENV_REMOTE_SECRET",
+    "ENV_REMOTE_URL",
+    "RedisTier",
+]
 
 logger = logging.getLogger("aionvrtc")
 
 ENV_REMOTE_URL = "AIONVRTC_REMOTE_URL"
 ENV_REMOTE_SECRET = "AIONVRTC_REMOTE_SECRET"
+ENV_REMOTE_ALLOW_UNSIGNED = "AIONVRTC_REMOTE_ALLOW_UNSIGNED"  # "1": run without a secret
 MAGIC = b"AIONVRTC-R1"  # remote value: MAGIC, a flag byte (1: signed), [32-byte HMAC], entry
 MAX_BACKOFF = 30.0  # seconds between tries while Redis is unreachable
+# bytes of a remote value (MAGIC, signature and entry). The largest tropical cubin is a few
+# hundred KiB and CUTLASS kernels a few MiB: a few times the largest kernel, small enough that
+# a planted value cannot make every host pull gigabytes.
+DEFAULT_MAX_ENTRY_BYTES = 16 << 20
+# bytes of a lock value read back: ours are 16 + 32 + 1 + 64 = 113; a longer one is foreign
+# and is not transferred.
+MAX_LOCK_BYTES = 256
+
+# A lock token: a nonce and, with a secret, HMAC-SHA256(secret, LOCK_DOMAIN, lock key, nonce)
+# in hex. The domain keeps a lock signature from ever serving as an entry signature: those
+# sign a key (hex SHA-256, never this string) followed by an entry.
+LOCK_PREFIX = "aionvrtc-lock:1:"
+LOCK_DOMAIN = b"aionvrtc-lock:1\0"
+_LOCK_TOKEN = re.compile(r"aionvrtc-lock:1:(?P<nonce>[0-9a-f]{32})(?::(?P<mac>[0-9a-f]{64}))?")
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+# SET NX PX, and if the lock is taken, what holds it, in one round trip: 1 (taken by us), or
+# {pttl, value} (value left out when the key is not a string or is longer than ARGV[3], so a
+# planted value is never sent back). Within a script no key expires, so a failed SET NX means
+# the key is there.
+_TAKE_LOCK = """if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+local pttl = redis.call('pttl', KEYS[1])
+if redis.call('type', KEYS[1])['ok'] ~= 'string' then return {pttl} end
+if redis.call('strlen', KEYS[1]) > tonumber(ARGV[3]) then return {pttl} end
+return {pttl, redis.call('get', KEYS[1])}"""
+# GET if the value is a string of at most ARGV[1] bytes; else {'size', n} or {'type', name},
+# decided on the server so a value that is refused is never transferred. nil: no entry.
+_GET_BOUNDED = """local kind = redis.call('type', KEYS[1])['ok']
+if kind == 'none' then return false end
+if kind ~= 'string' then return {'type', kind} end
+local size = redis.call('strlen', KEYS[1])
+if size > tonumber(ARGV[1]) then return {'size', size} end
+return redis.call('get', KEYS[1])"""
 _RELEASE = """if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0"""
 _RENEW = """if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -48,10 +106,19 @@ return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"""
 class RedisTier:
     """A Redis-backed tier shared by hosts. ``url`` as redis-py takes it (``redis://host:6379/0``);
     ``prefix`` namespaces the keys (one per fleet or deployment); ``ttl`` (seconds) expires
-    entries, None keeps them; ``secret`` signs and verifies entries (bytes or str).
+    entries, None keeps them; ``secret`` signs and verifies entries and locks (bytes or str).
+    Without a secret the tier refuses to start unless ``allow_unsigned=True``: anyone who can
+    write to the Redis could then plant a kernel image that every host runs.
+
+    ``lock_ttl`` (seconds) is the expiry of a compile lock (renewed while the compile runs;
+    every host of a fleet should use the same one: a longer lock than ours looks foreign);
+    ``wait_timeout`` (seconds) bounds the wait on another host's genuine lock; a foreign one is
+    not waited on. ``max_entry_bytes`` bounds a value read or written. ``timeout`` (seconds)
+    bounds each Redis call; ``poll`` (seconds) is the pause between looks at a held lock.
 
     Pass it to ``Compiler(remote=...)``, or set ``$AIONVRTC_REMOTE_URL`` (and
-    ``$AIONVRTC_REMOTE_SECRET``) for Compilers made without one.
+    ``$AIONVRTC_REMOTE_SECRET`` or ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED=1``) for Compilers made
+    without one.
     """
 
     def __init__(
@@ -61,10 +128,12 @@ class RedisTier:
         prefix: str = "aionvrtc",
         ttl: float | None = None,
         secret: bytes | str | None = None,
+        allow_unsigned: bool = False,
         timeout: float = 1.0,
         lock_ttl: float = 30.0,
         wait_timeout: float = 120.0,
         poll: float = 0.05,
+        max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
     ) -> None:
         try:
             import redis.asyncio
@@ -77,35 +146,72 @@ class RedisTier:
         for name, value in (("timeout", timeout), ("lock_ttl", lock_ttl), ("poll", poll)):
             if value <= 0:
                 raise ValueError(f"{name} must be positive seconds, got {value}")
+        if max_entry_bytes <= 0:
+            raise ValueError(
+                f"max_entry_bytes must be a positive byte count, got {max_entry_bytes}"
+            )
+        if secret is not None and not secret:
+            raise ValueError("secret is empty: pass a long random value, or None")
+        if secret is None and not allow_unsigned:
+            raise ValueError(
+                "RedisTier without a secret: a shared cache is code that runs on every host's "
+                "GPU, and anyone who can write to this Redis could plant a kernel image. Set "
+                f"secret= (or ${ENV_REMOTE_SECRET}), or pass allow_unsigned=True (or set "
+                f"${ENV_REMOTE_ALLOW_UNSIGNED}=1) if every party that can write to this Redis "
+                "is trusted"
+            )
         self.url = url
         self.prefix = prefix
         self.ttl = ttl
         self.lock_ttl = lock_ttl
         self.wait_timeout = wait_timeout
         self.poll = poll
+        self.max_entry_bytes = max_entry_bytes
+        self.allow_unsigned = allow_unsigned
         self._secret = secret.encode() if isinstance(secret, str) else secret
         self._client: Any = redis.asyncio.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout
         )
+        # Registered once: each call sends the script's SHA1, not its text (redis-py loads it
+        # again by itself after a Redis restart).
+        self._take_lock: Any = self._client.register_script(_TAKE_LOCK)
+        self._get_bounded: Any = self._client.register_script(_GET_BOUNDED)
+        self._release_lock: Any = self._client.register_script(_RELEASE)
+        self._renew_lock: Any = self._client.register_script(_RENEW)
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._closed = False
         self._down_until = 0.0
         self._backoff = 0.0
         self._warned = False
+        self._warned_foreign = False
+        self._warned_keys: set[str] = set()  # entries refused unread or not stored: warned once
         self.hits = 0
         self.misses = 0
         self.errors = 0
         self.lock_waits = 0
         self.rejected = 0
+        # Its own counter, not ``rejected``: a refused entry is a value not served, while a
+        # foreign lock is an attempt to stall the fleet or a misconfigured host (another
+        # secret or lock_ttl); an operator acts on each differently.
+        self.foreign_locks = 0
         self.writes = 0
         self._renewing: dict[tuple[str, str], anyio.Event] = {}
 
     @classmethod
     def from_environment(cls) -> RedisTier | None:
-        """A tier from ``$AIONVRTC_REMOTE_URL`` and ``$AIONVRTC_REMOTE_SECRET``, or None."""
+        """A tier from ``$AIONVRTC_REMOTE_URL``, ``$AIONVRTC_REMOTE_SECRET`` and
+        ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED``, or None without a URL."""
         url = os.environ.get(ENV_REMOTE_URL)
         if not url:
             return None
-        return cls(url, secret=os.environ.get(ENV_REMOTE_SECRET) or None)
+        flag = os.environ.get(ENV_REMOTE_ALLOW_UNSIGNED, "").strip().lower()
+        if flag not in _TRUE | _FALSE:
+            raise ValueError(
+                f"${ENV_REMOTE_ALLOW_UNSIGNED} must be 1 or 0 (true/false, yes/no), got {flag!r}"
+            )
+        return cls(
+            url, secret=os.environ.get(ENV_REMOTE_SECRET) or None, allow_unsigned=flag in _TRUE
+        )
 
     # -- lifecycle (the Compiler's) ------------------------------------------------------------
 
@@ -125,7 +231,10 @@ class RedisTier:
         self._task_group = task_group
 
     async def aclose(self) -> None:
+        """Close the client. A claim still waiting on a lock stops at its next look (every
+        call after this one is skipped, as if Redis were down, without counting an error)."""
         self._task_group = None
+        self._closed = True
         await self._client.aclose()
 
     # -- entries ---------------------------------------------------------------------------------
@@ -162,12 +271,31 @@ class RedisTier:
         return decode(body, expected_key=key, expected_arch=arch)
 
     async def fetch(self, key: str, arch: str) -> Artifact | None:
-        """The verified entry for ``key``, or None (a miss, a refused entry or Redis down)."""
-        value = await self._call(self._client.get, self._entry_key(key))
+        """The verified entry for ``key``, or None (a miss, a refused entry or Redis down).
+        A value over ``max_entry_bytes`` is refused on the server, without being sent."""
+        value = await self._call(
+            self._get_bounded, keys=[self._entry_key(key)], args=[self.max_entry_bytes]
+        )
         if value is _DOWN:
             return None
         if value is None:
             self.misses += 1
+            return None
+        if isinstance(value, list):  # [b"size", n] or [b"type", name]: left on the server
+            self.rejected += 1
+            what, detail = value[0], value[1]
+            if key not in self._warned_keys:
+                self._warned_keys.add(key)
+                if what == b"size":
+                    logger.warning(
+                        "refusing remote entry %s unread: %d bytes, over max_entry_bytes (%d)",
+                        key[:16], detail, self.max_entry_bytes,
+                    )  # fmt: skip
+                else:
+                    logger.warning(
+                        "refusing remote entry %s unread: a Redis %s, not a string",
+                        key[:16], detail.decode(errors="replace"),
+                    )  # fmt: skip
             return None
         try:
             artifact = self.unpack(key, value, arch)
@@ -179,44 +307,92 @@ class RedisTier:
         return artifact
 
     async def store(self, artifact: Artifact) -> bool:
+        """Upload ``artifact``; False if Redis is down or it is over ``max_entry_bytes`` (no
+        host would read it)."""
+        value = self.pack(artifact)
+        if len(value) > self.max_entry_bytes:
+            if artifact.key not in self._warned_keys:
+                self._warned_keys.add(artifact.key)
+                logger.warning(
+                    "not storing %s in the remote cache: %d bytes, over max_entry_bytes (%d)",
+                    artifact.key[:16], len(value), self.max_entry_bytes,
+                )  # fmt: skip
+            return False
         ttl_ms = None if self.ttl is None else int(self.ttl * 1000)
-        done = await self._call(
-            self._client.set, self._entry_key(artifact.key), self.pack(artifact), px=ttl_ms
-        )
+        done = await self._call(self._client.set, self._entry_key(artifact.key), value, px=ttl_ms)
         self.writes += bool(done)
         return bool(done)
 
     # -- single flight across hosts --------------------------------------------------------------
 
+    def _lock_token(self, key: str) -> str:
+        """A new lock value for ``key``: self-describing and, with a secret, signed (over the
+        lock key too, so a token seen on one key cannot be planted on another)."""
+        nonce = secrets.token_hex(16)
+        if self._secret is None:
+            return LOCK_PREFIX + nonce
+        return f"{LOCK_PREFIX}{nonce}:{self._lock_mac(key, nonce)}"
+
+    def _lock_mac(self, key: str, nonce: str) -> str:
+        assert self._secret is not None
+        message = LOCK_DOMAIN + self._lock_key(key).encode() + b"\0" + nonce.encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def _foreign(self, key: str, pttl: int, value: bytes | None) -> str | None:
+        """Why the lock on ``key`` (its PTTL in ms and value) is not one to wait on, or None
+        if another host of this fleet may hold it."""
+        if pttl == -1:
+            return "it has no expiry"
+        if pttl > int(self.lock_ttl * 1000):
+            return f"it expires in {pttl / 1000:.0f} s, after lock_ttl ({self.lock_ttl:g} s)"
+        if value is None:
+            return "it is not an aionvrtc lock (not a short string)"
+        match = _LOCK_TOKEN.fullmatch(value.decode("ascii", errors="replace"))
+        if match is None:
+            return "it is not an aionvrtc lock"
+        if self._secret is None:
+            return None  # unsigned fleet: a lock signed by a host with a secret is one of ours
+        mac = match["mac"]
+        if mac is None or not hmac.compare_digest(mac, self._lock_mac(key, match["nonce"])):
+            return "it is not signed with this secret"
+        return None
+
     async def claim(self, key: str, arch: str) -> tuple[str | None, Artifact | None]:
         """Before compiling ``key``: (token, None) if this host holds the compile lock (renewed
         until release()), (None, artifact) if another host's compile arrived meanwhile, (None,
-        None) if this host should compile without the lock (Redis down, or the wait timed out).
+        None) if this host should compile without the lock (Redis down, a foreign lock, or the
+        wait timed out).
+
+        While another host holds a genuine lock, only the lock is polled (a small SET NX that
+        reads the lock back when taken); the entry is read once, when the lock is ours again.
+        Each look checks the lock anew, so one planted after a genuine holder left is seen.
         """
-        token = secrets.token_hex(16)
+        token = self._lock_token(key)
+        lock = self._lock_key(key)
+        ttl_ms = int(self.lock_ttl * 1000)
         deadline = time.monotonic() + self.wait_timeout
         waited = False
         while True:
-            got = await self._call(
-                self._client.set, self._lock_key(key), token, nx=True,
-                px=int(self.lock_ttl * 1000),
-            )  # fmt: skip
-            if got is _DOWN:
+            reply = await self._call(
+                self._take_lock, keys=[lock], args=[token, ttl_ms, MAX_LOCK_BYTES]
+            )
+            if reply is _DOWN:
                 return None, None
-            if got:
-                if waited:  # the holder may have stored it and let go since the last look
+            if reply == 1:
+                if waited:  # the holder stored it (or died) and let go
                     artifact = await self.fetch(key, arch)
                     if artifact is not None:
                         await self.release(key, token)  # (renewal never started)
                         return None, artifact
                 self._renew_soon(key, token)
                 return token, None
+            why = self._foreign(key, int(reply[0]), reply[1] if len(reply) > 1 else None)
+            if why is not None:
+                self._note_foreign(key, why)
+                return None, None
             if not waited:
                 self.lock_waits += 1
                 waited = True
-            artifact = await self.fetch(key, arch)
-            if artifact is not None:
-                return None, artifact
             if time.monotonic() > deadline:
                 logger.warning(
                     "waited %.0f s for another host to compile %s; compiling here",
@@ -225,11 +401,26 @@ class RedisTier:
                 return None, None
             await anyio.sleep(self.poll)
 
+    def _note_foreign(self, key: str, why: str) -> None:
+        self.foreign_locks += 1
+        if self._warned_foreign:
+            logger.debug("ignoring the compile lock on %s: %s", key[:16], why)
+            return
+        self._warned_foreign = True
+        logger.warning(
+            "ignoring the compile lock on %s in the remote cache %s: %s; compiling here without "
+            "it. Locks this fleet writes expire within lock_ttl%s, and a genuine one is waited "
+            "on for at most wait_timeout, a foreign one not at all: another writer, or a host "
+            "with another secret or lock_ttl (counted in foreign_locks; this warning is shown "
+            "once)", key[:16], self.url, why,
+            "" if self._secret is None else " and are signed with the secret",
+        )  # fmt: skip
+
     async def release(self, key: str, token: str) -> None:
         stop = self._renewing.pop((key, token), None)
         if stop is not None:
             stop.set()
-        await self._call(self._client.eval, _RELEASE, 1, self._lock_key(key), token)
+        await self._call(self._release_lock, keys=[self._lock_key(key)], args=[token])
 
     def _renew_soon(self, key: str, token: str) -> None:
         stop = self._renewing[(key, token)] = anyio.Event()
@@ -237,15 +428,16 @@ class RedisTier:
             self._task_group.start_soon(self._renew, key, token, stop)
 
     async def _renew(self, key: str, token: str, stop: anyio.Event) -> None:
-        # Renewed at a third of its expiry, so a live compile keeps it and a dead host's lapses.
+        # Renewed at a third of its expiry, so a live compile keeps it and a dead host's lapses;
+        # always to lock_ttl, never beyond, which waiters check.
         while not stop.is_set():
             with anyio.move_on_after(self.lock_ttl / 3):
                 await stop.wait()
             if stop.is_set():
                 return
             await self._call(
-                self._client.eval, _RENEW, 1, self._lock_key(key), token,
-                int(self.lock_ttl * 1000),
+                self._renew_lock, keys=[self._lock_key(key)],
+                args=[token, int(self.lock_ttl * 1000)],
             )  # fmt: skip
 
     # -- failures ----------------------------------------------------------------------------------
@@ -254,7 +446,7 @@ class RedisTier:
         """``method(*args, **kwargs)``, or _DOWN (counted, warned about once, backed off)."""
         from redis.exceptions import RedisError
 
-        if time.monotonic() < self._down_until:
+        if self._closed or time.monotonic() < self._down_until:
             return _DOWN
         try:
             result = await method(*args, **kwargs)
