@@ -63,9 +63,9 @@ ENV_REMOTE_SECRET = "AIONVRTC_REMOTE_SECRET"
 ENV_REMOTE_ALLOW_UNSIGNED = "AIONVRTC_REMOTE_ALLOW_UNSIGNED"  # "1": run without a secret
 MAGIC = b"AIONVRTC-R1"  # remote value: MAGIC, a flag byte (1: signed), [32-byte HMAC], entry
 MAX_BACKOFF = 30.0  # seconds between tries while Redis is unreachable
-# bytes of a remote value (MAGIC, signature and entry). The largest tropical cubin is a few
-# hundred KiB and CUTLASS kernels a few MiB: a few times the largest kernel, small enough that
-# a planted value cannot make every host pull gigabytes.
+# bytes of a remote value (MAGIC, signature and entry). The tropical cubins are 26 to 70 KiB
+# (sm_90, NVRTC 13.5): room for kernels far larger, small enough that a planted value cannot
+# make every host pull gigabytes.
 DEFAULT_MAX_ENTRY_BYTES = 16 << 20
 # bytes of a lock value read back: ours are 16 + 32 + 1 + 64 = 113; a longer one is foreign
 # and is not transferred.
