@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
-from aionvrtc import CompileError, KernelSpec, NvrtcError, Target, _nvrtc
+from aionvrtc import CompileError, Compiler, KernelSpec, NvrtcError, Target, _nvrtc
 
 from .conftest import make_spec
+
+INCLUDING = '#include "val.h"\n__device__ int value = VAL;\n__global__ void k(int* x) { x[0] = 1; }'
 
 
 def test_cubin_for_the_exact_arch_with_lowered_names() -> None:
@@ -54,7 +63,7 @@ def test_compile_error_carries_the_log_line() -> None:
     assert "expected an expression" in str(error)
     assert str(error).startswith("NVRTC failed to compile 'broken.cu' for sm_90")
     assert error.program == "broken.cu"
-    assert error.options == ("--gpu-architecture=sm_90", "-std=c++17")
+    assert error.options == ("--gpu-architecture=sm_90", "--no-source-include", "-std=c++17")
 
 
 def test_bad_option_and_bad_name_expression_are_compile_errors() -> None:
@@ -84,3 +93,143 @@ def test_version_and_archs() -> None:
     assert major >= 13
     assert _nvrtc.version_string() == f"{major}.{minor}"
     assert 90 in _nvrtc.supported_archs()
+
+
+def test_a_quoted_include_never_resolves_against_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "val.h").write_text("#define VAL 1\n")
+    monkeypatch.chdir(tmp_path)
+    # Nor against the program's folder.
+    spec = KernelSpec(INCLUDING, name=str(tmp_path / "k.cu"))
+    with pytest.raises(CompileError, match=re.escape('source file "val.h"')) as info:
+        _nvrtc.compile_program(spec, Target("sm_90"))
+    assert info.value.options[:2] == ("--gpu-architecture=sm_90", "--no-source-include")
+
+
+def test_include_dir_files_are_compiled_and_a_change_needs_a_new_spec(tmp_path: Path) -> None:
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "val.h").write_text("#define VAL 1\n")
+    old = KernelSpec(INCLUDING, options=[f"-I{inc}"])
+    first = _nvrtc.compile_program(old, Target("sm_90"))
+    (inc / "val.h").write_text("#define VAL 2\n")
+    # The old spec's key covers VAL 1: compiling VAL 2 under it would store a stale entry.
+    with pytest.raises(NvrtcError, match="changed since this KernelSpec's cache key") as info:
+        _nvrtc.compile_program(old, Target("sm_90"))
+    assert f"include directory {str(inc)!r}" in str(info.value)
+    assert "create a new KernelSpec (or restart)" in str(info.value)
+    new = KernelSpec(INCLUDING, options=[f"-I{inc}"])
+    second = _nvrtc.compile_program(new, Target("sm_90"))
+    assert new.key("sm_90") != old.key("sm_90")
+    assert second.image != first.image
+    (inc / "val.h").write_text('#include "/etc/val.h"\n')  # now a file the key cannot cover
+    with pytest.raises(NvrtcError, match=re.escape(f"{inc / 'val.h'}, line 1: ")):
+        _nvrtc.compile_program(new, Target("sm_90"))
+
+
+def test_a_log_that_is_not_utf8_still_gives_a_compile_error(tmp_path: Path) -> None:
+    # CuPy decodes NVRTC's log as UTF-8; the log quotes the offending line of a Latin-1 header.
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "bad.h").write_bytes(b"int caf\xe9 = ;\n")
+    spec = KernelSpec('#include "bad.h"\n__global__ void k() {}', options=[f"-I{inc}"])
+    with pytest.raises(CompileError, match=r"NVRTC failed to compile 'kernel\.cu' for sm_90") as e:
+        _nvrtc.compile_program(spec, Target("sm_90"))
+    assert e.value.log.startswith("(NVRTC's log could not be read: UnicodeDecodeError: ")
+
+
+def _broken_cubin(calls: list[object]) -> object:
+    def get_cubin(program: object) -> bytes:
+        calls.append(program)
+        raise RuntimeError("the binding failed")  # what getCUBIN raised after -dlto
+
+    return get_cubin
+
+
+def test_a_binding_failure_other_than_nvrtcerror_is_a_compile_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cupy.cuda import nvrtc
+
+    calls: list[object] = []
+    monkeypatch.setattr(nvrtc, "getCUBIN", _broken_cubin(calls))
+    spec = make_spec(options=["-lineinfo"])
+    with pytest.raises(CompileError) as info:
+        _nvrtc.compile_program(spec, Target("sm_90"))
+    error = info.value
+    assert str(error) == (
+        "NVRTC failed to compile 'kernel.cu' for sm_90: RuntimeError: the binding failed"
+    )
+    assert isinstance(error.__cause__, RuntimeError)
+    assert error.options == ("--gpu-architecture=sm_90", "--no-source-include", "-lineinfo")
+    assert len(calls) == 1
+
+
+@pytest.mark.anyio
+async def test_the_compiler_remembers_a_binding_failure(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cupy.cuda import nvrtc
+
+    calls: list[object] = []
+    monkeypatch.setattr(nvrtc, "getCUBIN", _broken_cubin(calls))
+    spec = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        for _ in range(3):
+            with pytest.raises(CompileError, match="RuntimeError: the binding failed"):
+                await compiler.compile(spec)
+        stats = compiler.stats()
+    assert len(calls) == 1  # NVRTC ran once; the next requests failed fast
+    assert (stats.requests, stats.compiles, stats.errors) == (3, 0, 3)
+
+
+def _maps_library() -> Path:
+    _nvrtc.version()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = Path(line.split(maxsplit=5)[-1])
+        if path.name.startswith("libnvrtc.so"):
+            return path
+    raise AssertionError("libnvrtc is not in /proc/self/maps")
+
+
+def _readelf_build_id(path: Path, readelf: str) -> str:
+    notes = subprocess.run([readelf, "-n", str(path)], capture_output=True, text=True, check=True)
+    found = re.findall(r"Build ID: ([0-9a-f]+)", notes.stdout)
+    assert len(found) == 1, notes.stdout
+    return str(found[0])
+
+
+def test_build_names_the_loaded_libraries_by_their_gnu_build_ids() -> None:
+    if not Path("/proc/self/maps").is_file():
+        pytest.skip("no /proc/self/maps: the build is the version alone here")
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed")
+    library = _maps_library()
+    builtins = sorted(library.parent.glob("libnvrtc-builtins*.so*"))
+    assert builtins, "libnvrtc-builtins is not beside libnvrtc"
+    expected = [_readelf_build_id(path, readelf) for path in [library, *builtins]]
+    assert _nvrtc.build() == "+".join([_nvrtc.version_string(), *expected])
+    assert all(re.fullmatch(r"[0-9a-f]{40}", build_id) for build_id in expected)
+
+
+def test_build_falls_back_to_a_digest_then_to_the_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cubin is an ELF file without a GNU build ID: a real one stands in for a library.
+    cubin = _nvrtc.compile_program(make_spec(), Target("sm_90")).image
+    assert cubin[:4] == b"\x7fELF"
+    library = tmp_path / "libnvrtc.so.13"
+    library.write_bytes(cubin)
+    (tmp_path / "libnvrtc-builtins.so.13.5").write_bytes(b"not an ELF file")
+    (tmp_path / "libnvrtc-builtins.so").symlink_to("libnvrtc-builtins.so.13.5")  # counted once
+    assert _nvrtc.elf_build_id(str(library)) is None
+    monkeypatch.setattr(_nvrtc, "_loaded_library", lambda: str(library))
+    expected = [hashlib.sha256(cubin).hexdigest(), hashlib.sha256(b"not an ELF file").hexdigest()]
+    assert _nvrtc.build.__wrapped__() == "+".join(
+        [_nvrtc.version_string(), *(f"sha256-{digest}" for digest in expected)]
+    )
+    monkeypatch.setattr(_nvrtc, "_loaded_library", lambda: None)  # not Linux
+    assert _nvrtc.build.__wrapped__() == _nvrtc.version_string()
+    assert os.path.exists(library)

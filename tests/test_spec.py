@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from aionvrtc import KernelSpec, Target
+from aionvrtc import KernelSpec, Target, _includes
 from aionvrtc._spec import derive_key
 
 SRC = "__global__ void k(float* x) { x[0] = 1.0f; }"
@@ -125,7 +127,7 @@ def test_key_is_computed_once_per_target() -> None:
     assert len(spec._keys) == 2
     from aionvrtc import _nvrtc
 
-    assert k90 == derive_key(spec, "sm_90", _nvrtc.version_string())
+    assert k90 == derive_key(spec, "sm_90", _nvrtc.build())
 
 
 @pytest.mark.parametrize("option", ["=", " =x", "=sm_90"])
@@ -134,3 +136,356 @@ def test_options_with_an_empty_name_are_kept_for_nvrtc_to_judge(option: str) -> 
     spec = KernelSpec(SRC, options=(option,))
     assert spec.options == (option,)
     assert len(spec.key("sm_90")) == 64
+
+
+# -- options that read or write host files, or give no loadable image ---------------------
+
+_WRITES = "it writes a file on the host"
+_PCH = "precompiled headers are host files"
+_LTO = "LTO IR for a link step"
+
+
+@pytest.mark.parametrize(
+    ("option", "reason"),
+    [
+        ("--time=/tmp/nvrtc-time.csv", _WRITES),
+        ("-time=t.csv", _WRITES),
+        ("--time /tmp/t.csv", _WRITES),
+        ("--time", _WRITES),
+        ("--fdevice-time-trace=/tmp/trace.json", _WRITES),
+        ("-fdevice-time-trace=trace.json", _WRITES),
+        ("--pch", _PCH),
+        ("-pch", _PCH),
+        ("--create-pch=k.pch", _PCH),
+        ("-use-pch=k.pch", _PCH),
+        ("--pch-dir=/tmp", _PCH),
+        ("-dlto", _LTO),
+        ("--dlink-time-opt", _LTO),
+        ("--gen-opt-lto", _LTO),
+        ("-gen-opt-lto", _LTO),
+        ("-lto", _LTO),
+        ("--optix-ir", "OptiX IR, not an image this library can load"),
+        ("-optix-ir", "OptiX IR"),
+        ("--fdevice-syntax-only", "produces no image to load"),
+        ("-fdevice-syntax-only", "produces no image to load"),
+        ("--arch=sm_90", "the target architecture belongs to the compiler"),
+    ],
+)
+def test_options_that_touch_host_files_or_give_no_image_are_refused(
+    option: str, reason: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"options[1] is {option!r}: ")) as info:
+        KernelSpec(SRC, options=["-O3", option])
+    assert reason in str(info.value)
+
+
+def test_options_that_only_look_alike_are_kept() -> None:
+    options = ("-Dtime=1", "-DLTO", "--pch-verbose=false", "-lineinfo", "--timeout")
+    assert KernelSpec(SRC, options=options).options == options
+
+
+# -- include directives in the source and in-memory headers --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "why"),
+    [
+        ('#include "/tmp/val.h"\n', 1, "names an absolute path"),
+        ("\n\n  #  include </usr/include/val.h>\n", 3, "names an absolute path"),
+        ('#include "../val.h"\n', 1, "climbs out of its folder with '..'"),
+        ('#include "a/../../val.h"\n', 1, "climbs out of its folder"),
+        ('#include_next "/tmp/val.h"\n', 1, "absolute"),
+        ("#define VAL_H <val.h>\n#include VAL_H\n", 2, "is a computed include"),
+        # NVRTC reads each of these as an include of the host file (measured):
+        ('%:include "/tmp/val.h"\n', 1, "absolute"),  # the digraph of "#"
+        ('#/* c */include "/tmp/val.h"\n', 1, "absolute"),
+        ('/*\n*/ # /*\n*/ include "/tmp/val.h"\n', 2, "absolute"),
+        ('#inc\\\nlude "/tmp/val.h"\n', 1, "absolute"),  # a line splice
+        ('??=include "/tmp/val.h"\n', 1, "absolute"),  # the trigraph, with -std=c++11
+        ('#if __has_include("/tmp/val.h")\n#endif\n', 1, "absolute"),
+        # A line regex, not a preprocessor: a directive inside a block comment is refused too.
+        # That false refusal is the safe direction.
+        ('/*\n#include "/tmp/val.h"\n*/\n', 2, "absolute"),
+    ],
+)
+def test_includes_the_key_cannot_cover_are_refused(text: str, line: int, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"source, line {line}: ")) as info:
+        KernelSpec(text + SRC)
+    message = str(info.value)
+    assert why in message
+    assert "headers={'val.h': text}" in message
+    assert "-I<dir>" in message
+    with pytest.raises(ValueError, match=re.escape(f"headers['d/a.h'], line {line}: ")):
+        KernelSpec(SRC, headers={"d/a.h": text})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '#include "val.h"\n',
+        '#include "./d/../val.h"\n',
+        "#include <cuda/std/cstdint>\n",
+        "#if __has_include(<cuda_fp16.h>)\n#endif\n",
+        "#if defined(__has_include)\n#endif\n",
+        '// #include "/tmp/val.h"\n',
+        '/* #include "/tmp/val.h" */\n',
+        'const char* s = "#include \\"/tmp/val.h\\"";\n',
+        "#define TWO 2 // include ../x\n",
+    ],
+)
+def test_includes_that_resolve_in_memory_or_in_include_dirs_are_kept(text: str) -> None:
+    assert KernelSpec(text + SRC, headers={"h.h": text}).source.startswith(text)
+
+
+# -- pre-includes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "shown"),
+    [
+        (["--pre-include=val.h"], "val.h"),
+        (["-include=val.h"], "val.h"),
+        (["--pre-include", "val.h"], "val.h"),
+        (["-include=/tmp/dir/val.h"], "val.h"),
+        (["--pre-include=other.h"], "other.h"),
+    ],
+)
+def test_a_pre_include_must_be_an_in_memory_header(options: list[str], shown: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"options[0] is {options[0]!r}: ")) as info:
+        KernelSpec(SRC, options=options, headers={"x.h": ""})
+    message = str(info.value)
+    assert "is not in headers=" in message
+    assert f"pass headers={{{shown!r}: text}} with --pre-include={shown}" in message
+
+
+def test_an_in_memory_pre_include_is_in_the_key() -> None:
+    one = KernelSpec(SRC, options=["--pre-include=val.h"], headers={"val.h": "#define VAL 1"})
+    two = KernelSpec(SRC, options=["--pre-include=val.h"], headers={"val.h": "#define VAL 2"})
+    assert not one.reads_host_files
+    assert one.key("sm_90") != two.key("sm_90")
+
+
+# -- include directories -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "dirs"),
+    [
+        (["-Iinc"], ("inc",)),
+        (["-I=inc"], ("inc",)),
+        (["-I inc"], ("inc",)),
+        (["-I  inc"], ("inc",)),
+        (["--include-path=inc"], ("inc",)),
+        (["-I", "inc"], ("inc",)),
+        (["--include-path", "inc"], ("inc",)),
+        (["-Ia", "-DX", "-I=/abs/b", "-O3"], ("a", "/abs/b")),
+        (["-I==inc"], ("=inc",)),  # NVRTC reads the folder "=inc" (measured)
+        (["--include-path inc"], ("inc",)),  # NVRTC rejects it; covering it costs nothing
+        (["-DA=1"], ()),
+    ],
+)
+def test_include_dirs_in_every_form_nvrtc_accepts(
+    options: list[str], dirs: tuple[str, ...]
+) -> None:
+    spec = KernelSpec(SRC, options=options)
+    assert spec._include_dirs == dirs
+    assert spec.reads_host_files is bool(dirs)
+
+
+_NO_DIR = "it names no directory; give it in the same option, as in '-Iinclude'"
+_SPACES = "NVRTC's reading of a directory with white space around it is unclear"
+
+
+@pytest.mark.parametrize(
+    ("options", "index", "why"),
+    [
+        (["-I"], 0, _NO_DIR),
+        (["-I="], 0, _NO_DIR),
+        (["--include-path="], 0, _NO_DIR),
+        (["-O3", "-I", "-DX"], 1, _NO_DIR),  # a forgotten directory, not a folder named -DX
+        (["-I= inc"], 0, _SPACES),  # NVRTC reads " inc" here but "inc" from "-I", " inc"
+        (["-I", " inc"], 0, _SPACES),
+        (["-Iinc "], 0, _SPACES),
+        (["-I\tinc"], 0, _SPACES),
+        (["-include="], 0, "it names no header name; give it in the same option"),
+    ],
+)
+def test_include_options_nvrtc_would_read_unclearly_are_refused(
+    options: list[str], index: int, why: str
+) -> None:
+    expected = f"options[{index}] is {options[index]!r}: {why}"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}"):
+        KernelSpec(SRC, options=options)
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+INCLUDING = '#include "val.h"\n__device__ int value = VAL;\n' + SRC
+
+
+def test_the_key_covers_every_file_under_an_include_dir(tmp_path: Path) -> None:
+    inc = _write(tmp_path / "inc", {"val.h": "#define VAL 1\n", "d/unused.h": "int a;\n"})
+    options = [f"-I{inc}"]
+    first = KernelSpec(INCLUDING, options=options)
+    k1 = first.key("sm_90")
+    assert KernelSpec(INCLUDING, options=options).key("sm_90") == k1  # nothing changed
+
+    (inc / "val.h").write_text("#define VAL 2\n")
+    assert KernelSpec(INCLUDING, options=options).key("sm_90") != k1
+    assert first.key("sm_90") is k1  # a spec keeps its key: a new spec notices the change
+    (inc / "val.h").write_text("#define VAL 1\n")
+    assert KernelSpec(INCLUDING, options=options).key("sm_90") == k1  # content, not time
+
+    keys = {k1}
+    (inc / "d" / "unused.h").write_text("int b;\n")  # not even included: still covered
+    keys.add(KernelSpec(INCLUDING, options=options).key("sm_90"))
+    (inc / "d" / "new.h").write_text("")
+    keys.add(KernelSpec(INCLUDING, options=options).key("sm_90"))
+    (inc / "d" / "new.h").rename(inc / "d" / "renamed.h")
+    keys.add(KernelSpec(INCLUDING, options=options).key("sm_90"))
+    assert len(keys) == 4
+
+
+def test_a_missing_include_dir_is_covered_as_missing(tmp_path: Path) -> None:
+    options = [f"-I{tmp_path / 'later'}"]
+    missing = KernelSpec(INCLUDING, options=options).key("sm_90")
+    assert KernelSpec(INCLUDING, options=options).key("sm_90") == missing
+    (tmp_path / "later").mkdir()
+    empty = KernelSpec(INCLUDING, options=options).key("sm_90")
+    _write(tmp_path / "later", {"val.h": "#define VAL 1\n"})
+    full = KernelSpec(INCLUDING, options=options).key("sm_90")
+    assert len({missing, empty, full}) == 3
+
+
+def test_a_relative_include_dir_is_resolved_against_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for service in ("a", "b"):  # the same file in two folders: still two different files
+        _write(tmp_path / service / "include", {"val.h": "#define VAL 1\n"})
+    keys = []
+    for service in ("a", "b"):
+        monkeypatch.chdir(tmp_path / service)
+        spec = KernelSpec(INCLUDING, options=["-Iinclude"])
+        keys.append(spec.key("sm_90"))
+        assert spec._host_files()[0][0] == str((tmp_path / service / "include").resolve())
+    assert keys[0] != keys[1]
+
+
+def test_links_are_followed_and_loops_recorded(tmp_path: Path) -> None:
+    outside = _write(tmp_path / "outside", {"val.h": "#define VAL 1\n"})
+    inc = _write(tmp_path / "inc", {"a.h": ""})
+    (inc / "val.h").symlink_to(outside / "val.h")
+    (inc / "loop").symlink_to(inc)  # inc/loop/loop/... must not be walked forever
+    (inc / "dangling.h").symlink_to(tmp_path / "nowhere.h")
+    options = [f"-I{inc}"]
+    first = KernelSpec(INCLUDING, options=options).key("sm_90")
+    (outside / "val.h").write_text("#define VAL 2\n")  # the link's target is what NVRTC reads
+    assert KernelSpec(INCLUDING, options=options).key("sm_90") != first
+
+
+def test_a_warm_process_re_stats_but_does_not_re_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inc = _write(tmp_path / "inc", {f"h{i}.h": f"#define H{i} {i}\n" for i in range(5)})
+    options = [f"-I{inc}"]
+    monkeypatch.setattr(_includes, "RECENT_NS", 0)  # these files were written a moment ago
+    before = _includes.files_read()
+    first = KernelSpec(INCLUDING, options=options).key("sm_90")
+    assert _includes.files_read() - before == 5
+    assert KernelSpec(INCLUDING, options=options).key("sm_90") == first
+    assert _includes.files_read() - before == 5  # the second derivation read no file
+    (inc / "h3.h").write_text("#define H3 33\n")
+    assert KernelSpec(INCLUDING, options=options).key("sm_90") != first
+    assert _includes.files_read() - before == 6  # only the changed one
+
+
+def test_files_changed_a_moment_ago_are_read_again(tmp_path: Path) -> None:
+    # A rewrite within the file system's timestamp granularity could keep a file's stat, so
+    # recently changed files are not memoised.
+    inc = _write(tmp_path / "inc", {"a.h": "", "b.h": ""})
+    before = _includes.files_read()
+    for _ in range(3):
+        KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")
+    assert _includes.files_read() - before == 6
+
+
+def test_include_dirs_past_the_bounds_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inc = _write(tmp_path / "inc", {"a.h": "x" * 60, "b.h": "y" * 60, "d/c.h": ""})
+    monkeypatch.setattr(_includes, "MAX_TREE_FILES", 3)
+    with pytest.raises(ValueError, match=r"holds more than 3 files and folders") as info:
+        KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")
+    assert f"include directory {str(inc)!r}" in str(info.value)
+    assert "point -I at the library's include folder" in str(info.value)
+    monkeypatch.setattr(_includes, "MAX_TREE_FILES", 4)
+    monkeypatch.setattr(_includes, "MAX_TREE_BYTES", 100)
+    with pytest.raises(ValueError, match="holds more than 100 bytes"):
+        KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")
+    monkeypatch.setattr(_includes, "MAX_TREE_BYTES", 120)
+    assert len(KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")) == 64
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('#pragma once\n\n#include "../../val.h"\n', "climbs out of its folder with '..'"),
+        ("#pragma once\n\n#include </etc/val.h>\n", "names an absolute path"),
+    ],
+)
+def test_an_include_dir_whose_files_leave_it_is_refused(
+    tmp_path: Path, text: str, why: str
+) -> None:
+    inc = _write(tmp_path / "inc", {"val.h": "#define VAL 1\n", "d/c.h": text})
+    with pytest.raises(ValueError, match=re.escape(f"{inc / 'd' / 'c.h'}, line 3: ")) as info:
+        KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")
+    message = str(info.value)
+    assert why in message
+    assert f"it leaves include directory {str(inc)!r}" in message
+    assert "Add the folder that holds the target as another -I" in message
+
+
+def test_computed_includes_inside_an_include_dir_are_allowed(tmp_path: Path) -> None:
+    # Libraries use them, and they resolve through the same covered search path.
+    inc = _write(tmp_path / "inc", {"a.h": '#define NEXT "val.h"\n#include NEXT\n'})
+    assert len(KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")) == 64
+
+
+def test_the_key_names_the_exact_nvrtc_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aionvrtc import _nvrtc
+
+    spec = KernelSpec(SRC)
+    real = spec.key("sm_90")
+    assert real == derive_key(spec, "sm_90", _nvrtc.build())
+    monkeypatch.setattr(_nvrtc, "build", lambda: f"{_nvrtc.version_string()}+another-build")
+    rebuilt = KernelSpec(SRC).key("sm_90")
+    assert rebuilt != real
+    assert rebuilt == derive_key(spec, "sm_90", f"{_nvrtc.version_string()}+another-build")
+    assert spec.key("sm_90") == rebuilt  # the spec remembers one key per target and build
+    assert len(spec._keys) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"source": SRC + "// \ud800"}, "source"),
+        ({"options": ["-O3", "-DX=\udc80"]}, "options[1]"),
+        ({"name_expressions": ["k<\ud800>"]}, "name_expressions[0]"),
+        ({"headers": {"a\ud800.h": ""}}, "headers: a header name"),
+        ({"headers": {"a.h": "\udfff"}}, "headers['a.h']"),
+        ({"name": "k\ud800.cu"}, "name"),
+    ],
+)
+def test_text_that_cannot_be_utf8_is_refused_in_every_field(
+    kwargs: dict[str, object], field: str
+) -> None:
+    args = {"source": SRC, **kwargs}
+    source = args.pop("source")
+    with pytest.raises(ValueError, match=re.escape(f"{field} cannot be encoded as UTF-8: ")):
+        KernelSpec(source, **args)  # type: ignore[arg-type]

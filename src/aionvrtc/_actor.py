@@ -156,7 +156,7 @@ class Compiler:
         from . import _nvrtc
 
         # The memo key KernelSpec.key uses, built once so the hot path does one dict lookup.
-        self._key_id = _spec.memo_id(self.target.arch, _nvrtc.version_string())
+        self._key_id = _spec.memo_id(self.target.arch, _nvrtc.build())
         self._state = _State.NEW
         self._inflight: dict[str, _Job] = {}
         self._failures = Failures()
@@ -280,7 +280,7 @@ class Compiler:
             raise self._not_open()
         if not isinstance(spec, KernelSpec):
             raise TypeError(f"spec must be a KernelSpec, not {type(spec).__name__}")
-        key = spec.key(self.target)
+        key = await self._key(spec)
         entry = self._entries.get(key)
         if entry is not None:
             entry.used = next(self._clock)
@@ -296,6 +296,16 @@ class Compiler:
             return job.result
         self._errors += 1
         raise _fresh(job.error)
+
+    async def _key(self, spec: KernelSpec) -> str:
+        key = spec._keys.get(self._key_id)
+        if key is not None:
+            return key
+        if spec.reads_host_files:
+            # Its first key digests the include directories' files: tens of milliseconds for a
+            # library such as CCCL, which must not stall the event loop.
+            return await anyio.to_thread.run_sync(spec.key, self.target)
+        return spec.key(self.target)
 
     async def get(self, spec: KernelSpec, *, device: int | None = None) -> Module:
         """``spec`` compiled and loaded for ``device`` (default: CuPy's current device).
@@ -448,7 +458,7 @@ class Compiler:
     async def forget(self, spec: KernelSpec) -> None:
         """Drop ``spec`` from memory and disk and forget a remembered failure: the next request
         compiles it again."""
-        key = spec.key(self.target)
+        key = await self._key(spec)
         self._failures.pop(key)
         for modules in self._modules.values():
             modules.pop(key, None)

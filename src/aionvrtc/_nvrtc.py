@@ -5,17 +5,30 @@ Everything here is blocking: callers on an event loop run it in a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import glob
+import hashlib
+import os
+import struct
 import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
 
+from . import _includes
 from ._exceptions import CompileError, NvrtcError
 from ._spec import KernelSpec
 from ._target import Target
 
-__all__ = ["CompileResult", "compile_program", "supported_archs", "version", "version_string"]
+__all__ = [
+    "CompileResult",
+    "build",
+    "compile_program",
+    "supported_archs",
+    "version",
+    "version_string",
+]
 
 
 @functools.cache
@@ -43,6 +56,113 @@ def version() -> tuple[int, int]:
 def version_string() -> str:
     major, minor = version()
     return f"{major}.{minor}"
+
+
+@functools.cache
+def build() -> str:
+    """The exact NVRTC build, for cache keys: "13.5+<libnvrtc build id>+<builtins build id>".
+
+    Two builds of one major.minor (a patch release, a vendor rebuild) may compile differently,
+    so the key names the libraries' GNU build IDs (or their SHA-256 when they carry none). Where
+    the loaded library cannot be found (not Linux), the version alone.
+    """
+    _binding()  # loaded, so that it shows in /proc/self/maps
+    library = _loaded_library()
+    if library is None:
+        return version_string()
+    # libnvrtc loads its builtins library (the headers it knows) from beside itself.
+    folder = os.path.dirname(library)
+    builtins = sorted(
+        {
+            os.path.realpath(path)
+            for path in glob.glob(os.path.join(folder, "libnvrtc-builtins*.so*"))
+        }
+    )
+    return "+".join([version_string(), *(_identity(path) for path in [library, *builtins])])
+
+
+def _loaded_library() -> str | None:
+    """The path of the libnvrtc this process loaded, or None if it cannot be told."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6:
+                    path = fields[5].rstrip("\n")
+                    if os.path.basename(path).startswith("libnvrtc.so") and os.path.isfile(path):
+                        return path
+    except OSError:
+        pass
+    return None
+
+
+def _identity(path: str) -> str:
+    build_id = elf_build_id(path)
+    if build_id is not None:
+        return build_id
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return f"sha256-{digest.hexdigest()}"
+
+
+_PT_NOTE = 4
+_NT_GNU_BUILD_ID = 3
+
+
+def elf_build_id(path: str) -> str | None:
+    """The GNU build ID (hex) in the PT_NOTE segments of the ELF file at ``path``, or None.
+
+    Reads the ELF header, the program headers and the note segments only: never the whole file.
+    """
+    with open(path, "rb") as file:
+        header = file.read(64)
+        if len(header) < 52 or header[:4] != b"\x7fELF" or header[4] not in (1, 2):
+            return None
+        wide = header[4] == 2  # ELFCLASS64
+        order = "<" if header[5] == 1 else ">"  # ELFDATA2LSB
+        if wide:
+            (phoff,) = struct.unpack_from(order + "Q", header, 0x20)
+            entry_size, count = struct.unpack_from(order + "HH", header, 0x36)
+        else:
+            (phoff,) = struct.unpack_from(order + "I", header, 0x1C)
+            entry_size, count = struct.unpack_from(order + "HH", header, 0x2A)
+        file.seek(phoff)
+        table = file.read(entry_size * count)
+        for index in range(count):
+            base = index * entry_size
+            if len(table) < base + (56 if wide else 32):
+                break
+            (kind,) = struct.unpack_from(order + "I", table, base)
+            if kind != _PT_NOTE:
+                continue
+            if wide:
+                (offset,) = struct.unpack_from(order + "Q", table, base + 8)
+                (size,) = struct.unpack_from(order + "Q", table, base + 32)
+                (align,) = struct.unpack_from(order + "Q", table, base + 48)
+            else:
+                (offset,) = struct.unpack_from(order + "I", table, base + 4)
+                (size,) = struct.unpack_from(order + "I", table, base + 16)
+                (align,) = struct.unpack_from(order + "I", table, base + 28)
+            file.seek(offset)
+            found = _gnu_build_id(file.read(min(size, 1 << 16)), order, 8 if align == 8 else 4)
+            if found is not None:
+                return found
+    return None
+
+
+def _gnu_build_id(notes: bytes, order: str, align: int) -> str | None:
+    position = 0
+    while position + 12 <= len(notes):
+        name_size, desc_size, kind = struct.unpack_from(order + "III", notes, position)
+        name_at = position + 12
+        desc_at = name_at + -(-name_size // align) * align
+        if kind == _NT_GNU_BUILD_ID and notes[name_at : name_at + name_size] == b"GNU\x00":
+            desc = notes[desc_at : desc_at + desc_size]
+            return desc.hex() if len(desc) == desc_size and desc else None
+        position = desc_at + -(-desc_size // align) * align
+    return None
 
 
 @functools.cache
@@ -75,18 +195,67 @@ def _arch_option(target: Target) -> tuple[str, Literal["cubin", "ptx"]]:
 
 
 def compile_program(spec: KernelSpec, target: Target) -> CompileResult:
-    """Compile ``spec`` for ``target``: a CUBIN for the exact arch, or PTX if NVRTC is older."""
+    """Compile ``spec`` for ``target``: a CUBIN for the exact arch, or PTX if NVRTC is older.
+
+    Every failure of the program is a CompileError (a Compiler remembers those); NvrtcError if
+    the include directories' files no longer match what the spec's key covers.
+    """
     nvrtc = _binding()
     arch_option, kind = _arch_option(target)
-    options = [arch_option, *spec.options]
-    started = time.perf_counter()
-    program = nvrtc.createProgram(
-        spec.source,
-        spec.name,
-        [text.encode() for text in spec.headers.values()],
-        [name.encode() for name in spec.headers],
+    # --no-source-include: a quoted include never resolves against the working directory (or
+    # the program's folder), which the key does not cover; only headers= and -I dirs remain.
+    options = [arch_option, "--no-source-include", *spec.options]
+    host = _host_files(spec)
+    try:
+        result = _compile(nvrtc, spec, target, kind, options)
+    except CompileError:
+        _require_unchanged(spec, host)  # a failure of changed files is not the key's failure
+        raise
+    # Files changed during the compile: the image is not the one the key describes.
+    _require_unchanged(spec, host)
+    return result
+
+
+def _host_files(spec: KernelSpec) -> tuple[tuple[str, str], ...]:
+    """The snapshot the spec's keys cover, checked against the files as they are now."""
+    host = spec._host_files()
+    _require_unchanged(spec, host)
+    return host
+
+
+def _require_unchanged(spec: KernelSpec, host: tuple[tuple[str, str], ...]) -> None:
+    if not host:
+        return
+    message = (
+        "the files of include directory {!r} ({}) changed since this KernelSpec's cache key "
+        "was derived, so the image would not be the one its key describes; create a new "
+        "KernelSpec (or restart) to compile the current files"
     )
     try:
+        now = _includes.snapshot(spec._include_dirs)
+    except ValueError as exc:  # a file changed into one that is refused
+        raise NvrtcError(f"{message.format('-I', 'one of them')}: {exc}") from exc
+    for directory, before, after in zip(spec._include_dirs, host, now, strict=True):
+        if before != after:
+            raise NvrtcError(message.format(directory, after[0]))
+
+
+def _compile(
+    nvrtc: ModuleType,
+    spec: KernelSpec,
+    target: Target,
+    kind: Literal["cubin", "ptx"],
+    options: list[str],
+) -> CompileResult:
+    started = time.perf_counter()
+    program = None
+    try:
+        program = nvrtc.createProgram(
+            spec.source,
+            spec.name,
+            [text.encode() for text in spec.headers.values()],
+            [name.encode() for name in spec.headers],
+        )
         for expression in spec.name_expressions:
             nvrtc.addNameExpression(program, expression)
         try:
@@ -103,8 +272,23 @@ def compile_program(spec: KernelSpec, target: Target) -> CompileResult:
         lowered = {expr: nvrtc.getLoweredName(program, expr) for expr in spec.name_expressions}
         image = nvrtc.getCUBIN(program) if kind == "cubin" else nvrtc.getPTX(program)
         log = _log(nvrtc, program)
+    except (CompileError, MemoryError):
+        raise
+    except Exception as exc:
+        # The binding's other failures (a bare RuntimeError from getCUBIN, an error status from
+        # getLoweredName) belong to this program too: as a CompileError the Compiler remembers
+        # them instead of compiling again at every request.
+        raise CompileError(
+            f"NVRTC failed to compile {spec.name!r} for {target.arch}: {type(exc).__name__}: {exc}",
+            log=_log(nvrtc, program) if program is not None else "",
+            program=spec.name,
+            options=options,
+        ) from exc
     finally:
-        nvrtc.destroyProgram(program)
+        if program is not None:
+            # A program that cannot be destroyed leaks its memory; the outcome stands.
+            with contextlib.suppress(Exception):
+                nvrtc.destroyProgram(program)
     return CompileResult(
         kind=kind,
         image=bytes(image),
@@ -115,6 +299,9 @@ def compile_program(spec: KernelSpec, target: Target) -> CompileResult:
 
 
 def _log(nvrtc: ModuleType, program: object) -> str:
-    log = nvrtc.getProgramLog(program)
+    try:
+        log = nvrtc.getProgramLog(program)
+    except Exception as exc:  # the binding decodes it as UTF-8; a header's bytes may not be
+        return f"(NVRTC's log could not be read: {type(exc).__name__}: {exc})"
     text = log.decode(errors="replace") if isinstance(log, bytes) else str(log)
     return text.rstrip("\x00")

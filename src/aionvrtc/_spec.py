@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from . import _includes
 from ._target import Target, TargetLike, as_target
 
 __all__ = ["FORMAT_VERSION", "KernelSpec", "derive_key"]
@@ -16,9 +18,39 @@ __all__ = ["FORMAT_VERSION", "KernelSpec", "derive_key"]
 # folder of the disk tier and are never read as current ones.
 FORMAT_VERSION = 2
 
-# Options that choose the target. The target belongs to the compiler (one spec, many GPUs), so a
-# spec naming one would silently disagree with the key.
-_TARGET_OPTIONS = ("-arch", "--gpu-architecture")
+_TARGET = (
+    # The target belongs to the compiler (one spec, many GPUs): a spec naming one would
+    # silently disagree with the key.
+    "the target architecture belongs to the compiler (pass arch='sm_90' to it), not to the "
+    "KernelSpec"
+)
+_WRITES = (
+    "it writes a file on the host as a side effect of compiling, which a cache hit would "
+    "silently skip and concurrent compiles would race on"
+)
+_PCH = (
+    "precompiled headers are host files that NVRTC writes and reads back in later compiles, "
+    "outside what the cache key covers"
+)
+_LTO = "it produces LTO IR for a link step, not an image this library can load"
+# Refused options by name without leading dashes, so that the single- and double-dash forms
+# (-time, --time) are one entry, with the reason the error gives.
+_REFUSED: dict[str, str] = {
+    "arch": _TARGET,
+    "gpu-architecture": _TARGET,
+    "time": _WRITES,
+    "fdevice-time-trace": _WRITES,
+    "pch": _PCH,
+    "create-pch": _PCH,
+    "use-pch": _PCH,
+    "pch-dir": _PCH,
+    "dlto": _LTO,
+    "dlink-time-opt": _LTO,
+    "gen-opt-lto": _LTO,
+    "lto": _LTO,
+    "optix-ir": "it produces OptiX IR, not an image this library can load",
+    "fdevice-syntax-only": "it only checks the syntax and produces no image to load",
+}
 
 
 def _require_str(value: object, what: str) -> str:
@@ -26,6 +58,13 @@ def _require_str(value: object, what: str) -> str:
         raise TypeError(f"{what} must be a str, not {type(value).__name__}")
     if "\x00" in value:
         raise ValueError(f"{what} must not contain NUL characters")
+    try:
+        value.encode("utf-8")  # NVRTC and the key take UTF-8; a lone surrogate has none
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} cannot be encoded as UTF-8: {value[exc.start : exc.end]!r} at index "
+            f"{exc.start} ({exc.reason}); pass text without lone surrogates"
+        ) from None
     return value
 
 
@@ -45,11 +84,21 @@ def _str_tuple(values: object, what: str) -> tuple[str, ...]:
 def _check_option(index: int, option: str) -> None:
     words = option.split("=", 1)[0].split(maxsplit=1)  # none for "=", " =x"
     head = words[0] if words else ""
-    if head in _TARGET_OPTIONS:
-        raise ValueError(
-            f"options[{index}] is {option!r}: the target architecture belongs to the compiler "
-            "(pass arch='sm_90' to it), not to the KernelSpec"
-        )
+    reason = _REFUSED.get(head.lstrip("-")) if head.startswith("-") else None
+    if reason is not None:
+        raise ValueError(f"options[{index}] is {option!r}: {reason}")
+
+
+def _check_pre_includes(options: tuple[str, ...], headers: Mapping[str, str]) -> None:
+    for index, header in _includes.pre_includes(options):
+        if header not in headers:
+            example = posixpath.basename(header) or "val.h"
+            raise ValueError(
+                f"options[{index}] is {options[index]!r}: a pre-include must be one of the "
+                f"in-memory headers, and {header!r} is not in headers= (NVRTC would read it "
+                "from the working directory, a file the cache key does not cover); pass "
+                f"headers={{{example!r}: text}} with --pre-include={example}"
+            )
 
 
 def _check_header_name(name: str) -> None:
@@ -75,6 +124,12 @@ class KernelSpec:
 
     ``name`` is the program's file name; it appears in NVRTC's messages and in ``__FILE__``, so it
     is part of the cache key.
+
+    NVRTC reads no host file that the key does not cover: includes resolve against ``headers``
+    and the include directories (``-I<dir>``, whose every file the key digests); an absolute or
+    upward include path, a computed include (``#include MACRO``), a pre-include that is not in
+    ``headers`` and options that write host files or produce no loadable image are refused here
+    with a ValueError.
     """
 
     source: str
@@ -83,6 +138,11 @@ class KernelSpec:
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     name: str = "kernel.cu"
     _keys: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _include_dirs: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    # The include directories' files as this spec's keys cover them, taken once (see key()).
+    _host: dict[str, tuple[tuple[str, str], ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __init__(
         self,
@@ -95,6 +155,7 @@ class KernelSpec:
     ) -> None:
         if not _require_str(source, "source").strip():
             raise ValueError("source must be a non-empty CUDA C++ program")
+        _includes.check_directives(source, "source")
         exprs = tuple(dict.fromkeys(_str_tuple(name_expressions, "name_expressions")))
         opts = _str_tuple(options, "options")
         for index, option in enumerate(opts):
@@ -109,6 +170,9 @@ class KernelSpec:
         for header, text in headers.items():
             _check_header_name(_require_str(header, "headers: a header name"))
             checked[header] = _require_str(text, f"headers[{header!r}]")
+            _includes.check_directives(text, f"headers[{header!r}]")
+        _check_pre_includes(opts, checked)
+        include_dirs = _includes.include_dirs(opts)
         if not _require_str(name, "name").strip() or "\n" in name:
             raise ValueError(f"name must be a non-empty one-line program name, got {name!r}")
         setter = object.__setattr__
@@ -118,34 +182,55 @@ class KernelSpec:
         setter(self, "headers", MappingProxyType(dict(sorted(checked.items()))))
         setter(self, "name", name)
         setter(self, "_keys", {})
+        setter(self, "_include_dirs", include_dirs)
+        setter(self, "_host", {})
 
     def __hash__(self) -> int:
         headers = tuple(self.headers.items())
         return hash((self.source, self.name_expressions, self.options, headers, self.name))
 
-    def key(self, target: TargetLike | None = None) -> str:
-        """The cache key (hex SHA-256) of this program for ``target`` and the loaded NVRTC.
+    @property
+    def reads_host_files(self) -> bool:
+        """Whether deriving this spec's first key reads host files (it has include
+        directories): derive it off the event loop."""
+        return bool(self._include_dirs)
 
-        Computed once per (spec, target) and remembered.
+    def key(self, target: TargetLike | None = None) -> str:
+        """The cache key (hex SHA-256) of this program for ``target`` and the exact NVRTC build.
+
+        Computed once per (spec, target) and remembered. The files of the include directories
+        are digested at the spec's first key derivation and that snapshot is kept for all its
+        keys: a change to them is noticed by the next KernelSpec (or process), and a compile
+        refuses to store an image of files that no longer match the snapshot.
         """
         from . import _nvrtc
 
         arch = as_target(target).arch
-        version = _nvrtc.version_string()
-        memo = memo_id(arch, version)
+        build = _nvrtc.build()
+        memo = memo_id(arch, build)
         try:
             return self._keys[memo]
         except KeyError:
-            key = self._keys[memo] = derive_key(self, arch, version)
+            key = self._keys[memo] = derive_key(self, arch, build)
             return key
 
+    def _host_files(self) -> tuple[tuple[str, str], ...]:
+        """(real path, tree digest) per include directory, taken once and kept (see key())."""
+        if not self._include_dirs:
+            return ()
+        taken = self._host.get("snapshot")
+        if taken is None:
+            # setdefault: two threads deriving the first keys at once keep one snapshot.
+            taken = self._host.setdefault("snapshot", _includes.snapshot(self._include_dirs))
+        return taken
 
-def memo_id(arch: str, nvrtc_version: str) -> str:
-    """The key under which a spec remembers its cache key for one target and NVRTC.
+
+def memo_id(arch: str, nvrtc_build: str) -> str:
+    """The key under which a spec remembers its cache key for one target and NVRTC build.
 
     A str, not a tuple: str hashes are cached, so the per-request lookup hashes nothing.
     """
-    return f"{arch}/{nvrtc_version}"
+    return f"{arch}/{nvrtc_build}"
 
 
 def _field(digest: hashlib._Hash, data: str | bytes) -> None:
@@ -165,8 +250,10 @@ def record_key(name: str, arch: Target | str) -> str:
     return digest.hexdigest()
 
 
-def derive_key(spec: KernelSpec, arch: Target | str, nvrtc_version: str) -> str:
-    """Digest over the format version and every input that can change the compiled image."""
+def derive_key(spec: KernelSpec, arch: Target | str, nvrtc_build: str) -> str:
+    """Digest over the format version and every input that can change the compiled image:
+    every byte NVRTC can read (source, in-memory headers, the include directories' files),
+    options, name expressions, target and the exact NVRTC build (``_nvrtc.build()``)."""
     digest = hashlib.sha256()
     _field(digest, f"aionvrtc-key/{FORMAT_VERSION}")
     _field(digest, spec.name)
@@ -182,6 +269,11 @@ def derive_key(spec: KernelSpec, arch: Target | str, nvrtc_version: str) -> str:
     _field(digest, str(len(names)))
     for expression in names:
         _field(digest, expression)
+    host = spec._host_files()
+    _field(digest, str(len(host)))
+    for real_path, tree in host:  # in option order, as NVRTC searches them
+        _field(digest, os.fsencode(real_path))  # a link may resolve to a non-UTF-8 name
+        _field(digest, tree)
     _field(digest, str(arch))
-    _field(digest, nvrtc_version)
+    _field(digest, nvrtc_build)
     return digest.hexdigest()
