@@ -1,7 +1,7 @@
 """The reliability workloads of tests/reliability at full size, with their figures committed:
 
     python benchmarks/soak.py --machine "this CPU" [--trials 200] [--processes 8]
-        [--requests 1000] [--keys 200] [--waiters 10000]
+        [--requests 1000] [--keys 200] [--waiters 10000] [--hostile 400] [--fuzz 700000]
 
 - crash safety: a writer of 0.5-4 MiB entries killed with SIGKILL at a random point, ``--trials``
   times over one cache dir; then every entry must verify and the tmp files of the dead writers
@@ -9,7 +9,13 @@
 - load: ``--processes`` processes x ``--requests`` requests over ``--keys`` fresh kernels (real
   NVRTC) on one cache dir: each key compiled once across all, no corrupt read;
 - storm: ``--waiters`` waiters on a Compiler, a third cancelled at random, the Compiler closed in
-  the middle, under asyncio and under trio.
+  the middle, under asyncio and under trio;
+- hostile cache: ``--hostile`` fresh kernels, each with something planted at its entry's path
+  (a FIFO, a directory, a symlink, crafted headers with valid checksums, garbage, a FIFO at its
+  lock), and a FIFO at the cache's ``.events``: every request must succeed within the timeout,
+  every planted entry be dropped and counted, no descriptor leak;
+- decoder fuzz: ``--fuzz`` well-checksummed entries with crafted headers: the decoder may only
+  accept one or raise CacheCorruptError.
 
 Writes benchmarks/results/soak-<machine slug>.{json,md}; exits 1 if any check failed.
 """
@@ -30,16 +36,33 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.reliability.workloads import crash_trials, multi_process_load, storm
+from tests.reliability.workloads import (
+    crash_trials,
+    decoder_fuzz,
+    hostile_cache,
+    multi_process_load,
+    storm,
+)
 
 import aionvrtc
 from aionvrtc import _nvrtc
 from benchmarks._results import RESULTS, write
 
 
-def checks(crash: dict[str, Any], load: dict[str, Any], storms: dict[str, Any]) -> list[str]:
+def checks(results: dict[str, Any]) -> list[str]:
     """What failed, in words (empty: everything held)."""
+    crash, load, storms = results["crash"], results["load"], results["storms"]
+    hostile, fuzz = results["hostile"], results["fuzz"]
     failed = []
+    if hostile["error"] or hostile["result"] != hostile["kernels"]:
+        failed.append(f"hostile: {hostile['error']} failed requests ({hostile['errors_seen']})")
+    planted_entries = hostile["kernels"] - hostile["planted"]["fifo_lock"]
+    if hostile["compiles"] != hostile["kernels"] or hostile["corrupt_dropped"] != planted_entries:
+        failed.append("hostile: a planted entry was not dropped and recompiled")
+    if hostile["fds_leaked"] or hostile["second_pass_compiles"]:
+        failed.append("hostile: a descriptor leaked or a rewritten entry did not read back")
+    if set(fuzz["outcomes"]) - {"accepted", "CacheCorruptError"}:
+        failed.append(f"decoder fuzz: {fuzz['outcomes']}")
     if crash["entries_verified"] != crash["entries"] or crash["corrupt"]:
         failed.append("crash: an entry did not verify")
     if crash["tmp_files_after_scan"] or crash["other_files"]:
@@ -60,8 +83,9 @@ def checks(crash: dict[str, Any], load: dict[str, Any], storms: dict[str, Any]) 
     return failed
 
 
-def markdown(facts: dict[str, Any], crash: dict[str, Any], load: dict[str, Any],
-             storms: dict[str, Any], failed: list[str]) -> str:  # fmt: skip
+def markdown(facts: dict[str, Any], results: dict[str, Any], failed: list[str]) -> str:
+    crash, load, storms = results["crash"], results["load"], results["storms"]
+    hostile, fuzz = results["hostile"], results["fuzz"]
     lines = [
         f"# Soak on {facts['machine']}",
         "",
@@ -91,6 +115,21 @@ def markdown(facts: dict[str, Any], crash: dict[str, Any], load: dict[str, Any],
             + (f"; tasks left: {r['tasks_left']}" if r["tasks_left"] is not None else "")
             + " |"
         )
+    planted = ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in
+                        hostile["planted"].items())  # fmt: skip
+    lines.append(
+        f"| {hostile['kernels']} kernels with something planted at each entry ({planted}), a "
+        f"FIFO at .events; all requested at once, concurrency 1 | {hostile['result']} served, "
+        f"{hostile['error']} failed; {hostile['compiles']} compiles, "
+        f"{hostile['corrupt_dropped']} planted entries dropped and counted; "
+        f"{hostile['seconds']:.1f} s; descriptors leaked: {hostile['fds_leaked']}; a fresh "
+        f"process then read {hostile['second_pass_disk_hits']} from disk |"
+    )
+    outcomes = ", ".join(f"{count} {name}" for name, count in sorted(fuzz["outcomes"].items()))
+    lines.append(
+        f"| decoder fuzz: {fuzz['inputs']} well-checksummed entries with crafted headers | "
+        f"{outcomes} |"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -102,6 +141,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--keys", type=int, default=200)
     parser.add_argument("--waiters", type=int, default=10_000)
+    parser.add_argument("--hostile", type=int, default=400)
+    parser.add_argument("--fuzz", type=int, default=700_000)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -118,7 +159,12 @@ def main() -> None:
             for backend in ("asyncio", "trio")
         }
         print("storms:", storms, flush=True)
-    failed = checks(crash, load, storms)
+        hostile = anyio.run(hostile_cache, root / "hostile", args.hostile, seed)
+        print("hostile:", hostile, flush=True)
+    fuzz = decoder_fuzz(args.fuzz, seed)
+    print("fuzz:", fuzz, flush=True)
+    results = {"crash": crash, "load": load, "storms": storms, "hostile": hostile, "fuzz": fuzz}
+    failed = checks(results)
     facts = {
         "machine": args.machine,
         "cpus": os.cpu_count(),
@@ -134,8 +180,8 @@ def main() -> None:
         "soak",
         label=args.machine,
         facts=facts,
-        results={"crash": crash, "load": load, "storms": storms, "failed": failed},
-        table=markdown(facts, crash, load, storms, failed),
+        results={**results, "failed": failed},
+        table=markdown(facts, results, failed),
     )
     sys.exit(1 if failed else 0)
 

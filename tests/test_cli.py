@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from aionvrtc import Compiler, tropical
+from aionvrtc._spec import FORMAT_VERSION
 from aionvrtc._store.disk import DiskTier
 
 from .conftest import make_spec
@@ -24,13 +25,14 @@ WARM = ["warm", "tropical", "--arch", "sm_90", "--semirings", "andor", "--dtypes
 KERNELS = len(tropical.all_specs(["andor"], ["bool"]))
 
 
-def cli(*args: str, cache: Path, status: int = 0) -> Any:
+def cli(*args: str, cache: Path, status: int = 0, timeout: float = 300) -> Any:
     """Run ``python -m aionvrtc ARGS --json --cache-dir CACHE``; its JSON output, parsed."""
     proc = subprocess.run(
         [sys.executable, "-m", "aionvrtc", *args, "--json", "--cache-dir", str(cache)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
     assert proc.returncode == status, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
     return json.loads(proc.stdout)
 
 
@@ -68,8 +70,9 @@ def test_info_reports_the_entries(warmed: Path) -> None:
     assert info["entries"] == KERNELS
     assert info["bytes"] == sum(p.stat().st_size for p in files)
     assert info["limit"] == 1 << 30
-    assert info["format_version"] == 1
-    assert info["directory"] == str(warmed / "v2")
+    assert info["format_version"] == FORMAT_VERSION
+    assert info["directory"] == str(warmed / f"v{FORMAT_VERSION}")
+    assert (info["trusted"], info["trust_problem"], info["damaged"]) == (True, None, 0)
     assert info["oldest"] <= info["newest"]
     assert (info["corrupt_dropped"], info["evictions"], info["pruned"]) == (0, 0, 0)
 
@@ -151,18 +154,188 @@ def test_doctor_passes_on_a_writable_dir(tmp_path: Path) -> None:
     assert checks["nvrtc"]["detail"].startswith("NVRTC 13.")
     assert "sm_90" in checks["archs"]["detail"]
     assert checks["cache dir"]["status"] == "ok"
+    assert checks["cache dir"]["detail"].endswith(", mode 0700; writable")
     assert checks["file locks"]["status"] == "ok"
     assert checks["free space"]["status"] in ("ok", "warn")
 
 
-def test_doctor_reports_a_read_only_dir(cache: Path, read_only: Callable[[Path], Path]) -> None:
+def test_doctor_warns_about_a_read_only_dir(cache: Path, read_only: Callable[[Path], Path]) -> None:
+    # A read-only cache (an image's, a read-only mount) is supported: its entries are read.
     view = read_only(cache)
-    report = cli("doctor", cache=view, status=1)
+    report = cli("doctor", cache=view)
     checks = {c["check"]: c for c in report["checks"]}
-    assert report["ok"] is False
-    assert checks["cache dir"]["status"] == "fail"
-    assert "not writable" in checks["cache dir"]["detail"]
+    assert report["ok"] is True
+    assert checks["cache dir"]["status"] == "warn"
+    detail = checks["cache dir"]["detail"]
+    assert detail.startswith(f"{view / 'v2'}: trusted: owner uid {os.geteuid()}")
+    assert "not writable by this user" in detail
+    assert "entries are read from it, new kernels are compiled and kept in memory" in detail
+    assert "chmod" not in checks["cache dir"]["fix"]
     assert "AIONVRTC_CACHE_DIR" in checks["cache dir"]["fix"]
+    assert checks["file locks"]["status"] == "ok"  # not needed: nothing is written
+
+
+def test_doctor_fails_on_a_file_with_a_fix_that_is_not_chmod(tmp_path: Path) -> None:
+    path = tmp_path / "a-file"
+    path.write_text("not a folder")
+    report = cli("doctor", cache=path, status=1)
+    check = {c["check"]: c for c in report["checks"]}["cache dir"]
+    assert (check["status"], check["detail"]) == (
+        "fail", f"{path} is not a folder: nothing can be cached there",
+    )  # fmt: skip
+    assert "chmod" not in check["fix"]
+    assert check["fix"].startswith("point AIONVRTC_CACHE_DIR (or --cache-dir) at a folder")
+    assert path.read_text() == "not a folder"
+
+
+def test_doctor_says_chmod_go_w_for_a_dir_others_can_write(tmp_path: Path) -> None:
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    report = cli("doctor", cache=loose, status=1)
+    check = {c["check"]: c for c in report["checks"]}["cache dir"]
+    assert check["status"] == "fail"
+    assert f"{loose} (owner uid {os.geteuid()}" in check["detail"]
+    assert "mode 0777) is not trusted, so it is neither read nor written" in check["detail"]
+    assert f"{loose} is writable by others" in check["detail"]
+    assert check["fix"] == f"chmod go-w {loose}"
+    assert not (loose / "v2").exists()  # an untrusted dir is not written, by doctor either
+    info = cli("cache", "info", cache=loose)
+    assert (info["trusted"], info["entries"]) == (False, 0)
+    assert info["trust_problem"] == {
+        "path": str(loose), "problem": f"writable by others (owner uid {os.geteuid()}, mode 0777)",
+        "fix": f"chmod go-w {loose}",
+    }  # fmt: skip
+
+
+def test_doctor_makes_private_folders(tmp_path: Path) -> None:
+    root = tmp_path / "made" / "by" / "doctor"
+    report = cli("doctor", cache=root)
+    for folder in (tmp_path / "made", tmp_path / "made" / "by", root, root / "v2"):
+        assert folder.stat().st_mode & 0o7777 == 0o700, folder
+    check = {c["check"]: c for c in report["checks"]}["cache dir"]
+    assert check["status"] == "ok"
+    assert check["detail"].startswith(f"{root / 'v2'}: trusted: owner uid {os.geteuid()}")
+    assert os.listdir(root / "v2") == []  # the probes are gone
+
+
+# -- damaged items ---------------------------------------------------------------------------
+
+
+def _entry_bytes(header: bytes, image: bytes = b"\x7fELF") -> bytes:
+    """An entry with any header bytes, in the on-disk layout, with a valid checksum."""
+    import hashlib
+    import struct
+
+    body = b"".join((
+        b"AIONVRTC", struct.pack(">HI", FORMAT_VERSION, len(header)), header,
+        struct.pack(">Q", len(image)), image,
+    ))  # fmt: skip
+    return body + hashlib.sha256(body).digest()
+
+
+def _plant(cache: Path, name: str, make: Callable[[Path], object]) -> Path:
+    """Make something (``make(path)``) at the path of a new key starting with ``name``."""
+    import secrets
+
+    key = name + secrets.token_hex(31)
+    shard = cache / "v2" / name
+    shard.mkdir(mode=0o700, exist_ok=True)
+    make(shard / key)
+    return shard / key
+
+
+def _free_shard(cache: Path) -> str:
+    used = {p.name for p in (cache / "v2").iterdir()}
+    return next(f"{i:02x}" for i in range(256) if f"{i:02x}" not in used)
+
+
+def test_damaged_items_are_listed_and_skipped_never_a_traceback(
+    cache: Path, tmp_path: Path
+) -> None:
+    some = sorted(entries(cache).values())[0]  # picked before a FIFO shares its name pattern
+    any_shard = some.parent.name
+    fifo = _plant(cache, any_shard, os.mkfifo)
+    folder = _plant(cache, any_shard, lambda p: p.mkdir())
+    garbage = _plant(cache, any_shard, lambda p: p.write_bytes(os.urandom(300)))
+    deep = _plant(cache, any_shard, lambda p: p.write_bytes(
+        _entry_bytes(b'{"kind":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    ))  # fmt: skip
+    huge_int = _plant(cache, any_shard, lambda p: p.write_bytes(
+        _entry_bytes(b'{"created":' + b"9" * 5000 + b"}")
+    ))  # fmt: skip
+    long_header = _plant(cache, any_shard, lambda p: p.write_bytes(
+        b"AIONVRTC" + FORMAT_VERSION.to_bytes(2, "big") + b"\xff\xff\xff\xff{}"
+    ))  # fmt: skip
+    # Readable, but with values the row code must not trust: shown as unknown.
+    odd = _plant(cache, any_shard, lambda p: p.write_bytes(_entry_bytes(
+        b'{"kind":["x"],"arch":{"a":1},"nvrtc_version":7,"created":1e308,"lowered_names":{"f":1}}'
+    )))  # fmt: skip
+    year_10000 = b'{"created":253402300800.0}'
+    late = _plant(cache, any_shard, lambda p: p.write_bytes(_entry_bytes(year_10000)))
+    # A shard that is a link to a folder holding a valid-looking entry: never followed.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = cache / "v2" / _free_shard(cache)
+    (elsewhere / (linked.name + "0" * 62)).write_bytes(some.read_bytes())
+    linked.symlink_to(elsewhere)
+
+    bad = {fifo, folder, garbage, deep, huge_int, long_header, linked}
+    table = subprocess.run(
+        [sys.executable, "-m", "aionvrtc", "cache", "ls", "--cache-dir", str(cache)],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert (table.returncode, table.stderr) == (0, "")
+    assert f"{len(bad)} damaged items, not used" in table.stdout
+    assert f"{KERNELS + 2} entries in" in table.stdout
+
+    info = cli("cache", "info", cache=cache, timeout=60)
+    assert (info["entries"], info["damaged"]) == (KERNELS + 2, len(bad))
+
+    rows = cli("cache", "ls", cache=cache, timeout=60)
+    damaged = {Path(r["path"]): r for r in rows if r["kind"] == "damaged"}
+    assert set(damaged) == bad
+    assert damaged[fifo]["problem"] == "a FIFO, not a regular file"
+    assert damaged[folder]["problem"] == "a folder, not a regular file"
+    assert damaged[linked]["problem"] == "a symbolic link, not a folder"
+    assert damaged[linked]["fix"] == f"rm {linked}"
+    for path in (garbage, deep, huge_int, long_header):
+        assert damaged[path]["problem"].startswith("an entry whose header cannot be read ("), path
+    odd_rows = {r["key"]: r for r in rows if r["key"] in (odd.name, late.name)}
+    assert odd_rows[odd.name] == {
+        **odd_rows[odd.name], "kind": None, "arch": None, "nvrtc_version": None, "created": None,
+        "names": ["f"],
+    }  # fmt: skip
+    assert odd_rows[late.name]["created"] is None
+
+    pruned = cli("cache", "prune", "--max-size", "0", cache=cache, timeout=60)
+    skipped = {Path(d["path"]) for d in pruned["damaged"]}
+    assert skipped == {fifo, folder, linked}  # garbage entries are files: pruned like any
+    assert pruned["entries"] == 0
+    assert fifo.is_fifo()
+    assert folder.is_dir()
+    assert linked.is_symlink()
+    assert len(list(elsewhere.iterdir())) == 1  # the link's target was not touched
+
+
+def test_a_fifo_at_the_event_log_does_not_hang_info_or_logging(cache: Path) -> None:
+    os.mkfifo(cache / "v2" / ".events")
+    info = cli("cache", "info", cache=cache, timeout=60)
+    assert (info["entries"], info["corrupt_dropped"], info["pruned"]) == (KERNELS, 0, 0)
+    # Logging an event (a prune) in another process: it returns, the FIFO is left alone.
+    code = (
+        "import sys\n"
+        "from aionvrtc._store.disk import DiskTier\n"
+        "tier = DiskTier(sys.argv[1])\n"
+        "print(tier.prune(max_bytes=0), tier.events()['pruned'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(cache)], capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    assert done.stdout.split() == [str(KERNELS), "0"]
+    assert (cache / "v2" / ".events").is_fifo()
 
 
 def test_bad_input_names_what_was_wrong(tmp_path: Path) -> None:
@@ -205,6 +378,8 @@ async def test_metrics_follow_the_compiler_stats(tmp_path: Path) -> None:
         assert sample("compile_seconds_total") == pytest.approx(stats.compile_seconds)
         assert sample("queue_depth") == 0
         assert sample("disk_writable") == 1
+        assert sample("disk_trusted") == 1
+        assert sample("remote_foreign_locks_total") == stats.remote_foreign_locks == 0
         assert sample("memory_entries") == stats.memory_entries == 1
 
 

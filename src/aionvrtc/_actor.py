@@ -74,6 +74,7 @@ class CompilerStats:
     memory_entries: int
     memory_bytes: int
     disk_writable: bool
+    disk_trusted: bool  # False: the cache dir failed the ownership checks and is not used
     # The remote tier (zero without one): entries read, not there, refused (unsigned, badly
     # signed, corrupt or too large), failed calls, compiles that waited for another host's, and
     # compile locks ignored as not another aionvrtc host's (see RedisTier.claim).
@@ -125,7 +126,9 @@ class Compiler:
 
     ``async with Compiler(arch="sm_90") as compiler: artifact = await compiler.compile(spec)``.
     ``arch`` defaults to the current GPU's; ``concurrency`` (default 1: one NVRTC job at a time)
-    is how many compiles may run at once in worker threads.
+    is how many compiles may run at once in worker threads. ``shared_cache`` (default
+    ``$AIONVRTC_SHARED_CACHE``, else False) trusts a cache dir that a group shares; by default
+    the disk cache is used only when nobody but this user (or root) can write to it.
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class Compiler:
         disk_limit: int | None = None,
         disk: bool = True,
         remote: RedisTier | None = None,
+        shared_cache: bool | None = None,
     ) -> None:
         if concurrency is None:
             concurrency = 1
@@ -145,7 +149,12 @@ class Compiler:
             raise ValueError(f"concurrency must be a positive int, got {concurrency!r}")
         self.concurrency = concurrency
         self._cache = KernelCache(
-            arch, cache_dir=cache_dir, memory_limit=memory_limit, disk_limit=disk_limit, disk=disk
+            arch,
+            cache_dir=cache_dir,
+            memory_limit=memory_limit,
+            disk_limit=disk_limit,
+            disk=disk,
+            shared_cache=shared_cache,
         )
         self.target: Target = self._cache.target
         # The fleet's shared tier: ``remote``, else one from $AIONVRTC_REMOTE_URL if set.

@@ -51,12 +51,15 @@ class CacheStats:
     memory_entries: int
     memory_bytes: int
     disk_writable: bool
+    disk_trusted: bool  # False: the cache dir failed the ownership checks and is not used
 
 
 class KernelCache:
     """Artifacts for one target: memory tier, then disk tier, then NVRTC.
 
-    Thread-safe: threads asking for the same key at once share one compile.
+    Thread-safe: threads asking for the same key at once share one compile. The disk tier
+    reads only a cache dir that nobody but this user (or root) can write; ``shared_cache=True``
+    (default: ``$AIONVRTC_SHARED_CACHE``) trusts one that a group shares instead.
     """
 
     def __init__(
@@ -67,10 +70,13 @@ class KernelCache:
         memory_limit: int = DEFAULT_MEMORY_LIMIT,
         disk_limit: int | None = None,
         disk: bool = True,
+        shared_cache: bool | None = None,
     ) -> None:
         self.target = as_target(arch)
         self.memory = MemoryTier(memory_limit)
-        self.disk: DiskTier | None = DiskTier(cache_dir, limit=disk_limit) if disk else None
+        self.disk: DiskTier | None = (
+            DiskTier(cache_dir, limit=disk_limit, shared_cache=shared_cache) if disk else None
+        )
         # The Compiler's RedisTier, if any (its calls need the Compiler's event loop).
         self.remote: RedisTier | None = None
         self._lock = threading.Lock()
@@ -252,4 +258,5 @@ class KernelCache:
                 memory_entries=len(self.memory),
                 memory_bytes=self.memory.bytes,
                 disk_writable=disk.writable if disk else False,
+                disk_trusted=disk.trusted if disk else False,
             )

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any
 
 from ._exceptions import AionvrtcError, NoDeviceError
 from ._spec import FORMAT_VERSION
-from ._store.disk import DiskTier, EntryInfo, default_cache_dir
+from ._store.disk import ENV_CACHE_DIR, Damage, DiskTier, EntryInfo, default_cache_dir
 from ._units import format_size, parse_age, parse_size
 from ._version import __version__
 
@@ -126,13 +127,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _tier(args: argparse.Namespace) -> DiskTier:
-    return DiskTier(args.cache_dir if args.cache_dir is not None else default_cache_dir())
+    """The command's disk tier: one per command, so that its warnings are given once."""
+    tier: DiskTier | None = getattr(args, "tier", None)
+    if tier is None:
+        tier = args.tier = DiskTier(
+            args.cache_dir if args.cache_dir is not None else default_cache_dir()
+        )
+    return tier
 
 
-def _when(timestamp: float | None) -> str | None:
-    if timestamp is None:
+def _when(timestamp: object) -> str | None:
+    """An ISO time for a Unix time, or None for anything that is not one (a header value is
+    untrusted input)."""
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
         return None
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(timespec="seconds")
+    try:
+        moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+    return moment.isoformat(timespec="seconds")
 
 
 def _ago(timestamp: float) -> str:
@@ -143,9 +156,53 @@ def _ago(timestamp: float) -> str:
     return f"{seconds:.0f}s"
 
 
+def _contents(tier: DiskTier) -> tuple[list[tuple[EntryInfo, dict[str, Any]]], list[Damage]]:
+    """Entries with their headers, and damaged items: what the tier's survey skipped, and
+    entries whose header cannot be read (a request for one drops it and recompiles)."""
+    survey = tier.survey()
+    entries, damaged = [], list(survey.damaged)
+    for entry in survey.entries:
+        header = tier.describe(entry)
+        if isinstance(header, dict):
+            entries.append((entry, header))
+        else:
+            problem = f"an entry whose header cannot be read ({header})"
+            damaged.append(Damage(entry.path, problem, f"rm {entry.path}"))
+    return entries, damaged
+
+
+def _damage(damage: Damage) -> dict[str, str]:
+    return {"path": str(damage.path), "problem": damage.problem, "fix": damage.fix}
+
+
+def _trust(tier: DiskTier) -> str:
+    problem = tier.trust_problem
+    shared = " (shared cache)" if tier.policy.shared else ""
+    if problem is None:
+        return f"trusted{shared}: {_ownership(tier.root)}"
+    return f"NOT TRUSTED{shared}, not used: {problem}"
+
+
+def _ownership(path: Path) -> str:
+    """Owner and mode of ``path``, for people."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        return f"cannot stat: {exc.strerror}"
+    owner = f"uid {info.st_uid}"
+    with contextlib.suppress(ImportError, KeyError):
+        import pwd
+
+        owner += f" ({pwd.getpwuid(info.st_uid).pw_name})"
+    if info.st_uid == os.geteuid():
+        owner += ", this user"
+    return f"owner {owner}, mode {stat.S_IMODE(info.st_mode):04o}"
+
+
 def _info(args: argparse.Namespace, console: Any) -> Result:
     tier = _tier(args)
-    entries = tier.scan()
+    readable, damaged = _contents(tier)
+    entries = [entry for entry, _ in readable]
     events = tier.events()
     used = [e.last_used for e in entries]
     others = sorted(
@@ -155,11 +212,15 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
         "location": str(tier.root),
         "directory": str(tier.dir),
         "format_version": FORMAT_VERSION,
+        "trusted": tier.trusted,
+        "trust_problem": _damage(tier.trust_problem) if tier.trust_problem else None,
+        "shared_cache": tier.policy.shared,
         "entries": len(entries),
         "bytes": sum(e.size for e in entries),
         "limit": tier.limit,
         "oldest": _when(min(used) if used else None),
         "newest": _when(max(used) if used else None),
+        "damaged": len(damaged),
         "corrupt_dropped": events["corrupt"],
         "evictions": events["evicted"],
         "pruned": events["pruned"],
@@ -172,6 +233,7 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
         table.add_column(style="bold")
         table.add_column()
         table.add_row("location", f"{data['directory']} (format v{FORMAT_VERSION})")
+        table.add_row("trust", _trust(tier))
         percent = 100 * data["bytes"] / tier.limit if tier.limit else 0.0
         table.add_row(
             "size",
@@ -185,6 +247,8 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
             f"{data['corrupt_dropped']} corrupt entries dropped, {data['evictions']} evicted, "
             f"{data['pruned']} pruned",
         )
+        if damaged:
+            table.add_row("damaged", f"{len(damaged)} items, not used (aionvrtc cache ls)")
         if others:
             table.add_row("other formats", ", ".join(others) + " (not read by this version)")
         console.print(table)
@@ -194,16 +258,18 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
 def _ls(args: argparse.Namespace, console: Any) -> Result:
     tier = _tier(args)
     now = time.time()
+    readable, damaged = _contents(tier)
     rows = []
-    for entry in sorted(tier.scan(), key=lambda e: e.last_used, reverse=True):
+    for entry, header in sorted(readable, key=lambda pair: pair[0].last_used, reverse=True):
         if args.older_than is not None and entry.last_used >= now - args.older_than:
             continue
         if args.newer_than is not None and entry.last_used < now - args.newer_than:
             continue
-        header = tier.describe(entry) or {}
         if args.arch is not None and header.get("arch") != args.arch:
             continue
         rows.append(_row(entry, header))
+    # Damaged items have no arch or age worth filtering on: listed unless an arch is asked for.
+    broken = [] if args.arch is not None else [_damaged_row(d) for d in damaged]
     if not args.json:
         from rich.table import Table
 
@@ -217,22 +283,50 @@ def _ls(args: argparse.Namespace, console: Any) -> Result:
                 _ago(row["last_used_unix"]) + " ago", "\n".join(row["names"]),
             )  # fmt: skip
         console.print(table)
-    return rows, 0
+        if broken:
+            table = Table(title=f"{len(broken)} damaged items, not used")
+            for column in ("path", "problem", "fix"):
+                table.add_column(column)
+            for row in broken:
+                table.add_row(row["path"], row["problem"], row["fix"])
+            console.print(table)
+    return rows + broken, 0
 
 
 def _row(entry: EntryInfo, header: dict[str, Any]) -> dict[str, Any]:
     names = header.get("lowered_names")
     return {
         "key": entry.key,
-        "kind": header.get("kind"),  # None: unreadable (a later read drops it)
-        "arch": header.get("arch"),
-        "nvrtc_version": header.get("nvrtc_version"),
+        "kind": _text(header.get("kind")),
+        "arch": _text(header.get("arch")),
+        "nvrtc_version": _text(header.get("nvrtc_version")),
         "size": entry.size,
         "last_used": _when(entry.last_used),
         "last_used_unix": entry.last_used,
-        "created": _when(header["created"]) if isinstance(header.get("created"), float) else None,
-        "names": sorted(names) if isinstance(names, dict) else [],
+        "created": _when(header.get("created")),
+        "names": sorted(str(name) for name in names) if isinstance(names, dict) else [],
     }
+
+
+def _damaged_row(damage: Damage) -> dict[str, Any]:
+    """A damaged item as an ``ls`` row: kind "damaged", with what is wrong and the fix."""
+    return {
+        "key": damage.path.name,
+        "kind": "damaged",
+        "arch": None,
+        "nvrtc_version": None,
+        "size": None,
+        "last_used": None,
+        "last_used_unix": None,
+        "created": None,
+        "names": [],
+        **_damage(damage),
+    }
+
+
+def _text(value: object) -> str | None:
+    """A header value shown as text only if it is text (the header is untrusted input)."""
+    return value if isinstance(value, str) else None
 
 
 def _clear(args: argparse.Namespace, console: Any) -> Result:
@@ -247,21 +341,24 @@ def _prune(args: argparse.Namespace, console: Any) -> Result:
     if args.max_size is None and args.older_than is None:
         raise ValueError("prune needs --max-size SIZE, --older-than AGE or both")
     tier = _tier(args)
-    before = tier.scan()
+    before = tier.survey()
     removed = tier.prune(max_bytes=args.max_size, older_than=args.older_than)
-    after = tier.scan()
+    after = tier.survey()
     data: dict[str, Any] = {
         "removed": removed,
-        "removed_keys": sorted({e.key for e in before} - {e.key for e in after}),
-        "entries": len(after),
-        "bytes_before": sum(e.size for e in before),
-        "bytes": sum(e.size for e in after),
+        "removed_keys": sorted({e.key for e in before.entries} - {e.key for e in after.entries}),
+        "entries": len(after.entries),
+        "bytes_before": sum(e.size for e in before.entries),
+        "bytes": sum(e.size for e in after.entries),
+        "damaged": [_damage(d) for d in after.damaged],  # skipped: not entries
     }
     if not args.json:
         console.print(
             f"removed {removed} entries: {format_size(data['bytes_before'])} -> "
-            f"{format_size(data['bytes'])} in {len(after)} entries"
+            f"{format_size(data['bytes'])} in {len(after.entries)} entries"
         )
+        for damage in after.damaged:
+            console.print(f"skipped damaged {damage}")
     return data, 0
 
 
@@ -411,29 +508,31 @@ def _check_gpus(args: argparse.Namespace) -> list[Check]:
 
 def _check_cache_dir(args: argparse.Namespace) -> list[Check]:
     tier = _tier(args)
-    fix = (
-        f"give this user write access (chmod u+rwx {tier.root}) or point AIONVRTC_CACHE_DIR at a "
-        "writable folder; until then kernels compile on every start"
-    )
-    try:
-        tier.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        probe = tier.dir / f".doctor.{os.getpid()}.tmp"
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, b"probe")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        probe.unlink()
-    except OSError as exc:
-        return [_check("cache dir", "fail", f"{tier.dir} is not writable: {exc}", fix)]
-    checks = [_check("cache dir", "ok", f"{tier.dir} is writable")]
-    loose = [p for p in (tier.root, tier.dir) if p.stat().st_mode & 0o022]
-    if loose:
-        detail = f"{loose[0]} is writable by group or others: they could plant entries"
-        fix = f"chmod go-w {loose[0]} (share a cache through a group only if you trust it)"
-        checks.append(_check("permissions", "warn", detail, fix))
-    return checks
+    root = tier.root
+    if root.exists() and not root.is_dir():
+        detail = f"{root} is not a folder: nothing can be cached there"
+        fix = f"point {ENV_CACHE_DIR} (or --cache-dir) at a folder; a missing one is made"
+        return [_check("cache dir", "fail", detail, fix)]
+    # Makes the folders as the tier does (0700, or 2770 shared); it may find the tree untrusted.
+    failure = tier.probe_write() if tier.trusted else None
+    if tier.trust_problem is not None:
+        damage = tier.trust_problem
+        detail = (
+            f"{root} ({_ownership(root)}) is not trusted, so it is neither read nor written: "
+            f"{damage.path} is {damage.problem}"
+        )
+        return [_check("cache dir", "fail", detail, damage.fix)]
+    if failure is None:
+        return [_check("cache dir", "ok", f"{tier.dir}: {_trust(tier)}; writable")]
+    if root.is_dir():
+        detail = (
+            f"{tier.dir}: {_trust(tier)}; not writable by this user ({failure}): entries are "
+            "read from it, new kernels are compiled and kept in memory"
+        )
+        fix = f"none if read-only on purpose; else point {ENV_CACHE_DIR} at a folder you own"
+        return [_check("cache dir", "warn", detail, fix)]
+    fix = f"point {ENV_CACHE_DIR} (or --cache-dir) at a folder this user can make and write"
+    return [_check("cache dir", "fail", f"cannot make {tier.dir}: {failure}", fix)]
 
 
 def _check_free_space(args: argparse.Namespace) -> list[Check]:
@@ -457,9 +556,12 @@ def _check_locks(args: argparse.Namespace) -> list[Check]:
         import fcntl
     except ImportError:
         return [_check("file locks", "warn", "not POSIX: processes may compile a kernel twice")]
+    if not tier.trusted or tier.probe_write() is not None:
+        return [_check("file locks", "ok", "not used: nothing is written to this cache dir")]
     probe = tier.dir / f".doctor.{os.getpid()}.lock"
     try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(probe, flags, 0o600)
     except OSError as exc:
         return [_check("file locks", "fail", f"cannot create a lock file: {exc}", "see cache dir")]
     try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import errno
-import functools
 import hashlib
 import os
 import posixpath
@@ -191,9 +190,23 @@ _WHY = {
 }
 
 
-@functools.lru_cache(maxsize=512)  # the same headers recur in many specs
+# The same sources and headers recur in many specs: their scans are memoised by a digest of
+# the text, not by the text, so that the memo keeps no source alive (512 sources of 64 KiB
+# would be 32 MiB). A plain dict, cleared when full: a scan is cheap to redo.
+_SCANNED: dict[bytes, _Problem | None] = {}
+_SCANNED_MAX = 512  # texts
+
+
 def _scan_in_memory(text: str) -> _Problem | None:
-    return _scan(text, False)
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    try:
+        return _SCANNED[digest]
+    except KeyError:
+        pass
+    found = _SCANNED[digest] = _scan(text, False)
+    if len(_SCANNED) > _SCANNED_MAX:
+        _SCANNED.clear()
+    return found
 
 
 def check_directives(text: str, where: str) -> None:

@@ -46,6 +46,8 @@ _GAUGES = (
     ("in_flight", "compiles_in_flight", "compile jobs running"),
     ("memory_entries", "memory_entries", "entries in the in-memory map"),
     ("memory_bytes", "memory_bytes", "bytes in the in-memory map"),
+    ("disk_writable", "disk_writable", "1 while the disk cache takes writes"),
+    ("disk_trusted", "disk_trusted", "1 while the disk cache dir passes the ownership checks"),
 )
 
 
@@ -74,11 +76,6 @@ class CompilerCollector:
             gauge = GaugeMetricFamily(f"aionvrtc_{name}", text, labels=labels)
             gauge.add_metric([self.name], float(getattr(stats, field)))
             yield gauge
-        writable = GaugeMetricFamily(
-            "aionvrtc_disk_writable", "1 while the disk cache takes writes", labels=labels
-        )
-        writable.add_metric([self.name], 1.0 if stats.disk_writable else 0.0)
-        yield writable
         hits = stats.memory_hits + stats.disk_hits + stats.remote_hits
         ratio = GaugeMetricFamily(
             "aionvrtc_hit_ratio", "cache hits (memory, disk, remote) over requests", labels=labels

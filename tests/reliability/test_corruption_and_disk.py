@@ -14,6 +14,7 @@ import pytest
 
 from aionvrtc import KernelCache
 from aionvrtc._artifact import encode
+from aionvrtc._spec import FORMAT_VERSION
 
 from ..conftest import make_spec
 
@@ -37,7 +38,7 @@ def _damage(kind: str, path: Path, other: bytes) -> None:
         "empty": b"",
         "garbage": os.urandom(len(data)),
         "wrong magic": b"NOTOURS!" + data[8:],
-        "future version": data[:8] + (2).to_bytes(2, "big") + data[10:],
+        "future version": data[:8] + (FORMAT_VERSION + 1).to_bytes(2, "big") + data[10:],
         "swapped key": other,
     }[kind]
     path.write_bytes(damaged)

@@ -50,10 +50,11 @@ def test_an_unreadable_entry_is_recompiled_with_one_warning(
     else:  # root reads any file: inject the EACCES that another owner's entry would give
         real_open = os.open
 
-        def denied(path: object, flags: int, *args: object) -> int:
-            if Path(str(path)) == entry and not flags & (os.O_WRONLY | os.O_RDWR):
+        # Entries are opened by name relative to their shard folder's fd.
+        def denied(path: object, flags: int, *args: object, **kwargs: object) -> int:
+            if path == entry.name and not flags & (os.O_WRONLY | os.O_RDWR):
                 raise PermissionError(13, "Permission denied", str(path))
-            return real_open(path, flags, *args)  # type: ignore[arg-type]
+            return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
 
         monkeypatch.setattr(os, "open", denied)
     cache = KernelCache("sm_90", cache_dir=cache_dir)

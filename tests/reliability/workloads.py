@@ -256,3 +256,174 @@ def _task_count() -> int | None:
     import asyncio
 
     return len(asyncio.all_tasks())
+
+
+# -- a hostile cache dir -------------------------------------------------------------------------
+
+# What an unlucky disk or a hostile user with this user's rights can leave at an entry's path.
+# Each must cost a recompile, never a failed, hung or wrong request.
+HOSTILE_KINDS = (
+    "fifo", "directory", "symlink", "huge_int", "deep_json", "truncated", "garbage", "fifo_lock",
+)  # fmt: skip
+
+
+def _checksummed(header: bytes, image: bytes) -> bytes:
+    import hashlib
+    import struct
+
+    from aionvrtc import FORMAT_VERSION
+    from aionvrtc._artifact import MAGIC
+
+    body = struct.pack(">8sHI", MAGIC, FORMAT_VERSION, len(header)) + header
+    body += struct.pack(">Q", len(image)) + image
+    return body + hashlib.sha256(body).digest()
+
+
+def plant(entry: Path, kind: str, good: bytes) -> None:
+    """Leave ``kind`` at ``entry`` (the entry's path in its shard); ``good`` is a valid entry of
+    another key, whose header the crafted ones start from."""
+    from aionvrtc._artifact import read_header
+
+    entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    import io
+
+    header = read_header(io.BytesIO(good))
+    header["key"] = entry.name
+    if kind == "fifo":
+        os.mkfifo(entry, 0o600)
+    elif kind == "directory":
+        entry.mkdir(mode=0o700)
+        (entry / "inside").write_bytes(b"x")
+    elif kind == "symlink":
+        outside = entry.parent.parent.parent / f"outside-{entry.name}"
+        outside.write_bytes(good)
+        entry.symlink_to(outside)
+    elif kind == "huge_int":
+        header["created"] = 10**400
+        entry.write_bytes(_checksummed(json.dumps(header).encode(), b"\x7fELF"))
+    elif kind == "deep_json":
+        entry.write_bytes(_checksummed(b"[" * 100_000 + b"]" * 100_000, b"\x7fELF"))
+    elif kind == "truncated":
+        entry.write_bytes(good[: len(good) // 2])
+    elif kind == "garbage":
+        entry.write_bytes(random.Random(entry.name).randbytes(4096))
+    elif kind == "fifo_lock":
+        os.mkfifo(entry.with_name(f".{entry.name}.lock"), 0o600)
+    else:
+        raise ValueError(f"unknown hostile kind {kind!r}")
+
+
+HOSTILE_TIMEOUT = 120.0  # seconds for all the requests: they take about one compile each
+
+
+def _open_fds() -> int | None:
+    """File descriptors this process holds (Linux), to see none leak."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+async def hostile_cache(root: Path, kernels: int, seed: int) -> dict[str, Any]:
+    """Plant one hostile item (cycling over HOSTILE_KINDS) at the path of each of ``kernels``
+    fresh kernels, and a FIFO at the cache's ``.events``; then ask for them all at once from a
+    Compiler of the default concurrency (1), within HOSTILE_TIMEOUT. Returns what happened."""
+    from aionvrtc import FORMAT_VERSION, KernelCache
+
+    salt = f"hostile_{os.getpid()}_{seed}_{time.time_ns()}"
+    specs = [load_spec(i, salt) for i in range(kernels)]
+    version_dir = root / f"v{FORMAT_VERSION}"
+    donor = KernelCache("sm_90", cache_dir=root / "donor").get_or_compile(load_spec(kernels, salt))
+    from aionvrtc._artifact import encode
+
+    good = encode(donor)
+    planted: dict[str, int] = dict.fromkeys(HOSTILE_KINDS, 0)
+    for index, spec in enumerate(specs):
+        key = spec.key("sm_90")
+        kind = HOSTILE_KINDS[index % len(HOSTILE_KINDS)]
+        plant(version_dir / key[:2] / key, kind, good)
+        planted[kind] += 1
+    os.mkfifo(version_dir / ".events", 0o600)
+    fds_before = _open_fds()
+    outcomes = {"result": 0, "error": 0}
+    errors: list[str] = []
+    started = time.perf_counter()
+    async with Compiler(arch="sm_90", cache_dir=root) as compiler:
+
+        async def request(spec: KernelSpec) -> None:
+            try:
+                artifact = await compiler.compile(spec)
+            except Exception as exc:
+                outcomes["error"] += 1
+                errors.append(repr(exc))
+                return
+            right = artifact.image.startswith(b"\x7fELF") and artifact.key == spec.key("sm_90")
+            outcomes["result" if right else "error"] += 1
+
+        with anyio.fail_after(HOSTILE_TIMEOUT):
+            async with anyio.create_task_group() as group:
+                for spec in specs:
+                    group.start_soon(request, spec)
+        seconds = time.perf_counter() - started
+        stats = compiler.stats()
+    fds_after = _open_fds()
+    # A fresh cache on the same dir reads what the first one rewrote.
+    again = KernelCache("sm_90", cache_dir=root)
+    for spec in specs:
+        again.get_or_compile(spec)
+    return {
+        "kernels": kernels,
+        "planted": planted,
+        **outcomes,
+        "errors_seen": errors[:5],
+        "compiles": stats.compiles,
+        "corrupt_dropped": stats.corrupt_dropped,
+        "seconds": round(seconds, 3),
+        "fds_leaked": None if fds_before is None or fds_after is None else fds_after - fds_before,
+        "second_pass_disk_hits": again.stats().disk_hits,
+        "second_pass_compiles": again.stats().compiles,
+    }
+
+
+# -- the entry decoder under a fuzzer ------------------------------------------------------------
+
+
+def decoder_fuzz(inputs: int, seed: int) -> dict[str, Any]:
+    """Well-checksummed entries whose headers a mutator has crafted (huge and non-finite
+    numbers, deep nesting, wrong types, random bytes): the decoder may only accept an entry or
+    raise CacheCorruptError. Returns the outcomes by exception type."""
+    from aionvrtc import Artifact, CacheCorruptError
+    from aionvrtc._artifact import decode
+
+    rng = random.Random(seed)
+    base = {
+        "key": "ab" * 32, "kind": "cubin", "arch": "sm_90", "nvrtc_version": "13.5",
+        "package_version": "0.1.0", "lowered_names": {"k": "_Z1kv"}, "created": 1.7e9,
+        "compile_seconds": 0.1, "log": "",
+    }  # fmt: skip
+    values: list[Any] = [
+        10**400, -(10**30), 1e308, 2**63, -1, 0, True, None, "", "x" * 300, [], {}, [[[[1]]]],
+        {"a": {"b": {"c": {}}}}, 1.5, "sm_90",
+    ]  # fmt: skip
+    outcomes: dict[str, int] = {}
+    for _ in range(inputs):
+        header = dict(base)
+        for _ in range(rng.randint(1, 3)):
+            header[rng.choice([*base, "extra"])] = rng.choice(values)
+        raw = json.dumps(header).encode()
+        roll = rng.random()
+        if roll < 0.1:
+            depth = rng.randint(4, 200_000)
+            raw = b"[" * depth + b"]" * depth
+        elif roll < 0.2:
+            cut = rng.randrange(len(raw))
+            raw = raw[:cut] + rng.randbytes(rng.randint(1, 8)) + raw[cut + 1 :]
+        try:
+            result = decode(_checksummed(raw, b"\x7fELF" + rng.randbytes(8)))
+            name = "accepted" if isinstance(result, Artifact) else "other"
+        except CacheCorruptError:
+            name = "CacheCorruptError"
+        except Exception as exc:
+            name = type(exc).__name__
+        outcomes[name] = outcomes.get(name, 0) + 1
+    return {"inputs": inputs, "seed": seed, "outcomes": outcomes}

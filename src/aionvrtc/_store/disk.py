@@ -3,6 +3,12 @@
 Layout: ``<root>/v<FORMAT_VERSION>/<key[:2]>/<key>``. Other format versions live in sibling
 folders and are never read as current entries. Every operation here is blocking and meant to run
 whole in one worker-thread hop.
+
+Nothing in the cache dir can fail or hang a request: files are opened without blocking (a FIFO)
+and without following links, checked with fstat before they are read, and every operation below
+the cache root works relative to an open folder, so a folder swapped for a link is never
+followed. An entry is code that runs on the GPU, so entries are read only from a tree that
+nobody else can write, as ssh does for ``~/.ssh`` (see ``Policy``).
 """
 
 from __future__ import annotations
@@ -13,13 +19,14 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import stat
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from .._artifact import Artifact, decode, encode, read_header
 from .._exceptions import CacheCorruptError
@@ -31,12 +38,23 @@ try:
 except ImportError:  # not POSIX: no cross-process single flight
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["EVENT_KINDS", "DiskTier", "EntryInfo", "default_cache_dir", "default_disk_limit"]
+__all__ = [
+    "EVENT_KINDS",
+    "Damage",
+    "DiskTier",
+    "EntryInfo",
+    "Policy",
+    "Survey",
+    "default_cache_dir",
+    "default_disk_limit",
+    "default_shared_cache",
+]
 
 logger = logging.getLogger("aionvrtc")
 
 ENV_CACHE_DIR = "AIONVRTC_CACHE_DIR"
 ENV_DISK_LIMIT = "AIONVRTC_DISK_LIMIT"
+ENV_SHARED_CACHE = "AIONVRTC_SHARED_CACHE"
 DEFAULT_DISK_LIMIT = 1 << 30  # bytes (1 GiB)
 # Eviction frees down to this fraction of the limit, so a full cache is not rescanned on every
 # write.
@@ -51,16 +69,29 @@ LOCK_TIMEOUT = 300.0  # seconds
 _LOCK_SUFFIX = ".lock"
 # Corrupt entries dropped, evictions and prunes, appended by every process as "<time> <kind>
 # <count>" lines (O_APPEND writes of one short line are atomic), so that `aionvrtc cache info`
-# can report them for the cache dir, not for one process.
+# can report them for the cache dir, not for one process. Only its tail is read: the file grows
+# by one short line per event and is never rotated.
 _EVENTS = ".events"
+_EVENTS_TAIL = 4 << 20  # bytes (4 MiB: about 150,000 events)
 EVENT_KINDS = ("corrupt", "evicted", "pruned")
+# Reads go in steps of at most this much, so a file that grows while it is read cannot make
+# one read call allocate more.
+_READ_STEP = 16 << 20  # bytes (16 MiB)
 
 _KEY = re.compile(r"[0-9a-f]{64}")
+_SHARD = re.compile(r"[0-9a-f]{2}")
 _TMP_SUFFIX = ".tmp"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-# Errors that say the cache cannot be written at all: stop trying, keep serving.
-_UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# Every file of the cache is opened with these: a FIFO does not block the open (or a later read),
+# a link planted at the name is refused (ELOOP) rather than followed.
+_FILE_FLAGS = _NONBLOCK | _NOFOLLOW | _CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+# Errors that say the file system takes no writes at all, whichever folder they come from.
+_FILE_SYSTEM_REFUSES = {errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+_DENIED = {errno.EACCES, errno.EPERM}
 
 
 def default_cache_dir() -> Path:
@@ -84,6 +115,16 @@ def default_disk_limit() -> int:
         raise ValueError(f"${ENV_DISK_LIMIT}: {exc}") from None
 
 
+def default_shared_cache() -> bool:
+    """``$AIONVRTC_SHARED_CACHE`` (1/0, true/false, yes/no, on/off), else False."""
+    configured = os.environ.get(ENV_SHARED_CACHE, "").strip().lower()
+    if configured in ("1", "true", "yes", "on"):
+        return True
+    if configured in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"${ENV_SHARED_CACHE}: expected 1 or 0, got {configured!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class EntryInfo:
     """One entry as the file system sees it; ``last_used`` is its mtime (hits refresh it)."""
@@ -94,19 +135,145 @@ class EntryInfo:
     last_used: float
 
 
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Something in the cache dir that is not used: where, what is wrong, a fix that works."""
+
+    path: Path
+    problem: str  # reads after "<path> is"
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.path} is {self.problem}; fix: {self.fix}"
+
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What a walk of the cache dir found: entries, and damaged items that it skipped."""
+
+    entries: tuple[EntryInfo, ...]
+    damaged: tuple[Damage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Whom the cache trusts and the modes it creates.
+
+    Private (the default), ssh's rule for ``~/.ssh``: a folder or file is trusted when this user
+    (euid) or root owns it (root: a cache baked into an image) and neither group nor others can
+    write it. Shared (an explicit opt-in): owned by this user, root or any user of a group this
+    user is in, writable by that group but never by others; folders are made setgid, so files
+    take the folder's group.
+    """
+
+    shared: bool
+    uid: int
+    groups: frozenset[int]
+
+    @classmethod
+    def current(cls, shared: bool) -> Policy:
+        return cls(shared, os.geteuid(), frozenset((os.getegid(), *os.getgroups())))
+
+    @property
+    def dir_mode(self) -> int:
+        return 0o2770 if self.shared else 0o700
+
+    @property
+    def entry_mode(self) -> int:
+        return 0o640 if self.shared else 0o600
+
+    @property
+    def lock_mode(self) -> int:  # lock and event files: every user of the cache writes them
+        return 0o660 if self.shared else 0o600
+
+    def _ours(self, info: os.stat_result) -> bool:
+        return info.st_uid in (self.uid, 0) or (self.shared and info.st_gid in self.groups)
+
+    def _owner_problem(self, info: os.stat_result) -> str:
+        mode = stat.S_IMODE(info.st_mode)
+        return (
+            f"owned by uid {info.st_uid} (mode {mode:04o}), not by this user (uid {self.uid}) "
+            "or root"
+        )
+
+    def problem(self, info: os.stat_result) -> str | None:
+        """Why a folder or file of the cache tree is not trusted (after "is"), or None."""
+        mode = stat.S_IMODE(info.st_mode)
+        if not self._ours(info):
+            return self._owner_problem(info)
+        if mode & 0o002:
+            return f"writable by others (owner uid {info.st_uid}, mode {mode:04o})"
+        if mode & 0o020 and not (self.shared and info.st_gid in self.groups):
+            return f"writable by group {info.st_gid} (owner uid {info.st_uid}, mode {mode:04o})"
+        return None
+
+    def file_problem(self, info: os.stat_result) -> str | None:
+        """Why a file of the cache (an entry, a lock, the event log) is not used, or None."""
+        if not stat.S_ISREG(info.st_mode):
+            return f"{_kind(info)}, not a regular file"
+        return self.problem(info)
+
+    def ancestor_problem(self, info: os.stat_result) -> str | None:
+        """Why a folder above the cache dir lets others replace it (after "is"), or None: a
+        folder that others can write without the sticky bit (as /tmp has) lets them rename
+        what is inside."""
+        mode = stat.S_IMODE(info.st_mode)
+        if not self._ours(info):
+            return self._owner_problem(info)
+        if mode & 0o002 and not mode & stat.S_ISVTX:
+            return f"writable by others without the sticky bit (mode {mode:04o})"
+        return None
+
+
+class _Damaged(Exception):
+    """A shard or file that is not what the cache made (``info``: what was opened, if any)."""
+
+    def __init__(self, damage: Damage, info: os.stat_result | None = None) -> None:
+        super().__init__(str(damage))
+        self.damage = damage
+        self.info = info
+
+
+class _RootError(Exception):
+    """An OSError at the cache root or version folder: it concerns every shard."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class _Shard:
+    """An open shard folder and its path (for messages)."""
+
+    fd: int
+    path: Path
+
+
 class DiskTier:
-    """Entries on disk, bounded in bytes with least-recently-used eviction. Thread-safe."""
+    """Entries on disk, bounded in bytes with least-recently-used eviction. Thread-safe.
+
+    ``shared_cache`` (default ``$AIONVRTC_SHARED_CACHE``, else False) trusts a tree that a group
+    shares and makes new folders and files group-writable; see ``Policy``.
+    """
 
     def __init__(
-        self, root: str | os.PathLike[str] | None = None, *, limit: int | None = None
+        self,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        limit: int | None = None,
+        shared_cache: bool | None = None,
     ) -> None:
         if limit is None:
             limit = default_disk_limit()
         if limit < 0:
             raise ValueError(f"disk_limit must be >= 0 bytes, got {limit}")
+        if shared_cache is None:
+            shared_cache = default_shared_cache()
         self.root = Path(root) if root is not None else default_cache_dir()
         self.dir = self.root / f"v{FORMAT_VERSION}"
         self.limit = limit
+        self.policy = Policy.current(shared_cache)
         self.writable = True
         self.locking = True  # cross-process file locks; off if the file system has none
         self._lock = threading.Lock()
@@ -119,66 +286,334 @@ class DiskTier:
         self.evictions = 0
         self.write_failures = 0
         self.read_failures = 0
+        # Why the cache dir is not trusted (then it is neither read nor written), or None.
+        self.trust_problem: Damage | None = None
+        self._distrust(self.check_tree())
+
+    @property
+    def trusted(self) -> bool:
+        return self.trust_problem is None
 
     def path(self, key: str) -> Path:
         if not _KEY.fullmatch(key):
             raise ValueError(f"not a cache key (64 lowercase hex digits): {key!r}")
         return self.dir / key[:2] / key
 
+    # -- trust -------------------------------------------------------------------------------
+
+    def check_tree(self) -> Damage | None:
+        """What makes the cache dir untrusted, or None: every folder above it (by the path
+        given and by the real path), the dir itself and its version folder, as far as they
+        exist."""
+        given = Path(os.path.abspath(self.root))
+        real = Path(os.path.realpath(self.root))
+        for folder in sorted({*given.parents, *real.parents}, key=lambda p: len(p.parts)):
+            info = _stat(folder, follow=True)
+            if info is None:
+                continue  # made by this tier when it first writes
+            problem = self.policy.ancestor_problem(info)
+            if problem is not None:
+                return Damage(folder, problem, self._tree_fix(folder, info, ancestor=True))
+        info = _stat(real, follow=True)
+        if info is None or not stat.S_ISDIR(info.st_mode):
+            return None  # missing: made on the first write; not a folder: nothing to read
+        problem = self.policy.problem(info)
+        if problem is not None:
+            return Damage(self.root, problem, self._tree_fix(self.root, info))
+        info = _stat(real / self.dir.name, follow=False)
+        if info is None:
+            return None
+        if not stat.S_ISDIR(info.st_mode):
+            return Damage(self.dir, f"{_kind(info)}, not a folder", f"rm {self.dir}")
+        problem = self.policy.problem(info)
+        return Damage(self.dir, problem, self._tree_fix(self.dir, info)) if problem else None
+
+    def _tree_fix(self, path: Path, info: os.stat_result, *, ancestor: bool = False) -> str:
+        """A fix that works for an untrusted folder of the tree: chmod when it is ours,
+        else a cache dir of one's own, or the shared opt-in where that would trust it."""
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid == self.policy.uid:
+            bits = "o-w" if self.policy.shared or ancestor else "go-w"
+            fix = f"chmod {bits} {path}"
+            if not self.policy.shared and not ancestor and mode & 0o020 and not mode & 0o002:
+                fix += f", or share it with group {info.st_gid}: {ENV_SHARED_CACHE}=1"
+            return fix
+        fix = f"use a cache dir of your own ({ENV_CACHE_DIR}=/a/folder/you/own)"
+        if not self.policy.shared and info.st_gid in self.policy.groups and not mode & 0o002:
+            fix += (
+                f", or, if you trust every user of group {info.st_gid}, opt in to a shared "
+                f"cache: {ENV_SHARED_CACHE}=1 (shared_cache=True)"
+            )
+        return fix
+
+    def _distrust(self, damage: Damage | None) -> None:
+        """Stop reading and writing this cache dir, with one warning saying why."""
+        if damage is None:
+            return
+        self.trust_problem = damage
+        self.writable = False
+        self._warn_once(
+            "trust",
+            f"not using the disk cache at {self.root}: {damage.path} is {damage.problem}, so "
+            "others could plant kernels that this process would run; kernels are compiled and "
+            f"kept in memory. Fix: {damage.fix}",
+        )
+
+    # -- opening folders and files -------------------------------------------------------------
+
+    def _version(self, *, write: bool, trusted: bool = True) -> int | None:
+        """The open version folder (made, with the cache root, when ``write``), or None if it
+        is missing or the tree is not trusted. ``trusted=False`` (listing and removing, never
+        reading or writing entries) skips the ownership checks, never the link checks.
+
+        Raises _RootError for an OSError at this level, and _Damaged for a version "folder"
+        that is a link or a file when ``trusted`` is False (when True, the tree is distrusted).
+        """
+        if trusted and self.trust_problem is not None:
+            return None
+        try:
+            root = self._open_root(write=write, trusted=trusted)
+            if root is None:
+                return None
+            with _closing(root):
+                version = self._open_version_in(root, write=write, trusted=trusted)
+            if version is not None and write:
+                with _closing_on_error(version):
+                    self._check_writable(version)
+        except OSError as exc:
+            raise _RootError(exc) from exc
+        return version
+
+    def _open_root(self, *, write: bool, trusted: bool) -> int | None:
+        # The root is the folder the user named: it may be a link (~/.cache to another disk);
+        # check_tree checked the folders above its real path.
+        if write:
+            self._make_root()
+            if trusted and self.trust_problem is not None:
+                return None
+        try:
+            root = os.open(self.root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+        except FileNotFoundError:
+            if write:
+                raise
+            return None
+        return self._if_trusted(root, self.root) if trusted else root
+
+    def _open_version_in(self, root: int, *, write: bool, trusted: bool) -> int | None:
+        if write:
+            self._make_dir(self.dir.name, root)
+        try:
+            version = self._open_dir(self.dir.name, root, self.dir)
+        except _Damaged as exc:
+            if not trusted:
+                raise
+            self._distrust(exc.damage)
+            return None
+        if version is None:
+            if write:
+                raise FileNotFoundError(errno.ENOENT, "removed while in use", str(self.dir))
+            return None
+        return self._if_trusted(version, self.dir) if trusted else version
+
+    def _if_trusted(self, fd: int, path: Path) -> int | None:
+        """``fd`` if the folder it is open on may be trusted; else None (fd closed), and the
+        tree is distrusted: someone changed it since check_tree."""
+        with _closing_on_error(fd):
+            info = os.fstat(fd)
+        problem = self.policy.problem(info)
+        if problem is None:
+            return fd
+        os.close(fd)
+        self._distrust(Damage(path, problem, self._tree_fix(path, info)))
+        return None
+
+    def _check_writable(self, version: int) -> None:
+        """Raise unless this user can write in the version folder: a read-only mount, or a
+        cache that root baked into an image, is read and never written."""
+        if os.fstatvfs(version).f_flag & getattr(os, "ST_RDONLY", 1):
+            raise OSError(errno.EROFS, "it is on a read-only file system", str(self.dir))
+        if os.access not in os.supports_dir_fd or os.access not in os.supports_effective_ids:
+            return  # the writes themselves will say
+        if not os.access(".", os.W_OK, dir_fd=version, effective_ids=True):
+            info = os.fstat(version)
+            raise PermissionError(
+                errno.EACCES,
+                f"this user (uid {self.policy.uid}) cannot write to it (owner uid "
+                f"{info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o})",
+                str(self.dir),
+            )
+
+    def _make_root(self) -> None:
+        """Make the cache root and any missing folder above it, one level at a time so every
+        folder made here gets this tier's mode; then check the tree again (a folder above that
+        appeared since the first check)."""
+        missing = []
+        folder = Path(os.path.abspath(self.root))
+        while not os.path.lexists(folder) and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        for folder in reversed(missing):
+            self._make_dir(str(folder))
+        if missing:
+            self._distrust(self.check_tree())
+
+    def _make_dir(self, name: str, dir_fd: int | None = None) -> None:
+        """Make folder ``name`` with this tier's mode, set with fchmod so that the umask cannot
+        strip a shared folder's group bits; an existing one is left as it is."""
+        try:
+            os.mkdir(name, self.policy.dir_mode, dir_fd=dir_fd)
+        except FileExistsError:
+            return
+        with contextlib.suppress(OSError), _closing(os.open(name, _DIR_FLAGS, dir_fd=dir_fd)) as fd:
+            os.fchmod(fd, self.policy.dir_mode)
+
+    def _open_dir(self, name: str, dir_fd: int, path: Path) -> int | None:
+        """Open folder ``name`` without following a link; None if it is missing. Raises
+        _Damaged for a link or anything but a folder."""
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            info = _stat(name, dir_fd=dir_fd)
+            what = _kind(info) if info is not None else "not a folder"
+            raise _Damaged(Damage(path, f"{what}, not a folder", f"rm {path}"), info) from exc
+
+    @contextlib.contextmanager
+    def _shard(self, key: str, *, write: bool, trusted: bool = True) -> Iterator[_Shard | None]:
+        """The open shard folder of ``key`` (made when ``write``), or None if it is missing or
+        the tree is not trusted. Raises _Damaged for a damaged shard, _RootError (see
+        _version), and OSError for anything else."""
+        version = self._version(write=write, trusted=trusted)
+        if version is None:
+            yield None
+            return
+        with _closing(version):
+            fd = self._open_shard(version, key[:2], write=write, trusted=trusted)
+        if fd is None:
+            yield None
+            return
+        with _closing(fd):
+            yield _Shard(fd, self.dir / key[:2])
+
+    def _open_shard(self, version: int, name: str, *, write: bool, trusted: bool) -> int | None:
+        path = self.dir / name
+        if write:
+            try:
+                self._make_dir(name, version)
+            except OSError as exc:  # the version folder refuses: every shard would
+                raise _RootError(exc) from exc
+        try:
+            fd = self._open_dir(name, version, path)
+        except PermissionError as exc:
+            info = _stat(name, dir_fd=version)
+            denied = f"not readable by this user ({exc.strerror}{_owner_mode(info)})"
+            raise _Damaged(Damage(path, denied, self._shard_fix(path, info)), info) from exc
+        if fd is None or not trusted:
+            return fd
+        with _closing_on_error(fd):
+            info = os.fstat(fd)
+            problem = self.policy.problem(info)
+            if problem is not None:
+                raise _Damaged(Damage(path, problem, self._shard_fix(path, info)), info)
+        return fd
+
+    def _shard_fix(self, path: Path, info: os.stat_result | None) -> str:
+        if info is not None and stat.S_ISDIR(info.st_mode) and info.st_uid == self.policy.uid:
+            return f"chmod {self.policy.dir_mode:o} {path}"
+        return f"rm -r {path} (as its owner or root); it is made again when needed"
+
+    def _open_file(
+        self, dir_fd: int, name: str, path: Path, flags: int = os.O_RDONLY, *, create: int = 0
+    ) -> tuple[int, os.stat_result]:
+        """Open a file of the cache (an entry, a lock, the event log) without blocking on a
+        FIFO or following a link, and check with fstat, before anything reads it, that it is
+        a regular file this user may trust. ``create``: the mode of a new file (0: never make
+        one); set with fchmod, so that the umask cannot strip a shared file's group bits.
+
+        Raises _Damaged (the fd closed) for anything else at the name; FileNotFoundError.
+        """
+        fd = None
+        if create:
+            try:
+                fd = os.open(
+                    name, flags | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, create, dir_fd=dir_fd
+                )
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                _raise_if_not_a_file(exc, dir_fd, name, path)
+                raise
+            else:
+                with contextlib.suppress(OSError):
+                    os.fchmod(fd, create)
+        if fd is None:
+            try:
+                fd = os.open(name, flags | _FILE_FLAGS, dir_fd=dir_fd)
+            except OSError as exc:
+                _raise_if_not_a_file(exc, dir_fd, name, path)
+                raise
+        with _closing_on_error(fd):
+            info = os.fstat(fd)
+            problem = self.policy.file_problem(info)
+            if problem is not None:
+                raise _Damaged(Damage(path, problem, f"rm -r {path}"), info)
+        return fd, info
+
     # -- reading ---------------------------------------------------------------------------
 
     def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
-        """The verified entry for ``key``, or None. A bad entry is deleted and counted."""
+        """The verified entry for ``key``, or None. A bad entry is deleted and counted; a
+        damaged shard or an untrusted tree is a miss."""
         path = self.path(key)
+        artifact = None
         try:
-            fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+            with self._shard(key, write=False) as shard:
+                if shard is not None:
+                    artifact = self._read_entry(shard, key, arch)
+        except _Damaged as exc:
+            self._warn_shard(exc.damage)
+        except (_RootError, OSError) as exc:
+            self._count("read_failures")
+            error = exc.error if isinstance(exc, _RootError) else exc
+            self._warn_once(
+                f"read:{error.errno}",
+                f"cannot read the disk cache at {path}: {exc}; the kernel is compiled instead",
+            )
+        self._count("misses" if artifact is None else "hits")
+        return artifact
+
+    def _read_entry(self, shard: _Shard, key: str, arch: str | None) -> Artifact | None:
+        try:
+            fd, info = self._open_file(shard.fd, key, shard.path / key)
         except FileNotFoundError:
-            self._count("misses")
             return None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:  # a planted symlink: never follow it
-                self._drop(path, None, "entry is a symbolic link")
-            else:
-                self._count("read_failures")
-                self._warn_once(f"read:{exc.errno}", f"cannot read the disk cache at {path}: {exc}")
-            self._count("misses")
+        except _Damaged as exc:
+            self._drop(shard, key, exc.info, exc.damage.problem)
             return None
-        with os.fdopen(fd, "rb") as file:
-            info = os.fstat(fd)
+        with _closing(fd):
             try:
-                if not stat.S_ISREG(info.st_mode):
-                    raise CacheCorruptError("corrupt cache entry: not a regular file")
                 if info.st_size > MAX_ENTRY_BYTES:
                     raise CacheCorruptError(f"corrupt cache entry: {info.st_size} bytes")
-                artifact = decode(file.read(), expected_key=key, expected_arch=arch)
+                data = _read_up_to(fd, MAX_ENTRY_BYTES + 1, info.st_size)
+                if len(data) > MAX_ENTRY_BYTES:
+                    raise CacheCorruptError("corrupt cache entry: grew while it was read")
+                artifact = decode(data, expected_key=key, expected_arch=arch)
             except CacheCorruptError as exc:
-                self._drop(path, info, str(exc))
-                self._count("misses")
-                return None
-            except OSError as exc:
-                self._count("read_failures")
-                self._warn_once(f"read:{exc.errno}", f"cannot read the disk cache at {path}: {exc}")
-                self._count("misses")
+                self._drop(shard, key, info, str(exc))
                 return None
             # Recency for LRU eviction; a read-only cache just keeps its order.
             with contextlib.suppress(OSError):
                 os.utime(fd)
-        self._count("hits")
         return artifact
 
-    def _drop(self, path: Path, opened: os.stat_result | None, reason: str) -> None:
+    def _drop(self, shard: _Shard, name: str, opened: os.stat_result | None, reason: str) -> None:
         self._count("corrupt")
         self._log_event("corrupt", 1)
-        logger.warning("dropping disk cache entry %s: %s", path, reason)
-        try:
-            if opened is not None:
-                # Another process may have replaced the bad entry with a good one meanwhile.
-                now = os.stat(path, follow_symlinks=False)
-                if (now.st_ino, now.st_dev) != (opened.st_ino, opened.st_dev):
-                    return
-            path.unlink()
-        except OSError:
-            pass
+        logger.warning("dropping disk cache entry %s: %s", shard.path / name, reason)
+        _remove_at(shard.fd, name, opened)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -189,22 +624,13 @@ class DiskTier:
         data = encode(artifact)
         if len(data) > self.limit:
             return False
-        path = self.path(artifact.key)
         try:
-            self._make_dirs(path.parent)
-            tmp = path.parent / f".{artifact.key}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
-            try:
-                with os.fdopen(fd, "wb") as file:
-                    file.write(data)
-                    file.flush()
-                    os.fsync(file.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-        except OSError as exc:
-            self._write_failed(exc)
+            with self._shard(artifact.key, write=True) as shard:
+                if shard is None:
+                    return False  # the tree was found untrusted just now
+                self._write_entry(shard, artifact.key, data)
+        except (_Damaged, _RootError, OSError) as exc:
+            self._write_failed(exc, artifact.key, count=True)
             return False
         with self._lock:
             self.writes += 1
@@ -215,23 +641,69 @@ class DiskTier:
             self.evict()
         return True
 
-    def _make_dirs(self, shard: Path) -> None:
-        # Created one level at a time so every folder we make is 0700, not just the last one.
-        for folder in (self.root, self.dir, shard):
-            with contextlib.suppress(FileExistsError):
-                folder.mkdir(mode=0o700, parents=folder is self.root)
+    def _write_entry(self, shard: _Shard, key: str, data: bytes) -> None:
+        """Write a tmp file, fsync it and rename it over the entry: a reader sees the old
+        entry or the new one, never part of one."""
+        tmp = f".{key}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+        fd = os.open(tmp, flags, self.policy.entry_mode, dir_fd=shard.fd)
+        try:
+            with os.fdopen(fd, "wb") as file:
+                os.fchmod(fd, self.policy.entry_mode)
+                file.write(data)
+                file.flush()
+                os.fsync(fd)
+            os.replace(tmp, key, src_dir_fd=shard.fd, dst_dir_fd=shard.fd)
+        except BaseException:
+            _remove_at(shard.fd, tmp, None)
+            raise
 
-    def _write_failed(self, exc: OSError) -> None:
-        self._count("write_failures")
-        if exc.errno in _UNWRITABLE:
+    def _write_failed(self, exc: BaseException, key: str, *, count: bool) -> None:
+        """A write (or lock file) that failed. The tier stops writing only when the cache
+        root or version folder refuses, or the file system does (read-only, full): a shard's
+        problem stays with that shard. ``count``: a failed write (a lock file that failed
+        is counted only when writing stops, as the write is then not tried)."""
+        if isinstance(exc, OSError) and exc.errno in _DENIED:
+            path = self.dir / key[:2]
+            info = _stat(path, follow=False)
+            problem = f"not writable by this user ({exc.strerror}{_owner_mode(info)})"
+            exc = _Damaged(Damage(path, problem, self._shard_fix(path, info)), info)
+        if isinstance(exc, _Damaged):
+            if count:
+                self._count("write_failures")
+            self._warn_shard(exc.damage)
+            return
+        error = exc.error if isinstance(exc, _RootError) else exc
+        assert isinstance(error, OSError)
+        if isinstance(exc, _RootError) or error.errno in _FILE_SYSTEM_REFUSES:
+            self._count("write_failures")
             self.writable = False
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                fix = f"free space on its disk, or point {ENV_CACHE_DIR} at another folder"
+            else:
+                fix = f"to keep new kernels, point {ENV_CACHE_DIR} at a folder you can write"
             self._warn_once(
                 "write",
-                f"disk cache at {self.dir} is not writable ({exc}); "
-                "writing disabled, kernels are still compiled and served from memory",
+                f"disk cache at {self.dir} is not writable ({error}); writing disabled, "
+                "kernels are still compiled and served from memory (entries already there "
+                f"are still read). Fix: {fix}",
             )
-        else:
-            self._warn_once(f"write:{exc.errno}", f"cannot write to the disk cache ({exc})")
+            return
+        if count:
+            self._count("write_failures")
+        self._warn_once(
+            f"write:{error.errno}",
+            f"cannot write to the disk cache at {self.dir / key[:2]} ({error}); the kernel is "
+            "kept in memory",
+        )
+
+    def _warn_shard(self, damage: Damage) -> None:
+        self._warn_once(
+            f"shard:{damage.path}",
+            f"disk cache folder {damage.path} is {damage.problem}: kernels whose keys start "
+            f"with {damage.path.name} are compiled and kept in memory, the rest of the cache "
+            f"works. Fix: {damage.fix}",
+        )
 
     # -- cross-process single flight --------------------------------------------------------
 
@@ -259,13 +731,22 @@ class DiskTier:
     def _open_lock(self, key: str) -> int | None:
         if not (self.locking and self.writable and fcntl is not None):
             return None
-        path = self.path(key)
+        name = f".{key}{_LOCK_SUFFIX}"
         try:
-            self._make_dirs(path.parent)
-            flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC
-            return os.open(path.with_name(f".{key}{_LOCK_SUFFIX}"), flags, 0o600)
-        except OSError as exc:
-            self._write_failed(exc)  # the same cause will stop the write: one warning for both
+            with self._shard(key, write=True) as shard:
+                if shard is None:
+                    return None
+                try:
+                    fd, _ = self._open_file(
+                        shard.fd, name, shard.path / name, os.O_RDWR, create=self.policy.lock_mode
+                    )
+                except _Damaged as exc:  # not a lock file: removed, and this compile unlocked
+                    logger.warning("removing %s: it is %s", exc.damage.path, exc.damage.problem)
+                    _remove_at(shard.fd, name, exc.info)
+                    return None
+                return fd
+        except (_Damaged, _RootError, OSError) as exc:
+            self._write_failed(exc, key, count=False)
             return None
 
     def _acquire(self, fd: int, key: str) -> bool:
@@ -302,29 +783,69 @@ class DiskTier:
 
     def scan(self) -> list[EntryInfo]:
         """Every current entry, and removal of tmp files left by writers that died."""
+        return list(self.survey().entries)
+
+    def survey(self) -> Survey:
+        """Every current entry, and every damaged item skipped: a shard that is a link, not
+        a folder, unreadable or untrusted; anything but a trusted regular file at a key's name.
+        Removes tmp files left by writers that died. Works on an untrusted tree too (it lists
+        and removes, never loads)."""
         entries: list[EntryInfo] = []
-        stale_before = time.time() - STALE_TMP_SECONDS
+        damaged: list[Damage] = []
         try:
-            shards = [s for s in os.scandir(self.dir) if s.is_dir(follow_symlinks=False)]
-        except OSError:
-            return entries
-        for shard in shards:
+            version = self._version(write=False, trusted=False)
+        except _Damaged as exc:
+            return Survey((), (exc.damage,))
+        except _RootError:
+            return Survey((), ())
+        if version is None:
+            return Survey((), ())
+        stale_before = time.time() - STALE_TMP_SECONDS
+        with _closing(version):
             try:
-                files = list(os.scandir(shard.path))
+                names = sorted(n for n in os.listdir(version) if _SHARD.fullmatch(n))
             except OSError:
-                continue  # removed by a concurrent clear
-            for file in files:
+                names = []
+            for name in names:
                 try:
-                    info = file.stat(follow_symlinks=False)
-                except OSError:
+                    fd = self._open_shard(version, name, write=False, trusted=True)
+                except _Damaged as exc:
+                    damaged.append(exc.damage)
                     continue
-                if file.name.endswith(_TMP_SUFFIX):
-                    if info.st_mtime < stale_before:
-                        _unlink(file.path)
-                elif _KEY.fullmatch(file.name) and stat.S_ISREG(info.st_mode):
-                    entry = EntryInfo(file.name, Path(file.path), info.st_size, info.st_mtime)
-                    entries.append(entry)
-        return entries
+                except OSError:
+                    continue  # removed by a concurrent clear
+                if fd is not None:
+                    with _closing(fd):
+                        self._survey_shard(
+                            _Shard(fd, self.dir / name), stale_before, entries, damaged
+                        )
+        return Survey(tuple(entries), tuple(damaged))
+
+    def _survey_shard(
+        self, shard: _Shard, stale_before: float, entries: list[EntryInfo], damaged: list[Damage]
+    ) -> None:
+        try:
+            with os.scandir(shard.fd) as listing:
+                files = list(listing)
+        except OSError as exc:
+            fix = self._shard_fix(shard.path, None)
+            damaged.append(Damage(shard.path, f"not listable ({exc.strerror})", fix))
+            return
+        for file in files:
+            try:
+                info = file.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            path = shard.path / file.name
+            if file.name.endswith(_TMP_SUFFIX):
+                if info.st_mtime < stale_before:
+                    _remove_at(shard.fd, file.name, info)
+            elif _KEY.fullmatch(file.name) and file.name[:2] == shard.path.name:
+                problem = self.policy.file_problem(info)
+                if problem is None:
+                    entries.append(EntryInfo(file.name, path, info.st_size, info.st_mtime))
+                else:
+                    damaged.append(Damage(path, problem, f"rm -r {path}"))
 
     def evict(self) -> int:
         """Remove least recently used entries until the total is under the low-water mark."""
@@ -361,72 +882,115 @@ class DiskTier:
             stale = cutoff is not None and entry.last_used < cutoff
             if not stale and (max_bytes is None or total <= max_bytes):
                 break  # the rest are newer: neither stale nor needed to make room
-            if _unlink(entry.path):
-                removed += 1
-                _unlink(entry.path.with_name(f".{entry.key}{_LOCK_SUFFIX}"))
+            removed += self._remove_entry(entry.key, lock=True)
             total -= entry.size
         self._approx_bytes = total
         return removed
 
-    def describe(self, entry: EntryInfo) -> dict[str, Any] | None:
-        """The header of ``entry`` (key, kind, arch, NVRTC version, names, created), read
-        without the image and not verified; None if it is unreadable or not an entry."""
+    def _remove_entry(self, key: str, *, lock: bool) -> bool:
+        """Unlink ``key``'s entry (and its lock file), through its shard folder's fd."""
         try:
-            fd = os.open(entry.path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
-        except OSError:
-            return None
-        with os.fdopen(fd, "rb") as file:
-            try:
-                return read_header(file)
-            except (CacheCorruptError, OSError):
-                return None
+            with self._shard(key, write=False, trusted=False) as shard:
+                if shard is None:
+                    return False
+                removed = _remove_at(shard.fd, key, None, files_only=True)
+                if lock:
+                    _remove_at(shard.fd, f".{key}{_LOCK_SUFFIX}", None, files_only=True)
+                return removed
+        except (_Damaged, _RootError, OSError):
+            return False
+
+    def describe(self, entry: EntryInfo) -> dict[str, Any] | str:
+        """The header of ``entry`` (key, kind, arch, NVRTC version, names, created), read
+        without the image and not verified; else what stops it being read. Never raises."""
+        try:
+            with self._shard(entry.key, write=False, trusted=False) as shard:
+                if shard is None:
+                    return "removed"
+                fd, info = self._open_file(shard.fd, entry.key, entry.path)
+                with _closing(fd):
+                    return read_header(cast(BinaryIO, _Reader(fd, info.st_size)))
+        except _Damaged as exc:
+            return exc.damage.problem
+        except (_RootError, CacheCorruptError, OSError, ValueError, RecursionError) as exc:
+            return str(exc) or type(exc).__name__
 
     # -- events shared by the processes that use this cache dir ------------------------------
 
     def _log_event(self, kind: str, count: int) -> None:
         line = f"{time.time():.3f} {kind} {count}\n".encode()
         try:
-            fd = os.open(
-                self.dir / _EVENTS,
-                os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC,
-                0o600,
-            )
-        except OSError:
-            return  # a read-only or missing cache dir: the counters here still count
-        try:
-            os.write(fd, line)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+            version = self._version(write=False, trusted=False)
+            if version is None:
+                return
+            with _closing(version):
+                mode = self.policy.lock_mode
+                fd, _ = self._open_file(
+                    version, _EVENTS, self.dir / _EVENTS, os.O_WRONLY | os.O_APPEND, create=mode
+                )
+            with _closing(fd):
+                os.write(fd, line)
+        except (_Damaged, _RootError, OSError):
+            return  # a read-only or damaged cache dir: the counters here still count
 
     def events(self) -> dict[str, int]:
-        """Totals of each event kind that any process logged in this cache dir."""
+        """Totals of each event kind that any process logged in this cache dir (in the last
+        few MiB of its event log)."""
         totals = dict.fromkeys(EVENT_KINDS, 0)
         try:
-            fd = os.open(self.dir / _EVENTS, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
-        except OSError:
+            version = self._version(write=False, trusted=False)
+            if version is None:
+                return totals
+            with _closing(version):
+                fd, info = self._open_file(version, _EVENTS, self.dir / _EVENTS)
+            with _closing(fd):
+                start = max(0, info.st_size - _EVENTS_TAIL)
+                os.lseek(fd, start, os.SEEK_SET)
+                lines = _read_up_to(fd, _EVENTS_TAIL, info.st_size - start).splitlines()
+        except (_Damaged, _RootError, OSError):
             return totals
-        with os.fdopen(fd, "rb") as file:
-            for raw in file.read(MAX_ENTRY_BYTES).splitlines():
-                parts = raw.split()
-                if len(parts) == 3 and parts[1].decode(errors="replace") in totals:
-                    with contextlib.suppress(ValueError):
-                        totals[parts[1].decode()] += int(parts[2])
+        for raw in lines[1:] if start else lines:  # the first line of a tail may be cut
+            parts = raw.split()
+            if len(parts) == 3 and parts[1].decode(errors="replace") in totals:
+                with contextlib.suppress(ValueError):
+                    totals[parts[1].decode()] += int(parts[2])
         return totals
 
     def discard(self, key: str) -> bool:
-        return _unlink(self.path(key))
+        self.path(key)  # validates the key
+        return self._remove_entry(key, lock=False)
 
     def clear(self) -> int:
         """Remove every entry of this format version; safe while other processes use it."""
         removed = 0
         for entry in self.scan():
-            removed += _unlink(entry.path)
-            _unlink(entry.path.with_name(f".{entry.key}{_LOCK_SUFFIX}"))
+            removed += self._remove_entry(entry.key, lock=True)
         with self._lock:
             self._approx_bytes = 0
         return removed
+
+    # -- for `aionvrtc doctor` -----------------------------------------------------------------
+
+    def probe_write(self) -> str | None:
+        """Make the cache folders (with this tier's modes) and write, sync and remove a probe
+        file in the version folder; None if that worked, else what failed."""
+        name = f".doctor.{os.getpid()}{_TMP_SUFFIX}"
+        try:
+            version = self._version(write=True)
+            if version is None:
+                return f"not trusted: {self.trust_problem}"
+            with _closing(version):
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+                with _closing(os.open(name, flags, 0o600, dir_fd=version)) as fd:
+                    os.write(fd, b"probe")
+                    os.fsync(fd)
+                os.unlink(name, dir_fd=version)
+        except _Damaged as exc:
+            return str(exc.damage)
+        except (_RootError, OSError) as exc:
+            error = exc.error if isinstance(exc, _RootError) else exc
+            return error.strerror or str(error)
+        return None
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -442,9 +1006,109 @@ class DiskTier:
         logger.warning(message)
 
 
-def _unlink(path: str | os.PathLike[str]) -> bool:
+class _Reader:
+    """An open entry as a file for ``read_header``: a read never asks for (or allocates) more
+    than the file held when it was opened, whatever length a crafted header claims."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd = fd
+        self._left = size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n < 0 else min(n, self._left)
+        data = _read_up_to(self._fd, n, n)
+        self._left -= len(data)
+        return data
+
+
+def _read_up_to(fd: int, limit: int, expected: int) -> bytes:
+    """At most ``limit`` bytes of ``fd``, up to its end, in bounded steps (``expected``: the
+    size fstat gave, so a whole file usually takes one read call)."""
+    step = min(max(expected + 1, 1 << 16), _READ_STEP)
+    parts = []
+    left = limit
+    while left > 0:
+        chunk = os.read(fd, min(left, step))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _raise_if_not_a_file(exc: OSError, dir_fd: int, name: str, path: Path) -> None:
+    """Raise _Damaged when an open failed because something else is at the name: a link
+    (O_NOFOLLOW), a folder (opened for writing), a FIFO or socket (no reader, non-blocking)."""
+    if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+        return
+    info = _stat(name, dir_fd=dir_fd)
+    what = _kind(info) if info is not None else "not a regular file"
+    raise _Damaged(Damage(path, f"{what}, not a regular file", f"rm -r {path}"), info) from exc
+
+
+def _remove_at(
+    dir_fd: int, name: str, expected: os.stat_result | None, *, files_only: bool = False
+) -> bool:
+    """Remove ``name`` in the folder ``dir_fd`` unless it is no longer what was ``expected``
+    (another process may have put a good entry there meanwhile). A folder is removed with
+    rmtree, which does not follow links inside it on Linux, or left in place if that fails."""
     try:
-        os.unlink(path)
+        now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if expected is not None and (now.st_ino, now.st_dev) != (expected.st_ino, expected.st_dev):
+            return False
+        if stat.S_ISDIR(now.st_mode):
+            if files_only or not shutil.rmtree.avoids_symlink_attacks:
+                return False
+            shutil.rmtree(name, dir_fd=dir_fd)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
     except OSError:
         return False
     return True
+
+
+def _stat(
+    path: str | os.PathLike[str], *, dir_fd: int | None = None, follow: bool = False
+) -> os.stat_result | None:
+    try:
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
+    except OSError:
+        return None
+
+
+def _kind(info: os.stat_result) -> str:
+    mode = info.st_mode
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "a device"
+
+
+def _owner_mode(info: os.stat_result | None) -> str:
+    if info is None:
+        return ""
+    return f"; owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}"
+
+
+@contextlib.contextmanager
+def _closing(fd: int) -> Iterator[int]:
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _closing_on_error(fd: int) -> Iterator[int]:
+    """Close ``fd`` if the block raises; the caller keeps it otherwise."""
+    try:
+        yield fd
+    except BaseException:
+        os.close(fd)
+        raise

@@ -1,0 +1,458 @@
+"""A cache dir with things in it that aionvrtc did not put there: FIFOs, folders and links at the
+names of entries, shards and logs, bad permissions, other users' files. None of it may fail or
+hang a request, and an entry is read only from a tree that nobody else can write.
+
+Real files, FIFOs, permissions, processes and a real second user (uid 65534, through fork and
+setuid, as root ignores file modes). Anything that would hang on a regression runs in a child
+process with a timeout, so it fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aionvrtc import Artifact, Compiler, KernelCache, KernelSpec
+from aionvrtc._artifact import encode
+from aionvrtc._store.disk import DiskTier
+
+from ..conftest import make_spec, run_python
+
+NOBODY = 65534  # uid and gid of a user that owns nothing here
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown to another user")
+
+
+def artifact(shard: str, fill: int = 1) -> Artifact:
+    """A small entry whose key starts with ``shard`` (no compile needed)."""
+    return Artifact(
+        key=shard + f"{fill:02x}" * 31, kind="cubin", image=b"\x7fELF" + bytes([fill]) * 500,
+        arch="sm_90", nvrtc_version="13.5", created=1_700_000_000.0,
+    )  # fmt: skip
+
+
+def warm_up(root: Path, art: Artifact) -> None:
+    """Write, read and lock once in this process, so that a forked child (which cannot read
+    the interpreter's library) finds everything it uses imported."""
+    tier = DiskTier(root)
+    assert tier.write(art)
+    assert tier.read(art.key) == art
+    with tier.lock(art.key):
+        pass
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class Messages(logging.Handler):
+    """aionvrtc's warnings, as text (caplog cannot see into a forked child)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def warnings() -> Iterator[Messages]:
+    handler = Messages()
+    logger = logging.getLogger("aionvrtc")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+@pytest.fixture
+def other_users_dir() -> Iterator[Path]:
+    """A folder under /tmp that uid 65534 can reach (pytest's tmp_path is root's, 0700)."""
+    folder = Path(tempfile.mkdtemp(prefix="aionvrtc-hostile-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def as_other_user(work: Callable[[], dict[str, Any]], *, timeout: float = 60) -> dict[str, Any]:
+    """Run ``work`` in a forked child as uid and gid 65534 (as root; otherwise as this user,
+    who is then not root either); its result comes back as JSON through a pipe. The child
+    cannot read /root, where the interpreter's library lives: what ``work`` needs must be
+    imported, and used once, before."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: it must never return into pytest
+        payload = b'{"error": "the child failed before it could report"}'
+        try:
+            os.close(read_end)
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+            payload = json.dumps(work()).encode()
+        except BaseException as exc:
+            payload = json.dumps({"error": repr(exc)}).encode()
+        finally:
+            os.write(write_end, payload)
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail(f"the child as uid {NOBODY} did not finish in {timeout} s")
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    result: dict[str, Any] = json.loads(b"".join(chunks))
+    assert "error" not in result, result["error"]
+    return result
+
+
+# -- FIFOs, folders and links at an entry's name ---------------------------------------------
+
+FIFO_AT_AN_ENTRY = """
+import json, os, sys
+import anyio
+from aionvrtc import Compiler
+from tests.conftest import make_spec
+
+root = sys.argv[1]
+
+async def main():
+    stuck, other = make_spec(), make_spec()
+    key = stuck.key("sm_90")
+    shard = os.path.join(root, "v2", key[:2])
+    os.makedirs(shard, mode=0o700)
+    fifo = os.path.join(shard, key)
+    os.mkfifo(fifo)
+    async with Compiler(arch="sm_90", cache_dir=root, concurrency=1) as compiler:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(compiler.compile, stuck)
+                await anyio.sleep(0.05)  # the FIFO's request first, in the I/O lane
+                other_done = await compiler.compile(other)
+            first = await compiler.compile(stuck)
+        stats = compiler.stats()
+    print(json.dumps({
+        "other": other_done.key == other.key("sm_90"), "first": first.image[:4].hex(),
+        "fifo_left": os.path.exists(fifo) and not os.path.isfile(fifo),
+        "entry_written": os.path.isfile(fifo),
+        "compiles": stats.compiles, "corrupt": stats.corrupt_dropped,
+    }))
+
+anyio.run(main)
+"""
+
+
+def test_a_fifo_at_an_entry_is_dropped_and_blocks_no_request(tmp_path: Path) -> None:
+    # In a child with a timeout: on a regression the open(2) of the FIFO blocks forever.
+    out = run_python(
+        f"import sys; sys.argv = ['-', {str(tmp_path / 'cache')!r}]\n" + FIFO_AT_AN_ENTRY,
+        timeout=90,
+    )
+    assert json.loads(out) == {
+        "other": True, "first": "7f454c46", "fifo_left": False, "entry_written": True,
+        "compiles": 2, "corrupt": 1,
+    }  # fmt: skip
+
+
+def test_a_folder_at_an_entry_is_dropped_without_leaking_a_descriptor(
+    tmp_path: Path, warnings: Messages
+) -> None:
+    tier = DiskTier(tmp_path / "cache")
+    good = artifact("ab")
+    assert tier.write(good)
+    planted = tmp_path / "cache" / "v2" / "ab" / ("ab" + "77" * 31)
+    planted.mkdir()
+    (planted / "inside").write_bytes(b"x")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_bytes(b"keep me")
+    (planted / "link").symlink_to(victim)  # rmtree must not follow it
+    before = open_fds()
+    for _ in range(3):
+        assert tier.read(planted.name, arch="sm_90") is None
+    assert open_fds() == before
+    assert not planted.exists()
+    assert (victim / "keep").read_bytes() == b"keep me"
+    assert (tier.corrupt, tier.misses) == (1, 3)
+    assert [m for m in warnings.messages if "dropping" in m] == [
+        f"dropping disk cache entry {planted}: a folder, not a regular file"
+    ]
+    assert tier.read(good.key, arch="sm_90") == good  # the rest of the shard is fine
+
+
+def test_a_fifo_at_a_lock_is_removed_and_the_compile_goes_on_unlocked(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path / "cache")
+    key = artifact("cd").key
+    shard = tmp_path / "cache" / "v2" / "cd"
+    shard.mkdir(parents=True)
+    fifo = shard / f".{key}.lock"
+    os.mkfifo(fifo)
+    with tier.lock(key) as locked:
+        assert locked is False
+    assert not fifo.exists()
+    with tier.lock(key) as locked:  # a real lock file from now on
+        assert locked is True
+    assert stat.S_ISREG(fifo.lstat().st_mode)
+    assert (tier.writable, tier.write_failures) == (True, 0)
+
+
+def test_an_entry_others_can_write_is_dropped(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path / "cache")
+    good = artifact("ef")
+    tier.write(good)
+    path = tier.path(good.key)
+    path.chmod(0o666)
+    assert tier.read(good.key) is None
+    assert (tier.corrupt, path.exists()) == (1, False)
+
+
+# -- shards ----------------------------------------------------------------------------------
+
+
+def test_a_symlinked_shard_is_never_followed(tmp_path: Path, warnings: Messages) -> None:
+    tier = DiskTier(tmp_path / "cache")
+    assert tier.write(artifact("01"))  # makes the version folder
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    shard = tmp_path / "cache" / "v2" / "aa"
+    shard.symlink_to(elsewhere)
+
+    # A write does not land in the link's target, and fails for that shard only.
+    assert tier.write(artifact("aa")) is False
+    assert list(elsewhere.iterdir()) == []
+    assert tier.write(artifact("bb")) is True
+    assert tier.read(artifact("bb").key) == artifact("bb")
+    assert (tier.writable, tier.write_failures) == (True, 1)
+    shard_warnings = [m for m in warnings.messages if str(shard) in m]
+    assert shard_warnings == [
+        f"disk cache folder {shard} is a symbolic link, not a folder: kernels whose keys start "
+        f"with aa are compiled and kept in memory, the rest of the cache works. Fix: rm {shard}"
+    ]
+
+    # A read does not take an entry from the link's target.
+    planted = elsewhere / artifact("aa").key
+    planted.write_bytes(encode(artifact("aa")))
+    assert tier.read(artifact("aa").key) is None
+    assert planted.read_bytes() == encode(artifact("aa"))
+    assert (tier.hits, tier.corrupt) == (1, 0)
+    assert len([m for m in warnings.messages if str(shard) in m]) == 1  # one warning per shard
+
+
+def test_a_shard_this_user_cannot_open_affects_that_shard_only(other_users_dir: Path) -> None:
+    root = other_users_dir / "cache"
+    root.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(root, NOBODY, NOBODY)
+    arts = [artifact(shard) for shard in ("10", "20", "30")]
+    warm_up(other_users_dir / "warm-up", arts[0])
+
+    def work() -> dict[str, Any]:
+        handler = Messages()
+        logging.getLogger("aionvrtc").addHandler(handler)
+        tier = DiskTier(root)
+        assert tier.write(arts[0])
+        bad = root / "v2" / "20"
+        bad.mkdir(mode=0o700)
+        bad.chmod(0o000)
+        written = [tier.write(a) for a in arts]
+        read = [tier.read(a.key) is not None for a in arts]
+        later = tier.write(artifact("40"))
+        return {
+            "written": written, "read": read, "later": later, "writable": tier.writable,
+            "write_failures": tier.write_failures,
+            "files": sorted(p.name for p in (root / "v2").iterdir()),
+            "warnings": [m for m in handler.messages if str(bad) in m],
+        }  # fmt: skip
+
+    result = as_other_user(work)
+    (root / "v2" / "20").chmod(0o700)
+    bad = root / "v2" / "20"
+    assert result == {
+        "written": [True, False, True], "read": [True, False, True], "later": True,
+        "writable": True, "write_failures": 1,
+        "files": ["10", "20", "30", "40"],
+        "warnings": [
+            f"disk cache folder {bad} is not readable by this user (Permission denied; owner uid "
+            f"{os.stat(root).st_uid}, mode 0000): kernels whose keys start with 20 are compiled "
+            f"and kept in memory, the rest of the cache works. Fix: chmod 700 {bad}"
+        ],
+    }  # fmt: skip
+
+
+# -- trust -----------------------------------------------------------------------------------
+
+
+def _planted_cache(root: Path) -> tuple[KernelSpec, Artifact, bytes]:
+    """A spec, and a valid entry for its key (right key, arch and checksum) holding another
+    kernel's image: what someone who can write the dir would plant."""
+    spec, other = make_spec(), make_spec()
+    foreign = KernelCache("sm_90", disk=False).get_or_compile(other)
+    key = spec.key("sm_90")
+    from dataclasses import replace
+
+    planted = encode(replace(foreign, key=key))
+    shard = root / "v2" / key[:2]
+    shard.mkdir(parents=True)
+    (shard / key).write_bytes(planted)
+    for folder in (root / "v2", shard):
+        folder.chmod(0o700)
+    return spec, foreign, planted
+
+
+@pytest.mark.parametrize("how", ["mode 0777", "owned by another user", "a parent others write"])
+def test_a_cache_dir_others_can_write_is_neither_read_nor_written(
+    tmp_path: Path, how: str, warnings: Messages
+) -> None:
+    root = tmp_path / "parent" / "cache"
+    root.mkdir(parents=True, mode=0o700)
+    spec, foreign, planted = _planted_cache(root)
+    if how == "mode 0777":
+        root.chmod(0o777)
+        culprit, problem = root, f"is writable by others (owner uid {os.geteuid()}, mode 0777)"
+        fix = f"chmod go-w {root}"
+    elif how == "owned by another user":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to chown to another user")
+        os.chown(root, NOBODY, NOBODY)
+        culprit, problem = root, f"is owned by uid {NOBODY} (mode 0700), not by this user"
+        fix = "use a cache dir of your own (AIONVRTC_CACHE_DIR=/a/folder/you/own)"
+    else:
+        (tmp_path / "parent").chmod(0o777)  # without the sticky bit: others can swap `cache`
+        culprit, problem = tmp_path / "parent", "is writable by others without the sticky bit"
+        fix = f"chmod o-w {tmp_path / 'parent'}"
+    cache = KernelCache("sm_90", cache_dir=root)
+    artifact = cache.get_or_compile(spec)
+    cache.get_or_compile(make_spec())
+    assert artifact.image != foreign.image  # compiled, not the planted kernel
+    stats = cache.stats()
+    assert (stats.disk_hits, stats.compiles, stats.corrupt_dropped) == (0, 2, 0)
+    assert (stats.disk_trusted, stats.disk_writable, stats.write_failures) == (False, False, 0)
+    assert (root / "v2" / spec.key("sm_90")[:2] / spec.key("sm_90")).read_bytes() == planted
+    assert len(list((root / "v2").glob("*/*"))) == 1  # nothing written
+    [warning] = warnings.messages
+    assert warning.startswith(f"not using the disk cache at {root}: {culprit} {problem}")
+    assert warning.endswith(f"Fix: {fix}")
+
+
+def test_a_sticky_parent_others_can_write_is_fine(tmp_path: Path) -> None:
+    parent = tmp_path / "like-tmp"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    cache = KernelCache("sm_90", cache_dir=parent / "cache")
+    art = cache.get_or_compile(make_spec())
+    assert (cache.stats().disk_trusted, cache.stats().write_failures) == (True, 0)
+    assert (parent / "cache" / "v2" / art.key[:2] / art.key).is_file()
+
+
+def _group_dir(root: Path, group: int) -> None:
+    root.mkdir()
+    os.chown(root, -1, group)
+    root.chmod(0o2770)
+
+
+def test_a_group_shared_cache_is_an_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "team"
+    _group_dir(root, os.getegid())
+    assert DiskTier(root).trusted is False  # group-writable: not by default
+    old = os.umask(0o077)  # the modes must not depend on the umask
+    try:
+        cache = KernelCache("sm_90", cache_dir=root, shared_cache=True)
+        art = cache.get_or_compile(make_spec())
+    finally:
+        os.umask(old)
+    assert cache.stats().disk_trusted is True
+    entry = root / "v2" / art.key[:2] / art.key
+    modes = {
+        "version": (root / "v2").stat().st_mode & 0o7777,
+        "shard": entry.parent.stat().st_mode & 0o7777,
+        "entry": entry.stat().st_mode & 0o7777,
+        "lock": (entry.parent / f".{art.key}.lock").stat().st_mode & 0o7777,
+    }
+    assert modes == {"version": 0o2770, "shard": 0o2770, "entry": 0o640, "lock": 0o660}
+    assert entry.stat().st_gid == os.getegid()
+    # $AIONVRTC_SHARED_CACHE=1 opts in for caches made without shared_cache=.
+    monkeypatch.setenv("AIONVRTC_SHARED_CACHE", "1")
+    reader = KernelCache("sm_90", cache_dir=root)
+    assert reader.disk is not None
+    assert reader.disk.read(art.key, arch="sm_90") == art
+    monkeypatch.setenv("AIONVRTC_SHARED_CACHE", "maybe")
+    with pytest.raises(ValueError, match=r"\$AIONVRTC_SHARED_CACHE: expected 1 or 0, got 'maybe'"):
+        DiskTier(root)
+
+
+@as_root
+def test_a_shared_cache_still_refuses_a_group_this_user_is_not_in(tmp_path: Path) -> None:
+    root = tmp_path / "their-team"
+    _group_dir(root, NOBODY)
+    tier = DiskTier(root, shared_cache=True)
+    assert tier.trust_problem is not None
+    assert tier.trust_problem.problem == (
+        f"writable by group {NOBODY} (owner uid 0, mode 2770)"
+    )  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_the_compiler_passes_shared_cache_on(tmp_path: Path) -> None:
+    root = tmp_path / "team"
+    _group_dir(root, os.getegid())
+    async with Compiler(arch="sm_90", cache_dir=root, shared_cache=True) as compiler:
+        art = await compiler.compile(make_spec())
+        assert compiler.stats().disk_hits == 0
+    assert (root / "v2" / art.key[:2] / art.key).stat().st_mode & 0o777 == 0o640
+
+
+@as_root
+def test_a_cache_root_baked_is_read_not_written_by_another_user(other_users_dir: Path) -> None:
+    # A cache built as root into an image, readable by all, used by a service's own user.
+    root = other_users_dir / "image-cache"
+    baked, fresh = artifact("5a"), artifact("6b")
+    assert DiskTier(root).write(baked)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    warm_up(other_users_dir / "warm-up", fresh)
+
+    def work() -> dict[str, Any]:
+        handler = Messages()
+        logging.getLogger("aionvrtc").addHandler(handler)
+        tier = DiskTier(root)
+        got = tier.read(baked.key, arch="sm_90")
+        written = [tier.write(fresh), tier.write(artifact("7c"))]
+        with tier.lock(fresh.key) as locked:
+            pass
+        return {
+            "read": got == baked, "written": written, "locked": locked, "trusted": tier.trusted,
+            "writable": tier.writable, "write_failures": tier.write_failures,
+            "warnings": handler.messages,
+        }  # fmt: skip
+
+    result = as_other_user(work)
+    assert result == {
+        **result, "read": True, "written": [False, False], "locked": False, "trusted": True,
+        "writable": False, "write_failures": 1,
+    }  # fmt: skip
+    [warning] = result["warnings"]
+    assert warning.startswith(f"disk cache at {root / 'v2'} is not writable (")
+    assert f"this user (uid {NOBODY}) cannot write to it (owner uid 0, mode 0755)" in warning
+    assert "writing disabled, kernels are still compiled and served from memory" in warning
+    assert sorted(p.name for p in (root / "v2").iterdir()) == ["5a"]
