@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,11 @@ def test_deeply_nested_header_is_refused_before_parsing() -> None:
     corrupt("nested more than 3 deep", checksummed(deep))
     nested_names: dict[str, object] = {"lowered_names": {"k": {"a": {"b": "c"}}}}
     corrupt("nested more than 3 deep", reencode(nested_names))
+    # An unterminated string of escaped quotes: a regex that skipped strings took 20 s at 80 KB
+    # (quadratic); the parser reads it once.
+    started = time.perf_counter()
+    corrupt("unreadable header", checksummed(b'{"log": "' + b'\\"' * 500_000 + b"[[[["))
+    assert time.perf_counter() - started < 5.0
     # Brackets inside strings are text, not nesting: an NVRTC log may hold any of them.
     log = artifact(log='error: [[[[{{{{ ]]]] }}}} \\" [[[[')
     assert decode(encode(log)).log == log.log

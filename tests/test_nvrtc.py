@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -118,14 +119,37 @@ def test_include_dir_files_are_compiled_and_a_change_needs_a_new_spec(tmp_path: 
     with pytest.raises(NvrtcError, match="changed since this KernelSpec's cache key") as info:
         _nvrtc.compile_program(old, Target("sm_90"))
     assert f"include directory {str(inc)!r}" in str(info.value)
-    assert "create a new KernelSpec (or restart)" in str(info.value)
+    assert "forget() the spec" in str(info.value)
+    assert "or create a new KernelSpec" in str(info.value)
     new = KernelSpec(INCLUDING, options=[f"-I{inc}"])
     second = _nvrtc.compile_program(new, Target("sm_90"))
     assert new.key("sm_90") != old.key("sm_90")
     assert second.image != first.image
     (inc / "val.h").write_text('#include "/etc/val.h"\n')  # now a file the key cannot cover
-    with pytest.raises(NvrtcError, match=re.escape(f"{inc / 'val.h'}, line 1: ")):
+    with pytest.raises(NvrtcError, match=re.escape(f"{inc / 'val.h'}, line 1: ")) as info:
         _nvrtc.compile_program(new, Target("sm_90"))
+    assert "the include directories changed since the key was derived" in str(info.value)
+
+
+@pytest.mark.anyio
+async def test_forget_reads_a_changed_include_directory_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "val.h").write_text("#define VAL 1\n")
+    spec = KernelSpec(INCLUDING, options=[f"-I{inc}"])
+    async with Compiler(arch="sm_90", cache_dir=tmp_path / "cache") as compiler:
+        first = await compiler.compile(spec)
+        (inc / "val.h").write_text("#define VAL 2\n")
+        await compiler.forget(spec)  # drops the entry, and the spec's snapshot of its files
+        with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+            second = await compiler.compile(spec)
+        stats = compiler.stats()
+    assert second.key != first.key
+    assert second.image != first.image
+    assert stats.compiles == 2
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback logged
 
 
 def test_a_log_that_is_not_utf8_still_gives_a_compile_error(tmp_path: Path) -> None:

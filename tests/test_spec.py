@@ -130,9 +130,10 @@ def test_key_is_computed_once_per_target() -> None:
     assert k90 == derive_key(spec, "sm_90", _nvrtc.build())
 
 
-@pytest.mark.parametrize("option", ["=", " =x", "=sm_90"])
+@pytest.mark.parametrize("option", ["=", "=x", "=sm_90"])
 def test_options_with_an_empty_name_are_kept_for_nvrtc_to_judge(option: str) -> None:
-    # Found by the property test of tests/reliability: these raised IndexError in validation.
+    # Found by the property test of tests/reliability: these raised IndexError in validation
+    # (" =x" did too; an option with white space around it is now refused, see below).
     spec = KernelSpec(SRC, options=(option,))
     assert spec.options == (option,)
     assert len(spec.key("sm_90")) == 64
@@ -294,6 +295,7 @@ def test_include_dirs_in_every_form_nvrtc_accepts(
 
 _NO_DIR = "it names no directory; give it in the same option, as in '-Iinclude'"
 _SPACES = "NVRTC's reading of a directory with white space around it is unclear"
+_AROUND = "white space around an option; write it without"
 
 
 @pytest.mark.parametrize(
@@ -304,8 +306,15 @@ _SPACES = "NVRTC's reading of a directory with white space around it is unclear"
         (["--include-path="], 0, _NO_DIR),
         (["-O3", "-I", "-DX"], 1, _NO_DIR),  # a forgotten directory, not a folder named -DX
         (["-I= inc"], 0, _SPACES),  # NVRTC reads " inc" here but "inc" from "-I", " inc"
-        (["-I", " inc"], 0, _SPACES),
-        (["-Iinc "], 0, _SPACES),
+        (["-I", " inc"], 1, _AROUND),
+        (["-Iinc "], 0, _AROUND),
+        # NVRTC skips leading white space: " -I/dir" reads /dir, which the key must cover.
+        ([" -I/dir"], 0, _AROUND),
+        (["\t-I/dir"], 0, _AROUND),
+        (["  --include-path=/dir"], 0, _AROUND),
+        ([" --pre-include=/dir/val.h"], 0, _AROUND),
+        (["-O3", " -include", "/dir/val.h"], 1, _AROUND),
+        ([" -time=/tmp/t.csv"], 0, _AROUND),
         (["-I\tinc"], 0, _SPACES),
         (["-include="], 0, "it names no header name; give it in the same option"),
     ],

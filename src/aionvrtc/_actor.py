@@ -30,7 +30,7 @@ from . import _cuda, _spec
 from ._artifact import Artifact
 from ._cache import DEFAULT_MEMORY_LIMIT, CacheStats, KernelCache
 from ._cuda import Module
-from ._exceptions import CompileError, CompilerClosed
+from ._exceptions import AionvrtcError, CompileError, CompilerClosed
 from ._failures import Failures
 from ._spec import KernelSpec
 from ._store.memory import _Entry
@@ -375,13 +375,30 @@ class Compiler:
         for spec in specs:
             if not isinstance(spec, KernelSpec):
                 raise TypeError(f"prefetch takes KernelSpecs, not {type(spec).__name__}")
-            key = spec.key(self.target)
-            if key in self._memory or key in self._inflight or key in self._failures:
-                continue
-            self._submit(spec, key, PREFETCH)
-            queued += 1
+            if spec.reads_host_files and self._key_id not in spec._keys:
+                # Its key digests files: derived in a worker thread, then queued (counted now).
+                assert self._task_group is not None
+                self._task_group.start_soon(self._prefetch_later, spec)
+                queued += 1
+            elif self._prefetch_one(spec, spec.key(self.target)):
+                queued += 1
         self._prefetched += queued
         return queued
+
+    def _prefetch_one(self, spec: KernelSpec, key: str) -> bool:
+        if key in self._memory or key in self._inflight or key in self._failures:
+            return False
+        self._submit(spec, key, PREFETCH)
+        return True
+
+    async def _prefetch_later(self, spec: KernelSpec) -> None:
+        try:
+            key = await self._key(spec)
+        except ValueError as exc:  # an include directory the key cannot cover
+            logger.warning("not prefetching %s: %s", spec.name, exc)
+            return
+        if self._state is _State.OPEN:
+            self._prefetch_one(spec, key)
 
     def _submit(self, spec: KernelSpec, key: str, priority: int) -> _Job:
         failure = self._failures.get(key)
@@ -451,6 +468,8 @@ class Compiler:
             job.error = exc
             if isinstance(exc, CompileError):
                 self._failures.remember(job.key, exc)  # fail fast until forget() or clear()
+            elif isinstance(exc, AionvrtcError):  # says what is wrong: no traceback needed
+                logger.warning("job for %s failed: %s", job.key[:16], exc)
             else:
                 logger.exception("job for %s failed", job.key[:16])
         except BaseException:
@@ -466,7 +485,7 @@ class Compiler:
 
     async def forget(self, spec: KernelSpec) -> None:
         """Drop ``spec`` from memory and disk and forget a remembered failure: the next request
-        compiles it again."""
+        compiles it again, reading its include directories' files anew."""
         key = await self._key(spec)
         self._failures.pop(key)
         for modules in self._modules.values():

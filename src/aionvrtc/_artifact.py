@@ -48,9 +48,6 @@ _MAX_INT_DIGITS = 20  # the header's integers are times and seconds
 _MAX_TIME = 2.0**40  # seconds since the epoch (year 36812): past it, `created` is not a time
 _MAX_TEXT = 256  # characters of the short fields (arch, versions)
 _KEY = re.compile(r"[0-9a-f]{64}")
-# JSON strings (escapes included): removed before counting brackets, which may sit inside them.
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_BRACKETS = re.compile(rb"[\[\]{}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,25 +143,27 @@ def _check_prefix(data: bytes) -> int:
 
 
 def _parse_header(raw: bytes) -> dict[str, Any]:
-    _check_nesting(raw)
     try:
         header = json.loads(
             raw, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant
         )
+    except RecursionError as exc:  # the parser's own bound on nesting, reached in microseconds
+        raise _corrupt(f"header nested more than {_MAX_NESTING} deep") from exc
     except (UnicodeDecodeError, ValueError) as exc:
         raise _corrupt(f"unreadable header ({exc})") from exc
     if not isinstance(header, dict):
         raise _corrupt("header is not an object")
+    if _depth(header, _MAX_NESTING) > _MAX_NESTING:
+        raise _corrupt(f"header nested more than {_MAX_NESTING} deep")
     return header
 
 
-def _check_nesting(raw: bytes) -> None:
-    """Refuse JSON nested deeper than a header can be, before the parser recurses into it."""
-    depth = 0
-    for bracket in _BRACKETS.findall(_JSON_STRING.sub(b"", raw)):
-        depth += 1 if bracket in b"[{" else -1
-        if depth > _MAX_NESTING:
-            raise _corrupt(f"header nested more than {_MAX_NESTING} deep")
+def _depth(value: object, limit: int) -> int:
+    """How deep ``value`` nests (a scalar: 0), counted no further than ``limit + 1``."""
+    if not isinstance(value, dict | list) or limit < 0:
+        return 0
+    children = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(child, limit - 1) for child in children), default=0)
 
 
 def _bounded_int(text: str) -> int:

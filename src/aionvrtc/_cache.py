@@ -228,11 +228,13 @@ class KernelCache:
         return self.disk.write(artifact)
 
     def forget(self, spec: KernelSpec) -> None:
-        """Drop ``spec``'s entry from memory and disk, so the next request compiles it."""
+        """Drop ``spec``'s entry from memory and disk, so the next request compiles it (and
+        reads its include directories' files anew)."""
         key = spec.key(self.target)
         self.memory.discard(key)
         if self.disk is not None:
             self.disk.discard(key)
+        spec._reread_host_files()
 
     def clear(self) -> None:
         """Empty the memory tier and this format version's disk entries."""

@@ -270,8 +270,11 @@ def _file(path: str, st: os.stat_result) -> tuple[bytes, _Problem | None]:
     except OSError as exc:
         return f"unreadable {errno.errorcode.get(exc.errno or 0, exc.errno)}".encode(), None
     try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):  # swapped for something else since the listing
+            return b"other", None
         with open(fd, "rb", closefd=False) as file:
-            data = file.read()
+            data = file.read(opened.st_size + 1)  # bounded; a file that grew fails the check
         after = os.fstat(fd)
     except OSError as exc:
         return f"unreadable {errno.errorcode.get(exc.errno or 0, exc.errno)}".encode(), None

@@ -226,18 +226,22 @@ def _host_files(spec: KernelSpec) -> tuple[tuple[str, str], ...]:
 def _require_unchanged(spec: KernelSpec, host: tuple[tuple[str, str], ...]) -> None:
     if not host:
         return
-    message = (
-        "the files of include directory {!r} ({}) changed since this KernelSpec's cache key "
-        "was derived, so the image would not be the one its key describes; create a new "
-        "KernelSpec (or restart) to compile the current files"
+    fix = (
+        "so the image would not be the one its key describes; forget() the spec "
+        "(Compiler.forget or KernelCache.forget: its next request reads the files again) or "
+        "create a new KernelSpec"
     )
     try:
         now = _includes.snapshot(spec._include_dirs)
     except ValueError as exc:  # a file changed into one that is refused
-        raise NvrtcError(f"{message.format('-I', 'one of them')}: {exc}") from exc
+        raise NvrtcError(f"{exc}; the include directories changed since the key was derived, "
+                         f"{fix}") from exc  # fmt: skip
     for directory, before, after in zip(spec._include_dirs, host, now, strict=True):
         if before != after:
-            raise NvrtcError(message.format(directory, after[0]))
+            raise NvrtcError(
+                f"the files of include directory {directory!r} ({after[0]}) changed since this "
+                f"KernelSpec's cache key was derived, {fix}"
+            )
 
 
 def _compile(

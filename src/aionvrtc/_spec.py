@@ -82,7 +82,14 @@ def _str_tuple(values: object, what: str) -> tuple[str, ...]:
 
 
 def _check_option(index: int, option: str) -> None:
-    words = option.split("=", 1)[0].split(maxsplit=1)  # none for "=", " =x"
+    if option != option.strip():
+        # NVRTC skips the white space (" -I/dir" reads /dir), so every reading of an option
+        # here (refusals, include directories, pre-includes) would have to as well: refused.
+        raise ValueError(
+            f"options[{index}] is {option!r}: white space around an option; write it without, "
+            f"as {option.strip()!r}"
+        )
+    words = option.split("=", 1)[0].split(maxsplit=1)  # none for "="
     head = words[0] if words else ""
     reason = _REFUSED.get(head.lstrip("-")) if head.startswith("-") else None
     if reason is not None:
@@ -213,6 +220,12 @@ class KernelSpec:
         except KeyError:
             key = self._keys[memo] = derive_key(self, arch, build)
             return key
+
+    def _reread_host_files(self) -> None:
+        """Forget the keys and the include directories' snapshot: the next key reads the
+        files again (``forget()`` calls this, so a changed header is compiled)."""
+        self._keys.clear()
+        self._host.clear()
 
     def _host_files(self) -> tuple[tuple[str, str], ...]:
         """(real path, tree digest) per include directory, taken once and kept (see key())."""

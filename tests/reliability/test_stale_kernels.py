@@ -201,3 +201,47 @@ async def test_the_compiler_digests_include_directories_off_the_event_loop(
     # The key's digest ran in a worker thread; the compile checks the files again (there too).
     assert threads
     assert loop_thread not in threads, threads
+
+
+@pytest.mark.anyio
+async def test_prefetch_digests_include_directories_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import threading
+
+    import anyio
+
+    from aionvrtc import Compiler, _includes
+
+    include, outside = tmp_path / "include", tmp_path / "outside"
+    include.mkdir()
+    outside.mkdir()
+    (include / "val.h").write_text("#define VAL 7\n")
+    (outside / "val.h").write_text('#include "/etc/hostname"\n')  # refused when digested
+    good = KernelSpec('#include "val.h"\n' + KERNEL, options=[f"-I{include}"])
+    refused = KernelSpec('#include "val.h"\n' + KERNEL, options=[f"-I{outside}"])
+    threads: list[str] = []
+    real_snapshot = _includes.snapshot
+
+    def observed(directories: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+        threads.append(threading.current_thread().name)  # observe only: the real digest runs
+        return real_snapshot(directories)
+
+    monkeypatch.setattr(_includes, "snapshot", observed)
+    loop_thread = threading.current_thread().name
+    async with Compiler(arch="sm_90", cache_dir=tmp_path / "cache") as compiler:
+        with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+            assert compiler.prefetch([good, refused]) == 2  # never raises, never digests here
+            assert threads == []
+            with anyio.fail_after(60):
+                while compiler.stats().compiles < 1 or compiler.stats().in_flight:
+                    await anyio.sleep(0.01)
+        artifact = await compiler.compile(good)
+        stats = compiler.stats()
+    assert (stats.compiles, stats.memory_hits, stats.errors) == (1, 1, 0)
+    assert artifact.key == good.key("sm_90")
+    assert loop_thread not in threads, threads
+    warnings = [r.getMessage() for r in caplog.records if "not prefetching" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "/etc/hostname" in warnings[0]

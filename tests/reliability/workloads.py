@@ -415,6 +415,8 @@ def decoder_fuzz(inputs: int, seed: int) -> dict[str, Any]:
         if roll < 0.1:
             depth = rng.randint(4, 200_000)
             raw = b"[" * depth + b"]" * depth
+        elif roll < 0.15:  # an unterminated string of escaped quotes (a quadratic regex's bane)
+            raw = b'{"log": "' + b'\\"' * rng.randint(1, 50_000)
         elif roll < 0.2:
             cut = rng.randrange(len(raw))
             raw = raw[:cut] + rng.randbytes(rng.randint(1, 8)) + raw[cut + 1 :]

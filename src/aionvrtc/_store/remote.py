@@ -70,6 +70,7 @@ DEFAULT_MAX_ENTRY_BYTES = 16 << 20
 # bytes of a lock value read back: ours are 16 + 32 + 1 + 64 = 113; a longer one is foreign
 # and is not transferred.
 MAX_LOCK_BYTES = 256
+_MAX_WARNED_KEYS = 1024  # keys remembered as warned about, so the set cannot grow without end
 
 # A lock token: a nonce and, with a secret, HMAC-SHA256(secret, LOCK_DOMAIN, lock key, nonce)
 # in hex. The domain keeps a lock signature from ever serving as an entry signature: those
@@ -284,18 +285,16 @@ class RedisTier:
         if isinstance(value, list):  # [b"size", n] or [b"type", name]: left on the server
             self.rejected += 1
             what, detail = value[0], value[1]
-            if key not in self._warned_keys:
-                self._warned_keys.add(key)
-                if what == b"size":
-                    logger.warning(
-                        "refusing remote entry %s unread: %d bytes, over max_entry_bytes (%d)",
-                        key[:16], detail, self.max_entry_bytes,
-                    )  # fmt: skip
-                else:
-                    logger.warning(
-                        "refusing remote entry %s unread: a Redis %s, not a string",
-                        key[:16], detail.decode(errors="replace"),
-                    )  # fmt: skip
+            if what == b"size":
+                self._warn_key(
+                    key, "refusing remote entry %s unread: %d bytes, over max_entry_bytes (%d)",
+                    key[:16], detail, self.max_entry_bytes,
+                )  # fmt: skip
+            else:
+                self._warn_key(
+                    key, "refusing remote entry %s unread: a Redis %s, not a string",
+                    key[:16], detail.decode(errors="replace"),
+                )  # fmt: skip
             return None
         try:
             artifact = self.unpack(key, value, arch)
@@ -311,17 +310,24 @@ class RedisTier:
         host would read it)."""
         value = self.pack(artifact)
         if len(value) > self.max_entry_bytes:
-            if artifact.key not in self._warned_keys:
-                self._warned_keys.add(artifact.key)
-                logger.warning(
-                    "not storing %s in the remote cache: %d bytes, over max_entry_bytes (%d)",
-                    artifact.key[:16], len(value), self.max_entry_bytes,
-                )  # fmt: skip
+            self._warn_key(
+                artifact.key, "not storing %s in the remote cache: %d bytes, over "
+                "max_entry_bytes (%d)", artifact.key[:16], len(value), self.max_entry_bytes,
+            )  # fmt: skip
             return False
         ttl_ms = None if self.ttl is None else int(self.ttl * 1000)
         done = await self._call(self._client.set, self._entry_key(artifact.key), value, px=ttl_ms)
         self.writes += bool(done)
         return bool(done)
+
+    def _warn_key(self, key: str, message: str, *args: object) -> None:
+        """Warn once per key (the set is emptied past a bound: a warning may come again)."""
+        if key in self._warned_keys:
+            return
+        if len(self._warned_keys) >= _MAX_WARNED_KEYS:
+            self._warned_keys.clear()
+        self._warned_keys.add(key)
+        logger.warning(message, *args)
 
     # -- single flight across hosts --------------------------------------------------------------
 
