@@ -346,7 +346,7 @@ async def test_a_foreign_lock_is_not_waited_on(
             artifacts = [await compiler.compile(spec) for spec in specs]
             elapsed = time.monotonic() - started
         stats = compiler.stats()
-    assert elapsed < 5.0, elapsed
+    assert elapsed < 10.0, elapsed  # a host that waited would take 30 s per kernel
     assert (stats.compiles, stats.remote_lock_waits, stats.remote_errors) == (2, 0, 0)
     assert remote.foreign_locks == stats.remote_foreign_locks == 2
     warnings = [r.message for r in caplog.records if "ignoring the compile lock" in r.message]
@@ -373,7 +373,7 @@ async def test_a_fleet_without_a_secret_ignores_foreign_locks_too(
         await compiler.compile(spec)
         elapsed = time.monotonic() - started
         stats = compiler.stats()
-    assert elapsed < 5.0, elapsed
+    assert elapsed < 10.0, elapsed  # a host that waited would take 30 s per kernel
     assert (stats.compiles, stats.remote_lock_waits, remote.foreign_locks) == (1, 0, 1)
 
 
@@ -415,7 +415,7 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
     assert total < 2.5 * len(bad), total  # and one more once the lock was ours
     assert (stats.compiles, stats.remote_rejected, stats.remote_hits) == (1, 2, 0)
     assert waiter.foreign_locks == 0
-    assert closed_in < 2.0, closed_in
+    assert closed_in < 10.0, closed_in  # generous for a loaded CI box; the wait is 30 s
 
 
 async def test_aclose_stops_a_claim_waiting_on_a_lock(redis_server: RedisServer) -> None:
@@ -440,8 +440,9 @@ async def test_aclose_stops_a_claim_waiting_on_a_lock(redis_server: RedisServer)
     waited = time.monotonic() - started
     await holder.release(key, token)
     await holder.aclose()
-    assert closed_in < 1.0, closed_in
-    assert waited < 1.0, waited  # the claim stopped at its next look
+    # Generous bounds for a loaded CI box: a claim that kept waiting would take 30 s.
+    assert closed_in < 10.0, closed_in
+    assert waited < 10.0, waited  # the claim stopped at its next look
     assert claimed == [(None, None)]
     assert (waiter.errors, waiter.lock_waits) == (0, 1)
 
