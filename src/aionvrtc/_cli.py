@@ -22,7 +22,7 @@ from typing import Any
 
 from ._exceptions import AionvrtcError, NoDeviceError
 from ._spec import FORMAT_VERSION
-from ._store.disk import ENV_CACHE_DIR, Damage, DiskTier, EntryInfo, default_cache_dir
+from ._store.disk import ENV_CACHE_DIR, PROBE_KEY, Damage, DiskTier, EntryInfo, default_cache_dir
 from ._units import format_size, parse_age, parse_size
 from ._version import __version__
 
@@ -553,25 +553,18 @@ def _check_free_space(args: argparse.Namespace) -> list[Check]:
 def _check_locks(args: argparse.Namespace) -> list[Check]:
     tier = _tier(args)
     try:
-        import fcntl
+        import fcntl  # noqa: F401
     except ImportError:
         return [_check("file locks", "warn", "not POSIX: processes may compile a kernel twice")]
     if not tier.trusted or tier.probe_write() is not None:
         return [_check("file locks", "ok", "not used: nothing is written to this cache dir")]
-    probe = tier.dir / f".doctor.{os.getpid()}.lock"
-    try:
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-        fd = os.open(probe, flags, 0o600)
-    except OSError as exc:
-        return [_check("file locks", "fail", f"cannot create a lock file: {exc}", "see cache dir")]
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    except OSError as exc:
-        detail = f"flock fails here ({exc}): processes may each compile a kernel once"
+    # As a compile does: the key's lock, and its entry written under it (then both removed).
+    with tier.lock(PROBE_KEY) as locked:
+        tier.probe_write()
+    if not tier.locking:
+        detail = "flock fails here: processes may each compile a kernel once"
         fix = "put the cache on a local file system (AIONVRTC_CACHE_DIR)"
         return [_check("file locks", "warn", detail, fix)]
-    finally:
-        os.close(fd)
-        probe.unlink(missing_ok=True)
+    if not locked:
+        return [_check("file locks", "fail", "cannot create a lock file", "see cache dir")]
     return [_check("file locks", "ok", "flock works: one compile per kernel across processes")]

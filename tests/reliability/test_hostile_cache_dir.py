@@ -13,9 +13,12 @@ import json
 import logging
 import os
 import select
+import shlex
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -54,6 +57,30 @@ def warm_up(root: Path, art: Artifact) -> None:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+DEEP = 1_200  # levels: past Python's recursion limit (1,000), which rmtree ran into
+
+
+@pytest.fixture
+def deep_folder(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
+    """Makes a folder nested DEEP levels at a path. Everything under tmp_path is removed with
+    rm afterwards: shutil.rmtree (pytest's clean-up too) cannot remove it."""
+
+    def make(path: Path) -> None:
+        path.mkdir()
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for _ in range(DEEP):
+                os.mkdir("d", dir_fd=fd)
+                inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+        finally:
+            os.close(fd)
+
+    yield make
+    subprocess.run(["rm", "-rf", "--", *map(str, tmp_path.iterdir())], check=True)
 
 
 class Messages(logging.Handler):
@@ -199,6 +226,110 @@ def test_a_folder_at_an_entry_is_dropped_without_leaking_a_descriptor(
         f"dropping disk cache entry {planted}: a folder, not a regular file"
     ]
     assert tier.read(good.key, arch="sm_90") == good  # the rest of the shard is fine
+
+
+def test_a_deep_folder_at_an_entry_is_set_aside_and_the_key_written_again(
+    tmp_path: Path, deep_folder: Callable[[Path], None]
+) -> None:
+    # A request never removes a tree: rmtree raised RecursionError here (the read failed), and
+    # a large tree would take as long as it is large. It is renamed aside in its shard instead.
+    tier = DiskTier(tmp_path / "cache")
+    good = artifact("ab")
+    assert tier.write(artifact("ab", 2))  # makes the shard
+    planted = tier.path(good.key)
+    deep_folder(planted)
+    assert tier.read(good.key, arch="sm_90") is None
+    assert (tier.corrupt, tier.misses, tier.read_failures) == (1, 1, 0)
+    [aside] = [p for p in planted.parent.iterdir() if p.is_dir()]
+    assert aside.name.startswith(f".{good.key}.damaged-")
+    assert tier.write(good)  # the key's name is free again
+    assert tier.read(good.key, arch="sm_90") == good
+    # Never removed by the cache: reported, with a fix that works.
+    [damage] = tier.survey().damaged
+    assert damage.path == aside
+    assert damage.problem == "a folder set aside: it was found where an entry or lock belongs"
+    assert damage.fix == f"rm -r {aside}"
+    subprocess.run(shlex.split(damage.fix), check=True)
+    assert tier.survey().damaged == ()
+    assert {e.key for e in tier.survey().entries} == {good.key, artifact("ab", 2).key}
+
+
+def test_a_deep_folder_at_a_stale_tmp_name_is_reported_never_removed(
+    tmp_path: Path, deep_folder: Callable[[Path], None]
+) -> None:
+    # A folder at a tmp name was removed with rmtree by the scan of a write's eviction: it
+    # raised RecursionError through write(), and `cache ls` printed a traceback.
+    root = tmp_path / "cache"
+    assert DiskTier(root).write(artifact("cd"))
+    tmp = root / "v2" / "cd" / f".{artifact('cd').key}.4242.feedf00d.tmp"
+    deep_folder(tmp)
+    old = time.time() - 3600
+    os.utime(tmp, (old, old))
+    tier = DiskTier(root)
+    assert tier.write(artifact("cd", 2))  # its first write scans the cache dir
+    assert tier.evict() == 0
+    assert (tier.writable, tier.write_failures, tmp.is_dir()) == (True, 0, True)
+    damaged = {"path": str(tmp), "problem": "a folder, not a regular file", "fix": f"rm -r {tmp}"}
+    assert [str(d) for d in tier.survey().damaged] == [
+        f"{tmp} is a folder, not a regular file; fix: rm -r {tmp}"
+    ]
+    outputs = []
+    for command in (["ls"], ["prune", "--max-size", "0"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "aionvrtc", "cache", *command, "--json", "--cache-dir", root],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert (proc.returncode, proc.stderr) == (0, "")
+        outputs.append(json.loads(proc.stdout))
+    listed, pruned = outputs
+    assert [{k: r[k] for k in damaged} for r in listed if r["kind"] == "damaged"] == [damaged]
+    assert len([r for r in listed if r["kind"] == "cubin"]) == 2
+    assert (pruned["removed"], pruned["entries"], pruned["damaged"]) == (2, 0, [damaged])
+    assert tmp.is_dir()
+
+
+TERMINAL_AT_AN_ENTRY = """
+import json, os, sys
+from aionvrtc._store.disk import DiskTier
+
+tier = DiskTier(sys.argv[1])
+missed = tier.read(sys.argv[2]) is None
+try:
+    os.close(os.open("/dev/tty", os.O_RDWR))  # only a process with a controlling terminal can
+    controlling = True
+except OSError:
+    controlling = False
+print(json.dumps({"miss": missed, "corrupt": tier.corrupt, "controlling_terminal": controlling}))
+"""
+
+
+@as_root
+def test_a_terminal_at_an_entry_does_not_become_the_controlling_terminal(tmp_path: Path) -> None:
+    # A session leader without a controlling terminal that opens a terminal without O_NOCTTY
+    # takes it as its controlling terminal (and its signals). A pty's terminal is bind-mounted at
+    # an entry's name (a device node made elsewhere does not open), read by a new session.
+    tier = DiskTier(tmp_path / "cache")
+    assert tier.write(artifact("de", 2))
+    entry = tier.path(artifact("de").key)
+    entry.write_bytes(b"")
+    master, terminal = os.openpty()
+    try:
+        mount = ["mount", "--bind", os.ttyname(terminal), str(entry)]
+        mounted = subprocess.run(mount, capture_output=True, text=True, check=False)
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot bind-mount a terminal here: {mounted.stderr}")
+        try:
+            child = subprocess.run(
+                [sys.executable, "-c", TERMINAL_AT_AN_ENTRY, str(tmp_path / "cache"), entry.name],
+                start_new_session=True, capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+        finally:
+            subprocess.run(["umount", str(entry)], check=True)
+    finally:
+        os.close(master)
+        os.close(terminal)
+    result = json.loads(child.stdout)
+    assert result == {"miss": True, "corrupt": 1, "controlling_terminal": False}
 
 
 def test_a_fifo_at_a_lock_is_removed_and_the_compile_goes_on_unlocked(tmp_path: Path) -> None:
@@ -410,6 +541,39 @@ def test_a_shared_cache_still_refuses_a_group_this_user_is_not_in(tmp_path: Path
     assert tier.trust_problem.problem == (
         f"writable by group {NOBODY} (owner uid 0, mode 2770)"
     )  # fmt: skip
+    # chmod o-w was named here, which leaves the group able to write: each fix named works.
+    fixes = tier.trust_problem.fix.split(", or ")
+    assert fixes == [f"chgrp {os.getegid()} {root}", f"chmod g-w {root}"]
+    for fix in fixes:
+        subprocess.run(shlex.split(fix), check=True)
+        assert DiskTier(root, shared_cache=True).trusted is True
+        os.chown(root, -1, NOBODY)
+        root.chmod(0o2770)
+
+
+@as_root
+def test_a_shared_shard_of_a_group_this_user_is_not_in_names_a_fix_that_works(
+    tmp_path: Path, warnings: Messages
+) -> None:
+    root = tmp_path / "team"
+    _group_dir(root, os.getegid())
+    tier = DiskTier(root, shared_cache=True)
+    assert tier.write(artifact("aa"))
+    shard = root / "v2" / "bb"
+    shard.mkdir()
+    os.chown(shard, -1, NOBODY)
+    shard.chmod(0o2770)
+    assert tier.write(artifact("bb")) is False
+    fix = f"chgrp {os.getegid()} {shard} && chmod 2770 {shard}"  # was: chmod 2770, a no-op
+    assert [m for m in warnings.messages if str(shard) in m] == [
+        f"disk cache folder {shard} is writable by group {NOBODY} (owner uid 0, mode 2770): "
+        "kernels whose keys start with bb are compiled and kept in memory, the rest of the "
+        f"cache works. Fix: {fix}"
+    ]
+    for command in fix.split(" && "):
+        subprocess.run(shlex.split(command), check=True)
+    assert tier.write(artifact("bb")) is True
+    assert tier.read(artifact("bb").key) == artifact("bb")
 
 
 @pytest.mark.anyio

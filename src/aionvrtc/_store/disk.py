@@ -19,16 +19,15 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from .._artifact import Artifact, decode, encode, read_header
+from .._artifact import _KEY, Artifact, decode, encode, read_header
 from .._exceptions import CacheCorruptError
 from .._spec import FORMAT_VERSION
 from .._units import parse_size
@@ -40,6 +39,7 @@ except ImportError:  # not POSIX: no cross-process single flight
 
 __all__ = [
     "EVENT_KINDS",
+    "PROBE_KEY",
     "Damage",
     "DiskTier",
     "EntryInfo",
@@ -78,17 +78,26 @@ EVENT_KINDS = ("corrupt", "evicted", "pruned")
 # one read call allocate more.
 _READ_STEP = 16 << 20  # bytes (16 MiB)
 
-_KEY = re.compile(r"[0-9a-f]{64}")
+_VERSION = f"v{FORMAT_VERSION}"
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _TMP_SUFFIX = ".tmp"
+# A folder found at an entry's or lock's name is renamed ".<name>.damaged-<hex>" in its shard:
+# removing it could take as long as the tree in it is deep or large, inside a request.
+_ASIDE = ".damaged-"
+# `aionvrtc doctor` writes this entry and takes its lock (no content hashes to it), then removes
+# both; one per process, so that two doctors do not wait for each other.
+PROBE_KEY = f"{os.getpid():064x}"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_NOCTTY = getattr(os, "O_NOCTTY", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 # Every file of the cache is opened with these: a FIFO does not block the open (or a later read),
-# a link planted at the name is refused (ELOOP) rather than followed.
-_FILE_FLAGS = _NONBLOCK | _NOFOLLOW | _CLOEXEC
+# a link planted at the name is refused (ELOOP) rather than followed, a terminal does not become
+# the process's controlling one.
+_FILE_FLAGS = _NONBLOCK | _NOFOLLOW | _NOCTTY | _CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+_ROOT_FLAGS = os.O_RDONLY | _DIRECTORY | _CLOEXEC  # the root may be a link: ~/.cache elsewhere
 # Errors that say the file system takes no writes at all, whichever folder they come from.
 _FILE_SYSTEM_REFUSES = {errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 _DENIED = {errno.EACCES, errno.EPERM}
@@ -226,7 +235,7 @@ class Policy:
 
 
 class _Damaged(Exception):
-    """A shard or file that is not what the cache made (``info``: what was opened, if any)."""
+    """A folder or file that is not what the cache made (``info``: what was found, if known)."""
 
     def __init__(self, damage: Damage, info: os.stat_result | None = None) -> None:
         super().__init__(str(damage))
@@ -235,19 +244,12 @@ class _Damaged(Exception):
 
 
 class _RootError(Exception):
-    """An OSError at the cache root or version folder: it concerns every shard."""
+    """An OSError at the cache root or version folder, or in making a folder: it concerns
+    every shard."""
 
     def __init__(self, error: OSError) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-@dataclass(frozen=True, slots=True)
-class _Shard:
-    """An open shard folder and its path (for messages)."""
-
-    fd: int
-    path: Path
 
 
 class DiskTier:
@@ -271,7 +273,8 @@ class DiskTier:
         if shared_cache is None:
             shared_cache = default_shared_cache()
         self.root = Path(root) if root is not None else default_cache_dir()
-        self.dir = self.root / f"v{FORMAT_VERSION}"
+        self.dir = self.root / _VERSION
+        self._root = os.fspath(self.root)
         self.limit = limit
         self.policy = Policy.current(shared_cache)
         self.writable = True
@@ -289,22 +292,25 @@ class DiskTier:
         # Why the cache dir is not trusted (then it is neither read nor written), or None.
         self.trust_problem: Damage | None = None
         self._distrust(self.check_tree())
+        with contextlib.suppress(_RootError):  # opening checks the dir and its version folder
+            version = self._open(_VERSION)
+            if version is not None:
+                os.close(version)
 
     @property
     def trusted(self) -> bool:
         return self.trust_problem is None
 
     def path(self, key: str) -> Path:
-        if not _KEY.fullmatch(key):
-            raise ValueError(f"not a cache key (64 lowercase hex digits): {key!r}")
+        _check_key(key)
         return self.dir / key[:2] / key
 
     # -- trust -------------------------------------------------------------------------------
 
     def check_tree(self) -> Damage | None:
-        """What makes the cache dir untrusted, or None: every folder above it (by the path
-        given and by the real path), the dir itself and its version folder, as far as they
-        exist."""
+        """What makes the cache dir untrusted among the folders above it (by the path given
+        and by the real path), or None. The dir and its version folder are checked each time
+        they are opened (``_open``)."""
         given = Path(os.path.abspath(self.root))
         real = Path(os.path.realpath(self.root))
         for folder in sorted({*given.parents, *real.parents}, key=lambda p: len(p.parts)):
@@ -314,25 +320,19 @@ class DiskTier:
             problem = self.policy.ancestor_problem(info)
             if problem is not None:
                 return Damage(folder, problem, self._tree_fix(folder, info, ancestor=True))
-        info = _stat(real, follow=True)
-        if info is None or not stat.S_ISDIR(info.st_mode):
-            return None  # missing: made on the first write; not a folder: nothing to read
-        problem = self.policy.problem(info)
-        if problem is not None:
-            return Damage(self.root, problem, self._tree_fix(self.root, info))
-        info = _stat(real / self.dir.name, follow=False)
-        if info is None:
-            return None
-        if not stat.S_ISDIR(info.st_mode):
-            return Damage(self.dir, f"{_kind(info)}, not a folder", f"rm {self.dir}")
-        problem = self.policy.problem(info)
-        return Damage(self.dir, problem, self._tree_fix(self.dir, info)) if problem else None
+        return None
 
     def _tree_fix(self, path: Path, info: os.stat_result, *, ancestor: bool = False) -> str:
-        """A fix that works for an untrusted folder of the tree: chmod when it is ours,
-        else a cache dir of one's own, or the shared opt-in where that would trust it."""
+        """A fix that works for an untrusted folder of the tree: chmod (or chgrp) when it is
+        ours, else a cache dir of one's own, or the shared opt-in where that would trust it."""
         mode = stat.S_IMODE(info.st_mode)
         if info.st_uid == self.policy.uid:
+            foreign = info.st_gid not in self.policy.groups
+            if self.policy.shared and not ancestor and mode & 0o020 and foreign:
+                # chmod o-w leaves a group this user is not in able to write
+                if mode & 0o002:
+                    return f"chmod go-w {path}"
+                return f"chgrp {os.getegid()} {path}, or chmod g-w {path}"
             bits = "o-w" if self.policy.shared or ancestor else "go-w"
             fix = f"chmod {bits} {path}"
             if not self.policy.shared and not ancestor and mode & 0o020 and not mode & 0o002:
@@ -345,6 +345,14 @@ class DiskTier:
                 f"cache: {ENV_SHARED_CACHE}=1 (shared_cache=True)"
             )
         return fix
+
+    def _shard_fix(self, path: Path, info: os.stat_result | None) -> str:
+        if info is not None and stat.S_ISDIR(info.st_mode) and info.st_uid == self.policy.uid:
+            fix = f"chmod {self.policy.dir_mode:o} {path}"
+            if self.policy.shared and info.st_gid not in self.policy.groups:  # g+w: ours
+                fix = f"chgrp {os.getegid()} {path} && {fix}"
+            return fix
+        return f"rm -r {path} (as its owner or root); it is made again when needed"
 
     def _distrust(self, damage: Damage | None) -> None:
         """Stop reading and writing this cache dir, with one warning saying why."""
@@ -361,71 +369,87 @@ class DiskTier:
 
     # -- opening folders and files -------------------------------------------------------------
 
-    def _version(self, *, write: bool, trusted: bool = True) -> int | None:
-        """The open version folder (made, with the cache root, when ``write``), or None if it
-        is missing or the tree is not trusted. ``trusted=False`` (listing and removing, never
-        reading or writing entries) skips the ownership checks, never the link checks.
+    def _open(
+        self, *names: str, make: bool = False, check: bool = True, parent: int | None = None
+    ) -> int | None:
+        """The folder ``<root>/<names>`` (version folder, shard), opened level by level, each
+        relative to the one above without following a link (only the root may be one), made
+        first when ``make``, fstat-checked against the policy when ``check``; ``parent``: the
+        open folder above the last name. None if one is missing or the tree is not trusted.
 
-        Raises _RootError for an OSError at this level, and _Damaged for a version "folder"
-        that is a link or a file when ``trusted`` is False (when True, the tree is distrusted).
+        The root and version folder concern every shard: an OSError there or in a mkdir
+        raises _RootError; damage there distrusts the tree (unchecked: raises _Damaged). A
+        damaged or untrusted shard raises _Damaged; any other OSError is raised as it is.
         """
-        if trusted and self.trust_problem is not None:
+        if parent is None and check and self.trust_problem is not None:
             return None
-        try:
-            root = self._open_root(write=write, trusted=trusted)
-            if root is None:
+        fd = parent
+        for level in range(len(names) if parent is not None else 0, len(names) + 1):
+            try:
+                opened = self._open_level(fd, names[:level], make=make, check=check)
+            except OSError as exc:
+                if level < 2:
+                    raise _RootError(exc) from exc
+                raise
+            finally:
+                if fd is not None and fd != parent:
+                    os.close(fd)
+            fd = opened
+            if fd is None:
                 return None
-            with _closing(root):
-                version = self._open_version_in(root, write=write, trusted=trusted)
-            if version is not None and write:
-                with _closing_on_error(version):
-                    self._check_writable(version)
-        except OSError as exc:
-            raise _RootError(exc) from exc
-        return version
+        return fd
 
-    def _open_root(self, *, write: bool, trusted: bool) -> int | None:
-        # The root is the folder the user named: it may be a link (~/.cache to another disk);
-        # check_tree checked the folders above its real path.
-        if write:
-            self._make_root()
-            if trusted and self.trust_problem is not None:
-                return None
+    def _open_level(
+        self, dir_fd: int | None, names: tuple[str, ...], *, make: bool, check: bool
+    ) -> int | None:
+        """One step of ``_open``: the root by its path (no ``names``), else ``names[-1]`` in
+        the folder ``dir_fd``."""
+        level = len(names)  # 0: the root, 1: the version folder, 2: a shard
+        if make:
+            try:
+                if level:
+                    self._make_dir(names[-1], dir_fd)
+                else:
+                    self._make_root()
+            except OSError as exc:  # the folder above refuses: every shard would
+                raise _RootError(exc) from exc
+            if check and self.trust_problem is not None:
+                return None  # a folder above the root, made or changed meanwhile
         try:
-            root = os.open(self.root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+            name, flags = (names[-1], _DIR_FLAGS) if level else (self._root, _ROOT_FLAGS)
+            fd = os.open(name, flags, dir_fd=dir_fd)
         except FileNotFoundError:
-            if write:
+            return None
+        except OSError as exc:
+            info = _stat(names[-1], dir_fd=dir_fd) if level else None
+            path = self.root.joinpath(*names)
+            if level and exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                what = _kind(info) if info is not None else "not a folder"
+                damage = Damage(path, f"{what}, not a folder", f"rm {path}")
+            elif level == 2 and isinstance(exc, PermissionError):
+                denied = f"not readable by this user ({exc.strerror}{_owner_mode(info)})"
+                damage = Damage(path, denied, self._shard_fix(path, info))
+            else:
                 raise
-            return None
-        return self._if_trusted(root, self.root) if trusted else root
-
-    def _open_version_in(self, root: int, *, write: bool, trusted: bool) -> int | None:
-        if write:
-            self._make_dir(self.dir.name, root)
-        try:
-            version = self._open_dir(self.dir.name, root, self.dir)
-        except _Damaged as exc:
-            if not trusted:
+        else:
+            try:
+                info = os.fstat(fd)
+                problem = self.policy.problem(info) if check else None
+                if problem is None and make and level == 1:
+                    self._check_writable(fd)
+            except BaseException:
+                os.close(fd)
                 raise
-            self._distrust(exc.damage)
+            if problem is None:
+                return fd
+            os.close(fd)
+            path = self.root.joinpath(*names)
+            fix = self._tree_fix(path, info) if level < 2 else self._shard_fix(path, info)
+            damage = Damage(path, problem, fix)
+        if level < 2 and check:
+            self._distrust(damage)
             return None
-        if version is None:
-            if write:
-                raise FileNotFoundError(errno.ENOENT, "removed while in use", str(self.dir))
-            return None
-        return self._if_trusted(version, self.dir) if trusted else version
-
-    def _if_trusted(self, fd: int, path: Path) -> int | None:
-        """``fd`` if the folder it is open on may be trusted; else None (fd closed), and the
-        tree is distrusted: someone changed it since check_tree."""
-        with _closing_on_error(fd):
-            info = os.fstat(fd)
-        problem = self.policy.problem(info)
-        if problem is None:
-            return fd
-        os.close(fd)
-        self._distrust(Damage(path, problem, self._tree_fix(path, info)))
-        return None
+        raise _Damaged(damage, info)
 
     def _check_writable(self, version: int) -> None:
         """Raise unless this user can write in the version folder: a read-only mount, or a
@@ -467,71 +491,14 @@ class DiskTier:
         with contextlib.suppress(OSError), _closing(os.open(name, _DIR_FLAGS, dir_fd=dir_fd)) as fd:
             os.fchmod(fd, self.policy.dir_mode)
 
-    def _open_dir(self, name: str, dir_fd: int, path: Path) -> int | None:
-        """Open folder ``name`` without following a link; None if it is missing. Raises
-        _Damaged for a link or anything but a folder."""
-        try:
-            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                raise
-            info = _stat(name, dir_fd=dir_fd)
-            what = _kind(info) if info is not None else "not a folder"
-            raise _Damaged(Damage(path, f"{what}, not a folder", f"rm {path}"), info) from exc
-
-    @contextlib.contextmanager
-    def _shard(self, key: str, *, write: bool, trusted: bool = True) -> Iterator[_Shard | None]:
-        """The open shard folder of ``key`` (made when ``write``), or None if it is missing or
-        the tree is not trusted. Raises _Damaged for a damaged shard, _RootError (see
-        _version), and OSError for anything else."""
-        version = self._version(write=write, trusted=trusted)
-        if version is None:
-            yield None
-            return
-        with _closing(version):
-            fd = self._open_shard(version, key[:2], write=write, trusted=trusted)
-        if fd is None:
-            yield None
-            return
-        with _closing(fd):
-            yield _Shard(fd, self.dir / key[:2])
-
-    def _open_shard(self, version: int, name: str, *, write: bool, trusted: bool) -> int | None:
-        path = self.dir / name
-        if write:
-            try:
-                self._make_dir(name, version)
-            except OSError as exc:  # the version folder refuses: every shard would
-                raise _RootError(exc) from exc
-        try:
-            fd = self._open_dir(name, version, path)
-        except PermissionError as exc:
-            info = _stat(name, dir_fd=version)
-            denied = f"not readable by this user ({exc.strerror}{_owner_mode(info)})"
-            raise _Damaged(Damage(path, denied, self._shard_fix(path, info)), info) from exc
-        if fd is None or not trusted:
-            return fd
-        with _closing_on_error(fd):
-            info = os.fstat(fd)
-            problem = self.policy.problem(info)
-            if problem is not None:
-                raise _Damaged(Damage(path, problem, self._shard_fix(path, info)), info)
-        return fd
-
-    def _shard_fix(self, path: Path, info: os.stat_result | None) -> str:
-        if info is not None and stat.S_ISDIR(info.st_mode) and info.st_uid == self.policy.uid:
-            return f"chmod {self.policy.dir_mode:o} {path}"
-        return f"rm -r {path} (as its owner or root); it is made again when needed"
-
     def _open_file(
-        self, dir_fd: int, name: str, path: Path, flags: int = os.O_RDONLY, *, create: int = 0
+        self, dir_fd: int, name: str, shard: str, flags: int = os.O_RDONLY, *, create: int = 0
     ) -> tuple[int, os.stat_result]:
-        """Open a file of the cache (an entry, a lock, the event log) without blocking on a
-        FIFO or following a link, and check with fstat, before anything reads it, that it is
-        a regular file this user may trust. ``create``: the mode of a new file (0: never make
-        one); set with fchmod, so that the umask cannot strip a shared file's group bits.
+        """Open a file of the cache (an entry, a lock, the event log) in ``dir_fd`` (the folder
+        of ``shard``, or "": the version folder) without blocking on a FIFO or following a
+        link, and check with fstat, before anything reads it, that it is a regular file this
+        user may trust. ``create``: the mode of a new file (0: never make one); set with
+        fchmod, so that the umask cannot strip a shared file's group bits.
 
         Raises _Damaged (the fd closed) for anything else at the name; FileNotFoundError.
         """
@@ -544,7 +511,7 @@ class DiskTier:
             except FileExistsError:
                 pass
             except OSError as exc:
-                _raise_if_not_a_file(exc, dir_fd, name, path)
+                _raise_if_not_a_file(exc, dir_fd, name, self.dir / shard / name)
                 raise
             else:
                 with contextlib.suppress(OSError):
@@ -553,13 +520,17 @@ class DiskTier:
             try:
                 fd = os.open(name, flags | _FILE_FLAGS, dir_fd=dir_fd)
             except OSError as exc:
-                _raise_if_not_a_file(exc, dir_fd, name, path)
+                _raise_if_not_a_file(exc, dir_fd, name, self.dir / shard / name)
                 raise
-        with _closing_on_error(fd):
+        try:
             info = os.fstat(fd)
-            problem = self.policy.file_problem(info)
-            if problem is not None:
-                raise _Damaged(Damage(path, problem, f"rm -r {path}"), info)
+        except BaseException:
+            os.close(fd)
+            raise
+        problem = self.policy.file_problem(info)
+        if problem is not None:
+            os.close(fd)
+            raise _Damaged(_removable(self.dir / shard / name, problem), info)
         return fd, info
 
     # -- reading ---------------------------------------------------------------------------
@@ -567,12 +538,15 @@ class DiskTier:
     def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
         """The verified entry for ``key``, or None. A bad entry is deleted and counted; a
         damaged shard or an untrusted tree is a miss."""
-        path = self.path(key)
+        _check_key(key)
         artifact = None
         try:
-            with self._shard(key, write=False) as shard:
-                if shard is not None:
+            shard = self._open(_VERSION, key[:2])
+            if shard is not None:
+                try:
                     artifact = self._read_entry(shard, key, arch)
+                finally:
+                    os.close(shard)
         except _Damaged as exc:
             self._warn_shard(exc.damage)
         except (_RootError, OSError) as exc:
@@ -580,40 +554,43 @@ class DiskTier:
             error = exc.error if isinstance(exc, _RootError) else exc
             self._warn_once(
                 f"read:{error.errno}",
-                f"cannot read the disk cache at {path}: {exc}; the kernel is compiled instead",
+                f"cannot read the disk cache at {self.path(key)}: {exc}; the kernel is compiled "
+                "instead",
             )
         self._count("misses" if artifact is None else "hits")
         return artifact
 
-    def _read_entry(self, shard: _Shard, key: str, arch: str | None) -> Artifact | None:
+    def _read_entry(self, shard: int, key: str, arch: str | None) -> Artifact | None:
         try:
-            fd, info = self._open_file(shard.fd, key, shard.path / key)
+            fd, info = self._open_file(shard, key, key[:2])
         except FileNotFoundError:
             return None
         except _Damaged as exc:
             self._drop(shard, key, exc.info, exc.damage.problem)
             return None
-        with _closing(fd):
-            try:
-                if info.st_size > MAX_ENTRY_BYTES:
-                    raise CacheCorruptError(f"corrupt cache entry: {info.st_size} bytes")
-                data = _read_up_to(fd, MAX_ENTRY_BYTES + 1, info.st_size)
-                if len(data) > MAX_ENTRY_BYTES:
-                    raise CacheCorruptError("corrupt cache entry: grew while it was read")
-                artifact = decode(data, expected_key=key, expected_arch=arch)
-            except CacheCorruptError as exc:
-                self._drop(shard, key, info, str(exc))
-                return None
+        try:
+            if info.st_size > MAX_ENTRY_BYTES:
+                raise CacheCorruptError(f"corrupt cache entry: {info.st_size} bytes")
+            data = _read_up_to(fd, MAX_ENTRY_BYTES + 1, info.st_size)
+            if len(data) > MAX_ENTRY_BYTES:
+                raise CacheCorruptError("corrupt cache entry: grew while it was read")
+            artifact = decode(data, expected_key=key, expected_arch=arch)
+        except CacheCorruptError as exc:
+            self._drop(shard, key, info, str(exc))
+            return None
+        else:
             # Recency for LRU eviction; a read-only cache just keeps its order.
             with contextlib.suppress(OSError):
                 os.utime(fd)
+        finally:
+            os.close(fd)
         return artifact
 
-    def _drop(self, shard: _Shard, name: str, opened: os.stat_result | None, reason: str) -> None:
+    def _drop(self, shard: int, key: str, opened: os.stat_result | None, reason: str) -> None:
         self._count("corrupt")
         self._log_event("corrupt", 1)
-        logger.warning("dropping disk cache entry %s: %s", shard.path / name, reason)
-        _remove_at(shard.fd, name, opened)
+        logger.warning("dropping disk cache entry %s: %s", self.path(key), reason)
+        _remove_at(shard, key, opened)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -625,9 +602,10 @@ class DiskTier:
         if len(data) > self.limit:
             return False
         try:
-            with self._shard(artifact.key, write=True) as shard:
-                if shard is None:
-                    return False  # the tree was found untrusted just now
+            shard = self._open(_VERSION, artifact.key[:2], make=True)
+            if shard is None:
+                return False  # the tree was found untrusted (or removed) just now
+            with _closing(shard):
                 self._write_entry(shard, artifact.key, data)
         except (_Damaged, _RootError, OSError) as exc:
             self._write_failed(exc, artifact.key, count=True)
@@ -641,21 +619,21 @@ class DiskTier:
             self.evict()
         return True
 
-    def _write_entry(self, shard: _Shard, key: str, data: bytes) -> None:
+    def _write_entry(self, shard: int, key: str, data: bytes) -> None:
         """Write a tmp file, fsync it and rename it over the entry: a reader sees the old
         entry or the new one, never part of one."""
         tmp = f".{key}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-        fd = os.open(tmp, flags, self.policy.entry_mode, dir_fd=shard.fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS
+        fd = os.open(tmp, flags, self.policy.entry_mode, dir_fd=shard)
         try:
             with os.fdopen(fd, "wb") as file:
                 os.fchmod(fd, self.policy.entry_mode)
                 file.write(data)
                 file.flush()
                 os.fsync(fd)
-            os.replace(tmp, key, src_dir_fd=shard.fd, dst_dir_fd=shard.fd)
+            os.replace(tmp, key, src_dir_fd=shard, dst_dir_fd=shard)
         except BaseException:
-            _remove_at(shard.fd, tmp, None)
+            _remove_at(shard, tmp, None)
             raise
 
     def _write_failed(self, exc: BaseException, key: str, *, count: bool) -> None:
@@ -733,16 +711,17 @@ class DiskTier:
             return None
         name = f".{key}{_LOCK_SUFFIX}"
         try:
-            with self._shard(key, write=True) as shard:
-                if shard is None:
-                    return None
+            shard = self._open(_VERSION, key[:2], make=True)
+            if shard is None:
+                return None
+            with _closing(shard):
                 try:
                     fd, _ = self._open_file(
-                        shard.fd, name, shard.path / name, os.O_RDWR, create=self.policy.lock_mode
+                        shard, name, key[:2], os.O_RDWR, create=self.policy.lock_mode
                     )
                 except _Damaged as exc:  # not a lock file: removed, and this compile unlocked
                     logger.warning("removing %s: it is %s", exc.damage.path, exc.damage.problem)
-                    _remove_at(shard.fd, name, exc.info)
+                    _remove_at(shard, name, exc.info)
                     return None
                 return fd
         except (_Damaged, _RootError, OSError) as exc:
@@ -787,65 +766,75 @@ class DiskTier:
 
     def survey(self) -> Survey:
         """Every current entry, and every damaged item skipped: a shard that is a link, not
-        a folder, unreadable or untrusted; anything but a trusted regular file at a key's name.
-        Removes tmp files left by writers that died. Works on an untrusted tree too (it lists
-        and removes, never loads)."""
+        a folder, unreadable or untrusted; anything but a trusted regular file at a key's name;
+        a folder at a tmp file's name, and what a request set aside. Removes tmp files left by
+        writers that died, never a folder. Works on an untrusted tree too (it lists and
+        removes, never loads)."""
         entries: list[EntryInfo] = []
         damaged: list[Damage] = []
-        try:
-            version = self._version(write=False, trusted=False)
-        except _Damaged as exc:
-            return Survey((), (exc.damage,))
-        except _RootError:
-            return Survey((), ())
-        if version is None:
-            return Survey((), ())
         stale_before = time.time() - STALE_TMP_SECONDS
+        for shard, name in self._shards(damaged):
+            folder = self.dir / name
+            try:
+                with os.scandir(shard) as listing:
+                    files = list(listing)
+            except OSError as exc:
+                fix = self._shard_fix(folder, None)
+                damaged.append(Damage(folder, f"not listable ({exc.strerror})", fix))
+                continue
+            for file in files:
+                try:
+                    info = file.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                path = folder / file.name
+                if file.name.endswith(_TMP_SUFFIX):
+                    if stat.S_ISDIR(info.st_mode):
+                        damaged.append(_removable(path, f"{_kind(info)}, not a regular file"))
+                    elif info.st_mtime < stale_before:
+                        _remove_at(shard, file.name, info)
+                elif _ASIDE in file.name:
+                    aside = f"{_kind(info)} set aside: it was found where an entry or lock belongs"
+                    damaged.append(_removable(path, aside))
+                elif _KEY.fullmatch(file.name) and file.name[:2] == name:
+                    problem = self.policy.file_problem(info)
+                    if problem is None:
+                        entries.append(EntryInfo(file.name, path, info.st_size, info.st_mtime))
+                    else:
+                        damaged.append(_removable(path, problem))
+        return Survey(tuple(entries), tuple(damaged))
+
+    def _shards(
+        self, damaged: list[Damage], only: Container[str] | None = None, *, check: bool = True
+    ) -> Iterator[tuple[int, str]]:
+        """Each shard folder (of those named ``only``; trusted ones when ``check``), open, and
+        its name; what is damaged on the way is added to ``damaged``. The cache root and
+        version folder are not checked: an untrusted tree is listed (and cleared) too."""
+        try:
+            version = self._open(_VERSION, check=False)
+        except _Damaged as exc:
+            damaged.append(exc.damage)
+            return
+        except _RootError:
+            return
+        if version is None:
+            return
         with _closing(version):
             try:
                 names = sorted(n for n in os.listdir(version) if _SHARD.fullmatch(n))
             except OSError:
                 names = []
-            for name in names:
+            for name in names if only is None else (n for n in names if n in only):
                 try:
-                    fd = self._open_shard(version, name, write=False, trusted=True)
+                    shard = self._open(_VERSION, name, check=check, parent=version)
                 except _Damaged as exc:
                     damaged.append(exc.damage)
                     continue
                 except OSError:
                     continue  # removed by a concurrent clear
-                if fd is not None:
-                    with _closing(fd):
-                        self._survey_shard(
-                            _Shard(fd, self.dir / name), stale_before, entries, damaged
-                        )
-        return Survey(tuple(entries), tuple(damaged))
-
-    def _survey_shard(
-        self, shard: _Shard, stale_before: float, entries: list[EntryInfo], damaged: list[Damage]
-    ) -> None:
-        try:
-            with os.scandir(shard.fd) as listing:
-                files = list(listing)
-        except OSError as exc:
-            fix = self._shard_fix(shard.path, None)
-            damaged.append(Damage(shard.path, f"not listable ({exc.strerror})", fix))
-            return
-        for file in files:
-            try:
-                info = file.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            path = shard.path / file.name
-            if file.name.endswith(_TMP_SUFFIX):
-                if info.st_mtime < stale_before:
-                    _remove_at(shard.fd, file.name, info)
-            elif _KEY.fullmatch(file.name) and file.name[:2] == shard.path.name:
-                problem = self.policy.file_problem(info)
-                if problem is None:
-                    entries.append(EntryInfo(file.name, path, info.st_size, info.st_mtime))
-                else:
-                    damaged.append(Damage(path, problem, f"rm -r {path}"))
+                if shard is not None:
+                    with _closing(shard):
+                        yield shard, name
 
     def evict(self) -> int:
         """Remove least recently used entries until the total is under the low-water mark."""
@@ -877,37 +866,39 @@ class DiskTier:
         """Least recently used first: entries last used before ``cutoff``, then as many as it
         takes to bring the total to ``max_bytes``. Called with the lock held."""
         total = sum(e.size for e in entries)
-        removed = 0
+        victims = []
         for entry in sorted(entries, key=lambda e: e.last_used):
             stale = cutoff is not None and entry.last_used < cutoff
             if not stale and (max_bytes is None or total <= max_bytes):
                 break  # the rest are newer: neither stale nor needed to make room
-            removed += self._remove_entry(entry.key, lock=True)
+            victims.append(entry.key)
             total -= entry.size
         self._approx_bytes = total
-        return removed
+        return self._remove_keys(victims, locks=True)
 
-    def _remove_entry(self, key: str, *, lock: bool) -> bool:
-        """Unlink ``key``'s entry (and its lock file), through its shard folder's fd."""
-        try:
-            with self._shard(key, write=False, trusted=False) as shard:
-                if shard is None:
-                    return False
-                removed = _remove_at(shard.fd, key, None, files_only=True)
-                if lock:
-                    _remove_at(shard.fd, f".{key}{_LOCK_SUFFIX}", None, files_only=True)
-                return removed
-        except (_Damaged, _RootError, OSError):
-            return False
+    def _remove_keys(self, keys: list[str], *, locks: bool) -> int:
+        """Remove the entries of ``keys`` (and their lock files), opening each shard once; how
+        many entries went."""
+        shards: dict[str, list[str]] = {}
+        for key in keys:
+            shards.setdefault(key[:2], []).append(key)
+        removed = 0
+        for shard, name in self._shards([], only=shards, check=False):
+            for key in shards[name]:
+                removed += _remove_at(shard, key, None)
+                if locks:
+                    _remove_at(shard, f".{key}{_LOCK_SUFFIX}", None)
+        return removed
 
     def describe(self, entry: EntryInfo) -> dict[str, Any] | str:
         """The header of ``entry`` (key, kind, arch, NVRTC version, names, created), read
         without the image and not verified; else what stops it being read. Never raises."""
         try:
-            with self._shard(entry.key, write=False, trusted=False) as shard:
-                if shard is None:
-                    return "removed"
-                fd, info = self._open_file(shard.fd, entry.key, entry.path)
+            shard = self._open(_VERSION, entry.key[:2], check=False)
+            if shard is None:
+                return "removed"
+            with _closing(shard):
+                fd, info = self._open_file(shard, entry.key, entry.key[:2])
                 with _closing(fd):
                     return read_header(cast(BinaryIO, _Reader(fd, info.st_size)))
         except _Damaged as exc:
@@ -920,14 +911,13 @@ class DiskTier:
     def _log_event(self, kind: str, count: int) -> None:
         line = f"{time.time():.3f} {kind} {count}\n".encode()
         try:
-            version = self._version(write=False, trusted=False)
+            version = self._open(_VERSION, check=False)
             if version is None:
                 return
             with _closing(version):
                 mode = self.policy.lock_mode
-                fd, _ = self._open_file(
-                    version, _EVENTS, self.dir / _EVENTS, os.O_WRONLY | os.O_APPEND, create=mode
-                )
+                flags = os.O_WRONLY | os.O_APPEND
+                fd, _ = self._open_file(version, _EVENTS, "", flags, create=mode)
             with _closing(fd):
                 os.write(fd, line)
         except (_Damaged, _RootError, OSError):
@@ -938,11 +928,11 @@ class DiskTier:
         few MiB of its event log)."""
         totals = dict.fromkeys(EVENT_KINDS, 0)
         try:
-            version = self._version(write=False, trusted=False)
+            version = self._open(_VERSION, check=False)
             if version is None:
                 return totals
             with _closing(version):
-                fd, info = self._open_file(version, _EVENTS, self.dir / _EVENTS)
+                fd, info = self._open_file(version, _EVENTS, "")
             with _closing(fd):
                 start = max(0, info.st_size - _EVENTS_TAIL)
                 os.lseek(fd, start, os.SEEK_SET)
@@ -957,14 +947,12 @@ class DiskTier:
         return totals
 
     def discard(self, key: str) -> bool:
-        self.path(key)  # validates the key
-        return self._remove_entry(key, lock=False)
+        _check_key(key)
+        return self._remove_keys([key], locks=False) > 0
 
     def clear(self) -> int:
         """Remove every entry of this format version; safe while other processes use it."""
-        removed = 0
-        for entry in self.scan():
-            removed += self._remove_entry(entry.key, lock=True)
+        removed = self._remove_keys([e.key for e in self.scan()], locks=True)
         with self._lock:
             self._approx_bytes = 0
         return removed
@@ -972,19 +960,23 @@ class DiskTier:
     # -- for `aionvrtc doctor` -----------------------------------------------------------------
 
     def probe_write(self) -> str | None:
-        """Make the cache folders (with this tier's modes) and write, sync and remove a probe
-        file in the version folder; None if that worked, else what failed."""
-        name = f".doctor.{os.getpid()}{_TMP_SUFFIX}"
+        """Make the cache folders (with this tier's modes) and write the probe entry as a
+        write does, then remove it, its lock file and its shard folder if that is left empty;
+        None if that worked, else what failed."""
         try:
-            version = self._version(write=True)
+            version = self._open(_VERSION, make=True)
             if version is None:
-                return f"not trusted: {self.trust_problem}"
+                return f"not trusted: {self.trust_problem}" if self.trust_problem else "removed"
             with _closing(version):
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-                with _closing(os.open(name, flags, 0o600, dir_fd=version)) as fd:
-                    os.write(fd, b"probe")
-                    os.fsync(fd)
-                os.unlink(name, dir_fd=version)
+                shard = self._open(_VERSION, PROBE_KEY[:2], make=True, parent=version)
+                if shard is None:
+                    raise FileNotFoundError(errno.ENOENT, "removed while in use")
+                with _closing(shard):
+                    self._write_entry(shard, PROBE_KEY, b"probe")
+                    os.unlink(PROBE_KEY, dir_fd=shard)
+                    _remove_at(shard, f".{PROBE_KEY}{_LOCK_SUFFIX}", None)  # doctor's lock
+                with contextlib.suppress(OSError):  # a shard holding entries stays
+                    os.rmdir(PROBE_KEY[:2], dir_fd=version)
         except _Damaged as exc:
             return str(exc.damage)
         except (_RootError, OSError) as exc:
@@ -1021,6 +1013,16 @@ class _Reader:
         return data
 
 
+def _check_key(key: str) -> None:
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"not a cache key (64 lowercase hex digits): {key!r}")
+
+
+def _removable(path: Path, problem: str) -> Damage:
+    """Damage whose fix is to remove it: an item in a shard that the cache does not use."""
+    return Damage(path, problem, f"rm -r {path}")
+
+
 def _read_up_to(fd: int, limit: int, expected: int) -> bytes:
     """At most ``limit`` bytes of ``fd``, up to its end, in bounded steps (``expected``: the
     size fstat gave, so a whole file usually takes one read call)."""
@@ -1043,26 +1045,24 @@ def _raise_if_not_a_file(exc: OSError, dir_fd: int, name: str, path: Path) -> No
         return
     info = _stat(name, dir_fd=dir_fd)
     what = _kind(info) if info is not None else "not a regular file"
-    raise _Damaged(Damage(path, f"{what}, not a regular file", f"rm -r {path}"), info) from exc
+    raise _Damaged(_removable(path, f"{what}, not a regular file"), info) from exc
 
 
-def _remove_at(
-    dir_fd: int, name: str, expected: os.stat_result | None, *, files_only: bool = False
-) -> bool:
+def _remove_at(dir_fd: int, name: str, expected: os.stat_result | None) -> bool:
     """Remove ``name`` in the folder ``dir_fd`` unless it is no longer what was ``expected``
-    (another process may have put a good entry there meanwhile). A folder is removed with
-    rmtree, which does not follow links inside it on Linux, or left in place if that fails."""
+    (another process may have put a good entry there meanwhile). A folder is renamed aside in
+    the same folder instead, for survey to report: this runs inside requests, and removing a
+    folder takes as long as the tree in it is deep or large."""
     try:
         now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if expected is not None and (now.st_ino, now.st_dev) != (expected.st_ino, expected.st_dev):
             return False
         if stat.S_ISDIR(now.st_mode):
-            if files_only or not shutil.rmtree.avoids_symlink_attacks:
-                return False
-            shutil.rmtree(name, dir_fd=dir_fd)
+            aside = f".{name.lstrip('.')}{_ASIDE}{secrets.token_hex(4)}"
+            os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         else:
             os.unlink(name, dir_fd=dir_fd)
-    except OSError:
+    except OSError:  # all that stat, rename and unlink raise
         return False
     return True
 
@@ -1102,13 +1102,3 @@ def _closing(fd: int) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
-
-
-@contextlib.contextmanager
-def _closing_on_error(fd: int) -> Iterator[int]:
-    """Close ``fd`` if the block raises; the caller keeps it otherwise."""
-    try:
-        yield fd
-    except BaseException:
-        os.close(fd)
-        raise
