@@ -122,8 +122,8 @@ def markdown(facts: dict[str, Any], results: dict[str, Any], failed: list[str]) 
         f"FIFO at .events; all requested at once, concurrency 1 | {hostile['result']} served, "
         f"{hostile['error']} failed; {hostile['compiles']} compiles, "
         f"{hostile['corrupt_dropped']} planted entries dropped and counted; "
-        f"{hostile['seconds']:.1f} s; descriptors leaked: {hostile['fds_leaked']}; a fresh "
-        f"process then read {hostile['second_pass_disk_hits']} from disk |"
+        f"{hostile['seconds']:.1f} s; descriptors leaked: {hostile['fds_leaked']}; a new "
+        f"KernelCache on the dir then read {hostile['second_pass_disk_hits']} from disk |"
     )
     outcomes = ", ".join(f"{count} {name}" for name, count in sorted(fuzz["outcomes"].items()))
     lines.append(
