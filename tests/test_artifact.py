@@ -15,6 +15,7 @@ from aionvrtc import FORMAT_VERSION, Artifact, CacheCorruptError, KernelCache
 from aionvrtc._artifact import MAGIC, decode, encode, read_header
 
 from .conftest import make_spec
+from .reliability.workloads import checksummed
 
 KEY = "ab" * 32
 
@@ -70,16 +71,6 @@ def test_foreign_and_other_version_entries() -> None:
     future = bytearray(data)
     struct.pack_into(">H", future, len(MAGIC), 99)
     corrupt(f"format version 99, this aionvrtc reads {FORMAT_VERSION}", bytes(future))
-
-
-def checksummed(header: bytes, image: bytes = b"\x7fELF", claimed: int | None = None) -> bytes:
-    """An entry with a valid checksum around whatever header bytes it is given."""
-    import hashlib
-
-    length = len(header) if claimed is None else claimed
-    body = struct.pack(">8sHI", MAGIC, FORMAT_VERSION, length) + header
-    body += struct.pack(">Q", len(image)) + image
-    return body + hashlib.sha256(body).digest()
 
 
 def good_header() -> dict[str, object]:

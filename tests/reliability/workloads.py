@@ -267,14 +267,17 @@ HOSTILE_KINDS = (
 )  # fmt: skip
 
 
-def _checksummed(header: bytes, image: bytes) -> bytes:
+def checksummed(header: bytes, image: bytes = b"\x7fELF", claimed: int | None = None) -> bytes:
+    """An entry with a valid checksum around whatever header bytes it is given (``claimed``:
+    the header length the prefix states, if not its own)."""
     import hashlib
     import struct
 
     from aionvrtc import FORMAT_VERSION
     from aionvrtc._artifact import MAGIC
 
-    body = struct.pack(">8sHI", MAGIC, FORMAT_VERSION, len(header)) + header
+    length = len(header) if claimed is None else claimed
+    body = struct.pack(">8sHI", MAGIC, FORMAT_VERSION, length) + header
     body += struct.pack(">Q", len(image)) + image
     return body + hashlib.sha256(body).digest()
 
@@ -300,9 +303,9 @@ def plant(entry: Path, kind: str, good: bytes) -> None:
         entry.symlink_to(outside)
     elif kind == "huge_int":
         header["created"] = 10**400
-        entry.write_bytes(_checksummed(json.dumps(header).encode(), b"\x7fELF"))
+        entry.write_bytes(checksummed(json.dumps(header).encode(), b"\x7fELF"))
     elif kind == "deep_json":
-        entry.write_bytes(_checksummed(b"[" * 100_000 + b"]" * 100_000, b"\x7fELF"))
+        entry.write_bytes(checksummed(b"[" * 100_000 + b"]" * 100_000, b"\x7fELF"))
     elif kind == "truncated":
         entry.write_bytes(good[: len(good) // 2])
     elif kind == "garbage":
@@ -421,7 +424,7 @@ def decoder_fuzz(inputs: int, seed: int) -> dict[str, Any]:
             cut = rng.randrange(len(raw))
             raw = raw[:cut] + rng.randbytes(rng.randint(1, 8)) + raw[cut + 1 :]
         try:
-            result = decode(_checksummed(raw, b"\x7fELF" + rng.randbytes(8)))
+            result = decode(checksummed(raw, b"\x7fELF" + rng.randbytes(8)))
             name = "accepted" if isinstance(result, Artifact) else "other"
         except CacheCorruptError:
             name = "CacheCorruptError"
