@@ -244,6 +244,9 @@ class _Memo:
 
 
 _memo = _Memo()
+if hasattr(os, "register_at_fork"):
+    # A child forked while a thread of the parent held the lock would wait for it forever.
+    os.register_at_fork(after_in_child=lambda: setattr(_memo, "lock", threading.Lock()))
 
 
 def files_read() -> int:
