@@ -12,8 +12,9 @@ import pytest
 from aionvrtc import KernelSpec
 
 _serial = itertools.count()
-# A process-unique salt: NVRTC 13 caches identical programs in-process, and tests that count
-# compiles must never see another test's kernel.
+# A process-unique salt: NVRTC 13 keeps a cross-process cache of compiled programs
+# (~/.nv/ComputeCache), and tests that count compiles or need a slow compile must never see
+# another run's kernel.
 _SALT = f"{os.getpid()}_{id(_serial)}"
 
 TEMPLATE = """
@@ -111,7 +112,7 @@ def has_gpu() -> bool:
 
 
 SLOW_TEMPLATE = """
-__global__ void slow_{tag}(float* x) {{
+__global__ void slow_{salt}_{tag}(float* x) {{
     float a = x[threadIdx.x];
     #pragma unroll
     for (int i = 0; i < {depth}; ++i) a = sinf(a) * 1.0001f + (float)(i ^ {tag});
@@ -122,7 +123,9 @@ __global__ void slow_{tag}(float* x) {{
 
 def make_slow_spec(depth: int = 30) -> KernelSpec:
     """A kernel that takes NVRTC a few hundred milliseconds, for overlap and race tests."""
-    return KernelSpec(SLOW_TEMPLATE.format(tag=next(_serial), depth=depth))
+    # Salted per process: NVRTC 13's cross-process cache of compiled programs (~/.nv) would
+    # make a kernel compiled by an earlier run fast.
+    return KernelSpec(SLOW_TEMPLATE.format(tag=next(_serial), depth=depth, salt=_SALT))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -372,3 +372,26 @@ async def test_records_through_the_compiler(cache_dir: Path) -> None:
     async with Compiler(arch="sm_90", cache_dir=cache_dir) as later:
         assert await later.load_record("tiles") == b"[1, 2]"
         assert later.stats().requests == 0  # records are not kernel requests
+
+
+async def test_a_disk_hit_is_served_while_another_key_compiles(cache_dir: Path) -> None:
+    # Issue 16's head-of-line blocking: at concurrency=1 a live disk hit waited for whatever
+    # NVRTC was doing (a 7 s compile: 7.4 s). Its lookup now runs in the I/O lane.
+    from aionvrtc import KernelCache
+
+    warm = make_spec()
+    KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(warm)  # on disk, not in memory
+    slow = make_slow_spec(depth=120)  # over a second of NVRTC
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        async with anyio.create_task_group() as group:
+            group.start_soon(compiler.compile, slow)
+            with anyio.fail_after(30):
+                while compiler.stats().in_flight == 0:
+                    await anyio.sleep(0.001)
+            artifact = await compiler.compile(warm)
+            during = compiler.stats()
+        after = compiler.stats()
+    assert artifact.key == warm.key("sm_90")
+    # Served from disk while the slow compile still held the only compile slot.
+    assert (during.in_flight, during.compiles, during.disk_hits) == (1, 0, 1)
+    assert (after.compiles, after.in_flight) == (1, 0)

@@ -44,6 +44,9 @@ logger = logging.getLogger("aionvrtc")
 # Lower runs first: live requests overtake warm-up work queued before them.
 LIVE = 0
 PREFETCH = 1
+# Worker threads for the I/O lane (disk and remote lookups of live requests): each holds one
+# for a read and verification of well under a millisecond, so a few serve many requests.
+IO_LANE = 8
 
 
 class _State(enum.Enum):
@@ -97,13 +100,17 @@ _FROM_CACHE = tuple(
 class _Job:
     """One key's work, shared by every request for that key while it runs."""
 
-    __slots__ = ("done", "error", "key", "priority", "result", "spec", "started")
+    __slots__ = (
+        "done", "error", "key", "looked_up", "looking", "priority", "result", "spec", "started"
+    )  # fmt: skip
 
     def __init__(self, key: str, spec: KernelSpec, priority: int) -> None:
         self.key = key
         self.spec = spec
         self.priority = priority
-        self.started = False
+        self.started = False  # taken by the compile lane
+        self.looking = False  # in the I/O lane
+        self.looked_up = False  # the I/O lane found it on no tier
         self.done = anyio.Event()
         self.result: Artifact | None = None
         self.error: BaseException | None = None
@@ -196,6 +203,7 @@ class Compiler:
         if self.remote is not None:
             self.remote.check_backend()
         self._limiter = anyio.CapacityLimiter(self.concurrency)
+        self._io = anyio.CapacityLimiter(IO_LANE)
         self._slots = anyio.Semaphore(self.concurrency)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
@@ -413,10 +421,51 @@ class Compiler:
             if priority < shared.priority and not shared.started:
                 shared.priority = priority  # the stale heap entry is skipped when popped
                 self._push(shared)
+                self._look_up(shared)
             return shared
         job = self._inflight[key] = _Job(key, spec, priority)
-        self._push(job)
+        if priority == LIVE:
+            self._look_up(job)  # a hit is served now; a miss joins the compile queue
+        else:
+            self._push(job)  # warm-up: looked up in the compile lane, after live requests
         return job
+
+    def _look_up(self, job: _Job) -> None:
+        if not (job.looking or job.looked_up or job.started):
+            assert self._task_group is not None
+            job.looking = True
+            self._task_group.start_soon(self._run_lookup, job)
+
+    async def _run_lookup(self, job: _Job) -> None:
+        """The I/O lane: disk and remote reads, not limited by ``concurrency``, so a hit never
+        waits behind a compile of another key."""
+        try:
+            found = await anyio.to_thread.run_sync(self._cache.lookup, job.key, limiter=self._io)
+        except Exception:
+            logger.exception("looking up %s failed; compiling it", job.key[:16])
+            found = None
+        except BaseException:
+            if not (job.started or job.done.is_set()):
+                self._finish(job, error=CompilerClosed("the Compiler was cancelled"))
+            raise
+        finally:
+            job.looking = False
+        if job.started or job.done.is_set():
+            return  # the compile lane took it meanwhile (a promoted warm-up job)
+        if found is not None:
+            self._finish(job, result=found[0])
+        elif self._state is _State.OPEN:
+            job.looked_up = True
+            self._push(job)
+        else:
+            self._finish(job, error=CompilerClosed("the Compiler closed before this job started"))
+
+    def _finish(
+        self, job: _Job, *, result: Artifact | None = None, error: BaseException | None = None
+    ) -> None:
+        job.result, job.error = result, error
+        self._inflight.pop(job.key, None)
+        job.done.set()
 
     def _push(self, job: _Job) -> None:
         heapq.heappush(self._queue, (job.priority, next(self._seq), job))
@@ -462,7 +511,8 @@ class Compiler:
     async def _run_job(self, job: _Job) -> None:
         try:
             job.result, _ = await anyio.to_thread.run_sync(
-                self._cache.resolve, job.spec, job.key, limiter=self._limiter
+                functools.partial(self._cache.resolve, job.spec, job.key, looked_up=job.looked_up),
+                limiter=self._limiter,
             )
         except Exception as exc:
             job.error = exc

@@ -121,23 +121,35 @@ class KernelCache:
             if mine.done() and not mine.cancelled():
                 mine.exception()
 
-    def resolve(self, spec: KernelSpec, key: str) -> tuple[Artifact, Origin]:
-        """Disk, then the remote tier, then NVRTC (writing the result to disk and remote);
-        publishes to memory. Blocking; with a remote tier, it must run in a worker thread of
-        the event loop that owns the tier (the Compiler's).
+    def lookup(self, key: str) -> tuple[Artifact, Origin] | None:
+        """Disk, then the remote tier, published to memory; None if neither has ``key``. Never
+        compiles and never waits on a lock: the Compiler's I/O lane, which serves a hit while
+        compiles run. Blocking; with a remote tier, from a worker thread of its event loop."""
+        cached = self._from_disk(key)
+        if cached is not None:
+            return cached, "disk"
+        if self.remote is not None:
+            cached = from_thread.run(self.remote.fetch, key, self.target.arch)
+            if cached is not None:
+                return self._keep(cached), "remote"
+        return None
+
+    def resolve(
+        self, spec: KernelSpec, key: str, *, looked_up: bool = False
+    ) -> tuple[Artifact, Origin]:
+        """Disk, then the remote tier (``lookup``, unless ``looked_up`` says a lookup just
+        missed), then NVRTC (writing the result to disk and remote); publishes to memory.
+        Blocking; with a remote tier, it must run in a worker thread of the event loop that
+        owns the tier (the Compiler's).
 
         The compile runs under the key's file lock with the disk checked again inside it, so
         processes cold on the same kernel compile it once and the others read it from disk;
         across hosts, the remote tier's lock does the same.
         """
         disk, remote, arch = self.disk, self.remote, self.target.arch
-        cached = self._from_disk(key)
-        if cached is not None:
-            return cached, "disk"
-        if remote is not None:
-            cached = from_thread.run(remote.fetch, key, arch)
-            if cached is not None:
-                return self._keep(cached), "remote"
+        found = None if looked_up else self.lookup(key)
+        if found is not None:
+            return found
         with disk.lock(key) if disk is not None else contextlib.nullcontext(False):
             cached = self._from_disk(key)  # written while we waited?
             if cached is not None:
