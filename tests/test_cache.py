@@ -261,3 +261,42 @@ def test_records_live_beside_the_kernels_verified_and_per_target(cache_dir: Path
     memory_only = KernelCache("sm_90", disk=False)
     assert memory_only.put_record("tuning/gpu", b"1") is False
     assert memory_only.record("tuning/gpu") is None
+
+
+def test_memory_lru_holds_under_reads_replacements_and_discards() -> None:
+    # The tier's heap of recency ticks against a plain model of least recently used: random
+    # (seeded) reads, puts of new and existing keys, and discards, at a limit of 8 entries.
+    import random
+
+    from aionvrtc import Artifact
+    from aionvrtc._store.memory import MemoryTier
+
+    def artifact(key: str) -> Artifact:
+        return Artifact(key=key, kind="data", image=b"x" * 100, arch="sm_90", nvrtc_version="13")
+
+    size = artifact("k").size
+    tier = MemoryTier(limit=8 * size)
+    model: list[str] = []  # least recently used first
+    rng = random.Random(1622)
+    for _ in range(5000):
+        key = f"k{rng.randrange(20)}"
+        action = rng.random()
+        if action < 0.5:
+            found = tier.get(key) is not None
+            assert found == (key in model), key
+            if found:
+                model.remove(key)
+                model.append(key)
+        elif action < 0.9:
+            tier.put(artifact(key))
+            if key in model:
+                model.remove(key)
+            model.append(key)
+            del model[: max(0, len(model) - 8)]
+        else:
+            assert tier.discard(key) == (key in model)
+            if key in model:
+                model.remove(key)
+        assert set(tier.entries) == set(model)
+        assert tier.bytes == size * len(model)
+    assert len(tier._order) <= 2 * len(tier.entries) + 64  # the heap stays O(entries)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import threading
 
@@ -27,6 +28,11 @@ class MemoryTier:
     of a clock tick. Writers (one per compile or disk hit) serialise on a lock among
     themselves. ``entries`` and ``clock`` are never rebound, so hot paths may hold them.
 
+    Eviction takes the least recent entry from a min-heap of (tick, key) pushed at each put,
+    without sorting: a heap item whose entry was read since (its tick is older than the
+    entry's) is pushed again with the entry's tick instead of evicting it, so each eviction
+    costs O(log n) amortised and the order is exactly least recently used.
+
     The clock doubles as the hit counter, so a hit does no other bookkeeping: every tick is
     taken by a hit, a put or a ``hits()`` call, and the latter two are counted.
     """
@@ -39,6 +45,7 @@ class MemoryTier:
         self.clock = itertools.count(1)
         self._ticks_not_hits = 0
         self._lock = threading.Lock()
+        self._order: list[tuple[int, str]] = []  # heap of (tick when pushed, key)
         self.bytes = 0
         self.evictions = 0
 
@@ -70,19 +77,36 @@ class MemoryTier:
             self._ticks_not_hits += 1
             entries = self.entries
             old = entries.get(artifact.key)
-            total = self.bytes - (old.size if old else 0) + entry.size
-            if total > self.limit:
-                victims = sorted(
-                    (e for k, e in entries.items() if k != artifact.key), key=lambda e: e.used
-                )
-                for victim in victims:
-                    del entries[victim.artifact.key]
-                    total -= victim.size
-                    self.evictions += 1
-                    if total <= self.limit:
-                        break
+            self.bytes += entry.size - (old.size if old else 0)
             entries[artifact.key] = entry
-            self.bytes = total
+            heapq.heappush(self._order, (entry.used, artifact.key))
+            if self.bytes > self.limit:
+                self._evict(keep=artifact.key)
+            if len(self._order) > 2 * len(entries) + 64:
+                # Items of replaced or discarded entries: rebuilt, so the heap stays O(entries).
+                self._order = [(e.used, k) for k, e in entries.items()]
+                heapq.heapify(self._order)
+
+    def _evict(self, keep: str) -> None:
+        """Evict least recently used entries (never ``keep``) until within the limit."""
+        entries, order = self.entries, self._order
+        while self.bytes > self.limit and order:
+            tick, key = heapq.heappop(order)
+            entry = entries.get(key)
+            if entry is None:
+                continue  # discarded or evicted since: a leftover item
+            if entry.used != tick:
+                # An item from before the entry's last use (or of an entry since replaced):
+                # its recency moved. The entry being put has its own item already.
+                if key != keep:
+                    heapq.heappush(order, (entry.used, key))
+                continue
+            if key == keep:  # the entry being put, the most recent: nothing older is left
+                heapq.heappush(order, (tick, key))
+                break
+            del entries[key]
+            self.bytes -= entry.size
+            self.evictions += 1
 
     def discard(self, key: str) -> bool:
         with self._lock:
@@ -95,4 +119,5 @@ class MemoryTier:
     def clear(self) -> None:
         with self._lock:
             self.entries.clear()
+            self._order.clear()
             self.bytes = 0
