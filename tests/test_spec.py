@@ -498,3 +498,11 @@ def test_text_that_cannot_be_utf8_is_refused_in_every_field(
     source = args.pop("source")
     with pytest.raises(ValueError, match=re.escape(f"{field} cannot be encoded as UTF-8: ")):
         KernelSpec(source, **args)  # type: ignore[arg-type]
+
+
+def test_a_memoised_key_costs_no_import() -> None:
+    # An import statement in KernelSpec.key cost 638 ns of a memoised key's 1 us (issue 16).
+    import dis
+
+    opcodes = {instruction.opname for instruction in dis.get_instructions(KernelSpec.key)}
+    assert not opcodes & {"IMPORT_NAME", "IMPORT_FROM"}, opcodes

@@ -14,12 +14,14 @@ import struct
 import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from . import _includes
 from ._exceptions import CompileError, NvrtcError
-from ._spec import KernelSpec
 from ._target import Target
+
+if TYPE_CHECKING:  # _spec imports this module, for the NVRTC build in its keys
+    from ._spec import KernelSpec
 
 __all__ = [
     "CompileResult",

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from . import _includes
+from . import _includes, _nvrtc
 from ._target import Target, TargetLike, as_target
 
 __all__ = ["FORMAT_VERSION", "KernelSpec", "derive_key"]
@@ -210,8 +210,6 @@ class KernelSpec:
         keys: a change to them is noticed by the next KernelSpec (or process), and a compile
         refuses to store an image of files that no longer match the snapshot.
         """
-        from . import _nvrtc
-
         arch = as_target(target).arch
         build = _nvrtc.build()
         memo = memo_id(arch, build)

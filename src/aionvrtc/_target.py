@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -64,4 +65,10 @@ def as_target(target: TargetLike | None) -> Target:
         return Target.current()
     if isinstance(target, Target):
         return target
-    return Target(target)
+    return _named(target) if isinstance(target, str) else Target(target)
+
+
+@functools.lru_cache(maxsize=64)
+def _named(arch: str) -> Target:
+    # Targets are immutable and few: parse each name once (keys are asked for per request).
+    return Target(arch)
