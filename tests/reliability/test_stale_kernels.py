@@ -170,27 +170,39 @@ def test_options_that_write_host_files_or_give_no_image_are_refused(
     assert list(out.iterdir()) == []
 
 
+@pytest.fixture
+def digest_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads that digest include directories from now on (observed only:
+    the real digest runs)."""
+    import threading
+
+    from aionvrtc import _includes
+
+    threads: list[str] = []
+    real_snapshot = _includes.snapshot
+
+    def observed(directories: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+        threads.append(threading.current_thread().name)
+        return real_snapshot(directories)
+
+    monkeypatch.setattr(_includes, "snapshot", observed)
+    return threads
+
+
 @pytest.mark.anyio
 async def test_the_compiler_digests_include_directories_off_the_event_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, digest_threads: list[str]
 ) -> None:
     import threading
 
-    from aionvrtc import Compiler, _includes
+    from aionvrtc import Compiler
 
     include = tmp_path / "include"
     include.mkdir()
     (include / "val.h").write_text("#define VAL 7\n")
     spec = KernelSpec('#include "val.h"\n' + KERNEL, options=[f"-I{include}"])
     assert spec.reads_host_files
-    threads: list[str] = []
-    real_snapshot = _includes.snapshot
-
-    def observed(directories: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-        threads.append(threading.current_thread().name)  # observe only: the real digest runs
-        return real_snapshot(directories)
-
-    monkeypatch.setattr(_includes, "snapshot", observed)
+    threads = digest_threads
     loop_thread = threading.current_thread().name
     async with Compiler(arch="sm_90", cache_dir=tmp_path / "cache") as compiler:
         first = await compiler.compile(spec)
@@ -205,14 +217,14 @@ async def test_the_compiler_digests_include_directories_off_the_event_loop(
 
 @pytest.mark.anyio
 async def test_prefetch_digests_include_directories_off_the_event_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, digest_threads: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     import logging
     import threading
 
     import anyio
 
-    from aionvrtc import Compiler, _includes
+    from aionvrtc import Compiler
 
     include, outside = tmp_path / "include", tmp_path / "outside"
     include.mkdir()
@@ -221,14 +233,7 @@ async def test_prefetch_digests_include_directories_off_the_event_loop(
     (outside / "val.h").write_text('#include "/etc/hostname"\n')  # refused when digested
     good = KernelSpec('#include "val.h"\n' + KERNEL, options=[f"-I{include}"])
     refused = KernelSpec('#include "val.h"\n' + KERNEL, options=[f"-I{outside}"])
-    threads: list[str] = []
-    real_snapshot = _includes.snapshot
-
-    def observed(directories: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-        threads.append(threading.current_thread().name)  # observe only: the real digest runs
-        return real_snapshot(directories)
-
-    monkeypatch.setattr(_includes, "snapshot", observed)
+    threads = digest_threads
     loop_thread = threading.current_thread().name
     async with Compiler(arch="sm_90", cache_dir=tmp_path / "cache") as compiler:
         with caplog.at_level(logging.WARNING, logger="aionvrtc"):
