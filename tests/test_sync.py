@@ -1,8 +1,8 @@
-"""The process-wide Compiler across fork(): a child of a process that has used compile_sync gets
-its own on first use, and exits normally (PyTorch DataLoader workers, gunicorn --preload).
-
-Each scenario runs in a fresh interpreter with a timeout, so a regression that hangs fails the
-test instead of the suite."""
+"""The blocking facade (compile_sync, get_sync and the process-wide Compiler): a memory hit
+served in the calling thread, and fork(): a child of a process that has used compile_sync gets
+its own Compiler on first use and exits normally (PyTorch DataLoader workers, gunicorn
+--preload). The fork scenario runs in a fresh interpreter with a timeout, so a regression that
+hangs fails the test instead of the suite."""
 
 from __future__ import annotations
 
@@ -70,3 +70,45 @@ def test_a_forked_child_gets_its_own_default_compiler_and_exits(tmp_path: Path) 
     assert result["child_status"] == 0
     assert result["parent_same"] is True
     assert result["parent_stats"] == [1, 1]  # one compile, then a memory hit
+
+
+def test_a_memory_hit_from_a_plain_thread_does_not_wait_for_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # compile_sync hopped to the Compiler's event loop even for a memory hit (157 us; issue 16).
+    # With the loop held busy, a hit must still return: it is served in the calling thread.
+    import threading
+
+    import aionvrtc
+
+    from .conftest import make_spec
+
+    monkeypatch.setenv("AIONVRTC_ARCH", "sm_90")
+    monkeypatch.setenv("AIONVRTC_CACHE_DIR", str(tmp_path / "cache"))
+    aionvrtc.close_default_compiler()
+    spec = make_spec()
+    compiler = aionvrtc.default_compiler()
+    try:
+        first = aionvrtc.compile_sync(spec)
+        hits = compiler.stats().memory_hits
+        busy, release = threading.Event(), threading.Event()
+
+        async def hold_the_loop() -> None:
+            busy.set()
+            release.wait(30)  # blocks the loop's thread: nothing else runs there meanwhile
+
+        assert compiler._portal is not None
+        compiler._portal.start_task_soon(hold_the_loop)
+        assert busy.wait(10)
+        results: list[object] = []
+        caller = threading.Thread(target=lambda: results.append(aionvrtc.compile_sync(spec)))
+        caller.start()
+        caller.join(10)
+        served_while_busy = not caller.is_alive()
+        release.set()
+        caller.join(30)
+        assert served_while_busy, "the memory hit waited for the event loop"
+        assert results == [first]
+        assert compiler.stats().memory_hits == hits + 1
+    finally:
+        aionvrtc.close_default_compiler()
