@@ -300,3 +300,51 @@ def test_memory_lru_holds_under_reads_replacements_and_discards() -> None:
         assert set(tier.entries) == set(model)
         assert tier.bytes == size * len(model)
     assert len(tier._order) <= 2 * len(tier.entries) + 64  # the heap stays O(entries)
+
+
+def test_no_lock_file_is_left_per_key(cache_dir: Path) -> None:
+    # A .lock file per key stayed forever: two inodes per entry (issue 16).
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    artifacts = [cache.get_or_compile(make_spec()) for _ in range(3)]
+    files = [p for p in (cache_dir / "v2").rglob("*") if p.is_file() and p.name != ".events"]
+    assert sorted(p.name for p in files) == sorted(a.key for a in artifacts)
+
+
+def test_a_waiter_on_a_removed_lock_file_locks_the_new_one(cache_dir: Path) -> None:
+    # The holder removes its lock file as it lets go: a waiter that had opened that file must
+    # not take it as held while another process locks the file made at the name since.
+    import threading
+
+    from aionvrtc._store.disk import DiskTier
+
+    key = "cd" * 32
+    first, second, third = (DiskTier(cache_dir) for _ in range(3))
+    holding: list[str] = []
+    overlaps: list[tuple[str, ...]] = []
+    second_opened = threading.Event()
+
+    def hold(name: str, tier: DiskTier, seconds: float) -> None:
+        with tier.lock(key) as locked:
+            assert locked
+            holding.append(name)
+            if len(holding) > 1:
+                overlaps.append(tuple(holding))
+            time.sleep(seconds)
+            holding.remove(name)
+
+    def second_takes() -> None:
+        second_opened.set()
+        hold("second", second, 0.2)
+
+    with first.lock(key) as locked:
+        assert locked
+        waiter = threading.Thread(target=second_takes)
+        waiter.start()
+        assert second_opened.wait(10)
+        time.sleep(0.1)  # second has opened the file and polls its lock
+    # first let go and removed the file; third makes a new one and holds it for a while
+    holder = threading.Thread(target=hold, args=("third", third, 0.3))
+    holder.start()
+    holder.join(10)
+    waiter.join(10)
+    assert overlaps == []  # never two holders at once

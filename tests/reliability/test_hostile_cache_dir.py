@@ -342,9 +342,10 @@ def test_a_fifo_at_a_lock_is_removed_and_the_compile_goes_on_unlocked(tmp_path: 
     with tier.lock(key) as locked:
         assert locked is False
     assert not fifo.exists()
-    with tier.lock(key) as locked:  # a real lock file from now on
+    with tier.lock(key) as locked:  # a real lock file from now on, while it is held
         assert locked is True
-    assert stat.S_ISREG(fifo.lstat().st_mode)
+        assert stat.S_ISREG(fifo.lstat().st_mode)
+    assert not fifo.exists()  # and removed as it is let go
     assert (tier.writable, tier.write_failures) == (True, 0)
 
 
@@ -514,11 +515,15 @@ def test_a_group_shared_cache_is_an_opt_in(tmp_path: Path, monkeypatch: pytest.M
         os.umask(old)
     assert cache.stats().disk_trusted is True
     entry = root / "v2" / art.key[:2] / art.key
+    assert cache.disk is not None
+    with cache.disk.lock(art.key) as locked:  # a lock file lives while it is held
+        assert locked
+        lock_mode = (entry.parent / f".{art.key}.lock").stat().st_mode & 0o7777
     modes = {
         "version": (root / "v2").stat().st_mode & 0o7777,
         "shard": entry.parent.stat().st_mode & 0o7777,
         "entry": entry.stat().st_mode & 0o7777,
-        "lock": (entry.parent / f".{art.key}.lock").stat().st_mode & 0o7777,
+        "lock": lock_mode,
     }
     assert modes == {"version": 0o2770, "shard": 0o2770, "entry": 0o640, "lock": 0o660}
     assert entry.stat().st_gid == os.getegid()

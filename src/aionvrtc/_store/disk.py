@@ -692,22 +692,37 @@ class DiskTier:
 
         Yields whether the lock is held; without working locks (or a writable cache) it yields
         False and the caller goes on unlocked: a duplicate compile, never a failed request.
-        """
-        fd = self._open_lock(key)
-        if fd is None:
-            yield False
-            return
-        try:
-            locked = self._acquire(fd, key)
-            try:
-                yield locked
-            finally:
-                if locked:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
 
-    def _open_lock(self, key: str) -> int | None:
+        The lock file lives only while held: its holder removes it before letting go, so no
+        file is left per key. A waiter that then gets the lock on the removed file sees that
+        its name no longer leads to it, and locks the file there now instead.
+        """
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        name = f".{key}{_LOCK_SUFFIX}"
+        while True:
+            opened = self._open_lock(key)
+            if opened is None:
+                yield False
+                return
+            shard, fd = opened
+            try:
+                locked = self._acquire(fd, key, deadline)
+                current = locked and _same_file(fd, shard, name)
+                if locked and not current:
+                    continue  # the holder removed the file as it let go: lock the new one
+                try:
+                    yield locked
+                finally:
+                    if locked:
+                        _remove_at(shard, name, os.fstat(fd))
+                        fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+            finally:
+                os.close(fd)
+                os.close(shard)
+
+    def _open_lock(self, key: str) -> tuple[int, int] | None:
+        """The key's shard folder and its lock file (made if missing), both open; or None."""
         if not (self.locking and self.writable and fcntl is not None):
             return None
         name = f".{key}{_LOCK_SUFFIX}"
@@ -715,23 +730,26 @@ class DiskTier:
             shard = self._open(_VERSION, key[:2], make=True)
             if shard is None:
                 return None
-            with _closing(shard):
-                try:
-                    fd, _ = self._open_file(
-                        shard, name, key[:2], os.O_RDWR, create=self.policy.lock_mode
-                    )
-                except _Damaged as exc:  # not a lock file: removed, and this compile unlocked
-                    logger.warning("removing %s: it is %s", exc.damage.path, exc.damage.problem)
-                    _remove_at(shard, name, exc.info)
-                    return None
-                return fd
+            try:
+                fd, _ = self._open_file(
+                    shard, name, key[:2], os.O_RDWR, create=self.policy.lock_mode
+                )
+            except _Damaged as exc:  # not a lock file: removed, and this compile unlocked
+                logger.warning("removing %s: it is %s", exc.damage.path, exc.damage.problem)
+                _remove_at(shard, name, exc.info)
+                os.close(shard)
+                return None
+            except BaseException:
+                os.close(shard)
+                raise
+            else:
+                return shard, fd
         except (_Damaged, _RootError, OSError) as exc:
             self._write_failed(exc, key, count=False)
             return None
 
-    def _acquire(self, fd: int, key: str) -> bool:
+    def _acquire(self, fd: int, key: str, deadline: float) -> bool:
         assert fcntl is not None
-        deadline = time.monotonic() + LOCK_TIMEOUT
         delay = 0.001
         while True:
             try:
@@ -1067,6 +1085,13 @@ def _remove_at(dir_fd: int, name: str, expected: os.stat_result | None) -> bool:
     except OSError:  # all that stat, rename and unlink raise
         return False
     return True
+
+
+def _same_file(fd: int, dir_fd: int, name: str) -> bool:
+    """Whether ``name`` in the folder ``dir_fd`` is still the file open as ``fd``."""
+    now = _stat(name, dir_fd=dir_fd)
+    opened = os.fstat(fd)
+    return now is not None and (now.st_ino, now.st_dev) == (opened.st_ino, opened.st_dev)
 
 
 def _stat(
