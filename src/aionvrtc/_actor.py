@@ -261,9 +261,7 @@ class Compiler:
         closed = CompilerClosed("the Compiler closed before this job started")
         for _, _, job in self._queue:
             if not job.started and not job.done.is_set():
-                job.error = closed
-                self._inflight.pop(job.key, None)
-                job.done.set()
+                self._finish(job, error=closed)
         self._queue.clear()
         self._wake()
 
