@@ -55,13 +55,20 @@ def _no_user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ["AIONVRTC_CACHE_DIR"] = old
 
 
-def run_python(code: str, *, timeout: float = 120) -> str:
-    """Run ``code`` in a fresh interpreter; return its stdout."""
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, *, timeout: float = 120, env: dict[str, str] | None = None) -> str:
+    """Run ``code`` in a fresh interpreter (the project root importable, so ``tests.*`` too,
+    with ``env`` added to the environment); return its stdout. A child that outlives
+    ``timeout`` fails the test instead of hanging the suite."""
+    path = os.pathsep.join([str(ROOT), *sys.path])
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
-    )
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+        check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": path, **(env or {})},
+    )  # fmt: skip
     if proc.returncode != 0:
-        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stderr}")
+        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc.stdout
 
 

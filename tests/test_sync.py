@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from .conftest import run_python
+
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 
-ROOT = Path(__file__).resolve().parent.parent
 
 PARENT = r"""
 import json, multiprocessing, os, sys
@@ -52,18 +51,8 @@ print(json.dumps({"pooled": pooled, "child_status": os.waitstatus_to_exitcode(st
 
 
 def test_a_forked_child_gets_its_own_default_compiler_and_exits(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "AIONVRTC_ARCH": "sm_90",
-        "AIONVRTC_CACHE_DIR": str(tmp_path / "cache"),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path]),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", PARENT], capture_output=True, text=True, env=env, timeout=180,
-        cwd=ROOT, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.splitlines()[-1])
+    env = {"AIONVRTC_ARCH": "sm_90", "AIONVRTC_CACHE_DIR": str(tmp_path / "cache")}
+    result = json.loads(run_python(PARENT, timeout=180, env=env).splitlines()[-1])
     # Each worker compiled through a Compiler of its own (the parent's is not in the child).
     assert all(ok for ok, _ in result["pooled"]), result
     assert all(compiles >= 1 for _, compiles in result["pooled"]), result

@@ -5,13 +5,11 @@ timing still varies from run to run, which is what the crash test is about."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from ..conftest import run_python
 from .workloads import (
     HOSTILE_KINDS,
     crash_trials,
@@ -20,8 +18,6 @@ from .workloads import (
     multi_process_load,
     storm,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_writers_killed_with_sigkill_leave_only_whole_entries(tmp_path: Path) -> None:
@@ -73,13 +69,7 @@ def test_a_hostile_cache_dir_costs_recompiles_never_a_failed_or_hung_request(
         f"root = pathlib.Path({str(tmp_path / 'cache')!r})\n"
         f"print(json.dumps(anyio.run(hostile_cache, root, {kernels}, 4455)))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180,
-        check=False, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.splitlines()[-1])
+    result = json.loads(run_python(code, timeout=180).splitlines()[-1])
     assert result["errors_seen"] == []
     assert (result["result"], result["error"]) == (kernels, 0)
     assert result["compiles"] == kernels
