@@ -533,7 +533,10 @@ def test_a_group_shared_cache_is_an_opt_in(tmp_path: Path, monkeypatch: pytest.M
     assert reader.disk is not None
     assert reader.disk.read(art.key, arch="sm_90") == art
     monkeypatch.setenv("AIONVRTC_SHARED_CACHE", "maybe")
-    with pytest.raises(ValueError, match=r"\$AIONVRTC_SHARED_CACHE: expected 1 or 0, got 'maybe'"):
+    with pytest.raises(
+        ValueError,
+        match=r"\$AIONVRTC_SHARED_CACHE must be 1 or 0 \(true/false, yes/no, on/off\), got 'maybe'",
+    ):
         DiskTier(root)
 
 

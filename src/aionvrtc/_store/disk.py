@@ -30,7 +30,7 @@ from typing import Any, BinaryIO, cast
 from .._artifact import _KEY, Artifact, decode, encode, read_header
 from .._exceptions import CacheCorruptError
 from .._spec import FORMAT_VERSION
-from .._units import parse_size
+from .._units import env_flag, parse_size
 
 try:
     import fcntl
@@ -127,12 +127,7 @@ def default_disk_limit() -> int:
 
 def default_shared_cache() -> bool:
     """``$AIONVRTC_SHARED_CACHE`` (1/0, true/false, yes/no, on/off), else False."""
-    configured = os.environ.get(ENV_SHARED_CACHE, "").strip().lower()
-    if configured in ("1", "true", "yes", "on"):
-        return True
-    if configured in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError(f"${ENV_SHARED_CACHE}: expected 1 or 0, got {configured!r}")
+    return env_flag(ENV_SHARED_CACHE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ import anyio.abc
 
 from .._artifact import Artifact, decode, encode
 from .._exceptions import CacheCorruptError
+from .._units import env_flag
 
 __all__ = [
     "DEFAULT_MAX_ENTRY_BYTES",
@@ -78,8 +79,6 @@ _MAX_WARNED_KEYS = 1024  # keys remembered as warned about, so the set cannot gr
 LOCK_PREFIX = "aionvrtc-lock:1:"
 LOCK_DOMAIN = b"aionvrtc-lock:1\0"
 _LOCK_TOKEN = re.compile(r"aionvrtc-lock:1:(?P<nonce>[0-9a-f]{32})(?::(?P<mac>[0-9a-f]{64}))?")
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 # SET NX PX, and if the lock is taken, what holds it, in one round trip: 1 (taken by us), or
 # {pttl, value} (value left out when the key is not a string or is longer than ARGV[3], so a
@@ -205,13 +204,10 @@ class RedisTier:
         url = os.environ.get(ENV_REMOTE_URL)
         if not url:
             return None
-        flag = os.environ.get(ENV_REMOTE_ALLOW_UNSIGNED, "").strip().lower()
-        if flag not in _TRUE | _FALSE:
-            raise ValueError(
-                f"${ENV_REMOTE_ALLOW_UNSIGNED} must be 1 or 0 (true/false, yes/no), got {flag!r}"
-            )
         return cls(
-            url, secret=os.environ.get(ENV_REMOTE_SECRET) or None, allow_unsigned=flag in _TRUE
+            url,
+            secret=os.environ.get(ENV_REMOTE_SECRET) or None,
+            allow_unsigned=env_flag(ENV_REMOTE_ALLOW_UNSIGNED),
         )
 
     # -- lifecycle (the Compiler's) ------------------------------------------------------------
