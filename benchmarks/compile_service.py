@@ -29,10 +29,19 @@ from aionvrtc import Compiler, KernelSpec, _nvrtc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._results import RESULTS, trivial_coroutine, write
+from aionvrtc import kernel_key
+from benchmarks._results import (
+    COLD_NOTE,
+    RESULTS,
+    trivial_coroutine,
+    use_fresh_nvrtc_cache,
+    write,
+)
 
-# Distinct per call (NVRTC 13 keeps a cross-process cache of compiled programs in ~/.nv, which a
-# comment change does not avoid: the kernel's name differs), ~50-300 ms to compile.
+# Distinct per call, ~50-300 ms to compile: the kernel's name differs, because NVRTC 13 keeps
+# compiled programs in a cross-process cache on disk (~/.nv/ComputeCache) where a changed comment
+# is still a hit. main() also gives this process an empty CUDA_CACHE_PATH, so that nothing an
+# earlier run (or the test suite) compiled is served.
 _SERIAL = iter(range(1_000_000))
 
 
@@ -85,13 +94,13 @@ async def _waiters(n: int, compiler: Compiler | None) -> tuple[float, float]:
     if compiler is not None:
         # Hold the job until the waiters are parked, so join and wake are timed apart from
         # the compile itself (which the other measures cover).
-        resolve = compiler._cache.resolve
+        resolve = compiler._cache.try_resolve
 
-        def gated(spec: KernelSpec, key: str, *, looked_up: bool = False) -> Any:
+        def gated(spec: KernelSpec, key: str, claim: Any = None) -> Any:
             gate.wait()
-            return resolve(spec, key, looked_up=looked_up)
+            return resolve(spec, key, claim)
 
-        compiler._cache.resolve = gated  # type: ignore[method-assign]
+        compiler._cache.try_resolve = gated  # type: ignore[method-assign]
     gc.collect()
     gc.disable()
     async with anyio.create_task_group() as tg:
@@ -235,22 +244,10 @@ async def disk_hits_during_compiles(cache_dir: str, hits: int = 1000) -> dict[st
     """Live requests that are disk hits (each a distinct key, on disk, not in memory), one at a
     time at concurrency 1 while slow compiles of other keys hold the one compile slot: their
     latency, against a plain loop that opens, reads and hashes the same files."""
-    from aionvrtc import Artifact
-    from aionvrtc._store.disk import DiskTier
-
     root = Path(cache_dir) / "lanes"
-    donor = await Compiler(arch="sm_90", cache_dir=root, disk=False).__aenter__()
-    try:
+    async with Compiler(arch="sm_90", cache_dir=root, disk=False) as donor:
         image = await donor.compile(kernel(4))
-    finally:
-        await donor.aclose()
-    specs = [kernel(4) for _ in range(hits)]
-    tier = DiskTier(root)
-    for spec in specs:  # entries written directly: 1,000 compiles would take minutes
-        key = spec.key("sm_90")
-        tier.write(Artifact(key=key, kind="cubin", image=image.image, arch="sm_90",
-                            nvrtc_version=image.nvrtc_version))  # fmt: skip
-    paths = [tier.path(spec.key("sm_90")) for spec in specs]
+    specs, paths = _warm_entries(root, hits, image)
     plain = _read_and_hash(paths)
     latencies: list[float] = []
     during = 0
@@ -277,7 +274,7 @@ async def disk_hits_during_compiles(cache_dir: str, hits: int = 1000) -> dict[st
     return {
         "hits": hits,
         "hits_while_a_compile_ran": during,
-        "disk_hits": stats.disk_hits,
+        "disk_hits": stats.disk.hits,
         "p50_ms": 1e3 * latencies[len(latencies) // 2],
         "p99_ms": 1e3 * latencies[int(len(latencies) * 0.99)],
         "max_ms": 1e3 * latencies[-1],
@@ -285,6 +282,125 @@ async def disk_hits_during_compiles(cache_dir: str, hits: int = 1000) -> dict[st
         "plain_loop_s": sum(plain),
         "ratio_to_plain": all_s / sum(plain),
     }
+
+
+def _warm_entries(root: Path, count: int, image: Any) -> tuple[list[KernelSpec], list[Path]]:
+    """``count`` distinct specs whose entries are on disk under ``root`` (written directly: as
+    many compiles would take minutes), and the entries' paths."""
+    from aionvrtc import Artifact
+    from aionvrtc._store.disk import DiskTier
+
+    specs = [kernel(4) for _ in range(count)]
+    tier = DiskTier(root)
+    for spec in specs:
+        key = kernel_key(spec, "sm_90")
+        tier.write(Artifact(key=key, kind="cubin", image=image.image, arch="sm_90",
+                            nvrtc_version=image.nvrtc_version))  # fmt: skip
+    return specs, [tier.path(kernel_key(spec, "sm_90")) for spec in specs]
+
+
+async def warm_keys_at_once(cache_dir: str, count: int = 1000, runs: int = 5) -> dict[str, Any]:
+    """``count`` distinct disk-warm keys requested at once from a Compiler with an empty memory
+    tier, against a plain loop of open, read and SHA-256 over the same files; medians of runs,
+    each on a new Compiler (and a new set of keys: the page cache is warm for both)."""
+    root = Path(cache_dir) / "at-once"
+    async with Compiler(arch="sm_90", cache_dir=root, disk=False) as donor:
+        image = await donor.compile(kernel(4))
+    served, plain = [], []
+    for _ in range(runs):
+        specs, paths = _warm_entries(root, count, image)
+        plain.append(sum(_read_and_hash(paths)))
+        async with Compiler(arch="sm_90", cache_dir=root) as compiler:
+            started = time.perf_counter()
+            async with anyio.create_task_group() as group:
+                for spec in specs:
+                    group.start_soon(compiler.compile, spec)
+            served.append(time.perf_counter() - started)
+            assert compiler.stats().disk.hits == count
+    all_s, plain_s = statistics.median(served), statistics.median(plain)
+    return {"keys": count, "all_s": all_s, "plain_loop_s": plain_s, "ratio": all_s / plain_s}
+
+
+async def equal_spec_hit(cache_dir: str, size: int = 34_000) -> dict[str, Any]:
+    """A memory hit with a KernelSpec built anew for each request from the same source string
+    (construction included), against a hit with the one spec object; a ``size``-byte source."""
+    source = kernel().source + "// " + "x" * size
+    options = ("-std=c++17", "--use_fast_math")
+    spec = KernelSpec(source, options=options)
+    calls, batches = 20_000, 11
+    same, built = [], []
+    async with Compiler(arch="sm_90", cache_dir=cache_dir, disk=False) as compiler:
+        await compiler.compile(spec)
+        for _ in range(batches):
+            started = time.perf_counter_ns()
+            for _ in range(calls):
+                await compiler.compile(spec)
+            same.append((time.perf_counter_ns() - started) / calls)
+            started = time.perf_counter_ns()
+            for _ in range(calls):
+                await compiler.compile(KernelSpec(source, options=options))
+            built.append((time.perf_counter_ns() - started) / calls)
+    same_ns, built_ns = statistics.median(same), statistics.median(built)
+    return {"source_bytes": len(source), "same_object_ns": same_ns, "new_equal_spec_ns": built_ns,
+            "ratio": built_ns / same_ns}  # fmt: skip
+
+
+def blocking_hot_path(cache_dir: str) -> dict[str, Any]:
+    """``compile_sync`` on a memory hit from a plain thread (the Compiler's loop runs in
+    another, as default_compiler() runs it), against a call through the loop's portal."""
+    spec = kernel()
+    calls, batches = 20_000, 11
+    with anyio.from_thread.start_blocking_portal() as portal:
+        compiler = portal.call(Compiler(arch="sm_90", cache_dir=cache_dir, disk=False).__aenter__)
+        compiler._portal = portal
+        try:
+            portal.call(compiler.compile, spec)
+            direct, hops = [], []
+            for _ in range(batches):
+                started = time.perf_counter_ns()
+                for _ in range(calls):
+                    compiler.compile_sync(spec)
+                direct.append((time.perf_counter_ns() - started) / calls)
+            for _ in range(batches):
+                started = time.perf_counter_ns()
+                for _ in range(calls // 20):
+                    portal.call(compiler.compile, spec)
+                hops.append((time.perf_counter_ns() - started) / (calls // 20))
+        finally:
+            portal.call(compiler.aclose)
+    return {"compile_sync_ns": statistics.median(direct), "portal_call_ns": statistics.median(hops)}
+
+
+def memory_inserts(sizes: tuple[int, ...] = (1_000, 10_000, 100_000)) -> dict[str, Any]:
+    """Microseconds per insert into a full memory tier of ``n`` entries (each insert evicts
+    one), after a random read of every entry has mixed up their recency."""
+    import random
+
+    from aionvrtc import Artifact
+    from aionvrtc._store.memory import MemoryTier
+
+    def artifact(i: int) -> Artifact:
+        return Artifact(key=f"{i:064x}", kind="cubin", image=b"x" * 100, arch="sm_90",
+                        nvrtc_version="13")  # fmt: skip
+
+    out: dict[str, Any] = {}
+    for n in sizes:
+        tier = MemoryTier(artifact(0).size * n)
+        for i in range(n):
+            tier.write(artifact(i))
+        rng = random.Random(16)
+        for _ in range(n):
+            tier.read(f"{rng.randrange(n):064x}")
+        runs = []
+        for run in range(5):
+            fresh = [artifact(n * (run + 2) + i) for i in range(10_000)]
+            started = time.perf_counter()
+            for item in fresh:
+                tier.write(item)
+            runs.append((time.perf_counter() - started) / len(fresh))
+        assert len(tier) == n
+        out[str(n)] = 1e6 * statistics.median(runs)
+    return out
 
 
 def lock_handoff(cache_dir: str, rounds: int = 50) -> dict[str, Any]:
@@ -345,6 +461,10 @@ async def run_all(kernels: int) -> dict[str, Any]:
             "loop_lag": await loop_lag(cache_dir),
             "warm_up": await warm_up(cache_dir, kernels),
             "lanes": await disk_hits_during_compiles(cache_dir),
+            "at_once": await warm_keys_at_once(cache_dir),
+            "equal_spec": await equal_spec_hit(cache_dir),
+            "blocking": blocking_hot_path(cache_dir),
+            "memory_inserts": memory_inserts(),
             "lock_handoff": lock_handoff(cache_dir),
         }
 
@@ -353,12 +473,15 @@ def table(facts: dict[str, Any], results: dict[str, Any]) -> str:
     hot, joined, lag, warm, lanes, handoff = (
         results[k] for k in ("hot_hit", "joined", "loop_lag", "warm_up", "lanes", "lock_handoff")
     )
+    at_once, equal, blocking, inserts = (
+        results[k] for k in ("at_once", "equal_spec", "blocking", "memory_inserts")
+    )
     cpus = warm["cpus"]
     rows = [
         f"# Compile service on {facts['machine']}",
         "",
         f"{facts['cpu']}, {facts['cpus']} CPUs, Python {facts['python']}, {facts['backend']}, "
-        f"NVRTC {facts['nvrtc']}, aionvrtc {facts['aionvrtc']}, {facts['date']}.",
+        f"NVRTC {facts['nvrtc']}, aionvrtc {facts['aionvrtc']}, {facts['date']}. {COLD_NOTE}",
         "",
         "| measure | value | goal |",
         "| --- | --- | --- |",
@@ -385,8 +508,24 @@ def table(facts: dict[str, Any], results: dict[str, Any]) -> str:
         f"| the same {lanes['hits']} disk hits in all, against a plain loop of open, read and "
         f"SHA-256 over the same files | {lanes['all_s']:.3f} s against "
         f"{lanes['plain_loop_s']:.3f} s ({lanes['ratio_to_plain']:.1f}x) | at most 2x |",
+        f"| {at_once['keys']} disk-warm keys requested at once (memory empty), against a plain "
+        f"loop of open, read and SHA-256 over the same files | {at_once['all_s']:.3f} s against "
+        f"{at_once['plain_loop_s']:.3f} s ({at_once['ratio']:.2f}x) | at most 2x |",
+        f"| hit with a new but equal KernelSpec per request ({equal['source_bytes']} B source, "
+        f"construction included), against a hit with the same object | "
+        f"{equal['new_equal_spec_ns']:.0f} ns against {equal['same_object_ns']:.0f} ns "
+        f"({equal['ratio']:.2f}x) | at most 2x |",
+        f"| `compile_sync` memory hit from a plain thread | {blocking['compile_sync_ns']:.0f} ns "
+        f"(a call through the loop's portal: {blocking['portal_call_ns'] / 1e3:.0f} us) "
+        "| at most 5 us |",
+        "| memory tier insert at the limit (evicting one), 1k / 10k / 100k entries | "
+        + " / ".join(f"{inserts[n]:.2f} us" for n in ("1000", "10000", "100000"))
+        + " | at most 5 us at 100k |",
         f"| a key lock taken after another holder's release, {handoff['rounds']} times | "
         f"p50 {handoff['p50_ms']:.2f} ms, max {handoff['max_ms']:.2f} ms late | within 5 ms |",
+        "",
+        f"Garbage collector: {'on' if facts['gc_enabled'] else 'off'} (off only inside the "
+        "joined-waiter measure, for both sides).",
         "",
     ]
     return "\n".join(rows)
@@ -399,8 +538,12 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=16)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    facts = machine_facts(args.machine, args.backend)
-    results = anyio.run(run_all, args.kernels, backend=args.backend)
+    with tempfile.TemporaryDirectory() as scratch:
+        use_fresh_nvrtc_cache(scratch)  # before machine_facts, which loads NVRTC
+        facts = machine_facts(args.machine, args.backend)
+        facts["cuda_cache_path"] = "a new empty folder"
+        facts["gc_enabled"] = gc.isenabled()
+        results = anyio.run(run_all, args.kernels, backend=args.backend)
     label = f"{args.machine}-{args.backend}"
     write(
         args.out,

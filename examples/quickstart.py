@@ -2,8 +2,8 @@
 
 100 concurrent requests for a templated kernel share one compile; the result lands in memory and
 on disk, so a second run is served from the disk cache. On a GPU the kernels run and are checked
-against NumPy; on a machine without one, they are compiled for ``--arch`` (default sm_90) and the
-example says what it would run.
+against NumPy; on a machine without one, they are compiled for ``--arch`` (default
+``$AIONVRTC_ARCH``, else sm_90) and the example says what it would run.
 
     python examples/quickstart.py [--arch sm_90]
 """
@@ -18,7 +18,7 @@ import anyio
 import numpy as np
 
 import aionvrtc
-from aionvrtc import Compiler, KernelSpec, NoDeviceError, Target
+from aionvrtc import Compiler, KernelSpec, ModuleLoadError, NoDeviceError, resolve_target
 
 SOURCE = r"""
 template <typename T>
@@ -36,14 +36,8 @@ SPEC = KernelSpec(
 
 
 async def main(arch: str | None) -> None:
-    try:
-        gpu: Target | None = Target.current()
-    except NoDeviceError:
-        gpu = None
-    target = Target(arch) if arch else (gpu or Target("sm_90"))
-    if gpu is None:
-        print(f"no usable GPU here: compiling for {target} only")
-
+    # --arch, else $AIONVRTC_ARCH, else this GPU's; sm_90 on a machine without one.
+    target = resolve_target(arch, default="sm_90")
     async with Compiler(arch=target) as compiler:
         started = time.perf_counter()
         async with anyio.create_task_group() as tg:
@@ -55,17 +49,19 @@ async def main(arch: str | None) -> None:
         source = "NVRTC" if stats.compiles else "the disk cache"
         print(
             f"aionvrtc {aionvrtc.__version__}: 100 requests, {stats.compiles} compile(s), "
-            f"{stats.joined} joined, {stats.disk_hits} disk hit(s): a {artifact.kind} for "
+            f"{stats.joined} joined, {stats.disk.hits} disk hit(s): a {artifact.kind} for "
             f"{artifact.arch} ({len(artifact.image)} bytes) from {source} in {elapsed * 1e3:.1f} ms"
         )
         for expression, lowered in sorted(artifact.lowered_names.items()):
             print(f"  {expression:14} -> {lowered}")
-        if gpu != target:
+        try:
+            module = await compiler.get(SPEC)
+        except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or one of another arch
             print(
-                "would run: axpy<float> and axpy<double> on 2**20 elements, checked against NumPy"
+                f"no usable GPU for {target} here ({type(exc).__name__}): would run: axpy<float> "
+                "and axpy<double> on 2**20 elements, checked against NumPy"
             )
             return
-        module = await compiler.get(SPEC)
         for expression, dtype in (("axpy<float>", np.float32), ("axpy<double>", np.float64)):
             error = await run(module, expression, dtype)
             print(f"  ran {expression} on 2**20 elements: max error against NumPy {error:.1e}")
@@ -87,5 +83,7 @@ async def run(module: aionvrtc.Module, expression: str, dtype: Any) -> float:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--arch", help="target such as sm_90 (default: this GPU's, else sm_90)")
+    parser.add_argument(
+        "--arch", help="target such as sm_90 (default: $AIONVRTC_ARCH, this GPU's, else sm_90)"
+    )
     anyio.run(main, parser.parse_args().arch)

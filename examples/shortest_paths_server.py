@@ -13,7 +13,8 @@ graphs with min-plus matrix squaring on the GPU, paths rebuilt from the argmax.
 changes (at most log2(n) times), gives every shortest distance; the argmax of each product (the
 k through which i reaches j) updates the first hop of every path. Kernels come from one
 Compiler through ``await compiler.get``: any number of concurrent requests share one compile.
-Without a GPU the service compiles its kernels for ``--arch`` and says what it would serve.
+Without a GPU the service compiles its kernels for ``--arch`` (default ``$AIONVRTC_ARCH``, else
+sm_90) and says what it would serve.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from typing import Any
 import anyio
 import numpy as np
 
-from aionvrtc import Compiler, NoDeviceError, Target, synchronize, tropical
+from aionvrtc import (
+    Compiler,
+    ModuleLoadError,
+    NoDeviceError,
+    resolve_target,
+    synchronize,
+    tropical,
+)
 
 MAX_NODES = 4096
 
@@ -115,7 +123,7 @@ def make_app(compiler: Compiler) -> Any:
         s = compiler.stats()
         return web.json_response(
             {"requests": s.requests, "compiles": s.compiles, "joined": s.joined,
-             "memory_hits": s.memory_hits, "disk_hits": s.disk_hits}
+             "memory_hits": s.memory.hits, "disk_hits": s.disk.hits}
         )  # fmt: skip
 
     app = web.Application(client_max_size=256 << 20)
@@ -124,11 +132,8 @@ def make_app(compiler: Compiler) -> Any:
 
 
 async def main(port: int, arch: str | None, sizes: list[int]) -> None:
-    try:
-        gpu: Target | None = Target.current()
-    except NoDeviceError:
-        gpu = None
-    target = Target(arch) if arch else (gpu or Target("sm_90"))
+    # --arch, else $AIONVRTC_ARCH, else this GPU's; sm_90 on a machine without one.
+    target = resolve_target(arch, default="sm_90")
     async with Compiler(arch=target) as compiler:
         # Warm the kernels of the expected graph sizes before taking traffic.
         specs = {tropical.kernel_spec(n, n, n, "minplus", argmax=True) for n in sizes}
@@ -136,10 +141,13 @@ async def main(port: int, arch: str | None, sizes: list[int]) -> None:
             for spec in specs:
                 group.start_soon(compiler.compile, spec)
         print(f"compiled {len(specs)} min-plus kernel(s) with argmax for {target}", flush=True)
-        if gpu is None or target != gpu:
+        try:
+            for spec in specs:
+                await compiler.get(spec)  # loaded before the first request needs them
+        except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or one of another arch
             print(
-                f"no usable GPU for {target} here: would serve POST /shortest-paths and "
-                f"GET /stats on port {port}",
+                f"no usable GPU for {target} here ({type(exc).__name__}): would serve "
+                f"POST /shortest-paths and GET /stats on port {port}",
                 flush=True,
             )
             return
@@ -158,7 +166,7 @@ async def main(port: int, arch: str | None, sizes: list[int]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--arch", default=None)
+    parser.add_argument("--arch", help="default: $AIONVRTC_ARCH, else the GPU's, else sm_90")
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
     args = parser.parse_args()
     anyio.run(main, args.port, args.arch, args.sizes)

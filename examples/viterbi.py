@@ -6,7 +6,8 @@ NumPy Viterbi.
 A batch of observation sequences is decoded at once: each step of the recursion is one max-plus
 product, delta_t = (delta_{t-1} (x) log A) + log B[:, o_t], whose argmax is the back-pointer of
 every (sequence, state). The most likely paths are then read back along the pointers. Without a
-GPU the example compiles the kernel it would launch for ``--arch`` and says what it would run.
+GPU the example compiles the kernel it would launch for ``--arch`` (default ``$AIONVRTC_ARCH``, else
+sm_90) and says what it would run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from aionvrtc import Compiler, NoDeviceError, Target, tropical
+from aionvrtc import Compiler, ModuleLoadError, NoDeviceError, resolve_target, tropical
 
 
 def random_hmm(
@@ -77,11 +78,8 @@ async def viterbi_gpu(
 
 
 async def main(sequences: int, states: int, steps: int, arch: str | None) -> None:
-    try:
-        gpu: Target | None = Target.current()
-    except NoDeviceError:
-        gpu = None
-    target = Target(arch) if arch else (gpu or Target("sm_90"))
+    # --arch, else $AIONVRTC_ARCH, else this GPU's; sm_90 on a machine without one.
+    target = resolve_target(arch, default="sm_90")
     rng = np.random.default_rng()
     start, trans, emit = random_hmm(rng, states, symbols=16)
     obs = rng.integers(0, 16, size=(sequences, steps))
@@ -90,10 +88,13 @@ async def main(sequences: int, states: int, steps: int, arch: str | None) -> Non
         artifact = await compiler.compile(spec)
         name = spec.name_expressions[0]
         print(f"max-plus kernel with argmax for {target}: {name} ({artifact.kind})")
-        if gpu is None or target != gpu:
+        try:
+            await compiler.get(spec)  # loaded on this GPU, if it can run here
+        except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or one of another arch
             print(
-                f"no usable GPU for {target} here: would decode {sequences} sequences of "
-                f"{steps} steps over {states} states ({steps - 1} max-plus products)"
+                f"no usable GPU for {target} here ({type(exc).__name__}): would decode "
+                f"{sequences} sequences of {steps} steps over {states} states "
+                f"({steps - 1} max-plus products)"
             )
             return
         import cupy
@@ -121,6 +122,8 @@ if __name__ == "__main__":
     parser.add_argument("--sequences", type=int, default=2048)
     parser.add_argument("--states", type=int, default=64)
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--arch", default=None, help="compile for this arch (default: the GPU)")
+    parser.add_argument(
+        "--arch", help="compile for this arch (default: $AIONVRTC_ARCH, the GPU's, else sm_90)"
+    )
     args = parser.parse_args()
     anyio.run(main, args.sequences, args.states, args.steps, args.arch)

@@ -178,7 +178,7 @@ def test_a_crafted_entry_on_disk_is_dropped_and_recompiled(cache_dir: Path) -> N
     again = cache.get_or_compile(spec)  # before: OverflowError, every time, in every process
     assert again.image == first.image
     stats = cache.stats()
-    assert (stats.corrupt_dropped, stats.compiles, stats.disk_hits) == (1, 1, 0)
+    assert (stats.disk.corrupt_dropped, stats.compiles, stats.disk.hits) == (1, 1, 0)
     assert decode(entry.read_bytes(), expected_key=first.key) == again  # rewritten, good
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from aionvrtc import CompileError, KernelCache, KernelSpec
+from aionvrtc import CompileError, KernelCache, KernelSpec, kernel_key
 from aionvrtc._artifact import encode
+from aionvrtc._store.disk import DiskTier
 
 from .conftest import make_spec, run_python
 
@@ -22,14 +23,14 @@ def test_memory_then_disk_then_compile(cache_dir: Path) -> None:
     first = cache.get_or_compile(spec)
     assert first.kind == "cubin"
     assert first.image[:4] == b"\x7fELF"
-    assert first.key == spec.key("sm_90")
+    assert first.key == kernel_key(spec, "sm_90")
     assert first.arch == "sm_90"
     assert first.compile_seconds > 0
     assert cache.get_or_compile(spec) is first
     stats = cache.stats()
-    assert (stats.requests, stats.memory_hits, stats.disk_hits, stats.compiles) == (2, 1, 0, 1)
+    assert (stats.requests, stats.memory.hits, stats.disk.hits, stats.compiles) == (2, 1, 0, 1)
     assert stats.compile_seconds == pytest.approx(first.compile_seconds)
-    assert stats.memory_entries == 1
+    assert stats.memory.entries == 1
     entry = cache_dir / "v2" / first.key[:2] / first.key
     assert entry.is_file()
 
@@ -37,7 +38,7 @@ def test_memory_then_disk_then_compile(cache_dir: Path) -> None:
     again = fresh.get_or_compile(spec)
     assert again == first
     stats = fresh.stats()
-    assert (stats.requests, stats.memory_hits, stats.disk_hits, stats.compiles) == (1, 0, 1, 0)
+    assert (stats.requests, stats.memory.hits, stats.disk.hits, stats.compiles) == (1, 0, 1, 0)
 
 
 def test_round_trip_through_a_new_process(cache_dir: Path) -> None:
@@ -52,7 +53,7 @@ cache = KernelCache("sm_90", cache_dir={str(cache_dir)!r})
 art = cache.get_or_compile(make_spec("newproc"))
 s = cache.stats()
 print(json.dumps({{"key": art.key, "image": art.image.hex(), "names": dict(art.lowered_names),
-                  "compiles": s.compiles, "disk_hits": s.disk_hits}}))
+                  "compiles": s.compiles, "disk_hits": s.disk.hits}}))
 """
     )
     child = json.loads(out)
@@ -69,7 +70,7 @@ def test_no_disk_tier(tmp_path: Path) -> None:
     cache = KernelCache("sm_90", cache_dir=tmp_path / "unused", disk=False)
     cache.get_or_compile(make_spec())
     assert not (tmp_path / "unused").exists()
-    assert cache.stats().disk_writable is False
+    assert cache.stats().disk.writable is False
 
 
 def test_default_cache_dir_comes_from_the_environment(tmp_path: Path) -> None:
@@ -101,8 +102,10 @@ def test_disk_eviction_is_least_recently_used_first(cache_dir: Path) -> None:
     # A disk hit refreshes recency: a is now the most recently used.
     assert KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(specs["a"]).key == keys["a"]
     cache.get_or_compile(specs["d"])
+    assert cache.disk is not None
+    assert cache.disk.wait_maintenance(60)  # the write went over the limit: evicted after it
     assert _entries(cache_dir) == {keys["a"], keys["c"], keys["d"]}
-    assert cache.stats().disk_evictions == 1
+    assert cache.stats().disk.evictions == 1
 
 
 def test_memory_eviction_is_least_recently_used_first() -> None:
@@ -116,8 +119,8 @@ def test_memory_eviction_is_least_recently_used_first() -> None:
     assert a.key in cache.memory
     assert c.key in cache.memory
     stats = cache.stats()
-    assert (stats.memory_evictions, stats.memory_entries) == (1, 3)
-    assert stats.memory_bytes <= cache.memory.limit
+    assert (stats.memory.evictions, stats.memory.entries) == (1, 3)
+    assert stats.memory.bytes <= cache.memory.limit
 
 
 def test_stale_tmp_files_are_removed_fresh_ones_kept(cache_dir: Path) -> None:
@@ -130,7 +133,9 @@ def test_stale_tmp_files_are_removed_fresh_ones_kept(cache_dir: Path) -> None:
         tmp.write_bytes(b"partial")
     old = time.time() - 3600
     os.utime(stale, (old, old))
-    KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(make_spec())  # first write scans
+    # Every walk of the shards tidies them: the maintenance after a write that took the cache
+    # over its limit, `cache ls`, info and prune. A write never walks the shards.
+    assert [e.key for e in DiskTier(cache_dir).survey().entries] == [art.key]
     assert not stale.exists()
     assert fresh.exists()
 
@@ -160,7 +165,7 @@ def test_compile_errors_reach_the_caller_and_are_not_stored(cache_dir: Path) -> 
         with pytest.raises(CompileError, match='identifier "undefined_call" is undefined'):
             cache.get_or_compile(broken)
     stats = cache.stats()
-    assert (stats.compile_errors, stats.compiles, stats.memory_entries) == (2, 0, 0)
+    assert (stats.compile_errors, stats.compiles, stats.memory.entries) == (2, 0, 0)
     assert _entries(cache_dir) == set()
 
 
@@ -183,11 +188,11 @@ def test_threads_share_one_compile_per_key(cache_dir: Path) -> None:
     stats = cache.stats()
     assert stats.compiles == 4
     assert stats.requests == len(results) == 8 * 4 + 8 * 3
-    assert stats.memory_hits + stats.joined + stats.compiles == stats.requests
+    assert stats.memory.hits + stats.joined + stats.compiles == stats.requests
     assert len(_entries(cache_dir)) == 4
     for spec in specs:
-        assert KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec).key == spec.key(
-            "sm_90"
+        assert KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec).key == kernel_key(
+            spec, "sm_90"
         )
 
 
@@ -248,7 +253,7 @@ def test_records_live_beside_the_kernels_verified_and_per_target(cache_dir: Path
     assert KernelCache("sm_90", cache_dir=cache_dir).record("tuning/gpu") == b'{"large": 1}'
     assert KernelCache("sm_80", cache_dir=cache_dir).record("tuning/gpu") is None
     key = record_key("tuning/gpu", "sm_90")
-    assert key not in {make_spec().key("sm_90"), record_key("tuning/gpu", "sm_80")}
+    assert key not in {kernel_key(make_spec(), "sm_90"), record_key("tuning/gpu", "sm_80")}
     # A record is an entry like any other: a damaged one is dropped and counted, not returned.
     path = cache_dir / "v2" / key[:2] / key
     damaged = bytearray(path.read_bytes())
@@ -256,7 +261,7 @@ def test_records_live_beside_the_kernels_verified_and_per_target(cache_dir: Path
     path.write_bytes(bytes(damaged))
     assert cache.record("tuning/gpu") is None
     assert not path.exists()
-    assert cache.stats().corrupt_dropped == 1
+    assert cache.stats().disk.corrupt_dropped == 1
     # No disk tier, no records.
     memory_only = KernelCache("sm_90", disk=False)
     assert memory_only.put_record("tuning/gpu", b"1") is False
@@ -264,8 +269,8 @@ def test_records_live_beside_the_kernels_verified_and_per_target(cache_dir: Path
 
 
 def test_memory_lru_holds_under_reads_replacements_and_discards() -> None:
-    # The tier's heap of recency ticks against a plain model of least recently used: random
-    # (seeded) reads, puts of new and existing keys, and discards, at a limit of 8 entries.
+    # The tier's recency order against a plain model of least recently used: random (seeded)
+    # reads, writes of new and existing keys, and discards, at a limit of 8 entries.
     import random
 
     from aionvrtc import Artifact
@@ -282,13 +287,13 @@ def test_memory_lru_holds_under_reads_replacements_and_discards() -> None:
         key = f"k{rng.randrange(20)}"
         action = rng.random()
         if action < 0.5:
-            found = tier.get(key) is not None
+            found = tier.read(key) is not None
             assert found == (key in model), key
             if found:
                 model.remove(key)
                 model.append(key)
         elif action < 0.9:
-            tier.put(artifact(key))
+            tier.write(artifact(key))
             if key in model:
                 model.remove(key)
             model.append(key)
@@ -297,16 +302,18 @@ def test_memory_lru_holds_under_reads_replacements_and_discards() -> None:
             assert tier.discard(key) == (key in model)
             if key in model:
                 model.remove(key)
-        assert set(tier.entries) == set(model)
+        assert list(tier.entries) == model  # in recency order, least recent first
         assert tier.bytes == size * len(model)
-    assert len(tier._order) <= 2 * len(tier.entries) + 64  # the heap stays O(entries)
 
 
 def test_no_lock_file_is_left_per_key(cache_dir: Path) -> None:
     # A .lock file per key stayed forever: two inodes per entry (issue 16).
     cache = KernelCache("sm_90", cache_dir=cache_dir)
     artifacts = [cache.get_or_compile(make_spec()) for _ in range(3)]
-    files = [p for p in (cache_dir / "v2").rglob("*") if p.is_file() and p.name != ".events"]
+    assert cache.disk is not None
+    assert cache.disk.wait_maintenance(60)
+    files = [p for p in (cache_dir / "v2").rglob("*") if p.is_file()]
+    files = [p for p in files if p.name not in (".events", ".index")]  # one each per cache dir
     assert sorted(p.name for p in files) == sorted(a.key for a in artifacts)
 
 

@@ -216,7 +216,8 @@ def test_doctor_makes_private_folders(tmp_path: Path) -> None:
     check = {c["check"]: c for c in report["checks"]}["cache dir"]
     assert check["status"] == "ok"
     assert check["detail"].startswith(f"{root / 'v2'}: trusted: owner uid {os.geteuid()}")
-    assert os.listdir(root / "v2") == []  # the probes are gone
+    assert os.listdir(root / "v2") == [".index"]  # the probes are gone; made with the folder
+    assert (root / "v2" / ".index").stat().st_mode & 0o7777 == 0o600
 
 
 # -- damaged items ---------------------------------------------------------------------------
@@ -373,14 +374,14 @@ async def test_metrics_follow_the_compiler_stats(tmp_path: Path) -> None:
         stats = compiler.stats()
         assert sample("requests_total") == stats.requests == 2
         assert sample("compiles_total") == stats.compiles == 1
-        assert sample("memory_hits_total") == stats.memory_hits == 1
+        assert sample("memory_hits_total") == stats.memory.hits == 1
         assert sample("hit_ratio") == 0.5
         assert sample("compile_seconds_total") == pytest.approx(stats.compile_seconds)
         assert sample("queue_depth") == 0
         assert sample("disk_writable") == 1
         assert sample("disk_trusted") == 1
-        assert sample("remote_foreign_locks_total") == stats.remote_foreign_locks == 0
-        assert sample("memory_entries") == stats.memory_entries == 1
+        assert sample("remote_foreign_locks_total") == stats.remote.foreign_locks == 0
+        assert sample("memory_entries") == stats.memory.entries == 1
 
 
 def test_sizes_ages_and_the_disk_limit_variable(monkeypatch: pytest.MonkeyPatch) -> None:

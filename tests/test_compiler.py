@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import random
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from aionvrtc import (
     CompilerClosed,
     KernelSpec,
     NoDeviceError,
+    kernel_key,
 )
 
 from .conftest import has_gpu, make_slow_spec, make_spec
@@ -46,7 +48,7 @@ async def test_thousand_requests_for_one_cold_key_compile_once(cache_dir: Path) 
     assert len(results) == 1000
     assert all(r is results[0] for r in results)
     assert results[0].image[:4] == b"\x7fELF"
-    assert (stats.requests, stats.compiles, stats.joined, stats.memory_hits) == (1000, 1, 999, 0)
+    assert (stats.requests, stats.compiles, stats.joined, stats.memory.hits) == (1000, 1, 999, 0)
     assert (stats.errors, stats.queued, stats.in_flight) == (0, 0, 0)
 
 
@@ -58,7 +60,7 @@ async def test_memory_hit_returns_without_suspending(cache_dir: Path) -> None:
         with pytest.raises(StopIteration) as done:
             coroutine.send(None)  # finishes on its first step: it never yielded to the loop
         assert done.value.value is first
-        assert compiler.stats().memory_hits == 1
+        assert compiler.stats().memory.hits == 1
 
 
 async def test_second_compiler_reads_the_disk(cache_dir: Path) -> None:
@@ -69,7 +71,7 @@ async def test_second_compiler_reads_the_disk(cache_dir: Path) -> None:
         again = await compiler.compile(spec)
         stats = compiler.stats()
     assert again == first
-    assert (stats.disk_hits, stats.compiles) == (1, 0)
+    assert (stats.disk.hits, stats.compiles) == (1, 0)
 
 
 def _key_of(record: logging.LogRecord) -> str:
@@ -122,7 +124,7 @@ async def test_cancellation_storm_leaves_the_job_cached(cache_dir: Path) -> None
             if cancel_after is not None:
                 scope.deadline = anyio.current_time() + cancel_after
             art = await compiler.compile(spec)
-            assert art.key == spec.key("sm_90")
+            assert art.key == kernel_key(spec, "sm_90")
             outcomes["done"] += 1
         if scope.cancelled_caught:
             outcomes["cancelled"] += 1
@@ -137,7 +139,7 @@ async def test_cancellation_storm_leaves_the_job_cached(cache_dir: Path) -> None
         stats = compiler.stats()
         assert (stats.compiles, stats.errors, stats.in_flight, stats.queued) == (1, 0, 0, 0)
         assert await compiler.compile(spec) is not None
-        assert compiler.stats().memory_hits == 1
+        assert compiler.stats().memory.hits == 1
     assert len(anyio.get_running_tasks()) == before  # the actor and its workers are gone
 
 
@@ -148,7 +150,7 @@ async def test_all_cancelled_waiters_still_finish_and_cache_the_job(cache_dir: P
             await compiler.compile(spec)
         assert compiler.stats().in_flight == 1
     # Closing waited for the running compile, which was written to disk.
-    key = spec.key("sm_90")
+    key = kernel_key(spec, "sm_90")
     assert (cache_dir / "v2" / key[:2] / key).is_file()
 
 
@@ -266,7 +268,7 @@ async def test_prefetch_is_overtaken_by_live_requests(
         await compiler.compile(live)
         order = [_key_of(r) for r in caplog.records if r.msg.startswith("compiled ")]
         # At most the one prefetch that was already running finished before the live request.
-        assert order.index(live.key("sm_90")[:16]) <= 1
+        assert order.index(kernel_key(live, "sm_90")[:16]) <= 1
         # A live request for a prefetched key promotes its job.
         await compiler.compile(warm[-1])
         stats = compiler.stats()
@@ -296,7 +298,7 @@ async def main():
         time.sleep(max(0.0, start - time.time()))
         await compiler.compile(KernelSpec(source))
         s = compiler.stats()
-        print(json.dumps({"compiles": s.compiles, "disk_hits": s.disk_hits}))
+        print(json.dumps({"compiles": s.compiles, "disk_hits": s.disk.hits}))
 
 anyio.run(main)
 """
@@ -344,7 +346,7 @@ def test_blocking_facade_serves_threads(cache_dir: Path, monkeypatch: pytest.Mon
         assert all(r is results[0] for r in results)
         stats = compiler.stats()
         assert (stats.compiles, stats.requests) == (1, 8)
-        assert stats.joined + stats.memory_hits == 7
+        assert stats.joined + stats.memory.hits == 7
         with pytest.raises(CompileError, match="this_is_not_defined"):
             aionvrtc.compile_sync(KernelSpec(BROKEN))
         if not has_gpu():
@@ -391,7 +393,104 @@ async def test_a_disk_hit_is_served_while_another_key_compiles(cache_dir: Path) 
             artifact = await compiler.compile(warm)
             during = compiler.stats()
         after = compiler.stats()
-    assert artifact.key == warm.key("sm_90")
+    assert artifact.key == kernel_key(warm, "sm_90")
     # Served from disk while the slow compile still held the only compile slot.
-    assert (during.in_flight, during.compiles, during.disk_hits) == (1, 0, 1)
+    assert (during.in_flight, during.compiles, during.disk.hits) == (1, 0, 1)
     assert (after.compiles, after.in_flight) == (1, 0)
+
+
+async def test_aclose_under_a_deadline_from_the_opener_cancels_what_is_left(
+    cache_dir: Path,
+) -> None:
+    # Issue 16: aclose() from the opening task inside fail_after(...) raised RuntimeError on
+    # asyncio and corrupted trio's cancel-scope stack.
+    outcomes: list[object] = []
+
+    async def request(spec: KernelSpec) -> None:
+        try:
+            outcomes.append(await compiler.compile(spec))
+        except CompilerClosed as exc:
+            outcomes.append(exc)
+
+    compiler = Compiler(arch="sm_90", cache_dir=cache_dir)
+    await compiler.__aenter__()
+    async with anyio.create_task_group() as group:
+        group.start_soon(request, make_slow_spec(depth=120))
+        with anyio.fail_after(30):
+            while compiler.stats().in_flight == 0:
+                await anyio.sleep(0.001)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError), anyio.fail_after(0.05):
+            await compiler.aclose()
+        assert time.monotonic() - started < 1.0  # did not wait for the compile
+    with anyio.fail_after(5):
+        await compiler.aclose()  # returns once the actor has stopped
+    assert compiler.closed
+    assert len(outcomes) == 1
+    assert isinstance(outcomes[0], CompilerClosed)
+    assert "cancelled while compiling" in str(outcomes[0])
+    # And the trio/asyncio scope stack is intact: more scopes work as usual.
+    with anyio.move_on_after(0.01) as scope:
+        await anyio.sleep(1)
+    assert scope.cancelled_caught
+
+
+async def test_aclose_from_a_nested_scope_or_any_task_waits_for_running_compiles(
+    cache_dir: Path,
+) -> None:
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        async with anyio.create_task_group() as group:
+            group.start_soon(compiler.compile, make_slow_spec())
+            with anyio.fail_after(30):
+                while compiler.stats().in_flight == 0:
+                    await anyio.sleep(0.001)
+            async with anyio.create_task_group():  # the opener, one task group deeper
+                with anyio.CancelScope():
+                    await compiler.aclose()
+        assert compiler.closed
+        assert compiler.stats().compiles == 1  # the running compile finished and was kept
+    # An opener that never uses async with: opened and closed from two other tasks.
+    other = Compiler(arch="sm_90", cache_dir=cache_dir)
+    async with anyio.create_task_group() as group:
+        group.start_soon(other.__aenter__)
+    assert not other.closed
+    async with anyio.create_task_group() as group:
+        group.start_soon(other.aclose)
+    assert other.closed
+
+
+async def test_a_job_waiting_for_another_process_lock_holds_no_compile_slot(
+    cache_dir: Path,
+) -> None:
+    # Issue 16: a job whose key another process was compiling polled that lock inside the one
+    # compile slot, so unrelated cold keys waited (up to the 300 s lock timeout).
+    from aionvrtc import KernelCache
+    from aionvrtc._store import DiskTier
+
+    held, other = make_spec(), make_spec()
+    other_process = DiskTier(cache_dir)  # its own open file: to flock, another process
+    lock = other_process.try_lock(kernel_key(held, "sm_90"))
+    assert lock is not None
+    assert lock.held
+    async with Compiler(arch="sm_90", cache_dir=cache_dir, concurrency=1) as compiler:
+        async with anyio.create_task_group() as group:
+            waiter: list[Artifact] = []
+
+            async def wait_for_held() -> None:
+                waiter.append(await compiler.compile(held))
+
+            group.start_soon(wait_for_held)
+            with anyio.fail_after(10):
+                while compiler.stats().waiting == 0:
+                    await anyio.sleep(0.001)
+                await compiler.compile(other)  # compiled while the first job waits
+            during = compiler.stats()
+            # The other process stores the kernel and lets go: the waiter reads it from disk.
+            stored = KernelCache("sm_90", cache_dir=cache_dir, disk=False).get_or_compile(held)
+            assert other_process.write(stored)
+            lock.release()
+        after = compiler.stats()
+    assert (during.waiting, during.in_flight, during.compiles) == (1, 0, 1)
+    assert waiter[0].image == stored.image
+    assert (after.compiles, after.waiting, after.disk.hits) == (1, 0, 1)
+    assert not [p for p in os.listdir(cache_dir / "v2" / stored.key[:2]) if p.endswith(".lock")]

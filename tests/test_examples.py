@@ -45,7 +45,7 @@ def test_quickstart_compiles_once_then_serves_from_disk(cache_dir: Path) -> None
     if has_gpu():
         pytest.skip("with a GPU the example also runs its kernels: covered by gpu_suite.sh")
     first = run_example("quickstart.py", cache_dir)
-    assert "no usable GPU here: compiling for sm_90 only" in first
+    assert "no usable GPU for sm_90 here (NoDeviceError)" in first
     assert "100 requests, 1 compile(s), 99 joined, 0 disk hit(s): a cubin for sm_90" in first
     assert "axpy<float>    -> _Z4axpyIfEvT_PKS0_PS0_i" in first
     assert "would run: axpy<float> and axpy<double>" in first
@@ -104,6 +104,7 @@ def test_warm_start_measures_a_cold_then_warm_restart(cache_dir: Path) -> None:
     assert lines[1].endswith("(0 compiled, 8 from the disk cache)")
     assert lines[2].endswith("(0 compiled, 8 from the disk cache)")
     assert "a warm cache makes the restart" in lines[3]
+    assert "empty CUDA_CACHE_PATH" in lines[4]
 
 
 def test_shortest_paths_server_compiles_and_says_what_it_would_serve(cache_dir: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aionvrtc import CompileError, Compiler, KernelSpec
+from aionvrtc import CompileError, Compiler, KernelSpec, kernel_key
 from aionvrtc._failures import Failures
 
 pytestmark = pytest.mark.anyio
@@ -44,11 +44,17 @@ async def test_failures_are_bounded_in_count_and_least_recently_used_go_first(
             await compiler.compile(specs[0])
         assert compiler._cache.stats().compile_errors == errors + 1
         # That pushed out the least recently used: specs[3], not specs[2].
-        assert compiler._failures.get(specs[3].key("sm_90")) is None
-        assert compiler._failures.get(specs[2].key("sm_90")) is not None
+        assert compiler._failures.get(kernel_key(specs[3], "sm_90")) is None
+        assert compiler._failures.get(kernel_key(specs[2], "sm_90")) is not None
 
 
-async def test_remembered_failures_keep_no_source_alive(cache_dir: Path) -> None:
+async def test_remembered_failures_keep_no_source_alive(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aionvrtc import _spec
+
+    # What the failures keep, not the table of recent specs (bounded, and by design).
+    monkeypatch.setattr(_spec, "INTERN_LIMIT", 0)
     count = 24
     async with Compiler(arch="sm_90", cache_dir=cache_dir, disk=False) as compiler:
         await compiler.compile(KernelSpec("__global__ void warm() {}"))  # first-use allocations

@@ -16,6 +16,7 @@ from aionvrtc import (
     KernelSpec,
     ModuleLoadError,
     Target,
+    kernel_key,
     synchronize,
 )
 from aionvrtc._artifact import encode
@@ -105,7 +106,7 @@ async def main():
         module = await compiler.get(spec)
         error = run_axpy(module, {expression!r}, np.float32)
         s = compiler.stats()
-        print(json.dumps({{"compiles": s.compiles, "disk_hits": s.disk_hits, "error": error}}))
+        print(json.dumps({{"compiles": s.compiles, "disk_hits": s.disk.hits, "error": error}}))
 anyio.run(main)
 """
     )
@@ -118,7 +119,7 @@ anyio.run(main)
 async def test_a_bad_image_on_disk_is_recompiled_and_runs(cache_dir: Path, damage: str) -> None:
     spec = axpy_spec()
     arch = Target.current().arch
-    key = spec.key(arch)
+    key = kernel_key(spec, arch)
     entry = cache_dir / "v2" / key[:2] / key
     async with Compiler(cache_dir=cache_dir) as compiler:
         good = await compiler.compile(spec)
@@ -138,7 +139,7 @@ async def test_a_bad_image_on_disk_is_recompiled_and_runs(cache_dir: Path, damag
         assert run_axpy(module, spec.name_expressions[0], np.float32) < 1e-5
         stats = compiler.stats()
         assert stats.compiles == 1
-        assert stats.corrupt_dropped == (1 if damage == "bit-flip" else 0)
+        assert stats.disk.corrupt_dropped == (1 if damage == "bit-flip" else 0)
     assert entry.read_bytes() == encode(dataclasses.replace(module.artifact))
 
 

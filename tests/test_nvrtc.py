@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aionvrtc import CompileError, Compiler, KernelSpec, NvrtcError, Target, _nvrtc
+from aionvrtc import CompileError, Compiler, KernelSpec, NvrtcError, Target, _nvrtc, kernel_key
 
 from .conftest import make_spec
 
@@ -123,7 +123,7 @@ def test_include_dir_files_are_compiled_and_a_change_needs_a_new_spec(tmp_path: 
     assert "or create a new KernelSpec" in str(info.value)
     new = KernelSpec(INCLUDING, options=[f"-I{inc}"])
     second = _nvrtc.compile_program(new, Target("sm_90"))
-    assert new.key("sm_90") != old.key("sm_90")
+    assert kernel_key(new, "sm_90") != kernel_key(old, "sm_90")
     assert second.image != first.image
     (inc / "val.h").write_text('#include "/etc/val.h"\n')  # now a file the key cannot cover
     with pytest.raises(NvrtcError, match=re.escape(f"{inc / 'val.h'}, line 1: ")) as info:

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aionvrtc import Compiler, RedisTier
+from aionvrtc import Compiler, RedisTier, kernel_key
 from aionvrtc._store.remote import MAGIC
 
 from .conftest import make_slow_spec, make_spec
@@ -111,8 +111,8 @@ async def main():
         await anyio.sleep(max(0.0, float(start) - time.time()))
         artifact = await compiler.compile(KernelSpec(source))
         s = compiler.stats()
-        print(json.dumps({"compiles": s.compiles, "remote_hits": s.remote_hits,
-                          "lock_waits": s.remote_lock_waits, "errors": s.remote_errors,
+        print(json.dumps({"compiles": s.compiles, "remote_hits": s.remote.hits,
+                          "lock_waits": s.remote.lock_waits, "errors": s.remote.errors,
                           "size": len(artifact.image)}))
 
 anyio.run(main)
@@ -161,7 +161,7 @@ async def test_a_killed_redis_fails_no_request(
     remote = tier(redis_server, timeout=0.5)
     async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote) as compiler:
         await compiler.compile(make_spec())
-        assert compiler.stats().remote_errors == 0
+        assert compiler.stats().remote.errors == 0
         redis_server.stop()
         with caplog.at_level(logging.WARNING, logger="aionvrtc"):
             started = time.monotonic()
@@ -170,7 +170,7 @@ async def test_a_killed_redis_fails_no_request(
         assert all(a.image.startswith(b"\x7fELF") for a in down)
         stats = compiler.stats()
         assert stats.compiles == 4
-        assert stats.remote_errors >= 1
+        assert stats.remote.errors >= 1
         assert elapsed < 3.0  # after the first failure the tier is skipped, not waited on
         assert len([r for r in caplog.records if "unreachable" in r.message]) == 1
         redis_server.start()  # restarted, empty
@@ -197,7 +197,7 @@ async def test_tampered_and_unsigned_entries_are_refused(
     async with Compiler(arch="sm_90", cache_dir=tmp_path / "b", remote=reader) as compiler:
         assert (await compiler.compile(spec)).image == artifact.image
         stats = compiler.stats()
-        assert (stats.remote_rejected, stats.compiles, stats.remote_hits) == (1, 1, 0)
+        assert (stats.remote.rejected, stats.compiles, stats.remote.hits) == (1, 1, 0)
     # An unsigned entry (a writer without the secret) is refused by a reader with one.
     other = make_spec()
     unsigned = tier(redis_server, prefix=prefix, secret=None, allow_unsigned=True)
@@ -207,12 +207,12 @@ async def test_tampered_and_unsigned_entries_are_refused(
     async with Compiler(arch="sm_90", cache_dir=tmp_path / "d", remote=strict) as compiler:
         await compiler.compile(other)
         stats = compiler.stats()
-        assert (stats.remote_rejected, stats.compiles) == (1, 1)
+        assert (stats.remote.rejected, stats.compiles) == (1, 1)
     # A wrong secret is as bad as none.
     wrong = tier(redis_server, prefix=prefix, secret=b"k2")
     async with Compiler(arch="sm_90", cache_dir=tmp_path / "e", remote=wrong) as compiler:
         await compiler.compile(spec)
-        assert compiler.stats().remote_rejected == 1
+        assert compiler.stats().remote.rejected == 1
 
 
 async def test_entries_expire_after_their_ttl(redis_server: RedisServer, tmp_path: Path) -> None:
@@ -230,7 +230,7 @@ async def test_entries_expire_after_their_ttl(redis_server: RedisServer, tmp_pat
     async with Compiler(arch="sm_90", cache_dir=tmp_path / "b", remote=later) as compiler:
         await compiler.compile(spec)
         stats = compiler.stats()
-        assert (stats.remote_misses, stats.remote_hits, stats.compiles) == (1, 0, 1)
+        assert (stats.remote.misses, stats.remote.hits, stats.compiles) == (1, 0, 1)
 
 
 async def test_configured_from_the_environment(
@@ -267,7 +267,7 @@ async def test_the_compile_lock_is_renewed_while_the_compile_runs(
     # still held long after 0.3 s, and released when the compile is done.
     remote = tier(redis_server, lock_ttl=0.3)
     spec = make_slow_spec(150)
-    lock = f"{remote.prefix}:lock:{spec.key('sm_90')}"
+    lock = f"{remote.prefix}:lock:{kernel_key(spec, 'sm_90')}"
     client = redis_server.client()
     held_since: float | None = None
     held_for = 0.0
@@ -336,9 +336,9 @@ async def test_a_foreign_lock_is_not_waited_on(
     remote = tier(redis_server, wait_timeout=30.0)
     client = redis_server.client()
     specs = [make_spec(), make_spec()]
-    locks = [f"{remote.prefix}:lock:{spec.key('sm_90')}" for spec in specs]
+    locks = [f"{remote.prefix}:lock:{kernel_key(spec, 'sm_90')}" for spec in specs]
     for spec, lock in zip(specs, locks, strict=True):
-        plant_lock(redis_server, lock, case, remote, spec.key("sm_90"))
+        plant_lock(redis_server, lock, case, remote, kernel_key(spec, "sm_90"))
     before = net_output_bytes(redis_server)
     async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote) as compiler:
         with caplog.at_level(logging.WARNING, logger="aionvrtc"):
@@ -347,8 +347,8 @@ async def test_a_foreign_lock_is_not_waited_on(
             elapsed = time.monotonic() - started
         stats = compiler.stats()
     assert elapsed < 10.0, elapsed  # a host that waited would take 30 s per kernel
-    assert (stats.compiles, stats.remote_lock_waits, stats.remote_errors) == (2, 0, 0)
-    assert remote.foreign_locks == stats.remote_foreign_locks == 2
+    assert (stats.compiles, stats.remote.lock_waits, stats.remote.errors) == (2, 0, 0)
+    assert remote.foreign_locks == stats.remote.foreign_locks == 2
     warnings = [r.message for r in caplog.records if "ignoring the compile lock" in r.message]
     assert len(warnings) == 1, warnings  # once per tier
     for words in (why, "foreign_locks", "at most wait_timeout"):
@@ -366,7 +366,7 @@ async def test_a_fleet_without_a_secret_ignores_foreign_locks_too(
 ) -> None:
     remote = tier(redis_server, secret=None, allow_unsigned=True, wait_timeout=30.0)
     spec = make_spec()
-    key = spec.key("sm_90")
+    key = kernel_key(spec, "sm_90")
     plant_lock(redis_server, f"{remote.prefix}:lock:{key}", case, remote, key)
     async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote) as compiler:
         started = time.monotonic()
@@ -374,7 +374,7 @@ async def test_a_fleet_without_a_secret_ignores_foreign_locks_too(
         elapsed = time.monotonic() - started
         stats = compiler.stats()
     assert elapsed < 10.0, elapsed  # a host that waited would take 30 s per kernel
-    assert (stats.compiles, stats.remote_lock_waits, remote.foreign_locks) == (1, 0, 1)
+    assert (stats.compiles, stats.remote.lock_waits, remote.foreign_locks) == (1, 0, 1)
 
 
 async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
@@ -385,7 +385,7 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
     # refused), compiles, and closes at once.
     prefix = f"poll{time.time_ns()}"
     spec = make_spec()
-    key = spec.key("sm_90")
+    key = kernel_key(spec, "sm_90")
     client = redis_server.client()
     holder = tier(redis_server, prefix=prefix)
     token, _ = await holder.claim(key, "sm_90")
@@ -410,10 +410,10 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
     closed_in = time.monotonic() - closing
     total = net_output_bytes(redis_server) - before
     await holder.aclose()
-    assert (waiting.remote_lock_waits, waiting.compiles, waiting.remote_rejected) == (1, 0, 1)
+    assert (waiting.remote.lock_waits, waiting.compiles, waiting.remote.rejected) == (1, 0, 1)
     assert during < 1.5 * len(bad), during  # one read, before the lock was found taken
     assert total < 2.5 * len(bad), total  # and one more once the lock was ours
-    assert (stats.compiles, stats.remote_rejected, stats.remote_hits) == (1, 2, 0)
+    assert (stats.compiles, stats.remote.rejected, stats.remote.hits) == (1, 2, 0)
     assert waiter.foreign_locks == 0
     assert closed_in < 10.0, closed_in  # generous for a loaded CI box; the wait is 30 s
 
@@ -453,7 +453,7 @@ async def test_an_entry_over_max_entry_bytes_is_refused_unread(
     remote = tier(redis_server, max_entry_bytes=1 << 20)
     client = redis_server.client()
     big, listed = make_spec(), make_spec()
-    big_key, listed_key = big.key("sm_90"), listed.key("sm_90")
+    big_key, listed_key = kernel_key(big, "sm_90"), kernel_key(listed, "sm_90")
     client.set(f"{remote.prefix}:entry:{big_key}", MAGIC + b"\1" + b"x" * (4 << 20))
     client.rpush(f"{remote.prefix}:entry:{listed_key}", b"not", b"an entry")
     before = net_output_bytes(redis_server)
@@ -464,8 +464,8 @@ async def test_an_entry_over_max_entry_bytes_is_refused_unread(
         stats = compiler.stats()
     sent = net_output_bytes(redis_server) - before
     assert sent < 64 << 10, sent  # the 4 MiB value never left the server
-    assert (stats.compiles, stats.remote_rejected, stats.remote_hits) == (2, 2, 0)
-    assert stats.remote_errors == 0  # a list where an entry should be is refused, not an error
+    assert (stats.compiles, stats.remote.rejected, stats.remote.hits) == (2, 2, 0)
+    assert stats.remote.errors == 0  # a list where an entry should be is refused, not an error
     messages = [r.message for r in caplog.records]
     assert any(
         big_key[:16] in m and f"{4 * (1 << 20) + len(MAGIC) + 1} bytes" in m

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aionvrtc import KernelSpec, Target, _includes
+from aionvrtc import KernelSpec, Target, _includes, kernel_key
 from aionvrtc._spec import derive_key
 
 SRC = "__global__ void k(float* x) { x[0] = 1.0f; }"
@@ -121,9 +121,9 @@ def test_key_is_length_prefixed_and_ignores_expression_order() -> None:
 
 def test_key_is_computed_once_per_target() -> None:
     spec = KernelSpec(SRC)
-    k90 = spec.key("sm_90")
-    assert spec.key(Target("sm_90")) is k90  # memoised: the very same string
-    assert spec.key("sm_80") != k90
+    k90 = kernel_key(spec, "sm_90")
+    assert kernel_key(spec, Target("sm_90")) is k90  # memoised: the very same string
+    assert kernel_key(spec, "sm_80") != k90
     assert len(spec._keys) == 2
     from aionvrtc import _nvrtc
 
@@ -136,7 +136,7 @@ def test_options_with_an_empty_name_are_kept_for_nvrtc_to_judge(option: str) -> 
     # (" =x" did too; an option with white space around it is now refused, see below).
     spec = KernelSpec(SRC, options=(option,))
     assert spec.options == (option,)
-    assert len(spec.key("sm_90")) == 64
+    assert len(kernel_key(spec, "sm_90")) == 64
 
 
 # -- options that read or write host files, or give no loadable image ---------------------
@@ -263,7 +263,7 @@ def test_an_in_memory_pre_include_is_in_the_key() -> None:
     one = KernelSpec(SRC, options=["--pre-include=val.h"], headers={"val.h": "#define VAL 1"})
     two = KernelSpec(SRC, options=["--pre-include=val.h"], headers={"val.h": "#define VAL 2"})
     assert not one.reads_host_files
-    assert one.key("sm_90") != two.key("sm_90")
+    assert kernel_key(one, "sm_90") != kernel_key(two, "sm_90")
 
 
 # -- include directories -------------------------------------------------------------------
@@ -342,33 +342,33 @@ def test_the_key_covers_every_file_under_an_include_dir(tmp_path: Path) -> None:
     inc = _write(tmp_path / "inc", {"val.h": "#define VAL 1\n", "d/unused.h": "int a;\n"})
     options = [f"-I{inc}"]
     first = KernelSpec(INCLUDING, options=options)
-    k1 = first.key("sm_90")
-    assert KernelSpec(INCLUDING, options=options).key("sm_90") == k1  # nothing changed
+    k1 = kernel_key(first, "sm_90")
+    assert kernel_key(KernelSpec(INCLUDING, options=options), "sm_90") == k1  # nothing changed
 
     (inc / "val.h").write_text("#define VAL 2\n")
-    assert KernelSpec(INCLUDING, options=options).key("sm_90") != k1
-    assert first.key("sm_90") is k1  # a spec keeps its key: a new spec notices the change
+    assert kernel_key(KernelSpec(INCLUDING, options=options), "sm_90") != k1
+    assert kernel_key(first, "sm_90") is k1  # a spec keeps its key: a new spec notices the change
     (inc / "val.h").write_text("#define VAL 1\n")
-    assert KernelSpec(INCLUDING, options=options).key("sm_90") == k1  # content, not time
+    assert kernel_key(KernelSpec(INCLUDING, options=options), "sm_90") == k1  # content, not time
 
     keys = {k1}
     (inc / "d" / "unused.h").write_text("int b;\n")  # not even included: still covered
-    keys.add(KernelSpec(INCLUDING, options=options).key("sm_90"))
+    keys.add(kernel_key(KernelSpec(INCLUDING, options=options), "sm_90"))
     (inc / "d" / "new.h").write_text("")
-    keys.add(KernelSpec(INCLUDING, options=options).key("sm_90"))
+    keys.add(kernel_key(KernelSpec(INCLUDING, options=options), "sm_90"))
     (inc / "d" / "new.h").rename(inc / "d" / "renamed.h")
-    keys.add(KernelSpec(INCLUDING, options=options).key("sm_90"))
+    keys.add(kernel_key(KernelSpec(INCLUDING, options=options), "sm_90"))
     assert len(keys) == 4
 
 
 def test_a_missing_include_dir_is_covered_as_missing(tmp_path: Path) -> None:
     options = [f"-I{tmp_path / 'later'}"]
-    missing = KernelSpec(INCLUDING, options=options).key("sm_90")
-    assert KernelSpec(INCLUDING, options=options).key("sm_90") == missing
+    missing = kernel_key(KernelSpec(INCLUDING, options=options), "sm_90")
+    assert kernel_key(KernelSpec(INCLUDING, options=options), "sm_90") == missing
     (tmp_path / "later").mkdir()
-    empty = KernelSpec(INCLUDING, options=options).key("sm_90")
+    empty = kernel_key(KernelSpec(INCLUDING, options=options), "sm_90")
     _write(tmp_path / "later", {"val.h": "#define VAL 1\n"})
-    full = KernelSpec(INCLUDING, options=options).key("sm_90")
+    full = kernel_key(KernelSpec(INCLUDING, options=options), "sm_90")
     assert len({missing, empty, full}) == 3
 
 
@@ -381,7 +381,7 @@ def test_a_relative_include_dir_is_resolved_against_the_working_directory(
     for service in ("a", "b"):
         monkeypatch.chdir(tmp_path / service)
         spec = KernelSpec(INCLUDING, options=["-Iinclude"])
-        keys.append(spec.key("sm_90"))
+        keys.append(kernel_key(spec, "sm_90"))
         assert spec._host_files()[0][0] == str((tmp_path / service / "include").resolve())
     assert keys[0] != keys[1]
 
@@ -393,9 +393,9 @@ def test_links_are_followed_and_loops_recorded(tmp_path: Path) -> None:
     (inc / "loop").symlink_to(inc)  # inc/loop/loop/... must not be walked forever
     (inc / "dangling.h").symlink_to(tmp_path / "nowhere.h")
     options = [f"-I{inc}"]
-    first = KernelSpec(INCLUDING, options=options).key("sm_90")
+    first = kernel_key(KernelSpec(INCLUDING, options=options), "sm_90")
     (outside / "val.h").write_text("#define VAL 2\n")  # the link's target is what NVRTC reads
-    assert KernelSpec(INCLUDING, options=options).key("sm_90") != first
+    assert kernel_key(KernelSpec(INCLUDING, options=options), "sm_90") != first
 
 
 def test_a_warm_process_re_stats_but_does_not_re_read(
@@ -405,12 +405,12 @@ def test_a_warm_process_re_stats_but_does_not_re_read(
     options = [f"-I{inc}"]
     monkeypatch.setattr(_includes, "RECENT_NS", 0)  # these files were written a moment ago
     before = _includes.files_read()
-    first = KernelSpec(INCLUDING, options=options).key("sm_90")
+    first = kernel_key(KernelSpec(INCLUDING, options=options), "sm_90")
     assert _includes.files_read() - before == 5
-    assert KernelSpec(INCLUDING, options=options).key("sm_90") == first
+    assert kernel_key(KernelSpec(INCLUDING, options=options), "sm_90") == first
     assert _includes.files_read() - before == 5  # the second derivation read no file
     (inc / "h3.h").write_text("#define H3 33\n")
-    assert KernelSpec(INCLUDING, options=options).key("sm_90") != first
+    assert kernel_key(KernelSpec(INCLUDING, options=options), "sm_90") != first
     assert _includes.files_read() - before == 6  # only the changed one
 
 
@@ -420,7 +420,7 @@ def test_files_changed_a_moment_ago_are_read_again(tmp_path: Path) -> None:
     inc = _write(tmp_path / "inc", {"a.h": "", "b.h": ""})
     before = _includes.files_read()
     for _ in range(3):
-        KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")
+        kernel_key(KernelSpec(INCLUDING, options=[f"-I{inc}"]), "sm_90")
     assert _includes.files_read() - before == 6
 
 
@@ -430,15 +430,15 @@ def test_include_dirs_past_the_bounds_are_refused(
     inc = _write(tmp_path / "inc", {"a.h": "x" * 60, "b.h": "y" * 60, "d/c.h": ""})
     monkeypatch.setattr(_includes, "MAX_TREE_FILES", 3)
     with pytest.raises(ValueError, match=r"holds more than 3 files and folders") as info:
-        KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")
+        kernel_key(KernelSpec(INCLUDING, options=[f"-I{inc}"]), "sm_90")
     assert f"include directory {str(inc)!r}" in str(info.value)
     assert "point -I at the library's include folder" in str(info.value)
     monkeypatch.setattr(_includes, "MAX_TREE_FILES", 4)
     monkeypatch.setattr(_includes, "MAX_TREE_BYTES", 100)
     with pytest.raises(ValueError, match="holds more than 100 bytes"):
-        KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")
+        kernel_key(KernelSpec(INCLUDING, options=[f"-I{inc}"]), "sm_90")
     monkeypatch.setattr(_includes, "MAX_TREE_BYTES", 120)
-    assert len(KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")) == 64
+    assert len(kernel_key(KernelSpec(INCLUDING, options=[f"-I{inc}"]), "sm_90")) == 64
 
 
 @pytest.mark.parametrize(
@@ -453,7 +453,7 @@ def test_an_include_dir_whose_files_leave_it_is_refused(
 ) -> None:
     inc = _write(tmp_path / "inc", {"val.h": "#define VAL 1\n", "d/c.h": text})
     with pytest.raises(ValueError, match=re.escape(f"{inc / 'd' / 'c.h'}, line 3: ")) as info:
-        KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")
+        kernel_key(KernelSpec(INCLUDING, options=[f"-I{inc}"]), "sm_90")
     message = str(info.value)
     assert why in message
     assert f"it leaves include directory {str(inc)!r}" in message
@@ -463,20 +463,21 @@ def test_an_include_dir_whose_files_leave_it_is_refused(
 def test_computed_includes_inside_an_include_dir_are_allowed(tmp_path: Path) -> None:
     # Libraries use them, and they resolve through the same covered search path.
     inc = _write(tmp_path / "inc", {"a.h": '#define NEXT "val.h"\n#include NEXT\n'})
-    assert len(KernelSpec(INCLUDING, options=[f"-I{inc}"]).key("sm_90")) == 64
+    assert len(kernel_key(KernelSpec(INCLUDING, options=[f"-I{inc}"]), "sm_90")) == 64
 
 
 def test_the_key_names_the_exact_nvrtc_build(monkeypatch: pytest.MonkeyPatch) -> None:
     from aionvrtc import _nvrtc
 
-    spec = KernelSpec(SRC)
-    real = spec.key("sm_90")
+    source = SRC + "// the exact build"  # a spec no other test has keyed
+    spec = KernelSpec(source)
+    real = kernel_key(spec, "sm_90")
     assert real == derive_key(spec, "sm_90", _nvrtc.build())
     monkeypatch.setattr(_nvrtc, "build", lambda: f"{_nvrtc.version_string()}+another-build")
-    rebuilt = KernelSpec(SRC).key("sm_90")
+    rebuilt = kernel_key(KernelSpec(source), "sm_90")
     assert rebuilt != real
     assert rebuilt == derive_key(spec, "sm_90", f"{_nvrtc.version_string()}+another-build")
-    assert spec.key("sm_90") == rebuilt  # the spec remembers one key per target and build
+    assert kernel_key(spec, "sm_90") == rebuilt  # the spec remembers one key per target and build
     assert len(spec._keys) == 2
 
 
@@ -500,9 +501,83 @@ def test_text_that_cannot_be_utf8_is_refused_in_every_field(
         KernelSpec(source, **args)  # type: ignore[arg-type]
 
 
-def test_a_memoised_key_costs_no_import() -> None:
-    # An import statement in KernelSpec.key cost 638 ns of a memoised key's 1 us (issue 16).
+def test_keys_cost_no_import_and_the_spec_module_does_not_import_nvrtc() -> None:
+    # An import statement in KernelSpec.key cost 638 ns of a memoised key's 1 us, and _spec
+    # imported _nvrtc, which imported _spec (issue 16): the compiler derives keys now.
+    import ast
     import dis
 
-    opcodes = {instruction.opname for instruction in dis.get_instructions(KernelSpec.key)}
-    assert not opcodes & {"IMPORT_NAME", "IMPORT_FROM"}, opcodes
+    from aionvrtc import Compiler, KernelCache, _cache, _spec
+
+    for function in (kernel_key, _cache.keyed, KernelCache.key, Compiler.key):
+        opcodes = {instruction.opname for instruction in dis.get_instructions(function)}
+        assert not opcodes & {"IMPORT_NAME", "IMPORT_FROM"}, (function, opcodes)
+    assert not hasattr(KernelSpec, "key")
+    tree = ast.parse(Path(_spec.__file__).read_text())
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert "_nvrtc" not in imported
+
+
+def test_an_equal_spec_built_again_is_the_same_object_and_derives_no_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 16: a spec built per request re-derived its key on every hit (49.5 us for 34 KB).
+    from aionvrtc import _cache
+
+    source = SRC + "// " + "x" * 34_000  # one str object, as a server reuses its source
+    first = KernelSpec(source, name_expressions=("k",), options=("-O3",), headers={"a.h": "1"})
+    key = kernel_key(first, "sm_90")
+    derived: list[KernelSpec] = []
+    real = _cache.derive_key
+    monkeypatch.setattr(
+        _cache, "derive_key", lambda spec, *a: derived.append(spec) or real(spec, *a)
+    )
+    again = KernelSpec(source, name_expressions=("k",), options=("-O3",), headers={"a.h": "1"})
+    # Given differently (lists, unsorted headers), normalised to the same content:
+    listed = KernelSpec(source, name_expressions=["k", "k"], options=["-O3"], headers={"a.h": "1"})
+    assert again is first
+    assert listed is first
+    assert kernel_key(again, "sm_90") == kernel_key(listed, "sm_90") == key
+    assert derived == []
+    other = KernelSpec(source, name_expressions=("k",), options=("-O2",), headers={"a.h": "1"})
+    assert other is not first
+    assert kernel_key(other, "sm_90") != key
+    assert derived == [other]
+
+
+def test_the_interning_table_is_bounded_and_keeps_no_spec_that_reads_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import copy
+    import pickle
+
+    from aionvrtc import _spec
+
+    monkeypatch.setattr(_spec, "_interned", {})
+    monkeypatch.setattr(_spec, "_intern_state", _spec._InternState())
+    monkeypatch.setattr(_spec, "INTERN_LIMIT", 3)
+    specs = [KernelSpec(f"{SRC} // {i}") for i in range(4)]
+    assert len(_spec._interned) == 3
+    assert KernelSpec(f"{SRC} // 3") is specs[3]
+    assert KernelSpec(f"{SRC} // 0") is not specs[0]  # the oldest went first
+    assert KernelSpec(f"{SRC} // 0") == specs[0]
+    for twin in (copy.copy(specs[3]), pickle.loads(pickle.dumps(specs[3]))):
+        assert twin is specs[3]  # copies and pickles are built as specs are: shared
+    monkeypatch.setattr(_spec, "INTERN_BYTES", 3 * len(SRC))  # bounded in text too
+    KernelSpec(f"{SRC} // big")
+    assert _spec._intern_state.size <= 3 * len(SRC)
+    assert len(_spec._interned) < 3
+    # A spec with include directories covers the files as it read them: always a new one.
+    (tmp_path / "inc").mkdir()
+    options = [f"-I{tmp_path / 'inc'}"]
+    assert KernelSpec(SRC, options=options) is not KernelSpec(SRC, options=options)
+    # ...and one with include directories reads them anew:
+    reading = KernelSpec(SRC, options=options)
+    for twin in (copy.deepcopy(reading), pickle.loads(pickle.dumps(reading))):
+        assert twin == reading
+        assert twin is not reading

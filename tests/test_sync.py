@@ -46,7 +46,7 @@ _, status = os.waitpid(pid, 0)
 again = aionvrtc.compile_sync(parent_spec)
 print(json.dumps({"pooled": pooled, "child_status": os.waitstatus_to_exitcode(status),
                   "parent_same": aionvrtc.default_compiler() is parent,
-                  "parent_stats": [parent.stats().compiles, parent.stats().memory_hits]}))
+                  "parent_stats": [parent.stats().compiles, parent.stats().memory.hits]}))
 """
 
 
@@ -79,7 +79,7 @@ def test_a_memory_hit_from_a_plain_thread_does_not_wait_for_the_event_loop(
     compiler = aionvrtc.default_compiler()
     try:
         first = aionvrtc.compile_sync(spec)
-        hits = compiler.stats().memory_hits
+        hits = compiler.stats().memory.hits
         busy, release = threading.Event(), threading.Event()
 
         async def hold_the_loop() -> None:
@@ -98,6 +98,6 @@ def test_a_memory_hit_from_a_plain_thread_does_not_wait_for_the_event_loop(
         caller.join(30)
         assert served_while_busy, "the memory hit waited for the event loop"
         assert results == [first]
-        assert compiler.stats().memory_hits == hits + 1
+        assert compiler.stats().memory.hits == hits + 1
     finally:
         aionvrtc.close_default_compiler()

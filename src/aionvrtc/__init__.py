@@ -2,13 +2,14 @@
 
 from ._actor import Compiler, CompilerStats
 from ._artifact import Artifact
-from ._cache import CacheStats, KernelCache
-from ._cuda import Module, ModuleLoadError, synchronize
+from ._cache import CacheStats, KernelCache, kernel_key
+from ._cuda import Module, synchronize
 from ._exceptions import (
     AionvrtcError,
     CacheCorruptError,
     CompileError,
     CompilerClosed,
+    ModuleLoadError,
     NoDeviceError,
     NvrtcError,
 )
@@ -16,7 +17,7 @@ from ._spec import FORMAT_VERSION, KernelSpec
 from ._store import default_cache_dir
 from ._store.remote import RedisTier
 from ._sync import close_default_compiler, compile_sync, default_compiler, get_sync
-from ._target import Target
+from ._target import Target, resolve_target
 from ._version import __version__
 
 __all__ = [
@@ -43,5 +44,7 @@ __all__ = [
     "default_cache_dir",
     "default_compiler",
     "get_sync",
+    "kernel_key",
+    "resolve_target",
     "synchronize",
 ]

@@ -1,52 +1,71 @@
 """Compiler: the async compilation service.
 
-One actor task per Compiler owns the queue, the in-flight map and the remembered failures; it
-takes jobs from a priority queue and runs each whole job (disk read, file lock, NVRTC, disk write)
-in one worker-thread hop. Requests never block the event loop: a memory hit returns without
-suspending, a miss joins the in-flight job for its key or queues a new one.
+One actor task per Compiler owns the queues, the in-flight map and the remembered failures. A
+miss joins the in-flight job for its key or starts one, which goes through three lanes:
+
+- the I/O lane (up to IO_LANE worker threads, batches of up to IO_BATCH keys a hop): disk and
+  remote lookups, so a hit is served whatever NVRTC is doing;
+- the compile lane (``concurrency`` slots, default 1): the key's locks taken without waiting,
+  the disk checked again, NVRTC, the writes, all in one worker-thread hop;
+- the wait lane (no slot): a job whose key another process or host is compiling waits there for
+  its lock, then reads what it stored, or compiles with the locks as the next job of the lane.
+
+Live requests overtake warm-up (prefetch) work in the I/O and compile lanes. Requests never
+block the event loop: a memory hit returns without suspending.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
-import dataclasses
 import enum
 import functools
 import heapq
 import itertools
 import logging
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, TypeVar
 
 import anyio
 import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
 
-from . import _cuda, _spec
+from . import _cuda, _nvrtc, _spec
 from ._artifact import Artifact
-from ._cache import DEFAULT_MEMORY_LIMIT, CacheStats, KernelCache
+from ._cache import DEFAULT_MEMORY_LIMIT, Claim, KernelCache, keyed
 from ._cuda import Module
-from ._exceptions import AionvrtcError, CompileError, CompilerClosed
+from ._exceptions import AionvrtcError, CompileError, CompilerClosed, ModuleLoadError
 from ._failures import Failures
 from ._spec import KernelSpec
-from ._store.memory import _Entry
-from ._store.remote import RedisTier
+from ._store import DiskStats
+from ._store.memory import MemoryStats
+from ._store.remote import RedisTier, RemoteStats
 from ._target import Target, TargetLike
 
 __all__ = ["Compiler", "CompilerStats"]
 
+_T = TypeVar("_T")
+
 logger = logging.getLogger("aionvrtc")
 
-# Lower runs first: live requests overtake warm-up work queued before them.
+# Lower runs first: live requests overtake warm-up work queued before them, and a job holding
+# its key's locks (others wait on them) runs before both.
+CLAIMED = -1
 LIVE = 0
 PREFETCH = 1
-# Worker threads for the I/O lane (disk and remote lookups of live requests): each holds one
-# for a read and verification of well under a millisecond, so a few serve many requests.
-IO_LANE = 8
+# Worker threads for the I/O lane: each holds one for reads and verifications of well under a
+# millisecond each, so a few serve many requests.
+IO_LANE = 4
+# Keys looked up per thread hop: a hop costs about as much as a disk hit, so a burst of misses
+# is read in batches; a lone request is a batch of one.
+IO_BATCH = 16
+# Worker threads waiting on other processes' key locks (each blocks until its lock is free).
+WAIT_LANE = 64
 
 
 class _State(enum.Enum):
@@ -58,62 +77,67 @@ class _State(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class CompilerStats:
-    """A snapshot of a Compiler's counters since it opened."""
+    """A snapshot of a Compiler's counters since it opened, with each tier's own."""
 
     requests: int  # compile() and get() calls
-    memory_hits: int
-    disk_hits: int
-    compiles: int  # successful NVRTC compiles
     joined: int  # requests that shared another request's in-flight job
     errors: int  # requests that raised (fast failures of known-bad specs included)
+    compiles: int  # successful NVRTC compiles
     compile_seconds: float  # total NVRTC time
-    queued: int  # jobs waiting for a worker
-    in_flight: int  # jobs running in a worker thread
+    queued: int  # jobs looking up or queued for a compile slot
+    in_flight: int  # jobs holding a compile slot
+    waiting: int  # jobs waiting for another process's or host's lock (holding no slot)
     prefetched: int  # jobs queued by prefetch()
-    corrupt_dropped: int  # disk entries that failed verification and were deleted
-    memory_evictions: int
-    disk_evictions: int
-    write_failures: int
-    memory_entries: int
-    memory_bytes: int
-    disk_writable: bool
-    disk_trusted: bool  # False: the cache dir failed the ownership checks and is not used
-    # The remote tier (zero without one): entries read, not there, refused (unsigned, badly
-    # signed, corrupt or too large), failed calls, compiles that waited for another host's, and
-    # compile locks ignored as not another aionvrtc host's (see RedisTier.claim).
-    remote_hits: int = 0
-    remote_misses: int = 0
-    remote_rejected: int = 0
-    remote_errors: int = 0
-    remote_lock_waits: int = 0
-    remote_foreign_locks: int = 0
+    memory: MemoryStats
+    disk: DiskStats  # all zero for a Compiler without a disk tier
+    remote: RemoteStats  # all zero for a Compiler without a remote tier
 
 
-_FROM_CACHE = tuple(
-    f.name
-    for f in dataclasses.fields(CompilerStats)
-    if f.name in {c.name for c in dataclasses.fields(CacheStats)}
-    and f.name not in {"requests", "joined"}
-)
+class _Stage(enum.Enum):
+    """Where a job is: each stage has one owner, which moves it on."""
+
+    LOOKUP = "queued for the I/O lane"
+    READING = "read by the I/O lane"
+    QUEUED = "queued for the compile lane"
+    RUNNING = "in the compile lane"
+    WAITING = "waiting for another process's or host's lock"
+    DONE = "done"
 
 
 class _Job:
     """One key's work, shared by every request for that key while it runs."""
 
-    __slots__ = (
-        "done", "error", "key", "looked_up", "looking", "priority", "result", "spec", "started"
-    )  # fmt: skip
+    __slots__ = ("claim", "done", "error", "key", "priority", "result", "scope", "spec", "stage")
 
     def __init__(self, key: str, spec: KernelSpec, priority: int) -> None:
         self.key = key
         self.spec = spec
         self.priority = priority
-        self.started = False  # taken by the compile lane
-        self.looking = False  # in the I/O lane
-        self.looked_up = False  # the I/O lane found it on no tier
+        self.stage = _Stage.LOOKUP
+        self.claim: Claim | None = None  # the locks it holds, or waits for
+        self.scope: anyio.CancelScope | None = None  # of its wait: closing cancels it
         self.done = anyio.Event()
         self.result: Artifact | None = None
         self.error: BaseException | None = None
+
+
+# The tasks _spawn started, referenced until done (asyncio keeps only weak references).
+_spawned: set[asyncio.Task[None]] = set()
+
+
+def _spawn(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Start ``run()`` as a task of its own, outside the caller's task tree and cancel scopes:
+    a system task under trio, a plain task under asyncio. It must handle its own errors."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio: trio
+        import trio
+
+        trio.lowlevel.spawn_system_task(run)
+    else:
+        task = loop.create_task(run())
+        _spawned.add(task)
+        task.add_done_callback(_spawned.discard)
 
 
 def _fresh(error: BaseException) -> BaseException:
@@ -132,8 +156,9 @@ class Compiler:
     """The async, actor-style compilation service.
 
     ``async with Compiler(arch="sm_90") as compiler: artifact = await compiler.compile(spec)``.
-    ``arch`` defaults to the current GPU's; ``concurrency`` (default 1: one NVRTC job at a time)
-    is how many compiles may run at once in worker threads. ``shared_cache`` (default
+    ``arch`` defaults to ``$AIONVRTC_ARCH``, else the current GPU's (``resolve_target``);
+    ``concurrency`` (default 1: one NVRTC job at a time) is how many compiles may run at once
+    in worker threads. A disk or remote hit never waits for them. ``shared_cache`` (default
     ``$AIONVRTC_SHARED_CACHE``, else False) trusts a cache dir that a group shares; by default
     the disk cache is used only when nobody but this user (or root) can write to it.
     """
@@ -155,6 +180,8 @@ class Compiler:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive int, got {concurrency!r}")
         self.concurrency = concurrency
+        # The fleet's shared tier: ``remote``, else one from $AIONVRTC_REMOTE_URL if set.
+        self.remote = remote if remote is not None else RedisTier.from_environment()
         self._cache = KernelCache(
             arch,
             cache_dir=cache_dir,
@@ -162,33 +189,33 @@ class Compiler:
             disk_limit=disk_limit,
             disk=disk,
             shared_cache=shared_cache,
+            remote=self.remote,
         )
         self.target: Target = self._cache.target
-        # The fleet's shared tier: ``remote``, else one from $AIONVRTC_REMOTE_URL if set.
-        self.remote = remote if remote is not None else RedisTier.from_environment()
-        self._cache.remote = self.remote
         self._memory = self._cache.memory
         self._entries, self._clock = self._memory.entries, self._memory.clock
-        from . import _nvrtc
-
-        # The memo key KernelSpec.key uses, built once so the hot path does one dict lookup.
-        self._key_id = _spec.memo_id(self.target.arch, _nvrtc.build())
+        self._touch = self._memory.touch
+        # The memo key under which specs keep their key for this target and NVRTC build,
+        # built once so the hot path does one dict lookup.
+        self._build = _nvrtc.build()
+        self._key_id = _spec.memo_id(self.target.arch, self._build)
         self._state = _State.NEW
+        self._hot: dict[str, Artifact] = {}  # see _enter() and compile()
         self._inflight: dict[str, _Job] = {}
         self._failures = Failures()
-        self._queue: list[tuple[int, int, _Job]] = []
+        self._queue: list[tuple[int, int, _Job]] = []  # the compile lane's
+        self._lookups: list[tuple[int, int, _Job]] = []  # the I/O lane's
         self._seq = itertools.count()
         self._wakeup: anyio.Event | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
-        self._opener = 0  # the id of the task that opened the Compiler (owns _task_group)
         self._stopped: anyio.Event | None = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
-        self._open = False  # mirrors _state is OPEN
-        self._hot: dict[str, _Entry] = {}  # see compile()
         # Loaded modules by device and key, for the Compiler's life (or until forget/clear):
         # a module is small, and reloading one that is in use would waste a load.
         self._modules: dict[int, dict[str, Module]] = {}
         self._hot_modules: dict[str, Module] = {}  # see get()
+        self._deriving: set[KernelSpec] = set()  # prefetched specs whose keys are being derived
+        self._lookers = 0  # I/O lane tasks running
         self._running = 0
         self._misses = 0
         self._joined = 0
@@ -197,6 +224,15 @@ class Compiler:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    def _enter(self, state: _State) -> None:
+        """The one place the lifecycle state changes. ``_hot``, the map the hot paths read,
+        follows it: the memory tier's entries while open, an empty map otherwise (so a request
+        to a Compiler that is not open takes the slow path, which raises)."""
+        self._state = state
+        self._hot = self._entries if state is _State.OPEN else {}
+        if state is not _State.OPEN:
+            self._modules, self._hot_modules = {}, {}
+
     async def __aenter__(self) -> Self:
         if self._state is not _State.NEW:
             raise RuntimeError(f"a Compiler can be opened once; this one is {self._state.value}")
@@ -204,25 +240,51 @@ class Compiler:
             self.remote.check_backend()
         self._limiter = anyio.CapacityLimiter(self.concurrency)
         self._io = anyio.CapacityLimiter(IO_LANE)
+        self._waits = anyio.CapacityLimiter(WAIT_LANE)
         self._slots = anyio.Semaphore(self.concurrency)
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        self._task_group = task_group
-        self._opener = anyio.get_current_task().id
-        self._stopped = anyio.Event()  # set by the actor once its last job has finished
-        if self.remote is not None:
-            self.remote.bind(task_group)  # lock renewals run beside the actor
-        # Open before the actor runs: it stops as soon as it sees a state other than OPEN.
-        self._state, self._open, self._hot = _State.OPEN, True, self._entries
+        self._stopped = anyio.Event()  # set once the actor and its lanes have stopped
+        opened: list[BaseException | None] = []
+        started = anyio.Event()
+        _spawn(functools.partial(self._host, opened, started))
         try:
-            await task_group.start(self._actor)
-        except BaseException as exc:
-            self._state, self._open, self._hot = _State.CLOSED, False, {}
-            self._task_group = None  # left here: aclose() has nothing more to leave
-            self._stopped.set()
-            await task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            await started.wait()
+        except BaseException:  # the opener was cancelled: nobody would close it
+            with anyio.CancelScope(shield=True):
+                await started.wait()
+                await self.aclose()
             raise
+        if opened[0] is not None:
+            raise opened[0]
         return self
+
+    async def _host(self, opened: list[BaseException | None], started: anyio.Event) -> None:
+        """The Compiler's own task, outside the opener's task tree: it holds the task group
+        that the actor, the lanes and the remote tier's lock renewals run in. So aclose() never
+        has to leave a task group, and works from any task under any cancel scope."""
+        assert self._stopped is not None
+        try:
+            async with anyio.create_task_group() as task_group:
+                self._task_group = task_group
+                if self.remote is not None:
+                    self.remote.bind(task_group)
+                # Open before the actor runs: it stops as soon as it sees a state other than OPEN.
+                self._enter(_State.OPEN)
+                await task_group.start(self._actor)
+                opened.append(None)
+                started.set()
+        except Exception as exc:
+            if not opened:  # the opener raises it
+                opened.append(exc)
+            else:
+                logger.exception("the Compiler stopped on an error")
+        finally:
+            self._task_group = None
+            self._enter(_State.CLOSED)
+            self._stopped.set()
+            started.set()
+            if self.remote is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.remote.aclose()
 
     async def __aexit__(
         self,
@@ -234,34 +296,38 @@ class Compiler:
 
     async def aclose(self) -> None:
         """Close: queued jobs fail with CompilerClosed, running compiles finish and are cached,
-        and no task or thread is left behind. Any task may call it (a server's shutdown handler,
-        say); it returns once the running compiles are done. The task group the Compiler runs in
-        belongs to the task that opened it, which leaves it on its own ``async with`` exit."""
+        and it returns once they have. Any task may call it, under any cancel scope (a server's
+        shutdown handler, say). If it is cancelled (a deadline), it cancels what is left and
+        returns at once: a compile still running then finishes in its worker thread and is
+        stored on disk, with nothing waiting for it."""
         if self._state is _State.NEW:
-            self._state = _State.CLOSED
+            self._enter(_State.CLOSED)
             return
         if self._state is _State.OPEN:
             self._begin_close()
-        if self._task_group is None or anyio.get_current_task().id != self._opener:
-            assert self._stopped is not None
+        assert self._stopped is not None
+        try:
             await self._stopped.wait()
-            return
-        task_group, self._task_group = self._task_group, None
-        # Shield the task group's own scope (a new scope around its exit would break anyio's
-        # nesting): running compiles finish even if the closing task is being cancelled.
-        task_group.cancel_scope.shield = True
-        await task_group.__aexit__(None, None, None)
-        if self.remote is not None:
-            with anyio.CancelScope(shield=True):
-                await self.remote.aclose()
+        except BaseException:
+            if self._task_group is not None:
+                self._task_group.cancel_scope.cancel()
+            raise
 
     def _begin_close(self) -> None:
-        self._state, self._open, self._hot = _State.CLOSING, False, {}
-        self._modules, self._hot_modules = {}, {}
+        """Fail the jobs no lane has taken yet (letting go of locks they hold), cancel the
+        waits for other processes' locks, and wake the actor, which stops once the running
+        compiles have finished. Lookups being read finish on their own."""
+        self._enter(_State.CLOSING)
         closed = CompilerClosed("the Compiler closed before this job started")
-        for _, _, job in self._queue:
-            if not job.started and not job.done.is_set():
+        assert self._task_group is not None
+        for job in list(self._inflight.values()):
+            if job.stage in (_Stage.LOOKUP, _Stage.QUEUED):
                 self._finish(job, error=closed)
+                if job.claim is not None:
+                    self._task_group.start_soon(self._release, job.claim)
+            elif job.stage is _Stage.WAITING and job.scope is not None:
+                job.scope.cancel()
+        self._lookups.clear()
         self._queue.clear()
         self._wake()
 
@@ -284,22 +350,23 @@ class Compiler:
     async def compile(self, spec: KernelSpec) -> Artifact:
         """The compiled artifact for ``spec``: memory, else disk, else NVRTC. Needs no GPU."""
         try:
-            entry = self._hot[spec._keys[self._key_id]]
+            key = spec._keys[self._key_id]
+            artifact = self._hot[key]
+            self._touch(key)  # recency; KeyError if evicted this instant: then a miss
         except (KeyError, AttributeError):
             return await self._compile(spec)
-        entry.used = next(self._clock)  # recency for LRU eviction, and the hit count
-        return entry.artifact
+        next(self._clock)  # the hit count
+        return artifact
 
     async def _compile(self, spec: KernelSpec) -> Artifact:
-        if not self._open:
+        if self._state is not _State.OPEN:
             raise self._not_open()
         if not isinstance(spec, KernelSpec):
             raise TypeError(f"spec must be a KernelSpec, not {type(spec).__name__}")
         key = await self._key(spec)
-        entry = self._entries.get(key)
-        if entry is not None:
-            entry.used = next(self._clock)
-            return entry.artifact
+        artifact = self._memory.read(key)
+        if artifact is not None:
+            return artifact
         self._misses += 1
         job = self._submit(spec, key, LIVE)
         if not job.done.is_set():
@@ -312,6 +379,11 @@ class Compiler:
         self._errors += 1
         raise _fresh(job.error)
 
+    def key(self, spec: KernelSpec) -> str:
+        """``spec``'s cache key for this Compiler's target (see ``kernel_key``). Blocking the
+        first time for a spec with include directories, whose files it digests."""
+        return keyed(spec, self.target, self._build, self._key_id)
+
     async def _key(self, spec: KernelSpec) -> str:
         key = spec._keys.get(self._key_id)
         if key is not None:
@@ -319,8 +391,8 @@ class Compiler:
         if spec.reads_host_files:
             # Its first key digests the include directories' files: tens of milliseconds for a
             # library such as CCCL, which must not stall the event loop.
-            return await anyio.to_thread.run_sync(spec.key, self.target)
-        return spec.key(self.target)
+            return await anyio.to_thread.run_sync(self.key, spec)
+        return self.key(spec)
 
     async def get(self, spec: KernelSpec, *, device: int | None = None) -> Module:
         """``spec`` compiled and loaded for ``device`` (default: CuPy's current device).
@@ -341,7 +413,7 @@ class Compiler:
         return module
 
     async def _get(self, spec: KernelSpec, device: int | None) -> Module:
-        if not self._open:
+        if self._state is not _State.OPEN:
             raise self._not_open()
         if device is None:
             device = _cuda.current_device()
@@ -358,14 +430,14 @@ class Compiler:
             return module
         try:
             module = _cuda.load(artifact, device)
-        except _cuda.ModuleLoadError as exc:
+        except ModuleLoadError as exc:
             if _cuda.runnable(artifact, _cuda.check_device(device)) is not None:
                 raise  # another architecture: compiling again would not help
             logger.warning("%s; dropping it and compiling again", exc)
             await self.forget(spec)
             artifact = await self.compile(spec)
             module = _cuda.load(artifact, device)
-        if self._open:
+        if self._state is _State.OPEN:
             modules[artifact.key] = module
         return module
 
@@ -373,21 +445,27 @@ class Compiler:
         """Queue low-priority background compiles (warm-up); returns how many were queued.
 
         Live requests overtake them; a live request for a prefetched key promotes its job.
-        Failures are logged and remembered, never raised here.
+        Failures are logged and remembered, never raised here. Keys not derived yet are
+        derived in a worker thread (a spec among them counts as queued).
         """
         if self._state is not _State.OPEN:
             raise self._not_open()
         queued = 0
+        later: list[KernelSpec] = []
         for spec in specs:
             if not isinstance(spec, KernelSpec):
                 raise TypeError(f"prefetch takes KernelSpecs, not {type(spec).__name__}")
-            if spec.reads_host_files and self._key_id not in spec._keys:
-                # Its key digests files: derived in a worker thread, then queued (counted now).
-                assert self._task_group is not None
-                self._task_group.start_soon(self._prefetch_later, spec)
+            key = spec._keys.get(self._key_id)
+            if key is None:
+                if spec not in self._deriving:  # deriving keys here would stall the loop
+                    self._deriving.add(spec)
+                    later.append(spec)
+            elif self._prefetch_one(spec, key):
                 queued += 1
-            elif self._prefetch_one(spec, spec.key(self.target)):
-                queued += 1
+        if later:
+            assert self._task_group is not None
+            self._task_group.start_soon(self._prefetch_later, later)
+        queued += len(later)
         self._prefetched += queued
         return queued
 
@@ -397,13 +475,23 @@ class Compiler:
         self._submit(spec, key, PREFETCH)
         return True
 
-    async def _prefetch_later(self, spec: KernelSpec) -> None:
+    async def _prefetch_later(self, specs: list[KernelSpec]) -> None:
+        def derive() -> list[tuple[KernelSpec, str]]:
+            derived = []
+            for spec in specs:
+                try:
+                    derived.append((spec, self.key(spec)))
+                except ValueError as exc:  # an include directory the key cannot cover
+                    logger.warning("not prefetching %s: %s", spec.name, exc)
+            return derived
+
         try:
-            key = await self._key(spec)
-        except ValueError as exc:  # an include directory the key cannot cover
-            logger.warning("not prefetching %s: %s", spec.name, exc)
-            return
-        if self._state is _State.OPEN:
+            derived = await anyio.to_thread.run_sync(derive)
+        finally:
+            self._deriving.difference_update(specs)
+        for spec, key in derived:
+            if self._state is not _State.OPEN:
+                return
             self._prefetch_one(spec, key)
 
     def _submit(self, spec: KernelSpec, key: str, priority: int) -> _Job:
@@ -411,69 +499,114 @@ class Compiler:
         if failure is not None:
             job = _Job(key, spec, priority)
             job.error = failure
+            job.stage = _Stage.DONE
             job.done.set()
             return job
         shared = self._inflight.get(key)
         if shared is not None:
             self._joined += 1
-            if priority < shared.priority and not shared.started:
-                shared.priority = priority  # the stale heap entry is skipped when popped
-                self._push(shared)
-                self._look_up(shared)
+            if priority < shared.priority:
+                # Promoted: its old heap item is skipped when popped. A job being read keeps
+                # the new priority for the compile lane.
+                shared.priority = priority
+                if shared.stage is _Stage.LOOKUP:
+                    self._look_up(shared)
+                elif shared.stage is _Stage.QUEUED:
+                    self._push(shared)
             return shared
         job = self._inflight[key] = _Job(key, spec, priority)
-        if priority == LIVE:
-            self._look_up(job)  # a hit is served now; a miss joins the compile queue
-        else:
-            self._push(job)  # warm-up: looked up in the compile lane, after live requests
+        self._look_up(job)  # a hit is served from the I/O lane; a miss goes on to compile
         return job
-
-    def _look_up(self, job: _Job) -> None:
-        if not (job.looking or job.looked_up or job.started):
-            assert self._task_group is not None
-            job.looking = True
-            self._task_group.start_soon(self._run_lookup, job)
-
-    async def _run_lookup(self, job: _Job) -> None:
-        """The I/O lane: disk and remote reads, not limited by ``concurrency``, so a hit never
-        waits behind a compile of another key."""
-        try:
-            found = await anyio.to_thread.run_sync(self._cache.lookup, job.key, limiter=self._io)
-        except Exception:
-            logger.exception("looking up %s failed; compiling it", job.key[:16])
-            found = None
-        except BaseException:
-            if not (job.started or job.done.is_set()):
-                self._finish(job, error=CompilerClosed("the Compiler was cancelled"))
-            raise
-        finally:
-            job.looking = False
-        if job.started or job.done.is_set():
-            return  # the compile lane took it meanwhile (a promoted warm-up job)
-        if found is not None:
-            self._finish(job, result=found[0])
-        elif self._state is _State.OPEN:
-            job.looked_up = True
-            self._push(job)
-        else:
-            self._finish(job, error=CompilerClosed("the Compiler closed before this job started"))
 
     def _finish(
         self, job: _Job, *, result: Artifact | None = None, error: BaseException | None = None
     ) -> None:
-        job.result, job.error = result, error
-        self._inflight.pop(job.key, None)
+        job.result, job.error, job.stage = result, error, _Stage.DONE
+        if self._inflight.get(job.key) is job:
+            del self._inflight[job.key]
         job.done.set()
 
+    async def _hop(self, call: Callable[[], _T], limiter: anyio.CapacityLimiter) -> _T:
+        """``call()`` in a worker thread. If the waiting task is cancelled, it returns at once
+        and the thread runs on alone (NVRTC cannot be interrupted; what it compiles is still
+        stored), and locks the call returns are let go, as nobody will use them."""
+        guard = threading.Lock()
+        abandoned = False
+
+        def run() -> _T:
+            result = call()
+            with guard:
+                if abandoned and isinstance(result, Claim):
+                    self._cache.release(result)
+            return result
+
+        try:
+            return await anyio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            with guard:
+                abandoned = True
+            raise
+
+    # -- the I/O lane ------------------------------------------------------------------------
+
+    def _look_up(self, job: _Job) -> None:
+        job.stage = _Stage.LOOKUP
+        heapq.heappush(self._lookups, (job.priority, next(self._seq), job))
+        if self._lookers < IO_LANE:
+            assert self._task_group is not None
+            self._lookers += 1
+            self._task_group.start_soon(self._io_lane)
+
+    def _take_lookups(self) -> list[_Job]:
+        batch: list[_Job] = []
+        while self._lookups and len(batch) < IO_BATCH:
+            priority, _, job = heapq.heappop(self._lookups)
+            if priority == job.priority and job.stage is _Stage.LOOKUP:
+                job.stage = _Stage.READING
+                batch.append(job)
+        return batch
+
+    async def _io_lane(self) -> None:
+        """Disk and remote reads in batches, not limited by ``concurrency``: a hit never
+        waits behind a compile of another key."""
+        try:
+            while batch := self._take_lookups():
+                keys = [job.key for job in batch]
+                try:
+                    found = await self._hop(
+                        functools.partial(self._cache.lookup_many, keys), self._io
+                    )
+                except BaseException:
+                    error = CompilerClosed("the Compiler was cancelled")
+                    for job in batch:
+                        self._finish(job, error=error)
+                    raise
+                for job, outcome in zip(batch, found, strict=True):
+                    self._looked_up(job, outcome)
+        finally:
+            self._lookers -= 1
+
+    def _looked_up(self, job: _Job, outcome: tuple[Artifact, str] | Exception | None) -> None:
+        if isinstance(outcome, Exception):
+            logger.error("looking up %s failed; compiling it", job.key[:16], exc_info=outcome)
+            outcome = None
+        if outcome is not None:
+            self._finish(job, result=outcome[0])
+        elif self._state is _State.OPEN:
+            self._push(job)
+        else:
+            self._finish(job, error=CompilerClosed("the Compiler closed before this job started"))
+
+    # -- the compile lane ------------------------------------------------------------------
+
     def _push(self, job: _Job) -> None:
+        job.stage = _Stage.QUEUED
         heapq.heappush(self._queue, (job.priority, next(self._seq), job))
         self._wake()
 
     def _wake(self) -> None:
         if self._wakeup is not None:
             self._wakeup.set()
-
-    # -- the actor -------------------------------------------------------------------------
 
     async def _actor(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         try:
@@ -485,49 +618,91 @@ class Compiler:
                     if job is None:
                         self._slots.release()
                         break
-                    job.started = True
+                    job.stage = _Stage.RUNNING
                     self._running += 1
                     workers.start_soon(self._run_job, job)
                 # Leaving the task group waits for the running jobs: they finish and are cached.
         finally:
-            self._state, self._open, self._hot = _State.CLOSED, False, {}
-            assert self._stopped is not None
-            self._stopped.set()
+            # Closed (or cancelled): requests raise from now on; the host's task group waits
+            # for the lanes to finish before aclose() returns.
+            self._enter(_State.CLOSED)
 
     async def _next_job(self) -> _Job | None:
         while True:
             while self._queue:
                 priority, _, job = heapq.heappop(self._queue)
-                if not job.started and not job.done.is_set() and priority == job.priority:
+                if job.stage is _Stage.QUEUED and priority == job.priority:
                     return job
             if self._state is not _State.OPEN:
-                return None
+                return None  # closing: nothing enters the queue any more
             self._wakeup = anyio.Event()
             await self._wakeup.wait()
             self._wakeup = None
 
     async def _run_job(self, job: _Job) -> None:
+        """A compile slot's work: take the key's locks without waiting (or use those the job
+        holds), check the disk again, compile and store. A key that another process or host is
+        compiling leaves the slot for the wait lane."""
+        resolve = functools.partial(self._cache.try_resolve, job.spec, job.key, job.claim)
         try:
-            job.result, _ = await anyio.to_thread.run_sync(
-                functools.partial(self._cache.resolve, job.spec, job.key, looked_up=job.looked_up),
-                limiter=self._limiter,
-            )
+            outcome = await self._hop(resolve, self._limiter)
         except Exception as exc:
-            job.error = exc
-            if isinstance(exc, CompileError):
-                self._failures.remember(job.key, exc)  # fail fast until forget() or clear()
-            elif isinstance(exc, AionvrtcError):  # says what is wrong: no traceback needed
-                logger.warning("job for %s failed: %s", job.key[:16], exc)
-            else:
-                logger.exception("job for %s failed", job.key[:16])
+            self._failed(job, exc)
         except BaseException:
-            job.error = CompilerClosed("the Compiler was cancelled while compiling")
+            self._finish(job, error=CompilerClosed("the Compiler was cancelled while compiling"))
             raise
+        else:
+            if not isinstance(outcome, Claim):
+                self._finish(job, result=outcome[0])
+            else:
+                job.claim, job.stage = outcome, _Stage.WAITING
+                assert self._task_group is not None
+                self._task_group.start_soon(self._wait, job)
         finally:
             self._running -= 1
-            self._inflight.pop(job.key, None)
-            job.done.set()
             self._slots.release()
+
+    def _failed(self, job: _Job, exc: Exception) -> None:
+        if isinstance(exc, CompileError):
+            self._failures.remember(job.key, exc)  # fail fast until forget() or clear()
+        elif isinstance(exc, AionvrtcError):  # says what is wrong: no traceback needed
+            logger.warning("job for %s failed: %s", job.key[:16], exc)
+        else:
+            logger.exception("job for %s failed", job.key[:16])
+        self._finish(job, error=exc)
+
+    # -- the wait lane -----------------------------------------------------------------------
+
+    async def _wait(self, job: _Job) -> None:
+        """Wait, holding no compile slot, for the lock that another process or host holds on
+        the job's key; then serve what it stored, or compile, holding the locks, as the next
+        job of the compile lane. Closing cancels the wait."""
+        claim = job.claim
+        assert claim is not None
+        cancel = threading.Event()  # ends a wait for a file lock promptly (see DiskTier)
+        wait = functools.partial(self._cache.claim, job.key, cancel=cancel, claim=claim)
+        with anyio.CancelScope() as job.scope:
+            if self._state is _State.OPEN:
+                try:
+                    claim = await self._hop(wait, self._waits)
+                except Exception as exc:
+                    self._failed(job, exc)
+                    return
+                finally:
+                    cancel.set()
+        job.scope = None
+        if claim.found is not None:
+            self._finish(job, result=claim.found[0])
+        elif claim.ready and self._state is _State.OPEN:
+            job.claim, job.priority = claim, CLAIMED
+            self._push(job)
+        else:
+            self._finish(job, error=CompilerClosed("the Compiler closed while this job waited"))
+            await self._release(claim)
+
+    async def _release(self, claim: Claim) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._cache.release, claim)
 
     # -- management --------------------------------------------------------------------------
 
@@ -559,23 +734,20 @@ class Compiler:
 
     def stats(self) -> CompilerStats:
         cache = self._cache.stats()
-        # The tiers' counters carry over by name; the rest are the actor's own.
-        shared = {name: getattr(cache, name) for name in _FROM_CACHE}
-        remote = self.remote
+        waiting = sum(job.stage is _Stage.WAITING for job in self._inflight.values())
         return CompilerStats(
-            **shared,
-            requests=cache.memory_hits + self._misses,
+            requests=cache.memory.hits + self._misses,
             joined=self._joined,
             errors=self._errors,
-            queued=len(self._inflight) - self._running,
+            compiles=cache.compiles,
+            compile_seconds=cache.compile_seconds,
+            queued=len(self._inflight) - self._running - waiting,
             in_flight=self._running,
+            waiting=waiting,
             prefetched=self._prefetched,
-            remote_hits=remote.hits if remote else 0,
-            remote_misses=remote.misses if remote else 0,
-            remote_rejected=remote.rejected if remote else 0,
-            remote_errors=remote.errors if remote else 0,
-            remote_lock_waits=remote.lock_waits if remote else 0,
-            remote_foreign_locks=remote.foreign_locks if remote else 0,
+            memory=cache.memory,
+            disk=cache.disk,
+            remote=self.remote.stats() if self.remote is not None else RemoteStats(),
         )
 
     # -- blocking facade ---------------------------------------------------------------------
@@ -588,19 +760,21 @@ class Compiler:
         # A memory hit is served in the caller's thread, as compile() serves it on the loop:
         # the memory tier's readers take no lock, and a hop to the loop costs about 150 us.
         try:
-            entry = self._hot[spec._keys[self._key_id]]
+            key = spec._keys[self._key_id]
+            artifact = self._hot[key]
+            self._touch(key)
         except (KeyError, AttributeError):
             pass
         else:
-            entry.used = next(self._clock)
-            return entry.artifact
+            next(self._clock)
+            return artifact
         if self._portal is not None:
             return self._portal.call(self.compile, spec)
         return anyio.from_thread.run(self.compile, spec)
 
     def get_sync(self, spec: KernelSpec, *, device: int | None = None) -> Module:
         """``get`` for code that is not async; see ``compile_sync``."""
-        if not self._open:
+        if self._state is not _State.OPEN:
             raise self._not_open()
         if device is None:
             device = _cuda.current_device()  # the caller's thread's current device

@@ -153,17 +153,27 @@ def _parse_header(raw: bytes) -> dict[str, Any]:
         raise _corrupt(f"unreadable header ({exc})") from exc
     if not isinstance(header, dict):
         raise _corrupt("header is not an object")
-    if _depth(header, _MAX_NESTING) > _MAX_NESTING:
+    if _nests_deeper(header, _MAX_NESTING):
         raise _corrupt(f"header nested more than {_MAX_NESTING} deep")
     return header
 
 
-def _depth(value: object, limit: int) -> int:
-    """How deep ``value`` nests (a scalar: 0), counted no further than ``limit + 1``."""
-    if not isinstance(value, dict | list) or limit < 0:
-        return 0
-    children = value.values() if isinstance(value, dict) else value
-    return 1 + max((_depth(child, limit - 1) for child in children), default=0)
+def _nests_deeper(header: dict[str, Any], limit: int) -> bool:
+    """Whether containers in ``header`` (itself at depth 1) nest deeper than ``limit``: level
+    by level, so a flat header (every read) costs one pass over its values."""
+    level: list[Any] = [header]
+    for depth in range(2, limit + 2):
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+        if depth > limit:
+            return True
+    return False
 
 
 def _bounded_int(text: str) -> int:
@@ -205,8 +215,8 @@ def decode(
     if len(data) < _MIN_LEN:
         raise _corrupt(f"truncated ({len(data)} bytes)")
     header_len = _check_prefix(data)
-    body, checksum = data[:-_CHECKSUM_LEN], data[-_CHECKSUM_LEN:]
-    if hashlib.sha256(body).digest() != checksum:
+    body = memoryview(data)[:-_CHECKSUM_LEN]  # not copied: the image may be megabytes
+    if hashlib.sha256(body).digest() != data[-_CHECKSUM_LEN:]:
         raise _corrupt("checksum mismatch (truncated or modified)")
     image_at = _PREFIX.size + header_len + _IMAGE_LEN.size
     if image_at > len(body):
@@ -214,7 +224,7 @@ def decode(
     (image_len,) = _IMAGE_LEN.unpack_from(body, image_at - _IMAGE_LEN.size)
     if image_at + image_len != len(body):
         raise _corrupt("image length does not match the entry size")
-    header = _parse_header(body[_PREFIX.size : _PREFIX.size + header_len])
+    header = _parse_header(bytes(body[_PREFIX.size : _PREFIX.size + header_len]))
     key = _typed(header, "key", str)
     if not _KEY.fullmatch(key):
         raise _corrupt("header field 'key' is not a cache key")
@@ -223,7 +233,7 @@ def decode(
     kind = _typed(header, "kind", str)
     if kind not in ("cubin", "ptx", "data"):
         raise _corrupt(f"unknown kind {kind!r}")
-    image = body[image_at:]
+    image = bytes(body[image_at:])
     if kind == "cubin" and not image.startswith(_ELF_MAGIC):
         raise _corrupt("cubin image is not an ELF file")
     arch = _text(header, "arch")

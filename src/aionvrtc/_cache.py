@@ -5,7 +5,7 @@ The async Compiler drives the same pieces; this is the form for threads and scri
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 import os
 import threading
@@ -17,14 +17,15 @@ from anyio import from_thread
 
 from . import _nvrtc
 from ._artifact import Artifact
-from ._spec import KernelSpec, record_key
-from ._store import DiskTier, MemoryTier
-from ._target import TargetLike, as_target
+from ._spec import KernelSpec, derive_key, memo_id, record_key
+from ._store import NO_LOCK, DiskStats, DiskTier, KeyLock, MemoryTier
+from ._store.memory import MemoryStats
+from ._target import Target, TargetLike, resolve_target
 
 if TYPE_CHECKING:
     from ._store.remote import RedisTier
 
-__all__ = ["DEFAULT_MEMORY_LIMIT", "CacheStats", "KernelCache"]
+__all__ = ["DEFAULT_MEMORY_LIMIT", "NO_DISK", "CacheStats", "KernelCache", "kernel_key"]
 
 DEFAULT_MEMORY_LIMIT = 256 << 20  # bytes (256 MiB)
 
@@ -33,25 +34,69 @@ logger = logging.getLogger("aionvrtc")
 Origin = Literal["disk", "remote", "compile"]
 
 
+@dataclass(slots=True)
+class Claim:
+    """The locks that compiling one key takes, as far as they are taken (see KernelCache.claim).
+
+    ``lock`` is this host's file lock (None: not taken yet); ``fleet`` says the remote tier's
+    lock is settled (``token`` held, or going on without one); ``found`` is the entry another
+    process or host stored meanwhile, when there is one.
+    """
+
+    key: str
+    lock: KeyLock | None = None
+    fleet: bool = False
+    token: str | None = None
+    found: tuple[Artifact, Origin] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.found is None and self.lock is not None and self.fleet
+
+
+def kernel_key(spec: KernelSpec, arch: TargetLike | None = None) -> str:
+    """The cache key (hex SHA-256) of ``spec`` compiled for ``arch`` (default: the current
+    GPU's) by the NVRTC build in use: what the tiers store its image under. (``arch`` defaults as
+    for ``resolve_target``: ``$AIONVRTC_ARCH``, else the current GPU's.)
+
+    Derived once per spec and target, and remembered on the spec (equal specs are one object,
+    see KernelSpec). The files of the include directories are digested at the spec's first key
+    and that snapshot is kept for all its keys: a change to them is noticed by the next
+    KernelSpec (or process), and a compile refuses to store an image of files that no longer
+    match the snapshot.
+    """
+    target = resolve_target(arch)
+    build = _nvrtc.build()
+    return keyed(spec, target, build, memo_id(target.arch, build))
+
+
+def keyed(spec: KernelSpec, target: Target, build: str, memo: str) -> str:
+    """``spec``'s key under ``memo`` (``memo_id(target.arch, build)``), derived if new."""
+    try:
+        return spec._keys[memo]
+    except KeyError:
+        key = spec._keys[memo] = derive_key(spec, target.arch, build)
+        return key
+
+
 @dataclass(frozen=True, slots=True)
 class CacheStats:
-    """A snapshot of a cache's counters since it was created."""
+    """A snapshot of a cache's counters since it was created, with each tier's own."""
 
     requests: int
-    memory_hits: int
-    disk_hits: int
+    joined: int  # requests that waited for another thread's work on the same key
     compiles: int
     compile_errors: int
     compile_seconds: float  # total NVRTC time
-    joined: int  # requests that waited for another thread's work on the same key
-    corrupt_dropped: int  # disk entries that failed verification and were deleted
-    memory_evictions: int
-    disk_evictions: int
-    write_failures: int
-    memory_entries: int
-    memory_bytes: int
-    disk_writable: bool
-    disk_trusted: bool  # False: the cache dir failed the ownership checks and is not used
+    memory: MemoryStats
+    disk: DiskStats  # all zero (not writable, not trusted) for a cache without a disk tier
+
+
+# The disk stats of a cache that has no disk tier.
+NO_DISK = DiskStats(
+    hits=0, misses=0, writes=0, corrupt_dropped=0, evictions=0, write_failures=0,
+    read_failures=0, writable=False, trusted=False, entries=None, bytes=None,
+)  # fmt: skip
 
 
 class KernelCache:
@@ -71,14 +116,18 @@ class KernelCache:
         disk_limit: int | None = None,
         disk: bool = True,
         shared_cache: bool | None = None,
+        remote: RedisTier | None = None,
     ) -> None:
-        self.target = as_target(arch)
+        self.target = resolve_target(arch)
         self.memory = MemoryTier(memory_limit)
         self.disk: DiskTier | None = (
             DiskTier(cache_dir, limit=disk_limit, shared_cache=shared_cache) if disk else None
         )
-        # The Compiler's RedisTier, if any (its calls need the Compiler's event loop).
-        self.remote: RedisTier | None = None
+        # The fleet's tier. Its calls need the event loop it is bound to: resolve() and
+        # lookup() must then run in a worker thread of that loop (the Compiler's).
+        self.remote = remote
+        self._build = _nvrtc.build()
+        self._memo = memo_id(self.target.arch, self._build)
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
         self._requests = 0
@@ -88,12 +137,13 @@ class KernelCache:
         self._compile_seconds = 0.0
 
     def key(self, spec: KernelSpec) -> str:
-        return spec.key(self.target)
+        """``spec``'s cache key for this cache's target (see ``kernel_key``)."""
+        return keyed(spec, self.target, self._build, self._memo)
 
     def get_or_compile(self, spec: KernelSpec) -> Artifact:
         """The artifact for ``spec``: from memory, else disk, else compiled (and stored)."""
-        key = spec.key(self.target)
-        artifact = self.memory.get(key)
+        key = self.key(spec)
+        artifact = self.memory.read(key)
         with self._lock:
             self._requests += 1
             if artifact is not None:
@@ -129,10 +179,23 @@ class KernelCache:
         if cached is not None:
             return cached, "disk"
         if self.remote is not None:
-            cached = from_thread.run(self.remote.fetch, key, self.target.arch)
+            cached = from_thread.run(
+                functools.partial(self.remote.read, key, arch=self.target.arch)
+            )
             if cached is not None:
                 return self._keep(cached), "remote"
         return None
+
+    def lookup_many(self, keys: list[str]) -> list[tuple[Artifact, Origin] | Exception | None]:
+        """``lookup`` of each key, in one call (one thread hop for a batch); a key whose lookup
+        raised has its exception in its place, and the others are looked up all the same."""
+        found: list[tuple[Artifact, Origin] | Exception | None] = []
+        for key in keys:
+            try:
+                found.append(self.lookup(key))
+            except Exception as exc:
+                found.append(exc)
+        return found
 
     def resolve(
         self, spec: KernelSpec, key: str, *, looked_up: bool = False
@@ -146,44 +209,109 @@ class KernelCache:
         processes cold on the same kernel compile it once and the others read it from disk;
         across hosts, the remote tier's lock does the same.
         """
-        disk, remote, arch = self.disk, self.remote, self.target.arch
         found = None if looked_up else self.lookup(key)
         if found is not None:
             return found
-        with disk.lock(key) if disk is not None else contextlib.nullcontext(False):
-            cached = self._from_disk(key)  # written while we waited?
-            if cached is not None:
-                return cached, "disk"
-            token = None
+        claim = self.claim(key)
+        if claim.found is not None:
+            return claim.found
+        return self.build(spec, claim), "compile"
+
+    def try_resolve(
+        self, spec: KernelSpec, key: str, claim: Claim | None = None
+    ) -> tuple[Artifact, Origin] | Claim:
+        """The Compiler's compile lane, after a lookup missed: the key's locks taken without
+        waiting (or those ``claim`` holds), the disk checked again, then NVRTC. Returns the
+        claim instead when another process or host holds a lock now: wait for it with
+        ``claim(..., claim=that)``, which holds no compile slot, then call this again."""
+        if claim is None or not claim.ready:
+            claim = self.claim(key, wait=False, claim=claim)
+            if claim.found is not None:
+                return claim.found
+            if not claim.ready:
+                return claim
+        return self.build(spec, claim), "compile"
+
+    def claim(
+        self,
+        key: str,
+        *,
+        wait: bool = True,
+        cancel: threading.Event | None = None,
+        claim: Claim | None = None,
+    ) -> Claim:
+        """Take the locks for compiling ``key`` (or go on taking those ``claim`` lacks): this
+        host's file lock, then, with the disk checked again, the fleet's. The claim comes back
+        ``found`` when another process or host stored the key meanwhile (its locks let go),
+        ``ready`` to compile, or, with ``wait=False``, neither: another holds a lock now, and
+        ``claim(..., wait=True, claim=that)`` waits for it (the Compiler waits outside its
+        compile lane). ``cancel`` ends a wait for the file lock early (going on unlocked).
+        Blocking; with a remote tier, from a worker thread of its event loop."""
+        claim = claim if claim is not None else Claim(key)
+        disk, remote = self.disk, self.remote
+        if claim.lock is None:
+            if disk is None:
+                claim.lock = NO_LOCK
+            else:
+                lock = disk.wait_lock(key, cancel=cancel) if wait else disk.try_lock(key)
+                if lock is None:
+                    return claim  # another process compiles it now
+                claim.lock = lock
+                cached = self._from_disk(key)  # written while we waited?
+                if cached is not None:
+                    self.release(claim)
+                    claim.found = (cached, "disk")
+                    return claim
+        if not claim.fleet:
             if remote is not None:
-                token, cached = from_thread.run(remote.claim, key, arch)
+                taken = from_thread.run(
+                    functools.partial(remote.claim, key, self.target.arch, wait=wait)
+                )
+                if taken is None:
+                    return claim  # another host compiles it now (this host's lock kept)
+                claim.token, cached = taken
                 if cached is not None:  # another host compiled it while this one waited
-                    return self._keep(cached), "remote"
-            try:
-                artifact = self._compile(spec, key)
-                if disk is not None:
-                    disk.write(artifact)
-                if remote is not None:
-                    from_thread.run(remote.store, artifact)
-            finally:
-                if token is not None:
-                    assert remote is not None
-                    from_thread.run(remote.release, key, token)
-        self.memory.put(artifact)
-        return artifact, "compile"
+                    self.release(claim)
+                    claim.found = (self._keep(cached), "remote")
+                    return claim
+            claim.fleet = True
+        return claim
+
+    def build(self, spec: KernelSpec, claim: Claim) -> Artifact:
+        """Compile ``claim``'s key (its locks ``ready``), write it to disk and the remote tier,
+        publish it to memory; the locks are let go whatever happens."""
+        try:
+            artifact = self._compile(spec, claim.key)
+            if self.disk is not None:
+                self.disk.write(artifact)
+            if self.remote is not None:
+                from_thread.run(self.remote.write, artifact)
+        finally:
+            self.release(claim)
+        self.memory.write(artifact)
+        return artifact
+
+    def release(self, claim: Claim) -> None:
+        """Let go of ``claim``'s locks (the fleet's, then this host's); idempotent."""
+        token, claim.token = claim.token, None
+        if token is not None:
+            assert self.remote is not None
+            from_thread.run(self.remote.release, claim.key, token)
+        if claim.lock is not None:
+            claim.lock.release()
 
     def _from_disk(self, key: str) -> Artifact | None:
         """The disk's verified entry for ``key``, published to memory, or None."""
         cached = self.disk.read(key, arch=self.target.arch) if self.disk is not None else None
         if cached is not None:
-            self.memory.put(cached)
+            self.memory.write(cached)
         return cached
 
     def _keep(self, artifact: Artifact) -> Artifact:
         """A remote hit: written to the local disk and memory."""
         if self.disk is not None:
             self.disk.write(artifact)
-        self.memory.put(artifact)
+        self.memory.write(artifact)
         return artifact
 
     def _compile(self, spec: KernelSpec, key: str) -> Artifact:
@@ -242,7 +370,7 @@ class KernelCache:
     def forget(self, spec: KernelSpec) -> None:
         """Drop ``spec``'s entry from memory and disk, so the next request compiles it (and
         reads its include directories' files anew)."""
-        key = spec.key(self.target)
+        key = self.key(spec)
         self.memory.discard(key)
         if self.disk is not None:
             self.disk.discard(key)
@@ -255,22 +383,15 @@ class KernelCache:
             self.disk.clear()
 
     def stats(self) -> CacheStats:
-        disk = self.disk
+        memory = self.memory.stats()
+        disk = self.disk.stats() if self.disk is not None else NO_DISK
         with self._lock:
             return CacheStats(
                 requests=self._requests,
-                memory_hits=self.memory.hits(),
-                disk_hits=disk.hits if disk else 0,
+                joined=self._joined,
                 compiles=self._compiles,
                 compile_errors=self._compile_errors,
                 compile_seconds=self._compile_seconds,
-                joined=self._joined,
-                corrupt_dropped=disk.corrupt if disk else 0,
-                memory_evictions=self.memory.evictions,
-                disk_evictions=disk.evictions if disk else 0,
-                write_failures=disk.write_failures if disk else 0,
-                memory_entries=len(self.memory),
-                memory_bytes=self.memory.bytes,
-                disk_writable=disk.writable if disk else False,
-                disk_trusted=disk.trusted if disk else False,
+                memory=memory,
+                disk=disk,
             )

@@ -7,6 +7,7 @@ and is done once per device in a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,11 +15,12 @@ from typing import Any
 import anyio
 
 from ._artifact import Artifact
-from ._exceptions import AionvrtcError, NoDeviceError
+from ._cuda_errors import map_cuda_errors
+from ._exceptions import ModuleLoadError, NoDeviceError
 
 __all__ = [
     "Module",
-    "ModuleLoadError",
+    "ModuleLoadError",  # from _exceptions; _actor catches it as _cuda.ModuleLoadError
     "check_device",
     "current_device",
     "init_device",
@@ -26,18 +28,14 @@ __all__ = [
     "synchronize",
 ]
 
-
-class ModuleLoadError(AionvrtcError):
-    """Raised when the driver refuses an artifact's image (a damaged image, unsupported PTX) or
-    the image cannot run on the device (another architecture). ``Compiler.get`` drops a refused
-    image and recompiles it once before raising this."""
-
-
-def _no_device(exc: BaseException) -> NoDeviceError:
-    return NoDeviceError(
-        f"no usable CUDA GPU here ({exc}); `await compiler.compile(spec)` compiles without "
-        "one when the Compiler is given arch='sm_90'"
-    )
+# What every device query maps a CuPy failure to. One instance, kept: it holds no state, and
+# current_device runs on every Compiler.get.
+_NO_DEVICE = map_cuda_errors(
+    "no usable CUDA GPU here",
+    NoDeviceError,
+    hint="`await compiler.compile(spec)` compiles without one when the Compiler is given "
+    "arch='sm_90'",
+)
 
 
 class _Runtime:
@@ -54,8 +52,8 @@ def current_device() -> int:
 
             get_device = _Runtime.get_device = cupy.cuda.runtime.getDevice
         return get_device()
-    except Exception as exc:  # CuPy raises runtime and driver errors of several types.
-        raise _no_device(exc) from exc
+    except Exception as exc:
+        _NO_DEVICE.reraise(exc)
 
 
 _capabilities: dict[int, tuple[int, int]] = {}
@@ -71,7 +69,7 @@ def check_device(device: int) -> tuple[int, int]:
         pass
     if isinstance(device, bool) or not isinstance(device, int):
         raise TypeError(f"device must be an int, not {type(device).__name__}")
-    try:
+    with _NO_DEVICE:
         import cupy
 
         count = cupy.cuda.runtime.getDeviceCount()
@@ -79,19 +77,16 @@ def check_device(device: int) -> tuple[int, int]:
             raise ValueError(f"device must be in 0..{count - 1}, got {device}")
         # Not getDeviceProperties: that builds a large dict (about 1 ms).
         major, minor = divmod(int(cupy.cuda.Device(device).compute_capability), 10)
-    except ValueError:
-        raise
-    except Exception as exc:
-        raise _no_device(exc) from exc
     capability = (major, minor)
     _capabilities[device] = capability
     return capability
 
 
 def device_count() -> int:
-    import cupy
+    with _NO_DEVICE:
+        import cupy
 
-    return int(cupy.cuda.runtime.getDeviceCount())
+        return int(cupy.cuda.runtime.getDeviceCount())
 
 
 def init_device(device: int) -> None:
@@ -99,26 +94,26 @@ def init_device(device: int) -> None:
     worker thread so the event loop never waits for it."""
     if device in _ready:
         return
-    import cupy
+    with map_cuda_errors(f"cannot create a CUDA context on device {device}", NoDeviceError):
+        import cupy
 
-    with _lock, cupy.cuda.Device(device):
-        cupy.cuda.runtime.free(0)  # the usual way to make the runtime create the context
-        _ready.add(device)
+        with _lock, cupy.cuda.Device(device):
+            cupy.cuda.runtime.free(0)  # the usual way to make the runtime create the context
+            _ready.add(device)
 
 
 def device_ready(device: int) -> bool:
     """Whether ``device``'s context exists, so using it from this thread costs nothing."""
     if device in _ready:
         return True
-    try:
+    # A probe: whatever stops it from asking means "not ready", and init_device says why.
+    with contextlib.suppress(NoDeviceError), _NO_DEVICE:
         import cupy
 
         # Made current in this thread by the application already (cheap to ask).
         if cupy.cuda.runtime.getDevice() == device and cupy.cuda.driver.ctxGetCurrent() != 0:
             _ready.add(device)
             return True
-    except Exception:
-        pass
     return False
 
 
@@ -141,13 +136,10 @@ class Module:
         except KeyError:
             pass
         symbol = self.artifact.lowered_names.get(name, name)
-        try:
+        known = ", ".join(self.artifact.lowered_names) or "none"
+        missing = f"no kernel {name!r} in this module (name expressions: {known})"
+        with map_cuda_errors(missing, KeyError):  # KeyError: as a mapping says it has no such key
             function = self._module.get_function(symbol)
-        except Exception as exc:
-            known = ", ".join(self.artifact.lowered_names) or "none"
-            raise KeyError(
-                f"no kernel {name!r} in this module (name expressions: {known})"
-            ) from exc
         self._functions[name] = function
         return function
 
@@ -179,18 +171,17 @@ def load(artifact: Artifact, device: int) -> Module:
     reason = runnable(artifact, check_device(device))
     if reason is not None:
         raise ModuleLoadError(reason)
-    import cupy
-    from cupy.cuda.function import Module as CupyModule
+    refused = (
+        f"the driver refused the {artifact.kind} for {artifact.arch} "
+        f"(key {artifact.key[:16]}...) on device {device}"
+    )
+    with map_cuda_errors(refused, ModuleLoadError):
+        import cupy
+        from cupy.cuda.function import Module as CupyModule
 
-    try:
         with cupy.cuda.Device(device):
             raw = CupyModule()
             raw.load(artifact.image)
-    except Exception as exc:
-        raise ModuleLoadError(
-            f"the driver refused the {artifact.kind} for {artifact.arch} "
-            f"(key {artifact.key[:16]}...) on device {device}: {exc}"
-        ) from exc
     return Module(artifact, device, raw)
 
 

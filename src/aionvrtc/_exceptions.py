@@ -1,7 +1,8 @@
 """One exception hierarchy: everything aionvrtc raises on purpose derives from AionvrtcError.
 
-Third-party errors (CuPy's NVRTC binding, the CUDA runtime) are mapped to these at one boundary,
-with ``raise ... from exc`` so the original stays attached.
+Third-party errors (CuPy's NVRTC binding, the CUDA driver and runtime) are mapped to these at one
+boundary, ``_cuda_errors.map_cuda_errors``, with ``raise ... from exc`` so the original stays
+attached.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ __all__ = [
     "CacheCorruptError",
     "CompileError",
     "CompilerClosed",
+    "ModuleLoadError",
     "NoDeviceError",
     "NvrtcError",
 ]
@@ -64,6 +66,12 @@ class NoDeviceError(AionvrtcError):
     """Raised when a CUDA GPU is needed, to detect the target architecture or to load a
     module, and none is usable. Name the target explicitly (``arch="sm_90"``) to compile
     without one."""
+
+
+class ModuleLoadError(AionvrtcError):
+    """Raised when the driver refuses an artifact's image (a damaged image, unsupported PTX) or
+    the image cannot run on the device (another architecture). ``Compiler.get`` drops a refused
+    image and recompiles it once before raising this."""
 
 
 class CompilerClosed(AionvrtcError):

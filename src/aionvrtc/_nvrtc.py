@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
 from . import _includes
+from ._cuda_errors import describe, map_cuda_errors
 from ._exceptions import CompileError, NvrtcError
 from ._target import Target
 
@@ -35,22 +36,23 @@ __all__ = [
 
 @functools.cache
 def _binding() -> ModuleType:
-    try:
+    install = (
+        "install the NVRTC wheel with 'pip install \"nvidia-cuda-nvrtc>=13,<14\"' or a CUDA 13 "
+        "toolkit"
+    )
+    with map_cuda_errors("NVRTC is not usable", NvrtcError, hint=install):
         from cupy.cuda import nvrtc
 
         nvrtc.getVersion()  # loads libnvrtc; fails here rather than on first compile
-    except Exception as exc:
-        raise NvrtcError(
-            f"NVRTC is not usable ({exc}); install the NVRTC wheel with "
-            "'pip install \"nvidia-cuda-nvrtc>=13,<14\"' or a CUDA 13 toolkit"
-        ) from exc
     return nvrtc  # type: ignore[no-any-return]
 
 
 @functools.cache
 def version() -> tuple[int, int]:
     """NVRTC's (major, minor) version."""
-    major, minor = _binding().getVersion()
+    nvrtc = _binding()
+    with map_cuda_errors("NVRTC cannot tell its version", NvrtcError):
+        major, minor = nvrtc.getVersion()
     return int(major), int(minor)
 
 
@@ -170,7 +172,10 @@ def _gnu_build_id(notes: bytes, order: str, align: int) -> str | None:
 @functools.cache
 def supported_archs() -> tuple[int, ...]:
     """The real architectures (as numbers: 75, 80, ..., 120) this NVRTC can compile for."""
-    return tuple(sorted(int(arch) for arch in _binding().getSupportedArchs()))
+    nvrtc = _binding()
+    with map_cuda_errors("NVRTC cannot list the architectures it supports", NvrtcError):
+        archs = nvrtc.getSupportedArchs()
+    return tuple(sorted(int(arch) for arch in archs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,42 +259,36 @@ def _compile(
     options: list[str],
 ) -> CompileResult:
     started = time.perf_counter()
+    what = f"NVRTC failed to compile {spec.name!r} for {target.arch}"
     program = None
+    compiling = False
+
+    def failed(message: str) -> CompileError:
+        # Every failure of the binding here belongs to this program (a bare RuntimeError from
+        # getCUBIN, an error status from getLoweredName): as a CompileError the Compiler
+        # remembers it instead of compiling again at every request.
+        log = _log(nvrtc, program) if program is not None else ""
+        if compiling:  # NVRTC rejected the program: its log's first error says why
+            first = next((line.strip() for line in log.splitlines() if "error" in line), None)
+            message = f"{what}: {first}" if first else message
+        return CompileError(message, log=log, program=spec.name, options=options)
+
     try:
-        program = nvrtc.createProgram(
-            spec.source,
-            spec.name,
-            [text.encode() for text in spec.headers.values()],
-            [name.encode() for name in spec.headers],
-        )
-        for expression in spec.name_expressions:
-            nvrtc.addNameExpression(program, expression)
-        try:
+        with map_cuda_errors(what, failed):
+            program = nvrtc.createProgram(
+                spec.source,
+                spec.name,
+                [text.encode() for text in spec.headers.values()],
+                [name.encode() for name in spec.headers],
+            )
+            for expression in spec.name_expressions:
+                nvrtc.addNameExpression(program, expression)
+            compiling = True
             nvrtc.compileProgram(program, options)
-        except nvrtc.NVRTCError as exc:
+            compiling = False
+            lowered = {expr: nvrtc.getLoweredName(program, expr) for expr in spec.name_expressions}
+            image = nvrtc.getCUBIN(program) if kind == "cubin" else nvrtc.getPTX(program)
             log = _log(nvrtc, program)
-            first = next((line for line in log.splitlines() if "error" in line), str(exc))
-            raise CompileError(
-                f"NVRTC failed to compile {spec.name!r} for {target.arch}: {first.strip()}",
-                log=log,
-                program=spec.name,
-                options=options,
-            ) from exc
-        lowered = {expr: nvrtc.getLoweredName(program, expr) for expr in spec.name_expressions}
-        image = nvrtc.getCUBIN(program) if kind == "cubin" else nvrtc.getPTX(program)
-        log = _log(nvrtc, program)
-    except (CompileError, MemoryError):
-        raise
-    except Exception as exc:
-        # The binding's other failures (a bare RuntimeError from getCUBIN, an error status from
-        # getLoweredName) belong to this program too: as a CompileError the Compiler remembers
-        # them instead of compiling again at every request.
-        raise CompileError(
-            f"NVRTC failed to compile {spec.name!r} for {target.arch}: {type(exc).__name__}: {exc}",
-            log=_log(nvrtc, program) if program is not None else "",
-            program=spec.name,
-            options=options,
-        ) from exc
     finally:
         if program is not None:
             # A program that cannot be destroyed leaks its memory; the outcome stands.
@@ -308,6 +307,6 @@ def _log(nvrtc: ModuleType, program: object) -> str:
     try:
         log = nvrtc.getProgramLog(program)
     except Exception as exc:  # the binding decodes it as UTF-8; a header's bytes may not be
-        return f"(NVRTC's log could not be read: {type(exc).__name__}: {exc})"
+        return f"(NVRTC's log could not be read: {describe(exc)})"
     text = log.decode(errors="replace") if isinstance(log, bytes) else str(log)
     return text.rstrip("\x00")

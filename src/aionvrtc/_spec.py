@@ -5,18 +5,26 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
-from . import _includes, _nvrtc
-from ._target import Target, TargetLike, as_target
+from . import _includes
+from ._target import Target
 
 __all__ = ["FORMAT_VERSION", "KernelSpec", "derive_key"]
 
 # Bump when the key derivation or the entry encoding changes: old entries then live in another
 # folder of the disk tier and are never read as current ones.
 FORMAT_VERSION = 2
+
+# Equal specs are one object while they are in this table (see KernelSpec.__new__), so a spec
+# built per request derives its key once per process, not once per request. Bounded in specs
+# and in text, oldest first out: an evicted spec only costs its next twin one key derivation.
+INTERN_LIMIT = 4096  # specs
+INTERN_BYTES = 32 << 20  # bytes of source and header text (32 MiB)
 
 _TARGET = (
     # The target belongs to the compiler (one spec, many GPUs): a spec naming one would
@@ -124,7 +132,7 @@ def _check_header_name(name: str) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True, eq=True)
+@dataclass(frozen=True, slots=True, eq=True, init=False)  # built in __new__
 class KernelSpec:
     """One NVRTC program: source, in-memory headers, options and the name expressions whose
     lowered (mangled) names are wanted. Frozen and validated on construction.
@@ -137,6 +145,10 @@ class KernelSpec:
     upward include path, a computed include (``#include MACRO``), a pre-include that is not in
     ``headers`` and options that write host files or produce no loadable image are refused here
     with a ValueError.
+
+    Building a spec equal to one built before returns that object (while it is among the last
+    few thousand built), so a spec made per request costs one table lookup and its cache key
+    is derived once per process. A spec with include directories is always a new object.
     """
 
     source: str
@@ -146,19 +158,42 @@ class KernelSpec:
     name: str = "kernel.cu"
     _keys: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
     _include_dirs: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
-    # The include directories' files as this spec's keys cover them, taken once (see key()).
+    # The include directories' files as this spec's keys cover them, taken once (kernel_key).
     _host: dict[str, tuple[tuple[str, str], ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         source: str,
         *,
         name_expressions: Iterable[str] = (),
         options: Iterable[str] = (),
         headers: Mapping[str, str] | None = None,
         name: str = "kernel.cu",
+    ) -> KernelSpec:
+        # An equal spec built before, found by the arguments as given: the source's hash is
+        # cached on the str, and equal strings that are one object compare by identity.
+        try:
+            twin = _interned.get(
+                (source, name_expressions, options, () if headers is None else _items(headers),
+                 name)
+            )  # fmt: skip
+        except TypeError:  # lists, a dict of headers...: validated, then looked up normalised
+            twin = None
+        if twin is not None and type(twin) is cls:
+            return twin
+        spec = object.__new__(cls)
+        spec._build(source, name_expressions, options, headers, name)
+        return spec._intern()
+
+    def _build(
+        self,
+        source: str,
+        name_expressions: Iterable[str],
+        options: Iterable[str],
+        headers: Mapping[str, str] | None,
+        name: str,
     ) -> None:
         if not _require_str(source, "source").strip():
             raise ValueError("source must be a non-empty CUDA C++ program")
@@ -192,6 +227,30 @@ class KernelSpec:
         setter(self, "_include_dirs", include_dirs)
         setter(self, "_host", {})
 
+    def _intern(self) -> KernelSpec:
+        """The equal spec already in the table, else this one, added. A spec that reads host
+        files is never shared: its key covers the files as it first read them, and the next
+        spec must read them anew (see ``kernel_key``)."""
+        if self._include_dirs:
+            return self
+        table = _intern_state
+        fields = self.source, self.name_expressions, self.options, _items(self.headers)
+        identity = (*fields, self.name)
+        with table.lock:
+            twin = _interned.get(identity)
+            if twin is not None and type(twin) is type(self):
+                return twin
+            _interned[identity] = self
+            table.size += _text_size(self)
+            while len(_interned) > INTERN_LIMIT or table.size > INTERN_BYTES:
+                table.size -= _text_size(_interned.pop(next(iter(_interned))))
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Copies and pickles are built as any spec is: validated, and equal ones shared.
+        fields = (self.source, self.name_expressions, self.options, dict(self.headers), self.name)
+        return (_rebuild, fields)
+
     def __hash__(self) -> int:
         headers = tuple(self.headers.items())
         return hash((self.source, self.name_expressions, self.options, headers, self.name))
@@ -202,23 +261,6 @@ class KernelSpec:
         directories): derive it off the event loop."""
         return bool(self._include_dirs)
 
-    def key(self, target: TargetLike | None = None) -> str:
-        """The cache key (hex SHA-256) of this program for ``target`` and the exact NVRTC build.
-
-        Computed once per (spec, target) and remembered. The files of the include directories
-        are digested at the spec's first key derivation and that snapshot is kept for all its
-        keys: a change to them is noticed by the next KernelSpec (or process), and a compile
-        refuses to store an image of files that no longer match the snapshot.
-        """
-        arch = as_target(target).arch
-        build = _nvrtc.build()
-        memo = memo_id(arch, build)
-        try:
-            return self._keys[memo]
-        except KeyError:
-            key = self._keys[memo] = derive_key(self, arch, build)
-            return key
-
     def _reread_host_files(self) -> None:
         """Forget the keys and the include directories' snapshot: the next key reads the
         files again (``forget()`` calls this, so a changed header is compiled)."""
@@ -226,7 +268,7 @@ class KernelSpec:
         self._host.clear()
 
     def _host_files(self) -> tuple[tuple[str, str], ...]:
-        """(real path, tree digest) per include directory, taken once and kept (see key())."""
+        """(real path, tree digest) per include directory, taken once and kept (see kernel_key)."""
         if not self._include_dirs:
             return ()
         taken = self._host.get("snapshot")
@@ -234,6 +276,44 @@ class KernelSpec:
             # setdefault: two threads deriving the first keys at once keep one snapshot.
             taken = self._host.setdefault("snapshot", _includes.snapshot(self._include_dirs))
         return taken
+
+
+def _rebuild(
+    source: str,
+    name_expressions: tuple[str, ...],
+    options: tuple[str, ...],
+    headers: dict[str, str],
+    name: str,
+) -> KernelSpec:
+    return KernelSpec(
+        source, name_expressions=name_expressions, options=options, headers=headers, name=name
+    )
+
+
+class _InternState:
+    """The byte count of the interned specs' text, and the lock writers of the table take."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.lock = threading.Lock()
+
+
+# The specs built in this process by content, oldest first (see KernelSpec.__new__). Lookups
+# take no lock: one dict lookup, atomic.
+_interned: dict[Hashable, KernelSpec] = {}
+_intern_state = _InternState()
+
+
+def _text_size(spec: KernelSpec) -> int:
+    return len(spec.source) + sum(map(len, spec.headers.values()))
+
+
+def _items(headers: Mapping[str, str] | None) -> tuple[Any, ...]:
+    if not headers:
+        return ()
+    if not isinstance(headers, Mapping):
+        raise TypeError  # not a spec's headers: validation says so
+    return tuple(headers.items())
 
 
 def memo_id(arch: str, nvrtc_build: str) -> str:

@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["compile_sync", "default_compiler", "get_sync"]
 
-ENV_ARCH = "AIONVRTC_ARCH"
-
 
 class _Default:
     lock = threading.Lock()
@@ -83,7 +81,7 @@ def default_compiler() -> Compiler:
     with _Default.lock:
         if _Default.compiler is not None and not _Default.compiler.closed:
             return _Default.compiler
-        compiler = Compiler(arch=os.environ.get(ENV_ARCH) or None)
+        compiler = Compiler()  # its target: resolve_target()
         _Default.running = _serve(compiler)
         if not _Default.at_exit:
             _Default.at_exit = True

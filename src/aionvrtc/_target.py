@@ -1,14 +1,20 @@
-"""The GPU architecture a kernel is compiled for."""
+"""The GPU architecture a kernel is compiled for, and the one rule that picks it."""
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, field
 
+from ._cuda_errors import map_cuda_errors
 from ._exceptions import NoDeviceError
 
-__all__ = ["Target", "TargetLike", "as_target"]
+__all__ = ["ENV_ARCH", "Target", "TargetLike", "as_target", "resolve_target"]
+
+# The target when none is named: for compiling on a machine without a GPU (CI, a Docker build),
+# or for another GPU than this one.
+ENV_ARCH = "AIONVRTC_ARCH"
 
 # sm_90, sm_90a (arch-specific features such as wgmma), sm_100f (family-portable).
 _ARCH = re.compile(r"sm_(?P<number>[1-9][0-9]{1,2})(?P<suffix>[af]?)")
@@ -43,20 +49,42 @@ class Target:
 
         Raises NoDeviceError when CUDA or the GPU cannot be used.
         """
-        try:
-            import cupy
+        return _detect(device, hint="pass the target explicitly, for example arch='sm_90'")
 
-            dev = cupy.cuda.Device(device)
-            capability = str(dev.compute_capability)
-        except Exception as exc:  # CuPy raises runtime and driver errors of several types.
-            raise NoDeviceError(
-                f"cannot detect the GPU architecture ({exc}); "
-                "pass the target explicitly, for example arch='sm_90'"
-            ) from exc
-        return cls(f"sm_{capability}")
+
+def _detect(device: int | None, *, hint: str) -> Target:
+    with map_cuda_errors("cannot detect the GPU architecture", NoDeviceError, hint=hint):
+        import cupy
+
+        capability = str(cupy.cuda.Device(device).compute_capability)
+    return Target(f"sm_{capability}")
 
 
 TargetLike = Target | str
+
+
+def resolve_target(arch: TargetLike | None = None, *, default: TargetLike | None = None) -> Target:
+    """The target to compile for: ``arch`` if given; else ``$AIONVRTC_ARCH`` if set; else the
+    current GPU's; else ``default``.
+
+    Raises NoDeviceError when it comes to the GPU, there is none and no ``default`` is given,
+    and ValueError naming ``$AIONVRTC_ARCH`` when that is not an arch such as ``sm_90``.
+    """
+    if arch is not None:
+        return as_target(arch)
+    named = os.environ.get(ENV_ARCH)
+    if named:  # set but empty counts as unset, so that a script can clear it
+        try:
+            return _named(named)
+        except ValueError as exc:
+            raise ValueError(f"${ENV_ARCH}: {exc}") from exc
+    if default is None:
+        return _detect(None, hint=f"name the target: arch='sm_90', or ${ENV_ARCH}=sm_90")
+    fallback = as_target(default)  # a bad default is an error with a GPU too
+    try:
+        return Target.current()
+    except NoDeviceError:
+        return fallback
 
 
 def as_target(target: TargetLike | None) -> Target:

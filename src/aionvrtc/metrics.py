@@ -12,6 +12,7 @@ service costs nothing between scrapes.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ._actor import Compiler, CompilerStats
@@ -21,33 +22,35 @@ if TYPE_CHECKING:
 
 __all__ = ["CompilerCollector", "register"]
 
-# (stats field, metric name without the prefix, help): counters, then gauges.
+# (stats field, dotted into the tiers' own stats; metric name without the prefix; help):
+# counters, then gauges.
 _COUNTERS = (
     ("requests", "requests", "compile() and get() calls"),
-    ("memory_hits", "memory_hits", "requests served from the in-memory map"),
-    ("disk_hits", "disk_hits", "requests served from the disk cache"),
+    ("memory.hits", "memory_hits", "requests served from the in-memory map"),
+    ("disk.hits", "disk_hits", "requests served from the disk cache"),
     ("compiles", "compiles", "successful NVRTC compiles"),
     ("joined", "joined", "requests that shared another request's compile"),
     ("errors", "errors", "requests that raised"),
     ("compile_seconds", "compile_seconds", "seconds spent in NVRTC"),
-    ("corrupt_dropped", "corrupt_dropped", "disk entries that failed verification"),
-    ("memory_evictions", "memory_evictions", "entries evicted from memory"),
-    ("disk_evictions", "disk_evictions", "entries evicted from disk"),
-    ("write_failures", "disk_write_failures", "disk writes that failed"),
-    ("remote_hits", "remote_hits", "requests served from the remote tier"),
-    ("remote_misses", "remote_misses", "remote tier lookups that found nothing"),
-    ("remote_rejected", "remote_rejected", "remote entries refused: unsigned, bad or corrupt"),
-    ("remote_errors", "remote_errors", "remote tier calls that failed"),
-    ("remote_lock_waits", "remote_lock_waits", "compiles that waited for another host's"),
-    ("remote_foreign_locks", "remote_foreign_locks", "remote compile locks ignored as foreign"),
+    ("disk.corrupt_dropped", "corrupt_dropped", "disk entries that failed verification"),
+    ("memory.evictions", "memory_evictions", "entries evicted from memory"),
+    ("disk.evictions", "disk_evictions", "entries evicted from disk"),
+    ("disk.write_failures", "disk_write_failures", "disk writes that failed"),
+    ("remote.hits", "remote_hits", "requests served from the remote tier"),
+    ("remote.misses", "remote_misses", "remote tier lookups that found nothing"),
+    ("remote.rejected", "remote_rejected", "remote entries refused: unsigned, bad or corrupt"),
+    ("remote.errors", "remote_errors", "remote tier calls that failed"),
+    ("remote.lock_waits", "remote_lock_waits", "compiles that waited for another host's"),
+    ("remote.foreign_locks", "remote_foreign_locks", "remote compile locks ignored as foreign"),
 )
 _GAUGES = (
-    ("queued", "queue_depth", "compile jobs waiting for a worker"),
-    ("in_flight", "compiles_in_flight", "compile jobs running"),
-    ("memory_entries", "memory_entries", "entries in the in-memory map"),
-    ("memory_bytes", "memory_bytes", "bytes in the in-memory map"),
-    ("disk_writable", "disk_writable", "1 while the disk cache takes writes"),
-    ("disk_trusted", "disk_trusted", "1 while the disk cache dir passes the ownership checks"),
+    ("queued", "queue_depth", "jobs looking up or waiting for a compile slot"),
+    ("in_flight", "compiles_in_flight", "jobs holding a compile slot"),
+    ("waiting", "lock_waits_in_flight", "jobs waiting for another process's or host's lock"),
+    ("memory.entries", "memory_entries", "entries in the in-memory map"),
+    ("memory.bytes", "memory_bytes", "bytes in the in-memory map"),
+    ("disk.writable", "disk_writable", "1 while the disk cache takes writes"),
+    ("disk.trusted", "disk_trusted", "1 while the disk cache dir passes the ownership checks"),
 )
 
 
@@ -70,13 +73,13 @@ class CompilerCollector:
         labels = ["compiler"]
         for field, name, text in _COUNTERS:
             counter = CounterMetricFamily(f"aionvrtc_{name}", text, labels=labels)
-            counter.add_metric([self.name], float(getattr(stats, field)))
+            counter.add_metric([self.name], float(attrgetter(field)(stats)))
             yield counter
         for field, name, text in _GAUGES:
             gauge = GaugeMetricFamily(f"aionvrtc_{name}", text, labels=labels)
-            gauge.add_metric([self.name], float(getattr(stats, field)))
+            gauge.add_metric([self.name], float(attrgetter(field)(stats)))
             yield gauge
-        hits = stats.memory_hits + stats.disk_hits + stats.remote_hits
+        hits = stats.memory.hits + stats.disk.hits + stats.remote.hits
         ratio = GaugeMetricFamily(
             "aionvrtc_hit_ratio", "cache hits (memory, disk, remote) over requests", labels=labels
         )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aionvrtc import KernelCache
+from aionvrtc import KernelCache, kernel_key
 from aionvrtc._artifact import encode
 from aionvrtc._spec import FORMAT_VERSION
 
@@ -65,7 +65,7 @@ def test_corrupt_entries_are_dropped_counted_and_recompiled(
     assert art.image == good.image
     assert art.key == good.key
     stats = reader.stats()
-    assert (stats.corrupt_dropped, stats.compiles, stats.disk_hits) == (1, 1, 0)
+    assert (stats.disk.corrupt_dropped, stats.compiles, stats.disk.hits) == (1, 1, 0)
     assert [r.message for r in caplog.records if "dropping disk cache entry" in r.message]
     # The recompiled entry replaced the bad one and verifies.
     assert KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec).image == good.image
@@ -74,7 +74,7 @@ def test_corrupt_entries_are_dropped_counted_and_recompiled(
 def test_entry_for_another_arch_under_this_key_is_refused(cache_dir: Path) -> None:
     spec = make_spec()
     on_80 = KernelCache("sm_80", cache_dir=cache_dir).get_or_compile(spec)
-    key_90 = spec.key("sm_90")
+    key_90 = kernel_key(spec, "sm_90")
     planted = cache_dir / "v2" / key_90[:2] / key_90
     planted.parent.mkdir(parents=True, exist_ok=True)
     from dataclasses import replace
@@ -83,7 +83,7 @@ def test_entry_for_another_arch_under_this_key_is_refused(cache_dir: Path) -> No
     cache = KernelCache("sm_90", cache_dir=cache_dir)
     art = cache.get_or_compile(spec)
     assert art.arch == "sm_90"
-    assert cache.stats().corrupt_dropped == 1
+    assert cache.stats().disk.corrupt_dropped == 1
 
 
 def test_symlinked_entry_is_not_followed(cache_dir: Path, tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_symlinked_entry_is_not_followed(cache_dir: Path, tmp_path: Path) -> Non
     cache = KernelCache("sm_90", cache_dir=cache_dir)
     cache.get_or_compile(spec)
     stats = cache.stats()
-    assert (stats.disk_hits, stats.compiles, stats.corrupt_dropped) == (0, 1, 1)
+    assert (stats.disk.hits, stats.compiles, stats.disk.corrupt_dropped) == (0, 1, 1)
     assert not entry.is_symlink()
     assert target.read_bytes()  # the link's target was never touched
 
@@ -117,8 +117,8 @@ def test_read_only_cache_dir_serves_and_warns_once(
         fresh = [cache.get_or_compile(make_spec()) for _ in range(3)]  # compiled, not stored
     assert all(a.image[:4] == b"\x7fELF" for a in fresh)
     stats = cache.stats()
-    assert (stats.disk_hits, stats.compiles, stats.write_failures) == (1, 3, 1)
-    assert stats.disk_writable is False
+    assert (stats.disk.hits, stats.compiles, stats.disk.write_failures) == (1, 3, 1)
+    assert stats.disk.writable is False
     warnings = [r.message for r in caplog.records if "not writable" in r.message]
     assert len(warnings) == 1
     assert "writing disabled" in warnings[0]
@@ -140,10 +140,12 @@ def test_full_disk_disables_writing(
         arts = [cache.get_or_compile(make_spec()) for _ in range(2)]
     assert all(a.kind == "cubin" for a in arts)
     stats = cache.stats()
-    assert (stats.compiles, stats.write_failures, stats.disk_writable) == (2, 1, False)
+    assert (stats.compiles, stats.disk.write_failures, stats.disk.writable) == (2, 1, False)
     assert len([r for r in caplog.records if "not writable" in r.message]) == 1
     leftovers = [p.name for p in cache_dir.rglob("*") if p.is_file()]
-    assert leftovers == []  # no tmp file, no entry, no lock file (removed as it is let go)
+    # No tmp file, no entry, no lock file (removed as it is let go): the empty index made with
+    # the version folder is all there is.
+    assert leftovers == [".index"]
 
 
 def test_cache_dir_deleted_under_a_running_cache(cache_dir: Path) -> None:
@@ -155,4 +157,4 @@ def test_cache_dir_deleted_under_a_running_cache(cache_dir: Path) -> None:
     spec = make_spec()
     art = cache.get_or_compile(spec)
     assert (cache_dir / "v2" / art.key[:2] / art.key).is_file()  # recreated
-    assert cache.stats().write_failures == 0
+    assert cache.stats().disk.write_failures == 0

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from aionvrtc import kernel_key
+
 from ..conftest import run_python
 from .workloads import (
     HOSTILE_KINDS,
@@ -53,8 +55,8 @@ async def test_ten_thousand_waiters_cancelled_and_closed_on(tmp_path: Path) -> N
 
 
 def test_load_specs_are_distinct_per_tag_and_salt() -> None:
-    assert load_spec(1, "a").key("sm_90") == load_spec(1, "a").key("sm_90")
-    assert len({load_spec(t, s).key("sm_90") for t in range(3) for s in "ab"}) == 6
+    assert kernel_key(load_spec(1, "a"), "sm_90") == kernel_key(load_spec(1, "a"), "sm_90")
+    assert len({kernel_key(load_spec(t, s), "sm_90") for t in range(3) for s in "ab"}) == 6
 
 
 def test_a_hostile_cache_dir_costs_recompiles_never_a_failed_or_hung_request(

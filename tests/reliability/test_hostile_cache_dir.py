@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from aionvrtc import Artifact, Compiler, KernelCache, KernelSpec
+from aionvrtc import Artifact, Compiler, KernelCache, KernelSpec, kernel_key
 from aionvrtc._artifact import encode
 from aionvrtc._store.disk import DiskTier
 
@@ -159,14 +159,14 @@ def as_other_user(work: Callable[[], dict[str, Any]], *, timeout: float = 60) ->
 FIFO_AT_AN_ENTRY = """
 import json, os, sys
 import anyio
-from aionvrtc import Compiler
+from aionvrtc import Compiler, kernel_key
 from tests.conftest import make_spec
 
 root = sys.argv[1]
 
 async def main():
     stuck, other = make_spec(), make_spec()
-    key = stuck.key("sm_90")
+    key = kernel_key(stuck, "sm_90")
     shard = os.path.join(root, "v2", key[:2])
     os.makedirs(shard, mode=0o700)
     fifo = os.path.join(shard, key)
@@ -180,10 +180,10 @@ async def main():
             first = await compiler.compile(stuck)
         stats = compiler.stats()
     print(json.dumps({
-        "other": other_done.key == other.key("sm_90"), "first": first.image[:4].hex(),
+        "other": other_done.key == kernel_key(other, "sm_90"), "first": first.image[:4].hex(),
         "fifo_left": os.path.exists(fifo) and not os.path.isfile(fifo),
         "entry_written": os.path.isfile(fifo),
-        "compiles": stats.compiles, "corrupt": stats.corrupt_dropped,
+        "compiles": stats.compiles, "corrupt": stats.disk.corrupt_dropped,
     }))
 
 anyio.run(main)
@@ -423,7 +423,7 @@ def test_a_shard_this_user_cannot_open_affects_that_shard_only(other_users_dir: 
     assert result == {
         "written": [True, False, True], "read": [True, False, True], "later": True,
         "writable": True, "write_failures": 1,
-        "files": ["10", "20", "30", "40"],
+        "files": [".index", "10", "20", "30", "40"],  # .index: made with the version folder
         "warnings": [
             f"disk cache folder {bad} is not readable by this user (Permission denied; owner uid "
             f"{os.stat(root).st_uid}, mode 0000): kernels whose keys start with 20 are compiled "
@@ -440,7 +440,7 @@ def _planted_cache(root: Path) -> tuple[KernelSpec, Artifact, bytes]:
     kernel's image: what someone who can write the dir would plant."""
     spec, other = make_spec(), make_spec()
     foreign = KernelCache("sm_90", disk=False).get_or_compile(other)
-    key = spec.key("sm_90")
+    key = kernel_key(spec, "sm_90")
     from dataclasses import replace
 
     planted = encode(replace(foreign, key=key))
@@ -478,9 +478,11 @@ def test_a_cache_dir_others_can_write_is_neither_read_nor_written(
     cache.get_or_compile(make_spec())
     assert artifact.image != foreign.image  # compiled, not the planted kernel
     stats = cache.stats()
-    assert (stats.disk_hits, stats.compiles, stats.corrupt_dropped) == (0, 2, 0)
-    assert (stats.disk_trusted, stats.disk_writable, stats.write_failures) == (False, False, 0)
-    assert (root / "v2" / spec.key("sm_90")[:2] / spec.key("sm_90")).read_bytes() == planted
+    assert (stats.disk.hits, stats.compiles, stats.disk.corrupt_dropped) == (0, 2, 0)
+    assert (stats.disk.trusted, stats.disk.writable, stats.disk.write_failures) == (False, False, 0)
+    assert (
+        root / "v2" / kernel_key(spec, "sm_90")[:2] / kernel_key(spec, "sm_90")
+    ).read_bytes() == planted
     assert len(list((root / "v2").glob("*/*"))) == 1  # nothing written
     [warning] = warnings.messages
     assert warning.startswith(f"not using the disk cache at {root}: {culprit} {problem}")
@@ -493,7 +495,7 @@ def test_a_sticky_parent_others_can_write_is_fine(tmp_path: Path) -> None:
     parent.chmod(0o1777)
     cache = KernelCache("sm_90", cache_dir=parent / "cache")
     art = cache.get_or_compile(make_spec())
-    assert (cache.stats().disk_trusted, cache.stats().write_failures) == (True, 0)
+    assert (cache.stats().disk.trusted, cache.stats().disk.write_failures) == (True, 0)
     assert (parent / "cache" / "v2" / art.key[:2] / art.key).is_file()
 
 
@@ -513,7 +515,7 @@ def test_a_group_shared_cache_is_an_opt_in(tmp_path: Path, monkeypatch: pytest.M
         art = cache.get_or_compile(make_spec())
     finally:
         os.umask(old)
-    assert cache.stats().disk_trusted is True
+    assert cache.stats().disk.trusted is True
     entry = root / "v2" / art.key[:2] / art.key
     assert cache.disk is not None
     with cache.disk.lock(art.key) as locked:  # a lock file lives while it is held
@@ -590,7 +592,7 @@ async def test_the_compiler_passes_shared_cache_on(tmp_path: Path) -> None:
     _group_dir(root, os.getegid())
     async with Compiler(arch="sm_90", cache_dir=root, shared_cache=True) as compiler:
         art = await compiler.compile(make_spec())
-        assert compiler.stats().disk_hits == 0
+        assert compiler.stats().disk.hits == 0
     assert (root / "v2" / art.key[:2] / art.key).stat().st_mode & 0o777 == 0o640
 
 
@@ -627,4 +629,4 @@ def test_a_cache_root_baked_is_read_not_written_by_another_user(other_users_dir:
     assert warning.startswith(f"disk cache at {root / 'v2'} is not writable (")
     assert f"this user (uid {NOBODY}) cannot write to it (owner uid 0, mode 0755)" in warning
     assert "writing disabled, kernels are still compiled and served from memory" in warning
-    assert sorted(p.name for p in (root / "v2").iterdir()) == ["5a"]
+    assert sorted(p.name for p in (root / "v2").iterdir()) == [".index", "5a"]  # root's

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from aionvrtc import AionvrtcError, KernelCache, KernelSpec, Target
+from aionvrtc import AionvrtcError, KernelCache, KernelSpec, Target, kernel_key
 from aionvrtc._nvrtc import compile_program
 
 from ..conftest import make_spec
@@ -24,7 +24,7 @@ def test_a_symlink_planted_at_the_tmp_path_is_not_followed(
     # The tmp name is random; fixing the random part is the only way to plant a link at it.
     monkeypatch.setattr(secrets, "token_hex", lambda n: "feedf00d")
     spec = make_spec()
-    key = spec.key("sm_90")
+    key = kernel_key(spec, "sm_90")
     shard = cache_dir / "v2" / key[:2]
     shard.mkdir(parents=True)
     victim = tmp_path / "victim"
@@ -35,8 +35,8 @@ def test_a_symlink_planted_at_the_tmp_path_is_not_followed(
     assert artifact.image.startswith(b"\x7fELF")  # the request still succeeds
     assert victim.read_bytes() == b"keep me"  # the link was not written through
     assert not (shard / key).exists()
-    assert cache.stats().write_failures == 1
-    assert cache.stats().disk_writable  # one failed write does not turn the disk off
+    assert cache.stats().disk.write_failures == 1
+    assert cache.stats().disk.writable  # one failed write does not turn the disk off
 
 
 def test_an_unreadable_entry_is_recompiled_with_one_warning(
@@ -63,7 +63,7 @@ def test_an_unreadable_entry_is_recompiled_with_one_warning(
         cache.get_or_compile(make_spec())
     assert again[0].image == first.image
     stats = cache.stats()
-    assert (stats.disk_hits, stats.compiles, stats.corrupt_dropped) == (0, 2, 0)
+    assert (stats.disk.hits, stats.compiles, stats.disk.corrupt_dropped) == (0, 2, 0)
     assert len([r for r in caplog.records if "cannot read the disk cache" in r.message]) == 1
 
 
@@ -102,7 +102,7 @@ def test_arbitrary_specs_raise_only_validation_or_aionvrtc_errors(
         spec = KernelSpec(source, options=tuple(options), name_expressions=tuple(names))
     except (TypeError, ValueError):
         return
-    assert len(spec.key(arch)) == 64
+    assert len(kernel_key(spec, arch)) == 64
     try:
         result = compile_program(spec, Target(arch))
     except AionvrtcError:

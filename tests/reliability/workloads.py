@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import sniffio
 
-from aionvrtc import Compiler, CompilerClosed, KernelSpec
+from aionvrtc import Compiler, CompilerClosed, KernelSpec, kernel_key
 from aionvrtc._store.disk import STALE_TMP_SECONDS, DiskTier
 
 # -- crash safety --------------------------------------------------------------------------------
@@ -81,7 +81,8 @@ def crash_trials(root: Path, trials: int, seed: int) -> dict[str, Any]:
         "corrupt": tier.corrupt,
         "tmp_files_left": len(leftovers),
         "tmp_files_after_scan": len(list(root.rglob("*.tmp"))),
-        "other_files": sorted(p.name for p in others if not p.name.endswith(".lock")),
+        # Lock files of writers killed while holding one, and the cache dir's index.
+        "other_files": sorted(p.name for p in others if not p.name.endswith((".lock", ".index"))),
     }
 
 
@@ -124,8 +125,8 @@ async def main():
             artifact = await compiler.compile(load_spec(tag, salt))
             bad += artifact.kind != "cubin" or not artifact.image.startswith(b"\x7fELF")
         s = compiler.stats()
-        print(json.dumps({"compiles": s.compiles, "disk_hits": s.disk_hits,
-                          "memory_hits": s.memory_hits, "corrupt": s.corrupt_dropped,
+        print(json.dumps({"compiles": s.compiles, "disk_hits": s.disk.hits,
+                          "memory_hits": s.memory.hits, "corrupt": s.disk.corrupt_dropped,
                           "errors": s.errors, "bad": bad}))
 
 anyio.run(main)
@@ -342,7 +343,7 @@ async def hostile_cache(root: Path, kernels: int, seed: int) -> dict[str, Any]:
     good = encode(donor)
     planted: dict[str, int] = dict.fromkeys(HOSTILE_KINDS, 0)
     for index, spec in enumerate(specs):
-        key = spec.key("sm_90")
+        key = kernel_key(spec, "sm_90")
         kind = HOSTILE_KINDS[index % len(HOSTILE_KINDS)]
         plant(version_dir / key[:2] / key, kind, good)
         planted[kind] += 1
@@ -360,7 +361,9 @@ async def hostile_cache(root: Path, kernels: int, seed: int) -> dict[str, Any]:
                 outcomes["error"] += 1
                 errors.append(repr(exc))
                 return
-            right = artifact.image.startswith(b"\x7fELF") and artifact.key == spec.key("sm_90")
+            right = artifact.image.startswith(b"\x7fELF") and artifact.key == kernel_key(
+                spec, "sm_90"
+            )
             outcomes["result" if right else "error"] += 1
 
         with anyio.fail_after(HOSTILE_TIMEOUT):
@@ -380,10 +383,10 @@ async def hostile_cache(root: Path, kernels: int, seed: int) -> dict[str, Any]:
         **outcomes,
         "errors_seen": errors[:5],
         "compiles": stats.compiles,
-        "corrupt_dropped": stats.corrupt_dropped,
+        "corrupt_dropped": stats.disk.corrupt_dropped,
         "seconds": round(seconds, 3),
         "fds_leaked": None if fds_before is None or fds_after is None else fds_after - fds_before,
-        "second_pass_disk_hits": again.stats().disk_hits,
+        "second_pass_disk_hits": again.stats().disk.hits,
         "second_pass_compiles": again.stats().compiles,
     }
 

@@ -1,8 +1,15 @@
 """The disk tier: one self-verifying file per entry, written atomically, shared by processes.
 
-Layout: ``<root>/v<FORMAT_VERSION>/<key[:2]>/<key>``. Other format versions live in sibling
-folders and are never read as current entries. Every operation here is blocking and meant to run
-whole in one worker-thread hop.
+Layout: ``<root>/v<FORMAT_VERSION>/<key[:2]>/<key>``, and in the version folder the index
+(``.index``: the entries' total size and header summaries, see ``_index``) and the event log
+(``.events``). Other format versions live in sibling folders and are never read as current
+entries. Every operation here is blocking and meant to run whole in one worker-thread hop.
+
+No request lists a folder: a write learns from the index's 64-byte header whether the cache is
+over its limit, and the work that walks every shard (eviction down to the low-water mark, and
+rebuilding the index when it is missing, damaged, stale or mostly dead records) runs in one
+background daemon thread per tier (``_maintenance``). Recency is each entry's mtime, refreshed
+by a read.
 
 Nothing in the cache dir can fail or hang a request: files are opened without blocking (a FIFO)
 and without following links, checked with fstat before they are read, and every operation below
@@ -16,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import operator
 import os
 import re
 import secrets
 import stat
 import threading
 import time
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -31,6 +39,30 @@ from .._artifact import _KEY, Artifact, decode, encode, read_header
 from .._exceptions import CacheCorruptError
 from .._spec import FORMAT_VERSION
 from .._units import env_flag, parse_size
+from ._fs import (
+    ASIDE,
+    DIR_FLAGS,
+    FILE_FLAGS,
+    closing,
+    file_id,
+    kind_of,
+    read_up_to,
+    remove_at,
+    same_file,
+)
+from ._fs import stat_or_none as _stat
+from ._index import (
+    INDEX_NAME,
+    INDEX_TMP_PREFIX,
+    Index,
+    Record,
+    Snapshot,
+    Totals,
+    summary,
+    summary_fields,
+)
+from ._index import summaries as parse_summaries
+from ._locks import NO_LOCK, KeyLock, LockFiles, close_files, let_go, wait_in_thread
 
 try:
     import fcntl
@@ -39,11 +71,16 @@ except ImportError:  # not POSIX: no cross-process single flight
 
 __all__ = [
     "EVENT_KINDS",
+    "NO_LOCK",
     "PROBE_KEY",
     "Damage",
+    "DiskStats",
     "DiskTier",
     "EntryInfo",
+    "KeyLock",
+    "Listing",
     "Policy",
+    "Pruned",
     "Survey",
     "default_cache_dir",
     "default_disk_limit",
@@ -56,8 +93,8 @@ ENV_CACHE_DIR = "AIONVRTC_CACHE_DIR"
 ENV_DISK_LIMIT = "AIONVRTC_DISK_LIMIT"
 ENV_SHARED_CACHE = "AIONVRTC_SHARED_CACHE"
 DEFAULT_DISK_LIMIT = 1 << 30  # bytes (1 GiB)
-# Eviction frees down to this fraction of the limit, so a full cache is not rescanned on every
-# write.
+# Eviction frees down to this fraction of the limit, so a full cache is not walked again on the
+# next write.
 LOW_WATER = 0.9
 # A tmp file this old belongs to a writer that died: a write takes milliseconds.
 STALE_TMP_SECONDS = 300.0
@@ -66,8 +103,11 @@ MAX_ENTRY_BYTES = 256 << 20  # bytes (256 MiB)
 # How long a process waits for another's compile of the same key before compiling itself: long
 # enough for any real kernel, short enough that a stopped process cannot wedge the others.
 LOCK_TIMEOUT = 300.0  # seconds
-LOCK_POLL = 0.002  # seconds between looks at a held key lock, at most (was 50 ms: 49 ms late)
 _LOCK_SUFFIX = ".lock"
+# A maintenance pass that could not put the index in order or the cache under its limit (a full
+# disk, entries that cannot be removed) is not tried again for this long: each pass walks every
+# shard.
+MAINTENANCE_BACKOFF = 60.0  # seconds
 # Corrupt entries dropped, evictions and prunes, appended by every process as "<time> <kind>
 # <count>" lines (O_APPEND writes of one short line are atomic), so that `aionvrtc cache info`
 # can report them for the cache dir, not for one process. Only its tail is read: the file grows
@@ -75,33 +115,22 @@ _LOCK_SUFFIX = ".lock"
 _EVENTS = ".events"
 _EVENTS_TAIL = 4 << 20  # bytes (4 MiB: about 150,000 events)
 EVENT_KINDS = ("corrupt", "evicted", "pruned")
-# Reads go in steps of at most this much, so a file that grows while it is read cannot make
-# one read call allocate more.
-_READ_STEP = 16 << 20  # bytes (16 MiB)
 
 _VERSION = f"v{FORMAT_VERSION}"
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _TMP_SUFFIX = ".tmp"
-# A folder found at an entry's or lock's name is renamed ".<name>.damaged-<hex>" in its shard:
-# removing it could take as long as the tree in it is deep or large, inside a request.
-_ASIDE = ".damaged-"
 # `aionvrtc doctor` writes this entry and takes its lock (no content hashes to it), then removes
 # both; one per process, so that two doctors do not wait for each other.
 PROBE_KEY = f"{os.getpid():064x}"
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-_NOCTTY = getattr(os, "O_NOCTTY", 0)
-_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-# Every file of the cache is opened with these: a FIFO does not block the open (or a later read),
-# a link planted at the name is refused (ELOOP) rather than followed, a terminal does not become
-# the process's controlling one.
-_FILE_FLAGS = _NONBLOCK | _NOFOLLOW | _NOCTTY | _CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
-_ROOT_FLAGS = os.O_RDONLY | _DIRECTORY | _CLOEXEC  # the root may be a link: ~/.cache elsewhere
+_ROOT_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 # Errors that say the file system takes no writes at all, whichever folder they come from.
 _FILE_SYSTEM_REFUSES = {errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 _DENIED = {errno.EACCES, errno.EPERM}
+
+# An entry found by a walk of the shards: key, size, mtime (last used), st_dev, st_ino. A plain
+# tuple of plain values, which the garbage collector stops tracking: a walk finds 50,000.
+_Found = tuple[str, int, float, int, int]
+_LAST_USED = operator.itemgetter(2)
 
 
 def default_cache_dir() -> Path:
@@ -135,9 +164,14 @@ class EntryInfo:
     """One entry as the file system sees it; ``last_used`` is its mtime (hits refresh it)."""
 
     key: str
-    path: Path
     size: int
     last_used: float
+    directory: Path  # the version folder it is in
+
+    @property
+    def path(self) -> Path:
+        # Made when asked for: a Path costs more than the rest of a listing's row.
+        return self.directory / self.key[:2] / self.key
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +249,7 @@ class Policy:
     def file_problem(self, info: os.stat_result) -> str | None:
         """Why a file of the cache (an entry, a lock, the event log) is not used, or None."""
         if not stat.S_ISREG(info.st_mode):
-            return f"{_kind(info)}, not a regular file"
+            return f"{kind_of(info)}, not a regular file"
         return self.problem(info)
 
     def ancestor_problem(self, info: os.stat_result) -> str | None:
@@ -228,6 +262,61 @@ class Policy:
         if mode & 0o002 and not mode & stat.S_ISVTX:
             return f"writable by others without the sticky bit (mode {mode:04o})"
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A survey with what each entry's header says, most recently used first, in columns (no
+    object per entry: a listing holds 50,000, and the garbage collector's passes over that
+    many cost more than the listing): entry ``i`` is ``keys[i]``, of ``sizes[i]`` bytes, last
+    used at ``last_used[i]`` (its mtime), and ``headers[i]`` is the summary of its header
+    (``kind``, ``arch``, ``nvrtc_version``, ``created``, ``names`` joined by NUL: untrusted
+    values, as the entry holds them) or why it cannot be read."""
+
+    directory: Path  # the version folder: entry i is at directory / keys[i][:2] / keys[i]
+    keys: tuple[str, ...]
+    sizes: tuple[int, ...]
+    last_used: tuple[float, ...]
+    headers: tuple[dict[str, Any] | str, ...]
+    damaged: tuple[Damage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What a prune removed, what it left (entries, bytes), and damaged items it skipped."""
+
+    removed: tuple[EntryInfo, ...]
+    entries: int
+    bytes: int
+    damaged: tuple[Damage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DiskStats:
+    """A disk tier's counters since it was created (this process's), and the cache dir's size
+    as its index said at this tier's last write, removal or rebuild (None: not known yet)."""
+
+    hits: int
+    misses: int
+    writes: int
+    corrupt_dropped: int  # entries that failed verification and were deleted
+    evictions: int
+    write_failures: int
+    read_failures: int
+    writable: bool
+    trusted: bool  # False: the cache dir failed the ownership checks and is not used
+    entries: int | None
+    bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Swept:
+    """What a walk of the shards (``DiskTier._sweep``) kept and removed, and the index it left
+    (None: not rebuilt)."""
+
+    kept: list[_Found]
+    removed: list[_Found]
+    index: Totals | None
 
 
 class _Damaged(Exception):
@@ -275,8 +364,9 @@ class DiskTier:
         self.policy = Policy.current(shared_cache)
         self.writable = True
         self.locking = True  # cross-process file locks; off if the file system has none
+        # Guards the counters, the warnings given and the maintenance state: held for a few
+        # bytecodes, never across I/O, so a read never waits behind a walk of the shards.
         self._lock = threading.Lock()
-        self._approx_bytes: int | None = None  # unknown until the first scan
         self._warned: set[str] = set()
         self.hits = 0
         self.misses = 0
@@ -285,6 +375,14 @@ class DiskTier:
         self.evictions = 0
         self.write_failures = 0
         self.read_failures = 0
+        self._index = Index(self._open_index, self.policy.lock_mode)
+        self._known: Totals | None = None  # the index's header at this tier's last use of it
+        self._maintainer: threading.Thread | None = None  # at most one per tier runs
+        self._again = False  # asked for while it ran: it makes one more pass
+        self._idle = threading.Event()
+        self._idle.set()
+        self._walking = threading.Lock()  # held by a walk that removes entries (_sweep)
+        self._quiet_until = 0.0  # time.monotonic() before which no pass starts (a failed one)
         # Why the cache dir is not trusted (then it is neither read nor written), or None.
         self.trust_problem: Damage | None = None
         self._distrust(self.check_tree())
@@ -300,6 +398,24 @@ class DiskTier:
     def path(self, key: str) -> Path:
         _check_key(key)
         return self.dir / key[:2] / key
+
+    def stats(self) -> DiskStats:
+        """A snapshot of the counters; reads no file."""
+        known = self._known
+        with self._lock:
+            return DiskStats(
+                hits=self.hits,
+                misses=self.misses,
+                writes=self.writes,
+                corrupt_dropped=self.corrupt,
+                evictions=self.evictions,
+                write_failures=self.write_failures,
+                read_failures=self.read_failures,
+                writable=self.writable,
+                trusted=self.trusted,
+                entries=known.entries if known is not None else None,
+                bytes=known.bytes if known is not None else None,
+            )
 
     # -- trust -------------------------------------------------------------------------------
 
@@ -401,10 +517,11 @@ class DiskTier:
         """One step of ``_open``: the root by its path (no ``names``), else ``names[-1]`` in
         the folder ``dir_fd``."""
         level = len(names)  # 0: the root, 1: the version folder, 2: a shard
+        made = False
         if make:
             try:
                 if level:
-                    self._make_dir(names[-1], dir_fd)
+                    made = self._make_dir(names[-1], dir_fd)
                 else:
                     self._make_root()
             except OSError as exc:  # the folder above refuses: every shard would
@@ -412,7 +529,7 @@ class DiskTier:
             if check and self.trust_problem is not None:
                 return None  # a folder above the root, made or changed meanwhile
         try:
-            name, flags = (names[-1], _DIR_FLAGS) if level else (self._root, _ROOT_FLAGS)
+            name, flags = (names[-1], DIR_FLAGS) if level else (self._root, _ROOT_FLAGS)
             fd = os.open(name, flags, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
@@ -420,7 +537,7 @@ class DiskTier:
             info = _stat(names[-1], dir_fd=dir_fd) if level else None
             path = self.root.joinpath(*names)
             if level and exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                what = _kind(info) if info is not None else "not a folder"
+                what = kind_of(info) if info is not None else "not a folder"
                 damage = Damage(path, f"{what}, not a folder", f"rm {path}")
             elif level == 2 and isinstance(exc, PermissionError):
                 denied = f"not readable by this user ({exc.strerror}{_owner_mode(info)})"
@@ -437,6 +554,8 @@ class DiskTier:
                 os.close(fd)
                 raise
             if problem is None:
+                if made and level == 1:  # empty: its index starts empty, never walked to be made
+                    self._index.create(fd)
                 return fd
             os.close(fd)
             path = self.root.joinpath(*names)
@@ -477,15 +596,17 @@ class DiskTier:
         if missing:
             self._distrust(self.check_tree())
 
-    def _make_dir(self, name: str, dir_fd: int | None = None) -> None:
+    def _make_dir(self, name: str, dir_fd: int | None = None) -> bool:
         """Make folder ``name`` with this tier's mode, set with fchmod so that the umask cannot
-        strip a shared folder's group bits; an existing one is left as it is."""
+        strip a shared folder's group bits; an existing one is left as it is. Whether it was
+        made here."""
         try:
             os.mkdir(name, self.policy.dir_mode, dir_fd=dir_fd)
         except FileExistsError:
-            return
-        with contextlib.suppress(OSError), _closing(os.open(name, _DIR_FLAGS, dir_fd=dir_fd)) as fd:
+            return False
+        with contextlib.suppress(OSError), closing(os.open(name, DIR_FLAGS, dir_fd=dir_fd)) as fd:
             os.fchmod(fd, self.policy.dir_mode)
+        return True
 
     def _open_file(
         self, dir_fd: int, name: str, shard: str, flags: int = os.O_RDONLY, *, create: int = 0
@@ -502,7 +623,7 @@ class DiskTier:
         if create:
             try:
                 fd = os.open(
-                    name, flags | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, create, dir_fd=dir_fd
+                    name, flags | os.O_CREAT | os.O_EXCL | FILE_FLAGS, create, dir_fd=dir_fd
                 )
             except FileExistsError:
                 pass
@@ -514,7 +635,7 @@ class DiskTier:
                     os.fchmod(fd, create)
         if fd is None:
             try:
-                fd = os.open(name, flags | _FILE_FLAGS, dir_fd=dir_fd)
+                fd = os.open(name, flags | FILE_FLAGS, dir_fd=dir_fd)
             except OSError as exc:
                 _raise_if_not_a_file(exc, dir_fd, name, self.dir / shard / name)
                 raise
@@ -529,6 +650,16 @@ class DiskTier:
             raise _Damaged(_removable(self.dir / shard / name, problem), info)
         return fd, info
 
+    def _open_index(
+        self, version: int, flags: int, create: int
+    ) -> tuple[int, os.stat_result] | None:
+        """The index file, opened as every file of the cache is; None when there is none, or
+        something else (a FIFO, a link, a folder, a file not trusted) that a rebuild replaces."""
+        try:
+            return self._open_file(version, INDEX_NAME, "", flags, create=create)
+        except (FileNotFoundError, _Damaged):
+            return None
+
     # -- reading ---------------------------------------------------------------------------
 
     def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
@@ -537,12 +668,13 @@ class DiskTier:
         _check_key(key)
         artifact = None
         try:
-            shard = self._open(_VERSION, key[:2])
-            if shard is not None:
-                try:
-                    artifact = self._read_entry(shard, key, arch)
-                finally:
-                    os.close(shard)
+            version = self._open(_VERSION)
+            if version is not None:
+                with closing(version):
+                    shard = self._open(_VERSION, key[:2], parent=version)
+                    if shard is not None:
+                        with closing(shard):
+                            artifact = self._read_entry(version, shard, key, arch)
         except _Damaged as exc:
             self._warn_shard(exc.damage)
         except (_RootError, OSError) as exc:
@@ -556,23 +688,23 @@ class DiskTier:
         self._count("misses" if artifact is None else "hits")
         return artifact
 
-    def _read_entry(self, shard: int, key: str, arch: str | None) -> Artifact | None:
+    def _read_entry(self, version: int, shard: int, key: str, arch: str | None) -> Artifact | None:
         try:
             fd, info = self._open_file(shard, key, key[:2])
         except FileNotFoundError:
             return None
         except _Damaged as exc:
-            self._drop(shard, key, exc.info, exc.damage.problem)
+            self._drop(version, shard, key, exc.info, exc.damage.problem)
             return None
         try:
             if info.st_size > MAX_ENTRY_BYTES:
                 raise CacheCorruptError(f"corrupt cache entry: {info.st_size} bytes")
-            data = _read_up_to(fd, MAX_ENTRY_BYTES + 1, info.st_size)
+            data = read_up_to(fd, MAX_ENTRY_BYTES + 1, info.st_size)
             if len(data) > MAX_ENTRY_BYTES:
                 raise CacheCorruptError("corrupt cache entry: grew while it was read")
             artifact = decode(data, expected_key=key, expected_arch=arch)
         except CacheCorruptError as exc:
-            self._drop(shard, key, info, str(exc))
+            self._drop(version, shard, key, info, str(exc))
             return None
         else:
             # Recency for LRU eviction; a read-only cache just keeps its order.
@@ -582,44 +714,53 @@ class DiskTier:
             os.close(fd)
         return artifact
 
-    def _drop(self, shard: int, key: str, opened: os.stat_result | None, reason: str) -> None:
+    def _drop(
+        self, version: int, shard: int, key: str, opened: os.stat_result | None, reason: str
+    ) -> None:
         self._count("corrupt")
         self._log_event("corrupt", 1)
         logger.warning("dropping disk cache entry %s: %s", self.path(key), reason)
-        _remove_at(shard, key, opened)
+        gone = remove_at(shard, key, file_id(opened) if opened is not None else None)
+        if gone is not None and stat.S_ISREG(gone.st_mode) and self.writable:
+            self._removed(self._index.remove(version, [(key, gone.st_size)]))
 
     # -- writing ---------------------------------------------------------------------------
 
     def write(self, artifact: Artifact) -> bool:
-        """Store ``artifact`` atomically. False (and one warning) if the disk cannot take it."""
+        """Store ``artifact`` atomically. False (and one warning) if the disk cannot take it.
+
+        Costs the same at any number of entries: the index's header says whether the cache is
+        now over its limit, and eviction then runs in the background (``_maintain_soon``)."""
         if not self.writable:
             return False
         data = encode(artifact)
         if len(data) > self.limit:
             return False
+        key = artifact.key
         try:
-            shard = self._open(_VERSION, artifact.key[:2], make=True)
-            if shard is None:
+            version = self._open(_VERSION, make=True)
+            if version is None:
                 return False  # the tree was found untrusted (or removed) just now
-            with _closing(shard):
-                self._write_entry(shard, artifact.key, data)
+            with closing(version):
+                shard = self._open(_VERSION, key[:2], make=True, parent=version)
+                if shard is None:
+                    return False
+                with closing(shard):
+                    ino, replaced = self._write_entry(shard, key, data)
+                self._count("writes")
+                record = (ino, len(data), summary(_header_of(artifact)))
+                self._written(self._index.add(version, key, record, replaced))
         except (_Damaged, _RootError, OSError) as exc:
-            self._write_failed(exc, artifact.key, count=True)
+            self._write_failed(exc, key, count=True)
             return False
-        with self._lock:
-            self.writes += 1
-            if self._approx_bytes is not None:
-                self._approx_bytes += len(data)
-            over = self._approx_bytes is None or self._approx_bytes > self.limit
-        if over:
-            self.evict()
         return True
 
-    def _write_entry(self, shard: int, key: str, data: bytes) -> None:
+    def _write_entry(self, shard: int, key: str, data: bytes) -> tuple[int, int | None]:
         """Write a tmp file, fsync it and rename it over the entry: a reader sees the old
-        entry or the new one, never part of one."""
+        entry or the new one, never part of one. The new entry's inode, and the size of the
+        entry it replaced (None: none)."""
         tmp = f".{key}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS
         fd = os.open(tmp, flags, self.policy.entry_mode, dir_fd=shard)
         try:
             with os.fdopen(fd, "wb") as file:
@@ -627,10 +768,13 @@ class DiskTier:
                 file.write(data)
                 file.flush()
                 os.fsync(fd)
+                ino = os.fstat(fd).st_ino
+            old = _stat(key, dir_fd=shard)
             os.replace(tmp, key, src_dir_fd=shard, dst_dir_fd=shard)
         except BaseException:
-            _remove_at(shard, tmp, None)
+            remove_at(shard, tmp, None)
             raise
+        return ino, old.st_size if old is not None and stat.S_ISREG(old.st_mode) else None
 
     def _write_failed(self, exc: BaseException, key: str, *, count: bool) -> None:
         """A write (or lock file) that failed. The tier stops writing only when the cache
@@ -680,47 +824,113 @@ class DiskTier:
         )
 
     # -- cross-process single flight --------------------------------------------------------
+    #
+    # A key's lock file lives only while held: its holder removes it before letting go, so no
+    # file is left per key. A process that then gets the lock on the removed file sees that
+    # its name no longer leads to it, and locks the file there now instead.
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[bool]:
-        """Hold the per-key file lock, so processes on this host compile a key once.
+        """Hold the per-key file lock (``wait_lock``), so processes on this host compile a key
+        once. Yields whether the lock is held; without working locks (or a writable cache) it
+        yields False and the caller goes on unlocked: a duplicate compile, never a failed
+        request."""
+        held = self.wait_lock(key)
+        try:
+            yield held.held
+        finally:
+            held.release()
 
-        Yields whether the lock is held; without working locks (or a writable cache) it yields
-        False and the caller goes on unlocked: a duplicate compile, never a failed request.
+    def try_lock(self, key: str) -> KeyLock | None:
+        """The key's lock if nobody holds it now; never blocks. None: another process (or
+        another open of this cache dir) holds it now. ``held=False``: this cache cannot lock."""
+        _check_key(key)
+        taken = self._lock_now(key)
+        if isinstance(taken, KeyLock):
+            return taken
+        close_files(taken)
+        return None
 
-        The lock file lives only while held: its holder removes it before letting go, so no
-        file is left per key. A waiter that then gets the lock on the removed file sees that
-        its name no longer leads to it, and locks the file there now instead.
+    def wait_lock(
+        self, key: str, *, timeout: float = LOCK_TIMEOUT, cancel: threading.Event | None = None
+    ) -> KeyLock:
+        """The key's lock, once whoever holds it lets go. The blocking flock runs in a daemon
+        thread, so it is taken as soon as the holder lets go (no polling) and a holder that
+        never does cannot keep the interpreter from exiting; this thread waits for it. After
+        ``timeout`` seconds (with a warning), or once ``cancel`` is set, it returns unheld
+        (``held=False``: go on unlocked), and a lock the thread gets later is let go at once.
         """
-        deadline = time.monotonic() + LOCK_TIMEOUT
-        name = f".{key}{_LOCK_SUFFIX}"
-        while True:
-            opened = self._open_lock(key)
-            if opened is None:
-                yield False
-                return
-            shard, fd = opened
-            try:
-                locked = self._acquire(fd, key, deadline)
-                current = locked and _same_file(fd, shard, name)
-                if locked and not current:
-                    continue  # the holder removed the file as it let go: lock the new one
-                try:
-                    yield locked
-                finally:
-                    if locked:
-                        _remove_at(shard, name, os.fstat(fd))
-                        fcntl.flock(fd, fcntl.LOCK_UN)
-                return
-            finally:
-                os.close(fd)
-                os.close(shard)
+        _check_key(key)
+        if cancel is not None and cancel.is_set():
+            return KeyLock()
+        taken = self._lock_now(key)
+        if isinstance(taken, KeyLock):
+            return taken
+        name = _lock_name(key)
 
-    def _open_lock(self, key: str) -> tuple[int, int] | None:
+        def take(left: threading.Event) -> LockFiles | None:
+            files: LockFiles | None = taken
+            while files is not None:
+                try:
+                    fcntl.flock(files[1], fcntl.LOCK_EX)
+                    if same_file(files[1], files[0], name):
+                        return files
+                except BaseException:
+                    close_files(files)
+                    raise
+                close_files(files)  # the holder removed it as it let go: lock the file there now
+                files = None if left.is_set() else self._open_lock(key)
+            return None
+
+        started = time.monotonic()
+        try:
+            files = wait_in_thread(
+                take, timeout=timeout, cancel=cancel, give_back=lambda f: let_go(f, name)
+            )
+        except OSError as exc:
+            self._no_locks(exc)
+            return KeyLock()
+        if files is not None:
+            return KeyLock.holding(files, name)
+        if not (cancel is not None and cancel.is_set()) and time.monotonic() - started >= timeout:
+            logger.warning(
+                "waited %.0f s for another process to compile %s; compiling here", timeout, key[:16]
+            )
+        return KeyLock()
+
+    def _lock_now(self, key: str) -> KeyLock | LockFiles:
+        """The key's lock if it is free (held), a KeyLock that is not held if this cache
+        cannot lock, or the open lock files when another holds the lock."""
+        name = _lock_name(key)
+        while True:
+            files = self._open_lock(key)
+            if files is None:
+                return KeyLock()
+            try:
+                fcntl.flock(files[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return files
+            except OSError as exc:
+                close_files(files)
+                self._no_locks(exc)
+                return KeyLock()
+            if same_file(files[1], files[0], name):
+                return KeyLock.holding(files, name)
+            close_files(files)  # the holder removed it as it let go: lock the file there now
+
+    def _no_locks(self, exc: OSError) -> None:
+        self.locking = False
+        self._warn_once(
+            "locking",
+            f"file locks do not work on {self.dir} ({exc}); going on without, so processes "
+            "sharing this cache may compile the same kernel more than once",
+        )
+
+    def _open_lock(self, key: str) -> LockFiles | None:
         """The key's shard folder and its lock file (made if missing), both open; or None."""
         if not (self.locking and self.writable and fcntl is not None):
             return None
-        name = f".{key}{_LOCK_SUFFIX}"
+        name = _lock_name(key)
         try:
             shard = self._open(_VERSION, key[:2], make=True)
             if shard is None:
@@ -731,7 +941,7 @@ class DiskTier:
                 )
             except _Damaged as exc:  # not a lock file: removed, and this compile unlocked
                 logger.warning("removing %s: it is %s", exc.damage.path, exc.damage.problem)
-                _remove_at(shard, name, exc.info)
+                remove_at(shard, name, file_id(exc.info) if exc.info is not None else None)
                 os.close(shard)
                 return None
             except BaseException:
@@ -743,37 +953,7 @@ class DiskTier:
             self._write_failed(exc, key, count=False)
             return None
 
-    def _acquire(self, fd: int, key: str, deadline: float) -> bool:
-        assert fcntl is not None
-        delay = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                # Another process is compiling this key; poll (a blocking flock could not be
-                # abandoned) with a backoff capped at LOCK_POLL: the kernel arrives at most
-                # that late after the other's release, for one flock call per poll.
-                if time.monotonic() > deadline:
-                    logger.warning(
-                        "waited %.0f s for another process to compile %s; compiling here",
-                        LOCK_TIMEOUT,
-                        key[:16],
-                    )
-                    return False
-                time.sleep(delay)
-                delay = min(delay * 2, LOCK_POLL)
-            except OSError as exc:
-                self.locking = False
-                self._warn_once(
-                    "locking",
-                    f"file locks do not work on {self.dir} ({exc}); going on without, so "
-                    "processes sharing this cache may compile the same kernel more than once",
-                )
-                return False
-            else:
-                return True
-
-    # -- size management -------------------------------------------------------------------
+    # -- walking the shards ------------------------------------------------------------------
 
     def scan(self) -> list[EntryInfo]:
         """Every current entry, and removal of tmp files left by writers that died."""
@@ -785,125 +965,47 @@ class DiskTier:
         a folder at a tmp file's name, and what a request set aside. Removes tmp files left by
         writers that died, never a folder. Works on an untrusted tree too (it lists and
         removes, never loads)."""
-        entries: list[EntryInfo] = []
         damaged: list[Damage] = []
-        stale_before = time.time() - STALE_TMP_SECONDS
-        for shard, name in self._shards(damaged):
-            folder = self.dir / name
-            try:
-                with os.scandir(shard) as listing:
-                    files = list(listing)
-            except OSError as exc:
-                fix = self._shard_fix(folder, None)
-                damaged.append(Damage(folder, f"not listable ({exc.strerror})", fix))
-                continue
-            for file in files:
-                try:
-                    info = file.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                path = folder / file.name
-                if file.name.endswith(_TMP_SUFFIX):
-                    if stat.S_ISDIR(info.st_mode):
-                        damaged.append(_removable(path, f"{_kind(info)}, not a regular file"))
-                    elif info.st_mtime < stale_before:
-                        _remove_at(shard, file.name, info)
-                elif _ASIDE in file.name:
-                    aside = f"{_kind(info)} set aside: it was found where an entry or lock belongs"
-                    damaged.append(_removable(path, aside))
-                elif _KEY.fullmatch(file.name) and file.name[:2] == name:
-                    problem = self.policy.file_problem(info)
-                    if problem is None:
-                        entries.append(EntryInfo(file.name, path, info.st_size, info.st_mtime))
-                    else:
-                        damaged.append(_removable(path, problem))
-        return Survey(tuple(entries), tuple(damaged))
+        found: list[_Found] = []
+        version = self._open_version(damaged)
+        if version is not None:
+            with closing(version):
+                found = self._walk(version, damaged)
+        return Survey(tuple(self._info(entry) for entry in found), tuple(damaged))
 
-    def _shards(
-        self, damaged: list[Damage], only: Container[str] | None = None, *, check: bool = True
-    ) -> Iterator[tuple[int, str]]:
-        """Each shard folder (of those named ``only``; trusted ones when ``check``), open, and
-        its name; what is damaged on the way is added to ``damaged``. The cache root and
-        version folder are not checked: an untrusted tree is listed (and cleared) too."""
-        try:
-            version = self._open(_VERSION, check=False)
-        except _Damaged as exc:
-            damaged.append(exc.damage)
-            return
-        except _RootError:
-            return
+    def listing(self, *, summaries: bool = True) -> Listing:
+        """``survey`` with what each entry's header says, most recently used first, for
+        ``aionvrtc cache ls`` and ``info``: one walk of the shards, the summaries from the
+        index. An entry the index does
+        not know is read, and the index then rebuilt from this walk (if this user can write
+        it). ``summaries=False``: an entry the index holds a summary for gets an empty one
+        (whether each header can be read is all that is asked)."""
+        damaged: list[Damage] = []
+        version = self._open_version(damaged)
         if version is None:
-            return
-        with _closing(version):
-            try:
-                names = sorted(n for n in os.listdir(version) if _SHARD.fullmatch(n))
-            except OSError:
-                names = []
-            for name in names if only is None else (n for n in names if n in only):
-                try:
-                    shard = self._open(_VERSION, name, check=check, parent=version)
-                except _Damaged as exc:
-                    damaged.append(exc.damage)
-                    continue
-                except OSError:
-                    continue  # removed by a concurrent clear
-                if shard is not None:
-                    with _closing(shard):
-                        yield shard, name
-
-    def evict(self) -> int:
-        """Remove least recently used entries until the total is under the low-water mark."""
-        with self._lock:
-            entries = self.scan()
-            over = sum(e.size for e in entries) > self.limit
-            removed = self._remove(entries, int(self.limit * LOW_WATER) if over else None, None)
-            self.evictions += removed
-        if removed:
-            self._log_event("evicted", removed)
-        return removed
-
-    def prune(self, *, max_bytes: int | None = None, older_than: float | None = None) -> int:
-        """Remove entries unused for ``older_than`` seconds, then least recently used ones until
-        at most ``max_bytes`` remain. Safe while other processes use the cache: a reader holding
-        an entry open keeps its data, and a later request recompiles it."""
-        if max_bytes is not None and max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        if older_than is not None and older_than < 0:
-            raise ValueError(f"older_than must be >= 0 seconds, got {older_than}")
-        cutoff = time.time() - older_than if older_than is not None else None
-        with self._lock:
-            removed = self._remove(self.scan(), max_bytes, cutoff)
-        if removed:
-            self._log_event("pruned", removed)
-        return removed
-
-    def _remove(self, entries: list[EntryInfo], max_bytes: int | None, cutoff: float | None) -> int:
-        """Least recently used first: entries last used before ``cutoff``, then as many as it
-        takes to bring the total to ``max_bytes``. Called with the lock held."""
-        total = sum(e.size for e in entries)
-        victims = []
-        for entry in sorted(entries, key=lambda e: e.last_used):
-            stale = cutoff is not None and entry.last_used < cutoff
-            if not stale and (max_bytes is None or total <= max_bytes):
-                break  # the rest are newer: neither stale nor needed to make room
-            victims.append(entry.key)
-            total -= entry.size
-        self._approx_bytes = total
-        return self._remove_keys(victims, locks=True)
-
-    def _remove_keys(self, keys: list[str], *, locks: bool) -> int:
-        """Remove the entries of ``keys`` (and their lock files), opening each shard once; how
-        many entries went."""
-        shards: dict[str, list[str]] = {}
-        for key in keys:
-            shards.setdefault(key[:2], []).append(key)
-        removed = 0
-        for shard, name in self._shards([], only=shards, check=False):
-            for key in shards[name]:
-                removed += _remove_at(shard, key, None)
-                if locks:
-                    _remove_at(shard, f".{key}{_LOCK_SUFFIX}", None)
-        return removed
+            return Listing(self.dir, (), (), (), (), tuple(damaged))
+        with closing(version):
+            mark = self._index.start(version) if self.writable else None
+            found = self._walk(version, damaged)
+            found.sort(key=_LAST_USED, reverse=True)
+            snapshot = self._index.read(version) if self.trusted else None
+            records, read = self._records(version, found, snapshot)
+            if mark is not None and (read or _out_of_date(snapshot, records)):
+                self._known = self._index.install(version, mark, dict(records)) or self._known
+            elif snapshot is not None:
+                self._known = snapshot.totals
+            keys = tuple(entry[0] for entry in found)
+            raw = [records[key][2] for key in keys]
+            parsed = (
+                parse_summaries(raw) if summaries else [{} if r != b"null" else None for r in raw]
+            )
+            headers = tuple(
+                header if header is not None else self._summary_of_entry(version, key)
+                for key, header in zip(keys, parsed, strict=True)
+            )
+        sizes = tuple(entry[1] for entry in found)
+        last_used = tuple(entry[2] for entry in found)
+        return Listing(self.dir, keys, sizes, last_used, headers, tuple(damaged))
 
     def describe(self, entry: EntryInfo) -> dict[str, Any] | str:
         """The header of ``entry`` (key, kind, arch, NVRTC version, names, created), read
@@ -912,14 +1014,398 @@ class DiskTier:
             shard = self._open(_VERSION, entry.key[:2], check=False)
             if shard is None:
                 return "removed"
-            with _closing(shard):
-                fd, info = self._open_file(shard, entry.key, entry.key[:2])
-                with _closing(fd):
-                    return read_header(cast(BinaryIO, _Reader(fd, info.st_size)))
+            with closing(shard):
+                return self._header_at(shard, entry.key)
         except _Damaged as exc:
             return exc.damage.problem
-        except (_RootError, CacheCorruptError, OSError, ValueError, RecursionError) as exc:
+        except (_RootError, OSError) as exc:
             return str(exc) or type(exc).__name__
+
+    def _header_at(self, shard: int, key: str) -> dict[str, Any] | str:
+        """``describe`` of the entry ``key`` in the open folder ``shard``."""
+        try:
+            fd, info = self._open_file(shard, key, key[:2])
+            with closing(fd):
+                return read_header(cast(BinaryIO, _Reader(fd, info.st_size)))
+        except _Damaged as exc:
+            return exc.damage.problem
+        except (CacheCorruptError, OSError, ValueError, RecursionError) as exc:
+            return str(exc) or type(exc).__name__
+
+    def _summary_of_entry(self, version: int, key: str) -> dict[str, Any] | str:
+        """The summary of an entry whose record has none, from the entry (one that the index
+        found unreadable, or whose names are too long to keep): or what stops it being read."""
+        try:
+            shard = self._open(_VERSION, key[:2], check=False, parent=version)
+        except (_Damaged, OSError) as exc:
+            return exc.damage.problem if isinstance(exc, _Damaged) else str(exc)
+        if shard is None:
+            return "removed"
+        with closing(shard):
+            header = self._header_at(shard, key)
+        return summary_fields(header) if isinstance(header, dict) else header
+
+    def _open_version(self, damaged: list[Damage]) -> int | None:
+        """The version folder, open without the trust check (a walk lists, and removes from,
+        an untrusted tree too, never loading from it); None if missing or damaged (the damage
+        added to ``damaged``)."""
+        try:
+            return self._open(_VERSION, check=False)
+        except _Damaged as exc:
+            damaged.append(exc.damage)
+        except _RootError:
+            pass
+        return None
+
+    def _walk(self, version: int, damaged: list[Damage]) -> list[_Found]:
+        """Every entry in the trusted shards of ``version``, and what is damaged (see
+        ``survey``); tmp files left by writers that died are removed."""
+        found: list[_Found] = []
+        file_problem = self.policy.file_problem
+        stale_before = time.time() - STALE_TMP_SECONDS
+        for shard, name in self._shards(version, damaged, stale_before):
+            try:
+                with os.scandir(shard) as listing:
+                    files = list(listing)
+            except OSError as exc:
+                folder = self.dir / name
+                fix = self._shard_fix(folder, None)
+                damaged.append(Damage(folder, f"not listable ({exc.strerror})", fix))
+                continue
+            for file in files:
+                key = file.name
+                if len(key) == 64 and key.startswith(name) and _KEY.fullmatch(key):
+                    try:
+                        info = file.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # removed meanwhile
+                    problem = file_problem(info)
+                    if problem is None:
+                        found.append((key, info.st_size, info.st_mtime, info.st_dev, info.st_ino))
+                    else:
+                        damaged.append(_removable(self.dir / name / key, problem))
+                elif key.endswith(_TMP_SUFFIX) or ASIDE in key:
+                    self._odd_item(shard, name, key, stale_before, damaged)
+        return found
+
+    def _odd_item(
+        self, folder: int, name: str, item: str, stale_before: float, damaged: list[Damage]
+    ) -> None:
+        """A tmp file or an item set aside in the shard ``name`` (or "": the version folder):
+        a tmp file left by a writer that died is removed; a folder at a tmp name, and what was
+        set aside, are reported, never removed (that could take as long as the tree is big)."""
+        info = _stat(item, dir_fd=folder)
+        if info is None:
+            return
+        path = self.dir / name / item
+        if not item.endswith(_TMP_SUFFIX):
+            where = "an entry or lock" if name else "the index"
+            damaged.append(
+                _removable(path, f"{kind_of(info)} set aside: it was found where {where} belongs")
+            )
+        elif stat.S_ISDIR(info.st_mode):
+            damaged.append(_removable(path, f"{kind_of(info)}, not a regular file"))
+        elif info.st_mtime < stale_before:
+            remove_at(folder, item, file_id(info))
+
+    def _shards(
+        self, version: int, damaged: list[Damage], stale_before: float
+    ) -> Iterator[tuple[int, str]]:
+        """Each trusted shard folder of ``version``, open, and its name; what is damaged on
+        the way is added to ``damaged``. The version folder's own tmp files (a rebuilt index
+        that a process did not finish) are tidied as a shard's are."""
+        try:
+            names = os.listdir(version)
+        except OSError:
+            names = []
+        for item in names:
+            if item.startswith(INDEX_TMP_PREFIX) and (item.endswith(_TMP_SUFFIX) or ASIDE in item):
+                self._odd_item(version, "", item, stale_before, damaged)
+        for name in sorted(n for n in names if _SHARD.fullmatch(n)):
+            try:
+                shard = self._open(_VERSION, name, parent=version)
+            except _Damaged as exc:
+                damaged.append(exc.damage)
+                continue
+            except OSError:
+                continue  # removed by a concurrent clear
+            if shard is not None:
+                with closing(shard):
+                    yield shard, name
+
+    def _named_shards(self, version: int, names: Iterable[str]) -> Iterator[tuple[int, str]]:
+        """The shards ``names`` of ``version``, each open, and its name; those missing or
+        damaged are left out (a walk reports them). No listing: the names are known."""
+        for name in sorted(names):
+            try:
+                shard = self._open(_VERSION, name, check=False, parent=version)
+            except (_Damaged, OSError):
+                continue
+            if shard is not None:
+                with closing(shard):
+                    yield shard, name
+
+    def _records(
+        self, version: int, found: list[_Found], snapshot: Snapshot | None
+    ) -> tuple[dict[str, Record], int]:
+        """Index records for ``found``: the index's own where it has one for the same file
+        (inode and size), else from the entry's header, read now; and how many were read."""
+        known = snapshot.records if snapshot is not None else {}
+        records: dict[str, Record] = {}
+        unknown: dict[str, list[_Found]] = {}
+        for entry in found:
+            key, size, _, _, ino = entry
+            record = known.get(key)
+            if record is not None and record[0] == ino and record[1] == size:
+                records[key] = record
+            else:
+                records[key] = (ino, size, b"null")
+                unknown.setdefault(key[:2], []).append(entry)
+        if unknown:
+            for shard, name in self._named_shards(version, unknown):
+                for key, size, _, _, ino in unknown[name]:
+                    header = self._header_at(shard, key)
+                    if isinstance(header, dict):
+                        records[key] = (ino, size, summary(header))
+        return records, sum(map(len, unknown.values()))
+
+    def _info(self, entry: _Found) -> EntryInfo:
+        return EntryInfo(entry[0], entry[1], entry[2], self.dir)
+
+    # -- size management ---------------------------------------------------------------------
+    #
+    # A write adds its entry to the index and reads the new totals from it; when they are over
+    # the limit (or the index must be rebuilt) a background thread walks the shards once,
+    # evicts down to the low-water mark and rebuilds the index from the same walk. Explicit
+    # eviction, pruning and clearing walk once, in the caller's thread.
+
+    def wait_maintenance(self, timeout: float | None = None) -> bool:
+        """Wait until the background maintenance (eviction, an index rebuild) started so far is
+        over; False if it still runs after ``timeout`` seconds."""
+        return self._idle.wait(timeout)
+
+    def _written(self, totals: Totals | None) -> None:
+        """After a write's record: keep the index's totals, and maintain if they say so."""
+        if totals is not None:
+            self._known = totals
+        if self._due(totals):
+            self._maintain_soon()
+
+    def _removed(self, totals: Totals | None) -> None:
+        """After a removal's record: keep the index's totals. A removal never takes the cache
+        over its limit, and an index that must be rebuilt waits for the next write."""
+        if totals is not None:
+            self._known = totals
+
+    def _due(self, totals: Totals | None) -> bool:
+        """Whether a maintenance pass is due: the cache is over its limit, or the index is
+        missing, damaged or due a rebuild (``Totals.due``)."""
+        return totals is None or totals.bytes > self.limit or totals.due(time.time())
+
+    def _maintain_soon(self) -> None:
+        """Start the maintenance thread; if it runs, it makes one more pass when done. Not
+        for MAINTENANCE_BACKOFF after a pass that failed."""
+        with self._lock:
+            # Not alive in a process forked while it ran: the child starts its own.
+            if self._maintainer is not None and self._maintainer.is_alive():
+                self._again = True
+                return
+            if not self.writable or time.monotonic() < self._quiet_until:
+                return
+            self._again = False
+            self._idle.clear()
+            self._maintainer = threading.Thread(
+                target=self._maintenance, name="aionvrtc-disk-maintenance", daemon=True
+            )
+            thread = self._maintainer
+        try:
+            thread.start()
+        except RuntimeError:  # the interpreter is shutting down: a later process will do it
+            self._pass_done(ok=True)
+
+    def _maintenance(self) -> None:
+        while self._pass_done(self._maintain_safely()):
+            pass
+
+    def _pass_done(self, ok: bool) -> bool:
+        """Whether to make another pass (asked for during this one); if not, the thread ends."""
+        with self._lock:
+            if ok and self._again:
+                self._again = False
+                return True
+            if not ok:
+                self._quiet_until = time.monotonic() + MAINTENANCE_BACKOFF
+            self._maintainer = None
+            self._idle.set()
+            return False
+
+    def _maintain_safely(self) -> bool:
+        try:
+            return self._maintain()
+        except Exception:  # a bug: told once, never the traceback of a dying thread
+            if self._first("maintenance"):
+                logger.warning(
+                    "maintenance of the disk cache at %s failed; entries are still read and "
+                    "written", self.dir, exc_info=True,
+                )  # fmt: skip
+            return False
+
+    def _maintain(self) -> bool:
+        """One pass: nothing if the index is in order and the cache within its limit, else an
+        eviction (which rebuilds the index). False if it could not bring the cache within its
+        limit or leave an index that parses."""
+        try:
+            version = self._open(_VERSION)
+        except (_Damaged, _RootError):
+            return False
+        if version is None:
+            return True  # removed, or found untrusted: nothing to keep in order
+        with closing(version):
+            if not self._due(self._index.totals(version)) or not _flock_now(version):
+                return True  # in order, or another process (or tier) is at it now
+            swept = self._evict_in(version)
+            # Writes made meanwhile may make another pass due: they ask for it (_again).
+            left = sum(entry[1] for entry in swept.kept)
+            return left <= self.limit and self._index.totals(version) is not None
+
+    def evict(self) -> int:
+        """Remove least recently used entries until the total is under the low-water mark, if
+        it is over the limit; now, in this thread. The index is rebuilt from the same walk."""
+        version = self._open_version([])
+        if version is None:
+            return 0
+        with closing(version):
+            return len(self._evict_in(version).removed)
+
+    def _evict_in(self, version: int) -> _Swept:
+        swept = self._sweep(version, [], self._over_limit, event="evicted")
+        with self._lock:
+            self.evictions += len(swept.removed)
+        return swept
+
+    def _over_limit(self, found: list[_Found]) -> list[_Found]:
+        total = sum(entry[1] for entry in found)
+        if total <= self.limit:
+            return []
+        return _least_recent(found, total, int(self.limit * LOW_WATER), None)
+
+    def prune(self, *, max_bytes: int | None = None, older_than: float | None = None) -> int:
+        """Remove entries unused for ``older_than`` seconds, then least recently used ones until
+        at most ``max_bytes`` remain. Safe while other processes use the cache: a reader holding
+        an entry open keeps its data, and a later request recompiles it."""
+        return len(self.prune_report(max_bytes=max_bytes, older_than=older_than).removed)
+
+    def prune_report(
+        self, *, max_bytes: int | None = None, older_than: float | None = None
+    ) -> Pruned:
+        """``prune``, saying what it removed and what it left, from one walk of the shards."""
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        if older_than is not None and older_than < 0:
+            raise ValueError(f"older_than must be >= 0 seconds, got {older_than}")
+        cutoff = time.time() - older_than if older_than is not None else None
+
+        def choose(found: list[_Found]) -> list[_Found]:
+            total = sum(entry[1] for entry in found)
+            return _least_recent(found, total, max_bytes, cutoff)
+
+        damaged: list[Damage] = []
+        version = self._open_version(damaged)
+        if version is None:
+            return Pruned((), 0, 0, tuple(damaged))
+        with closing(version):
+            swept = self._sweep(version, damaged, choose, event="pruned")
+        return Pruned(
+            tuple(self._info(entry) for entry in swept.removed),
+            len(swept.kept),
+            sum(entry[1] for entry in swept.kept),
+            tuple(damaged),
+        )
+
+    def clear(self) -> int:
+        """Remove every entry of this format version; safe while other processes use it."""
+        version = self._open_version([])
+        if version is None:
+            return 0
+        with closing(version):
+            return len(self._sweep(version, [], lambda found: found, event=None).removed)
+
+    def discard(self, key: str) -> bool:
+        _check_key(key)
+        version = self._open_version([])
+        if version is None:
+            return False
+        with closing(version):
+            try:
+                shard = self._open(_VERSION, key[:2], check=False, parent=version)
+            except (_Damaged, OSError):
+                return False
+            if shard is None:
+                return False
+            with closing(shard):
+                gone = remove_at(shard, key, None)
+            if gone is not None and stat.S_ISREG(gone.st_mode) and self.writable:
+                self._removed(self._index.remove(version, [(key, gone.st_size)]))
+        return gone is not None
+
+    def _sweep(
+        self,
+        version: int,
+        damaged: list[Damage],
+        choose: Callable[[list[_Found]], list[_Found]],
+        *,
+        event: str | None,
+    ) -> _Swept:
+        """One walk of the shards: the entries ``choose`` picks are removed (with their lock
+        files) and logged as ``event``, and the index is rebuilt from what is left unless it
+        holds just that already. One at a time in a tier: an eviction the caller asks for
+        walks after the background one, not beside it."""
+        with self._walking:
+            return self._sweep_now(version, damaged, choose, event=event)
+
+    def _sweep_now(
+        self,
+        version: int,
+        damaged: list[Damage],
+        choose: Callable[[list[_Found]], list[_Found]],
+        *,
+        event: str | None,
+    ) -> _Swept:
+        mark = self._index.start(version) if self.writable else None
+        found = self._walk(version, damaged)
+        removed = self._remove_found(version, choose(found))
+        gone = {entry[0] for entry in removed}
+        kept = [entry for entry in found if entry[0] not in gone] if gone else found
+        index = None
+        if mark is not None:
+            snapshot = self._index.read(version)
+            records, read = self._records(version, kept, snapshot)
+            if removed or read or _out_of_date(snapshot, records):
+                index = self._index.install(version, mark, records)
+            elif snapshot is not None:
+                index = snapshot.totals  # in order: nothing to rebuild
+        if index is None and removed and self.writable:  # another rebuild came first
+            index = self._index.remove(version, [(entry[0], entry[1]) for entry in removed])
+        if index is not None:
+            self._known = index
+        if removed and event is not None:
+            self._log_event(event, len(removed))
+        return _Swept(kept, removed, index)
+
+    def _remove_found(self, version: int, victims: list[_Found]) -> list[_Found]:
+        """Remove ``victims`` (each only if it is still the file found) and their lock files,
+        opening each shard once; those removed."""
+        shards: dict[str, list[_Found]] = {}
+        for entry in victims:
+            shards.setdefault(entry[0][:2], []).append(entry)
+        removed: list[_Found] = []
+        for shard, name in self._named_shards(version, shards):
+            for entry in shards[name]:
+                key, _, _, dev, ino = entry
+                if remove_at(shard, key, (dev, ino)) is not None:
+                    removed.append(entry)
+                remove_at(shard, _lock_name(key), None)
+        return removed
 
     # -- events shared by the processes that use this cache dir ------------------------------
 
@@ -929,11 +1415,11 @@ class DiskTier:
             version = self._open(_VERSION, check=False)
             if version is None:
                 return
-            with _closing(version):
+            with closing(version):
                 mode = self.policy.lock_mode
                 flags = os.O_WRONLY | os.O_APPEND
                 fd, _ = self._open_file(version, _EVENTS, "", flags, create=mode)
-            with _closing(fd):
+            with closing(fd):
                 os.write(fd, line)
         except (_Damaged, _RootError, OSError):
             return  # a read-only or damaged cache dir: the counters here still count
@@ -946,12 +1432,12 @@ class DiskTier:
             version = self._open(_VERSION, check=False)
             if version is None:
                 return totals
-            with _closing(version):
+            with closing(version):
                 fd, info = self._open_file(version, _EVENTS, "")
-            with _closing(fd):
+            with closing(fd):
                 start = max(0, info.st_size - _EVENTS_TAIL)
                 os.lseek(fd, start, os.SEEK_SET)
-                lines = _read_up_to(fd, _EVENTS_TAIL, info.st_size - start).splitlines()
+                lines = read_up_to(fd, _EVENTS_TAIL, info.st_size - start).splitlines()
         except (_Damaged, _RootError, OSError):
             return totals
         for raw in lines[1:] if start else lines:  # the first line of a tail may be cut
@@ -960,17 +1446,6 @@ class DiskTier:
                 with contextlib.suppress(ValueError):
                     totals[parts[1].decode()] += int(parts[2])
         return totals
-
-    def discard(self, key: str) -> bool:
-        _check_key(key)
-        return self._remove_keys([key], locks=False) > 0
-
-    def clear(self) -> int:
-        """Remove every entry of this format version; safe while other processes use it."""
-        removed = self._remove_keys([e.key for e in self.scan()], locks=True)
-        with self._lock:
-            self._approx_bytes = 0
-        return removed
 
     # -- for `aionvrtc doctor` -----------------------------------------------------------------
 
@@ -982,14 +1457,14 @@ class DiskTier:
             version = self._open(_VERSION, make=True)
             if version is None:
                 return f"not trusted: {self.trust_problem}" if self.trust_problem else "removed"
-            with _closing(version):
+            with closing(version):
                 shard = self._open(_VERSION, PROBE_KEY[:2], make=True, parent=version)
                 if shard is None:
                     raise FileNotFoundError(errno.ENOENT, "removed while in use")
-                with _closing(shard):
+                with closing(shard):
                     self._write_entry(shard, PROBE_KEY, b"probe")
                     os.unlink(PROBE_KEY, dir_fd=shard)
-                    _remove_at(shard, f".{PROBE_KEY}{_LOCK_SUFFIX}", None)  # doctor's lock
+                    remove_at(shard, _lock_name(PROBE_KEY), None)  # doctor's lock
                 with contextlib.suppress(OSError):  # a shard holding entries stays
                     os.rmdir(PROBE_KEY[:2], dir_fd=version)
         except _Damaged as exc:
@@ -1005,12 +1480,17 @@ class DiskTier:
         with self._lock:
             setattr(self, counter, getattr(self, counter) + 1)
 
-    def _warn_once(self, topic: str, message: str) -> None:
+    def _first(self, topic: str) -> bool:
+        """Whether ``topic`` comes up for the first time in this tier (for one warning)."""
         with self._lock:
             if topic in self._warned:
-                return
+                return False
             self._warned.add(topic)
-        logger.warning(message)
+            return True
+
+    def _warn_once(self, topic: str, message: str) -> None:
+        if self._first(topic):
+            logger.warning(message)
 
 
 class _Reader:
@@ -1023,7 +1503,7 @@ class _Reader:
 
     def read(self, n: int = -1) -> bytes:
         n = self._left if n < 0 else min(n, self._left)
-        data = _read_up_to(self._fd, n, n)
+        data = read_up_to(self._fd, n, n)
         self._left -= len(data)
         return data
 
@@ -1033,24 +1513,66 @@ def _check_key(key: str) -> None:
         raise ValueError(f"not a cache key (64 lowercase hex digits): {key!r}")
 
 
+def _lock_name(key: str) -> str:
+    return f".{key}{_LOCK_SUFFIX}"
+
+
+def _header_of(artifact: Artifact) -> dict[str, Any]:
+    """The header fields of ``artifact`` that its index record summarises."""
+    return {
+        "kind": artifact.kind,
+        "arch": artifact.arch,
+        "nvrtc_version": artifact.nvrtc_version,
+        "created": artifact.created,
+        "lowered_names": artifact.lowered_names,
+    }
+
+
+def _least_recent(
+    found: list[_Found], total: int, max_bytes: int | None, cutoff: float | None
+) -> list[_Found]:
+    """Least recently used first: entries last used before ``cutoff``, then as many as it
+    takes to bring ``total`` (the bytes of ``found``) to ``max_bytes``."""
+    victims = []
+    for entry in sorted(found, key=_LAST_USED):
+        stale = cutoff is not None and entry[2] < cutoff
+        if not stale and (max_bytes is None or total <= max_bytes):
+            break  # the rest are newer: neither stale nor needed to make room
+        victims.append(entry)
+        total -= entry[1]
+    return victims
+
+
+def _out_of_date(snapshot: Snapshot | None, records: dict[str, Record]) -> bool:
+    """Whether the index read as ``snapshot`` differs from ``records`` (a walk's, every one
+    of them found in it) or is due a rebuild."""
+    if snapshot is None or snapshot.totals.due(time.time()):
+        return True
+    totals = snapshot.totals
+    size = sum(record[1] for record in records.values())
+    return len(snapshot.records) != len(records) or (totals.entries, totals.bytes) != (
+        len(records), size,
+    )  # fmt: skip
+
+
+def _flock_now(fd: int) -> bool:
+    """Take the maintenance lock, a flock of the open version folder ``fd``, if nobody holds
+    it; True as well where folders cannot be locked (passes may then overlap: they duplicate
+    work, nothing worse). Let go as ``fd`` is closed."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def _removable(path: Path, problem: str) -> Damage:
     """Damage whose fix is to remove it: an item in a shard that the cache does not use."""
     return Damage(path, problem, f"rm -r {path}")
-
-
-def _read_up_to(fd: int, limit: int, expected: int) -> bytes:
-    """At most ``limit`` bytes of ``fd``, up to its end, in bounded steps (``expected``: the
-    size fstat gave, so a whole file usually takes one read call)."""
-    step = min(max(expected + 1, 1 << 16), _READ_STEP)
-    parts = []
-    left = limit
-    while left > 0:
-        chunk = os.read(fd, min(left, step))
-        if not chunk:
-            break
-        parts.append(chunk)
-        left -= len(chunk)
-    return b"".join(parts)
 
 
 def _raise_if_not_a_file(exc: OSError, dir_fd: int, name: str, path: Path) -> None:
@@ -1059,68 +1581,11 @@ def _raise_if_not_a_file(exc: OSError, dir_fd: int, name: str, path: Path) -> No
     if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
         return
     info = _stat(name, dir_fd=dir_fd)
-    what = _kind(info) if info is not None else "not a regular file"
+    what = kind_of(info) if info is not None else "not a regular file"
     raise _Damaged(_removable(path, f"{what}, not a regular file"), info) from exc
-
-
-def _remove_at(dir_fd: int, name: str, expected: os.stat_result | None) -> bool:
-    """Remove ``name`` in the folder ``dir_fd`` unless it is no longer what was ``expected``
-    (another process may have put a good entry there meanwhile). A folder is renamed aside in
-    the same folder instead, for survey to report: this runs inside requests, and removing a
-    folder takes as long as the tree in it is deep or large."""
-    try:
-        now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if expected is not None and (now.st_ino, now.st_dev) != (expected.st_ino, expected.st_dev):
-            return False
-        if stat.S_ISDIR(now.st_mode):
-            aside = f".{name.lstrip('.')}{_ASIDE}{secrets.token_hex(4)}"
-            os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        else:
-            os.unlink(name, dir_fd=dir_fd)
-    except OSError:  # all that stat, rename and unlink raise
-        return False
-    return True
-
-
-def _same_file(fd: int, dir_fd: int, name: str) -> bool:
-    """Whether ``name`` in the folder ``dir_fd`` is still the file open as ``fd``."""
-    now = _stat(name, dir_fd=dir_fd)
-    opened = os.fstat(fd)
-    return now is not None and (now.st_ino, now.st_dev) == (opened.st_ino, opened.st_dev)
-
-
-def _stat(
-    path: str | os.PathLike[str], *, dir_fd: int | None = None, follow: bool = False
-) -> os.stat_result | None:
-    try:
-        return os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
-    except OSError:
-        return None
-
-
-def _kind(info: os.stat_result) -> str:
-    mode = info.st_mode
-    for test, name in (
-        (stat.S_ISREG, "a regular file"),
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "a device"
 
 
 def _owner_mode(info: os.stat_result | None) -> str:
     if info is None:
         return ""
     return f"; owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}"
-
-
-@contextlib.contextmanager
-def _closing(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)

@@ -2,66 +2,67 @@
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 
 from .._artifact import Artifact
 
-__all__ = ["MemoryTier"]
+__all__ = ["MemoryStats", "MemoryTier"]
 
 
-class _Entry:
-    __slots__ = ("artifact", "size", "used")
+@dataclass(frozen=True, slots=True)
+class MemoryStats:
+    """A snapshot of the memory tier."""
 
-    def __init__(self, artifact: Artifact, used: int) -> None:
-        self.artifact = artifact
-        self.size = artifact.size
-        self.used = used
+    hits: int
+    entries: int
+    bytes: int
+    evictions: int
 
 
 class MemoryTier:
-    """Artifacts by key, bounded in bytes, least recently used evicted first.
+    """Artifacts by key, bounded in bytes, least recently used evicted first; every operation
+    is O(1).
 
-    Readers never take a lock: a read is one dict lookup (atomic in CPython, and internally
-    locked per dict in free-threaded builds) and records recency with a plain attribute store
-    of a clock tick. Writers (one per compile or disk hit) serialise on a lock among
-    themselves. ``entries`` and ``clock`` are never rebound, so hot paths may hold them.
+    ``entries`` is kept in recency order, least recent first: a read moves its key to the end
+    (``touch``, one C call, atomic under the GIL) and takes no lock, and an insert at the limit
+    evicts from the front. Writers serialise on a lock among themselves. A read that races an
+    eviction of its key finds it gone (KeyError) and is a miss. ``entries``, ``touch`` and
+    ``clock`` are never rebound, so hot paths may hold them.
 
-    Eviction takes the least recent entry from a min-heap of (tick, key) pushed at each put,
-    without sorting: a heap item whose entry was read since (its tick is older than the
-    entry's) is pushed again with the entry's tick instead of evicting it, so each eviction
-    costs O(log n) amortised and the order is exactly least recently used.
-
-    The clock doubles as the hit counter, so a hit does no other bookkeeping: every tick is
-    taken by a hit, a put or a ``hits()`` call, and the latter two are counted.
+    The clock is the hit counter, so a hit does no other bookkeeping: every tick is taken by a
+    hit or a ``hits()`` call, and the latter are counted.
     """
 
     def __init__(self, limit: int) -> None:
         if limit < 0:
             raise ValueError(f"memory_limit must be >= 0 bytes, got {limit}")
         self.limit = limit
-        self.entries: dict[str, _Entry] = {}
+        self.entries: OrderedDict[str, Artifact] = OrderedDict()
+        self.touch = self.entries.move_to_end
         self.clock = itertools.count(1)
-        self._ticks_not_hits = 0
+        self._sizes: dict[str, int] = {}  # what each entry is charged (Artifact.size, once)
+        self._not_hits = 0
         self._lock = threading.Lock()
-        self._order: list[tuple[int, str]] = []  # heap of (tick when pushed, key)
         self.bytes = 0
         self.evictions = 0
 
-    def get(self, key: str) -> Artifact | None:
-        entry = self.entries.get(key)
-        if entry is None:
+    def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
+        try:
+            artifact = self.entries[key]
+            self.touch(key)
+        except KeyError:
             return None
-        entry.used = next(self.clock)
-        return entry.artifact
+        next(self.clock)
+        return artifact
 
     def hits(self) -> int:
-        """Reads that found their key (through ``get`` or a hot path holding the clock)."""
+        """Reads that found their key (through ``read`` or a hot path holding the clock)."""
         with self._lock:
-            now = next(self.clock)
-            self._ticks_not_hits += 1
-            return now - self._ticks_not_hits
+            self._not_hits += 1
+            return next(self.clock) - self._not_hits
 
     def __contains__(self, key: str) -> bool:
         return key in self.entries
@@ -69,55 +70,39 @@ class MemoryTier:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def put(self, artifact: Artifact) -> None:
-        if artifact.size > self.limit:
-            return  # it would evict everything and still not fit; the disk tier keeps it
+    def write(self, artifact: Artifact) -> bool:
+        size = artifact.size
+        if size > self.limit:
+            return False  # it would evict everything and still not fit; disk keeps it
+        key = artifact.key
         with self._lock:
-            entry = _Entry(artifact, next(self.clock))
-            self._ticks_not_hits += 1
-            entries = self.entries
-            old = entries.get(artifact.key)
-            self.bytes += entry.size - (old.size if old else 0)
-            entries[artifact.key] = entry
-            heapq.heappush(self._order, (entry.used, artifact.key))
-            if self.bytes > self.limit:
-                self._evict(keep=artifact.key)
-            if len(self._order) > 2 * len(entries) + 64:
-                # Items of replaced or discarded entries: rebuilt, so the heap stays O(entries).
-                self._order = [(e.used, k) for k, e in entries.items()]
-                heapq.heapify(self._order)
-
-    def _evict(self, keep: str) -> None:
-        """Evict least recently used entries (never ``keep``) until within the limit."""
-        entries, order = self.entries, self._order
-        while self.bytes > self.limit and order:
-            tick, key = heapq.heappop(order)
-            entry = entries.get(key)
-            if entry is None:
-                continue  # discarded or evicted since: a leftover item
-            if entry.used != tick:
-                # An item from before the entry's last use (or of an entry since replaced):
-                # its recency moved. The entry being put has its own item already.
-                if key != keep:
-                    heapq.heappush(order, (entry.used, key))
-                continue
-            if key == keep:  # the entry being put, the most recent: nothing older is left
-                heapq.heappush(order, (tick, key))
-                break
-            del entries[key]
-            self.bytes -= entry.size
-            self.evictions += 1
+            entries, sizes = self.entries, self._sizes
+            self.bytes += size - sizes.get(key, 0)
+            sizes[key] = size
+            entries[key] = artifact
+            entries.move_to_end(key)
+            while self.bytes > self.limit:
+                # One call, atomic against readers' touches; never ``key``: it is the newest
+                # (or, touched since, another newer one) and it fits alone.
+                oldest, _ = entries.popitem(last=False)
+                self.bytes -= sizes.pop(oldest)
+                self.evictions += 1
+        return True
 
     def discard(self, key: str) -> bool:
         with self._lock:
-            entry = self.entries.pop(key, None)
-            if entry is None:
+            if self.entries.pop(key, None) is None:
                 return False
-            self.bytes -= entry.size
+            self.bytes -= self._sizes.pop(key)
             return True
 
     def clear(self) -> None:
         with self._lock:
             self.entries.clear()
-            self._order.clear()
+            self._sizes.clear()
             self.bytes = 0
+
+    def stats(self) -> MemoryStats:
+        with self._lock:
+            entries, size = len(self.entries), self.bytes
+        return MemoryStats(self.hits(), entries, size, self.evictions)

@@ -40,6 +40,7 @@ import os
 import re
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -101,6 +102,20 @@ _RELEASE = """if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('d
 return 0"""
 _RENEW = """if redis.call('get', KEYS[1]) == ARGV[1] then
 return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteStats:
+    """A snapshot of the remote tier: entries read, not there, refused (unsigned, badly
+    signed, corrupt or too large), failed calls, compiles that waited for another host's, and
+    compile locks ignored as not another aionvrtc host's (see RedisTier.claim)."""
+
+    hits: int = 0
+    misses: int = 0
+    rejected: int = 0
+    errors: int = 0
+    lock_waits: int = 0
+    foreign_locks: int = 0
 
 
 class RedisTier:
@@ -223,6 +238,11 @@ class RedisTier:
                 "run under trio; open this Compiler under asyncio, or without remote="
             )
 
+    def stats(self) -> RemoteStats:
+        return RemoteStats(
+            self.hits, self.misses, self.rejected, self.errors, self.lock_waits, self.foreign_locks
+        )
+
     def bind(self, task_group: anyio.abc.TaskGroup) -> None:
         """Where lock renewals run: the Compiler's task group, while it is open."""
         self._task_group = task_group
@@ -252,7 +272,7 @@ class RedisTier:
             return MAGIC + b"\0" + entry
         return MAGIC + b"\1" + self._sign(artifact.key, entry) + entry
 
-    def unpack(self, key: str, value: bytes, arch: str) -> Artifact:
+    def unpack(self, key: str, value: bytes, arch: str | None) -> Artifact:
         """The verified artifact in ``value``; CacheCorruptError says why it is refused."""
         if not value.startswith(MAGIC) or len(value) < len(MAGIC) + 1:
             raise CacheCorruptError("remote entry: not an aionvrtc remote value")
@@ -267,7 +287,7 @@ class RedisTier:
             body = body[32:]  # signed by a fleet with a secret; verified below as an entry only
         return decode(body, expected_key=key, expected_arch=arch)
 
-    async def fetch(self, key: str, arch: str) -> Artifact | None:
+    async def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
         """The verified entry for ``key``, or None (a miss, a refused entry or Redis down).
         A value over ``max_entry_bytes`` is refused on the server, without being sent."""
         value = await self._call(
@@ -301,7 +321,7 @@ class RedisTier:
         self.hits += 1
         return artifact
 
-    async def store(self, artifact: Artifact) -> bool:
+    async def write(self, artifact: Artifact) -> bool:
         """Upload ``artifact``; False if Redis is down or it is over ``max_entry_bytes`` (no
         host would read it)."""
         value = self.pack(artifact)
@@ -359,11 +379,14 @@ class RedisTier:
             return "it is not signed with this secret"
         return None
 
-    async def claim(self, key: str, arch: str) -> tuple[str | None, Artifact | None]:
+    async def claim(
+        self, key: str, arch: str, *, wait: bool = True
+    ) -> tuple[str | None, Artifact | None] | None:
         """Before compiling ``key``: (token, None) if this host holds the compile lock (renewed
         until release()), (None, artifact) if another host's compile arrived meanwhile, (None,
         None) if this host should compile without the lock (Redis down, a foreign lock, or the
-        wait timed out).
+        wait timed out). With ``wait=False``, None when another host holds a genuine lock now:
+        the caller waits for it (``wait=True``) where waiting holds no compile slot.
 
         While another host holds a genuine lock, only the lock is polled (a small SET NX that
         reads the lock back when taken); the entry is read once, when the lock is ours again.
@@ -382,7 +405,7 @@ class RedisTier:
                 return None, None
             if reply == 1:
                 if waited:  # the holder stored it (or died) and let go
-                    artifact = await self.fetch(key, arch)
+                    artifact = await self.read(key, arch=arch)
                     if artifact is not None:
                         await self.release(key, token)  # (renewal never started)
                         return None, artifact
@@ -392,6 +415,8 @@ class RedisTier:
             if why is not None:
                 self._note_foreign(key, why)
                 return None, None
+            if not wait:
+                return None
             if not waited:
                 self.lock_waits += 1
                 waited = True

@@ -14,6 +14,7 @@ from .._actor import Compiler
 from .._cuda import Module
 from .._spec import KernelSpec
 from .._sync import default_compiler
+from .._target import resolve_target
 from . import _semirings
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
@@ -304,7 +305,7 @@ _default_modules: dict[tuple[str, int], Module] = {}
 
 def _default_module(spec: KernelSpec, device: int) -> Module:
     """Blocking: the default compiler's module for ``spec`` on ``device``, memoised."""
-    memo = (spec.key(default_compiler().target), device)
+    memo = (default_compiler().key(spec), device)
     module = _default_modules.get(memo)
     if module is None:
         module = _default_modules[memo] = default_compiler().get_sync(spec, device=device)
@@ -314,7 +315,7 @@ def _default_module(spec: KernelSpec, device: int) -> Module:
 async def _module(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:
     if compiler is not None:
         return await compiler.get(spec, device=device)
-    module = _default_modules.get((spec.key(default_compiler().target), device))
+    module = _default_modules.get((default_compiler().key(spec), device))
     if module is None:  # first use: the compile may take a while, so off this event loop
         module = await anyio.to_thread.run_sync(_default_module, spec, device)
     return module
@@ -508,13 +509,13 @@ async def warm(
 ) -> int:
     """Compile every kernel of the named semirings and dtypes (default: all) ahead of use, in
     parallel; returns how many. Without ``compiler``, a temporary Compiler with one worker per
-    CPU fills the disk cache (target ``arch``, default ``$AIONVRTC_ARCH`` or the current GPU's)
-    that later requests read."""
+    CPU fills the disk cache (target ``arch``, else ``resolve_target``'s: ``$AIONVRTC_ARCH``
+    or the current GPU's) that later requests read."""
     import os
 
     specs = all_specs(semirings, dtypes)
     if compiler is None:
-        target = arch or os.environ.get("AIONVRTC_ARCH") or None
+        target = resolve_target(arch)
         async with Compiler(arch=target, concurrency=os.cpu_count() or 1) as temporary:
             await _compile_all(temporary, specs)
     else:

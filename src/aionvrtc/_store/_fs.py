@@ -1,0 +1,119 @@
+"""File operations relative to an open folder that the disk tier, its index and its locks share:
+never following a link, never blocking on a FIFO, never removing a tree inside a request."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+
+__all__ = [
+    "ASIDE",
+    "DIR_FLAGS",
+    "FILE_FLAGS",
+    "FileId",
+    "closing",
+    "file_id",
+    "kind_of",
+    "read_up_to",
+    "remove_at",
+    "same_file",
+    "stat_or_none",
+]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_NOCTTY = getattr(os, "O_NOCTTY", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# Every file of the cache is opened with these: a FIFO does not block the open (or a later read),
+# a link planted at the name is refused (ELOOP) rather than followed, a terminal does not become
+# the process's controlling one.
+FILE_FLAGS = _NONBLOCK | _NOFOLLOW | _NOCTTY | _CLOEXEC
+DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+# A folder found at an entry's or lock's name is renamed ".<name>.damaged-<hex>" in its folder:
+# removing it could take as long as the tree in it is deep or large, inside a request.
+ASIDE = ".damaged-"
+# Reads go in steps of at most this much, so a file that grows while it is read cannot make
+# one read call allocate more.
+_READ_STEP = 16 << 20  # bytes (16 MiB)
+
+
+FileId = tuple[int, int]  # st_dev, st_ino: which file a name leads to
+
+
+def file_id(info: os.stat_result) -> FileId:
+    return info.st_dev, info.st_ino
+
+
+def remove_at(dir_fd: int, name: str, expected: FileId | None) -> os.stat_result | None:
+    """Remove ``name`` in the folder ``dir_fd`` unless it is no longer the file ``expected``
+    (another process may have put a good entry there meanwhile); what was removed, or None. A
+    folder is renamed aside in the same folder instead, for survey to report: this runs inside
+    requests, and removing a folder takes as long as the tree in it is deep or large."""
+    try:
+        now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if expected is not None and file_id(now) != expected:
+            return None
+        if stat.S_ISDIR(now.st_mode):
+            aside = f".{name.lstrip('.')}{ASIDE}{secrets.token_hex(4)}"
+            os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
+    except OSError:  # all that stat, rename and unlink raise
+        return None
+    return now
+
+
+def same_file(fd: int, dir_fd: int, name: str) -> bool:
+    """Whether ``name`` in the folder ``dir_fd`` is still the file open as ``fd``."""
+    now = stat_or_none(name, dir_fd=dir_fd)
+    return now is not None and file_id(now) == file_id(os.fstat(fd))
+
+
+def stat_or_none(
+    path: str | os.PathLike[str], *, dir_fd: int | None = None, follow: bool = False
+) -> os.stat_result | None:
+    try:
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
+    except OSError:
+        return None
+
+
+def read_up_to(fd: int, limit: int, expected: int) -> bytes:
+    """At most ``limit`` bytes of ``fd``, up to its end, in bounded steps (``expected``: the
+    size fstat gave, so a whole file usually takes one read call)."""
+    step = min(max(expected + 1, 1 << 16), _READ_STEP)
+    parts = []
+    left = limit
+    while left > 0:
+        chunk = os.read(fd, min(left, step))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def kind_of(info: os.stat_result) -> str:
+    mode = info.st_mode
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "a device"
+
+
+@contextlib.contextmanager
+def closing(fd: int) -> Iterator[int]:
+    try:
+        yield fd
+    finally:
+        os.close(fd)

@@ -1,0 +1,38 @@
+"""The verbs every tier speaks: memory and disk here, the remote tier as coroutines (its client
+is async), and the next tiers (read-only layers) the same.
+
+What a tier stores is an Artifact, encoded and verified by the tier as it needs (the memory
+tier keeps the object, disk and remote its checksummed encoding): a tier never compiles, and a
+damaged or missing entry is a miss, never an error.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .._artifact import Artifact
+
+__all__ = ["Tier"]
+
+
+class Tier(Protocol):
+    """A store of artifacts by key. ``stats()`` returns the tier's own frozen snapshot, which
+    ``CacheStats`` and ``CompilerStats`` hold as they are."""
+
+    def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
+        """The verified entry for ``key`` (built for ``arch``, when given), or None."""
+        ...
+
+    def write(self, artifact: Artifact) -> bool:
+        """Keep ``artifact``; False if this tier cannot (too large, read-only, full)."""
+        ...
+
+    def discard(self, key: str) -> bool:
+        """Drop ``key``'s entry; whether there was one."""
+        ...
+
+    def clear(self) -> object:
+        """Drop every entry."""
+        ...
+
+    def stats(self) -> object: ...

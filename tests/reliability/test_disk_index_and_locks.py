@@ -1,0 +1,586 @@
+"""The disk tier at scale: no request walks the shards (the index says how big the cache is),
+eviction runs in the background down to the low-water mark, the index survives killed writers,
+garbage, other processes and `cache clear`; and the per-key lock is waited for without polling,
+held by a real flock in another process.
+
+Real files, real processes, real flock. Calls are observed, never faked: os.scandir and
+os.listdir are wrapped to count (or, once, to hold) the real calls. No timing is asserted:
+timeouts only turn a hang into a failure (benchmarks/disk_tier.py measures)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aionvrtc import Artifact
+from aionvrtc._artifact import encode
+from aionvrtc._cli import main
+from aionvrtc._store import NO_LOCK, DiskStats, DiskTier, KeyLock
+from aionvrtc._store import _index as index_module
+from aionvrtc._store._index import HEADER_SIZE, INDEX_NAME, Totals
+from aionvrtc._store.disk import LOW_WATER
+
+from ..conftest import ROOT, run_python
+
+HANG = 60  # seconds: only a hang takes this long
+
+
+def artifact(n: int, size: int = 4000) -> Artifact:
+    """A small entry of about ``size`` bytes, its key spread over the shards by ``n``."""
+    key = hashlib.sha256(b"%d" % n).hexdigest()
+    return Artifact(
+        key=key, kind="cubin", image=b"\x7fELF" + bytes([n % 251]) * (size - 400),
+        arch="sm_90", nvrtc_version="13.5", lowered_names={f"k_{n}<float>": f"_Z3k_{n}"},
+        created=1_700_000_000.0 + n,
+    )  # fmt: skip
+
+
+def fill(tier: DiskTier, count: int, start: int = 0) -> list[Artifact]:
+    arts = [artifact(n) for n in range(start, start + count)]
+    for art in arts:
+        assert tier.write(art)
+    assert tier.wait_maintenance(HANG)
+    return arts
+
+
+def on_disk(root: Path) -> tuple[int, int]:
+    """Entries and bytes, as a walk of the folders (not the tier) finds them."""
+    files = [p for p in (root / "v2").glob("*/*") if len(p.name) == 64]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def header(root: Path) -> Totals | None:
+    """The index header, as a process that uses the cache reads it."""
+    version = os.open(root / "v2", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return DiskTier(root)._index.totals(version)
+    finally:
+        os.close(version)
+
+
+class Listings:
+    """Counts os.scandir and os.listdir calls, per thread: the real calls, wrapped."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: dict[str, int] = {}
+        self.gate: threading.Event | None = None  # set: calls from other threads wait for it
+        for name in ("scandir", "listdir"):
+            monkeypatch.setattr(os, name, self._wrap(getattr(os, name)))
+
+    def _wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            thread = threading.current_thread()
+            self.calls[thread.name] = self.calls.get(thread.name, 0) + 1
+            if self.gate is not None and thread is not threading.main_thread():
+                self.gate.wait(HANG)
+            return real(*args, **kwargs)
+
+        return counted
+
+    def here(self) -> int:
+        return self.calls.get(threading.current_thread().name, 0)
+
+    def elsewhere(self) -> int:
+        return sum(self.calls.values()) - self.here()
+
+
+@pytest.fixture
+def listings(monkeypatch: pytest.MonkeyPatch) -> Listings:
+    return Listings(monkeypatch)
+
+
+# -- no request walks the shards ---------------------------------------------------------------
+
+
+def test_requests_never_list_a_folder_and_eviction_runs_behind_them(
+    tmp_path: Path, listings: Listings
+) -> None:
+    root = tmp_path / "cache"
+    new = [1000 + n for n in range(15)]
+    # Room for all but the last write: that one takes the cache over its limit.
+    limit = sum(len(encode(artifact(n))) for n in [*range(290), *new[:-1]])
+    arts = fill(DiskTier(root, limit=limit), 290)
+    listings.calls.clear()
+    # A new process's first write, its reads, and the write that takes it over the limit: the
+    # old code walked every shard on the first write, inside the request.
+    tier = DiskTier(root, limit=limit)
+    assert tier.write(artifact(new[0]))
+    assert tier.read(arts[0].key, arch="sm_90") == arts[0]
+    assert tier.read(artifact(2000).key) is None
+    for n in new[1:]:
+        assert tier.write(artifact(n))
+    assert listings.here() == 0
+    assert tier.wait_maintenance(HANG)
+    assert listings.elsewhere() > 0  # the maintenance thread walked the shards, once
+    count, size = on_disk(root)
+    assert size <= LOW_WATER * limit < size + len(encode(arts[0]))  # down to the low water
+    stats = tier.stats()
+    assert stats.evictions == 305 - count
+    assert (stats.entries, stats.bytes) == (count, size)
+    assert tier.events()["evicted"] == stats.evictions
+    lines = (root / "v2" / ".events").read_text().split()
+    assert lines[1::3] == ["evicted"]  # one batch
+    # Least recently used first: the entry read above and the newest writes stayed.
+    kept = {p.name for p in (root / "v2").glob("*/*")}
+    assert arts[0].key in kept
+    assert {artifact(n).key for n in new} <= kept
+
+
+def test_a_read_never_waits_behind_a_walk(tmp_path: Path, listings: Listings) -> None:
+    # The old code held the tier's lock for a whole eviction scan, and every read took it to
+    # count a hit: a read stalled for as long as the scan.
+    tier = DiskTier(tmp_path / "cache", limit=1 << 30)
+    arts = fill(tier, 20)
+    listings.gate = threading.Event()  # walks in other threads stop in os.listdir
+    walker = threading.Thread(target=tier.evict, name="walker")
+    walker.start()
+    done: list[object] = []
+
+    def request() -> None:
+        done.append(tier.read(arts[3].key, arch="sm_90"))
+        done.append(tier.stats())
+
+    reader = threading.Thread(target=request)
+    reader.start()
+    reader.join(HANG / 2)
+    stuck = reader.is_alive()
+    listings.gate.set()
+    walker.join(HANG)
+    reader.join(HANG)
+    assert not stuck
+    assert listings.calls["walker"] > 0  # the walk was under way, held in its listing
+    assert done[0] == arts[3]
+    assert isinstance(done[1], DiskStats)
+    assert done[1].hits == 1
+
+
+def test_stats_snapshot_the_counters_and_the_index(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path / "cache")
+    assert tier.stats() == DiskStats(
+        hits=0, misses=0, writes=0, corrupt_dropped=0, evictions=0, write_failures=0,
+        read_failures=0, writable=True, trusted=True, entries=None, bytes=None,
+    )  # fmt: skip
+    arts = fill(tier, 3)
+    assert tier.read(arts[0].key) == arts[0]
+    assert tier.read(artifact(99).key) is None
+    path = tier.path(arts[1].key)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    assert tier.read(arts[1].key) is None  # dropped: its removal is indexed too
+    stats = tier.stats()
+    count, size = on_disk(tmp_path / "cache")
+    assert stats == DiskStats(
+        hits=1, misses=2, writes=3, corrupt_dropped=1, evictions=0, write_failures=0,
+        read_failures=0, writable=True, trusted=True, entries=count, bytes=size,
+    )  # fmt: skip
+    assert (tier.hits, tier.corrupt, tier.writes) == (1, 1, 3)  # the attributes still count
+    assert count == 2
+
+
+# -- the index ----------------------------------------------------------------------------------
+
+WRITER = r"""
+import sys
+from tests.reliability.test_disk_index_and_locks import artifact
+from aionvrtc._store.disk import DiskTier
+
+tier = DiskTier(sys.argv[1])
+n = int(sys.argv[2])
+while True:
+    tier.write(artifact(n))
+    if n % 7 == 0:
+        tier.discard(artifact(n - 3).key)
+    print(n, flush=True)
+    n += 1
+"""
+
+
+def test_the_index_survives_writers_killed_with_sigkill(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    fill(DiskTier(root), 50)
+    rng = random.Random(4711)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    kills = 12
+    for trial in range(kills):
+        child = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(root), str(100 + 1000 * trial)],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+        )  # fmt: skip
+        assert child.stdout is not None
+        for _ in range(rng.randrange(1, 40)):
+            child.stdout.readline()
+        child.send_signal(signal.SIGKILL)
+        child.wait(HANG)
+    totals = header(root)
+    count, size = on_disk(root)
+    assert totals is not None  # whole, never torn: the header is written after its record
+    # A kill between a file's change and its record leaves the totals one entry off at most.
+    assert count - kills <= totals.entries <= count + kills
+    # A listing (or any rebuild) puts them right, and knows every entry's header.
+    tier = DiskTier(root)
+    listing = tier.listing()
+    assert len(listing.keys) == count
+    assert list(listing.last_used) == sorted(listing.last_used, reverse=True)
+    assert all(isinstance(h, dict) and h["arch"] == "sm_90" for h in listing.headers)
+    totals = header(root)
+    assert totals is not None
+    assert (totals.entries, totals.bytes) == (count, size)
+    assert (tier.stats().entries, tier.stats().bytes) == (count, size)
+
+
+def _garbage(kind: str, path: Path) -> None:
+    good = path.read_bytes()
+    if kind == "random bytes":
+        path.write_bytes(random.Random(3).randbytes(5000))
+    elif kind == "truncated":
+        path.write_bytes(good[: HEADER_SIZE + 30])
+    elif kind == "records that are not":
+        path.write_bytes(good[:HEADER_SIZE] + b"x" * (len(good) - HEADER_SIZE))
+    elif kind == "an end far past the file":
+        path.write_bytes(good[:HEADER_SIZE])
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "a folder":
+        path.unlink()
+        path.mkdir()
+        (path / "inside").write_bytes(b"x")
+    elif kind == "a symbolic link":
+        path.unlink()
+        (path.parent.parent / "elsewhere").write_bytes(good)
+        path.symlink_to(path.parent.parent / "elsewhere")
+
+
+GARBAGE = ["random bytes", "truncated", "records that are not", "an end far past the file"]
+GARBAGE += ["empty", "a folder", "a symbolic link"]
+
+
+@pytest.mark.parametrize("kind", GARBAGE)
+def test_a_garbage_index_is_rebuilt_and_fails_no_request(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    arts = fill(tier, 30)
+    _garbage(kind, root / "v2" / INDEX_NAME)
+    tier = DiskTier(root)
+    with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+        assert tier.read(arts[5].key, arch="sm_90") == arts[5]
+        assert tier.write(artifact(500))
+        assert tier.wait_maintenance(HANG)
+    assert [r.getMessage() for r in caplog.records] == []
+    count, size = on_disk(root)
+    assert count == 31
+    totals = header(root)
+    assert totals is not None
+    assert (totals.entries, totals.bytes) == (count, size)
+    assert totals.rebuilt > 0
+    if kind == "a symbolic link":
+        assert (root / "elsewhere").read_bytes()  # replaced, never followed
+    listing = tier.listing()
+    assert all(isinstance(h, dict) for h in listing.headers)
+    aside = [(d.path.name.startswith(".index.damaged-"), d.problem) for d in listing.damaged]
+    problem = "a folder set aside: it was found where the index belongs"
+    assert aside == ([(True, problem)] if kind == "a folder" else [])
+
+
+def test_a_fifo_at_the_index_blocks_no_request(tmp_path: Path) -> None:
+    # In a child with a timeout: on a regression the open(2) of the FIFO blocks forever.
+    root = tmp_path / "cache"
+    arts = fill(DiskTier(root), 5)
+    (root / "v2" / INDEX_NAME).unlink()
+    os.mkfifo(root / "v2" / INDEX_NAME)
+    out = run_python(
+        "import json, sys\n"
+        "from aionvrtc._store.disk import DiskTier\n"
+        "from tests.reliability.test_disk_index_and_locks import artifact\n"
+        f"tier = DiskTier({str(root)!r})\n"
+        f"hit = tier.read({arts[0].key!r}) is not None\n"
+        "wrote = tier.write(artifact(77))\n"
+        "tier.wait_maintenance(60)\n"
+        "listed = len(tier.listing().keys)\n"
+        "print(json.dumps([hit, wrote, listed, tier.stats().entries]))\n",
+        timeout=HANG,
+    )
+    assert json.loads(out) == [True, True, 6, 6]
+    assert (root / "v2" / INDEX_NAME).is_file()
+
+
+REMOVER = """
+import sys
+from aionvrtc._store.disk import DiskTier
+from tests.reliability.test_disk_index_and_locks import artifact
+tier = DiskTier(sys.argv[1])
+for n in range(0, 40, 4):
+    tier.discard(artifact(n).key)
+print(tier.prune(older_than=0.0 if sys.argv[2] == "all" else 1e9))
+"""
+
+
+def test_removals_by_another_process_reach_the_index(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    fill(tier, 40)
+    assert tier.stats().entries == 40
+    run_python(f"import sys; sys.argv = ['-', {str(root)!r}, 'some']\n" + REMOVER)
+    assert tier.write(artifact(100))
+    assert tier.stats().entries == on_disk(root)[0] == 31
+    assert tier.stats().bytes == on_disk(root)[1]
+    run_python(f"import sys; sys.argv = ['-', {str(root)!r}, 'all']\n" + REMOVER)
+    assert tier.write(artifact(101))
+    assert (tier.stats().entries, on_disk(root)[0]) == (1, 1)
+
+
+def test_cache_clear_empties_the_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    fill(tier, 25)
+    assert main(["cache", "clear", "--json", "--cache-dir", str(root)]) == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == 25
+    totals = header(root)
+    assert totals is not None
+    assert (totals.entries, totals.bytes) == (0, 0)
+    assert tier.write(artifact(1))
+    assert tier.stats().entries == 1
+    assert tier.stats().bytes == on_disk(root)[1]
+
+
+def test_the_index_stays_bounded_under_rewrites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each write appends a record; records of entries replaced or removed are dropped by a
+    # background rewrite once they outnumber the live ones.
+    monkeypatch.setattr(index_module, "COMPACT_SLACK", 20)
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    fill(tier, 5)
+    for _ in range(30):
+        for n in range(5):
+            assert tier.write(artifact(n))
+    assert tier.wait_maintenance(HANG)
+    totals = header(root)
+    assert totals is not None
+    assert totals.entries == 5
+    assert totals.records <= 2 * 5 + 20 + 1
+    assert (root / "v2" / INDEX_NAME).stat().st_size < 40 * 400
+
+
+# -- the CLI walks once and reads the headers from the index ------------------------------------
+
+
+def test_prune_and_ls_walk_the_shards_once_and_open_no_entry(
+    tmp_path: Path, listings: Listings, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    root = tmp_path / "cache"
+    fill(DiskTier(root), 200)
+    shards = len([p for p in (root / "v2").iterdir() if p.is_dir()])
+    opened: list[str] = []
+    real_open = os.open
+
+    def counted_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.fsdecode(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counted_open)
+    listings.calls.clear()
+    assert main(["cache", "ls", "--json", "--cache-dir", str(root)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 200
+    assert sorted(rows[0]) == sorted(
+        ["key", "kind", "arch", "nvrtc_version", "size", "last_used", "last_used_unix",
+         "created", "names"]
+    )  # fmt: skip
+    assert {r["names"][0] for r in rows} == {f"k_{n}<float>" for n in range(200)}
+    assert [p for p in opened if len(Path(p).name) == 64] == []  # headers from the index
+    assert listings.here() <= shards + 1
+    listings.calls.clear()
+    assert main(["cache", "prune", "--max-size", "0", "--json", "--cache-dir", str(root)]) == 0
+    pruned = json.loads(capsys.readouterr().out)
+    assert (pruned["removed"], pruned["entries"], pruned["bytes"]) == (200, 0, 0)
+    assert pruned["bytes_before"] == sum(r["size"] for r in rows)
+    assert listings.here() <= shards + 1  # it was three walks: survey, prune, survey
+    assert on_disk(root) == (0, 0)
+
+
+def test_ls_rebuilds_a_lost_index_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "cache"
+    fill(DiskTier(root), 30)
+    (root / "v2" / INDEX_NAME).unlink()
+    for _ in range(2):
+        assert main(["cache", "ls", "--json", "--cache-dir", str(root)]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        assert {r["arch"] for r in rows} == {"sm_90"}
+        assert len(rows) == 30
+        totals = header(root)
+        assert totals is not None
+        assert totals.entries == 30
+
+
+# -- the per-key lock ---------------------------------------------------------------------------
+
+HOLDER = r"""
+import sys
+from aionvrtc._store.disk import DiskTier
+lock = DiskTier(sys.argv[1]).wait_lock(sys.argv[2])
+print("held" if lock.held else "not held", flush=True)
+sys.stdin.readline()
+lock.release()
+print("released", flush=True)
+sys.stdin.readline()
+"""
+
+KEY = "ab" * 32
+
+
+@contextlib.contextmanager
+def holder(root: Path, key: str = KEY) -> Iterator[subprocess.Popen[str]]:
+    """Another process that holds ``key``'s lock until a line is written to it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(root), key], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert child.stdout is not None
+    try:
+        assert child.stdout.readline() == "held\n"
+        yield child
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            assert child.stdin is not None
+            child.stdin.write("\n\n")
+            child.stdin.close()
+        child.wait(HANG)
+
+
+def let_go(child: subprocess.Popen[str]) -> None:
+    assert child.stdin is not None
+    assert child.stdout is not None
+    child.stdin.write("\n")
+    child.stdin.flush()
+    assert child.stdout.readline() == "released\n"
+
+
+def lock_files(root: Path) -> list[str]:
+    return [p.name for p in (root / "v2").glob("*/.*.lock")]
+
+
+def test_try_lock_is_none_while_another_process_holds_the_lock(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    with holder(root) as child:
+        assert tier.try_lock(KEY) is None
+        assert lock_files(root) == [f".{KEY}.lock"]
+        let_go(child)
+        lock = tier.try_lock(KEY)
+        assert lock is not None
+        assert lock.held
+        lock.release()
+        lock.release()  # idempotent
+        assert not lock.held
+    assert lock_files(root) == []
+
+
+def test_wait_lock_holds_the_lock_once_the_holder_lets_go(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    got: list[KeyLock] = []
+    with holder(root) as child:
+        waiter = threading.Thread(target=lambda: got.append(tier.wait_lock(KEY, timeout=HANG)))
+        waiter.start()
+        waiter.join(0.3)
+        assert got == []  # still waiting: the other process holds it
+        let_go(child)
+        waiter.join(HANG)
+        [lock] = got
+        assert lock.held
+        assert tier.try_lock(KEY) is None  # held here now, by another open of the file
+        assert lock_files(root) == [f".{KEY}.lock"]
+        lock.release()
+    assert lock_files(root) == []  # no file per key is left behind
+    with tier.lock(KEY) as held:  # the context manager of KernelCache is built on them
+        assert held
+    assert lock_files(root) == []
+
+
+def test_wait_lock_with_cancel_set_returns_unheld_and_gives_back_what_it_gets(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    cancel = threading.Event()
+    got: list[KeyLock] = []
+    with holder(root) as child:
+        waiter = threading.Thread(target=lambda: got.append(tier.wait_lock(KEY, cancel=cancel)))
+        waiter.start()
+        waiter.join(0.3)
+        assert got == []
+        cancel.set()
+        waiter.join(HANG)
+        assert [lock.held for lock in got] == [False]
+        let_go(child)
+    # The abandoned flock got the lock after the holder let go, and let go of it at once:
+    # another open of the cache dir takes it (it would time out, unheld, if it were kept).
+    other = DiskTier(root).wait_lock(KEY, timeout=HANG)
+    assert other.held
+    other.release()
+    assert lock_files(root) == []
+    assert tier.wait_lock(KEY, cancel=cancel).held is False  # already cancelled: no wait
+    assert all(t.daemon for t in threading.enumerate() if t.name == "aionvrtc-flock")
+
+
+def test_wait_lock_times_out_unheld_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "cache"
+    with holder(root), caplog.at_level(logging.WARNING, logger="aionvrtc"):
+        assert DiskTier(root).wait_lock(KEY, timeout=0.2).held is False
+    assert [r.getMessage() for r in caplog.records] == [
+        f"waited 0 s for another process to compile {KEY[:16]}; compiling here"
+    ]
+
+
+def test_a_lock_never_let_go_does_not_keep_a_waiting_process_alive(tmp_path: Path) -> None:
+    # The waiting flock runs in a daemon thread: after the waiter gave up, the interpreter
+    # exits although that flock never returns.
+    root = tmp_path / "cache"
+    with holder(root):
+        out = run_python(
+            "import threading\n"
+            "from aionvrtc._store.disk import DiskTier\n"
+            f"tier = DiskTier({str(root)!r})\n"
+            f"print(tier.wait_lock({KEY!r}, timeout=0.3).held)\n"
+            "cancel = threading.Event()\n"
+            "threading.Timer(0.2, cancel.set).start()\n"
+            f"print(tier.wait_lock({KEY!r}, cancel=cancel).held)\n",
+            timeout=HANG,
+        )
+    assert out.split() == ["False", "False"]
+
+
+def test_a_cache_that_cannot_lock_hands_out_unheld_locks(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o777)
+    root.chmod(0o777)  # others can write it: not trusted, so neither read nor written
+    tier = DiskTier(root)
+    assert not tier.trusted
+    for lock in (tier.try_lock(KEY), tier.wait_lock(KEY)):
+        assert lock is not None
+        assert lock.held is False
+        lock.release()
+    assert NO_LOCK.held is False
+    NO_LOCK.release()
+    assert not (root / "v2").exists()
