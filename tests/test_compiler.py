@@ -494,3 +494,81 @@ async def test_a_job_waiting_for_another_process_lock_holds_no_compile_slot(
     assert waiter[0].image == stored.image
     assert (after.compiles, after.waiting, after.disk.hits) == (1, 0, 1)
     assert not [p for p in os.listdir(cache_dir / "v2" / stored.key[:2]) if p.endswith(".lock")]
+
+
+async def test_closing_while_starting_or_while_a_key_is_derived_closes_cleanly(
+    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review of issue 16: aclose() during __aenter__ returned at once and the Compiler opened
+    # afterwards; a request whose key was derived in a thread while the Compiler closed got an
+    # AssertionError and left its job in the in-flight map.
+    from aionvrtc import _includes
+
+    compiler = Compiler(arch="sm_90", cache_dir=cache_dir)
+    host = compiler._host
+
+    async def slow_host(*args: object) -> None:
+        await anyio.sleep(0.05)  # opening takes a while
+        await host(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compiler, "_host", slow_host)
+    async with anyio.create_task_group() as group:
+        group.start_soon(compiler.__aenter__)
+        while compiler._state.value == "new":  # until opening has started (not finished)
+            await anyio.lowlevel.checkpoint()
+        assert compiler._state.value == "starting"
+        await compiler.aclose()
+    assert compiler.closed
+    with pytest.raises(CompilerClosed):
+        await compiler.compile(make_spec())
+
+    (tmp_path / "a.cuh").write_text("#define X 1\n")
+    real = _includes.snapshot
+    gate = threading.Event()
+
+    def slow(folders: object) -> object:
+        gate.wait(10)
+        return real(folders)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_includes, "snapshot", slow)
+    spec = KernelSpec('#include "a.cuh"\n__global__ void k() {}', options=(f"-I{tmp_path}",))
+    raised: list[BaseException] = []
+
+    async def request() -> None:
+        try:
+            await other.compile(spec)
+        except Exception as exc:
+            raised.append(exc)
+
+    async with (
+        Compiler(arch="sm_90", cache_dir=cache_dir) as other,
+        anyio.create_task_group() as group,
+    ):
+        group.start_soon(request)
+        await anyio.sleep(0.05)  # the key is being derived in a worker thread
+        await other.aclose()
+        gate.set()
+    assert len(raised) == 1
+    assert isinstance(raised[0], CompilerClosed)
+    assert other._inflight == {}
+
+
+def test_a_failed_claim_lets_go_of_the_file_lock(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aionvrtc import KernelCache
+    from aionvrtc._store import DiskTier
+
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    key = cache.key(make_spec())
+
+    def broken(key: str) -> None:
+        raise OSError("injected: the disk re-check failed")
+
+    monkeypatch.setattr(cache, "_from_disk", broken)  # after the lock is taken
+    with pytest.raises(OSError, match="injected"):
+        cache.claim(key, wait=False)
+    lock = DiskTier(cache_dir).try_lock(key)  # another process can take it at once
+    assert lock is not None
+    assert lock.held
+    lock.release()

@@ -581,3 +581,21 @@ def test_the_interning_table_is_bounded_and_keeps_no_spec_that_reads_files(
     for twin in (copy.deepcopy(reading), pickle.loads(pickle.dumps(reading))):
         assert twin == reading
         assert twin is not reading
+
+
+def test_an_equal_spec_of_a_subclass_replaces_the_interned_one_without_leaking_its_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aionvrtc import _spec
+
+    class Tagged(KernelSpec):
+        __slots__ = ()
+
+    monkeypatch.setattr(_spec, "_interned", {})
+    monkeypatch.setattr(_spec, "_intern_state", _spec._InternState())
+    source = SRC + "// " + "x" * 1000
+    for _ in range(10):
+        assert type(KernelSpec(source)) is KernelSpec
+        assert type(Tagged(source)) is Tagged
+    assert len(_spec._interned) == 1
+    assert _spec._intern_state.size == len(source)

@@ -60,16 +60,17 @@ LIVE = 0
 PREFETCH = 1
 # Worker threads for the I/O lane: each holds one for reads and verifications of well under a
 # millisecond each, so a few serve many requests.
-IO_LANE = 4
+IO_LANE = 2
 # Keys looked up per thread hop: a hop costs about as much as a disk hit, so a burst of misses
 # is read in batches; a lone request is a batch of one.
-IO_BATCH = 16
+IO_BATCH = 32
 # Worker threads waiting on other processes' key locks (each blocks until its lock is free).
 WAIT_LANE = 64
 
 
 class _State(enum.Enum):
     NEW = "new"
+    STARTING = "starting"
     OPEN = "open"
     CLOSING = "closing"
     CLOSED = "closed"
@@ -209,6 +210,7 @@ class Compiler:
         self._wakeup: anyio.Event | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stopped: anyio.Event | None = None
+        self._started: anyio.Event | None = None  # set once opening succeeded or failed
         self._portal: anyio.from_thread.BlockingPortal | None = None
         # Loaded modules by device and key, for the Compiler's life (or until forget/clear):
         # a module is small, and reloading one that is in use would waste a load.
@@ -244,7 +246,8 @@ class Compiler:
         self._slots = anyio.Semaphore(self.concurrency)
         self._stopped = anyio.Event()  # set once the actor and its lanes have stopped
         opened: list[BaseException | None] = []
-        started = anyio.Event()
+        started = self._started = anyio.Event()
+        self._enter(_State.STARTING)
         _spawn(functools.partial(self._host, opened, started))
         try:
             await started.wait()
@@ -267,7 +270,8 @@ class Compiler:
                 self._task_group = task_group
                 if self.remote is not None:
                     self.remote.bind(task_group)
-                # Open before the actor runs: it stops as soon as it sees a state other than OPEN.
+                # Open before the actor runs: it stops as soon as it sees a state other than
+                # OPEN. (aclose() while starting waits for this, then closes.)
                 self._enter(_State.OPEN)
                 await task_group.start(self._actor)
                 opened.append(None)
@@ -303,6 +307,9 @@ class Compiler:
         if self._state is _State.NEW:
             self._enter(_State.CLOSED)
             return
+        if self._state is _State.STARTING:
+            assert self._started is not None
+            await self._started.wait()
         if self._state is _State.OPEN:
             self._begin_close()
         assert self._stopped is not None
@@ -336,7 +343,7 @@ class Compiler:
         return self._state is _State.CLOSED
 
     def _not_open(self) -> Exception:
-        if self._state is _State.NEW:
+        if self._state in (_State.NEW, _State.STARTING):
             return RuntimeError("the Compiler is not open: use 'async with Compiler(...) as c'")
         return CompilerClosed(f"the Compiler is {self._state.value}")
 
@@ -367,6 +374,8 @@ class Compiler:
         artifact = self._memory.read(key)
         if artifact is not None:
             return artifact
+        if self._state is not _State.OPEN:  # closed while the key was derived in a thread
+            raise self._not_open()
         self._misses += 1
         job = self._submit(spec, key, LIVE)
         if not job.done.is_set():
@@ -531,20 +540,27 @@ class Compiler:
         and the thread runs on alone (NVRTC cannot be interrupted; what it compiles is still
         stored), and locks the call returns are let go, as nobody will use them."""
         guard = threading.Lock()
-        abandoned = False
+        # The thread's result, or the waiter's leaving: whichever side comes second lets go of
+        # a Claim (a cancellation can land after the thread returned, before the task resumes).
+        handoff: list[object] = []
 
         def run() -> _T:
             result = call()
             with guard:
-                if abandoned and isinstance(result, Claim):
-                    self._cache.release(result)
+                left = bool(handoff)
+                handoff.append(result)
+            if left and isinstance(result, Claim):
+                self._cache.release(result)
             return result
 
         try:
             return await anyio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
             with guard:
-                abandoned = True
+                done = handoff[0] if handoff else None
+                handoff.append(None)
+            if isinstance(done, Claim):
+                self._release_soon(done)
             raise
 
     # -- the I/O lane ------------------------------------------------------------------------
@@ -571,20 +587,37 @@ class Compiler:
         waits behind a compile of another key."""
         try:
             while batch := self._take_lookups():
-                keys = [job.key for job in batch]
-                try:
-                    found = await self._hop(
-                        functools.partial(self._cache.lookup_many, keys), self._io
-                    )
-                except BaseException:
-                    error = CompilerClosed("the Compiler was cancelled")
-                    for job in batch:
-                        self._finish(job, error=error)
-                    raise
-                for job, outcome in zip(batch, found, strict=True):
-                    self._looked_up(job, outcome)
+                # The disk first, for the whole batch, then the remote tier for its misses
+                # only: a disk hit never waits behind Redis round trips.
+                misses = await self._read(batch, remote=False)
+                if misses and self.remote is not None:
+                    await self._read(misses, disk=False)
         finally:
             self._lookers -= 1
+
+    async def _read(
+        self, batch: list[_Job], *, disk: bool = True, remote: bool = True
+    ) -> list[_Job]:
+        """Look ``batch`` up in one hop; finish the hits (and, reading the last tier, the
+        misses, which go on to compile). Returns the misses."""
+        read = functools.partial(
+            self._cache.lookup_many, [job.key for job in batch], disk=disk, remote=remote
+        )
+        try:
+            found = await self._hop(read, self._io)
+        except BaseException:
+            error = CompilerClosed("the Compiler was cancelled")
+            for job in batch:
+                self._finish(job, error=error)
+            raise
+        misses = []
+        last = remote or self.remote is None
+        for job, outcome in zip(batch, found, strict=True):
+            if outcome is None and not last:
+                misses.append(job)
+            else:
+                self._looked_up(job, outcome)
+        return misses
 
     def _looked_up(self, job: _Job, outcome: tuple[Artifact, str] | Exception | None) -> None:
         if isinstance(outcome, Exception):
@@ -703,6 +736,14 @@ class Compiler:
     async def _release(self, claim: Claim) -> None:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._cache.release, claim)
+
+    def _release_soon(self, claim: Claim) -> None:
+        """Let go of ``claim`` from the event loop: in a task of the Compiler's while it has
+        one, else its file lock at once (a fleet lock then lapses by its expiry)."""
+        if self._task_group is not None:
+            self._task_group.start_soon(self._release, claim)
+        elif claim.lock is not None:
+            claim.lock.release()
 
     # -- management --------------------------------------------------------------------------
 

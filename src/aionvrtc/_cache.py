@@ -171,14 +171,17 @@ class KernelCache:
             if mine.done() and not mine.cancelled():
                 mine.exception()
 
-    def lookup(self, key: str) -> tuple[Artifact, Origin] | None:
-        """Disk, then the remote tier, published to memory; None if neither has ``key``. Never
-        compiles and never waits on a lock: the Compiler's I/O lane, which serves a hit while
-        compiles run. Blocking; with a remote tier, from a worker thread of its event loop."""
-        cached = self._from_disk(key)
+    def lookup(
+        self, key: str, *, disk: bool = True, remote: bool = True
+    ) -> tuple[Artifact, Origin] | None:
+        """Disk, then the remote tier (those not turned off here), published to memory; None if
+        neither has ``key``. Never compiles and never waits on a lock: the Compiler's I/O lane,
+        which serves a hit while compiles run. Blocking; with a remote tier, from a worker
+        thread of its event loop."""
+        cached = self._from_disk(key) if disk else None
         if cached is not None:
             return cached, "disk"
-        if self.remote is not None:
+        if remote and self.remote is not None:
             cached = from_thread.run(
                 functools.partial(self.remote.read, key, arch=self.target.arch)
             )
@@ -186,13 +189,15 @@ class KernelCache:
                 return self._keep(cached), "remote"
         return None
 
-    def lookup_many(self, keys: list[str]) -> list[tuple[Artifact, Origin] | Exception | None]:
+    def lookup_many(
+        self, keys: list[str], *, disk: bool = True, remote: bool = True
+    ) -> list[tuple[Artifact, Origin] | Exception | None]:
         """``lookup`` of each key, in one call (one thread hop for a batch); a key whose lookup
         raised has its exception in its place, and the others are looked up all the same."""
         found: list[tuple[Artifact, Origin] | Exception | None] = []
         for key in keys:
             try:
-                found.append(self.lookup(key))
+                found.append(self.lookup(key, disk=disk, remote=remote))
             except Exception as exc:
                 found.append(exc)
         return found
@@ -248,7 +253,14 @@ class KernelCache:
         compile lane). ``cancel`` ends a wait for the file lock early (going on unlocked).
         Blocking; with a remote tier, from a worker thread of its event loop."""
         claim = claim if claim is not None else Claim(key)
-        disk, remote = self.disk, self.remote
+        try:
+            return self._claim(claim, wait, cancel)
+        except BaseException:
+            self.release(claim)  # what was taken before the failure
+            raise
+
+    def _claim(self, claim: Claim, wait: bool, cancel: threading.Event | None) -> Claim:
+        key, disk, remote = claim.key, self.disk, self.remote
         if claim.lock is None:
             if disk is None:
                 claim.lock = NO_LOCK
@@ -294,11 +306,13 @@ class KernelCache:
     def release(self, claim: Claim) -> None:
         """Let go of ``claim``'s locks (the fleet's, then this host's); idempotent."""
         token, claim.token = claim.token, None
-        if token is not None:
-            assert self.remote is not None
-            from_thread.run(self.remote.release, claim.key, token)
-        if claim.lock is not None:
-            claim.lock.release()
+        try:
+            if token is not None:
+                assert self.remote is not None
+                from_thread.run(self.remote.release, claim.key, token)
+        finally:
+            if claim.lock is not None:
+                claim.lock.release()
 
     def _from_disk(self, key: str) -> Artifact | None:
         """The disk's verified entry for ``key``, published to memory, or None."""

@@ -238,8 +238,10 @@ class KernelSpec:
         identity = (*fields, self.name)
         with table.lock:
             twin = _interned.get(identity)
-            if twin is not None and type(twin) is type(self):
-                return twin
+            if twin is not None:
+                if type(twin) is type(self):
+                    return twin
+                table.size -= _text_size(twin)  # an equal spec of another class: replaced
             _interned[identity] = self
             table.size += _text_size(self)
             while len(_interned) > INTERN_LIMIT or table.size > INTERN_BYTES:

@@ -82,8 +82,8 @@ class MemoryTier:
             entries[key] = artifact
             entries.move_to_end(key)
             while self.bytes > self.limit:
-                # One call, atomic against readers' touches; never ``key``: it is the newest
-                # (or, touched since, another newer one) and it fits alone.
+                # One call, atomic against readers' touches. The least recent goes, and ``key``
+                # last of all (it fits alone, so the loop ends before that).
                 oldest, _ = entries.popitem(last=False)
                 self.bytes -= sizes.pop(oldest)
                 self.evictions += 1
