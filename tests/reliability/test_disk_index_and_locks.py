@@ -10,6 +10,7 @@ timeouts only turn a hang into a failure (benchmarks/disk_tier.py measures)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -584,3 +585,322 @@ def test_a_cache_that_cannot_lock_hands_out_unheld_locks(tmp_path: Path) -> None
     assert NO_LOCK.held is False
     NO_LOCK.release()
     assert not (root / "v2").exists()
+
+
+# -- the index file is known by its generation, and read again under its lock ------------------
+
+
+def test_a_rebuild_never_installs_over_another_index_at_the_same_inode(tmp_path: Path) -> None:
+    # ext4 gives a removed file's inode number to the next file made: the index a rebuild
+    # marked can be replaced (and removed) by another rebuild and a later index get its
+    # inode. Here the marked file is rewritten in place as another index: the same
+    # (st_dev, st_ino), another file.
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    fill(tier, 5)
+    fill(DiskTier(tmp_path / "other"), 2)
+    path = root / "v2" / INDEX_NAME
+    version = os.open(root / "v2", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        mark = tier._index.start(version)
+        snapshot = tier._index.read(version)
+        assert mark is not None
+        assert snapshot is not None
+        inode = path.stat().st_ino
+        path.write_bytes((tmp_path / "other" / "v2" / INDEX_NAME).read_bytes())
+        assert path.stat().st_ino == inode
+        before = header(root)
+        assert tier._index.install(version, mark, dict(snapshot.records)) is None
+    finally:
+        os.close(version)
+    assert header(root) == before  # left as it is: the next rebuild puts it right
+    assert before is not None
+    assert before.entries == 2
+
+
+def test_a_header_read_mid_write_does_not_throw_the_index_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An append writes its record, then the header: a read without the lock that overlaps the
+    # header write can see part of it and fail its CRC. The header is made to fail it while
+    # this test holds the index's lock, as an append does, and put back before letting go.
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    fill(tier, 30)
+    path = root / "v2" / INDEX_NAME
+    good = path.read_bytes()
+    inode = path.stat().st_ino
+    locking = threading.Event()
+    real_flock = fcntl.flock
+
+    def observed(fd: int, operation: int) -> None:
+        if threading.current_thread().name == "rebuild":
+            locking.set()  # the rebuild's start takes the lock (or waits for it)
+        real_flock(fd, operation)
+
+    appending = os.open(path, os.O_RDWR)
+    version = os.open(root / "v2", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        real_flock(appending, fcntl.LOCK_EX)
+        os.pwrite(appending, bytes([good[20] ^ 0xFF]), 20)
+        monkeypatch.setattr(fcntl, "flock", observed)
+        marks: list[object] = []
+        rebuild = threading.Thread(
+            target=lambda: marks.append(tier._index.start(version)), name="rebuild"
+        )
+        rebuild.start()
+        while rebuild.is_alive() and not locking.wait(0.01):
+            pass
+        os.pwrite(appending, good[:HEADER_SIZE], 0)  # the append's header write is done
+        real_flock(appending, fcntl.LOCK_UN)
+        rebuild.join(HANG)
+        snapshot = tier._index.read(version)
+    finally:
+        os.close(appending)
+        os.close(version)
+    assert path.stat().st_ino == inode  # the index was kept, not replaced by an empty one
+    [mark] = marks
+    assert isinstance(mark, index_module.Mark)
+    assert mark.file[1] == inode
+    assert snapshot is not None
+    assert len(snapshot.records) == 30
+
+
+# -- fork: a child never keeps a lock of its parent's, and starts with a working tier -----------
+
+# For a process that forks: start_pass writes that take a cache of 30,000 bytes (7 entries)
+# over its limit, and the background pass then stops in its walk of the shards (holding the
+# maintenance lock) until go_on is set; children forked from it are not held. fork_waiting
+# forks a child that runs ``body``, then waits until the parent lets it go (let_go) or dies.
+HELD_PASS = r"""
+import fcntl, json, os, sys, threading, time
+from pathlib import Path
+from aionvrtc._store.disk import DiskTier
+from tests.reliability.test_disk_index_and_locks import KEY, artifact, header, on_disk
+
+parent = os.getpid()
+inside, go_on = threading.Event(), threading.Event()
+walk = DiskTier._walk
+
+
+def held_walk(self, version, damaged):
+    if os.getpid() == parent and threading.current_thread().name == "aionvrtc-disk-maintenance":
+        inside.set()
+        go_on.wait(60)
+    return walk(self, version, damaged)
+
+
+DiskTier._walk = held_walk
+
+
+def start_pass(tier):
+    for n in range(12):
+        assert tier.write(artifact(n))
+    assert inside.wait(60)
+
+
+def fork_waiting(body=lambda: None):
+    stay = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(stay[1])  # so that the read ends when the parent dies
+            body()
+            os.read(stay[0], 1)
+        finally:
+            os._exit(0)
+    os.close(stay[0])
+
+    def let_go():
+        os.close(stay[1])
+        os.waitpid(pid, 0)
+
+    return let_go
+
+
+def flock_free(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+"""
+
+
+def forking(root: Path, body: str) -> str:
+    """A script of HELD_PASS, then ``body``, with ``root`` the cache dir."""
+    return HELD_PASS + f"root = Path({str(root)!r})\n" + body
+
+
+FORK_DURING_A_PASS = r"""
+tier = DiskTier(root, limit=30_000)
+start_pass(tier)
+report = os.pipe()
+
+
+def in_child():  # the child then lives on, holding its copies of the parent's descriptors
+    idle = tier.wait_maintenance(5)
+    evicted = threading.Event()
+
+    def evict():
+        tier.evict()
+        evicted.set()
+
+    threading.Thread(target=evict, daemon=True).start()
+    os.write(report[1], json.dumps([idle, evicted.wait(5)]).encode())
+
+
+let_go = fork_waiting(in_child)
+try:
+    child = json.loads(os.read(report[0], 100))
+    go_on.set()
+    passed = tier.wait_maintenance(60)
+    free = flock_free(root / "v2")
+    other = DiskTier(root, limit=30_000)  # another open of the cache dir goes over the limit
+    for n in range(100, 112):
+        other.write(artifact(n))
+    other.wait_maintenance(60)
+    within = on_disk(root)[1] <= 30_000
+finally:
+    let_go()
+print(json.dumps([child, passed, free, within]))
+"""
+
+
+def test_a_fork_during_maintenance_leaves_no_lock_held_and_the_child_a_working_tier(
+    tmp_path: Path,
+) -> None:
+    # The child shares the open version folder whose flock is the maintenance lock: a close
+    # by the parent let go of it only once the child exited too, so no process on the host
+    # could maintain the cache (it grew past its limit). And the child's tier was left with
+    # a walk that never ends: wait_maintenance, evict, prune and clear hung.
+    root = tmp_path / "cache"
+    out = run_python(forking(root, FORK_DURING_A_PASS), timeout=HANG)
+    child, passed, free, within = json.loads(out)
+    assert child == [True, True]  # the child waits for no pass and walks itself
+    assert passed
+    assert free  # let go by the parent while the child lives
+    assert within  # so another process maintains the cache
+
+
+FORK_DURING_AN_APPEND = r"""
+from aionvrtc._store import _index
+
+tier = DiskTier(root)
+assert tier.write(artifact(0))
+pwrite_all = _index._pwrite_all
+
+
+def held_pwrite(fd, data, offset):  # the append stops while it holds the index's lock
+    if os.getpid() == parent and threading.current_thread().name == "appender":
+        inside.set()
+        go_on.wait(60)
+    pwrite_all(fd, data, offset)
+
+
+_index._pwrite_all = held_pwrite
+appender = threading.Thread(target=tier.write, args=(artifact(1),), name="appender")
+appender.start()
+assert inside.wait(60)
+let_go = fork_waiting()
+try:
+    go_on.set()
+    appender.join(60)
+    free = flock_free(root / "v2" / ".index")
+    assert DiskTier(root).write(artifact(2))  # another open of the cache dir: its record is kept
+    entries = header(root).entries
+finally:
+    let_go()
+print(json.dumps([free, entries]))
+"""
+
+
+def test_a_fork_during_an_append_leaves_the_index_lock_free(tmp_path: Path) -> None:
+    # The child shares the index file open by an append that holds its flock: closing it did
+    # not let go while the child lived, and every other write waited LOCK_WAIT and skipped its
+    # record.
+    root = tmp_path / "cache"
+    out = run_python(forking(root, FORK_DURING_AN_APPEND), timeout=HANG)
+    assert json.loads(out) == [True, 3]
+
+
+FORK_HOLDING_A_KEY_LOCK = r"""
+lock = DiskTier(root).try_lock(KEY)
+assert lock is not None and lock.held
+report = os.pipe()
+
+
+def in_child():
+    held = lock.held
+    lock.release()
+    os.write(report[1], json.dumps(held).encode())
+
+
+let_go = fork_waiting(in_child)
+try:
+    held_in_child = json.loads(os.read(report[0], 100))
+    still_held = DiskTier(root).try_lock(KEY) is None
+    files = [p.name for p in root.glob("v2/*/.*.lock")]
+    lock.release()  # while the child lives
+    after = DiskTier(root).try_lock(KEY)
+    free = after is not None and after.held
+    if after is not None:
+        after.release()
+finally:
+    let_go()
+print(json.dumps([held_in_child, still_held, files, free]))
+"""
+
+
+def test_a_key_lock_stays_the_parent_s_in_a_forked_child(tmp_path: Path) -> None:
+    # A child leaving `with tier.lock(key)` (forked inside it) released the parent's lock:
+    # removed its file and unlocked it while the parent compiled. The parent's own release
+    # must free it for everyone while the child lives.
+    root = tmp_path / "cache"
+    out = run_python(forking(root, FORK_HOLDING_A_KEY_LOCK), timeout=HANG)
+    assert json.loads(out) == [False, True, [f".{KEY}.lock"], True]
+
+
+FORK_THEN_DIE = r"""
+tier = DiskTier(root, limit=30_000)
+lock = tier.try_lock(KEY)
+assert lock is not None and lock.held
+start_pass(tier)
+pid = os.fork()
+if pid == 0:
+    time.sleep(60)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_parent_killed_after_a_fork_leaves_no_lock_held_by_the_child(tmp_path: Path) -> None:
+    # A process holding a key lock (a compile) and the maintenance lock (a pass) forks, then
+    # is killed: its child must not keep either held for as long as it lives.
+    root = tmp_path / "cache"
+    code = forking(root, FORK_THEN_DIE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(HANG)
+        lock = DiskTier(root).try_lock(KEY)
+        assert lock is not None
+        assert lock.held
+        lock.release()
+        version = os.open(root / "v2", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(version, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if it is held
+        finally:
+            os.close(version)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        parent.stdout.close()

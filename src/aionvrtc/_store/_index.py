@@ -5,7 +5,7 @@ a write or a removal, and that any process can rebuild from the shards.
 Layout:
 
     header   64 bytes: magic, layout, end of the records, records, entries, bytes, time of the
-             last rebuild (0: never), CRC-32 of those
+             last rebuild (0: never), generation (random, made with the file), CRC-32 of those
     records  from byte 64 to the header's end of the records, one line each:
              "+ <key> <inode> <size> <summary JSON or null>\\n"   written, or found by a rebuild
              "- <key>\\n"                                          removed
@@ -15,7 +15,9 @@ its limit from 64 bytes, however many entries there are. Replayed in order, the 
 each entry's inode, size and summary: what ``aionvrtc cache ls`` shows without opening 50,000
 files. An append holds an exclusive flock of the file and writes the record at the end of the
 records, then the header: a process killed between the two leaves a record past the end, which
-the next append overwrites. A rebuild writes a new file and renames it over this one.
+the next append overwrites. A rebuild writes a new file and renames it over this one. Every
+lock is let go by an explicit unlock, never by closing the file: a forked child's copy of the
+descriptor would keep it held for as long as the child lives.
 
 The index is advice: entries are read and verified from their own files, and a process killed
 between an entry's rename and its record, a disk full, a lock not had in time, or an entry
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._fs import FILE_FLAGS, closing, remove_at, same_file
-from ._locks import flock_within
+from ._locks import flocked
 
 __all__ = [
     "INDEX_NAME",
@@ -57,12 +59,12 @@ __all__ = [
 INDEX_NAME = ".index"
 INDEX_TMP_PREFIX = f"{INDEX_NAME}."  # then "<pid>.<hex>.tmp": a rebuild's new file
 _MAGIC = b"AIONVIDX"
-_LAYOUT = 1
+_LAYOUT = 2  # 2: the generation was added
 _HEADER = struct.Struct(
-    ">8sHHQQQQd"
-)  # magic, layout, unused, end, records, entries, bytes, rebuilt
+    ">8sHHQQQQdQ"
+)  # magic, layout, unused, end, records, entries, bytes, rebuilt, generation
 _CRC = struct.Struct(">I")
-HEADER_SIZE = 64  # bytes: the header, its CRC and padding
+HEADER_SIZE = 64  # bytes: the header (60) and its CRC (4)
 # Bounds on what is read, so that a damaged or planted index costs a rebuild, never memory. A
 # record takes about 250 bytes: 50,000 entries take 12 MiB, and records of removed and replaced
 # entries are dropped when they outnumber the live ones (COMPACT_SLACK).
@@ -98,6 +100,10 @@ class Totals:
     records: int
     end: int  # where the records end (and the next one goes)
     rebuilt: float  # time.time() of the last rebuild from the shards; 0: never
+    # Random, drawn when the file is made and kept by its appends: which index file this is.
+    # (st_dev, st_ino) alone is not enough: ext4 gives a removed file's inode number to the
+    # next file made, so a rebuild's Mark could match an index made since.
+    generation: int
 
     def due(self, now: float) -> bool:
         """Whether the index should be rebuilt: never was, long ago (or in the future: a clock
@@ -120,7 +126,12 @@ class Mark:
     that are the writes and removals made during the rebuild, applied over its result."""
 
     file: tuple[int, int]  # st_dev, st_ino
+    generation: int  # of its header (see Totals.generation)
     end: int
+
+    @classmethod
+    def of(cls, info: os.stat_result, totals: Totals) -> Mark:
+        return cls((info.st_dev, info.st_ino), totals.generation, totals.end)
 
 
 def summary_fields(header: Mapping[str, Any]) -> dict[str, Any]:
@@ -187,7 +198,7 @@ class Index:
         try:
             with closing(os.open(INDEX_NAME, flags, self._mode, dir_fd=version)) as fd:
                 os.fchmod(fd, self._mode)
-                _pwrite_all(fd, _pack(Totals(0, 0, 0, HEADER_SIZE, time.time())), 0)
+                _pwrite_all(fd, _pack(_empty(time.time())), 0)
         except OSError:
             return
 
@@ -226,8 +237,8 @@ class Index:
                 opened = self._open(version, os.O_RDWR, 0)
                 if opened is None:
                     return None
-                with closing(opened[0]) as fd:  # closing unlocks
-                    if not flock_within(fd, LOCK_WAIT):
+                with closing(opened[0]) as fd, flocked(fd, LOCK_WAIT) as held:
+                    if not held:
                         return None
                     if not same_file(fd, version, INDEX_NAME):
                         continue
@@ -238,6 +249,7 @@ class Index:
                     totals = Totals(
                         max(0, totals.entries + entries), max(0, totals.bytes + size),
                         totals.records + count, totals.end + len(lines), totals.rebuilt,
+                        totals.generation,
                     )  # fmt: skip
                     _pwrite_all(fd, _pack(totals), 0)
                     return totals
@@ -268,19 +280,38 @@ class Index:
 
     def start(self, version: int) -> Mark | None:
         """Where a rebuild starts; a fresh, empty index is made first when there is none that
-        parses, so that writes made during the rebuild are recorded somewhere."""
+        parses, so that writes made during the rebuild are recorded somewhere. None (nothing
+        changed) if the index is busy for longer than LOCK_WAIT."""
         try:
-            opened = self._open(version, os.O_RDONLY, 0)
-            if opened is not None:
+            for _ in range(3):  # a rebuild may swap the file while this waits for its lock
+                opened = self._open(version, os.O_RDONLY, 0)
+                if opened is None:
+                    return self._fresh(version)  # none, or something else at its name
                 with closing(opened[0]) as fd:
                     totals = _unpack(os.pread(fd, HEADER_SIZE, 0), opened[1].st_size)
-                if totals is not None:
-                    info = opened[1]
-                    return Mark((info.st_dev, info.st_ino), totals.end)
-            fresh = _pack(Totals(0, 0, 0, HEADER_SIZE, 0.0))
-            return Mark(self._swap_in(version, lambda fd: _pwrite_all(fd, fresh, 0)), HEADER_SIZE)
+                    if totals is not None:
+                        return Mark.of(opened[1], totals)
+                    # Read again under the lock before throwing the index away: a read that
+                    # overlaps an append's header write may see part of it and fail the CRC.
+                    with flocked(fd, LOCK_WAIT) as held:
+                        if not held:
+                            return None
+                        if not same_file(fd, version, INDEX_NAME):
+                            continue
+                        info = os.fstat(fd)
+                        totals = _unpack(os.pread(fd, HEADER_SIZE, 0), info.st_size)
+                        if totals is not None:
+                            return Mark.of(info, totals)
+                        return self._fresh(version)  # locked: no append is lost to the swap
         except OSError:
             return None
+        return None
+
+    def _fresh(self, version: int) -> Mark:
+        """Swap in an empty index, never rebuilt; where a rebuild starts from it."""
+        fresh = _empty(0.0)
+        file = self._swap_in(version, lambda fd: _pwrite_all(fd, _pack(fresh), 0))
+        return Mark(file, fresh.generation, fresh.end)
 
     def install(self, version: int, mark: Mark, records: dict[str, Record]) -> Totals | None:
         """Replace the index with ``records`` (a rebuild's; updated in place) and the records
@@ -291,34 +322,45 @@ class Index:
             opened = self._open(version, os.O_RDWR, 0)
             if opened is None:
                 return None
-            with closing(opened[0]) as fd:  # held locked until the new file is in place
-                info = opened[1]
-                if (info.st_dev, info.st_ino) != mark.file or not flock_within(fd, LOCK_WAIT):
+            info = opened[1]
+            with closing(opened[0]) as fd:
+                if (info.st_dev, info.st_ino) != mark.file:
                     return None
-                totals = _unpack(os.pread(fd, HEADER_SIZE, 0), os.fstat(fd).st_size)
-                if totals is None or not same_file(fd, version, INDEX_NAME):
+                with flocked(fd, LOCK_WAIT) as held:  # held until the new file is in place
+                    if held:
+                        return self._install_locked(version, fd, mark, records, body)
                     return None
-                tail = _pread_all(fd, max(0, totals.end - mark.end), mark.end)
-                ops = _records_of(tail)
-                if ops is None:
-                    ops, tail = [], b""  # not records: dropped (the rebuild saw most of them)
-                lines = len(records) + len(ops)
-                _replay(ops, records)
-                end = HEADER_SIZE + len(body) + len(tail)
-                if end > MAX_INDEX_BYTES:
-                    return None
-                rebuilt = Totals(
-                    len(records), sum(size for _, size, _ in records.values()), lines, end,
-                    time.time(),
-                )  # fmt: skip
-
-                def fill(new: int) -> None:
-                    _pwrite_all(new, _pack(rebuilt) + body + tail, 0)
-
-                self._swap_in(version, fill)
-                return rebuilt
         except OSError:
             return None
+
+    def _install_locked(
+        self, version: int, fd: int, mark: Mark, records: dict[str, Record], body: bytes
+    ) -> Totals | None:
+        """``install``, holding the lock of the index open as ``fd``."""
+        totals = _unpack(os.pread(fd, HEADER_SIZE, 0), os.fstat(fd).st_size)
+        if totals is None or totals.generation != mark.generation:
+            return None  # another index at the same inode (see Totals.generation)
+        if not same_file(fd, version, INDEX_NAME):
+            return None
+        tail = _pread_all(fd, max(0, totals.end - mark.end), mark.end)
+        ops = _records_of(tail)
+        if ops is None:
+            ops, tail = [], b""  # not records: dropped (the rebuild saw most of them)
+        lines = len(records) + len(ops)
+        _replay(ops, records)
+        end = HEADER_SIZE + len(body) + len(tail)
+        if end > MAX_INDEX_BYTES:
+            return None
+        rebuilt = Totals(
+            len(records), sum(size for _, size, _ in records.values()), lines, end,
+            time.time(), _generation(),
+        )  # fmt: skip
+
+        def fill(new: int) -> None:
+            _pwrite_all(new, _pack(rebuilt) + body + tail, 0)
+
+        self._swap_in(version, fill)
+        return rebuilt
 
     def _swap_in(self, version: int, fill: Callable[[int], None]) -> tuple[int, int]:
         """Write a new index file (``fill`` writes it) and rename it over the index; its
@@ -365,10 +407,19 @@ def _replay(ops: list[_Op], records: dict[str, Record]) -> None:
             records.pop(key.decode(), None)
 
 
+def _generation() -> int:
+    return secrets.randbits(64)
+
+
+def _empty(rebuilt: float) -> Totals:
+    """The header of a new index file that holds no records."""
+    return Totals(0, 0, 0, HEADER_SIZE, rebuilt, _generation())
+
+
 def _pack(totals: Totals) -> bytes:
     head = _HEADER.pack(
         _MAGIC, _LAYOUT, 0, totals.end, totals.records, totals.entries, totals.bytes,
-        totals.rebuilt,
+        totals.rebuilt, totals.generation,
     )  # fmt: skip
     return (head + _CRC.pack(zlib.crc32(head))).ljust(HEADER_SIZE, b"\0")
 
@@ -382,12 +433,12 @@ def _unpack(data: bytes, file_size: int) -> Totals | None:
     head = data[: _HEADER.size]
     if _CRC.unpack_from(data, _HEADER.size)[0] != zlib.crc32(head):
         return None
-    magic, layout, _, end, records, entries, size, rebuilt = _HEADER.unpack(head)
+    magic, layout, _, end, records, entries, size, rebuilt, generation = _HEADER.unpack(head)
     if magic != _MAGIC or layout != _LAYOUT or not math.isfinite(rebuilt):
         return None
     if not HEADER_SIZE <= end <= min(MAX_INDEX_BYTES, file_size):
         return None
-    return Totals(entries, size, records, end, rebuilt)
+    return Totals(entries, size, records, end, rebuilt, generation)
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:

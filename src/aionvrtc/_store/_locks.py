@@ -1,6 +1,13 @@
 """File locks that are waited for without polling: the blocking ``flock`` runs in a daemon thread,
 and the caller waits for that thread with a deadline (and, if given, a cancel event). A waiter
-that gives up leaves; the thread lets go of whatever it gets afterwards at once."""
+that gives up leaves; the thread lets go of whatever it gets afterwards at once.
+
+A flock belongs to the open file description, which a forked child shares through its copy of
+the descriptor: closing a descriptor lets go of the lock only once every copy is closed. So
+every lock here is let go by an explicit ``LOCK_UN`` before the close (the parent's unlock frees
+it for every process, whatever its children hold), and a child closes its copies of the key
+locks its parent holds (``_forget_in_child``), so that a parent that dies does not leave them
+held for as long as the child lives."""
 
 from __future__ import annotations
 
@@ -8,7 +15,8 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from ._fs import file_id, remove_at
@@ -24,7 +32,9 @@ __all__ = [
     "LockFiles",
     "close_files",
     "flock_within",
+    "flocked",
     "let_go",
+    "unlock",
     "wait_in_thread",
 ]
 
@@ -43,7 +53,7 @@ class KeyLock:
     ``release`` is idempotent and safe from any thread; ``held`` is False once it ran.
     """
 
-    __slots__ = ("_files", "_guard", "_name", "held")
+    __slots__ = ("__weakref__", "_files", "_guard", "_name", "held")
 
     def __init__(self, held: bool = False) -> None:
         self.held = held
@@ -56,6 +66,7 @@ class KeyLock:
         """The lock on the file ``name`` of ``files``, which the caller holds (and hands over)."""
         lock = cls(True)
         lock._files, lock._name = files, name
+        _HELD.add(lock)
         return lock
 
     def release(self) -> None:
@@ -63,8 +74,20 @@ class KeyLock:
         with self._guard:
             files, self._files = self._files, None
             self.held = False
+        _HELD.discard(self)
         if files is not None:
             let_go(files, self._name)
+
+    def _forget(self) -> None:
+        """In a forked child: close this process's copies of the files, neither removing nor
+        unlocking them (the lock is the parent's), and count the lock as not held here. The
+        guard is made anew: a thread of the parent may have held it, and none runs here."""
+        self._guard = threading.Lock()
+        files, self._files = self._files, None
+        self.held = False
+        for fd in files or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def __repr__(self) -> str:
         return f"KeyLock(held={self.held})"
@@ -72,6 +95,18 @@ class KeyLock:
 
 # What a cache without a disk tier hands out: nothing to lock, nothing to release.
 NO_LOCK = KeyLock()
+# The key locks this process holds, for a forked child to close its copies of.
+_HELD: weakref.WeakSet[KeyLock] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for lock in list(_HELD):
+        lock._forget()
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def let_go(files: LockFiles, name: str) -> None:
@@ -83,17 +118,38 @@ def let_go(files: LockFiles, name: str) -> None:
     try:
         with contextlib.suppress(OSError):
             remove_at(folder, name, file_id(os.fstat(fd)))
-            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         close_files(files)
 
 
 def close_files(files: LockFiles) -> None:
+    """Unlock the lock file (nothing if this open of it holds no lock), then close both."""
     folder, fd = files
     try:
+        unlock(fd)
         os.close(fd)
     finally:
         os.close(folder)
+
+
+def unlock(fd: int) -> None:
+    """Let go of ``fd``'s flock, if it holds one. Before every close of a locked file: a
+    close lets go only when no forked child holds a copy of the descriptor."""
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def flocked(fd: int, timeout: float) -> Iterator[bool]:
+    """``flock_within``, for a with block: yields whether the lock is held, and unlocks it
+    on the way out (see ``unlock``)."""
+    held = flock_within(fd, timeout)
+    try:
+        yield held
+    finally:
+        if held:
+            unlock(fd)
 
 
 def flock_within(fd: int, timeout: float) -> bool:
@@ -121,8 +177,7 @@ def flock_within(fd: int, timeout: float) -> bool:
         return duplicate
 
     def give_back(locked: int) -> None:
-        with contextlib.suppress(OSError):
-            fcntl.flock(locked, fcntl.LOCK_UN)
+        unlock(locked)
         os.close(locked)
 
     taken = wait_in_thread(take, timeout=timeout, cancel=None, give_back=give_back)

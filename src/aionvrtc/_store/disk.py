@@ -30,6 +30,7 @@ import secrets
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,7 @@ from ._index import (
     summary_fields,
 )
 from ._index import summaries as parse_summaries
-from ._locks import NO_LOCK, KeyLock, LockFiles, close_files, let_go, wait_in_thread
+from ._locks import NO_LOCK, KeyLock, LockFiles, close_files, let_go, unlock, wait_in_thread
 
 try:
     import fcntl
@@ -337,6 +338,19 @@ class _RootError(Exception):
         self.error = error
 
 
+# Every live tier, for a forked child to reset (DiskTier._after_fork_in_child).
+_TIERS: weakref.WeakSet[DiskTier] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for tier in list(_TIERS):
+        tier._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class DiskTier:
     """Entries on disk, bounded in bytes with least-recently-used eviction. Thread-safe.
 
@@ -383,6 +397,9 @@ class DiskTier:
         self._idle.set()
         self._walking = threading.Lock()  # held by a walk that removes entries (_sweep)
         self._quiet_until = 0.0  # time.monotonic() before which no pass starts (a failed one)
+        # The version folder that a maintenance pass holds the maintenance lock of, open.
+        self._maintaining: int | None = None
+        _TIERS.add(self)
         # Why the cache dir is not trusted (then it is neither read nor written), or None.
         self.trust_problem: Damage | None = None
         self._distrust(self.check_tree())
@@ -1206,7 +1223,6 @@ class DiskTier:
         """Start the maintenance thread; if it runs, it makes one more pass when done. Not
         for MAINTENANCE_BACKOFF after a pass that failed."""
         with self._lock:
-            # Not alive in a process forked while it ran: the child starts its own.
             if self._maintainer is not None and self._maintainer.is_alive():
                 self._again = True
                 return
@@ -1263,10 +1279,35 @@ class DiskTier:
         with closing(version):
             if not self._due(self._index.totals(version)) or not _flock_now(version):
                 return True  # in order, or another process (or tier) is at it now
-            swept = self._evict_in(version)
+            self._maintaining = version
+            try:
+                swept = self._evict_in(version)
+            finally:
+                # Let go before the close: the lock belongs to the open file description,
+                # and a child forked during the pass shares it (see _after_fork_in_child).
+                self._maintaining = None
+                unlock(version)
             # Writes made meanwhile may make another pass due: they ask for it (_again).
             left = sum(entry[1] for entry in swept.kept)
             return left <= self.limit and self._index.totals(version) is not None
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child, where none of the parent's threads runs: no maintenance runs
+        and no walk holds ``_walking``, whatever the parent was doing (else every
+        ``wait_maintenance``, eviction, prune and clear here would wait forever). The child's
+        copy of a version folder whose maintenance lock the parent holds is closed: the
+        parent's pass lets go of the lock, and a parent that dies must not leave it held for
+        as long as the child lives."""
+        self._lock = threading.Lock()
+        self._walking = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._maintainer = None
+        self._again = False
+        version, self._maintaining = self._maintaining, None
+        if version is not None:
+            with contextlib.suppress(OSError):
+                os.close(version)  # never unlocked: the lock is the parent's
 
     def evict(self) -> int:
         """Remove least recently used entries until the total is under the low-water mark, if
@@ -1558,7 +1599,7 @@ def _out_of_date(snapshot: Snapshot | None, records: dict[str, Record]) -> bool:
 def _flock_now(fd: int) -> bool:
     """Take the maintenance lock, a flock of the open version folder ``fd``, if nobody holds
     it; True as well where folders cannot be locked (passes may then overlap: they duplicate
-    work, nothing worse). Let go as ``fd`` is closed."""
+    work, nothing worse). Let go with ``unlock``, never by closing ``fd`` (see ``_locks``)."""
     if fcntl is None:
         return True
     try:
