@@ -130,7 +130,7 @@ async def _waiters(n: int, compiler: Compiler | None) -> tuple[float, float]:
     wake = finished - parked
     if compiler is not None:
         wake -= compiler.stats().compile_seconds - before
-        compiler._cache.resolve = resolve  # type: ignore[method-assign]
+        compiler._cache.try_resolve = resolve  # type: ignore[method-assign]
     return parked - started, wake
 
 

@@ -1,4 +1,4 @@
-"""Start-up and serving on the GPU (device machine): warm start against CuPy's RawModule, hot
+"""Start-up and serving on the GPU: warm start against CuPy's RawModule, hot
 `get`, lazy one-kernel compile against a 31-kernel source, event-loop lag under 64 requests.
 
     python benchmarks/gpu_start.py [--out DIR]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device machine's one script (see ../shared/DEVICE.md): the whole test suite with the GPU
+# The GPU machine's one script (see CONTRIBUTING.md): the whole test suite with the GPU
 # tests, then benchmarks. Full logs and results under $OUT; a short summary last. Run from the
 # project root with .whl carried:
 #   bash benchmarks/gpu_suite.sh [pytest args...]           tests, start-up and compile service

@@ -138,7 +138,7 @@ def make_slow_spec(depth: int = 30) -> KernelSpec:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if has_gpu():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU: run on the device machine")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on a machine with one")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -1,4 +1,4 @@
-"""The examples on a GPU (device machine): Viterbi against NumPy, the shortest-path server under
+"""The examples on a GPU: Viterbi against NumPy, the shortest-path server under
 concurrent requests against Floyd-Warshall."""
 
 from __future__ import annotations

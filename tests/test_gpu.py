@@ -1,4 +1,4 @@
-"""On the GPU (device machine): modules, launches, recompiling refused images, synchronize."""
+"""On the GPU: modules, launches, recompiling refused images, synchronize."""
 
 from __future__ import annotations
 

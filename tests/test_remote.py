@@ -388,7 +388,9 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
     key = kernel_key(spec, "sm_90")
     client = redis_server.client()
     holder = tier(redis_server, prefix=prefix)
-    token, _ = await holder.claim(key, "sm_90")
+    claimed = await holder.claim(key, "sm_90")
+    assert claimed is not None
+    token, _ = claimed
     assert token is not None
     assert LOCK_TOKEN.fullmatch(token), token
     lock = f"{prefix}:lock:{key}"
@@ -422,11 +424,13 @@ async def test_aclose_stops_a_claim_waiting_on_a_lock(redis_server: RedisServer)
     prefix = f"close{time.time_ns()}"
     key = "ab" * 32
     holder = tier(redis_server, prefix=prefix)
-    token, _ = await holder.claim(key, "sm_90")
+    taken = await holder.claim(key, "sm_90")
+    assert taken is not None
+    token, _ = taken
     assert token is not None
     redis_server.client().set(f"{prefix}:entry:{key}", MAGIC + b"\1" + b"x" * (8 << 20))
     waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02)
-    claimed: list[tuple[str | None, object]] = []
+    claimed: list[tuple[str | None, object] | None] = []
 
     async def claim() -> None:
         claimed.append(await waiter.claim(key, "sm_90"))

@@ -533,10 +533,12 @@ def test_an_equal_spec_built_again_is_the_same_object_and_derives_no_key(
     first = KernelSpec(source, name_expressions=("k",), options=("-O3",), headers={"a.h": "1"})
     key = kernel_key(first, "sm_90")
     derived: list[KernelSpec] = []
-    real = _cache.derive_key
-    monkeypatch.setattr(
-        _cache, "derive_key", lambda spec, *a: derived.append(spec) or real(spec, *a)
-    )
+
+    def counted(spec: KernelSpec, arch: str, build: str) -> str:
+        derived.append(spec)
+        return derive_key(spec, arch, build)
+
+    monkeypatch.setattr(_cache, "derive_key", counted)
     again = KernelSpec(source, name_expressions=("k",), options=("-O3",), headers={"a.h": "1"})
     # Given differently (lists, unsorted headers), normalised to the same content:
     listed = KernelSpec(source, name_expressions=["k", "k"], options=["-O3"], headers={"a.h": "1"})

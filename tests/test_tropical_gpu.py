@@ -1,4 +1,4 @@
-"""Tropical products on the GPU (device machine) against the NumPy reference, on fresh random
+"""Tropical products on the GPU against the NumPy reference, on fresh random
 inputs: every semiring x type x variant, odd sizes, views, batches, infinities, ties, gradients."""
 
 from __future__ import annotations
