@@ -4,7 +4,9 @@ real NVRTC compiles (no GPU needed), and the Prometheus collector against a Comp
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from aionvrtc import Compiler, tropical
+from aionvrtc import Compiler, _cli, tropical
 from aionvrtc._spec import FORMAT_VERSION
 from aionvrtc._store.disk import DiskTier
 
@@ -349,7 +351,8 @@ def test_bad_input_names_what_was_wrong(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "not a size: '12X'" in proc.stderr
-    error = cli(*WARM[:3], "sm_9", cache=tmp_path, status=1)["error"]
+    # An arch that is not one is bad usage, as a size that is not one: exit 2.
+    error = cli(*WARM[:3], "sm_9", cache=tmp_path, status=2)["error"]
     assert "arch must look like 'sm_90'" in error
 
 
@@ -416,3 +419,308 @@ def test_a_reader_that_stops_early_is_not_an_error(warmed: Path) -> None:
     _, err = child.communicate(timeout=60)
     assert child.returncode == 0
     assert b"Traceback" not in err
+
+
+# -- newcomers: one line per error, exit statuses, help ------------------------------------------
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m aionvrtc ARGS`` as a shell would run it (no --cache-dir added)."""
+    return subprocess.run(
+        [sys.executable, "-m", "aionvrtc", *args], capture_output=True, text=True,
+        timeout=timeout, check=False, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def failure(*args: str, status: int, cache: Path | None = None, **kwargs: Any) -> str:
+    """Run a command that must fail with ``status``: its one line on stderr, checked against
+    the one JSON document that --json prints on stdout; the line's message is returned."""
+    where = () if cache is None else ("--cache-dir", str(cache))
+    human = run(*args, *where, **kwargs)
+    assert human.returncode == status, human.stdout + human.stderr
+    assert human.stdout == ""
+    assert "Traceback" not in human.stderr
+    lines = human.stderr.splitlines()
+    assert len(lines) == 1, human.stderr
+    as_json = run(*args, *where, "--json", **kwargs)
+    assert as_json.returncode == status, as_json.stdout + as_json.stderr
+    document = json.loads(as_json.stdout)  # one document, nothing else on stdout
+    if status == 2:
+        prog, _, message = lines[0].partition(": error: ")
+        assert prog.startswith("aionvrtc")
+    else:
+        assert lines[0].startswith("error: ")
+        message = lines[0][len("error: ") :]
+    assert document["error"] == message
+    return message
+
+
+def test_the_names_warm_offers_are_tropicals() -> None:
+    from aionvrtc.tropical._semirings import DTYPES
+
+    assert tuple(tropical.SEMIRINGS) == _cli.SEMIRING_NAMES
+    assert tuple(str(d) for d in DTYPES) == _cli.DTYPE_NAMES
+
+
+def test_help_lists_the_choices_in_plain_text() -> None:
+    top = run("--help")
+    assert top.returncode == 0
+    assert "``" not in top.stdout
+    assert "130 interrupted" in top.stdout
+    for command in ("cache", "warm", "doctor"):
+        assert command in top.stdout
+    warm = run("warm", "tropical", "--help")
+    assert warm.returncode == 0
+    assert "``" not in warm.stdout
+    assert "maxplus, minplus, maxmul, andor" in warm.stdout
+    assert "float32, float64, int32, int64, bool" in warm.stdout
+    assert "andor takes bool" in warm.stdout
+
+
+@pytest.mark.parametrize(
+    ("group", "commands"), [(["cache"], ["info", "ls", "clear", "prune"]), (["warm"], ["tropical"])]
+)
+def test_a_group_without_a_command_prints_its_own_help(
+    group: list[str], commands: list[str]
+) -> None:
+    proc = run(*group)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.startswith(f"usage: aionvrtc {group[0]} ")
+    assert "doctor" not in proc.stderr  # not the top-level help
+    for command in commands:
+        assert command in proc.stderr
+    needed = f"a command is needed: {', '.join(commands)}"
+    assert proc.stderr.splitlines()[-1] == f"aionvrtc {group[0]}: error: {needed}"
+    as_json = run(*group, "--json")
+    assert as_json.returncode == 2
+    assert json.loads(as_json.stdout) == {"error": needed}
+    assert run().returncode == 2  # no command at all: the top-level help, the same way
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["cache", "ls", "--arch", "banana"],
+            "argument --arch: arch must look like 'sm_90', 'sm_90a' or 'sm_100f', got 'banana'; "
+            "see aionvrtc cache ls --help",
+        ),
+        (
+            ["warm", "tropical", "--arch", "sm_90", "--dtypes", "float33"],
+            "argument --dtypes: invalid choice: 'float33' (choose from 'float32', 'float64', "
+            "'int32', 'int64', 'bool'); see aionvrtc warm tropical --help",
+        ),
+        (
+            ["warm", "tropical", "--semirings", "plusmax"],
+            "argument --semirings: invalid choice: 'plusmax' (choose from 'maxplus', 'minplus', "
+            "'maxmul', 'andor'); see aionvrtc warm tropical --help",
+        ),
+        (
+            ["warm", "tropical", "--jobs", "0"],
+            "argument --jobs: must be a whole number of parallel compiles, at least 1, got '0'; "
+            "see aionvrtc warm tropical --help",
+        ),
+        (
+            ["cache", "info", "--colour"],
+            "unrecognized arguments: --colour; see aionvrtc cache info --help",
+        ),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    assert failure(*args, status=2, cache=tmp_path) == message
+
+
+def test_a_semiring_and_dtypes_that_make_no_kernel_say_what_it_takes(tmp_path: Path) -> None:
+    args = ("warm", "tropical", "--arch", "sm_90", "--semirings", "andor", "--dtypes", "float32")
+    assert failure(*args, status=1, cache=tmp_path) == (
+        "no tropical kernels for semiring andor with dtype float32: andor takes bool"
+    )
+    assert not tmp_path.joinpath("v2").exists()  # refused before anything was made
+
+
+def test_an_arch_nvrtc_cannot_compile_for_is_said_once(tmp_path: Path) -> None:
+    from aionvrtc import _nvrtc
+
+    oldest = _nvrtc.supported_archs()[0]
+    message = failure(*WARM[:2], "--arch", "sm_50", *WARM[4:], status=1, cache=tmp_path)
+    assert message.startswith(
+        f"NVRTC {_nvrtc.version_string()} cannot compile for sm_50: name one it can, such as "
+        f"--arch sm_{oldest} (it supports sm_{oldest}, "
+    )
+
+
+def test_warm_into_a_file_fails_before_compiling(tmp_path: Path) -> None:
+    path = tmp_path / "a-file"
+    path.write_text("not a folder")
+    for cache, blocker in ((path, path), (path / "below", path)):
+        message = failure(*WARM, status=1, cache=cache)
+        assert message == (
+            f"nothing compiled for sm_90 could be kept: {blocker} is not a folder; point "
+            "--cache-dir (or AIONVRTC_CACHE_DIR) at a folder"
+        )
+    assert path.read_text() == "not a folder"
+
+
+def test_warm_into_an_untrusted_dir_fails_before_compiling(tmp_path: Path) -> None:
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    message = failure(*WARM, status=1, cache=loose)
+    assert message.startswith(f"nothing compiled for sm_90 could be kept: {loose} is not trusted")
+    assert message.endswith(f"chmod go-w {loose}")
+
+
+def test_warm_into_a_read_only_dir_reads_it_and_fails_only_when_it_compiles(
+    cache: Path, read_only: Callable[[Path], Path]
+) -> None:
+    view = read_only(cache)
+    # Everything asked for is there: a read-only cache is a warm one (exit 0).
+    done = cli(*WARM, cache=view)
+    assert (done["compiled"], done["kept"], done["from_disk"]) == (0, 0, KERNELS)
+    # Kernels that are not there are compiled, cannot be kept: exit 1 at the first one.
+    args = ("warm", "tropical", "--arch", "sm_90", "--semirings", "maxplus", "--dtypes", "int32")
+    proc = run(*args, "--jobs", "1", "--json", "--cache-dir", str(view))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["error"].startswith(
+        f"kernels compiled for sm_90 cannot be kept: {view / 'v2'} cannot be written ("
+    )
+    assert report["error"].endswith(
+        "; point --cache-dir (or AIONVRTC_CACHE_DIR) at a folder this user can write"
+    )
+    assert (report["compiled"], report["kept"]) == (1, 0)  # stopped after the first
+    assert report["kernels"] == len(tropical.all_specs(["maxplus"], ["int32"]))
+    assert proc.stderr == f"error: {report['error']}\n"  # one line; no warning besides
+    assert len(entries(cache)) == KERNELS
+
+
+def test_clear_and_prune_fail_when_entries_cannot_be_removed(
+    cache: Path, read_only: Callable[[Path], Path]
+) -> None:
+    view = read_only(cache)
+    for args in (("cache", "clear"), ("cache", "prune", "--max-size", "0")):
+        message = failure(*args, status=1, cache=view)
+        assert message.startswith(
+            f"removed 0 entries from {view / 'v2'}, but {KERNELS} could not be removed: "
+            f"{view / 'v2'}/"
+        )
+        assert (" is on a read-only file system; " in message) or (
+            " is not writable by this user (" in message
+        )
+    report = cli("cache", "clear", cache=view, status=1)
+    assert (report["removed"], report["not_removed"]) == (0, KERNELS)
+    # Nothing is due: nothing failed.
+    assert cli("cache", "prune", "--older-than", "1d", cache=view)["removed"] == 0
+    assert len(entries(cache)) == KERNELS
+
+
+def test_warm_prints_one_line_when_stdout_is_not_a_terminal(warmed: Path) -> None:
+    proc = run(*WARM, "--cache-dir", str(warmed), env={"COLUMNS": "40"})
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith(f"{KERNELS} tropical kernels for sm_90: 0 compiled, ")
+    assert proc.stdout.count("\n") == 1  # no blank line before it, no wrapping at 40 columns
+
+
+def test_ctrl_c_ends_quietly_with_130(tmp_path: Path) -> None:
+    # Many kernels, one at a time, none from NVRTC's own cache: still compiling when stopped.
+    args = ["warm", "tropical", "--arch", "sm_90", "--semirings", "maxplus", "--jobs", "1"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "aionvrtc", *args, "--cache-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "CUDA_CACHE_DISABLE": "1"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not entries(tmp_path):  # the first kernel kept: it is running, past its imports
+        assert child.poll() is None
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+    assert (child.returncode, out, err) == (130, "", "")
+    assert len(entries(tmp_path)) < len(tropical.all_specs(["maxplus"]))
+
+
+def test_ctrl_c_in_json_mode_says_so_on_stdout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_cli, "_contents", interrupted)
+    assert _cli.main(["cache", "info", "--json", "--cache-dir", str(tmp_path)]) == 130
+    out, err = capsys.readouterr()
+    assert (json.loads(out), err) == ({"error": "interrupted"}, "")
+
+
+def test_a_bug_is_one_line_and_debug_shows_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        logging.getLogger("aionvrtc").exception("a job failed\nwith a long story")
+        raise ExceptionGroup("in a task group", [RuntimeError("boom\nsecond line")])
+
+    monkeypatch.setattr(_cli, "_contents", broken)
+    argv = ["cache", "info", "--cache-dir", str(tmp_path)]
+    assert _cli.main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        "error: RuntimeError: boom (a bug in aionvrtc 0.1.0: run the command again with --debug "
+        "for the traceback, and report it)\n"
+    )
+    with pytest.raises(ExceptionGroup):
+        _cli.main([*argv, "--debug"])
+    assert "a job failed\nwith a long story" in capsys.readouterr().err  # the log, whole
+
+
+def test_warnings_are_said_once_each_after_the_output(
+    warmed: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    contents = _cli._contents
+
+    def noisy(*args: Any, **kwargs: Any) -> Any:
+        for _ in range(3):
+            logging.getLogger("aionvrtc").warning("the disk is %s\n(details)", "odd")
+        return contents(*args, **kwargs)
+
+    monkeypatch.setattr(_cli, "_contents", noisy)
+    assert _cli.main(["cache", "info", "--json", "--cache-dir", str(warmed)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["entries"] == KERNELS
+    assert err == "warning: the disk is odd\n"
+
+
+def test_doctor_says_no_driver_when_there_is_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import cupy
+
+    monkeypatch.setattr(cupy.cuda.runtime, "driverGetVersion", lambda: 0)  # no libcuda at all
+    assert _cli.main(["doctor", "--json", "--cache-dir", str(tmp_path / "c")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    gpus = {c["check"]: c for c in report["checks"]}["gpus"]
+    assert gpus == {
+        "check": "gpus", "status": "warn",
+        "detail": "no NVIDIA driver found: kernels compile (aionvrtc warm) but do not load",
+        "fix": "none to compile only; to run kernels, a machine with an NVIDIA GPU and its driver",
+    }  # fmt: skip
+    assert "error" not in report
+
+
+def test_doctor_fails_below_a_file_and_says_so_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "a-file"
+    path.write_text("not a folder")
+    proc = run("doctor", "--cache-dir", str(path / "cache"), env={"COLUMNS": "200"})
+    assert proc.returncode == 1
+    assert proc.stderr == "error: checks failed: cache dir (each says its fix)\n"
+    report = cli("doctor", cache=path / "cache", status=1)
+    check = {c["check"]: c for c in report["checks"]}["cache dir"]
+    assert check["detail"] == (
+        f"{path} is not a folder, so {path / 'cache'} cannot be made: nothing can be cached there"
+    )
+    assert check["fix"].startswith("point AIONVRTC_CACHE_DIR (or --cache-dir) at a folder")
+    assert report["error"] == "checks failed: cache dir (each says its fix)"

@@ -3,6 +3,7 @@ spec compiled for sm_90 through the service (real NVRTC)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import anyio
 import numpy as np
 import pytest
 
-from aionvrtc import Compiler, tropical
+from aionvrtc import Compiler, KernelSpec, tropical
 from aionvrtc.tropical import reference
 from aionvrtc.tropical._specs import ROWS_KMAX
 
@@ -123,6 +124,43 @@ def test_numpy_input_where_cupy_is_needed_is_named() -> None:
         tropical.matmul_sync(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
 
 
+def _representatives(specs: list[KernelSpec]) -> list[KernelSpec]:
+    """The first spec of each kernel class: each template with and without argmax and with
+    each element type it is built for, and each semiring."""
+    chosen: dict[tuple[str, ...], KernelSpec] = {}
+    for spec in specs:
+        template, _, args = spec.name_expressions[0].partition("<")
+        # <element, semiring, argmax, ...>; the backward kernels: <element, accumulate>.
+        element, *rest = (a.strip() for a in args.rstrip(">").split(","))
+        semiring = rest[0].removeprefix("Fast") if len(rest) > 1 else ""
+        chosen.setdefault((template, rest[1] if len(rest) > 1 else rest[0]), spec)
+        chosen.setdefault((template, element), spec)
+        chosen.setdefault((semiring,), spec)
+    return list(dict.fromkeys(chosen.values()))
+
+
+def test_a_spec_of_each_kernel_class_compiles_for_sm_90_through_the_service(
+    tmp_path: Path,
+) -> None:
+    # The default run's share of the exhaustive test below (which CI runs as a step of its
+    # own): every template, with and without argmax, for every element type; every semiring.
+    specs = _representatives(tropical.all_specs())
+    templates = {s.name_expressions[0].partition("<")[0] for s in specs}
+    assert templates == {"tropical_gemm", "tropical_gemm_tiled", "tropical_gemm_rows",
+                         "tropical_backward"}  # fmt: skip
+    assert len(specs) < 25
+
+    async def main() -> Any:
+        async with Compiler(arch="sm_90", cache_dir=tmp_path, concurrency=2) as compiler:
+            async with anyio.create_task_group() as tg:
+                for spec in specs:
+                    tg.start_soon(compiler.compile, spec)
+            return compiler.stats()
+
+    assert anyio.run(main).compiles == len(specs)
+
+
+@pytest.mark.exhaustive
 def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path) -> None:
     specs = tropical.all_specs()
     # 3 semirings x 4 types + and-or on bool, x argmax x accumulate x 2 layouts; the backward
@@ -254,5 +292,107 @@ def test_kernel_spec_names_the_kernel_of_each_shape_class() -> None:
     assert name(4, 4, 1 << 21, argmax=True).startswith("tropical_gemm<float, MaxPlus, true")
     with pytest.raises(ValueError, match="sizes must be positive, got M=0"):
         tropical.kernel_spec(0, 4, 4)
-    with pytest.raises(TypeError, match="andor takes bool"):
+    with pytest.raises(ValueError, match=r"^dtype is float32; andor takes bool$"):
         tropical.kernel_spec(4, 4, 4, "andor", "float32")
+
+
+KERNEL_DTYPES = "float32, float64, int32, int64, bool"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: tropical.kernel_spec(4, 4, 4, "maxplus", "float33"),
+            f"dtype must be one of {KERNEL_DTYPES}, got 'float33'",
+        ),
+        (
+            lambda: tropical.kernel_spec(4, 4, 4, "maxplus", None),
+            f"dtype must be one of {KERNEL_DTYPES}, got None",
+        ),
+        (
+            lambda: tropical.kernel_spec(4, 4, 4, "maxplus", np.float16),
+            "dtype is float16; maxplus takes float32, float64, int32, int64",
+        ),
+        (
+            lambda: tropical.gemm_spec(
+                "maxplus", "float33", argmax=False, accumulate=False, layout="rowmajor"
+            ),
+            f"dtype must be one of {KERNEL_DTYPES}, got 'float33'",
+        ),
+        (
+            lambda: tropical.gemm_spec(
+                "andor", np.dtype(np.int32), argmax=False, accumulate=False, layout="rowmajor"
+            ),
+            "dtype is int32; andor takes bool",
+        ),
+        (
+            lambda: tropical.backward_spec("maxplus", "float33"),
+            f"dtype must be one of {KERNEL_DTYPES}, got 'float33'",
+        ),
+        (
+            lambda: tropical.all_specs(["maxplus"], ["float32", "float33"]),
+            f"each of dtypes must be one of {KERNEL_DTYPES}, got 'float33'",
+        ),
+        (
+            lambda: tropical.all_specs(["andor"], ["float32", "int64"]),
+            "no tropical kernels for semiring andor with dtypes float32, int64: andor takes bool",
+        ),
+        (
+            lambda: tropical.all_specs(["maxplus", "minplus"], ["float32", "bool"]),
+            "no tropical kernels for dtype bool under semirings maxplus, minplus: andor takes bool",
+        ),
+        (
+            lambda: anyio.run(tropical.warm, ["andor"], ["float32"]),
+            "no tropical kernels for semiring andor with dtype float32: andor takes bool",
+        ),
+        (
+            lambda: anyio.run(tropical.warm, ["maxplus"], ["float33"]),
+            f"each of dtypes must be one of {KERNEL_DTYPES}, got 'float33'",
+        ),
+    ],
+)
+def test_every_dtype_argument_names_itself_and_what_it_takes(call: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        call()
+
+
+def test_warm_and_all_specs_take_what_a_semiring_defines() -> None:
+    # Named together, each semiring with its own dtypes: the pairs that exist, no error.
+    both = tropical.all_specs(["maxplus", "andor"], ["float32", "bool"])
+    assert both == tropical.all_specs(["maxplus"], ["float32"]) + tropical.all_specs(
+        ["andor"], ["bool"]
+    )
+    # Every semiring (the default) with one dtype: the semirings that take it.
+    assert tropical.all_specs(None, ["bool"]) == tropical.all_specs(["andor"], ["bool"])
+    for given, what in (("maxplus", "semirings"), ("float32", "dtypes")):
+        with pytest.raises(TypeError, match=rf"^{what} must be a list such as \['{given}'\]"):
+            tropical.all_specs(**{what: given})
+
+
+def test_warm_raises_the_error_not_a_group(tmp_path: Path) -> None:
+    from aionvrtc import NvrtcError
+
+    async def main() -> None:
+        async with Compiler(arch="sm_50", cache_dir=tmp_path) as compiler:
+            await tropical.warm(["andor"], ["bool"], compiler=compiler)
+
+    with pytest.raises(NvrtcError, match="cannot compile for sm_50"):
+        anyio.run(main)
+
+
+def test_warm_without_a_compiler_fails_when_nothing_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aionvrtc import AionvrtcError
+
+    path = tmp_path / "a-file"
+    path.write_text("not a folder")
+    monkeypatch.setenv("AIONVRTC_CACHE_DIR", str(path))
+    kernels = len(tropical.all_specs(["andor"], ["bool"]))
+    with pytest.raises(AionvrtcError) as raised:
+        anyio.run(lambda: tropical.warm(["andor"], ["bool"], arch="sm_90"))
+    assert str(raised.value) == (
+        f"{kernels} of the {kernels} kernels compiled for sm_90 were not kept: the disk cache "
+        f"at {path} is not writable (aionvrtc doctor says why, and the fix)"
+    )

@@ -2,6 +2,10 @@
 the disk cache. Every command takes ``--json`` (one JSON document on stdout, for scripts) and
 ``--cache-dir`` (default: ``$AIONVRTC_CACHE_DIR``, else the user cache dir); tables and progress
 for people are drawn by rich.
+
+A failure is one line on stderr saying what was wrong and the fix (with ``--json``, also a JSON
+document with an ``error`` field on stdout), exit status 1; bad usage exits 2 (argparse's), an
+interrupt 130. Tracebacks only with ``--debug``.
 """
 
 from __future__ import annotations
@@ -11,21 +15,31 @@ import contextlib
 import datetime
 import functools
 import json
+import logging
 import math
 import os
 import platform
 import shutil
+import signal
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from ._cuda_errors import map_cuda_errors
 from ._exceptions import AionvrtcError, NoDeviceError
 from ._spec import FORMAT_VERSION
-from ._store.disk import ENV_CACHE_DIR, PROBE_KEY, Damage, DiskTier, Listing, default_cache_dir
+from ._store.disk import (
+    ENV_CACHE_DIR,
+    PROBE_KEY,
+    Damage,
+    DiskTier,
+    EntryInfo,
+    Listing,
+    default_cache_dir,
+)
 from ._units import format_size, parse_age, parse_size
 from ._version import __version__
 
@@ -35,37 +49,208 @@ Result = tuple[Any, int]  # (what --json prints, exit status)
 # Rows of the `cache ls` table for people, most recently used first: rich takes about a
 # millisecond a row, and 50,000 rows are no table to read (--json lists every entry).
 _TABLE_ROWS = 200
+# Exit statuses: 2 is argparse's for bad usage; 130 is what a shell reports for a command that
+# SIGINT stopped (128 + 2), so scripts see an interrupt as one whichever way it was handled.
+_FAILED, _USAGE, _INTERRUPTED = 1, 2, 130
+# The names `warm tropical` takes, spelled here rather than imported: importing aionvrtc.tropical
+# loads NumPy and the GPU API (0.13 s on the dev VM) for every command, `cache ls` included.
+# tests/test_cli.py checks them against tropical.SEMIRINGS and the kernels' dtypes.
+SEMIRING_NAMES = ("maxplus", "minplus", "maxmul", "andor")
+DTYPE_NAMES = ("float32", "float64", "int32", "int64", "bool")
+
+# People read a terminal's help: the module docstring above is reST for developers.
+_DESCRIPTION = """\
+Inspect, prune, warm and diagnose aionvrtc's disk cache of compiled CUDA kernels.
+
+Every command takes --json (one JSON document on stdout, for scripts), --cache-dir DIR
+(default: $AIONVRTC_CACHE_DIR, else the user cache dir) and --debug (tracebacks and logs).
+Exit status: 0 done; 1 failed (one line on stderr says why and the fix; with --json, a
+document with an "error" field on stdout); 2 bad usage; 130 interrupted."""
+
+
+class _UsageError(Exception):
+    """Raised by a parser instead of printing and exiting, so that main() can answer in JSON."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    # add_subparsers makes its parsers of this class too (parser_class defaults to ours).
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(self, message)
+
+
+class CommandError(Exception):
+    """Raised by a command that ran but did not do what was asked; ``data`` is the rest of
+    its --json document (what it did do)."""
+
+    def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.data = data or {}
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None  # the process is ours: signal handling may be changed
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    # Known before parsing, so that a usage error is answered in JSON too.
+    wants_json = "--json" in arguments
+    try:
+        return _main(arguments)
+    except _UsageError as exc:
+        return _usage_error(exc.parser.prog, exc.message, wants_json)
+    except BaseException as raised:
+        if not isinstance(_innermost(raised), KeyboardInterrupt) or "--debug" in arguments:
+            raise
+        if as_program:
+            # A second Ctrl-C while worker threads finish their compile ends the process at
+            # once, by the signal, rather than with a traceback from the interpreter's exit.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if wants_json:
+            _print_json({"error": "interrupted"})
+        return _INTERRUPTED
+
+
+def _main(arguments: list[str]) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
-    if not hasattr(args, "run"):
-        parser.print_help()
-        return 2
+    args, extras = parser.parse_known_args(arguments)
+    command: argparse.ArgumentParser = getattr(args, "command", parser)
+    if not hasattr(args, "run"):  # `aionvrtc`, `aionvrtc cache`: the group's own help
+        command.print_help(sys.stderr)
+        needed = f"a command is needed: {', '.join(_subcommands(command))}"
+        return _usage_error(command.prog, needed, "--json" in arguments, help_shown=True)
+    if extras:
+        command.error(f"unrecognized arguments: {' '.join(extras)}")
     from rich.console import Console
 
     console = Console(stderr=False, highlight=False)
     run: Callable[[argparse.Namespace, Any], Result] = args.run
-    try:
+    with _logging(debug=args.debug) as warnings:
         try:
-            data, status = run(args, console)
-        except BrokenPipeError:
-            raise
-        except (AionvrtcError, ValueError, OSError) as exc:
+            try:
+                data, status = run(args, console)
+            except BaseException as raised:
+                exc = _innermost(raised)
+                if args.debug or not isinstance(exc, Exception) or isinstance(exc, BrokenPipeError):
+                    raise
+                message = _error_line(exc)
+                extra = exc.data if isinstance(exc, CommandError) else {}
+                if args.json:
+                    _print_json({"error": message, **extra})
+                _print_error(message)
+                return _FAILED
             if args.json:
-                print(json.dumps({"error": str(exc)}))
-            else:
-                Console(stderr=True, highlight=False).print(f"[red]error:[/red] {exc}")
-            return 1
-        if args.json:
-            print(_json_text(data), flush=True)
-    except BrokenPipeError:
-        # The reader stopped early (`aionvrtc cache ls | head`): not a failure. Point stdout at
-        # /dev/null so that the interpreter's own flush at exit does not raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+                print(_json_text(data), flush=True)
+        except BrokenPipeError:
+            # The reader stopped early (`aionvrtc cache ls | head`): not a failure. Point stdout
+            # at /dev/null so that the interpreter's own flush at exit does not raise again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        # Said after the output, one line each; a failure's line says all that is needed.
+        for warning in warnings:
+            _print_error(warning, label="warning")
     return status
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The first error inside task groups' exception groups (a warm-up's compiles run in one):
+    the others were cancelled because of it, or are more of the same."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _error_line(exc: Exception) -> str:
+    """``exc`` as one line: what aionvrtc, the OS or a bad value says is already the whole
+    story (a compile error's first line, not NVRTC's log); anything else is a bug."""
+    text = _first_line(str(exc))
+    if isinstance(exc, (CommandError, AionvrtcError, ValueError, OSError)):
+        return text or type(exc).__name__
+    return (
+        f"{type(exc).__name__}: {text} (a bug in aionvrtc {__version__}: run the command "
+        "again with --debug for the traceback, and report it)"
+    )
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _print_error(message: str, *, label: str = "error") -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    # soft_wrap: one line, however wide the terminal; Text: a "[Errno 13]" is not markup.
+    colour = "red" if label == "error" else "yellow"
+    line = Text.assemble((f"{label}:", colour), " ", message)
+    Console(stderr=True, highlight=False, soft_wrap=True).print(line)
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2), flush=True)
+
+
+def _usage_error(prog: str, message: str, wants_json: bool, *, help_shown: bool = False) -> int:
+    line = message if help_shown else f"{message}; see {prog} --help"
+    if wants_json:
+        _print_json({"error": line})
+    print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
+    return _USAGE
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    return [
+        name
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name in action.choices
+    ]
+
+
+class _Warnings(logging.Handler):
+    """What aionvrtc logs during a command (WARNING and above): first lines, each once."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = _first_line(record.getMessage())
+        except Exception:
+            self.handleError(record)
+            return
+        if line and line not in self.lines:
+            self.lines.append(line)
+
+
+@contextlib.contextmanager
+def _logging(*, debug: bool) -> Iterator[list[str]]:
+    """Route the library's log for a command: with ``debug``, everything to stderr as it
+    happens (tracebacks included); else warnings kept to be said once each at the end, so
+    that a failure is one line (its cause in it) and a job's traceback never shows."""
+    logger = logging.getLogger("aionvrtc")
+    handler: logging.Handler
+    if debug:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        lines: list[str] = []
+    else:
+        handler = collected = _Warnings()
+        lines = collected.lines
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    if debug:
+        logger.setLevel(logging.DEBUG)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _json_text(data: Any) -> str:
@@ -90,51 +275,95 @@ def _argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
+def _arch(text: str) -> str:
+    from ._target import Target
+
+    return Target(text).arch  # its ValueError names the forms an arch takes
+
+
+def _jobs(text: str) -> int:
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise ValueError(f"must be a whole number of parallel compiles, at least 1, got {text!r}")
+    return jobs
+
+
 def _parser() -> argparse.ArgumentParser:
-    size, age = _argument(parse_size), _argument(parse_age)
-    common = argparse.ArgumentParser(add_help=False)
+    size, age, arch = _argument(parse_size), _argument(parse_age), _argument(_arch)
+    common = _Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document")
     common.add_argument(
-        "--cache-dir", type=Path, default=None, help="default: $AIONVRTC_CACHE_DIR or the user's"
+        "--cache-dir", type=Path, default=None, metavar="DIR",
+        help="default: $AIONVRTC_CACHE_DIR or the user's",
+    )  # fmt: skip
+    common.add_argument(
+        "--debug", action="store_true", help="show the library's log, and tracebacks of errors"
     )
-    parser = argparse.ArgumentParser(
-        prog="aionvrtc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="aionvrtc",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"aionvrtc {__version__}")
-    commands = parser.add_subparsers(title="commands")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
-    cache = commands.add_parser("cache", help="the disk cache").add_subparsers(title="commands")
-    info = cache.add_parser("info", parents=[common], help="location, size, entries, events")
-    info.set_defaults(run=_info)
-    ls = cache.add_parser("ls", parents=[common], help="one row per entry")
-    ls.add_argument("--arch", help="only entries compiled for this arch, such as sm_90")
+    group = commands.add_parser("cache", help="the disk cache", description="The disk cache.")
+    group.set_defaults(command=group)
+    cache = group.add_subparsers(title="commands", metavar="COMMAND")
+
+    def command(
+        parent: argparse._SubParsersAction[_Parser],
+        name: str,
+        run: Callable[..., Result],
+        help: str,
+    ) -> _Parser:
+        leaf = parent.add_parser(name, parents=[common], help=help, description=help)
+        leaf.set_defaults(run=run, command=leaf)
+        return leaf
+
+    command(cache, "info", _info, "location, size, entries, events")
+    ls = command(cache, "ls", _ls, "one row per entry")
+    ls.add_argument("--arch", type=arch, help="only entries compiled for this arch, such as sm_90")
     ls.add_argument("--older-than", type=age, help="last used before, such as 7d")
     ls.add_argument("--newer-than", type=age, help="last used within, such as 12h")
-    ls.set_defaults(run=_ls)
-    clear = cache.add_parser("clear", parents=[common], help="remove every entry")
-    clear.set_defaults(run=_clear)
-    prune = cache.add_parser("prune", parents=[common], help="remove least recently used entries")
+    command(cache, "clear", _clear, "remove every entry; exit 1 if some cannot be removed")
+    prune = command(
+        cache, "prune", _prune, "remove old entries, then the least recently used beyond a size"
+    )
     prune.add_argument("--max-size", type=size, help="keep at most this much, such as 2G")
     prune.add_argument("--older-than", type=age, help="remove entries unused for, e.g. 30d")
-    prune.set_defaults(run=_prune)
 
-    warm = commands.add_parser("warm", help="compile kernels ahead of use (no GPU needed)")
-    warm_kinds = warm.add_subparsers(title="kernels")
-    tropical = warm_kinds.add_parser("tropical", parents=[common], help="the tropical GEMM kernels")
+    group = commands.add_parser(
+        "warm", help="compile kernels ahead of use (no GPU needed)",
+        description="Compile kernels ahead of use into the disk cache (no GPU needed).",
+    )  # fmt: skip
+    group.set_defaults(command=group)
+    warm = group.add_subparsers(title="kernels", metavar="KERNELS")
+    tropical = command(
+        warm, "tropical", _warm_tropical,
+        "the tropical GEMM kernels; exit 1 if what was compiled cannot be kept on disk",
+    )  # fmt: skip
     tropical.add_argument(
-        "--arch", help="target, such as sm_90 (default: $AIONVRTC_ARCH, else this machine's GPU)"
-    )
-    tropical.add_argument("--semirings", nargs="+", help="default: all")
-    tropical.add_argument("--dtypes", nargs="+", help="default: all, such as float32 int32")
+        "--arch", type=arch,
+        help="target, such as sm_90 (default: $AIONVRTC_ARCH, else this machine's GPU)",
+    )  # fmt: skip
     tropical.add_argument(
-        "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: CPUs)"
-    )
-    tropical.set_defaults(run=_warm_tropical)
+        "--semirings", nargs="+", choices=SEMIRING_NAMES, metavar="SEMIRING",
+        help=f"default: all; of {', '.join(SEMIRING_NAMES)}",
+    )  # fmt: skip
+    tropical.add_argument(
+        "--dtypes", nargs="+", choices=DTYPE_NAMES, metavar="DTYPE",
+        help=f"default: all; of {', '.join(DTYPE_NAMES)} (andor takes bool, the others the rest)",
+    )  # fmt: skip
+    tropical.add_argument(
+        "--jobs", type=_argument(_jobs), default=os.cpu_count() or 1,
+        help="parallel compiles (default: CPUs)",
+    )  # fmt: skip
 
-    doctor = commands.add_parser(
-        "doctor", parents=[common], help="check NVRTC, GPUs and the cache dir; exit 1 if broken"
-    )
-    doctor.set_defaults(run=_doctor)
+    command(commands, "doctor", _doctor, "check NVRTC, GPUs and the cache dir; exit 1 if broken")
     return parser
 
 
@@ -308,7 +537,8 @@ def _ls(args: argparse.Namespace, console: Any) -> Result:
         if len(selected) > len(rows):
             console.print(
                 f"and {len(selected) - len(rows)} entries used less recently: "
-                "aionvrtc cache ls --json lists every one"
+                "aionvrtc cache ls --json lists every one",
+                soft_wrap=True,
             )
         if broken:
             table = Table(title=f"{len(broken)} damaged items, not used")
@@ -363,15 +593,20 @@ def _text(value: object) -> str | None:
 def _clear(args: argparse.Namespace, console: Any) -> Result:
     tier = _tier(args)
     removed = tier.clear()
+    data: dict[str, Any] = {"removed": removed, "directory": str(tier.dir)}
+    # Whatever is left was written since, or cannot be removed: a read-only cache says nothing
+    # when an unlink fails, and "removed 0 entries" would pass for an empty cache.
+    _fail_if_stuck(tier.survey().entries, f"removed {removed} entries from {tier.dir}", data)
     if not args.json:
-        console.print(f"removed {removed} entries from {tier.dir}")
-    return {"removed": removed, "directory": str(tier.dir)}, 0
+        console.print(f"removed {removed} entries from {tier.dir}", soft_wrap=True)
+    return data, 0
 
 
 def _prune(args: argparse.Namespace, console: Any) -> Result:
     if args.max_size is None and args.older_than is None:
         raise ValueError("prune needs --max-size SIZE, --older-than AGE or both")
     tier = _tier(args)
+    started = time.time()
     pruned = tier.prune_report(max_bytes=args.max_size, older_than=args.older_than)
     removed_bytes = sum(e.size for e in pruned.removed)
     data: dict[str, Any] = {
@@ -382,14 +617,82 @@ def _prune(args: argparse.Namespace, console: Any) -> Result:
         "bytes": pruned.bytes,
         "damaged": [_damage(d) for d in pruned.damaged],  # skipped: not entries
     }
+    # Whether prune left what it chose (its removals fail silently in a folder this user
+    # cannot write): over the size asked for, or entries left in such a folder. Only then a
+    # second walk, to name them: a prune that worked walks the shards once.
+    over = args.max_size is not None and pruned.bytes > args.max_size
+    if pruned.entries and (over or _cannot_remove_in(tier.dir) is not None):
+        due = _due(tier.survey().entries, args.max_size, args.older_than, started)
+        _fail_if_stuck(due, f"removed {data['removed']} entries from {tier.dir}", data)
     if not args.json:
         console.print(
             f"removed {data['removed']} entries: {format_size(data['bytes_before'])} -> "
-            f"{format_size(data['bytes'])} in {pruned.entries} entries"
+            f"{format_size(data['bytes'])} in {pruned.entries} entries",
+            soft_wrap=True,
         )
         for damage in pruned.damaged:
-            console.print(f"skipped damaged {damage}")
+            console.print(f"skipped damaged {damage}", soft_wrap=True)
     return data, 0
+
+
+def _due(
+    entries: Iterable[EntryInfo], max_bytes: int | None, older_than: float | None, started: float
+) -> list[EntryInfo]:
+    """Which of ``entries`` (found after a prune) that prune should have removed: those unused
+    since before the cutoff, then the least recently used beyond ``max_bytes``. The cutoff is
+    from before the prune began, so nothing it rightly kept counts as due."""
+    cutoff = None if older_than is None else started - older_than
+    due: list[EntryInfo] = []
+    kept: list[EntryInfo] = []
+    for entry in sorted(entries, key=lambda e: e.last_used, reverse=True):
+        (due if cutoff is not None and entry.last_used < cutoff else kept).append(entry)
+    if max_bytes is not None:
+        total = sum(entry.size for entry in kept)
+        for entry in reversed(kept):  # least recently used first
+            if total <= max_bytes:
+                break
+            due.append(entry)
+            total -= entry.size
+    return due
+
+
+def _fail_if_stuck(entries: Iterable[EntryInfo], done: str, data: dict[str, Any]) -> None:
+    """Raise CommandError if some of ``entries``, still there after a removal, are in a folder
+    this user cannot remove them from. Entries elsewhere were written by another process since
+    (services use the cache meanwhile), not refused: those are no failure."""
+    verdicts: dict[Path, tuple[str, str] | None] = {}
+    stuck, first = 0, None
+    for entry in entries:
+        folder = entry.directory / entry.key[:2]
+        if folder not in verdicts:
+            verdicts[folder] = _cannot_remove_in(folder)
+        verdict = verdicts[folder]
+        if verdict is not None:
+            stuck += 1
+            first = first or verdict
+    if first is not None:
+        problem, fix = first
+        data["not_removed"] = stuck
+        raise CommandError(f"{done}, but {stuck} could not be removed: {problem}; {fix}", data)
+
+
+def _cannot_remove_in(folder: Path) -> tuple[str, str] | None:
+    """Why this user cannot remove files in ``folder``, and the fix; None if it can."""
+    try:
+        if os.statvfs(folder).f_flag & getattr(os, "ST_RDONLY", 1):
+            return (
+                f"{folder} is on a read-only file system",
+                "remove them where it is mounted read-write (read-only, the cache is still read)",
+            )
+        effective = os.access in os.supports_effective_ids
+        if os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
+            return None
+    except OSError as exc:
+        return f"{folder} cannot be used ({exc.strerror})", "see aionvrtc doctor"
+    return (
+        f"{folder} is not writable by this user ({_ownership(folder)})",
+        "run the command as the folder's owner",
+    )
 
 
 # -- warm ----------------------------------------------------------------------------------------
@@ -402,51 +705,113 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
     from ._actor import Compiler
     from ._target import ENV_ARCH, resolve_target
 
-    if args.jobs < 1:
-        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     try:
         target = resolve_target(args.arch)
     except NoDeviceError as exc:  # the same advice, in the command line's words
         raise NoDeviceError(
             f"no GPU here to take the arch from: name one, such as --arch sm_90 (or set {ENV_ARCH})"
         ) from exc
+    _check_nvrtc_takes(target.arch, target.number)
     specs = tropical.all_specs(args.semirings, args.dtypes)
-    if not specs:
-        raise ValueError(f"no tropical kernels for semirings {args.semirings}, {args.dtypes}")
+    tier = _tier(args)
+    # A file, or an untrusted tree (neither read nor written): nothing compiled would be kept,
+    # so say so before the compiles rather than minutes after them.
+    problem = _where_nothing_is_kept(tier)
+    if problem is not None:
+        raise CommandError(f"nothing compiled for {target} could be kept: {problem}")
+    data: dict[str, Any] = {"arch": target.arch, "kernels": len(specs)}
 
-    async def run() -> dict[str, Any]:
+    async def run() -> None:
         from rich.progress import Progress
 
         started = time.perf_counter()
+        lost = False
+        # Progress only on a terminal: elsewhere (a Dockerfile step, a pipe) rich would print
+        # a blank line where the transient bar was.
+        quiet = args.json or not console.is_terminal
         async with Compiler(arch=target, cache_dir=args.cache_dir, concurrency=args.jobs) as c:
-            with Progress(console=console, disable=args.json, transient=True) as progress:
+            with Progress(console=console, disable=quiet, transient=True) as progress:
                 task = progress.add_task(f"compiling for {target}", total=len(specs))
-
-                async def one(spec: Any) -> None:
-                    await c.compile(spec)
-                    progress.advance(task)
-
                 async with anyio.create_task_group() as group:
+
+                    async def one(spec: Any) -> None:
+                        nonlocal lost
+                        await c.compile(spec)  # written to disk, if it can be, before this returns
+                        stats = c.stats()
+                        if stats.compiles > stats.disk.writes:
+                            # Not kept: the rest would be compiled for nothing.
+                            lost = True
+                            group.cancel_scope.cancel()
+                        progress.advance(task)
+
                     for spec in specs:
                         group.start_soon(one, spec)
             stats = c.stats()
-        return {
-            "arch": target.arch,
-            "kernels": len(specs),
+        data.update({
             "compiled": stats.compiles,
+            "kept": stats.disk.writes,
             "from_disk": stats.disk.hits,
             "compile_seconds": round(stats.compile_seconds, 3),
             "seconds": round(time.perf_counter() - started, 3),
-            "directory": str(_tier(args).dir),
-        }
+            "directory": str(tier.dir),
+        })  # fmt: skip
+        if lost:
+            why = _where_nothing_is_kept(tier, probe=True) or (
+                f"writes to {tier.dir} failed (its limit is {format_size(tier.limit)}); "
+                "aionvrtc doctor checks it"
+            )
+            raise CommandError(f"kernels compiled for {target} cannot be kept: {why}", data)
 
-    data = anyio.run(run)
+    anyio.run(run)
     if not args.json:
+        done = f"{data['compiled']} compiled, {data['from_disk']} already on disk"
         console.print(
-            f"{data['kernels']} tropical kernels for {data['arch']}: {data['compiled']} compiled, "
-            f"{data['from_disk']} already on disk, in {data['seconds']:.1f} s ({data['directory']})"
+            f"{data['kernels']} tropical kernels for {data['arch']}: {done}, in "
+            f"{data['seconds']:.1f} s ({data['directory']})",
+            soft_wrap=True,
         )
     return data, 0
+
+
+def _check_nvrtc_takes(arch: str, number: int) -> None:
+    """Raise unless this NVRTC compiles for ``arch``: said once, before any compile, rather
+    than by every compile. (One newer than NVRTC knows gets PTX, as for any request.)"""
+    from . import _nvrtc
+
+    archs = _nvrtc.supported_archs()
+    if number < archs[0]:
+        raise ValueError(
+            f"NVRTC {_nvrtc.version_string()} cannot compile for {arch}: name one it can, such "
+            f"as --arch sm_{archs[0]} (it supports {', '.join(f'sm_{a}' for a in archs)})"
+        )
+
+
+def _where_nothing_is_kept(tier: DiskTier, *, probe: bool = False) -> str | None:
+    """Why kernels cannot be written to ``tier``'s cache dir, with the fix: it is a file (or
+    under one), or untrusted; with ``probe``, also what a test write found (this makes the
+    folders that are missing, as a write does). None if nothing says so."""
+    blocker = _not_a_folder(tier.root)
+    if blocker is not None:
+        return f"{blocker} is not a folder; point --cache-dir (or {ENV_CACHE_DIR}) at a folder"
+    damage = tier.trust_problem
+    if damage is not None:
+        return f"{tier.root} is not trusted ({damage.path} is {damage.problem}); {damage.fix}"
+    failure = tier.probe_write() if probe else None
+    if failure is None:
+        return None
+    return (
+        f"{tier.dir} cannot be written ({failure}); point --cache-dir (or {ENV_CACHE_DIR}) at "
+        "a folder this user can write"
+    )
+
+
+def _not_a_folder(root: Path) -> Path | None:
+    """The path at or above ``root`` that exists and is not a folder (so no cache dir can be
+    made there), or None."""
+    for path in (root, *Path(os.path.abspath(root)).parents):
+        if os.path.exists(path):
+            return None if os.path.isdir(path) else path
+    return None
 
 
 # -- doctor --------------------------------------------------------------------------------------
@@ -460,14 +825,21 @@ def _doctor(args: argparse.Namespace, console: Any) -> Result:
         try:
             checks.extend(probe(args))
         except Exception as exc:  # a probe that breaks is itself a finding
-            checks.append(_check(probe.__name__[7:], "fail", f"the check failed: {exc}", ""))
+            if args.debug:
+                raise
+            detail = f"the check failed: {_error_line(exc)}"
+            fix = "run aionvrtc doctor --debug for the traceback, and report it"
+            checks.append(_check(probe.__name__[7:].replace("_", " "), "fail", detail, fix))
     failed = [c for c in checks if c["status"] == "fail"]
-    data = {
+    data: dict[str, Any] = {
         "aionvrtc": __version__,
         "python": platform.python_version(),
         "ok": not failed,
         "checks": checks,
     }
+    if failed:  # what every failing command has, for scripts
+        names = ", ".join(dict.fromkeys(c["check"] for c in failed))
+        data["error"] = f"checks failed: {names} (each says its fix)"
     if not args.json:
         from rich.table import Table
 
@@ -479,6 +851,8 @@ def _doctor(args: argparse.Namespace, console: Any) -> Result:
             status = f"[{colours[c['status']]}]{c['status']}[/]"
             table.add_row(c["check"], status, c["detail"], c["fix"])
         console.print(table)
+        if failed:
+            _print_error(data["error"])
     return data, 1 if failed else 0
 
 
@@ -512,32 +886,53 @@ def _loaded(library: str) -> str | None:
 
 
 def _check_gpus(args: argparse.Namespace) -> list[Check]:
+    compile_only = "kernels compile (aionvrtc warm) but do not load"
+    fix = "none to compile only; to run kernels, a machine with an NVIDIA GPU and its driver"
+    driver = 0
     try:
         with map_cuda_errors("none usable", NoDeviceError):
             import cupy
 
-            count = cupy.cuda.runtime.getDeviceCount()
+            # 0 where no driver is installed at all (CUDA's documented answer): then the
+            # runtime's "driver version is insufficient" would send people to upgrade one.
             driver = cupy.cuda.runtime.driverGetVersion()
+            if driver == 0:
+                return [_check("gpus", "warn", f"no NVIDIA driver found: {compile_only}", fix)]
+            count = cupy.cuda.runtime.getDeviceCount()
     except NoDeviceError as exc:
-        detail = f"{str(exc).splitlines()[0]}: kernels compile (warm) but not load"
-        return [_check("gpus", "warn", detail, "run on a machine with an NVIDIA GPU and driver")]
+        if "InsufficientDriver" in str(exc):  # a driver, older than this CUDA runtime needs
+            with contextlib.suppress(Exception):
+                runtime = _cuda_version(cupy.cuda.runtime.runtimeGetVersion())
+                detail = (
+                    f"the NVIDIA driver (CUDA {_cuda_version(driver)}) is too old for the CUDA "
+                    f"runtime {runtime}: {compile_only}"
+                )
+                update = f"update the NVIDIA driver to one for CUDA {runtime} or newer"
+                return [_check("gpus", "warn", detail, update)]
+        return [_check("gpus", "warn", f"{_first_line(str(exc))}: {compile_only}", fix)]
     if count == 0:
-        return [_check("gpus", "warn", "none: kernels compile (warm) but do not load")]
+        return [_check("gpus", "warn", f"none: {compile_only}", fix)]
     rows = []
     for device in range(count):
         props = cupy.cuda.runtime.getDeviceProperties(device)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         arch = f"sm_{props['major']}{props['minor']}"
-        detail = f"{name}, {arch}, driver CUDA {driver // 1000}.{driver % 1000 // 10}"
+        detail = f"{name}, {arch}, driver CUDA {_cuda_version(driver)}"
         rows.append(_check(f"gpu {device}", "ok", detail))
     return rows
+
+
+def _cuda_version(number: int) -> str:
+    return f"{number // 1000}.{number % 1000 // 10}"
 
 
 def _check_cache_dir(args: argparse.Namespace) -> list[Check]:
     tier = _tier(args)
     root = tier.root
-    if root.exists() and not root.is_dir():
-        detail = f"{root} is not a folder: nothing can be cached there"
+    blocker = _not_a_folder(root)
+    if blocker is not None:
+        where = "" if blocker == root else f", so {root} cannot be made"
+        detail = f"{blocker} is not a folder{where}: nothing can be cached there"
         fix = f"point {ENV_CACHE_DIR} (or --cache-dir) at a folder; a missing one is made"
         return [_check("cache dir", "fail", detail, fix)]
     # Makes the folders as the tier does (0700, or 2770 shared); it may find the tree untrusted.
@@ -593,5 +988,6 @@ def _check_locks(args: argparse.Namespace) -> list[Check]:
         fix = "put the cache on a local file system (AIONVRTC_CACHE_DIR)"
         return [_check("file locks", "warn", detail, fix)]
     if not locked:
-        return [_check("file locks", "fail", "cannot create a lock file", "see cache dir")]
+        fix = f"point {ENV_CACHE_DIR} (or --cache-dir) at a folder this user can write"
+        return [_check("file locks", "fail", f"cannot create a lock file in {tier.dir}", fix)]
     return [_check("file locks", "ok", "flock works: one compile per kernel across processes")]

@@ -176,8 +176,7 @@ def kernel_spec(
     contiguous operands, with the default tiles (TILES): for compiling it ahead of use, or on a
     machine without a GPU (``await compiler.compile(tropical.kernel_spec(...))``)."""
     ring = _semirings.semiring(semiring)
-    dtype = np.dtype(dtype)
-    ring.check_dtype(dtype, "dtype")
+    dtype = ring.check_dtype(dtype)
     if min(m, n, k, batch) < 1:
         raise ValueError(f"sizes must be positive, got M={m}, N={n}, K={k}, batch={batch}")
     spec, *_ = _choose(
@@ -510,20 +509,45 @@ async def warm(
     """Compile every kernel of the named semirings and dtypes (default: all) ahead of use, in
     parallel; returns how many. Without ``compiler``, a temporary Compiler with one worker per
     CPU fills the disk cache (target ``arch``, else ``resolve_target``'s: ``$AIONVRTC_ARCH``
-    or the current GPU's) that later requests read."""
+    or the current GPU's) that later requests read.
+
+    ValueError for names that are not semirings or dtypes, and for a semiring asked for with
+    none of the dtypes it takes (``warm(["andor"], ["float32"])``: andor takes bool). Without
+    ``compiler``, AionvrtcError if kernels it compiled could not be kept on disk (the cache
+    dir is not writable or not trusted): they would be lost with the temporary Compiler."""
     import os
 
     specs = all_specs(semirings, dtypes)
-    if compiler is None:
-        target = resolve_target(arch)
-        async with Compiler(arch=target, concurrency=os.cpu_count() or 1) as temporary:
-            await _compile_all(temporary, specs)
-    else:
+    if compiler is not None:
         await _compile_all(compiler, specs)
+        return len(specs)
+    target = resolve_target(arch)
+    async with Compiler(arch=target, concurrency=os.cpu_count() or 1) as temporary:
+        await _compile_all(temporary, specs)
+        stats = temporary.stats()
+    lost = stats.compiles - stats.disk.writes
+    if lost > 0:
+        from .._exceptions import AionvrtcError
+        from .._store.disk import default_cache_dir
+
+        state = "not trusted" if not stats.disk.trusted else "not writable"
+        raise AionvrtcError(
+            f"{lost} of the {stats.compiles} kernels compiled for {target} were not kept: the "
+            f"disk cache at {default_cache_dir()} is {state} (aionvrtc doctor says why, and "
+            "the fix)"
+        )
     return len(specs)
 
 
 async def _compile_all(compiler: Compiler, specs: list[KernelSpec]) -> None:
-    async with anyio.create_task_group() as tg:
-        for spec in specs:
-            tg.start_soon(compiler.compile, spec)
+    try:
+        async with anyio.create_task_group() as tg:
+            for spec in specs:
+                tg.start_soon(compiler.compile, spec)
+    except ExceptionGroup as group:
+        # The first compile that failed stopped the others: raise its error as compile()
+        # would, not a group of one (a failure is rarely more than one error repeated).
+        first = group.exceptions[0]
+        while isinstance(first, ExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None

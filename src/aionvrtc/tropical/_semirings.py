@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DTYPES", "SEMIRINGS", "Semiring", "semiring"]
+__all__ = ["DTYPES", "SEMIRINGS", "Semiring", "as_dtype", "semiring"]
 
 # NumPy dtype -> the CUDA C++ type of the kernels.
 DTYPES: dict[np.dtype[np.generic], str] = {
@@ -43,10 +43,16 @@ class Semiring:
         info = np.iinfo(dtype)  # type: ignore[type-var]
         return dtype.type(info.min if self.maximise else info.max)
 
-    def check_dtype(self, dtype: np.dtype[np.generic], what: str) -> None:
-        if np.dtype(dtype) not in self.dtypes:
+    def check_dtype(self, dtype: object, array: str | None = None) -> np.dtype[np.generic]:
+        """``dtype`` as a NumPy dtype if this semiring takes it. Else TypeError when it is the
+        dtype of ``array`` (an operand's name), ValueError when a dtype argument gave it."""
+        found = _numpy_dtype(dtype, "dtype")
+        if found not in self.dtypes:
             allowed = ", ".join(str(d) for d in self.dtypes)
-            raise TypeError(f"{what} has dtype {np.dtype(dtype)}; {self.name} takes {allowed}")
+            if array is not None:
+                raise TypeError(f"{array} has dtype {found}; {self.name} takes {allowed}")
+            raise ValueError(f"dtype is {found}; {self.name} takes {allowed}")
+        return found
 
 
 SEMIRINGS: dict[str, Semiring] = {
@@ -90,6 +96,31 @@ SEMIRINGS: dict[str, Semiring] = {
         ),
     )
 }
+
+
+def as_dtype(value: object, what: str = "dtype") -> np.dtype[np.generic]:
+    """``value`` (a name such as "float32", a NumPy type or dtype) as one of the kernels'
+    dtypes, else ValueError naming ``what`` and the accepted ones (not NumPy's TypeError
+    about a "data type not understood")."""
+    dtype = _numpy_dtype(value, what)
+    if dtype not in DTYPES:
+        raise _not_a_dtype(dtype, what)
+    return dtype
+
+
+def _numpy_dtype(value: object, what: str) -> np.dtype[np.generic]:
+    # None is NumPy's float64, which nobody passing None meant.
+    if value is None:
+        raise _not_a_dtype(value, what)
+    try:
+        return np.dtype(value)  # type: ignore[call-overload,no-any-return]
+    except (TypeError, ValueError):
+        raise _not_a_dtype(value, what) from None
+
+
+def _not_a_dtype(value: object, what: str) -> ValueError:
+    shown = str(value) if isinstance(value, np.dtype) else repr(value)
+    return ValueError(f"{what} must be one of {', '.join(map(str, DTYPES))}, got {shown}")
 
 
 def semiring(name: str) -> Semiring:

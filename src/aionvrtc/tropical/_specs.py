@@ -11,7 +11,7 @@ from typing import Literal
 import numpy as np
 
 from .._spec import KernelSpec
-from ._semirings import DTYPES, SEMIRINGS, semiring
+from ._semirings import DTYPES, SEMIRINGS, as_dtype, semiring
 
 __all__ = [
     "ARGMAX_MAX_TILES",
@@ -54,7 +54,7 @@ def gemm_expression(
     layout: Layout,
 ) -> str:
     ring = semiring(semiring_name)
-    ring.check_dtype(dtype, "the operands")
+    ring.check_dtype(dtype)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     return (
@@ -83,7 +83,7 @@ Tile = tuple[int, int, int, int, int, int]  # BM, BN, BK, TM, TN, blocks per SM
 
 # Tile configurations of the tuned kernel, by shape class, then variant (tile_variant): the
 # defaults where the autotuner (tropical.autotune) has not run on this GPU, its winners on the
-# lent H200 (benchmarks/tile_sweep.py; results/tile_sweep-nvidia-h200*.md: "large" and "small"
+# H200 (benchmarks/tile_sweep.py; results/tile_sweep-nvidia-h200*.md: "large" and "small"
 # from the latest sweep, their argmax variants from the sweep of the argmax kernel with its tile
 # numbers in shared memory (-argmax-shared-index), the tall and wide classes from the sweep of all
 # classes). "large" products fill the GPU with big tiles; "small" ones (M or N at most 64, such
@@ -211,7 +211,7 @@ def rows_spec(
 ) -> KernelSpec:
     """The spec of one skinny-product kernel (no argmax, K <= kmax, N <= ROWS_NMAX)."""
     ring = semiring(semiring_name)
-    ring.check_dtype(dtype, "the operands")
+    ring.check_dtype(dtype)
     if not tiled_supported(ring.name, dtype) or kmax not in ROWS_KMAX:
         raise ValueError(f"no skinny kernel for {ring.name} on {np.dtype(dtype)} with K <= {kmax}")
     expression = (
@@ -241,7 +241,7 @@ def tiled_spec(
     """The spec of one tuned row-major kernel with one tile configuration (default: the
     "large" class's)."""
     ring = semiring(semiring_name)
-    ring.check_dtype(dtype, "the operands")
+    ring.check_dtype(dtype)
     if not tiled_supported(ring.name, dtype):
         raise ValueError(f"no tuned kernel for {ring.name} on {np.dtype(dtype)}")
     bm, bn, bk, tm, tn, blocks = tile or TILES["large"][tile_variant(dtype, argmax=argmax)]
@@ -255,7 +255,7 @@ def tiled_spec(
 @functools.cache
 def backward_spec(semiring_name: str, dtype: np.dtype[np.generic]) -> KernelSpec:
     ring = semiring(semiring_name)
-    if ring.name == "andor" or np.dtype(dtype).kind != "f":
+    if ring.name == "andor" or as_dtype(dtype).kind != "f":
         raise TypeError(
             f"gradients need float32 or float64 operands of maxplus, minplus or maxmul, "
             f"not {np.dtype(dtype)} under {ring.name}"
@@ -269,9 +269,30 @@ def all_specs(
     semirings: Iterable[str] | None = None, dtypes: Iterable[object] | None = None
 ) -> list[KernelSpec]:
     """Every forward variant and layout (and backward kernel) of the named semirings and
-    dtypes (default: all); combinations a semiring does not define are skipped."""
+    dtypes (default: all); combinations a semiring does not define are skipped. ValueError
+    for a named semiring that takes none of the named dtypes, or a named dtype that none of
+    the semirings takes: nothing would be compiled for what was asked."""
+    for given, what in ((semirings, "semirings"), (dtypes, "dtypes")):
+        if isinstance(given, str):  # iterating it would name one letter at a time
+            raise TypeError(f"{what} must be a list such as [{given!r}], not a str")
     names = list(SEMIRINGS) if semirings is None else [semiring(n).name for n in semirings]
-    wanted = None if dtypes is None else {np.dtype(d) for d in dtypes}  # type: ignore[call-overload]
+    wanted = None if dtypes is None else {as_dtype(d, "each of dtypes"): None for d in dtypes}
+    if wanted is not None:
+        asked = f"dtype{'s' * (len(wanted) > 1)} {', '.join(map(str, wanted))}"
+        for name in names if semirings is not None else ():
+            ring = SEMIRINGS[name]
+            if not any(d in wanted for d in ring.dtypes):
+                takes = ", ".join(map(str, ring.dtypes))
+                raise ValueError(
+                    f"no tropical kernels for semiring {name} with {asked}: {name} takes {takes}"
+                )
+        for dtype in wanted:
+            if not any(dtype in SEMIRINGS[name].dtypes for name in names):
+                under = f"semiring{'s' * (len(names) > 1)} {', '.join(names)}"
+                takers = ", ".join(n for n, r in SEMIRINGS.items() if dtype in r.dtypes)
+                raise ValueError(
+                    f"no tropical kernels for dtype {dtype} under {under}: {takers} takes {dtype}"
+                )
     specs: list[KernelSpec] = []
     for name in names:
         ring = SEMIRINGS[name]
