@@ -396,3 +396,19 @@ def test_warm_without_a_compiler_fails_when_nothing_is_kept(
         f"{kernels} of the {kernels} kernels compiled for sm_90 were not kept: the disk cache "
         f"at {path} is not writable (aionvrtc doctor says why, and the fix)"
     )
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "error", "message"),
+    [
+        (["float33"], ValueError, "dtypes must be one of float32, float64, int32, int64, bool, "
+         "got 'float33'"),
+        (["bool"], ValueError, "dtypes: autotune tunes float32, float64, int32, int64, not bool"),
+        ("float32", TypeError, "dtypes must be a list such as"),
+    ],
+)  # fmt: skip
+def test_autotune_names_a_bad_dtype_before_it_needs_a_gpu(
+    dtypes: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        anyio.run(lambda: tropical.autotune(dtypes))  # type: ignore[arg-type]

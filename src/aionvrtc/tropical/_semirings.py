@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DTYPES", "SEMIRINGS", "Semiring", "as_dtype", "semiring"]
+__all__ = ["DTYPES", "SEMIRINGS", "Semiring", "as_dtype", "numpy_dtype", "semiring"]
 
 # NumPy dtype -> the CUDA C++ type of the kernels.
 DTYPES: dict[np.dtype[np.generic], str] = {
@@ -46,7 +46,7 @@ class Semiring:
     def check_dtype(self, dtype: object, array: str | None = None) -> np.dtype[np.generic]:
         """``dtype`` as a NumPy dtype if this semiring takes it. Else TypeError when it is the
         dtype of ``array`` (an operand's name), ValueError when a dtype argument gave it."""
-        found = _numpy_dtype(dtype, "dtype")
+        found = numpy_dtype(dtype, "dtype")
         if found not in self.dtypes:
             allowed = ", ".join(str(d) for d in self.dtypes)
             if array is not None:
@@ -102,13 +102,13 @@ def as_dtype(value: object, what: str = "dtype") -> np.dtype[np.generic]:
     """``value`` (a name such as "float32", a NumPy type or dtype) as one of the kernels'
     dtypes, else ValueError naming ``what`` and the accepted ones (not NumPy's TypeError
     about a "data type not understood")."""
-    dtype = _numpy_dtype(value, what)
+    dtype = numpy_dtype(value, what)
     if dtype not in DTYPES:
         raise _not_a_dtype(dtype, what)
     return dtype
 
 
-def _numpy_dtype(value: object, what: str) -> np.dtype[np.generic]:
+def numpy_dtype(value: object, what: str) -> np.dtype[np.generic]:
     # None is NumPy's float64, which nobody passing None meant.
     if value is None:
         raise _not_a_dtype(value, what)

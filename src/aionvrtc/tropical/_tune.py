@@ -23,6 +23,7 @@ from .._actor import Compiler
 from .._exceptions import CompileError
 from .._sync import default_compiler
 from . import reference
+from ._semirings import SEMIRINGS, numpy_dtype
 from ._specs import TILES, Tile, source, tile_fits, tile_variant, tiled_spec
 
 __all__ = ["CANDIDATES", "SHAPES", "autotune", "random_operands", "timed", "tuned_tiles"]
@@ -161,6 +162,22 @@ def _tile(value: Any) -> Tile:
     return (value[0], value[1], value[2], value[3], value[4], value[5])
 
 
+def _tuned_dtypes(dtypes: Iterable[object]) -> list[np.dtype[np.generic]]:
+    """``dtypes`` as NumPy dtypes, each one the tuned kernels are built for (the numeric ones:
+    and-or on bool has no tuned kernel); else ValueError naming the argument and the choices."""
+    if isinstance(dtypes, str | np.dtype):
+        raise TypeError(f"dtypes must be a list such as ['float32'], not {dtypes!r}")
+    numeric = SEMIRINGS["maxplus"].dtypes
+    checked = []
+    for dtype in dtypes:
+        found = numpy_dtype(dtype, "dtypes")
+        if found not in numeric:
+            allowed = ", ".join(str(d) for d in numeric)
+            raise ValueError(f"dtypes: autotune tunes {allowed}, not {found}")
+        checked.append(found)
+    return checked
+
+
 async def autotune(
     dtypes: Iterable[object] = ("float32", "float64", "int32", "int64"),
     *,
@@ -181,6 +198,7 @@ async def autotune(
     class's representative product (SHAPES) and the fastest stored. ``report`` receives one
     dict per candidate timed (class, variant, tile, seconds, pairs_per_s).
     """
+    tuned = _tuned_dtypes(dtypes)  # checked before anything needs the GPU
     import cupy
 
     if compiler is None:
@@ -190,12 +208,7 @@ async def autotune(
     table = {kind: dict(variants) for kind, variants in tuned_tiles(device).items()}
     stored = None if retune else await compiler.load_record(name)
     known = _parse(stored) if stored is not None else None
-    wanted = [
-        (kind, np.dtype(dtype), flag)  # type: ignore[call-overload]
-        for kind in kinds
-        for dtype in dtypes
-        for flag in argmax
-    ]
+    wanted = [(kind, dtype, flag) for kind in kinds for dtype in tuned for flag in argmax]
     todo = []
     for kind, dtype, flag in wanted:
         if kind not in SHAPES:
