@@ -737,9 +737,10 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
                     async def one(spec: Any) -> None:
                         nonlocal lost
                         await c.compile(spec)  # written to disk, if it can be, before this returns
-                        stats = c.stats()
-                        if stats.compiles > stats.disk.writes:
-                            # Not kept: the rest would be compiled for nothing.
+                        # A write failed: the rest would be compiled for nothing. (Comparing
+                        # compiles with writes here would race: another job's compile is counted
+                        # before its write is done.)
+                        if c.stats().disk.write_failures:
                             lost = True
                             group.cancel_scope.cancel()
                         progress.advance(task)
@@ -755,7 +756,7 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
             "seconds": round(time.perf_counter() - started, 3),
             "directory": str(tier.dir),
         })  # fmt: skip
-        if lost:
+        if lost or stats.compiles > stats.disk.writes:  # every job done: no race now
             why = _where_nothing_is_kept(tier, probe=True) or (
                 f"writes to {tier.dir} failed (its limit is {format_size(tier.limit)}); "
                 "aionvrtc doctor checks it"
