@@ -35,9 +35,9 @@ import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
 
-from . import _cuda, _nvrtc, _spec
+from . import _cuda
 from ._artifact import Artifact
-from ._cache import DEFAULT_MEMORY_LIMIT, Claim, KernelCache, keyed
+from ._cache import DEFAULT_MEMORY_LIMIT, Claim, KernelCache
 from ._cuda import Module
 from ._exceptions import AionvrtcError, CompileError, CompilerClosed, ModuleLoadError
 from ._failures import Failures
@@ -196,10 +196,9 @@ class Compiler:
         self._memory = self._cache.memory
         self._entries, self._clock = self._memory.entries, self._memory.clock
         self._touch = self._memory.touch
-        # The memo key under which specs keep their key for this target and NVRTC build,
-        # built once so the hot path does one dict lookup.
-        self._build = _nvrtc.build()
-        self._key_id = _spec.memo_id(self.target.arch, self._build)
+        # The memo key under which specs keep their key for this target and NVRTC build (the
+        # cache's), held here so the hot path does one dict lookup.
+        self._key_id = self._cache.memo
         self._state = _State.NEW
         self._hot: dict[str, Artifact] = {}  # see _enter() and compile()
         self._inflight: dict[str, _Job] = {}
@@ -391,7 +390,7 @@ class Compiler:
     def key(self, spec: KernelSpec) -> str:
         """``spec``'s cache key for this Compiler's target (see ``kernel_key``). Blocking the
         first time for a spec with include directories, whose files it digests."""
-        return keyed(spec, self.target, self._build, self._key_id)
+        return self._cache.key(spec)
 
     async def _key(self, spec: KernelSpec) -> str:
         key = spec._keys.get(self._key_id)

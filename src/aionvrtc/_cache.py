@@ -127,7 +127,8 @@ class KernelCache:
         # lookup() must then run in a worker thread of that loop (the Compiler's).
         self.remote = remote
         self._build = _nvrtc.build()
-        self._memo = memo_id(self.target.arch, self._build)
+        # The memo key under which specs keep their key for this target and NVRTC build.
+        self.memo = memo_id(self.target.arch, self._build)
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
         self._requests = 0
@@ -138,7 +139,7 @@ class KernelCache:
 
     def key(self, spec: KernelSpec) -> str:
         """``spec``'s cache key for this cache's target (see ``kernel_key``)."""
-        return keyed(spec, self.target, self._build, self._memo)
+        return keyed(spec, self.target, self._build, self.memo)
 
     def get_or_compile(self, spec: KernelSpec) -> Artifact:
         """The artifact for ``spec``: from memory, else disk, else compiled (and stored)."""
@@ -202,11 +203,9 @@ class KernelCache:
                 found.append(exc)
         return found
 
-    def resolve(
-        self, spec: KernelSpec, key: str, *, looked_up: bool = False
-    ) -> tuple[Artifact, Origin]:
-        """Disk, then the remote tier (``lookup``, unless ``looked_up`` says a lookup just
-        missed), then NVRTC (writing the result to disk and remote); publishes to memory.
+    def resolve(self, spec: KernelSpec, key: str) -> tuple[Artifact, Origin]:
+        """Disk, then the remote tier (``lookup``), then NVRTC (writing the result to disk and
+        remote); publishes to memory.
         Blocking; with a remote tier, it must run in a worker thread of the event loop that
         owns the tier (the Compiler's).
 
@@ -214,7 +213,7 @@ class KernelCache:
         processes cold on the same kernel compile it once and the others read it from disk;
         across hosts, the remote tier's lock does the same.
         """
-        found = None if looked_up else self.lookup(key)
+        found = self.lookup(key)
         if found is not None:
             return found
         claim = self.claim(key)

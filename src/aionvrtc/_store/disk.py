@@ -1402,36 +1402,26 @@ class DiskTier:
         holds just that already. One at a time in a tier: an eviction the caller asks for
         walks after the background one, not beside it."""
         with self._walking:
-            return self._sweep_now(version, damaged, choose, event=event)
-
-    def _sweep_now(
-        self,
-        version: int,
-        damaged: list[Damage],
-        choose: Callable[[list[_Found]], list[_Found]],
-        *,
-        event: str | None,
-    ) -> _Swept:
-        mark = self._index.start(version) if self.writable else None
-        found = self._walk(version, damaged)
-        removed = self._remove_found(version, choose(found))
-        gone = {entry[0] for entry in removed}
-        kept = [entry for entry in found if entry[0] not in gone] if gone else found
-        index = None
-        if mark is not None:
-            snapshot = self._index.read(version)
-            records, read = self._records(version, kept, snapshot)
-            if removed or read or _out_of_date(snapshot, records):
-                index = self._index.install(version, mark, records)
-            elif snapshot is not None:
-                index = snapshot.totals  # in order: nothing to rebuild
-        if index is None and removed and self.writable:  # another rebuild came first
-            index = self._index.remove(version, [(entry[0], entry[1]) for entry in removed])
-        if index is not None:
-            self._known = index
-        if removed and event is not None:
-            self._log_event(event, len(removed))
-        return _Swept(kept, removed, index)
+            mark = self._index.start(version) if self.writable else None
+            found = self._walk(version, damaged)
+            removed = self._remove_found(version, choose(found))
+            gone = {entry[0] for entry in removed}
+            kept = [entry for entry in found if entry[0] not in gone] if gone else found
+            index = None
+            if mark is not None:
+                snapshot = self._index.read(version)
+                records, read = self._records(version, kept, snapshot)
+                if removed or read or _out_of_date(snapshot, records):
+                    index = self._index.install(version, mark, records)
+                elif snapshot is not None:
+                    index = snapshot.totals  # in order: nothing to rebuild
+            if index is None and removed and self.writable:  # another rebuild came first
+                index = self._index.remove(version, [(entry[0], entry[1]) for entry in removed])
+            if index is not None:
+                self._known = index
+            if removed and event is not None:
+                self._log_event(event, len(removed))
+            return _Swept(kept, removed, index)
 
     def _remove_found(self, version: int, victims: list[_Found]) -> list[_Found]:
         """Remove ``victims`` (each only if it is still the file found) and their lock files,
