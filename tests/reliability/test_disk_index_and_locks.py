@@ -869,11 +869,12 @@ tier = DiskTier(root, limit=30_000)
 lock = tier.try_lock(KEY)
 assert lock is not None and lock.held
 start_pass(tier)
-pid = os.fork()
-if pid == 0:
+if os.fork() == 0:
+    # Said by the child: its after-fork handlers have run by the time fork() returns here
+    # (said by the parent, the parent could be killed before they had run).
+    print(os.getpid(), flush=True)
     time.sleep(60)
     os._exit(0)
-print(pid, flush=True)
 time.sleep(60)
 """
 
