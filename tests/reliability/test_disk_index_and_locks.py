@@ -905,3 +905,35 @@ def test_a_parent_killed_after_a_fork_leaves_no_lock_held_by_the_child(tmp_path:
     finally:
         os.kill(child, signal.SIGKILL)
         parent.stdout.close()
+
+
+def test_a_header_read_while_an_append_lands_is_read_whole(tmp_path: Path) -> None:
+    # totals() and read() take no lock: an append landing between their open and their read
+    # of the header (records first, then the header) must not make a good index look damaged,
+    # or maintenance backs off and the index grows without a rewrite (seen under load).
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    fill(tier, 2)
+    index = tier._index
+    opener = index._open
+    version = os.open(root / "v2", os.O_RDONLY | os.O_DIRECTORY)
+    appended: list[str] = []
+    try:
+
+        def open_then_append(*args: Any) -> Any:
+            opened = opener(*args)
+            if args[1] == os.O_RDONLY:  # a reader's open: a writer appends right after it
+                key = f"{len(appended):064x}"
+                appended.append(key)
+                assert index.add(version, key, (100 + len(appended), 1, b"null"), None)
+            return opened
+
+        index._open = open_then_append  # type: ignore[method-assign]
+        totals = index.totals(version)
+        assert totals is not None
+        assert totals.entries == 3
+        snapshot = index.read(version)
+        assert snapshot is not None
+        assert snapshot.totals.entries == 4
+    finally:
+        os.close(version)

@@ -209,7 +209,7 @@ class Index:
             if opened is None:
                 return None
             with closing(opened[0]) as fd:
-                return _unpack(os.pread(fd, HEADER_SIZE, 0), opened[1].st_size)
+                return _unpack(os.pread(fd, HEADER_SIZE, 0), _size_after(fd))
         except OSError:
             return None
 
@@ -265,7 +265,7 @@ class Index:
             if opened is None:
                 return None
             with closing(opened[0]) as fd:
-                totals = _unpack(os.pread(fd, HEADER_SIZE, 0), opened[1].st_size)
+                totals = _unpack(os.pread(fd, HEADER_SIZE, 0), _size_after(fd))
                 if totals is None:
                     return None
                 body = _pread_all(fd, totals.end - HEADER_SIZE, HEADER_SIZE)
@@ -439,6 +439,14 @@ def _unpack(data: bytes, file_size: int) -> Totals | None:
     if not HEADER_SIZE <= end <= min(MAX_INDEX_BYTES, file_size):
         return None
     return Totals(entries, size, records, end, rebuilt, generation)
+
+
+def _size_after(fd: int) -> int:
+    """The file's size, asked after its header was read (unlocked): an append writes its
+    records before the header that counts them, so this size covers what that header says. (The
+    size when the file was opened may not: an append in between makes a good header look
+    damaged, and maintenance would then back off.)"""
+    return os.fstat(fd).st_size
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
