@@ -3,6 +3,7 @@ real NVRTC compiles (no GPU needed), and the Prometheus collector against a Comp
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from aionvrtc import Compiler, _cli, tropical
+from aionvrtc import Compiler, _cli, _cuda_versions, _nvrtc, tropical
 from aionvrtc._spec import FORMAT_VERSION
 from aionvrtc._store.disk import DiskTier
 
@@ -43,7 +44,7 @@ def warmed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache dir holding the and-or kernels for sm_90, compiled once for the module."""
     cache = tmp_path_factory.mktemp("warmed")
     first = cli(*WARM, cache=cache)
-    assert first == {**first, "arch": "sm_90", "kernels": KERNELS, "compiled": KERNELS}
+    assert first == {**first, "archs": ["sm_90"], "kernels": KERNELS, "compiled": KERNELS}
     assert first["from_disk"] == 0
     return cache
 
@@ -66,11 +67,115 @@ def test_warm_compiles_each_kernel_once(warmed: Path) -> None:
     assert len(entries(warmed)) == KERNELS
 
 
+# Two archs in one call, sm_80 named twice: its kernels are compiled once.
+WARM_TWO = [*WARM[:2], "--arch", "sm_80", "--arch", "sm_90", "--arch", "sm_80", *WARM[4:]]
+
+
+@pytest.fixture(scope="module")
+def warmed_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache dir holding the and-or kernels for sm_80 and sm_90, warmed in one call."""
+    cache = tmp_path_factory.mktemp("warmed-two")
+    first = cli(*WARM_TWO, cache=cache)
+    assert first == {
+        **first, "archs": ["sm_80", "sm_90"], "kernels": 2 * KERNELS, "compiled": 2 * KERNELS,
+        "kept": 2 * KERNELS, "from_disk": 0, "directory": str(cache / "v2"),
+    }  # fmt: skip
+    assert sorted(first) == sorted([
+        "archs", "kernels", "compiled", "kept", "from_disk", "compile_seconds", "seconds",
+        "directory",
+    ])  # fmt: skip
+    return cache
+
+
+def test_warm_compiles_for_several_archs_in_one_call(warmed_two: Path) -> None:
+    rows = cli("cache", "ls", cache=warmed_two)
+    assert len(rows) == len(entries(warmed_two)) == 2 * KERNELS
+    by_arch = {arch: [r for r in rows if r["arch"] == arch] for arch in ("sm_80", "sm_90")}
+    assert [len(found) for found in by_arch.values()] == [KERNELS, KERNELS]
+    # The same kernels for each: one set of names, compiled twice.
+    assert sorted(r["names"] for r in by_arch["sm_80"]) == sorted(
+        r["names"] for r in by_arch["sm_90"]
+    )
+    again = run(*WARM_TWO, "--cache-dir", str(warmed_two))
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout.startswith(
+        f"{2 * KERNELS} tropical kernels for sm_80, sm_90: 0 compiled, {2 * KERNELS} already on "
+        f"disk, in "
+    )
+    assert again.stdout.endswith(f" s ({warmed_two / 'v2'})\n")
+
+
+def test_warm_compiles_only_the_arch_that_is_not_on_disk(cache: Path) -> None:
+    # sm_90 is warm already: only sm_100's kernels are compiled, in the one call.
+    report = cli(*WARM[:4], "--arch", "sm_100", *WARM[4:], cache=cache)
+    assert report == {
+        **report, "archs": ["sm_90", "sm_100"], "kernels": 2 * KERNELS, "compiled": KERNELS,
+        "kept": KERNELS, "from_disk": KERNELS,
+    }  # fmt: skip
+    assert len(cli("cache", "ls", "--arch", "sm_100", cache=cache)) == KERNELS
+
+
+def test_info_counts_the_entries_of_each_arch(warmed_two: Path, tmp_path: Path) -> None:
+    import shutil
+
+    rows = cli("cache", "ls", cache=warmed_two)
+    version = _nvrtc.version_string()
+    expected = {
+        arch: {
+            "entries": KERNELS,
+            "bytes": sum(r["size"] for r in rows if r["arch"] == arch),
+            "nvrtc_versions": {version: KERNELS},
+        }
+        for arch in ("sm_80", "sm_90")
+    }
+    info = cli("cache", "info", cache=warmed_two)
+    assert (info["archs"], info["entries"]) == (expected, 2 * KERNELS)
+    # Entries of another process's NVRTC (a CUDA 12 one shares the dir), of an arch that sorts
+    # after sm_90 by number, and one whose header names no arch (counted as an entry only).
+    cache = Path(shutil.copytree(warmed_two, tmp_path / "cache"))
+    shard = sorted(entries(cache).values())[0].parent.name
+    planted = {
+        b'{"kind":"cubin","arch":"sm_80","nvrtc_version":"12.9"}': "sm_80",
+        b'{"kind":"cubin","arch":"sm_100","nvrtc_version":"13.0"}': "sm_100",
+        b'{"kind":"cubin","nvrtc_version":"13.0"}': None,
+    }
+    sizes: dict[str | None, int] = {}
+    for header, arch in planted.items():
+        entry = _entry_bytes(header)
+        sizes[arch] = len(entry)
+        _plant(cache, shard, functools.partial(Path.write_bytes, data=entry))
+    info = cli("cache", "info", cache=cache)
+    assert info["entries"] == 2 * KERNELS + 3
+    assert list(info["archs"]) == ["sm_80", "sm_90", "sm_100"]
+    assert info["archs"]["sm_80"] == {
+        "entries": KERNELS + 1, "bytes": expected["sm_80"]["bytes"] + sizes["sm_80"],
+        "nvrtc_versions": {"12.9": 1, version: KERNELS},
+    }  # fmt: skip
+    assert list(info["archs"]["sm_80"]["nvrtc_versions"]) == sorted(
+        ["12.9", version], key=lambda v: tuple(map(int, v.split(".")))
+    )
+    assert info["archs"]["sm_90"] == expected["sm_90"]
+    assert info["archs"]["sm_100"] == {
+        "entries": 1, "bytes": sizes["sm_100"], "nvrtc_versions": {"13.0": 1},
+    }  # fmt: skip
+    table = run("cache", "info", "--cache-dir", str(cache), env={"COLUMNS": "300"}).stdout
+    assert (
+        f"sm_80: {KERNELS + 1} (NVRTC 12.9: 1, {version}: {KERNELS}); sm_90: {KERNELS} (NVRTC "
+        f"{version}); sm_100: 1 (NVRTC 13.0)"
+    ) in table
+
+
 def test_info_reports_the_entries(warmed: Path) -> None:
     info = cli("cache", "info", cache=warmed)
     files = entries(warmed).values()
     assert info["entries"] == KERNELS
     assert info["bytes"] == sum(p.stat().st_size for p in files)
+    assert info["archs"] == {
+        "sm_90": {
+            "entries": KERNELS, "bytes": info["bytes"],
+            "nvrtc_versions": {_nvrtc.version_string(): KERNELS},
+        }
+    }  # fmt: skip
     assert info["limit"] == 1 << 30
     assert info["format_version"] == FORMAT_VERSION
     assert info["directory"] == str(warmed / f"v{FORMAT_VERSION}")
@@ -92,6 +197,7 @@ def test_tables_for_people(warmed: Path) -> None:
     assert f"{KERNELS} entries" in info
     assert "of 1.0 GiB" in info
     assert "0 corrupt entries dropped, 0 evicted, 0 pruned" in info
+    assert f"sm_90: {KERNELS} (NVRTC {_nvrtc.version_string()})" in info
     listing = run("cache", "ls")
     assert f"{KERNELS} entries in {warmed / 'v2'}" in listing
     assert listing.count("sm_90") == KERNELS
@@ -153,7 +259,7 @@ def test_doctor_passes_on_a_writable_dir(tmp_path: Path) -> None:
     checks = {c["check"]: c for c in report["checks"]}
     assert report["ok"] is True
     assert checks["nvrtc"]["status"] == "ok"
-    assert checks["nvrtc"]["detail"].startswith("NVRTC 13.")
+    assert checks["nvrtc"]["detail"].startswith(f"NVRTC {_nvrtc.version_string()} from /")
     assert "sm_90" in checks["archs"]["detail"]
     assert checks["cache dir"]["status"] == "ok"
     assert checks["cache dir"]["detail"].endswith(", mode 0700; writable")
@@ -542,15 +648,25 @@ def test_a_semiring_and_dtypes_that_make_no_kernel_say_what_it_takes(tmp_path: P
     assert not tmp_path.joinpath("v2").exists()  # refused before anything was made
 
 
-def test_an_arch_nvrtc_cannot_compile_for_is_said_once(tmp_path: Path) -> None:
-    from aionvrtc import _nvrtc
-
-    oldest = _nvrtc.supported_archs()[0]
-    message = failure(*WARM[:2], "--arch", "sm_50", *WARM[4:], status=1, cache=tmp_path)
-    assert message.startswith(
-        f"NVRTC {_nvrtc.version_string()} cannot compile for sm_50: name one it can, such as "
-        f"--arch sm_{oldest} (it supports sm_{oldest}, "
+def test_an_arch_nvrtc_cannot_target_is_refused_before_anything_is_compiled(
+    tmp_path: Path,
+) -> None:
+    version, major = _nvrtc.version_string(), _nvrtc.version()[0]
+    supported = ", ".join(f"sm_{a}" for a in _nvrtc.supported_archs())
+    # sm_90 first: refused all the same, before its kernels are compiled.
+    args = (*WARM[:4], "--arch", "sm_30", *WARM[4:])
+    assert failure(*args, status=1, cache=tmp_path) == (
+        f"NVRTC {version} cannot target sm_30 (it supports {supported}); no CUDA version that "
+        "aionvrtc installs can"
     )
+    assert not tmp_path.joinpath("v2").exists()
+    if major >= 13:  # Volta left CUDA 13: CUDA 12's NVRTC targets it
+        message = failure(*WARM[:2], "--arch", "sm_70", *WARM[4:], status=1, cache=tmp_path)
+        assert message == (
+            f"NVRTC {version} cannot target sm_70 (it supports {supported}); install "
+            "aionvrtc[cu12], whose NVRTC can"
+        )
+        assert not tmp_path.joinpath("v2").exists()
 
 
 def test_warm_into_a_file_fails_before_compiling(tmp_path: Path) -> None:
@@ -724,3 +840,148 @@ def test_doctor_fails_below_a_file_and_says_so_in_one_line(tmp_path: Path) -> No
     )
     assert check["fix"].startswith("point AIONVRTC_CACHE_DIR (or --cache-dir) at a folder")
     assert report["error"] == "checks failed: cache dir (each says its fix)"
+
+
+def test_doctor_says_which_nvrtc_and_the_driver_its_cubins_need(tmp_path: Path) -> None:
+    report = cli("doctor", cache=tmp_path / "c")
+    checks = {c["check"]: c for c in report["checks"]}
+    version, library = _nvrtc.version_string(), _nvrtc._loaded_library()
+    major = _cuda_versions.MAJORS[_nvrtc.version()[0]]
+    assert library is not None
+    assert library.startswith("/")
+    assert checks["nvrtc"] == {
+        "check": "nvrtc", "status": "ok", "detail": f"NVRTC {version} from {library}", "fix": "",
+    }  # fmt: skip
+    assert checks["min driver"] == {
+        "check": "min driver", "status": "ok",
+        "detail": f"{major.min_driver}: cubins from NVRTC {version} load on NVIDIA drivers "
+        f"{major.min_driver} or newer (CUDA {major.number}, as aionvrtc[{major.extra}] "
+        "installs it)",
+        "fix": "",
+    }  # fmt: skip
+    assert report["nvrtc"] == {
+        "version": version, "library": library, "extra": major.extra,
+        "min_driver": major.min_driver,
+    }  # fmt: skip
+    cuda, release = _cuda_versions.driver_cuda(), _cuda_versions.driver_release()
+    if cuda is None and release is None:  # this dev VM, and CI: no driver
+        assert report["driver"] is None
+        assert checks["driver"] == {
+            "check": "driver", "status": "ok",
+            "detail": "none here: kernels compile (aionvrtc warm), and load on machines whose "
+            f"NVIDIA driver is {major.min_driver} or newer",
+            "fix": "",
+        }  # fmt: skip
+    else:
+        assert cuda is not None
+        assert report["driver"] == {"release": release, "cuda": f"{cuda[0]}.{cuda[1]}"}
+        assert checks["driver"]["status"] == ("ok" if cuda[0] >= major.number else "fail")
+    names = [c["check"] for c in report["checks"]]
+    assert names[:5] == ["nvrtc", "archs", "min driver", "driver", "gpus"]
+
+
+@pytest.mark.parametrize(
+    ("cuda", "release", "status", "detail", "fix"),
+    [
+        ((13, 0), "580.95.05", "ok", "580.95.05 (CUDA 13.0): loads the cubins of NVRTC {v}", ""),
+        ((14, 1), None, "ok", "CUDA 14.1: loads the cubins of NVRTC {v}", ""),
+        (
+            (12, 8), "570.86.10", "fail",
+            "570.86.10 (CUDA 12.8) is older than NVRTC {v} (CUDA 13) and cannot load the kernels "
+            "compiled here",
+            "pip uninstall cupy-cuda13x, then pip install 'aionvrtc[cu12]' (CUDA 12, the "
+            "driver's), or update the NVIDIA driver to 580 or newer",
+        ),
+        (
+            (11, 8), "520.61.05", "fail",
+            "520.61.05 (CUDA 11.8) is older than NVRTC {v} (CUDA 13) and cannot load the kernels "
+            "compiled here",
+            "update the NVIDIA driver to 580 or newer",
+        ),
+        (
+            None, "580.95.05", "warn",
+            "the NVIDIA kernel module 580.95.05 is loaded, but CUDA cannot use the driver "
+            "(libcuda): kernels compile but do not load",
+            "install the driver's CUDA library (libcuda) of the same release; in a container, "
+            "run it with the NVIDIA container toolkit (docker run --gpus all)",
+        ),
+    ],
+    ids=["cuda13", "cuda14-no-release", "cuda12", "cuda11", "module-without-libcuda"],
+)  # fmt: skip
+def test_doctor_checks_the_driver_against_nvrtc(
+    cuda: tuple[int, int] | None,
+    release: str | None,
+    status: str,
+    detail: str,
+    fix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if _nvrtc.version()[0] != 13:
+        pytest.skip("the cases are written for NVRTC 13 (aionvrtc[cu13])")
+    monkeypatch.setattr(_cuda_versions, "driver_cuda", lambda: cuda)
+    monkeypatch.setattr(_cuda_versions, "driver_release", lambda: release)
+    monkeypatch.setattr(_cuda_versions, "cupy_majors", lambda: [13])
+    code = _cli.main(["doctor", "--json", "--cache-dir", str(tmp_path / "c")])
+    report = json.loads(capsys.readouterr().out)
+    check = {c["check"]: c for c in report["checks"]}["driver"]
+    v = _nvrtc.version_string()
+    assert check == {"check": "driver", "status": status, "detail": detail.format(v=v), "fix": fix}
+    assert report["driver"] == {
+        "release": release,
+        "cuda": None if cuda is None else f"{cuda[0]}.{cuda[1]}",
+    }
+    if status == "fail":
+        assert code == 1
+        assert report["error"] == "checks failed: driver (each says its fix)"
+    else:
+        assert "driver" not in report.get("error", "")
+
+
+_WITHOUT_CUPY = (
+    "import sys\n"
+    "sys.modules['cupy'] = None  # as if CuPy were not installed: its import fails\n"
+    "from aionvrtc._cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def _without_cupy(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT_CUPY, *args], capture_output=True, text=True,
+        timeout=60, check=False, env={**os.environ, "AIONVRTC_ARCH": ""},
+    )  # fmt: skip
+
+
+def test_without_cupy_doctor_fails_naming_both_extras(tmp_path: Path) -> None:
+    proc = _without_cupy("doctor", "--json", "--cache-dir", str(tmp_path / "c"))
+    assert (proc.returncode, proc.stderr) == (1, "")
+    report = json.loads(proc.stdout)
+    checks = {c["check"]: c for c in report["checks"]}
+    assert checks["nvrtc"] == {
+        "check": "nvrtc", "status": "fail",
+        "detail": "aionvrtc needs CuPy and NVRTC, and CuPy is not installed",
+        "fix": _cuda_versions.CHOOSE_EXTRA,
+    }  # fmt: skip
+    assert "pip install 'aionvrtc[cu13]'" in checks["nvrtc"]["fix"]
+    assert "'aionvrtc[cu12]'" in checks["nvrtc"]["fix"]
+    assert checks["gpus"] == {
+        "check": "gpus", "status": "warn",
+        "detail": "CuPy is not installed: no GPU can be found or used",
+        "fix": _cuda_versions.CHOOSE_EXTRA,
+    }  # fmt: skip
+    assert [c["check"] for c in report["checks"]][:2] == ["nvrtc", "gpus"]
+    assert (report["nvrtc"], report["driver"], report["ok"]) == (None, None, False)
+    assert report["error"] == "checks failed: nvrtc (each says its fix)"
+    assert checks["cache dir"]["status"] == "ok"  # the other checks ran
+
+
+def test_without_cupy_warm_says_how_to_install_it(tmp_path: Path) -> None:
+    needed = (
+        f"aionvrtc needs CuPy and NVRTC, and CuPy is not installed; {_cuda_versions.CHOOSE_EXTRA}"
+    )
+    for args in (WARM, WARM[:2]):  # with no arch named, not "no GPU here" first
+        proc = _without_cupy(*args, "--cache-dir", str(tmp_path))
+        assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"error: {needed}\n")
+    assert not tmp_path.joinpath("v2").exists()

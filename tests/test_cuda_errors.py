@@ -22,6 +22,7 @@ from aionvrtc import (
     _nvrtc,
 )
 from aionvrtc._cuda_errors import describe, is_cuda_error, map_cuda_errors
+from aionvrtc._cuda_versions import cupy_majors
 
 from .conftest import make_spec
 
@@ -317,10 +318,10 @@ def test_nvrtc_that_cannot_load_is_an_nvrtc_error(monkeypatch: pytest.MonkeyPatc
     finally:
         _nvrtc._binding.cache_clear()  # the failure was not cached; nor is anything else now
     assert info.value.__cause__ is raised
+    (major,) = cupy_majors()  # the extra of the CuPy installed, whose NVRTC is missing
     assert str(info.value) == (
         "NVRTC is not usable: RuntimeError: CuPy failed to load libnvrtc.so.13: OSError: cannot "
-        "open; install the NVRTC wheel with 'pip install \"nvidia-cuda-nvrtc>=13,<14\"' or a "
-        "CUDA 13 toolkit"
+        f"open; install the NVRTC of CuPy's CUDA {major}: pip install 'aionvrtc[cu{major}]'"
     )
 
 

@@ -143,11 +143,45 @@ async def test_a_bad_image_on_disk_is_recompiled_and_runs(cache_dir: Path, damag
     assert entry.read_bytes() == encode(dataclasses.replace(module.artifact))
 
 
-async def test_an_image_for_another_arch_is_refused_without_recompiling(cache_dir: Path) -> None:
+async def test_get_compiles_for_the_device_whatever_the_compilers_default(
+    cache_dir: Path,
+) -> None:
+    from aionvrtc import _cuda
+
+    spec = axpy_spec()
+    own = Target.current()
     async with Compiler(arch="sm_80", cache_dir=cache_dir) as compiler:
-        with pytest.raises(ModuleLoadError, match=r"cubin for sm_80 cannot run on a GPU of"):
-            await compiler.get(axpy_spec())
-        assert compiler.stats().compiles == 1
+        assert compiler.target_for(0) == own
+        module = await compiler.get(spec)  # for the GPU's own arch, not compile()'s sm_80
+        assert (module.artifact.arch, module.artifact.kind) == (own.arch, "cubin")
+        assert module.artifact.key == kernel_key(spec, own)
+        assert run_axpy(module, spec.name_expressions[0], np.float32) < 1e-5
+        assert await compiler.get(spec, device=0) is module
+        other = await compiler.compile(spec)  # compile() keeps the Compiler's arch
+        assert other.arch == "sm_80"
+        stats = compiler.stats()
+        assert stats.compiles == 2
+        assert {arch: share.compiles for arch, share in stats.archs.items()} == {
+            "sm_80": 1,
+            own.arch: 1,
+        }
+        if own.number // 10 != 8:  # a cubin of another major cannot run here, and says why
+            with pytest.raises(ModuleLoadError, match=r"cubin for sm_80 cannot run on a GPU of"):
+                _cuda.load(other, 0)
+    # The driver here is known, and the image is one it runs.
+    driver = _cuda.driver_cuda()
+    assert driver is not None
+    assert _cuda.runnable(module.artifact, _cuda.check_device(0), driver) is None
+
+
+async def test_a_suffixed_arch_for_this_gpu_is_kept(cache_dir: Path) -> None:
+    own = Target.current()
+    spec = axpy_spec()
+    async with Compiler(arch=f"{own.arch}a", cache_dir=cache_dir) as compiler:
+        assert compiler.target_for(0) == Target(f"{own.arch}a")
+        module = await compiler.get(spec)
+        assert module.artifact.arch == f"{own.arch}a"
+        assert run_axpy(module, spec.name_expressions[0], np.float32) < 1e-5
 
 
 async def test_synchronize_keeps_the_loop_serving() -> None:
@@ -210,18 +244,38 @@ def test_get_sync_from_threads(cache_dir: Path) -> None:
 async def test_each_device_gets_its_own_module(cache_dir: Path) -> None:
     import cupy
 
-    if cupy.cuda.runtime.getDeviceCount() < 2:
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count < 2:
         pytest.skip("needs two GPUs: run on a machine with two for this check")
     spec = axpy_spec()
     async with Compiler(cache_dir=cache_dir) as compiler:
-        zero = await compiler.get(spec, device=0)
-        one = await compiler.get(spec, device=1)
-        assert (zero.device, one.device) == (0, 1)
-        assert zero is not one
-        assert zero.artifact is one.artifact  # compiled once
-        with cupy.cuda.Device(1):
-            assert run_axpy(one, spec.name_expressions[0], np.float32) < 1e-5
-        assert compiler.stats().compiles == 1
+        modules: dict[int, list[Any]] = {device: [] for device in range(count)}
+
+        async def request(device: int) -> None:
+            modules[device].append(await compiler.get(spec, device=device))
+
+        # Every device at once: one job per (kernel, arch), so GPUs of one arch share it.
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                for device in range(count):
+                    tg.start_soon(request, device)
+        archs = {compiler.target_for(device) for device in range(count)}
+        for device in range(count):
+            assert all(m is modules[device][0] for m in modules[device])
+            assert modules[device][0].device == device
+            with cupy.cuda.Device(device):
+                assert run_axpy(modules[device][0], spec.name_expressions[0], np.float32) < 1e-5
+        assert len({id(m[0]) for m in modules.values()}) == count  # a module per device
+        assert len({m[0].artifact.key for m in modules.values()}) == len(archs)
+        stats = compiler.stats()
+        assert stats.compiles == len(archs)  # compiled once per arch
+        assert {arch: share.compiles for arch, share in stats.archs.items()} == {
+            target.arch: 1 for target in archs
+        }
+        # The blocking form, from a thread whose current device is another one.
+        one = await anyio.to_thread.run_sync(lambda: compiler.get_sync(spec, device=1))
+        assert one is modules[1][0]
+        print(f"{count} GPUs of {sorted(t.arch for t in archs)}: {stats.compiles} compile(s)")
 
 
 async def test_bad_device_arguments(cache_dir: Path) -> None:
@@ -233,3 +287,7 @@ async def test_bad_device_arguments(cache_dir: Path) -> None:
             await compiler.get(axpy_spec(), device=count)
         with pytest.raises(TypeError, match="device must be an int, not str"):
             await compiler.get(axpy_spec(), device="0")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="device must be an int, not bool"):  # not as 1
+            await compiler.get(axpy_spec(), device=True)
+        with pytest.raises(TypeError, match="device must be an int, not str"):
+            compiler.target_for("0")  # type: ignore[arg-type]

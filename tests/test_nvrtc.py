@@ -14,7 +14,7 @@ import pytest
 
 from aionvrtc import CompileError, Compiler, KernelSpec, NvrtcError, Target, _nvrtc, kernel_key
 
-from .conftest import make_spec
+from .conftest import make_spec, run_python
 
 INCLUDING = '#include "val.h"\n__device__ int value = VAL;\n__global__ void k(int* x) { x[0] = 1; }'
 
@@ -50,8 +50,95 @@ def test_ptx_when_the_arch_is_newer_than_nvrtc() -> None:
 
 
 def test_arch_older_than_nvrtc_supports_is_a_clear_error() -> None:
-    with pytest.raises(NvrtcError, match=r"cannot compile for sm_30; it supports sm_\d+"):
+    version = _nvrtc.version_string()
+    with pytest.raises(NvrtcError) as info:
         _nvrtc.compile_program(make_spec(), Target("sm_30"))
+    assert str(info.value).startswith(f"NVRTC {version} cannot target sm_30 (it supports sm_")
+    assert str(info.value).endswith("); no CUDA version that aionvrtc installs can")
+
+
+def test_volta_is_compiled_by_nvrtc_12_and_refused_by_13_naming_the_extra() -> None:
+    # CUDA 13 dropped Volta: NVRTC 12 (aionvrtc[cu12]) compiles a cubin for sm_70 without a
+    # GPU, NVRTC 13 says which extra can.
+    major = _nvrtc.version()[0]
+    if major == 12:
+        for arch in ("sm_70", "sm_90"):
+            result = _nvrtc.compile_program(make_spec(), Target(arch))
+            assert (result.kind, result.image[:4]) == ("cubin", b"\x7fELF")
+        assert _nvrtc.check_target(Target("sm_70")) == "cubin"
+    else:
+        assert major >= 13
+        message = f"NVRTC {_nvrtc.version_string()} cannot target sm_70 (it supports sm_75"
+        with pytest.raises(NvrtcError, match=re.escape(message)) as info:
+            _nvrtc.compile_program(make_spec(), Target("sm_70"))
+        assert str(info.value).endswith("); install aionvrtc[cu12], whose NVRTC can")
+
+
+def test_ptx_that_the_driver_here_could_not_load_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An older driver than NVRTC cannot be installed here: its version is injected.
+    newest = _nvrtc.supported_archs()[-1]
+    future = Target(f"sm_{newest + 100}")
+    major, minor = _nvrtc.version()
+    monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: (major, minor))  # as new: PTX
+    assert _nvrtc.check_target(future) == "ptx"
+    older = (major, minor - 1) if minor else (major - 1, 9)
+    monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: older)
+    with pytest.raises(NvrtcError) as info:
+        _nvrtc.compile_program(make_spec(), future)
+    text = str(info.value)
+    assert text.startswith(
+        f"NVRTC {major}.{minor} does not know {future.arch}, so it would compile PTX for it, "
+        f"and the driver here (CUDA {older[0]}.{older[1]}) is older than NVRTC and cannot load "
+        f"that PTX: update the NVIDIA driver to one for CUDA {major}.{minor} or newer, or "
+    )
+    if older[0] == major:
+        wheel = "nvidia-cuda-nvrtc-cu12" if major == 12 else "nvidia-cuda-nvrtc"
+        assert text.endswith(f"pip install '{wheel}=={older[0]}.{older[1]}.*', the driver's NVRTC")
+    else:
+        assert text.endswith(f"install aionvrtc[cu{older[0]}], the CUDA of the driver")
+    # A driver for an older major: the extra of its CUDA.
+    monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: (12, 8))
+    if major > 12:
+        with pytest.raises(
+            NvrtcError, match=r"or install aionvrtc\[cu12\], the CUDA of the driver$"
+        ):
+            _nvrtc.check_target(future)
+    # No driver at all (compiling for another machine): PTX, which loading checks there.
+    monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: None)
+    assert _nvrtc.compile_program(make_spec(), future).kind == "ptx"
+
+
+def test_without_cupy_every_entry_point_names_both_extras() -> None:
+    out = run_python(
+        """
+import sys
+sys.modules["cupy"] = None  # as if CuPy were not installed: import cupy fails
+import aionvrtc
+for call in (lambda: aionvrtc.Compiler(arch="sm_90"), lambda: aionvrtc.resolve_target(),
+             lambda: aionvrtc.KernelCache("sm_90")):
+    try:
+        call()
+    except aionvrtc.AionvrtcError as exc:
+        print(type(exc).__name__, exc)
+"""
+    )
+    lines = out.splitlines()
+    assert len(lines) == 3
+    choose = (
+        "install the extra for your NVIDIA driver: pip install 'aionvrtc[cu13]' (CUDA 13, "
+        "driver 580 or newer) or 'aionvrtc[cu12]' (CUDA 12, driver 525 or newer); `nvidia-smi` "
+        "shows the driver's CUDA version in its first lines"
+    )
+    assert (
+        lines[0] == f"NvrtcError aionvrtc needs CuPy and NVRTC, and CuPy is not installed; {choose}"
+    )
+    assert (
+        lines[1]
+        == f"NoDeviceError cannot detect the GPU architecture: CuPy is not installed; {choose}"
+    )
+    assert lines[2] == lines[0]
 
 
 def test_compile_error_carries_the_log_line() -> None:
@@ -91,9 +178,12 @@ def test_compile_error_survives_pickling() -> None:
 
 def test_version_and_archs() -> None:
     major, minor = _nvrtc.version()
-    assert major >= 13
+    assert major in (12, 13)  # the majors aionvrtc installs (aionvrtc[cu12], aionvrtc[cu13])
+    assert (major, minor) >= (12, 9)  # cu12 brings the last 12.x
     assert _nvrtc.version_string() == f"{major}.{minor}"
     assert 90 in _nvrtc.supported_archs()
+    # The library loaded is the one of this major, named in the key's build.
+    assert _nvrtc.build().startswith(f"{major}.{minor}+")
 
 
 def test_a_quoted_include_never_resolves_against_the_working_directory(

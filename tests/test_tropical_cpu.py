@@ -370,15 +370,39 @@ def test_warm_and_all_specs_take_what_a_semiring_defines() -> None:
             tropical.all_specs(**{what: given})
 
 
-def test_warm_raises_the_error_not_a_group(tmp_path: Path) -> None:
+def test_warm_refuses_a_target_nvrtc_cannot_compile_for_before_compiling(tmp_path: Path) -> None:
     from aionvrtc import NvrtcError
 
-    async def main() -> None:
-        async with Compiler(arch="sm_50", cache_dir=tmp_path) as compiler:
-            await tropical.warm(["andor"], ["bool"], compiler=compiler)
+    async def main() -> int:
+        async with Compiler(arch="sm_30", cache_dir=tmp_path) as compiler:
+            with pytest.raises(NvrtcError, match=r"cannot target sm_30 \(it supports sm_"):
+                await tropical.warm(["andor"], ["bool"], compiler=compiler)
+            with pytest.raises(NvrtcError, match=r"cannot target sm_35 \(it supports sm_"):
+                await tropical.warm(["andor"], ["bool"], arch=["sm_90", "sm_35"], compiler=compiler)
+            return compiler.stats().compiles
 
-    with pytest.raises(NvrtcError, match="cannot compile for sm_50"):
-        anyio.run(main)
+    assert anyio.run(main) == 0  # refused before any compile, sm_90's included
+
+
+def test_warm_for_several_targets_in_one_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIONVRTC_CACHE_DIR", str(tmp_path))
+    kernels = len(tropical.all_specs(["andor"], ["bool"]))
+    count = anyio.run(lambda: tropical.warm(["andor"], ["bool"], arch=["sm_80", "sm_90", "sm_80"]))
+    assert count == 2 * kernels  # a target named twice is compiled once
+
+    async def again() -> tuple[int, int, dict[str, int]]:
+        async with Compiler(arch="sm_75", cache_dir=tmp_path) as compiler:
+            found = await tropical.warm(
+                ["andor"], ["bool"], arch=("sm_90", "sm_80"), compiler=compiler
+            )
+            stats = compiler.stats()
+            return found, stats.compiles, stats.memory.archs
+
+    assert anyio.run(again) == (2 * kernels, 0, {"sm_80": kernels, "sm_90": kernels})
+    with pytest.raises(ValueError, match=r"arch: name at least one target, such as \['sm_90'\]"):
+        anyio.run(lambda: tropical.warm(["andor"], ["bool"], arch=[]))
 
 
 def test_warm_without_a_compiler_fails_when_nothing_is_kept(

@@ -37,7 +37,7 @@ import anyio.to_thread
 
 from . import _cuda
 from ._artifact import Artifact
-from ._cache import DEFAULT_MEMORY_LIMIT, Claim, KernelCache
+from ._cache import DEFAULT_MEMORY_LIMIT, ArchStats, Claim, KernelCache, Origin
 from ._cuda import Module
 from ._exceptions import AionvrtcError, CompileError, CompilerClosed, ModuleLoadError
 from ._failures import Failures
@@ -45,7 +45,7 @@ from ._spec import KernelSpec
 from ._store import DiskStats
 from ._store.memory import MemoryStats
 from ._store.remote import RedisTier, RemoteStats
-from ._target import Target, TargetLike
+from ._target import Target, TargetLike, device_target
 
 __all__ = ["Compiler", "CompilerStats"]
 
@@ -92,6 +92,7 @@ class CompilerStats:
     memory: MemoryStats
     disk: DiskStats  # all zero for a Compiler without a disk tier
     remote: RemoteStats  # all zero for a Compiler without a remote tier
+    archs: dict[str, ArchStats]  # by arch: the memory tier's entries, compiles, their time
 
 
 class _Stage(enum.Enum):
@@ -108,11 +109,14 @@ class _Stage(enum.Enum):
 class _Job:
     """One key's work, shared by every request for that key while it runs."""
 
-    __slots__ = ("claim", "done", "error", "key", "priority", "result", "scope", "spec", "stage")
+    __slots__ = (
+        "cache", "claim", "done", "error", "key", "priority", "result", "scope", "spec", "stage"
+    )  # fmt: skip
 
-    def __init__(self, key: str, spec: KernelSpec, priority: int) -> None:
+    def __init__(self, key: str, spec: KernelSpec, priority: int, cache: KernelCache) -> None:
         self.key = key
         self.spec = spec
+        self.cache = cache  # the cache's view for the job's target
         self.priority = priority
         self.stage = _Stage.LOOKUP
         self.claim: Claim | None = None  # the locks it holds, or waits for
@@ -153,11 +157,28 @@ def _fresh(error: BaseException) -> BaseException:
     return clone
 
 
+def _lookup_many(
+    lookups: list[tuple[KernelCache, str]], *, disk: bool, remote: bool
+) -> list[tuple[Artifact, Origin] | Exception | None]:
+    """Each (cache view, key)'s ``lookup``, in one call (one thread hop for a batch, whatever
+    targets it mixes); a lookup that raised has its exception in its place, and the others are
+    looked up all the same."""
+    found: list[tuple[Artifact, Origin] | Exception | None] = []
+    for cache, key in lookups:
+        try:
+            found.append(cache.lookup(key, disk=disk, remote=remote))
+        except Exception as exc:
+            found.append(exc)
+    return found
+
+
 class Compiler:
     """The async, actor-style compilation service.
 
     ``async with Compiler(arch="sm_90") as compiler: artifact = await compiler.compile(spec)``.
-    ``arch`` defaults to ``$AIONVRTC_ARCH``, else the current GPU's (``resolve_target``);
+    ``arch`` is the target of ``compile()`` when it names none; it defaults to
+    ``$AIONVRTC_ARCH``, else the current GPU's (``resolve_target``). ``get()`` compiles for the
+    device it loads on (``target_for``), so one Compiler serves every GPU of the host;
     ``concurrency`` (default 1: one NVRTC job at a time) is how many compiles may run at once
     in worker threads. A disk or remote hit never waits for them. ``shared_cache`` (default
     ``$AIONVRTC_SHARED_CACHE``, else False) trusts a cache dir that a group shares; by default
@@ -192,13 +213,19 @@ class Compiler:
             shared_cache=shared_cache,
             remote=self.remote,
         )
-        self.target: Target = self._cache.target
+        self.target: Target = self._cache.target  # compile()'s, when it names no arch
         self._memory = self._cache.memory
         self._entries, self._clock = self._memory.entries, self._memory.clock
         self._touch = self._memory.touch
         # The memo key under which specs keep their key for this target and NVRTC build (the
         # cache's), held here so the hot path does one dict lookup.
         self._key_id = self._cache.memo
+        # The same for compile(arch=...): by the arch as given (a str or a Target).
+        self._arch_memos: dict[object, str] = {}
+        # Each device's target (see target_for) and memo key, once get() has served it.
+        self._device_caches: dict[int, KernelCache] = {}
+        self._device_memos: dict[int, str] = {}
+        self._hot_memo = self._key_id  # the only GPU's memo key (see get())
         self._state = _State.NEW
         self._hot: dict[str, Artifact] = {}  # see _enter() and compile()
         self._inflight: dict[str, _Job] = {}
@@ -215,7 +242,8 @@ class Compiler:
         # a module is small, and reloading one that is in use would waste a load.
         self._modules: dict[int, dict[str, Module]] = {}
         self._hot_modules: dict[str, Module] = {}  # see get()
-        self._deriving: set[KernelSpec] = set()  # prefetched specs whose keys are being derived
+        # Prefetched specs whose keys are being derived, with the memo key of their target.
+        self._deriving: set[tuple[KernelSpec, str]] = set()
         self._lookers = 0  # I/O lane tasks running
         self._running = 0
         self._misses = 0
@@ -353,30 +381,32 @@ class Compiler:
     # read ``_hot``, the memory tier's map while the Compiler is open and an empty map
     # otherwise, so a request to a Compiler that is not open takes the slow path, which raises.
 
-    async def compile(self, spec: KernelSpec) -> Artifact:
-        """The compiled artifact for ``spec``: memory, else disk, else NVRTC. Needs no GPU."""
+    async def compile(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> Artifact:
+        """The compiled artifact for ``spec`` and target ``arch`` (default: the Compiler's
+        ``arch``): memory, else disk, else NVRTC. Needs no GPU."""
         try:
-            key = spec._keys[self._key_id]
+            key = spec._keys[self._key_id if arch is None else self._arch_memos[arch]]
             artifact = self._hot[key]
             self._touch(key)  # recency; KeyError if evicted this instant: then a miss
-        except (KeyError, AttributeError):
-            return await self._compile(spec)
+        except (KeyError, AttributeError, TypeError):
+            return await self._compile(spec, arch)
         next(self._clock)  # the hit count
         return artifact
 
-    async def _compile(self, spec: KernelSpec) -> Artifact:
+    async def _compile(self, spec: KernelSpec, arch: TargetLike | None) -> Artifact:
         if self._state is not _State.OPEN:
             raise self._not_open()
         if not isinstance(spec, KernelSpec):
             raise TypeError(f"spec must be a KernelSpec, not {type(spec).__name__}")
-        key = await self._key(spec)
+        cache = self._for_arch(arch)
+        key = await self._key(spec, cache)
         artifact = self._memory.read(key)
         if artifact is not None:
             return artifact
         if self._state is not _State.OPEN:  # closed while the key was derived in a thread
             raise self._not_open()
         self._misses += 1
-        job = self._submit(spec, key, LIVE)
+        job = self._submit(spec, key, LIVE, cache)
         if not job.done.is_set():
             # A waiter's cancellation ends only this wait: the job runs on in the actor's task
             # group and is cached for the next request.
@@ -387,23 +417,51 @@ class Compiler:
         self._errors += 1
         raise _fresh(job.error)
 
-    def key(self, spec: KernelSpec) -> str:
-        """``spec``'s cache key for this Compiler's target (see ``kernel_key``). Blocking the
-        first time for a spec with include directories, whose files it digests."""
-        return self._cache.key(spec)
+    def key(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> str:
+        """``spec``'s cache key for target ``arch`` (default: the Compiler's; see
+        ``kernel_key``). Blocking the first time for a spec with include directories, whose
+        files it digests."""
+        return self._for_arch(arch).key(spec)
 
-    async def _key(self, spec: KernelSpec) -> str:
-        key = spec._keys.get(self._key_id)
+    def _for_arch(self, arch: TargetLike | None) -> KernelCache:
+        """The cache's view for ``arch`` (None: the Compiler's target), its memo key noted for
+        compile()'s hot path."""
+        if arch is None:
+            return self._cache
+        cache = self._cache.for_arch(arch)
+        if isinstance(arch, str | Target):
+            self._arch_memos[arch] = cache.memo
+        return cache
+
+    async def _key(self, spec: KernelSpec, cache: KernelCache) -> str:
+        key = spec._keys.get(cache.memo)
         if key is not None:
             return key
         if spec.reads_host_files:
             # Its first key digests the include directories' files: tens of milliseconds for a
             # library such as CCCL, which must not stall the event loop.
-            return await anyio.to_thread.run_sync(self.key, spec)
-        return self.key(spec)
+            return await anyio.to_thread.run_sync(cache.key, spec)
+        return cache.key(spec)
+
+    def target_for(self, device: int) -> Target:
+        """The target ``get()`` compiles for on ``device``: the GPU's own architecture
+        (``sm_90`` for compute capability 9.0), or the Compiler's ``arch`` when that names the
+        same GPU with a feature suffix (``sm_90a``) or a family that covers it (``sm_100f`` for
+        a 10.3 GPU). NoDeviceError without a GPU; ValueError for a device that is not there."""
+        return self._device_cache(device).target
+
+    def _device_cache(self, device: int) -> KernelCache:
+        capability = _cuda.check_device(device)  # validates it (cached: a dict lookup)
+        cache = self._device_caches.get(device)
+        if cache is None:
+            target = device_target(capability, self.target)
+            cache = self._device_caches[device] = self._cache.for_arch(target)
+        return cache
 
     async def get(self, spec: KernelSpec, *, device: int | None = None) -> Module:
-        """``spec`` compiled and loaded for ``device`` (default: CuPy's current device).
+        """``spec`` compiled for ``device`` (default: CuPy's current device) and loaded there:
+        compiled for that GPU's architecture (``target_for``), so one Compiler serves GPUs of
+        several architectures, with one compile per kernel and architecture.
 
         A second ``get`` on the same device returns the same Module and loads nothing. An
         image the driver refuses is dropped from the tiers and recompiled once.
@@ -412,10 +470,10 @@ class Compiler:
             if device is None:
                 # The only GPU's modules when the process sees one GPU, else empty (the slow
                 # path asks CUDA for the current device).
-                module = self._hot_modules[spec._keys[self._key_id]]
+                module = self._hot_modules[spec._keys[self._hot_memo]]
             else:
-                module = self._modules[device][spec._keys[self._key_id]]
-        except (KeyError, AttributeError):
+                module = self._modules[device][spec._keys[self._device_memos[device]]]
+        except (KeyError, AttributeError, TypeError):
             return await self._get(spec, device)
         next(self._clock)  # counts the memory hit
         return module
@@ -425,13 +483,14 @@ class Compiler:
             raise self._not_open()
         if device is None:
             device = _cuda.current_device()
-        _cuda.check_device(device)
+        cache = self._device_cache(device)
         if not _cuda.device_ready(device):
             await anyio.to_thread.run_sync(_cuda.init_device, device)
         modules = self._modules.setdefault(device, {})
+        self._device_memos[device] = cache.memo
         if _cuda.device_count() == 1:
-            self._hot_modules = modules
-        artifact = await self.compile(spec)
+            self._hot_modules, self._hot_memo = modules, cache.memo
+        artifact = await self.compile(spec, arch=cache.target)
         # Requests that were waiting for the same compile load the module once.
         module = modules.get(artifact.key)
         if module is not None:
@@ -439,18 +498,20 @@ class Compiler:
         try:
             module = _cuda.load(artifact, device)
         except ModuleLoadError as exc:
-            if _cuda.runnable(artifact, _cuda.check_device(device)) is not None:
-                raise  # another architecture: compiling again would not help
+            capability = _cuda.check_device(device)
+            if _cuda.runnable(artifact, capability, _cuda.driver_cuda()) is not None:
+                raise  # another architecture or driver: compiling again would not help
             logger.warning("%s; dropping it and compiling again", exc)
             await self.forget(spec)
-            artifact = await self.compile(spec)
+            artifact = await self.compile(spec, arch=cache.target)
             module = _cuda.load(artifact, device)
         if self._state is _State.OPEN:
             modules[artifact.key] = module
         return module
 
-    def prefetch(self, specs: Iterable[KernelSpec]) -> int:
-        """Queue low-priority background compiles (warm-up); returns how many were queued.
+    def prefetch(self, specs: Iterable[KernelSpec], *, arch: TargetLike | None = None) -> int:
+        """Queue low-priority background compiles (warm-up) for target ``arch`` (default: the
+        Compiler's); returns how many were queued.
 
         Live requests overtake them; a live request for a prefetched key promotes its job.
         Failures are logged and remembered, never raised here. Keys not derived yet are
@@ -458,37 +519,38 @@ class Compiler:
         """
         if self._state is not _State.OPEN:
             raise self._not_open()
+        cache = self._for_arch(arch)
         queued = 0
         later: list[KernelSpec] = []
         for spec in specs:
             if not isinstance(spec, KernelSpec):
                 raise TypeError(f"prefetch takes KernelSpecs, not {type(spec).__name__}")
-            key = spec._keys.get(self._key_id)
+            key = spec._keys.get(cache.memo)
             if key is None:
-                if spec not in self._deriving:  # deriving keys here would stall the loop
-                    self._deriving.add(spec)
+                if (spec, cache.memo) not in self._deriving:  # deriving here would stall
+                    self._deriving.add((spec, cache.memo))
                     later.append(spec)
-            elif self._prefetch_one(spec, key):
+            elif self._prefetch_one(spec, key, cache):
                 queued += 1
         if later:
             assert self._task_group is not None
-            self._task_group.start_soon(self._prefetch_later, later)
+            self._task_group.start_soon(self._prefetch_later, later, cache)
         queued += len(later)
         self._prefetched += queued
         return queued
 
-    def _prefetch_one(self, spec: KernelSpec, key: str) -> bool:
+    def _prefetch_one(self, spec: KernelSpec, key: str, cache: KernelCache) -> bool:
         if key in self._memory or key in self._inflight or key in self._failures:
             return False
-        self._submit(spec, key, PREFETCH)
+        self._submit(spec, key, PREFETCH, cache)
         return True
 
-    async def _prefetch_later(self, specs: list[KernelSpec]) -> None:
+    async def _prefetch_later(self, specs: list[KernelSpec], cache: KernelCache) -> None:
         def derive() -> list[tuple[KernelSpec, str]]:
             derived = []
             for spec in specs:
                 try:
-                    derived.append((spec, self.key(spec)))
+                    derived.append((spec, cache.key(spec)))
                 except ValueError as exc:  # an include directory the key cannot cover
                     logger.warning("not prefetching %s: %s", spec.name, exc)
             return derived
@@ -496,16 +558,16 @@ class Compiler:
         try:
             derived = await anyio.to_thread.run_sync(derive)
         finally:
-            self._deriving.difference_update(specs)
+            self._deriving.difference_update((spec, cache.memo) for spec in specs)
         for spec, key in derived:
             if self._state is not _State.OPEN:
                 return
-            self._prefetch_one(spec, key)
+            self._prefetch_one(spec, key, cache)
 
-    def _submit(self, spec: KernelSpec, key: str, priority: int) -> _Job:
+    def _submit(self, spec: KernelSpec, key: str, priority: int, cache: KernelCache) -> _Job:
         failure = self._failures.get(key)
         if failure is not None:
-            job = _Job(key, spec, priority)
+            job = _Job(key, spec, priority, cache)
             job.error = failure
             job.stage = _Stage.DONE
             job.done.set()
@@ -522,7 +584,7 @@ class Compiler:
                 elif shared.stage is _Stage.QUEUED:
                     self._push(shared)
             return shared
-        job = self._inflight[key] = _Job(key, spec, priority)
+        job = self._inflight[key] = _Job(key, spec, priority, cache)
         self._look_up(job)  # a hit is served from the I/O lane; a miss goes on to compile
         return job
 
@@ -600,7 +662,7 @@ class Compiler:
         """Look ``batch`` up in one hop; finish the hits (and, reading the last tier, the
         misses, which go on to compile). Returns the misses."""
         read = functools.partial(
-            self._cache.lookup_many, [job.key for job in batch], disk=disk, remote=remote
+            _lookup_many, [(job.cache, job.key) for job in batch], disk=disk, remote=remote
         )
         try:
             found = await self._hop(read, self._io)
@@ -675,7 +737,7 @@ class Compiler:
         """A compile slot's work: take the key's locks without waiting (or use those the job
         holds), check the disk again, compile and store. A key that another process or host is
         compiling leaves the slot for the wait lane."""
-        resolve = functools.partial(self._cache.try_resolve, job.spec, job.key, job.claim)
+        resolve = functools.partial(job.cache.try_resolve, job.spec, job.key, job.claim)
         try:
             outcome = await self._hop(resolve, self._limiter)
         except Exception as exc:
@@ -712,7 +774,7 @@ class Compiler:
         claim = job.claim
         assert claim is not None
         cancel = threading.Event()  # ends a wait for a file lock promptly (see DiskTier)
-        wait = functools.partial(self._cache.claim, job.key, cancel=cancel, claim=claim)
+        wait = functools.partial(job.cache.claim, job.key, cancel=cancel, claim=claim)
         with anyio.CancelScope() as job.scope:
             if self._state is _State.OPEN:
                 try:
@@ -749,21 +811,22 @@ class Compiler:
     async def forget(self, spec: KernelSpec) -> None:
         """Drop ``spec`` from memory and disk and forget a remembered failure: the next request
         compiles it again, reading its include directories' files anew."""
-        key = await self._key(spec)
-        self._failures.pop(key)
-        for modules in self._modules.values():
-            modules.pop(key, None)
-        await anyio.to_thread.run_sync(self._cache.forget, spec)
+        keys = await anyio.to_thread.run_sync(self._cache.forget, spec)
+        for key in keys:
+            self._failures.pop(key)
+            for modules in self._modules.values():
+                modules.pop(key, None)
 
-    async def load_record(self, name: str) -> bytes | None:
-        """Data stored with ``save_record`` under ``name`` for this Compiler's target (in this
-        or an earlier process sharing the cache dir), or None."""
-        return await anyio.to_thread.run_sync(self._cache.record, name)
+    async def load_record(self, name: str, *, arch: TargetLike | None = None) -> bytes | None:
+        """Data stored with ``save_record`` under ``name`` for target ``arch`` (default: the
+        Compiler's), in this or an earlier process sharing the cache dir, or None."""
+        return await anyio.to_thread.run_sync(self._for_arch(arch).record, name)
 
-    async def save_record(self, name: str, data: bytes) -> bool:
-        """Keep ``data`` (such as tuning results) under ``name`` in the disk cache, beside the
-        kernels; False if there is no writable disk cache."""
-        return await anyio.to_thread.run_sync(self._cache.put_record, name, data)
+    async def save_record(self, name: str, data: bytes, *, arch: TargetLike | None = None) -> bool:
+        """Keep ``data`` (such as tuning results) under ``name`` for target ``arch`` (default:
+        the Compiler's) in the disk cache, beside the kernels; False if there is no writable
+        disk cache."""
+        return await anyio.to_thread.run_sync(self._for_arch(arch).put_record, name, data)
 
     async def clear(self) -> None:
         """Empty the memory tier, the remembered failures and this format's disk entries."""
@@ -788,11 +851,12 @@ class Compiler:
             memory=cache.memory,
             disk=cache.disk,
             remote=self.remote.stats() if self.remote is not None else RemoteStats(),
+            archs=cache.archs,
         )
 
     # -- blocking facade ---------------------------------------------------------------------
 
-    def compile_sync(self, spec: KernelSpec) -> Artifact:
+    def compile_sync(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> Artifact:
         """``compile`` for code that is not async: from any thread when this Compiler runs in
         a portal (``default_compiler()``), else from a worker thread of its event loop."""
         if self._state is not _State.OPEN:
@@ -800,17 +864,18 @@ class Compiler:
         # A memory hit is served in the caller's thread, as compile() serves it on the loop:
         # the memory tier's readers take no lock, and a hop to the loop costs about 150 us.
         try:
-            key = spec._keys[self._key_id]
+            key = spec._keys[self._key_id if arch is None else self._arch_memos[arch]]
             artifact = self._hot[key]
             self._touch(key)
-        except (KeyError, AttributeError):
+        except (KeyError, AttributeError, TypeError):
             pass
         else:
             next(self._clock)
             return artifact
+        compile = functools.partial(self.compile, spec, arch=arch)
         if self._portal is not None:
-            return self._portal.call(self.compile, spec)
-        return anyio.from_thread.run(self.compile, spec)
+            return self._portal.call(compile)
+        return anyio.from_thread.run(compile)
 
     def get_sync(self, spec: KernelSpec, *, device: int | None = None) -> Module:
         """``get`` for code that is not async; see ``compile_sync``."""
@@ -819,8 +884,8 @@ class Compiler:
         if device is None:
             device = _cuda.current_device()  # the caller's thread's current device
         try:  # a module already loaded: served here, without a hop (see compile_sync)
-            module = self._modules[device][spec._keys[self._key_id]]
-        except (KeyError, AttributeError):
+            module = self._modules[device][spec._keys[self._device_memos[device]]]
+        except (KeyError, AttributeError, TypeError):
             pass
         else:
             next(self._clock)  # counts the memory hit

@@ -20,16 +20,25 @@ from ._artifact import Artifact
 from ._spec import KernelSpec, derive_key, memo_id, record_key
 from ._store import NO_LOCK, DiskStats, DiskTier, KeyLock, MemoryTier
 from ._store.memory import MemoryStats
-from ._target import Target, TargetLike, resolve_target
+from ._target import Target, TargetLike, as_target, resolve_target
 
 if TYPE_CHECKING:
     from ._store.remote import RedisTier
 
-__all__ = ["DEFAULT_MEMORY_LIMIT", "NO_DISK", "CacheStats", "KernelCache", "kernel_key"]
+__all__ = [
+    "DEFAULT_MEMORY_LIMIT",
+    "NO_DISK",
+    "ArchStats",
+    "CacheStats",
+    "KernelCache",
+    "kernel_key",
+]
 
 DEFAULT_MEMORY_LIMIT = 256 << 20  # bytes (256 MiB)
 
 logger = logging.getLogger("aionvrtc")
+
+_AIMING = threading.Lock()  # see KernelCache.for_arch
 
 Origin = Literal["disk", "remote", "compile"]
 
@@ -80,8 +89,19 @@ def keyed(spec: KernelSpec, target: Target, build: str, memo: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class ArchStats:
+    """One target's share of a cache: the memory tier's entries for it, and its compiles."""
+
+    entries: int
+    compiles: int
+    compile_errors: int
+    compile_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class CacheStats:
-    """A snapshot of a cache's counters since it was created, with each tier's own."""
+    """A snapshot of a cache's counters since it was created (every target's together), with
+    each tier's own and each target's share (``archs``, by arch such as ``"sm_90"``)."""
 
     requests: int
     joined: int  # requests that waited for another thread's work on the same key
@@ -90,6 +110,7 @@ class CacheStats:
     compile_seconds: float  # total NVRTC time
     memory: MemoryStats
     disk: DiskStats  # all zero (not writable, not trusted) for a cache without a disk tier
+    archs: dict[str, ArchStats]
 
 
 # The disk stats of a cache that has no disk tier.
@@ -105,6 +126,7 @@ class KernelCache:
     Thread-safe: threads asking for the same key at once share one compile. The disk tier
     reads only a cache dir that nobody but this user (or root) can write; ``shared_cache=True``
     (default: ``$AIONVRTC_SHARED_CACHE``) trusts one that a group shares instead.
+    ``for_arch(arch)`` is the same cache for another target (one cache serves several GPUs).
     """
 
     def __init__(
@@ -118,7 +140,7 @@ class KernelCache:
         shared_cache: bool | None = None,
         remote: RedisTier | None = None,
     ) -> None:
-        self.target = resolve_target(arch)
+        target = resolve_target(arch)
         self.memory = MemoryTier(memory_limit)
         self.disk: DiskTier | None = (
             DiskTier(cache_dir, limit=disk_limit, shared_cache=shared_cache) if disk else None
@@ -127,8 +149,15 @@ class KernelCache:
         # lookup() must then run in a worker thread of that loop (the Compiler's).
         self.remote = remote
         self._build = _nvrtc.build()
+        # This cache for each target it serves, this one included (shared by them all).
+        self._views: dict[str, KernelCache] = {}
+        self._aim(target)
+
+    def _aim(self, target: Target) -> None:
+        """Make this the cache's view for ``target``: its keys, its locks and counters."""
+        self.target = target
         # The memo key under which specs keep their key for this target and NVRTC build.
-        self.memo = memo_id(self.target.arch, self._build)
+        self.memo = memo_id(target.arch, self._build)
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
         self._requests = 0
@@ -136,6 +165,21 @@ class KernelCache:
         self._compiles = 0
         self._compile_errors = 0
         self._compile_seconds = 0.0
+        self._views[target.arch] = self
+
+    def for_arch(self, arch: TargetLike) -> KernelCache:
+        """This cache (the same tiers, entries and stats) for target ``arch``: what a Compiler
+        uses for each GPU it serves. The same object for the same arch."""
+        target = as_target(arch)
+        view = self._views.get(target.arch)
+        if view is None:
+            view = object.__new__(KernelCache)
+            view.__dict__.update(self.__dict__)  # the tiers, and the shared _views
+            with _AIMING:  # two threads aiming at one arch at once keep one view
+                view = self._views.get(target.arch) or view
+                if view.target != target:
+                    view._aim(target)
+        return view
 
     def key(self, spec: KernelSpec) -> str:
         """``spec``'s cache key for this cache's target (see ``kernel_key``)."""
@@ -189,19 +233,6 @@ class KernelCache:
             if cached is not None:
                 return self._keep(cached), "remote"
         return None
-
-    def lookup_many(
-        self, keys: list[str], *, disk: bool = True, remote: bool = True
-    ) -> list[tuple[Artifact, Origin] | Exception | None]:
-        """``lookup`` of each key, in one call (one thread hop for a batch); a key whose lookup
-        raised has its exception in its place, and the others are looked up all the same."""
-        found: list[tuple[Artifact, Origin] | Exception | None] = []
-        for key in keys:
-            try:
-                found.append(self.lookup(key, disk=disk, remote=remote))
-            except Exception as exc:
-                found.append(exc)
-        return found
 
     def resolve(self, spec: KernelSpec, key: str) -> tuple[Artifact, Origin]:
         """Disk, then the remote tier (``lookup``), then NVRTC (writing the result to disk and
@@ -380,14 +411,17 @@ class KernelCache:
         )
         return self.disk.write(artifact)
 
-    def forget(self, spec: KernelSpec) -> None:
-        """Drop ``spec``'s entry from memory and disk, so the next request compiles it (and
-        reads its include directories' files anew)."""
-        key = self.key(spec)
-        self.memory.discard(key)
-        if self.disk is not None:
-            self.disk.discard(key)
+    def forget(self, spec: KernelSpec) -> list[str]:
+        """Drop ``spec``'s entries (for every target this cache serves) from memory and disk,
+        so the next request compiles it (and reads its include directories' files anew).
+        Returns the keys dropped."""
+        keys = [view.key(spec) for view in list(self._views.values())]
+        for key in keys:
+            self.memory.discard(key)
+            if self.disk is not None:
+                self.disk.discard(key)
         spec._reread_host_files()
+        return keys
 
     def clear(self) -> None:
         """Empty the memory tier and this format version's disk entries."""
@@ -396,15 +430,34 @@ class KernelCache:
             self.disk.clear()
 
     def stats(self) -> CacheStats:
+        """The whole cache's counters: every target's together, and each one's in ``archs``."""
         memory = self.memory.stats()
         disk = self.disk.stats() if self.disk is not None else NO_DISK
+        views = list(self._views.values())
+        counts = [view._counts() for view in views]
+        archs = {
+            view.target.arch: ArchStats(memory.archs.get(view.target.arch, 0), *count[2:])
+            for view, count in zip(views, counts, strict=True)
+        }
+        for arch, entries in memory.archs.items():  # entries of a target no view served
+            archs.setdefault(arch, ArchStats(entries, 0, 0, 0.0))
+        return CacheStats(
+            requests=sum(count[0] for count in counts),
+            joined=sum(count[1] for count in counts),
+            compiles=sum(count[2] for count in counts),
+            compile_errors=sum(count[3] for count in counts),
+            compile_seconds=sum(count[4] for count in counts),
+            memory=memory,
+            disk=disk,
+            archs=dict(sorted(archs.items())),
+        )
+
+    def _counts(self) -> tuple[int, int, int, int, float]:
         with self._lock:
-            return CacheStats(
-                requests=self._requests,
-                joined=self._joined,
-                compiles=self._compiles,
-                compile_errors=self._compile_errors,
-                compile_seconds=self._compile_seconds,
-                memory=memory,
-                disk=disk,
+            return (
+                self._requests,
+                self._joined,
+                self._compiles,
+                self._compile_errors,
+                self._compile_seconds,
             )

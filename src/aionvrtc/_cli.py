@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import stat
@@ -347,8 +348,9 @@ def _parser() -> argparse.ArgumentParser:
         "the tropical GEMM kernels; exit 1 if what was compiled cannot be kept on disk",
     )  # fmt: skip
     tropical.add_argument(
-        "--arch", type=arch,
-        help="target, such as sm_90 (default: $AIONVRTC_ARCH, else this machine's GPU)",
+        "--arch", type=arch, action="append",
+        help="target, such as sm_90; again for more archs (default: $AIONVRTC_ARCH, else this "
+        "machine's GPU)",
     )  # fmt: skip
     tropical.add_argument(
         "--semirings", nargs="+", choices=SEMIRING_NAMES, metavar="SEMIRING",
@@ -453,7 +455,9 @@ def _ownership(path: Path) -> str:
 
 def _info(args: argparse.Namespace, console: Any) -> Result:
     tier = _tier(args)
-    listing, readable, damaged = _contents(tier, summaries=False)
+    # The summaries (for the archs) cost a little more than counting, in the same one walk.
+    listing, readable, damaged = _contents(tier)
+    archs = _by_arch(listing, readable)
     events = tier.events()
     used = [listing.last_used[i] for i in readable]
     others = sorted(
@@ -471,6 +475,7 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
         "limit": tier.limit,
         "oldest": _when(min(used) if used else None),
         "newest": _when(max(used) if used else None),
+        "archs": archs,
         "damaged": len(damaged),
         "corrupt_dropped": events["corrupt"],
         "evictions": events["evicted"],
@@ -479,6 +484,7 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
     }
     if not args.json:
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(title="aionvrtc disk cache", show_header=False)
         table.add_column(style="bold")
@@ -492,6 +498,7 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
             f"{format_size(tier.limit)} ({percent:.0f}%)",
         )
         oldest, newest = data["oldest"] or "-", data["newest"] or "-"
+        table.add_row("archs", Text(_archs_text(archs)))  # header text: never markup
         table.add_row("last used", f"oldest {oldest}, newest {newest}")
         table.add_row(
             "events",
@@ -504,6 +511,53 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
             table.add_row("other formats", ", ".join(others) + " (not read by this version)")
         console.print(table)
     return data, 0
+
+
+def _by_arch(listing: Listing, readable: list[int]) -> dict[str, dict[str, Any]]:
+    """Entries, bytes and NVRTC versions (entries each) per arch, archs and versions in order.
+    Processes of both CUDA majors share a cache dir (keys name the NVRTC build), so an arch
+    may hold entries of several. A header naming no arch is damaged: not counted here."""
+    archs: dict[str, dict[str, Any]] = {}
+    versions: dict[str, dict[str, int]] = {}
+    for i in readable:
+        header = cast(dict[str, Any], listing.headers[i])
+        arch = _text(header.get("arch"))
+        if arch is None:
+            continue
+        if arch not in archs:
+            archs[arch] = {"entries": 0, "bytes": 0}
+            versions[arch] = {}
+        archs[arch]["entries"] += 1
+        archs[arch]["bytes"] += listing.sizes[i]
+        version = _text(header.get("nvrtc_version")) or "?"
+        versions[arch][version] = versions[arch].get(version, 0) + 1
+    return {
+        arch: {
+            **archs[arch],
+            "nvrtc_versions": {v: versions[arch][v] for v in sorted(versions[arch], key=_natural)},
+        }
+        for arch in sorted(archs, key=_natural)
+    }
+
+
+def _natural(text: str) -> tuple[bool, tuple[int, ...], str]:
+    """Order by the numbers in ``text`` (sm_80 before sm_100, 12.9 before 13.5), then text;
+    one without numbers ("?") last."""
+    numbers = tuple(int(n) for n in re.findall(r"\d+", text))
+    return not numbers, numbers, text
+
+
+def _archs_text(archs: dict[str, dict[str, Any]]) -> str:
+    """``_by_arch`` for people: "sm_80: 3 (NVRTC 12.9: 1, 13.5: 2); sm_90: 5 (NVRTC 13.5)"."""
+    parts = []
+    for arch, counts in archs.items():
+        versions: dict[str, int] = counts["nvrtc_versions"]
+        if len(versions) == 1:
+            which = next(iter(versions))
+        else:
+            which = ", ".join(f"{version}: {n}" for version, n in versions.items())
+        parts.append(f"{arch}: {counts['entries']} (NVRTC {which})")
+    return "; ".join(parts) or "-"
 
 
 def _ls(args: argparse.Namespace, console: Any) -> Result:
@@ -701,25 +755,38 @@ def _cannot_remove_in(folder: Path) -> tuple[str, str] | None:
 def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
     import anyio
 
-    from . import tropical
+    from . import _nvrtc, tropical
     from ._actor import Compiler
-    from ._target import ENV_ARCH, resolve_target
+    from ._target import ENV_ARCH, Target, resolve_target
 
-    try:
-        target = resolve_target(args.arch)
-    except NoDeviceError as exc:  # the same advice, in the command line's words
-        raise NoDeviceError(
-            f"no GPU here to take the arch from: name one, such as --arch sm_90 (or set {ENV_ARCH})"
-        ) from exc
-    _check_nvrtc_takes(target.arch, target.number)
+    if args.arch:
+        # An arch named twice is one set of kernels: compiled once.
+        targets = [Target(arch) for arch in dict.fromkeys(args.arch)]
+    else:
+        try:
+            targets = [resolve_target(None)]
+        except NoDeviceError as exc:  # the same advice, in the command line's words
+            # Without CuPy or NVRTC, naming an arch would not help: say that, and the extra.
+            _nvrtc.version()
+            raise NoDeviceError(
+                f"no GPU here to take the arch from: name one, such as --arch sm_90 (or set "
+                f"{ENV_ARCH})"
+            ) from exc
+    # An arch this NVRTC cannot target is said once, with the extra whose NVRTC can, before any
+    # compile: not by every compile, and not after the other archs' minutes of compiles.
+    for target in targets:
+        _nvrtc.check_target(target)
+    archs = [target.arch for target in targets]
+    named = ", ".join(archs)
     specs = tropical.all_specs(args.semirings, args.dtypes)
+    jobs = [(spec, target) for target in targets for spec in specs]
     tier = _tier(args)
     # A file, or an untrusted tree (neither read nor written): nothing compiled would be kept,
     # so say so before the compiles rather than minutes after them.
     problem = _where_nothing_is_kept(tier)
     if problem is not None:
-        raise CommandError(f"nothing compiled for {target} could be kept: {problem}")
-    data: dict[str, Any] = {"arch": target.arch, "kernels": len(specs)}
+        raise CommandError(f"nothing compiled for {named} could be kept: {problem}")
+    data: dict[str, Any] = {"archs": archs, "kernels": len(jobs)}
 
     async def run() -> None:
         from rich.progress import Progress
@@ -729,14 +796,16 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
         # Progress only on a terminal: elsewhere (a Dockerfile step, a pipe) rich would print
         # a blank line where the transient bar was.
         quiet = args.json or not console.is_terminal
-        async with Compiler(arch=target, cache_dir=args.cache_dir, concurrency=args.jobs) as c:
+        # One Compiler for every arch: one pool of --jobs compiles, one disk tier's counters.
+        async with Compiler(arch=targets[0], cache_dir=args.cache_dir, concurrency=args.jobs) as c:
             with Progress(console=console, disable=quiet, transient=True) as progress:
-                task = progress.add_task(f"compiling for {target}", total=len(specs))
+                task = progress.add_task(f"compiling for {named}", total=len(jobs))
                 async with anyio.create_task_group() as group:
 
-                    async def one(spec: Any) -> None:
+                    async def one(spec: Any, target: Target) -> None:
                         nonlocal lost
-                        await c.compile(spec)  # written to disk, if it can be, before this returns
+                        # Written to disk, if it can be, before this returns.
+                        await c.compile(spec, arch=target)
                         # A write failed: the rest would be compiled for nothing. (Comparing
                         # compiles with writes here would race: another job's compile is counted
                         # before its write is done.)
@@ -745,8 +814,8 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
                             group.cancel_scope.cancel()
                         progress.advance(task)
 
-                    for spec in specs:
-                        group.start_soon(one, spec)
+                    for spec, target in jobs:
+                        group.start_soon(one, spec, target)
             stats = c.stats()
         data.update({
             "compiled": stats.compiles,
@@ -761,30 +830,17 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
                 f"writes to {tier.dir} failed (its limit is {format_size(tier.limit)}); "
                 "aionvrtc doctor checks it"
             )
-            raise CommandError(f"kernels compiled for {target} cannot be kept: {why}", data)
+            raise CommandError(f"kernels compiled for {named} cannot be kept: {why}", data)
 
     anyio.run(run)
     if not args.json:
         done = f"{data['compiled']} compiled, {data['from_disk']} already on disk"
         console.print(
-            f"{data['kernels']} tropical kernels for {data['arch']}: {done}, in "
+            f"{data['kernels']} tropical kernels for {named}: {done}, in "
             f"{data['seconds']:.1f} s ({data['directory']})",
             soft_wrap=True,
         )
     return data, 0
-
-
-def _check_nvrtc_takes(arch: str, number: int) -> None:
-    """Raise unless this NVRTC compiles for ``arch``: said once, before any compile, rather
-    than by every compile. (One newer than NVRTC knows gets PTX, as for any request.)"""
-    from . import _nvrtc
-
-    archs = _nvrtc.supported_archs()
-    if number < archs[0]:
-        raise ValueError(
-            f"NVRTC {_nvrtc.version_string()} cannot compile for {arch}: name one it can, such "
-            f"as --arch sm_{archs[0]} (it supports {', '.join(f'sm_{a}' for a in archs)})"
-        )
 
 
 def _where_nothing_is_kept(tier: DiskTier, *, probe: bool = False) -> str | None:
@@ -835,6 +891,8 @@ def _doctor(args: argparse.Namespace, console: Any) -> Result:
     data: dict[str, Any] = {
         "aionvrtc": __version__,
         "python": platform.python_version(),
+        "nvrtc": _nvrtc_facts(),
+        "driver": _driver_facts(),
         "ok": not failed,
         "checks": checks,
     }
@@ -843,14 +901,16 @@ def _doctor(args: argparse.Namespace, console: Any) -> Result:
         data["error"] = f"checks failed: {names} (each says its fix)"
     if not args.json:
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(title=f"aionvrtc {__version__} doctor")
         for column in ("check", "status", "detail", "fix"):
             table.add_column(column)
         colours = {"ok": "green", "warn": "yellow", "fail": "red"}
         for c in checks:
-            status = f"[{colours[c['status']]}]{c['status']}[/]"
-            table.add_row(c["check"], status, c["detail"], c["fix"])
+            status = Text(c["status"], style=colours[c["status"]])
+            # Text, not markup: "aionvrtc[cu12]" in a fix is no style tag.
+            table.add_row(Text(c["check"]), status, Text(c["detail"]), Text(c["fix"]))
         console.print(table)
         if failed:
             _print_error(data["error"])
@@ -862,28 +922,136 @@ def _check(name: str, status: str, detail: str, fix: str = "") -> Check:
 
 
 def _check_nvrtc(args: argparse.Namespace) -> list[Check]:
-    from . import _nvrtc
+    from . import _cuda_versions, _nvrtc
 
     try:
         version = _nvrtc.version_string()
-    except AionvrtcError as exc:
-        fix = "pip install 'nvidia-cuda-nvrtc>=13,<14' (or install a CUDA 13 toolkit)"
-        return [_check("nvrtc", "fail", str(exc), fix)]
-    archs = ", ".join(f"sm_{a}" for a in _nvrtc.supported_archs())
+        archs = ", ".join(f"sm_{a}" for a in _nvrtc.supported_archs())
+    except AionvrtcError as exc:  # no CuPy, or no NVRTC: the message ends with the fix
+        detail, fix = _split_fix(str(exc), _cuda_versions.CHOOSE_EXTRA, _nvrtc._install_hint)
+        return [_check("nvrtc", "fail", detail, fix)]
+    library = _nvrtc._loaded_library() or "CuPy (where it loaded libnvrtc from cannot be told)"
     return [
-        _check("nvrtc", "ok", f"NVRTC {version} from {_loaded('libnvrtc') or 'CuPy'}"),
+        _check("nvrtc", "ok", f"NVRTC {version} from {library}"),
         _check("archs", "ok", archs),
+        _check_min_driver(version),
+        _check_driver(version),
     ]
 
 
-def _loaded(library: str) -> str | None:
-    """Where the process mapped ``library`` from (Linux), for saying which NVRTC is in use."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/maps").read_text().splitlines():
-            path = line.split()[-1]
-            if library in Path(path).name:
-                return path
-    return None
+def _split_fix(message: str, *fixes: str | Callable[[], str]) -> tuple[str, str]:
+    """``message`` (an error's "problem; fix") as (problem, fix), for the first of ``fixes``
+    that ends it; the fixes themselves hold "; ", so the message cannot just be split. A fix
+    given as a function is asked only when it is needed (it reads the wheels' metadata)."""
+    fix = ""
+    for candidate in fixes:
+        fix = candidate() if callable(candidate) else candidate
+        if message.endswith(f"; {fix}"):
+            return message[: -len(fix) - 2], fix
+    return message, fix  # the last fix, said beside the whole message
+
+
+def _check_min_driver(version: str) -> Check:
+    from . import _cuda_versions, _nvrtc
+
+    number = _nvrtc.version()[0]
+    known = _cuda_versions.MAJORS.get(number)
+    if known is None:
+        detail = (
+            f"NVRTC {version} is of CUDA {number}, which aionvrtc has no extra for: the driver "
+            "its cubins need is not known here"
+        )
+        return _check("min driver", "warn", detail, _cuda_versions.CHOOSE_EXTRA)
+    detail = (
+        f"{known.min_driver}: cubins from NVRTC {version} load on NVIDIA drivers "
+        f"{known.min_driver} or newer (CUDA {number}, as aionvrtc[{known.extra}] installs it)"
+    )
+    return _check("min driver", "ok", detail)
+
+
+def _check_driver(version: str) -> Check:
+    """The installed driver against NVRTC: whether it can load the cubins compiled here."""
+    from . import _cuda_versions, _nvrtc
+
+    number = _nvrtc.version()[0]
+    known = _cuda_versions.MAJORS.get(number)
+    update = (
+        f"update the NVIDIA driver to {known.min_driver} or newer"
+        if known is not None
+        else f"update the NVIDIA driver to one for CUDA {number} or newer"
+    )
+    cuda, release = _cuda_versions.driver_cuda(), _cuda_versions.driver_release()
+    if cuda is None and release is None:
+        # Not a warning of its own: the gpus check warns that there is no driver.
+        needs = f"{known.min_driver} or newer" if known else f"for CUDA {number} or newer"
+        detail = (
+            "none here: kernels compile (aionvrtc warm), and load on machines whose NVIDIA "
+            f"driver is {needs}"
+        )
+        return _check("driver", "ok", detail)
+    if cuda is None:  # the kernel module is loaded, and libcuda cannot be
+        detail = (
+            f"the NVIDIA kernel module {release} is loaded, but CUDA cannot use the driver "
+            "(libcuda): kernels compile but do not load"
+        )
+        fix = (
+            "install the driver's CUDA library (libcuda) of the same release; in a container, "
+            "run it with the NVIDIA container toolkit (docker run --gpus all)"
+        )
+        return _check("driver", "warn", detail, fix)
+    which = f"{release} (CUDA {cuda[0]}.{cuda[1]})" if release else f"CUDA {cuda[0]}.{cuda[1]}"
+    if cuda[0] >= number:
+        return _check("driver", "ok", f"{which}: loads the cubins of NVRTC {version}")
+    detail = (
+        f"{which} is older than NVRTC {version} (CUDA {number}) and cannot load the kernels "
+        "compiled here"
+    )
+    return _check("driver", "fail", detail, _driver_fix(cuda[0], number, update))
+
+
+def _driver_fix(driver: int, needed: int, update: str) -> str:
+    """For a driver of CUDA major ``driver`` that cannot load what CUDA ``needed`` makes: the
+    extra of the driver's CUDA, if aionvrtc has one (with the clashing CuPy wheel removed
+    first), or ``update`` (the driver)."""
+    from . import _cuda_versions
+
+    known = _cuda_versions.MAJORS.get(driver)
+    if known is None or driver == needed:
+        return update
+    switch = f"pip install 'aionvrtc[{known.extra}]' (CUDA {driver}, the driver's)"
+    # One CuPy wheel at a time: two clash, and CuPy cannot settle which one it is.
+    others = [f"cupy-cuda{m}x" for m in _cuda_versions.cupy_majors() if m != driver]
+    if others:
+        switch = f"pip uninstall {' '.join(others)}, then {switch}"
+    return f"{switch}, or {update}"
+
+
+def _nvrtc_facts() -> dict[str, Any] | None:
+    """NVRTC as doctor's --json gives it: version, library, extra, the driver its cubins
+    need; None where it cannot be loaded (the nvrtc check says why)."""
+    from . import _cuda_versions, _nvrtc
+
+    try:
+        number = _nvrtc.version()[0]
+    except (AionvrtcError, ImportError):  # what loading CuPy and NVRTC raises
+        return None
+    known = _cuda_versions.MAJORS.get(number)
+    return {
+        "version": _nvrtc.version_string(),
+        "library": _nvrtc._loaded_library(),
+        "extra": known.extra if known else None,
+        "min_driver": known.min_driver if known else None,
+    }
+
+
+def _driver_facts() -> dict[str, Any] | None:
+    """The installed NVIDIA driver (its release, the CUDA it runs) or None without one."""
+    from . import _cuda_versions
+
+    cuda, release = _cuda_versions.driver_cuda(), _cuda_versions.driver_release()
+    if cuda is None and release is None:
+        return None
+    return {"release": release, "cuda": f"{cuda[0]}.{cuda[1]}" if cuda else None}
 
 
 def _check_gpus(args: argparse.Namespace) -> list[Check]:
@@ -892,7 +1060,15 @@ def _check_gpus(args: argparse.Namespace) -> list[Check]:
     driver = 0
     try:
         with map_cuda_errors("none usable", NoDeviceError):
-            import cupy
+            try:
+                import cupy
+            except ModuleNotFoundError as exc:
+                if exc.name != "cupy":
+                    raise  # CuPy itself is broken: "none usable", with its error
+                from ._cuda_versions import CHOOSE_EXTRA
+
+                detail = "CuPy is not installed: no GPU can be found or used"
+                return [_check("gpus", "warn", detail, CHOOSE_EXTRA)]
 
             # 0 where no driver is installed at all (CUDA's documented answer): then the
             # runtime's "driver version is insufficient" would send people to upgrade one.
@@ -903,13 +1079,15 @@ def _check_gpus(args: argparse.Namespace) -> list[Check]:
     except NoDeviceError as exc:
         if "InsufficientDriver" in str(exc):  # a driver, older than this CUDA runtime needs
             with contextlib.suppress(Exception):
-                runtime = _cuda_version(cupy.cuda.runtime.runtimeGetVersion())
+                number = cupy.cuda.runtime.runtimeGetVersion()
+                runtime = _cuda_version(number)
                 detail = (
                     f"the NVIDIA driver (CUDA {_cuda_version(driver)}) is too old for the CUDA "
                     f"runtime {runtime}: {compile_only}"
                 )
                 update = f"update the NVIDIA driver to one for CUDA {runtime} or newer"
-                return [_check("gpus", "warn", detail, update)]
+                fix = _driver_fix(driver // 1000, number // 1000, update)
+                return [_check("gpus", "warn", detail, fix)]
         return [_check("gpus", "warn", f"{_first_line(str(exc))}: {compile_only}", fix)]
     if count == 0:
         return [_check("gpus", "warn", f"none: {compile_only}", fix)]

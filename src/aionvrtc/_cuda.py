@@ -16,6 +16,7 @@ import anyio
 
 from ._artifact import Artifact
 from ._cuda_errors import map_cuda_errors
+from ._cuda_versions import MAJORS, driver_cuda
 from ._exceptions import ModuleLoadError, NoDeviceError
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "ModuleLoadError",  # from _exceptions; _actor catches it as _cuda.ModuleLoadError
     "check_device",
     "current_device",
+    "driver_cuda",  # from _cuda_versions
     "init_device",
     "load",
     "synchronize",
@@ -63,12 +65,12 @@ _lock = threading.Lock()
 
 def check_device(device: int) -> tuple[int, int]:
     """Validate ``device`` and return its compute capability (major, minor)."""
+    if type(device) is not int:  # first: True would find device 1's entry (True == 1)
+        raise TypeError(f"device must be an int, not {type(device).__name__}")
     try:
         return _capabilities[device]
-    except (KeyError, TypeError):
+    except KeyError:
         pass
-    if isinstance(device, bool) or not isinstance(device, int):
-        raise TypeError(f"device must be an int, not {type(device).__name__}")
     with _NO_DEVICE:
         import cupy
 
@@ -147,8 +149,11 @@ class Module:
         return f"<Module {self.artifact.key[:12]} {self.artifact.kind} on device {self.device}>"
 
 
-def runnable(artifact: Artifact, capability: tuple[int, int]) -> str | None:
-    """Why ``artifact`` cannot run on a device of ``capability``, or None if it can."""
+def runnable(
+    artifact: Artifact, capability: tuple[int, int], driver: tuple[int, int] | None
+) -> str | None:
+    """Why ``artifact`` cannot run on a device of ``capability`` under a driver for CUDA
+    ``driver`` (None: not known), or None if it can."""
     number = int(artifact.arch[3:].rstrip("af"))
     major, minor = divmod(number, 10)
     device = capability[0] * 10 + capability[1]
@@ -158,17 +163,41 @@ def runnable(artifact: Artifact, capability: tuple[int, int]) -> str | None:
         ok = capability == (major, minor)  # arch-specific features exist on that GPU alone
     else:
         ok = capability[0] == major and capability[1] >= minor
-    if ok:
+    if not ok:
+        return (
+            f"a {artifact.kind} for {artifact.arch} cannot run on a GPU of compute capability "
+            f"{capability[0]}.{capability[1]}; get() compiles for the device's own arch, "
+            f"sm_{device}"
+        )
+    made = _version(artifact.nvrtc_version)
+    if driver is None or made is None:
         return None
-    return (
-        f"a {artifact.kind} for {artifact.arch} cannot run on a GPU of compute capability "
-        f"{capability[0]}.{capability[1]}; use a Compiler with arch='sm_{device}' for it"
-    )
+    runs = f"this driver runs CUDA {driver[0]}.{driver[1]}"
+    if artifact.kind == "ptx" and driver < made:
+        return (
+            f"PTX from NVRTC {made[0]}.{made[1]} needs a driver for CUDA {made[0]}.{made[1]} or "
+            f"newer and {runs}: update the driver, or compile with the NVRTC of its CUDA"
+        )
+    known = MAJORS.get(made[0])
+    if artifact.kind == "cubin" and driver[0] < made[0] and known is not None:
+        fix = MAJORS.get(driver[0])
+        install = f"install aionvrtc[{fix.extra}], or " if fix is not None else ""
+        return (
+            f"a cubin from NVRTC {made[0]}.{made[1]} needs a driver for CUDA {made[0]} "
+            f"({known.min_driver} or newer) and {runs}: {install}update the driver"
+        )
+    return None
+
+
+def _version(text: str) -> tuple[int, int] | None:
+    """ "13.5" as (13, 5); None if it does not say a version."""
+    major, _, minor = text.partition(".")
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
 
 
 def load(artifact: Artifact, device: int) -> Module:
     """Load ``artifact`` into ``device``'s context (cuModuleLoadData)."""
-    reason = runnable(artifact, check_device(device))
+    reason = runnable(artifact, check_device(device), driver_cuda())
     if reason is not None:
         raise ModuleLoadError(reason)
     refused = (

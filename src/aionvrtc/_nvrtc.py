@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 from . import _includes
 from ._cuda_errors import describe, map_cuda_errors
+from ._cuda_versions import CHOOSE_EXTRA, MAJORS, cupy_majors, driver_cuda, extra_for_arch
 from ._exceptions import CompileError, NvrtcError
 from ._target import Target
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # _spec imports this module, for the NVRTC build in its keys
 __all__ = [
     "CompileResult",
     "build",
+    "check_target",
     "compile_program",
     "supported_archs",
     "version",
@@ -36,15 +38,34 @@ __all__ = [
 
 @functools.cache
 def _binding() -> ModuleType:
-    install = (
-        "install the NVRTC wheel with 'pip install \"nvidia-cuda-nvrtc>=13,<14\"' or a CUDA 13 "
-        "toolkit"
-    )
-    with map_cuda_errors("NVRTC is not usable", NvrtcError, hint=install):
+    try:
+        import cupy  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "cupy":
+            raise  # CuPy itself is broken: its own error says how
+        raise NvrtcError(
+            f"aionvrtc needs CuPy and NVRTC, and CuPy is not installed; {CHOOSE_EXTRA}"
+        ) from None
+    try:
         from cupy.cuda import nvrtc
 
         nvrtc.getVersion()  # loads libnvrtc; fails here rather than on first compile
+    except Exception as exc:
+        # The hint reads the installed wheels' metadata: only when it is needed.
+        map_cuda_errors("NVRTC is not usable", NvrtcError, hint=_install_hint()).reraise(exc)
     return nvrtc  # type: ignore[no-any-return]
+
+
+def _install_hint() -> str:
+    """How to install the NVRTC that the installed CuPy needs (the extra of its CUDA major)."""
+    majors = cupy_majors()
+    if len(majors) == 1 and majors[0] in MAJORS:
+        extra = MAJORS[majors[0]].extra
+        return f"install the NVRTC of CuPy's CUDA {majors[0]}: pip install 'aionvrtc[{extra}]'"
+    if len(majors) > 1:
+        wheels = " and ".join(f"cupy-cuda{m}x" for m in majors)
+        return f"{wheels} are both installed and clash: uninstall all but one, then {CHOOSE_EXTRA}"
+    return CHOOSE_EXTRA
 
 
 @functools.cache
@@ -188,17 +209,56 @@ class CompileResult:
 
 
 def _arch_option(target: Target) -> tuple[str, Literal["cubin", "ptx"]]:
+    kind = check_target(target)
+    if kind == "ptx":
+        # A GPU newer than this NVRTC: PTX for the newest virtual arch it knows, which the
+        # driver compiles for the GPU at load time.
+        return f"--gpu-architecture=compute_{supported_archs()[-1]}", "ptx"
+    return f"--gpu-architecture={target.arch}", "cubin"
+
+
+def check_target(target: Target) -> Literal["cubin", "ptx"]:
+    """What this NVRTC makes for ``target``: a cubin for an arch it knows, PTX for a GPU newer
+    than it knows (if the driver here, when there is one, is as new as NVRTC, so that it can
+    load that PTX). NvrtcError, naming the fix, for an arch older than it supports (and the
+    extra whose NVRTC targets it) or PTX the driver could not load."""
     archs = supported_archs()
     if target.number > archs[-1]:
-        # A GPU newer than this NVRTC: PTX for the newest virtual arch it knows; the driver
-        # compiles it for the GPU at load time.
-        return f"--gpu-architecture=compute_{archs[-1]}", "ptx"
+        _require_driver_for_ptx(target)
+        return "ptx"
     if target.number < archs[0]:
-        raise NvrtcError(
-            f"NVRTC {version_string()} cannot compile for {target.arch}; it supports "
-            + ", ".join(f"sm_{arch}" for arch in archs)
+        extra = extra_for_arch(target.number)
+        known = ", ".join(f"sm_{arch}" for arch in archs)
+        mine = MAJORS.get(version()[0])
+        fix = (
+            f"install aionvrtc[{extra}], whose NVRTC can"
+            if extra is not None and (mine is None or extra != mine.extra)
+            else "no CUDA version that aionvrtc installs can"
         )
-    return f"--gpu-architecture={target.arch}", "cubin"
+        raise NvrtcError(
+            f"NVRTC {version_string()} cannot target {target.arch} (it supports {known}); {fix}"
+        )
+    return "cubin"
+
+
+def _require_driver_for_ptx(target: Target) -> None:
+    """Refuse PTX that the driver here could not load: PTX from an NVRTC newer than the driver
+    fails at load time (CUDA_ERROR_UNSUPPORTED_PTX_VERSION). Without a driver (compiling for
+    another machine) there is nothing to check here; loading checks it there."""
+    driver = driver_cuda()
+    if driver is None or driver >= version():
+        return
+    if driver[0] != version()[0] and driver[0] in MAJORS:
+        fix = f"install aionvrtc[{MAJORS[driver[0]].extra}], the CUDA of the driver"
+    else:  # the same major: an NVRTC no newer than the driver, of its wheel
+        wheel = "nvidia-cuda-nvrtc-cu12" if driver[0] == 12 else "nvidia-cuda-nvrtc"
+        fix = f"pip install '{wheel}=={driver[0]}.{driver[1]}.*', the driver's NVRTC"
+    raise NvrtcError(
+        f"NVRTC {version_string()} does not know {target.arch}, so it would compile PTX for it, "
+        f"and the driver here (CUDA {driver[0]}.{driver[1]}) is older than NVRTC and cannot load "
+        f"that PTX: update the NVIDIA driver to one for CUDA {version_string()} or newer, or "
+        f"{fix}"
+    )
 
 
 def compile_program(spec: KernelSpec, target: Target) -> CompileResult:

@@ -8,9 +8,10 @@ import re
 from dataclasses import dataclass, field
 
 from ._cuda_errors import map_cuda_errors
+from ._cuda_versions import CHOOSE_EXTRA
 from ._exceptions import NoDeviceError
 
-__all__ = ["ENV_ARCH", "Target", "TargetLike", "as_target", "resolve_target"]
+__all__ = ["ENV_ARCH", "Target", "TargetLike", "as_target", "device_target", "resolve_target"]
 
 # The target when none is named: for compiling on a machine without a GPU (CI, a Docker build),
 # or for another GPU than this one.
@@ -53,9 +54,15 @@ class Target:
 
 
 def _detect(device: int | None, *, hint: str) -> Target:
-    with map_cuda_errors("cannot detect the GPU architecture", NoDeviceError, hint=hint):
+    try:
         import cupy
-
+    except ModuleNotFoundError as exc:
+        if exc.name != "cupy":
+            raise
+        raise NoDeviceError(
+            f"cannot detect the GPU architecture: CuPy is not installed; {CHOOSE_EXTRA}"
+        ) from None
+    with map_cuda_errors("cannot detect the GPU architecture", NoDeviceError, hint=hint):
         capability = str(cupy.cuda.Device(device).compute_capability)
     return Target(f"sm_{capability}")
 
@@ -100,3 +107,18 @@ def as_target(target: TargetLike | None) -> Target:
 def _named(arch: str) -> Target:
     # Targets are immutable and few: parse each name once (keys are asked for per request).
     return Target(arch)
+
+
+def device_target(capability: tuple[int, int], preferred: Target | None = None) -> Target:
+    """The target for a GPU of compute ``capability``: its own architecture (``sm_90`` for
+    9.0), or ``preferred`` when that names the same GPU with a feature suffix (``sm_90a``) or a
+    family that covers it (``sm_100f`` for 10.3): a choice the caller made for this GPU."""
+    major, minor = capability
+    own = _named(f"sm_{major}{minor}")
+    if preferred is not None:
+        if preferred.number == own.number:
+            return preferred
+        family, member = divmod(preferred.number, 10)
+        if preferred.arch.endswith("f") and family == major and member <= minor:
+            return preferred
+    return own

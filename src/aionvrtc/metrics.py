@@ -79,6 +79,19 @@ class CompilerCollector:
             gauge = GaugeMetricFamily(f"aionvrtc_{name}", text, labels=labels)
             gauge.add_metric([self.name], float(attrgetter(field)(stats)))
             yield gauge
+        # Each target's share (a Compiler serves every GPU of the host, one arch each).
+        by_arch = ["compiler", "arch"]
+        compiles = CounterMetricFamily(
+            "aionvrtc_arch_compiles", "successful NVRTC compiles, by target arch", labels=by_arch
+        )
+        entries = GaugeMetricFamily(
+            "aionvrtc_arch_memory_entries", "entries in the in-memory map, by arch", labels=by_arch
+        )
+        for arch, share in stats.archs.items():
+            compiles.add_metric([self.name, arch], float(share.compiles))
+            entries.add_metric([self.name, arch], float(share.entries))
+        yield compiles
+        yield entries
         hits = stats.memory.hits + stats.disk.hits + stats.remote.hits
         ratio = GaugeMetricFamily(
             "aionvrtc_hit_ratio", "cache hits (memory, disk, remote) over requests", labels=labels

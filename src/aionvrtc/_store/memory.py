@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from .._artifact import Artifact
@@ -20,6 +20,7 @@ class MemoryStats:
     entries: int
     bytes: int
     evictions: int
+    archs: dict[str, int]  # entries by the arch they were compiled for
 
 
 class MemoryTier:
@@ -44,6 +45,7 @@ class MemoryTier:
         self.touch = self.entries.move_to_end
         self.clock = itertools.count(1)
         self._sizes: dict[str, int] = {}  # what each entry is charged (Artifact.size, once)
+        self._archs: Counter[str] = Counter()  # entries by arch
         self._not_hits = 0
         self._lock = threading.Lock()
         self.bytes = 0
@@ -76,33 +78,42 @@ class MemoryTier:
             return False  # it would evict everything and still not fit; disk keeps it
         key = artifact.key
         with self._lock:
-            entries, sizes = self.entries, self._sizes
+            entries, sizes, archs = self.entries, self._sizes, self._archs
             self.bytes += size - sizes.get(key, 0)
             sizes[key] = size
+            replaced = entries.get(key)
+            if replaced is not None:
+                archs[replaced.arch] -= 1
+            archs[artifact.arch] += 1
             entries[key] = artifact
             entries.move_to_end(key)
             while self.bytes > self.limit:
                 # One call, atomic against readers' touches. The least recent goes, and ``key``
                 # last of all (it fits alone, so the loop ends before that).
-                oldest, _ = entries.popitem(last=False)
+                oldest, evicted = entries.popitem(last=False)
                 self.bytes -= sizes.pop(oldest)
+                archs[evicted.arch] -= 1
                 self.evictions += 1
         return True
 
     def discard(self, key: str) -> bool:
         with self._lock:
-            if self.entries.pop(key, None) is None:
+            dropped = self.entries.pop(key, None)
+            if dropped is None:
                 return False
             self.bytes -= self._sizes.pop(key)
+            self._archs[dropped.arch] -= 1
             return True
 
     def clear(self) -> None:
         with self._lock:
             self.entries.clear()
             self._sizes.clear()
+            self._archs.clear()
             self.bytes = 0
 
     def stats(self) -> MemoryStats:
         with self._lock:
             entries, size = len(self.entries), self.bytes
-        return MemoryStats(self.hits(), entries, size, self.evictions)
+            archs = {arch: count for arch, count in sorted(self._archs.items()) if count}
+        return MemoryStats(self.hits(), entries, size, self.evictions, archs)

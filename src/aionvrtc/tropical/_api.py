@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,7 +16,7 @@ from .._actor import Compiler
 from .._cuda import Module
 from .._spec import KernelSpec
 from .._sync import default_compiler
-from .._target import resolve_target
+from .._target import Target, TargetLike, as_target, resolve_target
 from . import _semirings
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
@@ -503,27 +505,42 @@ async def warm(
     semirings: Any = None,
     dtypes: Any = None,
     *,
-    arch: str | None = None,
+    arch: TargetLike | Iterable[TargetLike] | None = None,
     compiler: Compiler | None = None,
 ) -> int:
     """Compile every kernel of the named semirings and dtypes (default: all) ahead of use, in
-    parallel; returns how many. Without ``compiler``, a temporary Compiler with one worker per
-    CPU fills the disk cache (target ``arch``, else ``resolve_target``'s: ``$AIONVRTC_ARCH``
-    or the current GPU's) that later requests read.
+    parallel, for target ``arch`` or each of several (``arch=["sm_80", "sm_90"]``); returns
+    how many kernels were compiled or found (kernels times targets). Without ``compiler``, a
+    temporary Compiler with one worker per CPU fills the disk cache that later requests read.
+    ``arch`` defaults to the compiler's target, else ``resolve_target``'s: ``$AIONVRTC_ARCH``
+    or the current GPU's.
 
     ValueError for names that are not semirings or dtypes, and for a semiring asked for with
-    none of the dtypes it takes (``warm(["andor"], ["float32"])``: andor takes bool). Without
-    ``compiler``, AionvrtcError if kernels it compiled could not be kept on disk (the cache
-    dir is not writable or not trusted): they would be lost with the temporary Compiler."""
+    none of the dtypes it takes (``warm(["andor"], ["float32"])``: andor takes bool);
+    NvrtcError, before anything is compiled, for a target this NVRTC cannot compile for.
+    Without ``compiler``, AionvrtcError if kernels it compiled could not be kept on disk (the
+    cache dir is not writable or not trusted): they would be lost with the temporary
+    Compiler."""
     import os
 
+    from .. import _nvrtc
+
     specs = all_specs(semirings, dtypes)
+    if arch is None:
+        targets = [compiler.target if compiler is not None else resolve_target()]
+    elif isinstance(arch, str | Target):
+        targets = [as_target(arch)]
+    else:
+        targets = list(dict.fromkeys(as_target(one) for one in arch))
+        if not targets:
+            raise ValueError("arch: name at least one target, such as ['sm_90']")
+    for target in targets:
+        await anyio.to_thread.run_sync(_nvrtc.check_target, target)
     if compiler is not None:
-        await _compile_all(compiler, specs)
-        return len(specs)
-    target = resolve_target(arch)
-    async with Compiler(arch=target, concurrency=os.cpu_count() or 1) as temporary:
-        await _compile_all(temporary, specs)
+        await _compile_all(compiler, specs, targets)
+        return len(specs) * len(targets)
+    async with Compiler(arch=targets[0], concurrency=os.cpu_count() or 1) as temporary:
+        await _compile_all(temporary, specs, targets)
         stats = temporary.stats()
     lost = stats.compiles - stats.disk.writes
     if lost > 0:
@@ -531,19 +548,21 @@ async def warm(
         from .._store.disk import default_cache_dir
 
         state = "not trusted" if not stats.disk.trusted else "not writable"
+        names = ", ".join(target.arch for target in targets)
         raise AionvrtcError(
-            f"{lost} of the {stats.compiles} kernels compiled for {target} were not kept: the "
+            f"{lost} of the {stats.compiles} kernels compiled for {names} were not kept: the "
             f"disk cache at {default_cache_dir()} is {state} (aionvrtc doctor says why, and "
             "the fix)"
         )
-    return len(specs)
+    return len(specs) * len(targets)
 
 
-async def _compile_all(compiler: Compiler, specs: list[KernelSpec]) -> None:
+async def _compile_all(compiler: Compiler, specs: list[KernelSpec], targets: list[Target]) -> None:
     try:
         async with anyio.create_task_group() as tg:
-            for spec in specs:
-                tg.start_soon(compiler.compile, spec)
+            for target in targets:
+                for spec in specs:
+                    tg.start_soon(functools.partial(compiler.compile, spec, arch=target))
     except ExceptionGroup as group:
         # The first compile that failed stopped the others: raise its error as compile()
         # would, not a group of one (a failure is rarely more than one error repeated).

@@ -205,8 +205,11 @@ async def autotune(
         compiler = await anyio.to_thread.run_sync(default_compiler)
     with cupy.cuda.Device(device):
         name = _record_name(device)
+    # The kernels and the record of the device's own target (see Compiler.target_for), which
+    # need not be the compiler's default target.
+    target = compiler.target_for(device)
     table = {kind: dict(variants) for kind, variants in tuned_tiles(device).items()}
-    stored = None if retune else await compiler.load_record(name)
+    stored = None if retune else await compiler.load_record(name, arch=target)
     known = _parse(stored) if stored is not None else None
     wanted = [(kind, dtype, flag) for kind in kinds for dtype in tuned for flag in argmax]
     todo = []
@@ -221,10 +224,13 @@ async def autotune(
     # Every candidate compiles in the background (as parallel as the compiler allows) while
     # the first ones are timed.
     compiler.prefetch(
-        tiled_spec("maxplus", dtype, argmax=flag, accumulate=False, tile=tile)
-        for kind, dtype, flag in todo
-        for tile in CANDIDATES[kind]
-        if tile_fits(tile, dtype.itemsize, argmax=flag)
+        (
+            tiled_spec("maxplus", dtype, argmax=flag, accumulate=False, tile=tile)
+            for kind, dtype, flag in todo
+            for tile in CANDIDATES[kind]
+            if tile_fits(tile, dtype.itemsize, argmax=flag)
+        ),
+        arch=target,
     )
     for kind, dtype, flag in todo:
         variant = tile_variant(dtype, argmax=flag)
@@ -236,7 +242,7 @@ async def autotune(
         if best is not None:
             table[kind][variant] = best
     _installed[device] = table
-    await compiler.save_record(name, json.dumps(table, sort_keys=True).encode())
+    await compiler.save_record(name, json.dumps(table, sort_keys=True).encode(), arch=target)
     return table
 
 

@@ -1,0 +1,105 @@
+"""Which CUDA major serves which driver and GPU: the extras, and what the driver here runs.
+
+aionvrtc installs CuPy and NVRTC of one CUDA major through an extra (``aionvrtc[cu13]``,
+``aionvrtc[cu12]``), as CuPy ships one wheel per major. What decides is the driver: a cubin from
+NVRTC 13 needs a driver for CUDA 13 (580 or newer), one from NVRTC 12 a driver for CUDA 12 (525 or
+newer, CUDA 12's minor-version compatibility); and a major drops old GPUs (CUDA 13 compiles for
+Turing, sm_75, and newer; CUDA 12 from Maxwell, sm_50).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "CHOOSE_EXTRA",
+    "MAJORS",
+    "Major",
+    "cupy_majors",
+    "driver_cuda",
+    "driver_release",
+    "extra_for_arch",
+    "major",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Major:
+    """One CUDA major as aionvrtc installs it."""
+
+    number: int
+    extra: str  # the pip extra that installs its CuPy and NVRTC
+    min_driver: int  # the oldest Linux driver branch that loads this NVRTC's cubins
+    oldest_arch: int  # the oldest GPU its NVRTC compiles for (sm_XY as XY)
+
+
+MAJORS = {12: Major(12, "cu12", 525, 50), 13: Major(13, "cu13", 580, 75)}
+
+# How to choose, said wherever CuPy or NVRTC is missing.
+CHOOSE_EXTRA = (
+    "install the extra for your NVIDIA driver: pip install 'aionvrtc[cu13]' (CUDA 13, driver 580 "
+    "or newer) or 'aionvrtc[cu12]' (CUDA 12, driver 525 or newer); `nvidia-smi` shows the "
+    "driver's CUDA version in its first lines"
+)
+
+
+def major(number: int) -> Major | None:
+    """What aionvrtc knows of CUDA major ``number`` (None: one it has no extra for)."""
+    return MAJORS.get(number)
+
+
+def extra_for_arch(arch: int) -> str | None:
+    """The extra whose NVRTC compiles for ``arch`` (as 70 for sm_70), preferring the newest
+    major; None if none does."""
+    for known in sorted(MAJORS.values(), key=lambda m: -m.number):
+        if arch >= known.oldest_arch:
+            return known.extra
+    return None
+
+
+def cupy_majors() -> list[int]:
+    """The CUDA majors of the CuPy wheels installed (``cupy-cuda12x``: 12), read from their
+    metadata without importing CuPy: more than one is a clash that CuPy itself cannot settle."""
+    from importlib import metadata
+
+    found = set()
+    for distribution in metadata.distributions():
+        wheel = _CUPY_WHEEL.fullmatch(distribution.metadata["Name"] or "")
+        if wheel is not None:
+            found.add(int(wheel["major"]))
+    return sorted(found)
+
+
+_CUPY_WHEEL = re.compile(r"cupy[-_]cuda(?P<major>\d+)x", re.IGNORECASE)
+
+
+@functools.cache
+def driver_cuda() -> tuple[int, int] | None:
+    """The newest CUDA version the installed driver runs, as (13, 0); None without a driver
+    (or without CuPy to ask it). Cached: a driver does not change under a running process."""
+    try:
+        import cupy
+
+        number = int(cupy.cuda.runtime.driverGetVersion())
+    except Exception:  # no CuPy, or no libcuda: no driver to speak of
+        return None
+    if number <= 0:  # CUDA's documented answer where no driver is installed
+        return None
+    return number // 1000, number % 1000 // 10
+
+
+_RELEASE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(?P<release>\d+(?:\.\d+)+)")
+
+
+def driver_release(path: str = "/proc/driver/nvidia/version") -> str | None:
+    """The NVIDIA driver's release (``"580.95.05"``) from the kernel module's version file, or
+    None where there is no such file (no driver, not Linux) or it says no release."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            text = file.read(4096)
+    except OSError:
+        return None
+    found = _RELEASE.search(text)
+    return found["release"] if found else None

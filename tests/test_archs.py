@@ -1,0 +1,381 @@
+"""One Compiler for several targets, and what each CUDA major and driver can do. Real NVRTC on
+the CPU; a driver's version is injected only where it cannot be installed here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aionvrtc import (
+    Artifact,
+    Compiler,
+    KernelCache,
+    KernelSpec,
+    Target,
+    _nvrtc,
+    kernel_key,
+)
+from aionvrtc._cache import ArchStats
+from aionvrtc._cuda import runnable
+from aionvrtc._cuda_versions import MAJORS, driver_release, extra_for_arch
+from aionvrtc._target import device_target
+
+from .conftest import make_spec
+
+pytestmark = pytest.mark.anyio
+
+ARCHS = ("sm_80", "sm_90")
+
+
+async def test_one_compile_per_key_and_arch_under_concurrent_requests(cache_dir: Path) -> None:
+    spec = make_spec()
+    results: dict[str, list[Artifact]] = {arch: [] for arch in ARCHS}
+
+    async def request(arch: str) -> None:
+        results[arch].append(await compiler.compile(spec, arch=arch))
+
+    async with Compiler(arch="sm_90", cache_dir=cache_dir, concurrency=2) as compiler:
+        async with anyio.create_task_group() as tg:
+            for _ in range(100):
+                for arch in ARCHS:
+                    tg.start_soon(request, arch)
+        stats = compiler.stats()
+        # The default target is the Compiler's arch; a Target and its name are one target.
+        assert await compiler.compile(spec) is results["sm_90"][0]
+        assert await compiler.compile(spec, arch=Target("sm_80")) is results["sm_80"][0]
+    for arch in ARCHS:
+        assert len(results[arch]) == 100
+        assert all(artifact is results[arch][0] for artifact in results[arch])
+        assert results[arch][0].arch == arch
+        assert results[arch][0].key == kernel_key(spec, arch)
+    assert results["sm_80"][0].image != results["sm_90"][0].image
+    assert (stats.requests, stats.compiles, stats.joined) == (200, 2, 198)
+    assert set(stats.archs) == set(ARCHS)
+    for arch in ARCHS:
+        assert stats.archs[arch].entries == 1
+        assert stats.archs[arch].compiles == 1
+        assert stats.archs[arch].compile_errors == 0
+        assert stats.archs[arch].compile_seconds > 0
+    assert stats.compile_seconds == pytest.approx(
+        sum(share.compile_seconds for share in stats.archs.values())
+    )
+
+    # Another Compiler, another default target: both archs come from disk.
+    async with Compiler(arch="sm_80", cache_dir=cache_dir) as again:
+        for arch in ARCHS:
+            artifact = await again.compile(spec, arch=arch)
+            assert (artifact.arch, artifact.image) == (arch, results[arch][0].image)
+        stats = again.stats()
+    assert (stats.compiles, stats.disk.hits) == (0, 2)
+    assert stats.archs == {arch: ArchStats(1, 0, 0, 0.0) for arch in ARCHS}
+
+
+async def test_keys_prefetch_records_and_forget_per_arch(cache_dir: Path) -> None:
+    specs = [make_spec() for _ in range(3)]
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        assert compiler.key(specs[0]) == kernel_key(specs[0], "sm_90")
+        assert compiler.key(specs[0], arch="sm_80") == kernel_key(specs[0], "sm_80")
+        assert compiler.prefetch(specs, arch="sm_80") == 3
+        while (now := compiler.stats()).compiles < 3 or now.queued or now.in_flight:
+            await anyio.sleep(0.01)  # until the last one is stored, not only compiled
+        stats = compiler.stats()
+        assert stats.archs["sm_80"].compiles == 3
+        assert stats.archs.get("sm_90", ArchStats(0, 0, 0, 0.0)).compiles == 0
+        # Prefetched for sm_80: served from memory, no compile.
+        before = stats.memory.hits
+        for spec in specs:
+            assert (await compiler.compile(spec, arch="sm_80")).arch == "sm_80"
+        assert compiler.stats().memory.hits == before + 3
+        assert compiler.stats().compiles == 3
+
+        # Records are kept per target.
+        assert await compiler.save_record("tiles", b"eighty", arch="sm_80")
+        assert await compiler.save_record("tiles", b"ninety")
+        assert await compiler.load_record("tiles", arch="sm_80") == b"eighty"
+        assert await compiler.load_record("tiles", arch="sm_90") == b"ninety"
+        assert await compiler.load_record("tiles", arch="sm_75") is None
+
+        # forget() drops the spec for every target the Compiler served.
+        await compiler.compile(specs[0])
+        on_disk = [
+            cache_dir / "v2" / k[:2] / k for k in (compiler.key(specs[0], arch=a) for a in ARCHS)
+        ]
+        assert all(path.exists() for path in on_disk)
+        await compiler.forget(specs[0])
+        assert not any(path.exists() for path in on_disk)
+        compiles = compiler.stats().compiles
+        await compiler.compile(specs[0], arch="sm_80")
+        await compiler.compile(specs[0], arch="sm_90")
+        assert compiler.stats().compiles == compiles + 2
+
+
+async def test_bad_archs_are_clear_errors(cache_dir: Path) -> None:
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        with pytest.raises(
+            ValueError, match="arch must look like 'sm_90', 'sm_90a' or 'sm_100f', got 'hopper'"
+        ):
+            await compiler.compile(make_spec(), arch="hopper")
+        with pytest.raises(TypeError, match="arch must be a str such as 'sm_90', not int"):
+            await compiler.compile(make_spec(), arch=90)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="arch must be a str such as 'sm_90', not list"):
+            await compiler.compile(make_spec(), arch=["sm_90"])  # type: ignore[arg-type]
+        assert compiler.stats().compiles == 0
+
+
+def test_a_kernel_cache_serves_several_targets_from_one_set_of_tiers(cache_dir: Path) -> None:
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    eighty = cache.for_arch("sm_80")
+    assert cache.for_arch("sm_80") is eighty
+    assert cache.for_arch(Target("sm_90")) is cache
+    assert eighty.for_arch("sm_90") is cache
+    assert (eighty.memory, eighty.disk) == (cache.memory, cache.disk)
+    spec = make_spec()
+    views: list[KernelCache] = []
+
+    def aim() -> None:  # threads asking for one new target at once get one view
+        views.append(cache.for_arch("sm_75"))
+
+    threads = [threading.Thread(target=aim) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(view is views[0] for view in views)
+    assert eighty.get_or_compile(spec).arch == "sm_80"
+    assert cache.get_or_compile(spec).arch == "sm_90"
+    assert eighty.get_or_compile(spec) is eighty.get_or_compile(spec)
+    stats = cache.stats()
+    assert stats == eighty.stats()  # one cache, whichever view asks
+    assert (stats.requests, stats.compiles, stats.memory.entries) == (4, 2, 2)
+    assert stats.memory.archs == {"sm_80": 1, "sm_90": 1}
+    assert (stats.archs["sm_80"].compiles, stats.archs["sm_90"].compiles) == (1, 1)
+    assert stats.archs["sm_75"] == ArchStats(0, 0, 0, 0.0)
+    assert cache.forget(spec) == [kernel_key(spec, arch) for arch in ("sm_90", "sm_80", "sm_75")]
+    assert cache.stats().memory.archs == {}
+
+
+def test_the_memory_tier_counts_entries_per_arch_through_evictions() -> None:
+    from aionvrtc._store import MemoryTier
+
+    def artifact(n: int, arch: str) -> Artifact:
+        return Artifact(f"{n:064x}", "cubin", b"\x7fELF" + bytes(1000), arch, "13.0")
+
+    tier = MemoryTier(limit=5 * 1300)
+    for n in range(4):
+        tier.write(artifact(n, "sm_80"))
+    tier.write(artifact(4, "sm_90"))
+    assert tier.stats().archs == {"sm_80": 4, "sm_90": 1}
+    tier.write(artifact(0, "sm_90"))  # the same key, now another arch's: replaced
+    assert tier.stats().archs == {"sm_80": 3, "sm_90": 2}
+    for n in range(5, 8):  # evicts the three least recent: 1, 2, 3 (sm_80)
+        tier.write(artifact(n, "sm_75"))
+    stats = tier.stats()
+    assert (stats.evictions, stats.entries) == (3, 5)
+    assert stats.archs == {"sm_75": 3, "sm_90": 2}
+    assert tier.discard(f"{4:064x}")
+    assert tier.stats().archs == {"sm_75": 3, "sm_90": 1}
+    tier.clear()
+    assert tier.stats().archs == {}
+
+
+@pytest.mark.parametrize(
+    ("capability", "preferred", "expected"),
+    [
+        ((9, 0), None, "sm_90"),
+        ((9, 0), "sm_80", "sm_90"),  # another GPU's arch: the device's own
+        ((8, 6), "sm_80", "sm_86"),  # a cubin for 8.0 would run, but 8.6's own is better
+        ((9, 0), "sm_90a", "sm_90a"),  # the same GPU with its arch-specific features
+        ((9, 0), "sm_90", "sm_90"),
+        ((10, 3), "sm_100f", "sm_100f"),  # a family that covers the GPU
+        ((10, 0), "sm_103f", "sm_100"),  # a family member newer than the GPU
+        ((12, 0), "sm_100f", "sm_120"),  # another family
+        ((10, 3), "sm_100a", "sm_103"),  # arch-specific to another GPU
+    ],
+)
+def test_the_target_of_a_device(
+    capability: tuple[int, int], preferred: str | None, expected: str
+) -> None:
+    given = Target(preferred) if preferred is not None else None
+    assert device_target(capability, given) == Target(expected)
+
+
+def _artifact(kind: str, arch: str, nvrtc: str) -> Artifact:
+    return Artifact("0" * 64, kind, b"", arch, nvrtc)  # type: ignore[arg-type]
+
+
+def test_what_an_image_needs_of_the_gpu_and_the_driver() -> None:
+    cubin = _artifact("cubin", "sm_90", "13.0")
+    assert runnable(cubin, (9, 0), (13, 0)) is None
+    assert runnable(cubin, (9, 0), None) is None  # no driver known: the load decides
+    assert runnable(cubin, (8, 0), (13, 0)) == (
+        "a cubin for sm_90 cannot run on a GPU of compute capability 8.0; get() compiles for "
+        "the device's own arch, sm_80"
+    )
+    assert runnable(_artifact("cubin", "sm_90a", "13.0"), (9, 0), (13, 0)) is None
+    assert runnable(_artifact("cubin", "sm_80", "13.0"), (8, 6), (13, 0)) is None
+    # NVRTC 13's cubins need a driver for CUDA 13; NVRTC 12's load on any CUDA 12 driver.
+    assert runnable(_artifact("cubin", "sm_90", "13.5"), (9, 0), (12, 8)) == (
+        "a cubin from NVRTC 13.5 needs a driver for CUDA 13 (580 or newer) and this driver runs "
+        "CUDA 12.8: install aionvrtc[cu12], or update the driver"
+    )
+    assert runnable(_artifact("cubin", "sm_90", "12.9"), (9, 0), (12, 0)) is None
+    assert runnable(_artifact("cubin", "sm_90", "13.5"), (9, 0), (13, 0)) is None
+    # PTX from a newer NVRTC than the driver: CUDA_ERROR_UNSUPPORTED_PTX_VERSION at load.
+    ptx = _artifact("ptx", "sm_130", "13.5")
+    assert runnable(ptx, (13, 0), (13, 5)) is None
+    assert runnable(ptx, (13, 0), (13, 0)) == (
+        "PTX from NVRTC 13.5 needs a driver for CUDA 13.5 or newer and this driver runs CUDA "
+        "13.0: update the driver, or compile with the NVRTC of its CUDA"
+    )
+    assert runnable(ptx, (12, 0), (13, 5)) == (
+        "a ptx for sm_130 cannot run on a GPU of compute capability 12.0; get() compiles for the "
+        "device's own arch, sm_120"
+    )
+
+
+def test_the_extras_and_their_drivers() -> None:
+    assert {m: (MAJORS[m].extra, MAJORS[m].min_driver) for m in MAJORS} == {
+        12: ("cu12", 525),
+        13: ("cu13", 580),
+    }
+    assert [extra_for_arch(a) for a in (35, 50, 61, 70, 72, 75, 90, 121)] == [
+        None, "cu12", "cu12", "cu12", "cu12", "cu13", "cu13", "cu13",
+    ]  # fmt: skip
+    # What this NVRTC supports agrees with the table: its oldest arch is its major's.
+    major = MAJORS[_nvrtc.version()[0]]
+    assert _nvrtc.supported_archs()[0] == major.oldest_arch
+
+
+@pytest.mark.parametrize(
+    ("text", "release"),
+    [
+        (
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue Sep 23 09:57:33 UTC "
+            "2025\nGCC version:  gcc version 13.3.0\n",
+            "580.95.05",
+        ),
+        (
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  575.57.08  Release Build  "
+            "(dvs-builder@U16-I3-B17-1-1)  Sat May 24 07:21:18 UTC 2025\n",
+            "575.57.08",
+        ),
+        ("NVRM version: something else entirely\n", None),
+    ],
+)
+def test_the_driver_release_is_read_from_the_kernel_module(
+    tmp_path: Path, text: str, release: str | None
+) -> None:
+    path = tmp_path / "version"
+    path.write_text(text)
+    assert driver_release(str(path)) == release
+    assert driver_release(str(tmp_path / "missing")) is None
+
+
+def test_artifacts_of_two_nvrtc_builds_share_a_cache_dir_under_their_own_keys(
+    cache_dir: Path,
+) -> None:
+    # What another CUDA major's process would store: the same spec and arch, another NVRTC
+    # build, so another key (the key covers the build); each reads only its own.
+    from aionvrtc._spec import derive_key
+
+    spec = make_spec()
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    mine = cache.get_or_compile(spec)
+    other_key = derive_key(spec, "sm_90", "12.9+0123456789abcdef")
+    assert other_key != mine.key
+    assert cache.disk is not None
+    other = dataclasses.replace(mine, key=other_key, nvrtc_version="12.9", image=b"\x7fELF other")
+    assert cache.disk.write(other)
+    fresh = KernelCache("sm_90", cache_dir=cache_dir)
+    found = fresh.get_or_compile(spec)
+    assert (found.key, found.image, found.nvrtc_version) == (
+        mine.key, mine.image, _nvrtc.version_string(),
+    )  # fmt: skip
+    assert fresh.stats().compiles == 0
+    assert fresh.disk is not None
+    assert fresh.disk.read(other_key, arch="sm_90") == other
+
+
+def test_specs_compile_for_every_supported_arch(tmp_path: Path) -> None:
+    # The oldest and newest real archs this NVRTC supports: cubins, each its own key.
+    spec = KernelSpec("__global__ void k(int* x) { x[0] = 1; }")
+    archs = _nvrtc.supported_archs()
+    cache = KernelCache(f"sm_{archs[0]}", cache_dir=tmp_path)
+    images = {cache.for_arch(f"sm_{a}").get_or_compile(spec).image for a in (archs[0], archs[-1])}
+    assert len(images) == 2
+    assert all(image[:4] == b"\x7fELF" for image in images)
+
+
+# The Python of an environment with the other CUDA major's extra (CI sets it: see .ci/run).
+OTHER_MAJOR = os.environ.get("AIONVRTC_OTHER_MAJOR_PYTHON")
+
+_BOTH = """
+import json, sys
+from aionvrtc import KernelCache, KernelSpec, _nvrtc
+spec = KernelSpec(sys.argv[1])
+cache = KernelCache("sm_90", cache_dir=sys.argv[2])
+artifact = cache.get_or_compile(spec)
+print(json.dumps({"nvrtc": _nvrtc.version_string(), "key": artifact.key,
+                  "compiles": cache.stats().compiles, "image": artifact.image[:4].hex()}))
+"""
+
+
+@pytest.mark.skipif(
+    OTHER_MAJOR is None, reason="needs $AIONVRTC_OTHER_MAJOR_PYTHON (CI's second environment)"
+)
+def test_both_majors_share_one_cache_dir(cache_dir: Path) -> None:
+    assert OTHER_MAJOR is not None
+    source = make_spec().source
+    runs = []
+    for python in [sys.executable, OTHER_MAJOR] * 2:
+        proc = subprocess.run(
+            [python, "-c", _BOTH, source, str(cache_dir)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs.append(json.loads(proc.stdout))
+    mine, other = runs[0], runs[1]
+    assert int(mine["nvrtc"].split(".")[0]) != int(other["nvrtc"].split(".")[0])
+    assert mine["key"] != other["key"]  # the key covers the NVRTC build
+    assert [run["compiles"] for run in runs] == [1, 1, 0, 0]  # each reads its own entry back
+    assert [run["key"] for run in runs[2:]] == [mine["key"], other["key"]]
+    assert {run["image"] for run in runs} == {"7f454c46"}  # cubins, both
+    listing = subprocess.run(
+        [sys.executable, "-m", "aionvrtc", "cache", "ls", "--json", "--cache-dir", str(cache_dir)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    rows = json.loads(listing.stdout)
+    assert sorted((row["key"], row["nvrtc_version"]) for row in rows) == sorted(
+        [(mine["key"], mine["nvrtc"]), (other["key"], other["nvrtc"])]
+    )
+
+
+async def test_metrics_per_arch(cache_dir: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from aionvrtc.metrics import register
+
+    registry = CollectorRegistry()
+    spec = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        register(compiler, registry=registry, name="svc")
+        for arch in ("sm_80", "sm_90", "sm_80"):
+            await compiler.compile(spec, arch=arch)
+
+        def sample(name: str, arch: str) -> float | None:
+            labels = {"compiler": "svc", "arch": arch}
+            return registry.get_sample_value(f"aionvrtc_{name}", labels)
+
+        for arch in ("sm_80", "sm_90"):
+            assert sample("arch_compiles_total", arch) == 1
+            assert sample("arch_memory_entries", arch) == 1
+        assert sample("arch_compiles_total", "sm_75") is None
+        assert registry.get_sample_value("aionvrtc_compiles_total", {"compiler": "svc"}) == 2
