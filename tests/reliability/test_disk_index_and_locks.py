@@ -928,7 +928,7 @@ def test_a_header_read_while_an_append_lands_is_read_whole(tmp_path: Path) -> No
                 assert index.add(version, key, (100 + len(appended), 1, b"null"), None)
             return opened
 
-        index._open = open_then_append  # type: ignore[method-assign]
+        index._open = open_then_append
         totals = index.totals(version)
         assert totals is not None
         assert totals.entries == 3
