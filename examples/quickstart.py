@@ -56,7 +56,7 @@ async def main(arch: str | None) -> None:
             print(f"  {expression:14} -> {lowered}")
         try:
             module = await compiler.get(SPEC)
-        except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or one of another arch
+        except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or a driver too old
             print(
                 f"no usable GPU for {target} here ({type(exc).__name__}): would run: axpy<float> "
                 "and axpy<double> on 2**20 elements, checked against NumPy"

@@ -144,7 +144,7 @@ async def main(port: int, arch: str | None, sizes: list[int]) -> None:
         try:
             for spec in specs:
                 await compiler.get(spec)  # loaded before the first request needs them
-        except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or one of another arch
+        except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or a driver too old
             print(
                 f"no usable GPU for {target} here ({type(exc).__name__}): would serve "
                 f"POST /shortest-paths and GET /stats on port {port}",

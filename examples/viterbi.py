@@ -89,8 +89,8 @@ async def main(sequences: int, states: int, steps: int, arch: str | None) -> Non
         name = spec.name_expressions[0]
         print(f"max-plus kernel with argmax for {target}: {name} ({artifact.kind})")
         try:
-            await compiler.get(spec)  # loaded on this GPU, if it can run here
-        except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or one of another arch
+            await compiler.get(spec)  # compiled for this GPU's arch and loaded
+        except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or a driver too old
             print(
                 f"no usable GPU for {target} here ({type(exc).__name__}): would decode "
                 f"{sequences} sequences of {steps} steps over {states} states "

@@ -19,13 +19,15 @@ from aionvrtc import (
     Compiler,
     KernelCache,
     KernelSpec,
+    NvrtcError,
     Target,
+    _cuda_versions,
     _nvrtc,
     kernel_key,
 )
 from aionvrtc._cache import ArchStats
 from aionvrtc._cuda import runnable
-from aionvrtc._cuda_versions import MAJORS, driver_release, extra_for_arch
+from aionvrtc._cuda_versions import MAJORS, driver_fix, driver_release, extra_for_arch
 from aionvrtc._target import device_target
 
 from .conftest import make_spec
@@ -84,8 +86,9 @@ async def test_keys_prefetch_records_and_forget_per_arch(cache_dir: Path) -> Non
         assert compiler.key(specs[0]) == kernel_key(specs[0], "sm_90")
         assert compiler.key(specs[0], arch="sm_80") == kernel_key(specs[0], "sm_80")
         assert compiler.prefetch(specs, arch="sm_80") == 3
-        while (now := compiler.stats()).compiles < 3 or now.queued or now.in_flight:
-            await anyio.sleep(0.01)  # until the last one is stored, not only compiled
+        with anyio.fail_after(60):  # a regression fails, not hangs
+            while (now := compiler.stats()).compiles < 3 or now.queued or now.in_flight:
+                await anyio.sleep(0.01)  # until the last one is stored, not only compiled
         stats = compiler.stats()
         assert stats.archs["sm_80"].compiles == 3
         assert stats.archs.get("sm_90", ArchStats(0, 0, 0, 0.0)).compiles == 0
@@ -224,7 +227,7 @@ def test_what_an_image_needs_of_the_gpu_and_the_driver() -> None:
     # NVRTC 13's cubins need a driver for CUDA 13; NVRTC 12's load on any CUDA 12 driver.
     assert runnable(_artifact("cubin", "sm_90", "13.5"), (9, 0), (12, 8)) == (
         "a cubin from NVRTC 13.5 needs a driver for CUDA 13 (580 or newer) and this driver runs "
-        "CUDA 12.8: install aionvrtc[cu12], or update the driver"
+        f"CUDA 12.8: {driver_fix((12, 8), (13, 5))}"
     )
     assert runnable(_artifact("cubin", "sm_90", "12.9"), (9, 0), (12, 0)) is None
     assert runnable(_artifact("cubin", "sm_90", "13.5"), (9, 0), (13, 0)) is None
@@ -233,7 +236,8 @@ def test_what_an_image_needs_of_the_gpu_and_the_driver() -> None:
     assert runnable(ptx, (13, 0), (13, 5)) is None
     assert runnable(ptx, (13, 0), (13, 0)) == (
         "PTX from NVRTC 13.5 needs a driver for CUDA 13.5 or newer and this driver runs CUDA "
-        "13.0: update the driver, or compile with the NVRTC of its CUDA"
+        "13.0: pip install 'nvidia-cuda-nvrtc==13.0.*'; or update the NVIDIA driver to one for "
+        "CUDA 13.5 or newer"
     )
     assert runnable(ptx, (12, 0), (13, 5)) == (
         "a ptx for sm_130 cannot run on a GPU of compute capability 12.0; get() compiles for the "
@@ -246,12 +250,75 @@ def test_the_extras_and_their_drivers() -> None:
         12: ("cu12", 525),
         13: ("cu13", 580),
     }
-    assert [extra_for_arch(a) for a in (35, 50, 61, 70, 72, 75, 90, 121)] == [
-        None, "cu12", "cu12", "cu12", "cu12", "cu13", "cu13", "cu13",
+    archs = (35, 50, 61, 70, 72, 75, 88, 90, 95, 101, 110, 121)
+    assert [extra_for_arch(a) for a in archs] == [
+        None, "cu12", "cu12", "cu12", "cu12", "cu13", "cu13", "cu13", None, "cu12", "cu13", "cu13",
     ]  # fmt: skip
-    # What this NVRTC supports agrees with the table: its oldest arch is its major's.
+    # What this NVRTC supports agrees with the table of its major (13.0 lacks 13.x's sm_107).
     major = MAJORS[_nvrtc.version()[0]]
-    assert _nvrtc.supported_archs()[0] == major.oldest_arch
+    assert set(_nvrtc.supported_archs()) <= set(major.archs)
+    assert _nvrtc.supported_archs()[0] == major.archs[0]
+
+
+def test_an_arch_inside_nvrtcs_range_that_it_skips_names_the_extra_that_has_it() -> None:
+    # NVRTC 13 renamed sm_101 to sm_110; NVRTC 12.9 has no sm_88. Such an arch is refused
+    # before NVRTC sees it (it would fail as a CompileError, remembered as the spec's).
+    skipped, extra = ("sm_101", "cu12") if _nvrtc.version()[0] >= 13 else ("sm_88", "cu13")
+    with pytest.raises(NvrtcError) as info:
+        _nvrtc.check_target(Target(skipped))
+    assert str(info.value).endswith(f"); install aionvrtc[{extra}], whose NVRTC can")
+    with pytest.raises(NvrtcError, match=r"cannot target sm_95 .*; no CUDA version that"):
+        _nvrtc.compile_program(make_spec(), Target("sm_95"))
+
+
+def test_the_fix_for_a_driver_too_old(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_cuda_versions, "cupy_majors", lambda: [13])
+    # A cubin of CUDA 13 (or CuPy's CUDA 13 runtime) on a CUDA 12 driver: the driver's extra.
+    assert driver_fix((12, 8), (13, 0)) == (
+        "pip uninstall cupy-cuda13x, then pip install 'aionvrtc[cu12]' (CUDA 12, the driver's); "
+        "or update the NVIDIA driver to 580 or newer"
+    )
+    # PTX of NVRTC 13.5 on a CUDA 13.0 driver: the driver's NVRTC, pinned.
+    assert driver_fix((13, 0), (13, 5), exact=True) == (
+        "pip install 'nvidia-cuda-nvrtc==13.0.*'; or update the NVIDIA driver to one for CUDA "
+        "13.5 or newer"
+    )
+    # Across majors, PTX needs both: cu12 brings NVRTC 12.9, newer than a 12.8 driver.
+    assert driver_fix((12, 8), (13, 5), exact=True) == (
+        "pip uninstall cupy-cuda13x, then pip install 'aionvrtc[cu12]' (CUDA 12, the driver's), "
+        "then pip install 'nvidia-cuda-nvrtc-cu12==12.8.*'; or update the NVIDIA driver to one "
+        "for CUDA 13.5 or newer"
+    )
+    assert driver_fix((11, 8), (13, 0)) == "update the NVIDIA driver to 580 or newer"
+
+
+def test_a_driver_older_than_cupys_cuda_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    # cu13 installed where the driver runs CUDA 12: CuPy's runtime refuses at its first call
+    # (cudaErrorInsufficientDriver), before any compile or load. No such driver here: the
+    # error and the driver's version are injected; the mapping is the real one.
+    import cupy
+    from cupy_backends.cuda.api.runtime import CUDARuntimeError
+
+    from aionvrtc import NoDeviceError, _cuda
+
+    monkeypatch.setattr(_cuda_versions, "cupy_majors", lambda: [13])
+    monkeypatch.setattr(_cuda_versions, "driver_cuda", lambda: (12, 8))
+
+    def insufficient(*args: object) -> None:
+        raise CUDARuntimeError(35)  # cudaErrorInsufficientDriver
+
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", insufficient)
+    monkeypatch.setattr(_cuda, "_capabilities", {})
+    fix = (
+        "the driver runs CUDA 12.8, older than CuPy's CUDA 13: pip uninstall cupy-cuda13x, then "
+        "pip install 'aionvrtc[cu12]' (CUDA 12, the driver's); or update the NVIDIA driver to "
+        "580 or newer"
+    )
+    with pytest.raises(NoDeviceError) as info:
+        _cuda.check_device(0)
+    assert str(info.value).startswith("no usable CUDA GPU here: CUDARuntimeError: ")
+    assert "cudaErrorInsufficientDriver" in str(info.value)
+    assert str(info.value).endswith(f"; {fix}")
 
 
 @pytest.mark.parametrize(

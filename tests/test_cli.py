@@ -890,7 +890,7 @@ def test_doctor_says_which_nvrtc_and_the_driver_its_cubins_need(tmp_path: Path) 
             "570.86.10 (CUDA 12.8) is older than NVRTC {v} (CUDA 13) and cannot load the kernels "
             "compiled here",
             "pip uninstall cupy-cuda13x, then pip install 'aionvrtc[cu12]' (CUDA 12, the "
-            "driver's), or update the NVIDIA driver to 580 or newer",
+            "driver's); or update the NVIDIA driver to 580 or newer",
         ),
         (
             (11, 8), "520.61.05", "fail",

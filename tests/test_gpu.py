@@ -20,6 +20,7 @@ from aionvrtc import (
     synchronize,
 )
 from aionvrtc._artifact import encode
+from aionvrtc._cuda_versions import driver_cuda
 
 from .conftest import run_python
 
@@ -135,12 +136,17 @@ async def test_a_bad_image_on_disk_is_recompiled_and_runs(cache_dir: Path, damag
                 image = (await other.compile(spec)).image
         entry.write_bytes(encode(dataclasses.replace(good, image=image)))
     async with Compiler(cache_dir=cache_dir) as compiler:
+        # Another arch's entry of the same spec, which the recovery must leave alone.
+        eighty = await compiler.compile(spec, arch="sm_80")
         module = await compiler.get(spec)
         assert run_axpy(module, spec.name_expressions[0], np.float32) < 1e-5
         stats = compiler.stats()
-        assert stats.compiles == 1
+        # The refused image once, and sm_80 unless the damage was made of its disk entry.
+        assert stats.compiles == (1 if damage == "other-arch-cubin" else 2)
         assert stats.disk.corrupt_dropped == (1 if damage == "bit-flip" else 0)
+        assert await compiler.compile(spec, arch="sm_80") is eighty  # still in memory
     assert entry.read_bytes() == encode(dataclasses.replace(module.artifact))
+    assert (cache_dir / "v2" / eighty.key[:2] / eighty.key).exists()  # and on disk
 
 
 async def test_get_compiles_for_the_device_whatever_the_compilers_default(
@@ -169,7 +175,7 @@ async def test_get_compiles_for_the_device_whatever_the_compilers_default(
             with pytest.raises(ModuleLoadError, match=r"cubin for sm_80 cannot run on a GPU of"):
                 _cuda.load(other, 0)
     # The driver here is known, and the image is one it runs.
-    driver = _cuda.driver_cuda()
+    driver = driver_cuda()
     assert driver is not None
     assert _cuda.runnable(module.artifact, _cuda.check_device(0), driver) is None
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from aionvrtc import CompileError, Compiler, KernelSpec, NvrtcError, Target, _nvrtc, kernel_key
+from aionvrtc._cuda_versions import driver_fix
 
 from .conftest import make_spec, run_python
 
@@ -87,24 +88,18 @@ def test_ptx_that_the_driver_here_could_not_load_is_refused(
     monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: older)
     with pytest.raises(NvrtcError) as info:
         _nvrtc.compile_program(make_spec(), future)
-    text = str(info.value)
-    assert text.startswith(
+    assert str(info.value) == (
         f"NVRTC {major}.{minor} does not know {future.arch}, so it would compile PTX for it, "
         f"and the driver here (CUDA {older[0]}.{older[1]}) is older than NVRTC and cannot load "
-        f"that PTX: update the NVIDIA driver to one for CUDA {major}.{minor} or newer, or "
+        f"that PTX: {driver_fix(older, (major, minor), exact=True)}"
     )
-    if older[0] == major:
-        wheel = "nvidia-cuda-nvrtc-cu12" if major == 12 else "nvidia-cuda-nvrtc"
-        assert text.endswith(f"pip install '{wheel}=={older[0]}.{older[1]}.*', the driver's NVRTC")
-    else:
-        assert text.endswith(f"install aionvrtc[cu{older[0]}], the CUDA of the driver")
-    # A driver for an older major: the extra of its CUDA.
+    assert "pip install 'nvidia-cuda-nvrtc" in str(info.value)  # the driver's NVRTC, pinned
+    # A driver for an older major: the extra of its CUDA, and its NVRTC.
     monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: (12, 8))
     if major > 12:
-        with pytest.raises(
-            NvrtcError, match=r"or install aionvrtc\[cu12\], the CUDA of the driver$"
-        ):
+        with pytest.raises(NvrtcError, match=re.escape("pip install 'aionvrtc[cu12]'")) as info:
             _nvrtc.check_target(future)
+        assert "then pip install 'nvidia-cuda-nvrtc-cu12==12.8.*'; or update" in str(info.value)
     # No driver at all (compiling for another machine): PTX, which loading checks there.
     monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: None)
     assert _nvrtc.compile_program(make_spec(), future).kind == "ptx"

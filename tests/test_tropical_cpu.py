@@ -436,3 +436,19 @@ def test_autotune_names_a_bad_dtype_before_it_needs_a_gpu(
 ) -> None:
     with pytest.raises(error, match=re.escape(message)):
         anyio.run(lambda: tropical.autotune(dtypes))  # type: ignore[arg-type]
+
+
+def test_a_failed_warm_compile_raises_its_error_not_a_group(tmp_path: Path) -> None:
+    # The first compile that fails stops the others: its own error comes out, as from compile().
+    from aionvrtc import CompileError, KernelSpec, Target
+    from aionvrtc.tropical._api import _compile_all
+
+    broken = KernelSpec("__global__ void k() { not_defined(); }")
+    good = KernelSpec("__global__ void k(int* x) { x[0] = 1; }")
+
+    async def main() -> None:
+        async with Compiler(arch="sm_90", cache_dir=tmp_path) as compiler:
+            await _compile_all(compiler, [good, broken], [Target("sm_80"), Target("sm_90")])
+
+    with pytest.raises(CompileError, match='identifier "not_defined" is undefined'):
+        anyio.run(main)

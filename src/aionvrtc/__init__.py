@@ -2,7 +2,7 @@
 
 from ._actor import Compiler, CompilerStats
 from ._artifact import Artifact
-from ._cache import CacheStats, KernelCache, kernel_key
+from ._cache import ArchStats, CacheStats, KernelCache, kernel_key
 from ._cuda import Module, synchronize
 from ._exceptions import (
     AionvrtcError,
@@ -23,6 +23,7 @@ from ._version import __version__
 __all__ = [
     "FORMAT_VERSION",
     "AionvrtcError",
+    "ArchStats",
     "Artifact",
     "CacheCorruptError",
     "CacheStats",

@@ -39,6 +39,7 @@ from . import _cuda
 from ._artifact import Artifact
 from ._cache import DEFAULT_MEMORY_LIMIT, ArchStats, Claim, KernelCache, Origin
 from ._cuda import Module
+from ._cuda_versions import driver_cuda
 from ._exceptions import AionvrtcError, CompileError, CompilerClosed, ModuleLoadError
 from ._failures import Failures
 from ._spec import KernelSpec
@@ -499,10 +500,10 @@ class Compiler:
             module = _cuda.load(artifact, device)
         except ModuleLoadError as exc:
             capability = _cuda.check_device(device)
-            if _cuda.runnable(artifact, capability, _cuda.driver_cuda()) is not None:
+            if _cuda.runnable(artifact, capability, driver_cuda()) is not None:
                 raise  # another architecture or driver: compiling again would not help
             logger.warning("%s; dropping it and compiling again", exc)
-            await self.forget(spec)
+            await self._drop(artifact.key)  # this image only: other archs' stay
             artifact = await self.compile(spec, arch=cache.target)
             module = _cuda.load(artifact, device)
         if self._state is _State.OPEN:
@@ -809,13 +810,20 @@ class Compiler:
     # -- management --------------------------------------------------------------------------
 
     async def forget(self, spec: KernelSpec) -> None:
-        """Drop ``spec`` from memory and disk and forget a remembered failure: the next request
-        compiles it again, reading its include directories' files anew."""
+        """Drop ``spec`` from memory and disk and forget a remembered failure, for every arch
+        this Compiler has served (entries of other archs, made by other processes, stay): the
+        next request compiles it again, reading its include directories' files anew."""
         keys = await anyio.to_thread.run_sync(self._cache.forget, spec)
         for key in keys:
             self._failures.pop(key)
             for modules in self._modules.values():
                 modules.pop(key, None)
+
+    async def _drop(self, key: str) -> None:
+        """Drop one key's entry from memory and disk, and its loaded modules."""
+        for modules in self._modules.values():
+            modules.pop(key, None)
+        await anyio.to_thread.run_sync(self._cache.drop, key)
 
     async def load_record(self, name: str, *, arch: TargetLike | None = None) -> bytes | None:
         """Data stored with ``save_record`` under ``name`` for target ``arch`` (default: the

@@ -417,11 +417,15 @@ class KernelCache:
         Returns the keys dropped."""
         keys = [view.key(spec) for view in list(self._views.values())]
         for key in keys:
-            self.memory.discard(key)
-            if self.disk is not None:
-                self.disk.discard(key)
+            self.drop(key)
         spec._reread_host_files()
         return keys
+
+    def drop(self, key: str) -> None:
+        """Drop ``key``'s entry from memory and disk."""
+        self.memory.discard(key)
+        if self.disk is not None:
+            self.disk.discard(key)
 
     def clear(self) -> None:
         """Empty the memory tier and this format version's disk entries."""

@@ -975,11 +975,6 @@ def _check_driver(version: str) -> Check:
 
     number = _nvrtc.version()[0]
     known = _cuda_versions.MAJORS.get(number)
-    update = (
-        f"update the NVIDIA driver to {known.min_driver} or newer"
-        if known is not None
-        else f"update the NVIDIA driver to one for CUDA {number} or newer"
-    )
     cuda, release = _cuda_versions.driver_cuda(), _cuda_versions.driver_release()
     if cuda is None and release is None:
         # Not a warning of its own: the gpus check warns that there is no driver.
@@ -1006,24 +1001,7 @@ def _check_driver(version: str) -> Check:
         f"{which} is older than NVRTC {version} (CUDA {number}) and cannot load the kernels "
         "compiled here"
     )
-    return _check("driver", "fail", detail, _driver_fix(cuda[0], number, update))
-
-
-def _driver_fix(driver: int, needed: int, update: str) -> str:
-    """For a driver of CUDA major ``driver`` that cannot load what CUDA ``needed`` makes: the
-    extra of the driver's CUDA, if aionvrtc has one (with the clashing CuPy wheel removed
-    first), or ``update`` (the driver)."""
-    from . import _cuda_versions
-
-    known = _cuda_versions.MAJORS.get(driver)
-    if known is None or driver == needed:
-        return update
-    switch = f"pip install 'aionvrtc[{known.extra}]' (CUDA {driver}, the driver's)"
-    # One CuPy wheel at a time: two clash, and CuPy cannot settle which one it is.
-    others = [f"cupy-cuda{m}x" for m in _cuda_versions.cupy_majors() if m != driver]
-    if others:
-        switch = f"pip uninstall {' '.join(others)}, then {switch}"
-    return f"{switch}, or {update}"
+    return _check("driver", "fail", detail, _cuda_versions.driver_fix(cuda, (number, 0)))
 
 
 def _nvrtc_facts() -> dict[str, Any] | None:
@@ -1079,14 +1057,16 @@ def _check_gpus(args: argparse.Namespace) -> list[Check]:
     except NoDeviceError as exc:
         if "InsufficientDriver" in str(exc):  # a driver, older than this CUDA runtime needs
             with contextlib.suppress(Exception):
+                from ._cuda_versions import driver_fix
+
                 number = cupy.cuda.runtime.runtimeGetVersion()
                 runtime = _cuda_version(number)
                 detail = (
                     f"the NVIDIA driver (CUDA {_cuda_version(driver)}) is too old for the CUDA "
                     f"runtime {runtime}: {compile_only}"
                 )
-                update = f"update the NVIDIA driver to one for CUDA {runtime} or newer"
-                fix = _driver_fix(driver // 1000, number // 1000, update)
+                needs = (number // 1000, number % 1000 // 10)
+                fix = driver_fix((driver // 1000, driver % 1000 // 10), needs)
                 return [_check("gpus", "warn", detail, fix)]
         return [_check("gpus", "warn", f"{_first_line(str(exc))}: {compile_only}", fix)]
     if count == 0:

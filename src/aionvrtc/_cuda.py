@@ -16,7 +16,7 @@ import anyio
 
 from ._artifact import Artifact
 from ._cuda_errors import map_cuda_errors
-from ._cuda_versions import MAJORS, driver_cuda
+from ._cuda_versions import MAJORS, driver_cuda, driver_fix
 from ._exceptions import ModuleLoadError, NoDeviceError
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "ModuleLoadError",  # from _exceptions; _actor catches it as _cuda.ModuleLoadError
     "check_device",
     "current_device",
-    "driver_cuda",  # from _cuda_versions
     "init_device",
     "load",
     "synchronize",
@@ -176,15 +175,13 @@ def runnable(
     if artifact.kind == "ptx" and driver < made:
         return (
             f"PTX from NVRTC {made[0]}.{made[1]} needs a driver for CUDA {made[0]}.{made[1]} or "
-            f"newer and {runs}: update the driver, or compile with the NVRTC of its CUDA"
+            f"newer and {runs}: {driver_fix(driver, made, exact=True)}"
         )
     known = MAJORS.get(made[0])
     if artifact.kind == "cubin" and driver[0] < made[0] and known is not None:
-        fix = MAJORS.get(driver[0])
-        install = f"install aionvrtc[{fix.extra}], or " if fix is not None else ""
         return (
             f"a cubin from NVRTC {made[0]}.{made[1]} needs a driver for CUDA {made[0]} "
-            f"({known.min_driver} or newer) and {runs}: {install}update the driver"
+            f"({known.min_driver} or newer) and {runs}: {driver_fix(driver, made)}"
         )
     return None
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import NoReturn
 
+from ._cuda_versions import insufficient_driver
+
 __all__ = ["CUDA_ERRORS", "describe", "is_cuda_error", "map_cuda_errors"]
 
 # Caught by base class, so that nothing here imports CuPy (importing aionvrtc must not load it):
@@ -68,8 +70,10 @@ class map_cuda_errors:  # lower case, as contextlib.suppress: it reads as a `wit
     ) -> None:
         if exc is not None and is_cuda_error(exc):
             message = f"{self.what}: {describe(exc)}"
-            if self.hint:
-                message += f"; {self.hint}"
+            # A driver older than CuPy's CUDA (the wrong extra): that fix, whatever was done.
+            hint = insufficient_driver(exc) or self.hint
+            if hint:
+                message += f"; {hint}"
             raise self.error(message) from exc
 
     def reraise(self, exc: BaseException) -> NoReturn:

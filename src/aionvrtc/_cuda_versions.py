@@ -19,9 +19,10 @@ __all__ = [
     "Major",
     "cupy_majors",
     "driver_cuda",
+    "driver_fix",
     "driver_release",
     "extra_for_arch",
-    "major",
+    "insufficient_driver",
 ]
 
 
@@ -31,11 +32,23 @@ class Major:
 
     number: int
     extra: str  # the pip extra that installs its CuPy and NVRTC
+    nvrtc_wheel: str  # NVRTC's wheel of this major
     min_driver: int  # the oldest Linux driver branch that loads this NVRTC's cubins
-    oldest_arch: int  # the oldest GPU its NVRTC compiles for (sm_XY as XY)
+    archs: tuple[int, ...]  # what the extra's NVRTC compiles for (sm_XY as XY)
 
 
-MAJORS = {12: Major(12, "cu12", 525, 50), 13: Major(13, "cu13", 580, 75)}
+MAJORS = {
+    # NVRTC 12.9's list, as getSupportedArchs gives it.
+    12: Major(
+        12, "cu12", "nvidia-cuda-nvrtc-cu12", 525,
+        (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 120, 121),
+    ),
+    # NVRTC 13.x's (13.0 lacks sm_107; sm_101 became sm_110).
+    13: Major(
+        13, "cu13", "nvidia-cuda-nvrtc", 580,
+        (75, 80, 86, 87, 88, 89, 90, 100, 103, 107, 110, 120, 121),
+    ),
+}  # fmt: skip
 
 # How to choose, said wherever CuPy or NVRTC is missing.
 CHOOSE_EXTRA = (
@@ -45,18 +58,53 @@ CHOOSE_EXTRA = (
 )
 
 
-def major(number: int) -> Major | None:
-    """What aionvrtc knows of CUDA major ``number`` (None: one it has no extra for)."""
-    return MAJORS.get(number)
-
-
 def extra_for_arch(arch: int) -> str | None:
     """The extra whose NVRTC compiles for ``arch`` (as 70 for sm_70), preferring the newest
     major; None if none does."""
     for known in sorted(MAJORS.values(), key=lambda m: -m.number):
-        if arch >= known.oldest_arch:
+        if arch in known.archs:
             return known.extra
     return None
+
+
+def driver_fix(driver: tuple[int, int], needs: tuple[int, int], *, exact: bool = False) -> str:
+    """What to do when the driver here, for CUDA ``driver``, is too old for what needs CUDA
+    ``needs`` (a cubin or CuPy's runtime: the major decides; PTX, ``exact``: the NVRTC that made
+    it must be no newer than the driver): the extra of the driver's CUDA (the other CuPy wheel
+    removed first: two clash), or the NVRTC of its version, or else a newer driver."""
+    known = MAJORS.get(needs[0])
+    update = (
+        f"update the NVIDIA driver to {known.min_driver} or newer"
+        if known is not None and not exact
+        else f"update the NVIDIA driver to one for CUDA {needs[0]}.{needs[1]} or newer"
+    )
+    mine = MAJORS.get(driver[0])
+    if mine is None:
+        return update
+    steps = []
+    if driver[0] != needs[0]:
+        others = [f"cupy-cuda{m}x" for m in cupy_majors() if m != driver[0]]
+        if others:
+            steps.append(f"pip uninstall {' '.join(others)}")
+        steps.append(f"pip install 'aionvrtc[{mine.extra}]' (CUDA {driver[0]}, the driver's)")
+    if exact:
+        steps.append(f"pip install '{mine.nvrtc_wheel}=={driver[0]}.{driver[1]}.*'")
+    return f"{', then '.join(steps)}; or {update}" if steps else update
+
+
+def insufficient_driver(exc: BaseException) -> str | None:
+    """For CUDA's "driver is insufficient for the runtime" (CuPy of a newer CUDA than the
+    driver runs: the usual sign of the wrong extra), what the driver runs and the fix; else
+    None."""
+    if "InsufficientDriver" not in str(exc):  # cudaErrorInsufficientDriver
+        return None
+    driver, majors = driver_cuda(), cupy_majors()
+    if driver is None or len(majors) != 1:
+        return None
+    return (
+        f"the driver runs CUDA {driver[0]}.{driver[1]}, older than CuPy's CUDA {majors[0]}: "
+        + driver_fix(driver, (majors[0], 0))
+    )
 
 
 def cupy_majors() -> list[int]:

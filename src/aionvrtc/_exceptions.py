@@ -70,8 +70,8 @@ class NoDeviceError(AionvrtcError):
 
 class ModuleLoadError(AionvrtcError):
     """Raised when the driver refuses an artifact's image (a damaged image, unsupported PTX) or
-    the image cannot run on the device (another architecture). ``Compiler.get`` drops a refused
-    image and recompiles it once before raising this."""
+    the image cannot run on the device (another architecture, or a driver too old for it).
+    ``Compiler.get`` drops a refused image and recompiles it once before raising this."""
 
 
 class CompilerClosed(AionvrtcError):

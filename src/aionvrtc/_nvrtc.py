@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Literal
 
 from . import _includes
 from ._cuda_errors import describe, map_cuda_errors
-from ._cuda_versions import CHOOSE_EXTRA, MAJORS, cupy_majors, driver_cuda, extra_for_arch
+from ._cuda_versions import (
+    CHOOSE_EXTRA,
+    MAJORS,
+    cupy_majors,
+    driver_cuda,
+    driver_fix,
+    extra_for_arch,
+)
 from ._exceptions import CompileError, NvrtcError
 from ._target import Target
 
@@ -226,7 +233,7 @@ def check_target(target: Target) -> Literal["cubin", "ptx"]:
     if target.number > archs[-1]:
         _require_driver_for_ptx(target)
         return "ptx"
-    if target.number < archs[0]:
+    if target.number not in archs:  # older than it knows, or one it skips (sm_101 in 13.x)
         extra = extra_for_arch(target.number)
         known = ", ".join(f"sm_{arch}" for arch in archs)
         mine = MAJORS.get(version()[0])
@@ -248,16 +255,10 @@ def _require_driver_for_ptx(target: Target) -> None:
     driver = driver_cuda()
     if driver is None or driver >= version():
         return
-    if driver[0] != version()[0] and driver[0] in MAJORS:
-        fix = f"install aionvrtc[{MAJORS[driver[0]].extra}], the CUDA of the driver"
-    else:  # the same major: an NVRTC no newer than the driver, of its wheel
-        wheel = "nvidia-cuda-nvrtc-cu12" if driver[0] == 12 else "nvidia-cuda-nvrtc"
-        fix = f"pip install '{wheel}=={driver[0]}.{driver[1]}.*', the driver's NVRTC"
     raise NvrtcError(
         f"NVRTC {version_string()} does not know {target.arch}, so it would compile PTX for it, "
         f"and the driver here (CUDA {driver[0]}.{driver[1]}) is older than NVRTC and cannot load "
-        f"that PTX: update the NVIDIA driver to one for CUDA {version_string()} or newer, or "
-        f"{fix}"
+        f"that PTX: {driver_fix(driver, version(), exact=True)}"
     )
 
 

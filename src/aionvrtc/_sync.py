@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._artifact import Artifact
     from ._cuda import Module
     from ._spec import KernelSpec
+    from ._target import TargetLike
 
 __all__ = ["compile_sync", "default_compiler", "get_sync"]
 
@@ -101,9 +102,9 @@ def close_default_compiler() -> None:
         thread.join()
 
 
-def compile_sync(spec: KernelSpec) -> Artifact:
-    """``await compile(spec)`` on the default Compiler, from blocking code."""
-    return default_compiler().compile_sync(spec)
+def compile_sync(spec: KernelSpec, *, arch: TargetLike | None = None) -> Artifact:
+    """``await compile(spec, arch=arch)`` on the default Compiler, from blocking code."""
+    return default_compiler().compile_sync(spec, arch=arch)
 
 
 def get_sync(spec: KernelSpec, *, device: int | None = None) -> Module:
