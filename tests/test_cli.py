@@ -586,7 +586,11 @@ def test_help_lists_the_choices_in_plain_text() -> None:
 
 
 @pytest.mark.parametrize(
-    ("group", "commands"), [(["cache"], ["info", "ls", "clear", "prune"]), (["warm"], ["tropical"])]
+    ("group", "commands"),
+    [
+        (["cache"], ["info", "ls", "clear", "prune", "export", "import"]),
+        (["warm"], ["tropical", "manifest"]),
+    ],
 )
 def test_a_group_without_a_command_prints_its_own_help(
     group: list[str], commands: list[str]

@@ -6,13 +6,16 @@ from ._cache import ArchStats, CacheStats, KernelCache, kernel_key
 from ._cuda import Module, synchronize
 from ._exceptions import (
     AionvrtcError,
+    BundleError,
     CacheCorruptError,
     CompileError,
     CompilerClosed,
+    ManifestError,
     ModuleLoadError,
     NoDeviceError,
     NvrtcError,
 )
+from ._manifest import Manifest, ManifestRead, read_manifests
 from ._spec import FORMAT_VERSION, KernelSpec
 from ._store import default_cache_dir
 from ._store.remote import RedisTier
@@ -25,6 +28,7 @@ __all__ = [
     "AionvrtcError",
     "ArchStats",
     "Artifact",
+    "BundleError",
     "CacheCorruptError",
     "CacheStats",
     "CompileError",
@@ -33,6 +37,9 @@ __all__ = [
     "CompilerStats",
     "KernelCache",
     "KernelSpec",
+    "Manifest",
+    "ManifestError",
+    "ManifestRead",
     "Module",
     "ModuleLoadError",
     "NoDeviceError",
@@ -46,6 +53,7 @@ __all__ = [
     "default_compiler",
     "get_sync",
     "kernel_key",
+    "read_manifests",
     "resolve_target",
     "synchronize",
 ]

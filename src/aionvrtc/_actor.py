@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -42,10 +42,12 @@ from ._cuda import Module
 from ._cuda_versions import driver_cuda
 from ._exceptions import AionvrtcError, CompileError, CompilerClosed, ModuleLoadError
 from ._failures import Failures
+from ._manifest import ENV_MANIFEST, Manifest
 from ._spec import KernelSpec
 from ._store import DiskStats
 from ._store.memory import MemoryStats
 from ._store.remote import RedisTier, RemoteStats
+from ._store.tier import LayerStats
 from ._target import Target, TargetLike, device_target
 
 __all__ = ["Compiler", "CompilerStats"]
@@ -93,6 +95,7 @@ class CompilerStats:
     memory: MemoryStats
     disk: DiskStats  # all zero for a Compiler without a disk tier
     remote: RemoteStats  # all zero for a Compiler without a remote tier
+    layers: tuple[LayerStats, ...]  # each read-only layer's, in the order they are read
     archs: dict[str, ArchStats]  # by arch: the memory tier's entries, compiles, their time
 
 
@@ -184,6 +187,12 @@ class Compiler:
     in worker threads. A disk or remote hit never waits for them. ``shared_cache`` (default
     ``$AIONVRTC_SHARED_CACHE``, else False) trusts a cache dir that a group shares; by default
     the disk cache is used only when nobody but this user (or root) can write to it.
+    ``layers`` (default ``$AIONVRTC_CACHE_LAYERS``) are read-only cache dirs and bundle files
+    read after the disk cache, before the remote tier (see ``KernelCache``).
+    ``manifest`` (default ``$AIONVRTC_MANIFEST``; False: none) is a file to which every
+    distinct spec requested or prefetched is appended once per process (a request's at its
+    first miss of the memory tier), for ``aionvrtc warm manifest`` to compile for any arch;
+    a manifest that cannot be written is warned about once and never fails a request.
     """
 
     def __init__(
@@ -197,6 +206,8 @@ class Compiler:
         disk: bool = True,
         remote: RedisTier | None = None,
         shared_cache: bool | None = None,
+        layers: Iterable[str | os.PathLike[str]] | None = None,
+        manifest: str | os.PathLike[str] | Literal[False] | None = None,
     ) -> None:
         if concurrency is None:
             concurrency = 1
@@ -205,6 +216,13 @@ class Compiler:
         self.concurrency = concurrency
         # The fleet's shared tier: ``remote``, else one from $AIONVRTC_REMOTE_URL if set.
         self.remote = remote if remote is not None else RedisTier.from_environment()
+        if manifest is None:
+            manifest = os.environ.get(ENV_MANIFEST) or False
+        if manifest is not False and not isinstance(manifest, str | os.PathLike):
+            raise TypeError(f"manifest must be a path or False, not {type(manifest).__name__}")
+        if manifest is not False and not os.fspath(manifest):
+            raise ValueError("manifest must be a file's path, not ''; pass False for none")
+        self.manifest = Manifest(manifest) if manifest is not False else None
         self._cache = KernelCache(
             arch,
             cache_dir=cache_dir,
@@ -213,6 +231,7 @@ class Compiler:
             disk=disk,
             shared_cache=shared_cache,
             remote=self.remote,
+            layers=layers,
         )
         self.target: Target = self._cache.target  # compile()'s, when it names no arch
         self._memory = self._cache.memory
@@ -298,6 +317,8 @@ class Compiler:
                 self._task_group = task_group
                 if self.remote is not None:
                     self.remote.bind(task_group)
+                if self.manifest is not None:
+                    self.manifest.bind(task_group)
                 # Open before the actor runs: it stops as soon as it sees a state other than
                 # OPEN. (aclose() while starting waits for this, then closes.)
                 self._enter(_State.OPEN)
@@ -312,6 +333,12 @@ class Compiler:
         finally:
             self._task_group = None
             self._enter(_State.CLOSED)
+            if self.manifest is not None:
+                # Before aclose() returns: the lines of every request made while open are in
+                # the file (the task group waited for the flushes it ran; this writes those
+                # that a cancelled closing stopped before they started).
+                with anyio.CancelScope(shield=True):
+                    await self.manifest.aclose()
             self._stopped.set()
             started.set()
             if self.remote is not None:
@@ -407,6 +434,8 @@ class Compiler:
         if self._state is not _State.OPEN:  # closed while the key was derived in a thread
             raise self._not_open()
         self._misses += 1
+        if self.manifest is not None:  # a memory hit never pays for it (a dict lookup here)
+            self.manifest.record(spec)
         job = self._submit(spec, key, LIVE, cache)
         if not job.done.is_set():
             # A waiter's cancellation ends only this wait: the job runs on in the actor's task
@@ -526,6 +555,9 @@ class Compiler:
         for spec in specs:
             if not isinstance(spec, KernelSpec):
                 raise TypeError(f"prefetch takes KernelSpecs, not {type(spec).__name__}")
+            if self.manifest is not None:
+                # Warmed now, its requests are memory hits, which never record: noted here.
+                self.manifest.record(spec)
             key = spec._keys.get(cache.memo)
             if key is None:
                 if (spec, cache.memo) not in self._deriving:  # deriving here would stall
@@ -860,6 +892,7 @@ class Compiler:
             disk=cache.disk,
             remote=self.remote.stats() if self.remote is not None else RemoteStats(),
             archs=cache.archs,
+            layers=cache.layers,
         )
 
     # -- blocking facade ---------------------------------------------------------------------

@@ -9,6 +9,7 @@ import functools
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -19,7 +20,9 @@ from . import _nvrtc
 from ._artifact import Artifact
 from ._spec import KernelSpec, derive_key, memo_id, record_key
 from ._store import NO_LOCK, DiskStats, DiskTier, KeyLock, MemoryTier
+from ._store.layers import open_layers
 from ._store.memory import MemoryStats
+from ._store.tier import LayerStats
 from ._target import Target, TargetLike, as_target, resolve_target
 
 if TYPE_CHECKING:
@@ -40,7 +43,7 @@ logger = logging.getLogger("aionvrtc")
 
 _AIMING = threading.Lock()  # see KernelCache.for_arch
 
-Origin = Literal["disk", "remote", "compile"]
+Origin = Literal["disk", "layer", "remote", "compile"]
 
 
 @dataclass(slots=True)
@@ -111,6 +114,7 @@ class CacheStats:
     memory: MemoryStats
     disk: DiskStats  # all zero (not writable, not trusted) for a cache without a disk tier
     archs: dict[str, ArchStats]
+    layers: tuple[LayerStats, ...]  # the read-only layers', in the order they are read
 
 
 # The disk stats of a cache that has no disk tier.
@@ -121,11 +125,14 @@ NO_DISK = DiskStats(
 
 
 class KernelCache:
-    """Artifacts for one target: memory tier, then disk tier, then NVRTC.
+    """Artifacts for one target: memory tier, then disk tier, then the read-only ``layers``,
+    then the remote tier, then NVRTC.
 
     Thread-safe: threads asking for the same key at once share one compile. The disk tier
     reads only a cache dir that nobody but this user (or root) can write; ``shared_cache=True``
     (default: ``$AIONVRTC_SHARED_CACHE``) trusts one that a group shares instead.
+    ``layers`` (default: ``$AIONVRTC_CACHE_LAYERS``, paths separated by ``os.pathsep``) are
+    cache dirs and bundle files that are read and never written (see ``_store.layers``).
     ``for_arch(arch)`` is the same cache for another target (one cache serves several GPUs).
     """
 
@@ -139,12 +146,15 @@ class KernelCache:
         disk: bool = True,
         shared_cache: bool | None = None,
         remote: RedisTier | None = None,
+        layers: Iterable[str | os.PathLike[str]] | None = None,
     ) -> None:
         target = resolve_target(arch)
         self.memory = MemoryTier(memory_limit)
         self.disk: DiskTier | None = (
             DiskTier(cache_dir, limit=disk_limit, shared_cache=shared_cache) if disk else None
         )
+        # Read-only cache dirs and bundles, read after the disk, before the remote tier.
+        self.layers = open_layers(layers, shared_cache=shared_cache)
         # The fleet's tier. Its calls need the event loop it is bound to: resolve() and
         # lookup() must then run in a worker thread of that loop (the Compiler's).
         self.remote = remote
@@ -226,6 +236,12 @@ class KernelCache:
         cached = self._from_disk(key) if disk else None
         if cached is not None:
             return cached, "disk"
+        if disk:  # the layers are local too: read with the disk, before any round trip
+            for layer in self.layers:
+                cached = layer.read(key, arch=self.target.arch)
+                if cached is not None:
+                    self.memory.write(cached)  # served in place: not copied to the disk
+                    return cached, "layer"
         if remote and self.remote is not None:
             cached = from_thread.run(
                 functools.partial(self.remote.read, key, arch=self.target.arch)
@@ -454,6 +470,7 @@ class KernelCache:
             memory=memory,
             disk=disk,
             archs=dict(sorted(archs.items())),
+            layers=tuple(layer.stats() for layer in self.layers),
         )
 
     def _counts(self) -> tuple[int, int, int, int, float]:

@@ -31,7 +31,7 @@ from typing import Any, NoReturn, cast
 
 from ._cuda_errors import map_cuda_errors
 from ._exceptions import AionvrtcError, NoDeviceError
-from ._spec import FORMAT_VERSION
+from ._spec import FORMAT_VERSION, KernelSpec
 from ._store.disk import (
     ENV_CACHE_DIR,
     PROBE_KEY,
@@ -41,6 +41,7 @@ from ._store.disk import (
     Listing,
     default_cache_dir,
 )
+from ._target import Target  # loaded by ._spec already
 from ._units import format_size, parse_age, parse_size
 from ._version import __version__
 
@@ -50,6 +51,8 @@ Result = tuple[Any, int]  # (what --json prints, exit status)
 # Rows of the `cache ls` table for people, most recently used first: rich takes about a
 # millisecond a row, and 50,000 rows are no table to read (--json lists every entry).
 _TABLE_ROWS = 200
+# Skipped manifest lines that `warm manifest` says one by one; --json lists them all.
+_SKIPPED_SAID = 5
 # Exit statuses: 2 is argparse's for bad usage; 130 is what a shell reports for a command that
 # SIGINT stopped (128 + 2), so scripts see an interrupt as one whichever way it was handled.
 _FAILED, _USAGE, _INTERRUPTED = 1, 2, 130
@@ -336,6 +339,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     prune.add_argument("--max-size", type=size, help="keep at most this much, such as 2G")
     prune.add_argument("--older-than", type=age, help="remove entries unused for, e.g. 30d")
+    export = command(
+        cache, "export", _export,
+        "write the cache's entries to one bundle file, to ship a warm cache (signed when "
+        "$AIONVRTC_REMOTE_SECRET is set); exit 1 if there is nothing to export",
+    )  # fmt: skip
+    export.add_argument("output", type=Path, metavar="OUTPUT", help="the bundle file to write")
+    export.add_argument(
+        "--arch", type=arch, action="append",
+        help="only entries compiled for this arch, such as sm_90; again for more archs",
+    )  # fmt: skip
+    export.add_argument(
+        "--manifest", type=Path, action="append", metavar="PATH",
+        help="only the entries of this manifest's specs (for the archs named, else every arch "
+        "in the cache); again for more manifests",
+    )  # fmt: skip
+    imported = command(
+        cache, "import", _import,
+        "add a bundle's entries to the cache, once all of them are verified (and its signature, "
+        "when $AIONVRTC_REMOTE_SECRET is set); exit 1, adding nothing, if any is not",
+    )  # fmt: skip
+    imported.add_argument("bundle", type=Path, metavar="BUNDLE", help="a file cache export wrote")
 
     group = commands.add_parser(
         "warm", help="compile kernels ahead of use (no GPU needed)",
@@ -361,6 +385,24 @@ def _parser() -> argparse.ArgumentParser:
         help=f"default: all; of {', '.join(DTYPE_NAMES)} (andor takes bool, the others the rest)",
     )  # fmt: skip
     tropical.add_argument(
+        "--jobs", type=_argument(_jobs), default=os.cpu_count() or 1,
+        help="parallel compiles (default: CPUs)",
+    )  # fmt: skip
+    manifest = command(
+        warm, "manifest", _warm_manifest,
+        "the kernels that services recorded to manifests (Compiler(manifest=PATH) or "
+        "$AIONVRTC_MANIFEST); exit 1 if one fails to compile (the others are kept) or what was "
+        "compiled cannot be kept on disk",
+    )  # fmt: skip
+    manifest.add_argument(
+        "paths", type=Path, nargs="+", metavar="PATH", help="a manifest file; more are read as one"
+    )
+    manifest.add_argument(
+        "--arch", type=arch, action="append",
+        help="target, such as sm_90; again for more archs (default: $AIONVRTC_ARCH, else this "
+        "machine's GPU)",
+    )  # fmt: skip
+    manifest.add_argument(
         "--jobs", type=_argument(_jobs), default=os.cpu_count() or 1,
         help="parallel compiles (default: CPUs)",
     )  # fmt: skip
@@ -749,15 +791,223 @@ def _cannot_remove_in(folder: Path) -> tuple[str, str] | None:
     )
 
 
+# -- export and import: bundles ------------------------------------------------------------------
+
+
+def _export_keys(tier: DiskTier, archs: list[str] | None, keys: set[str] | None) -> list[str]:
+    """The keys ``cache export`` packs, sorted: the entries whose header can be read, of
+    ``archs`` when given, and among ``keys`` when given (a manifest's). Headers are untrusted
+    summaries: this only chooses, each entry is verified when it is read."""
+    listing, readable, _ = _contents(tier)
+    chosen = []
+    for i in readable:
+        key = listing.keys[i]
+        if keys is not None and key not in keys:
+            continue
+        if archs is not None and cast(dict[str, Any], listing.headers[i]).get("arch") not in archs:
+            continue
+        chosen.append(key)
+    return sorted(chosen)
+
+
+def _manifest_keys(tier: DiskTier, paths: list[Path], archs: list[str] | None) -> set[str]:
+    """The keys of the manifests' specs for ``archs`` (default: every arch the cache holds)
+    under this NVRTC: what ``cache export --manifest`` ships."""
+    from ._cache import kernel_key
+    from ._manifest import read_manifests
+
+    read = read_manifests(paths)
+    if archs is None:
+        listing, readable, _ = _contents(tier)
+        found = {cast(dict[str, Any], listing.headers[i]).get("arch") for i in readable}
+        archs = []
+        for arch in sorted((a for a in found if isinstance(a, str)), key=_natural):
+            with contextlib.suppress(ValueError):  # a header's untrusted text, not an arch
+                archs.append(Target(arch).arch)
+    return {kernel_key(spec, arch) for spec in read.specs for arch in archs}
+
+
+def _export(args: argparse.Namespace, console: Any) -> Result:
+    from ._artifact import encode
+    from ._store.bundle import environment_secret, write_bundle
+    from ._store.remote import ENV_REMOTE_SECRET
+
+    tier = _tier(args)
+    archs = list(dict.fromkeys(args.arch)) if args.arch else None
+    which = f" for {', '.join(archs)}" if archs else ""
+    if tier.trust_problem is not None:
+        damage = tier.trust_problem
+        raise CommandError(
+            f"nothing to export: {tier.root} is not trusted ({damage.path} is {damage.problem}); "
+            f"{damage.fix}"
+        )
+    # Read through a read-only view: exporting neither refreshes the entries' recency (their
+    # order for eviction) nor removes a damaged one (it is left out, and warned about).
+    reader = DiskTier(tier.root, read_only=True, shared_cache=tier.policy.shared)
+    wanted = _manifest_keys(tier, args.manifest, archs) if args.manifest else None
+    entries, records = [], 0
+    for key in _export_keys(tier, archs, wanted):
+        artifact = reader.read(key)
+        if artifact is None or (archs is not None and artifact.arch not in archs):
+            continue  # damaged, removed since it was listed, or its header said another arch
+        entries.append(encode(artifact))
+        records += artifact.kind == "data"
+    if not entries:
+        raise CommandError(
+            f"nothing to export: {tier.dir} holds no entries{which}; compile kernels into it "
+            "first (aionvrtc warm, or run the program that uses them)"
+        )
+    try:
+        bundle = write_bundle(args.output, entries, secret=environment_secret())
+    except OSError as exc:
+        raise CommandError(
+            f"cannot write the bundle {args.output} ({exc.strerror or exc}); name a file in a "
+            "folder this user can write"
+        ) from exc
+    data: dict[str, Any] = {
+        "bundle": str(args.output),
+        "entries": bundle.entries,
+        "records": records,
+        "bytes": bundle.bytes,
+        "archs": sorted(bundle.archs, key=_natural),
+        "signed": bundle.signed,
+        "sha256": bundle.sha256,
+    }
+    if wanted is not None:  # what the manifests name that the cache does not hold
+        data["missing"] = len(wanted) - bundle.entries
+    if not args.json:
+        signed = "signed" if bundle.signed else f"unsigned (no ${ENV_REMOTE_SECRET})"
+        console.print(
+            f"exported {bundle.entries} entries{which} ({format_size(bundle.bytes)}, "
+            f"{', '.join(data['archs'])}) to {args.output}, {signed}; sha256 {bundle.sha256}",
+            soft_wrap=True,
+        )
+    return data, 0
+
+
+def _import(args: argparse.Namespace, console: Any) -> Result:
+    from ._artifact import encode
+    from ._store.bundle import environment_secret, verify_bundle
+    from ._store.disk import ENV_DISK_LIMIT
+
+    secret = environment_secret()
+    # Every entry is checked before any is added: a bundle that fails adds nothing.
+    artifacts = verify_bundle(args.bundle, secret=secret)
+    tier = _tier(args)
+    why = _where_nothing_is_kept(tier, probe=True)
+    if why is not None:
+        raise CommandError(f"cannot import {args.bundle}: {why}")
+    total = sum(len(encode(artifact)) for artifact in artifacts)
+    if total > tier.limit:  # they would evict each other (and everything else) as they came
+        raise CommandError(
+            f"cannot import {args.bundle}: its {len(artifacts)} entries take "
+            f"{format_size(total)}, more than the cache limit of {format_size(tier.limit)}; "
+            f"raise ${ENV_DISK_LIMIT}"
+        )
+    data: dict[str, Any] = {
+        "bundle": str(args.bundle),
+        "entries": len(artifacts),
+        "added": 0,
+        "present": 0,
+        "signature_verified": secret is not None,  # without a secret, not checked
+        "directory": str(tier.dir),
+    }
+    for artifact in artifacts:
+        if tier.read(artifact.key, arch=artifact.arch) is not None:
+            data["present"] += 1
+        elif tier.write(artifact):
+            data["added"] += 1
+        else:
+            why = _where_nothing_is_kept(tier) or (
+                f"writes to {tier.dir} failed (its limit is {format_size(tier.limit)}); "
+                "aionvrtc doctor checks it"
+            )
+            raise CommandError(
+                f"added {data['added']} of the {len(artifacts)} entries of {args.bundle}, then "
+                f"the cache refused one: {why}",
+                data,
+            )
+    if not args.json:
+        console.print(
+            f"{data['added']} entries added, {data['present']} already present, from "
+            f"{args.bundle} to {tier.dir}",
+            soft_wrap=True,
+        )
+    return data, 0
+
+
 # -- warm ----------------------------------------------------------------------------------------
 
 
 def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
-    import anyio
+    from . import tropical
 
-    from . import _nvrtc, tropical
-    from ._actor import Compiler
-    from ._target import ENV_ARCH, Target, resolve_target
+    targets = _warm_targets(args)
+    data = _warm(args, console, targets, tropical.all_specs(args.semirings, args.dtypes))
+    if not args.json:
+        done = f"{data['compiled']} compiled, {data['from_disk']} already on disk"
+        console.print(
+            f"{data['kernels']} tropical kernels for {', '.join(data['archs'])}: {done}, in "
+            f"{data['seconds']:.1f} s ({data['directory']})",
+            soft_wrap=True,
+        )
+    return data, 0
+
+
+def _warm_manifest(args: argparse.Namespace, console: Any) -> Result:
+    from ._manifest import ENV_MANIFEST, read_manifests
+
+    targets = _warm_targets(args)
+    read = read_manifests(args.paths)
+    report = {"specs": len(read.specs), "duplicates": read.duplicates, "skipped": read.skipped}
+    if not read.specs:
+        count = len(read.skipped)
+        skipped = f" ({count} {'line' if count == 1 else 'lines'} skipped)" if count else ""
+        raise CommandError(
+            f"no kernels to warm in {', '.join(map(str, args.paths))}{skipped}: record them by "
+            f"running the service with {ENV_MANIFEST} (or Compiler(manifest=...)) set to the "
+            "manifest's path",
+            report,
+        )
+    # Said at the end (main() prints what was logged): lines of a manifest that a crash cut
+    # short or that are not manifest lines are not the command's failure.
+    logger = logging.getLogger("aionvrtc")
+    for line in read.skipped[:_SKIPPED_SAID]:
+        logger.warning("skipped %s", line)
+    if len(read.skipped) > _SKIPPED_SAID:
+        more = len(read.skipped) - _SKIPPED_SAID
+        logger.warning("skipped %d more lines that are not manifest lines; --json lists them", more)
+    data = _warm(args, console, targets, read.specs, report=report, keep_going=True)
+    failed: list[dict[str, str]] = data["failed"]
+    if failed:
+        # One line, however many failed: grouped by kernel and error, the archs listed.
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for entry in failed:
+            grouped.setdefault((entry["name"], entry["error"]), []).append(entry["arch"])
+        which = "; ".join(
+            f"{name} for {', '.join(archs)}: {error}" for (name, error), archs in grouped.items()
+        )
+        kept = len(failed) < data["kernels"]
+        others = f" (the others are in {data['directory']})" if kept else ""
+        raise CommandError(
+            f"{len(failed)} of {data['kernels']} kernels failed to compile{others}: {which}", data
+        )
+    if not args.json:
+        done = f"{data['compiled']} compiled, {data['from_disk']} already on disk"
+        console.print(
+            f"{data['kernels']} kernels ({data['specs']} from the manifests) for "
+            f"{', '.join(data['archs'])}: {done}, in {data['seconds']:.1f} s "
+            f"({data['directory']})",
+            soft_wrap=True,
+        )
+    return data, 0
+
+
+def _warm_targets(args: argparse.Namespace) -> list[Target]:
+    """The targets of a warm command: each ``--arch`` once, else ``$AIONVRTC_ARCH`` or this
+    machine's GPU; each checked against this NVRTC before anything is compiled."""
+    from . import _nvrtc
+    from ._target import ENV_ARCH, resolve_target
 
     if args.arch:
         # An arch named twice is one set of kernels: compiled once.
@@ -776,9 +1026,30 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
     # compile: not by every compile, and not after the other archs' minutes of compiles.
     for target in targets:
         _nvrtc.check_target(target)
+    return targets
+
+
+def _warm(
+    args: argparse.Namespace,
+    console: Any,
+    targets: list[Target],
+    specs: list[KernelSpec],
+    *,
+    report: dict[str, Any] | None = None,
+    keep_going: bool = False,
+) -> dict[str, Any]:
+    """Compile each of ``specs`` for each of ``targets`` into the cache dir, ``--jobs`` at a
+    time, with a progress bar on a terminal: the runner of the warm commands. Returns the
+    --json report (``report``'s fields after the archs and kernels). The first failed compile
+    is raised; with ``keep_going``, the others go on and the report lists it under ``failed``.
+    CommandError if what was compiled cannot be kept."""
+    import anyio
+
+    from ._actor import Compiler
+    from ._exceptions import CompilerClosed
+
     archs = [target.arch for target in targets]
     named = ", ".join(archs)
-    specs = tropical.all_specs(args.semirings, args.dtypes)
     jobs = [(spec, target) for target in targets for spec in specs]
     tier = _tier(args)
     # A file, or an untrusted tree (neither read nor written): nothing compiled would be kept,
@@ -786,7 +1057,8 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
     problem = _where_nothing_is_kept(tier)
     if problem is not None:
         raise CommandError(f"nothing compiled for {named} could be kept: {problem}")
-    data: dict[str, Any] = {"archs": archs, "kernels": len(jobs)}
+    data: dict[str, Any] = {"archs": archs, "kernels": len(jobs), **(report or {})}
+    failed: list[tuple[int, dict[str, str]]] = []  # (the job's index, what failed)
 
     async def run() -> None:
         from rich.progress import Progress
@@ -797,15 +1069,26 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
         # a blank line where the transient bar was.
         quiet = args.json or not console.is_terminal
         # One Compiler for every arch: one pool of --jobs compiles, one disk tier's counters.
-        async with Compiler(arch=targets[0], cache_dir=args.cache_dir, concurrency=args.jobs) as c:
+        # No manifest: replaying one (or warming) into $AIONVRTC_MANIFEST would append the same
+        # specs to it again at every run.
+        async with Compiler(
+            arch=targets[0], cache_dir=args.cache_dir, concurrency=args.jobs, manifest=False
+        ) as c:
             with Progress(console=console, disable=quiet, transient=True) as progress:
                 task = progress.add_task(f"compiling for {named}", total=len(jobs))
                 async with anyio.create_task_group() as group:
 
-                    async def one(spec: Any, target: Target) -> None:
+                    async def one(index: int, spec: KernelSpec, target: Target) -> None:
                         nonlocal lost
-                        # Written to disk, if it can be, before this returns.
-                        await c.compile(spec, arch=target)
+                        try:
+                            # Written to disk, if it can be, before this returns.
+                            await c.compile(spec, arch=target)
+                        except (AionvrtcError, ValueError, OSError) as exc:
+                            if not keep_going or isinstance(exc, CompilerClosed):
+                                raise
+                            error = _compile_failure(exc)
+                            entry = {"name": spec.name, "arch": target.arch, "error": error}
+                            failed.append((index, entry))
                         # A write failed: the rest would be compiled for nothing. (Comparing
                         # compiles with writes here would race: another job's compile is counted
                         # before its write is done.)
@@ -814,8 +1097,8 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
                             group.cancel_scope.cancel()
                         progress.advance(task)
 
-                    for spec, target in jobs:
-                        group.start_soon(one, spec, target)
+                    for index, (spec, target) in enumerate(jobs):
+                        group.start_soon(one, index, spec, target)
             stats = c.stats()
         data.update({
             "compiled": stats.compiles,
@@ -825,6 +1108,8 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
             "seconds": round(time.perf_counter() - started, 3),
             "directory": str(tier.dir),
         })  # fmt: skip
+        if keep_going:  # in the order of the jobs, not of their ends
+            data["failed"] = [entry for _, entry in sorted(failed, key=lambda item: item[0])]
         if lost or stats.compiles > stats.disk.writes:  # every job done: no race now
             why = _where_nothing_is_kept(tier, probe=True) or (
                 f"writes to {tier.dir} failed (its limit is {format_size(tier.limit)}); "
@@ -833,14 +1118,19 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
             raise CommandError(f"kernels compiled for {named} cannot be kept: {why}", data)
 
     anyio.run(run)
-    if not args.json:
-        done = f"{data['compiled']} compiled, {data['from_disk']} already on disk"
-        console.print(
-            f"{data['kernels']} tropical kernels for {named}: {done}, in "
-            f"{data['seconds']:.1f} s ({data['directory']})",
-            soft_wrap=True,
-        )
-    return data, 0
+    return data
+
+
+def _compile_failure(exc: Exception) -> str:
+    """Why a compile failed, in one line: NVRTC's first error for a program it rejected (the
+    program and arch are said beside it), else the error's first line."""
+    from ._exceptions import CompileError
+
+    if isinstance(exc, CompileError):
+        first = next((line.strip() for line in exc.log.splitlines() if "error" in line), None)
+        if first:
+            return first
+    return _first_line(str(exc)) or type(exc).__name__
 
 
 def _where_nothing_is_kept(tier: DiskTier, *, probe: bool = False) -> str | None:

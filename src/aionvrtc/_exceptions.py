@@ -11,9 +11,11 @@ from collections.abc import Sequence
 
 __all__ = [
     "AionvrtcError",
+    "BundleError",
     "CacheCorruptError",
     "CompileError",
     "CompilerClosed",
+    "ManifestError",
     "ModuleLoadError",
     "NoDeviceError",
     "NvrtcError",
@@ -56,6 +58,13 @@ class CacheCorruptError(AionvrtcError):
     drop the entry and count it; it reaches callers only from the decoding functions."""
 
 
+class BundleError(AionvrtcError):
+    """Raised when a bundle file (many cache entries in one, see ``aionvrtc cache export``)
+    cannot be used: unreadable, not a bundle, damaged or changed, of another format version,
+    unsigned while a secret is configured, or signed with another secret. The message names
+    the file and what is wrong with it."""
+
+
 class NvrtcError(AionvrtcError):
     """Raised when NVRTC cannot be used at all (the library is missing or fails to load) or
     cannot serve a request for reasons other than the program itself, such as a target
@@ -72,6 +81,12 @@ class ModuleLoadError(AionvrtcError):
     """Raised when the driver refuses an artifact's image (a damaged image, unsupported PTX) or
     the image cannot run on the device (another architecture, or a driver too old for it).
     ``Compiler.get`` drops a refused image and recompiles it once before raising this."""
+
+
+class ManifestError(AionvrtcError):
+    """Raised when a file given as a manifest (``read_manifests``, ``aionvrtc warm manifest``)
+    cannot be read or is not a manifest at all. Lines of a manifest that cannot be read (one cut
+    short by a crash) are skipped and reported instead."""
 
 
 class CompilerClosed(AionvrtcError):

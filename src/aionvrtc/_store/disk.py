@@ -364,6 +364,7 @@ class DiskTier:
         *,
         limit: int | None = None,
         shared_cache: bool | None = None,
+        read_only: bool = False,
     ) -> None:
         if limit is None:
             limit = default_disk_limit()
@@ -376,7 +377,10 @@ class DiskTier:
         self._root = os.fspath(self.root)
         self.limit = limit
         self.policy = Policy.current(shared_cache)
-        self.writable = True
+        # A read-only layer (see _store.layers): read and verified as any cache dir, never
+        # written, and nothing in it removed or touched, a damaged entry included.
+        self.read_only = read_only
+        self.writable = not read_only
         self.locking = True  # cross-process file locks; off if the file system has none
         # Guards the counters, the warnings given and the maintenance state: held for a few
         # bytecodes, never across I/O, so a read never waits behind a walk of the shards.
@@ -725,8 +729,9 @@ class DiskTier:
             return None
         else:
             # Recency for LRU eviction; a read-only cache just keeps its order.
-            with contextlib.suppress(OSError):
-                os.utime(fd)
+            if not self.read_only:
+                with contextlib.suppress(OSError):
+                    os.utime(fd)
         finally:
             os.close(fd)
         return artifact
@@ -735,6 +740,11 @@ class DiskTier:
         self, version: int, shard: int, key: str, opened: os.stat_result | None, reason: str
     ) -> None:
         self._count("corrupt")
+        if self.read_only:
+            logger.warning(
+                "skipping damaged entry %s of a read-only cache: %s", self.path(key), reason
+            )
+            return
         self._log_event("corrupt", 1)
         logger.warning("dropping disk cache entry %s: %s", self.path(key), reason)
         gone = remove_at(shard, key, file_id(opened) if opened is not None else None)

@@ -8,11 +8,12 @@ damaged or missing entry is a miss, never an error.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from .._artifact import Artifact
 
-__all__ = ["Tier"]
+__all__ = ["LayerStats", "Tier"]
 
 
 class Tier(Protocol):
@@ -36,3 +37,17 @@ class Tier(Protocol):
         ...
 
     def stats(self) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LayerStats:
+    """A read-only layer's counters since it was opened: a cache dir (``kind`` "dir") or a
+    bundle file ("bundle") at ``path``; ``damaged``: entries that failed verification and were
+    skipped; ``entries``: what the layer holds."""
+
+    path: str
+    kind: str
+    hits: int
+    misses: int
+    damaged: int
+    entries: int
