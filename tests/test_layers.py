@@ -255,3 +255,87 @@ def test_a_signed_bundle_layer_is_read_only_with_its_secret(
     cache = KernelCache("sm_90", cache_dir=tmp_path / "b", layers=[bundle])
     cache.get_or_compile(spec)
     assert (cache.stats().compiles, cache.stats().layers[0].hits) == (0, 1)
+
+
+@pytest.mark.parametrize("where", ["file others can write", "folder others can write"])
+def test_a_bundle_others_could_replace_is_not_read(
+    tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A bundle is code that runs on the GPU: held to the cache dir's ownership rules.
+    spec = make_spec()
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    bundle = bundle_of(tmp_path / "staging", folder / "k.bundle", [spec])
+    if where == "file others can write":
+        bundle.chmod(0o666)
+        problem = f"{bundle} is writable by others"
+    else:
+        folder.chmod(0o777)
+        problem = f"{folder} is writable by others without the sticky bit"
+    with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+        cache = KernelCache("sm_90", cache_dir=tmp_path / "w", layers=[bundle])
+    assert cache.stats().layers == ()
+    assert f"not reading the cache layer {bundle}: it is not trusted: {problem}" in caplog.text
+    folder.chmod(0o1777)  # /tmp's mode: others cannot replace what is not theirs
+    bundle.chmod(0o644)
+    assert len(KernelCache("sm_90", cache_dir=tmp_path / "w2", layers=[bundle]).layers) == 1
+
+
+def test_the_remote_tiers_secret_verifies_bundle_layers(tmp_path: Path) -> None:
+    from aionvrtc import RedisTier
+
+    spec = make_spec()
+    unsigned = bundle_of(tmp_path / "a", tmp_path / "unsigned.bundle", [spec])
+    signed = bundle_of(tmp_path / "b", tmp_path / "signed.bundle", [spec], secret=b"k" * 32)
+    remote = RedisTier("redis://127.0.0.1:1", secret="k" * 32)  # not connected: only its secret
+    layers = [unsigned, signed]
+    cache = KernelCache("sm_90", cache_dir=tmp_path / "w", remote=remote, layers=layers)
+    assert [s.path for s in cache.stats().layers] == [str(signed)]
+
+
+def test_a_forgotten_kernel_is_compiled_not_served_from_the_layer_again(tmp_path: Path) -> None:
+    spec = make_spec()
+    bundle = bundle_of(tmp_path / "staging", tmp_path / "k.bundle", [spec])
+    cache = KernelCache("sm_90", cache_dir=tmp_path / "w", layers=[bundle])
+    cache.get_or_compile(spec)
+    assert cache.stats().compiles == 0
+    cache.forget(spec)  # "the next request compiles it"
+    cache.get_or_compile(spec)
+    assert (cache.stats().compiles, cache.stats().layers[0].hits) == (1, 1)
+
+
+def test_warming_with_layers_in_the_environment_still_fills_the_cache_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aionvrtc import tropical
+
+    from .test_cli import WARM, cli
+
+    staging = tmp_path / "staging"
+    assert cli(*WARM, cache=staging)["compiled"] > 0
+    bundle = tmp_path / "k.bundle"
+    from aionvrtc._store.bundle import write_bundle
+
+    write_bundle(bundle, [p.read_bytes() for p in entries_of(staging)])
+    monkeypatch.setenv("AIONVRTC_CACHE_LAYERS", str(bundle))
+    target = tmp_path / "target"
+    warmed = cli(*WARM, cache=target)
+    kernels = len(tropical.all_specs(["andor"], ["bool"]))
+    assert (warmed["compiled"], warmed["kept"]) == (kernels, kernels)
+    assert len(entries_of(target)) == kernels
+
+
+async def test_closing_the_compiler_lets_go_of_its_bundles(tmp_path: Path) -> None:
+    spec = make_spec()
+    bundle = bundle_of(tmp_path / "staging", tmp_path / "k.bundle", [spec])
+
+    def maps() -> int:  # the bundle's memory maps this process holds
+        with open("/proc/self/maps") as lines:
+            return sum(line.rstrip().endswith(str(bundle)) for line in lines)
+
+    before = maps()
+    for _ in range(5):
+        async with Compiler(arch="sm_90", cache_dir=tmp_path / "w", layers=[bundle]) as c:
+            await c.compile(spec)
+            assert maps() == before + 1
+    assert maps() == before

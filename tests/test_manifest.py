@@ -476,3 +476,19 @@ def test_warm_manifest_errors_are_one_line(tmp_path: Path) -> None:
     )
     assert (report["specs"], report["duplicates"], len(report["skipped"])) == (0, 0, 1)
     assert not (tmp_path / "c").exists()  # refused before anything was made
+
+
+@pytest.mark.anyio
+async def test_a_spec_that_fails_to_compile_is_not_recorded(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    from aionvrtc import CompileError
+
+    path = tmp_path / "m.jsonl"
+    broken = KernelSpec("__global__ void k() { not_defined(); }")
+    good = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir, manifest=path) as compiler:
+        with pytest.raises(CompileError):
+            await compiler.compile(broken)
+        await compiler.compile(good)
+    assert lines(path) == [spec_line(good).rstrip("\n")]

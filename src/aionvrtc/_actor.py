@@ -190,8 +190,8 @@ class Compiler:
     ``layers`` (default ``$AIONVRTC_CACHE_LAYERS``) are read-only cache dirs and bundle files
     read after the disk cache, before the remote tier (see ``KernelCache``).
     ``manifest`` (default ``$AIONVRTC_MANIFEST``; False: none) is a file to which every
-    distinct spec requested or prefetched is appended once per process (a request's at its
-    first miss of the memory tier), for ``aionvrtc warm manifest`` to compile for any arch;
+    distinct spec requested or prefetched is appended once per process, when its first job (a
+    miss of the memory tier) succeeds, for ``aionvrtc warm manifest`` to compile for any arch;
     a manifest that cannot be written is warned about once and never fails a request.
     """
 
@@ -339,6 +339,7 @@ class Compiler:
                 # that a cancelled closing stopped before they started).
                 with anyio.CancelScope(shield=True):
                     await self.manifest.aclose()
+            self._cache.close()  # its layers' files: not held until the garbage collector runs
             self._stopped.set()
             started.set()
             if self.remote is not None:
@@ -434,8 +435,6 @@ class Compiler:
         if self._state is not _State.OPEN:  # closed while the key was derived in a thread
             raise self._not_open()
         self._misses += 1
-        if self.manifest is not None:  # a memory hit never pays for it (a dict lookup here)
-            self.manifest.record(spec)
         job = self._submit(spec, key, LIVE, cache)
         if not job.done.is_set():
             # A waiter's cancellation ends only this wait: the job runs on in the actor's task
@@ -555,9 +554,6 @@ class Compiler:
         for spec in specs:
             if not isinstance(spec, KernelSpec):
                 raise TypeError(f"prefetch takes KernelSpecs, not {type(spec).__name__}")
-            if self.manifest is not None:
-                # Warmed now, its requests are memory hits, which never record: noted here.
-                self.manifest.record(spec)
             key = spec._keys.get(cache.memo)
             if key is None:
                 if (spec, cache.memo) not in self._deriving:  # deriving here would stall
@@ -627,6 +623,10 @@ class Compiler:
         job.result, job.error, job.stage = result, error, _Stage.DONE
         if self._inflight.get(job.key) is job:
             del self._inflight[job.key]
+        if result is not None and self.manifest is not None:
+            # Every job is a miss of the memory tier, live or prefetched (whose requests will
+            # be hits, which never record); one that failed is not worth replaying.
+            self.manifest.record(job.spec)
         job.done.set()
 
     async def _hop(self, call: Callable[[], _T], limiter: anyio.CapacityLimiter) -> _T:

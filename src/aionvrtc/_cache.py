@@ -154,7 +154,12 @@ class KernelCache:
             DiskTier(cache_dir, limit=disk_limit, shared_cache=shared_cache) if disk else None
         )
         # Read-only cache dirs and bundles, read after the disk, before the remote tier.
-        self.layers = open_layers(layers, shared_cache=shared_cache)
+        self.layers = open_layers(
+            layers, shared_cache=shared_cache, secret=remote.secret if remote is not None else None
+        )
+        # Keys dropped (forget, a refused image) that the layers still hold: from now on they
+        # are compiled, as dropping them promised, not served from the layer again.
+        self._shadowed: set[str] = set()
         # The fleet's tier. Its calls need the event loop it is bound to: resolve() and
         # lookup() must then run in a worker thread of that loop (the Compiler's).
         self.remote = remote
@@ -229,14 +234,14 @@ class KernelCache:
     def lookup(
         self, key: str, *, disk: bool = True, remote: bool = True
     ) -> tuple[Artifact, Origin] | None:
-        """Disk, then the remote tier (those not turned off here), published to memory; None if
-        neither has ``key``. Never compiles and never waits on a lock: the Compiler's I/O lane,
-        which serves a hit while compiles run. Blocking; with a remote tier, from a worker
-        thread of its event loop."""
+        """Disk, then the layers (with ``disk``), then the remote tier (those not turned off
+        here), published to memory; None if none has ``key``. Never compiles and never waits
+        on a lock: the Compiler's I/O lane, which serves a hit while compiles run. Blocking;
+        with a remote tier, from a worker thread of its event loop."""
         cached = self._from_disk(key) if disk else None
         if cached is not None:
             return cached, "disk"
-        if disk:  # the layers are local too: read with the disk, before any round trip
+        if disk and key not in self._shadowed:  # local too: read with the disk, first
             for layer in self.layers:
                 cached = layer.read(key, arch=self.target.arch)
                 if cached is not None:
@@ -251,8 +256,8 @@ class KernelCache:
         return None
 
     def resolve(self, spec: KernelSpec, key: str) -> tuple[Artifact, Origin]:
-        """Disk, then the remote tier (``lookup``), then NVRTC (writing the result to disk and
-        remote); publishes to memory.
+        """Disk, the layers, then the remote tier (``lookup``), then NVRTC (writing the result
+        to disk and remote); publishes to memory.
         Blocking; with a remote tier, it must run in a worker thread of the event loop that
         owns the tier (the Compiler's).
 
@@ -437,11 +442,18 @@ class KernelCache:
         spec._reread_host_files()
         return keys
 
+    def close(self) -> None:
+        """Let go of the layers' files (a bundle's memory map); they are misses from now on."""
+        for layer in self.layers:
+            layer.close()
+
     def drop(self, key: str) -> None:
-        """Drop ``key``'s entry from memory and disk."""
+        """Drop ``key``'s entry from memory and disk, and stop serving it from the layers."""
         self.memory.discard(key)
         if self.disk is not None:
             self.disk.discard(key)
+        if self.layers:
+            self._shadowed.add(key)
 
     def clear(self) -> None:
         """Empty the memory tier and this format version's disk entries."""

@@ -1070,9 +1070,14 @@ def _warm(
         quiet = args.json or not console.is_terminal
         # One Compiler for every arch: one pool of --jobs compiles, one disk tier's counters.
         # No manifest: replaying one (or warming) into $AIONVRTC_MANIFEST would append the same
-        # specs to it again at every run.
+        # specs to it again at every run. No layers: a kernel found in $AIONVRTC_CACHE_LAYERS
+        # would be served from there and never reach the cache dir this fills.
         async with Compiler(
-            arch=targets[0], cache_dir=args.cache_dir, concurrency=args.jobs, manifest=False
+            arch=targets[0],
+            cache_dir=args.cache_dir,
+            concurrency=args.jobs,
+            manifest=False,
+            layers=[],
         ) as c:
             with Progress(console=console, disable=quiet, transient=True) as progress:
                 task = progress.add_task(f"compiling for {named}", total=len(jobs))

@@ -18,7 +18,7 @@ from pathlib import Path
 from .._artifact import Artifact
 from .._exceptions import AionvrtcError
 from .bundle import BundleTier, environment_secret
-from .disk import DiskTier
+from .disk import DiskTier, Policy, default_shared_cache
 from .tier import LayerStats
 
 __all__ = ["ENV_LAYERS", "DirLayer", "Layer", "open_layers"]
@@ -47,6 +47,9 @@ class DirLayer:
     def clear(self) -> None:
         return None
 
+    def close(self) -> None:
+        return None  # holds no file open between reads
+
     def stats(self) -> LayerStats:
         disk = self._tier.stats()
         return LayerStats(
@@ -55,11 +58,25 @@ class DirLayer:
             hits=disk.hits,
             misses=disk.misses,
             damaged=disk.corrupt_dropped,
-            entries=disk.entries if disk.entries is not None else 0,
+            entries=None,  # not counted: that would mean a walk of the dir
         )
 
 
 Layer = DirLayer | BundleTier
+
+
+def _untrusted(path: Path, policy: Policy) -> str | None:
+    """Why the bundle file at ``path`` could be replaced by someone other than this user or
+    root (as a cache dir's entries are checked, after "it is not trusted: "), or None."""
+    real = Path(os.path.realpath(path))
+    problem = policy.file_problem(os.stat(real))
+    if problem is not None:
+        return f"{real} is {problem}"
+    for folder in real.parents:
+        problem = policy.ancestor_problem(os.stat(folder))
+        if problem is not None:
+            return f"{folder} is {problem}"
+    return None
 
 
 def open_layers(
@@ -70,7 +87,9 @@ def open_layers(
 ) -> list[Layer]:
     """The layers at ``paths`` (default: ``$AIONVRTC_CACHE_LAYERS``), in order: a folder is a
     cache dir, a file a bundle (verified with ``secret``, default ``$AIONVRTC_REMOTE_SECRET``,
-    when there is one). One that cannot be opened is left out, with a warning saying why."""
+    when there is one). Either is held to the cache dir's ownership rules (a bundle others can
+    replace is code others can run). One that cannot be opened or is not trusted is left out,
+    with a warning saying why."""
     if paths is None:
         paths = [part for part in os.environ.get(ENV_LAYERS, "").split(os.pathsep) if part]
     elif isinstance(paths, str | os.PathLike):
@@ -83,6 +102,10 @@ def open_layers(
             if os.path.isdir(path):
                 layers.append(DirLayer(path, shared_cache=shared_cache))
             elif os.path.exists(path):
+                shared = default_shared_cache() if shared_cache is None else shared_cache
+                problem = _untrusted(Path(path), Policy.current(shared))
+                if problem is not None:
+                    raise AionvrtcError(f"it is not trusted: {problem}")
                 layers.append(BundleTier(path, secret=secret))
             else:
                 raise AionvrtcError(f"layer {os.fspath(path)!r} does not exist")

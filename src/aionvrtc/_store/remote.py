@@ -262,6 +262,12 @@ class RedisTier:
     def _lock_key(self, key: str) -> str:
         return f"{self.prefix}:lock:{key}"
 
+    @property
+    def secret(self) -> bytes | None:
+        """The secret that signs this tier's entries, or None: read-only layers (bundles)
+        are verified with it too, one secret for what the fleet trusts."""
+        return self._secret
+
     def _sign(self, key: str, entry: bytes) -> bytes:
         assert self._secret is not None
         return hmac.new(self._secret, key.encode() + b"\0" + entry, hashlib.sha256).digest()

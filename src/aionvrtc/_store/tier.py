@@ -50,4 +50,4 @@ class LayerStats:
     hits: int
     misses: int
     damaged: int
-    entries: int
+    entries: int | None  # None: not known (a cache dir's are not counted)

@@ -539,7 +539,10 @@ async def warm(
     if compiler is not None:
         await _compile_all(compiler, specs, targets)
         return len(specs) * len(targets)
-    async with Compiler(arch=targets[0], concurrency=os.cpu_count() or 1) as temporary:
+    # It fills the disk cache: no layers to serve from, no manifest to record to (see the CLI).
+    async with Compiler(
+        arch=targets[0], concurrency=os.cpu_count() or 1, manifest=False, layers=[]
+    ) as temporary:
         await _compile_all(temporary, specs, targets)
         stats = temporary.stats()
     lost = stats.compiles - stats.disk.writes
