@@ -339,3 +339,19 @@ async def test_closing_the_compiler_lets_go_of_its_bundles(tmp_path: Path) -> No
             await c.compile(spec)
             assert maps() == before + 1
     assert maps() == before
+
+
+def test_layers_speak_the_tier_interface(tmp_path: Path) -> None:
+    # Checked by mypy: a layer is a Tier (read, write, discard, clear, stats), as the core's.
+    from aionvrtc._store.tier import Tier
+
+    bundle = bundle_of(tmp_path / "staging", tmp_path / "k.bundle", [make_spec()])
+    cache = KernelCache("sm_90", cache_dir=tmp_path / "w", layers=[tmp_path / "staging", bundle])
+    tiers: list[Tier] = list(cache.layers)
+    from aionvrtc import Artifact
+
+    artifact = Artifact("0" * 64, "cubin", b"\x7fELF", "sm_90", "13.0")
+    assert [(t.write(artifact), t.discard("0" * 64), t.clear()) for t in tiers] == [
+        (False, False, None),
+        (False, False, None),
+    ]  # never written
