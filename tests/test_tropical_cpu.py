@@ -3,6 +3,7 @@ spec compiled for sm_90 through the service (real NVRTC)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import anyio
 import numpy as np
 import pytest
 
-from aionvrtc import Compiler, KernelSpec, tropical
+from aionvrtc import Compiler, KernelSpec, kernel_key, tropical
 from aionvrtc.tropical import reference
 from aionvrtc.tropical._specs import ROWS_KMAX
 
@@ -452,3 +453,51 @@ def test_a_failed_warm_compile_raises_its_error_not_a_group(tmp_path: Path) -> N
 
     with pytest.raises(CompileError, match='identifier "not_defined" is undefined'):
         anyio.run(main)
+
+
+def test_a_kernels_key_covers_its_family_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Editing the backward kernel (or any other family) must not invalidate the cached tiled
+    # kernels, nor their tuning record; editing what the tiled kernels include must.
+    from aionvrtc.tropical import _specs
+
+    def keys() -> dict[str, str]:
+        _specs._text.cache_clear()  # the one monkeypatch put there, if any
+        _specs.family_source.cache_clear()
+        for spec_of in (_specs.gemm_spec, _specs.tiled_spec, _specs.rows_spec):
+            spec_of.cache_clear()
+        _specs.backward_spec.cache_clear()
+        f4 = np.dtype("float32")
+        specs = {
+            "gemm": _specs.gemm_spec(
+                "maxplus", f4, argmax=True, accumulate=False, layout="strided"
+            ),
+            "tiled": _specs.tiled_spec("maxplus", f4, argmax=False, accumulate=False),
+            "rows": _specs.rows_spec("maxplus", f4, accumulate=False, kmax=16),
+            "backward": _specs.backward_spec("maxplus", f4),
+        }
+        found = {name: kernel_key(spec, "sm_90") for name, spec in specs.items()}
+        found["record"] = _specs.family_digest("tiled")
+        return found
+
+    real = _specs._text.__wrapped__
+    before = keys()
+    edited: dict[str, list[str]] = {
+        "tropical_backward.cu": ["backward"],
+        "tropical_gemm.cu": ["gemm"],
+        "tropical_rows.cu": ["rows"],
+        "tropical_fast.cuh": ["tiled", "rows", "record"],
+        "tropical_common.cuh": ["gemm", "tiled", "rows", "record"],
+        "tropical_tiled.cu": ["tiled", "record"],
+    }
+    try:
+        for file, changed in edited.items():
+
+            def text(name: str, edited_file: str = file) -> str:
+                return real(name) + ("// edited\n" if name == edited_file else "")
+
+            monkeypatch.setattr(_specs, "_text", functools.cache(text))
+            after = keys()
+            assert sorted(k for k in before if before[k] != after[k]) == sorted(changed), file
+    finally:
+        monkeypatch.undo()
+        keys()  # the real sources again in every cache

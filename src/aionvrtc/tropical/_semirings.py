@@ -24,7 +24,7 @@ class Semiring:
     """``add`` reduces over k, ``mul`` combines A[m, k] with B[k, n]."""
 
     name: str
-    cpp: str  # the struct in kernels/tropical.cu
+    cpp: str  # the struct in kernels/tropical_common.cuh
     add: str
     mul: str
     dtypes: tuple[np.dtype[np.generic], ...]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 from collections.abc import Iterable
 from importlib import resources
+from types import MappingProxyType
 from typing import Literal
 
 import numpy as np
@@ -36,9 +38,49 @@ LAYOUTS: tuple[Layout, ...] = ("rowmajor", "strided")
 OPTIONS = ("-std=c++17",)
 
 
+Family = Literal["gemm", "tiled", "rows", "backward"]
+# The headers each family's source includes (kernels/): a kernel's key covers its family's
+# source and these, and nothing of the other families.
+_INCLUDES: dict[Family, tuple[str, ...]] = {
+    "gemm": ("tropical_common.cuh",),
+    "tiled": ("tropical_common.cuh", "tropical_fast.cuh"),
+    "rows": ("tropical_common.cuh", "tropical_fast.cuh"),
+    "backward": (),
+}
+
+
 @functools.cache
-def source() -> str:
-    return resources.files(__package__).joinpath("kernels/tropical.cu").read_text()
+def _text(file: str) -> str:
+    return resources.files(__package__).joinpath(f"kernels/{file}").read_text()
+
+
+@functools.cache
+def family_source(family: Family) -> tuple[str, MappingProxyType[str, str]]:
+    """A kernel family's source (kernels/tropical_<family>.cu) and the headers it includes."""
+    return _text(f"tropical_{family}.cu"), MappingProxyType(
+        {header: _text(header) for header in _INCLUDES[family]}
+    )
+
+
+def family_digest(family: Family) -> str:
+    """SHA-256 of a family's source and headers: what its kernels are built from (the tuning
+    records of the tiled family are kept under it)."""
+    source, headers = family_source(family)
+    digest = hashlib.sha256(source.encode())
+    for name, text in sorted(headers.items()):
+        digest.update(b"\0" + name.encode() + b"\0" + text.encode())
+    return digest.hexdigest()
+
+
+def _spec(family: Family, expression: str) -> KernelSpec:
+    source, headers = family_source(family)
+    return KernelSpec(
+        source,
+        name_expressions=(expression,),
+        options=OPTIONS,
+        headers=headers,
+        name=f"tropical_{family}.cu",
+    )
 
 
 def _bool(flag: bool) -> str:
@@ -76,7 +118,7 @@ def gemm_spec(
     expression = gemm_expression(
         semiring_name, dtype, argmax=argmax, accumulate=accumulate, layout=layout
     )
-    return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
+    return _spec("gemm", expression)
 
 
 Tile = tuple[int, int, int, int, int, int]  # BM, BN, BK, TM, TN, blocks per SM
@@ -218,7 +260,7 @@ def rows_spec(
         f"tropical_gemm_rows<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, "
         f"{_bool(accumulate)}, {kmax}>"
     )
-    return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
+    return _spec("rows", expression)
 
 
 _FAST = {"maxplus": "FastMaxPlus", "minplus": "FastMinPlus", "maxmul": "FastMaxMul"}
@@ -249,7 +291,7 @@ def tiled_spec(
         f"tropical_gemm_tiled<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, {_bool(argmax)}, "
         f"{_bool(accumulate)}, {bm}, {bn}, {bk}, {tm}, {tn}, {blocks}>"
     )
-    return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
+    return _spec("tiled", expression)
 
 
 @functools.cache
@@ -262,7 +304,7 @@ def backward_spec(semiring_name: str, dtype: np.dtype[np.generic]) -> KernelSpec
         )
     product = _bool(ring.name == "maxmul")
     expression = f"tropical_backward<{DTYPES[np.dtype(dtype)]}, {product}>"
-    return KernelSpec(source(), name_expressions=(expression,), options=OPTIONS, name="tropical.cu")
+    return _spec("backward", expression)
 
 
 def all_specs(
