@@ -3,11 +3,17 @@
 Same semantics as the GPU kernels: integer infinities are the type's extremes and arithmetic
 saturates; a float product that is NaN (-inf + inf) counts as the semiring's zero; the argmax
 is the smallest k attaining the result, or -1 when the result is the semiring's zero (K = 0, or
-no k contributes). Works in chunks of rows so memory stays bounded.
+no k contributes). Works in chunks of rows so memory stays bounded. ``einsum`` generalises the
+product to any contraction of tensors over the same semirings.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+import string
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,9 +21,10 @@ import numpy as np
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
 
-__all__ = ["matmul"]
+__all__ = ["einsum", "matmul"]
 
-# Elements of the (rows, K, N) product block evaluated at once.
+# Elements of the (rows, K, N) product block evaluated at once; for einsum, of one block of
+# products, and the largest joint array over all indices that is contracted in one go.
 CHUNK_ELEMENTS = 1 << 22
 
 
@@ -93,6 +100,201 @@ def matmul(a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False) -
     if not shapes.batched:
         value, index = value[0], index[0]
     return (value, index) if argmax else value
+
+
+_LETTERS = frozenset(string.ascii_letters)
+
+# One operand with its subscripts: an array and one letter per axis.
+_Term = tuple[np.ndarray[Any, Any], str]
+
+
+def einsum(subscripts: str, *operands: Any, semiring: str = "maxplus") -> np.ndarray[Any, Any]:
+    """The tropical einsum: ``out[o] = zero (+) ... (+) (x_1[...] (x) x_2[...] (x) ... x_n[...])``,
+    the (+)-sum running over every value of the indices that are not in the output.
+
+    ``subscripts`` is NumPy's grammar over the letters a-z, A-Z: ``"ij,jk->ik"`` (matmul),
+    ``"ii->i"`` (a diagonal), ``"ii->"`` (the trace), ``"ij->i"`` (a sum within one operand),
+    ``"i,j->ij"`` (an outer product), ``",->"`` (0-d operands). Without ``->`` the output is the
+    indices that appear exactly once, sorted by character (upper case first), as in
+    ``numpy.einsum``. No ellipsis, and no broadcasting: an index has one size everywhere.
+
+    (+) and (x) are the semiring's, with ``matmul``'s rules: integers saturate, their extremes
+    are the infinities, and a NaN product (-inf + inf, 0 * inf) counts as the zero; the products
+    are formed in operand order, left to right (float (x) is not associative). Every output
+    cell starts from the zero, so an empty sum gives the zero and a NaN input counts as the zero.
+    Operands share one dtype that the semiring takes; the result has it and one axis per output
+    index (0-d for ``"->"``-style outputs).
+
+    Small contractions (the joint space of all indices fits in ``CHUNK_ELEMENTS``) are evaluated
+    in one broadcast; larger ones operand by operand, left to right, in blocks of at most
+    ``CHUNK_ELEMENTS`` products (a result or an intermediate can still be larger than that).
+    """
+    ring = _semiring(semiring)
+    inputs, output = _parse_subscripts(subscripts, len(operands))
+    arrays = [np.asarray(x) for x in operands]
+    _check_einsum_dtypes(ring, arrays)
+    sizes = _index_sizes(inputs, arrays)
+    terms = [_distinct_axes(x, letters, sizes) for x, letters in zip(arrays, inputs, strict=True)]
+    if len(terms) == 1 or math.prod(sizes.values()) <= CHUNK_ELEMENTS:
+        return _contract(ring, terms, output, sizes)
+    # Too big to broadcast at once: by distributivity, sum each index as soon as no later
+    # operand (nor the output) needs it. Exact, floats included, because x -> x (x) c is
+    # monotone (for max-times: on non-negative inputs, where it is defined).
+    terms = [_sum_private(ring, terms, k, output, sizes) for k in range(len(terms))]
+    acc = terms[0]
+    for k in range(1, len(terms)):
+        later = set(output).union(*(letters for _, letters in terms[k + 1 :]))
+        joint = dict.fromkeys(acc[1] + terms[k][1])
+        keep = output if k == len(terms) - 1 else "".join(x for x in joint if x in later)
+        acc = _contract(ring, [acc, terms[k]], keep, sizes), keep
+    return acc[0]
+
+
+def _parse_subscripts(subscripts: object, count: int) -> tuple[list[str], str]:
+    """The operands' subscripts and the output's (the implicit one worked out)."""
+    if not isinstance(subscripts, str):
+        raise TypeError(
+            f"einsum subscripts must be a str such as 'ij,jk->ik', got {type(subscripts).__name__}"
+        )
+    text = subscripts.replace(" ", "")  # NumPy ignores spaces too
+    if "." in text:
+        raise ValueError(
+            f"einsum subscripts {subscripts!r} use an ellipsis '...', which is not supported; "
+            "name every dimension with a letter"
+        )
+    if text.count("->") > 1:
+        raise ValueError(f"einsum subscripts {subscripts!r} have more than one '->'")
+    lhs, arrow, rhs = text.partition("->")
+    for ch in lhs.replace(",", "") + rhs:
+        if ch not in _LETTERS:
+            raise ValueError(
+                f"einsum subscripts {subscripts!r} contain {ch!r}; indices are the letters a-z "
+                "and A-Z, operands are separated by ',' and the output follows '->'"
+            )
+    inputs = lhs.split(",")
+    if len(inputs) != count:
+        raise ValueError(
+            f"einsum subscripts {subscripts!r} name {len(inputs)} operand(s) but {count} were given"
+        )
+    counts = Counter(lhs.replace(",", ""))
+    if not arrow:
+        return inputs, "".join(sorted(x for x, n in counts.items() if n == 1))
+    for x, n in Counter(rhs).items():
+        if n > 1:
+            raise ValueError(
+                f"einsum output index {x!r} appears more than once in {subscripts!r}; "
+                "take a diagonal on the input side instead ('ii->i')"
+            )
+        if x not in counts:
+            raise ValueError(
+                f"einsum output index {x!r} appears in no operand in {subscripts!r}; "
+                "every output index must be an index of some operand"
+            )
+    return inputs, rhs
+
+
+def _check_einsum_dtypes(ring: Semiring, arrays: Sequence[np.ndarray[Any, Any]]) -> None:
+    # No promotion, as in matmul: the kernels take one element type.
+    for i, x in enumerate(arrays):
+        if x.dtype != arrays[0].dtype:
+            raise TypeError(
+                f"einsum operands must have one dtype, got {arrays[0].dtype} (operand 0) and "
+                f"{x.dtype} (operand {i}); convert them with .astype()"
+            )
+    ring.check_dtype(arrays[0].dtype, "einsum operand 0")
+
+
+def _index_sizes(inputs: Sequence[str], arrays: Sequence[np.ndarray[Any, Any]]) -> dict[str, int]:
+    seen: dict[str, tuple[int, int]] = {}  # letter -> (size, the operand it was first seen in)
+    for i, (letters, x) in enumerate(zip(inputs, arrays, strict=True)):
+        if x.ndim != len(letters):
+            raise ValueError(
+                f"einsum operand {i} has {x.ndim} dimension(s) (shape {x.shape}) but its "
+                f"subscripts {letters!r} name {len(letters)}; give one letter per dimension"
+            )
+        for letter, n in zip(letters, x.shape, strict=True):
+            size, first = seen.setdefault(letter, (n, i))
+            if size != n:
+                raise ValueError(
+                    f"einsum index {letter!r} has size {size} in operand {first} and {n} in "
+                    f"operand {i}; an index must have one size everywhere"
+                )
+    return {letter: size for letter, (size, _) in seen.items()}
+
+
+def _distinct_axes(x: np.ndarray[Any, Any], letters: str, sizes: Mapping[str, int]) -> _Term:
+    """``x`` with its repeated indices taken as diagonals: one axis per distinct letter."""
+    distinct = "".join(dict.fromkeys(letters))
+    if distinct == letters:
+        return x, letters
+    # A diagonal steps along all its axes at once: its stride is their strides' sum (a view).
+    strides = [sum(s for s, c in zip(x.strides, letters, strict=True) if c == d) for d in distinct]
+    view = np.lib.stride_tricks.as_strided(
+        x, shape=[sizes[d] for d in distinct], strides=strides, writeable=False
+    )
+    return view, distinct
+
+
+def _sum_private(
+    ring: Semiring, terms: Sequence[_Term], k: int, output: str, sizes: Mapping[str, int]
+) -> _Term:
+    """Term ``k`` with the indices that no other operand nor the output has summed away."""
+    x, letters = terms[k]
+    needed = set(output).union(*(t[1] for i, t in enumerate(terms) if i != k))
+    keep = "".join(c for c in letters if c in needed)
+    return (x, letters) if keep == letters else (_contract(ring, [terms[k]], keep, sizes), keep)
+
+
+def _contract(
+    ring: Semiring, terms: Sequence[_Term], out: str, sizes: Mapping[str, int]
+) -> np.ndarray[Any, Any]:
+    """The zero (+) the sum over the indices not in ``out`` of the terms' product (left to
+    right), one axis per letter of ``out``, broadcast over all the terms' indices in blocks."""
+    joint = out + "".join(dict.fromkeys(c for _, s in terms for c in s if c not in out))
+    dtype = terms[0][0].dtype
+    zero = ring.zero(dtype)
+    # fmax / fmin skip NaN: a NaN input counts as the zero, as a NaN product does.
+    add: np.ufunc = np.logical_or if ring.name == "andor" else np.fmax if ring.maximise else np.fmin
+    result = np.full([sizes[c] for c in out], zero, dtype=dtype)
+    shape = [sizes[c] for c in joint]
+    if 0 in shape:  # nothing to sum: every cell (if any) is the empty sum
+        return result
+    aligned = [_align(x, letters, joint) for x, letters in terms]
+    summed = tuple(range(len(out), len(joint)))
+    for block in _blocks(shape):
+        # An operand lacking an index has a broadcast axis of size 1 there: take all of it.
+        parts = [
+            x[tuple(b if n > 1 else slice(None) for b, n in zip(block, x.shape, strict=True))]
+            for x in aligned
+        ]
+        product = parts[0]
+        for part in parts[1:]:
+            product = _combine(ring, product, part)
+        if summed:
+            product = add.reduce(product, axis=summed)
+        where = block[: len(out)]
+        result[where] = add(result[where], product)  # (+) into the cells, from the zero
+    return result
+
+
+def _align(x: np.ndarray[Any, Any], letters: str, joint: str) -> np.ndarray[Any, Any]:
+    """A view of ``x`` with one axis per letter of ``joint``, of size 1 where ``x`` lacks it."""
+    x = x.transpose(sorted(range(len(letters)), key=lambda a: joint.index(letters[a])))
+    return x[tuple(slice(None) if c in letters else np.newaxis for c in joint)]
+
+
+def _blocks(shape: Sequence[int]) -> Iterator[tuple[slice, ...]]:
+    """Slices cutting ``shape`` (no size 0 in it) into blocks of at most ``CHUNK_ELEMENTS``
+    elements: single indices of the leading axes, a run of one axis, the trailing axes whole."""
+    if not shape:
+        yield ()
+        return
+    axis = next(a for a in range(len(shape)) if math.prod(shape[a + 1 :]) <= CHUNK_ELEMENTS)
+    step = max(1, CHUNK_ELEMENTS // math.prod(shape[axis + 1 :]))
+    rest = (slice(None),) * (len(shape) - axis - 1)
+    for head in itertools.product(*(range(n) for n in shape[:axis])):
+        for start in range(0, shape[axis], step):
+            yield (*(slice(i, i + 1) for i in head), slice(start, start + step), *rest)
 
 
 _semiring = semiring

@@ -1,0 +1,364 @@
+"""The NumPy tropical einsum (the oracle of the GPU one) against a brute-force loop over every
+assignment of the indices, and by hand: matmul, the index forms, a tropical tensor network."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from aionvrtc.tropical import SEMIRINGS, reference
+from aionvrtc.tropical.reference import _combine, einsum
+
+from .tropical_data import operands as random_operands
+
+CASES = [(s, d) for s, ring in SEMIRINGS.items() for d in ring.dtypes]
+IDS = [f"{s}-{d}" for s, d in CASES]
+ALPHABET = "abcD"  # small, so the brute force stays fast; an upper-case letter sorts first
+
+
+def brute_force(subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring: str) -> Any:
+    """The definition, one assignment of all the indices at a time; nothing shared with einsum
+    but the scalar (x): ``_combine`` on 0-d arrays (test_tropical_cpu.py checks it, through
+    ``matmul``, against arithmetic on Python ints)."""
+    semiring = SEMIRINGS[ring]
+    lhs, arrow, rhs = subscripts.partition("->")
+    terms = lhs.split(",")
+    if not arrow:  # numpy.einsum's implicit output
+        counts = Counter(lhs.replace(",", ""))
+        rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
+    sizes = {
+        c: n for t, x in zip(terms, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
+    }
+    letters = sorted(sizes)
+    dtype = operands[0].dtype
+    out = np.full([sizes[c] for c in rhs], semiring.zero(dtype), dtype=dtype)
+    for values in itertools.product(*(range(sizes[c]) for c in letters)):
+        at = dict(zip(letters, values, strict=True))
+        factors = [
+            np.asarray(x[tuple(at[c] for c in t)]) for t, x in zip(terms, operands, strict=True)
+        ]
+        p = factors[0]
+        for f in factors[1:]:
+            p = np.asarray(_combine(semiring, p, f))
+        cell = tuple(at[c] for c in rhs)
+        old, new = out[cell], p[()]
+        if ring == "andor":
+            out[cell] = old or new
+        elif semiring.maximise:
+            out[cell] = new if new > old else old  # a NaN never wins
+        else:
+            out[cell] = new if new < old else old
+    return out
+
+
+def special_values(ring: str, dtype: np.dtype[Any]) -> list[Any]:
+    """A few ordinary values, the infinities, and values whose (x) overflows or is NaN."""
+    if dtype == np.bool_:
+        return [False, True]
+    if dtype.kind == "f":
+        big = float(np.finfo(dtype).max)
+        if ring == "maxmul":  # defined for non-negative inputs; 0 * inf is NaN
+            return [0.0, 0.5, 1.0, 3.0, big, np.inf]
+        return [-np.inf, -big, -2.5, -1.0, 0.0, 1.0, 3.25, big, np.inf]  # -inf + inf is NaN
+    info = np.iinfo(dtype)
+    lo, hi = int(info.min), int(info.max)
+    if ring == "maxmul":
+        return [0, 1, 2, 7, math.isqrt(hi) + 1, hi // 2 + 1, hi]
+    return [lo, lo + 1, lo // 2, -5, -1, 0, 2, 7, hi // 2 + 1, hi - 1, hi]
+
+
+@st.composite
+def expressions(
+    draw: st.DrawFn, ring: str, dtype: np.dtype[Any]
+) -> tuple[str, list[np.ndarray[Any, Any]]]:
+    terms = [draw(st.text(ALPHABET, max_size=3)) for _ in range(draw(st.integers(1, 3)))]
+    letters = sorted(set("".join(terms)))
+    # Size 0 (an empty sum or an empty result) in a few of them, not in most.
+    sizes = {c: draw(st.sampled_from([2, 3, 1, 2, 3, 1, 0])) for c in letters}
+    subscripts = ",".join(terms)
+    if draw(st.booleans()):
+        output = draw(st.permutations(letters))[: draw(st.integers(0, len(letters)))]
+        subscripts += "->" + "".join(output)
+    elements = st.sampled_from(special_values(ring, dtype))
+    operands = [
+        draw(hnp.arrays(dtype, tuple(sizes[c] for c in t), elements=elements)) for t in terms
+    ]
+    return subscripts, operands
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@settings(derandomize=True, max_examples=400, deadline=None)
+@given(data=st.data())
+def test_einsum_matches_brute_force(ring: str, dtype: Any, data: st.DataObject) -> None:
+    dtype = np.dtype(dtype)
+    subscripts, operands = data.draw(expressions(ring, dtype))
+    want = brute_force(subscripts, operands, ring)
+    got = einsum(subscripts, *operands, semiring=ring)
+    assert isinstance(got, np.ndarray)
+    assert got.dtype == dtype
+    assert got.shape == np.shape(np.einsum(subscripts, *(np.zeros(x.shape) for x in operands)))
+    np.testing.assert_array_equal(got, want)
+    if dtype.kind == "f":
+        assert not np.isnan(got).any()
+    # Tiny chunks: the operand-by-operand path, cut into blocks of a few products.
+    chunk = data.draw(st.sampled_from([1, 2, 5]), label="CHUNK_ELEMENTS")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reference, "CHUNK_ELEMENTS", chunk)
+        np.testing.assert_array_equal(einsum(subscripts, *operands, semiring=ring), want)
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_matmul_subscripts_equal_matmul(
+    ring: str, dtype: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(11)
+    a, b = random_operands(rng, ring, dtype, (7, 9), (9, 5))
+    want = reference.matmul(a, b, ring)
+    np.testing.assert_array_equal(einsum("ij,jk->ik", a, b, semiring=ring), want)
+    np.testing.assert_array_equal(einsum("ij,jk", a, b, semiring=ring), want)
+    np.testing.assert_array_equal(einsum("jk,ij->ki", b, a, semiring=ring), want.T)
+    a3, b3 = random_operands(rng, ring, dtype, (3, 4, 6), (3, 6, 2))
+    batched = einsum("bij,bjk->bik", a3, b3, semiring=ring)
+    np.testing.assert_array_equal(batched, reference.matmul(a3, b3, ring))
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 4)  # operand by operand, in blocks
+    np.testing.assert_array_equal(einsum("ij,jk->ik", a, b, semiring=ring), want)
+    np.testing.assert_array_equal(einsum("bij,bjk->bik", a3, b3, semiring=ring), batched)
+
+
+def test_index_forms() -> None:
+    inf = np.inf
+    m = np.array([[1.0, 5.0, -2.0], [0.0, -inf, 4.0], [7.0, 2.0, 3.0]])
+    assert einsum("ii->i", m).tolist() == [1.0, -inf, 3.0]  # the diagonal
+    assert einsum("ii->", m).tolist() == 3.0  # its max: the tropical trace
+    assert einsum("ii->", m, semiring="minplus").tolist() == -inf
+    assert einsum("ii", m).tolist() == 3.0  # implicit: i appears twice, so it is summed
+    assert einsum("ij->", m).tolist() == 7.0
+    assert einsum("ij->i", m).tolist() == [5.0, 4.0, 7.0]
+    assert einsum("ij->j", m, semiring="minplus").tolist() == [0.0, -inf, -2.0]
+    np.testing.assert_array_equal(einsum("ij->ji", m), m.T)
+    np.testing.assert_array_equal(einsum("ji", m), m.T)  # implicit: sorted, so a transpose
+    u, v = np.array([1.0, 2.0]), np.array([10.0, 20.0, 30.0])
+    np.testing.assert_array_equal(einsum("i,j->ij", u, v), u[:, None] + v[None, :])
+    np.testing.assert_array_equal(einsum("i,j", u, v, semiring="maxmul"), np.outer(u, v))
+    assert einsum("i,i->", u, u[::-1]).tolist() == 3.0  # a tropical dot product
+    assert einsum("i,i->i", u, u).tolist() == [2.0, 4.0]
+    scalar = einsum(",->", np.float32(2), np.float32(3))
+    assert (scalar.shape, scalar.dtype, scalar.tolist()) == ((), np.float32, 5.0)
+    assert einsum("i,->i", u, np.float64(-1)).tolist() == [0.0, 1.0]
+    assert einsum("", np.int64(4)).tolist() == 4
+    a = np.arange(6.0).reshape(2, 3)
+    b = np.arange(12.0).reshape(3, 4)
+    np.testing.assert_array_equal(einsum("ij,jk", a, b), einsum("ij,jk->ik", a, b))
+    # An index repeated within one operand and shared with another: the diagonal's entries.
+    np.testing.assert_array_equal(einsum("ii,i->i", m, v), np.diagonal(m) + v)
+    t = np.arange(27, dtype=np.int32).reshape(3, 3, 3)
+    assert einsum("iji->ij", t).tolist() == [[t[i, j, i] for j in range(3)] for i in range(3)]
+    assert einsum("iii->i", t).tolist() == [0, 13, 26]
+
+
+def test_implicit_output_sorts_like_numpy() -> None:
+    # By character code, as numpy.einsum: upper case before lower case.
+    cases: list[tuple[str, list[tuple[int, ...]]]] = [
+        ("Ba,aC", [(2, 3), (3, 5)]),
+        ("aB,Ca", [(3, 2), (5, 3)]),
+        ("ba,aC", [(2, 3), (3, 5)]),
+        ("zY,YX", [(2, 3), (3, 5)]),
+        ("cab", [(2, 3, 5)]),
+    ]
+    for subscripts, shapes in cases:
+        operands = [np.zeros(shape) for shape in shapes]
+        want = np.einsum(subscripts, *operands).shape
+        assert einsum(subscripts, *operands).shape == want, subscripts
+
+
+def test_empty_sums_and_empty_outputs() -> None:
+    for ring, ring_def in SEMIRINGS.items():
+        dtype = ring_def.dtypes[0]
+        zero = ring_def.zero(dtype)
+        a, b = np.zeros((2, 0), dtype), np.zeros((0, 3), dtype)
+        np.testing.assert_array_equal(
+            einsum("ij,jk->ik", a, b, semiring=ring), np.full((2, 3), zero)
+        )
+        assert einsum("i->", np.zeros(0, dtype), semiring=ring).tolist() == zero
+        assert einsum("i,j->ij", np.zeros(0, dtype), np.zeros(4, dtype), semiring=ring).shape == (
+            0,
+            4,
+        )
+        assert einsum("ij,jk->ik", b.T, b, semiring=ring).shape == (3, 3)
+
+
+def test_nan_inputs_count_as_the_zero() -> None:
+    x = np.array([np.nan, 1.0, np.nan], np.float32)
+    assert einsum("i->i", x).tolist() == [-np.inf, 1.0, -np.inf]
+    assert einsum("i->", x, semiring="minplus").tolist() == 1.0
+    assert einsum("i,i->i", x, x, semiring="maxmul").tolist() == [0.0, 1.0, 0.0]
+
+
+def test_saturation_and_infinities_in_a_chain() -> None:
+    lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    x = np.array([hi - 5, -hi, lo, 7], np.int32)
+    ten = np.array(10, np.int32)
+    assert einsum("i,->i", x, ten).tolist() == [hi, -hi + 10, lo, 17]
+    assert einsum("i,->i", x, ten, semiring="minplus").tolist() == [hi - 1, -hi + 10, lo + 10, 17]
+    # Left to right: (hi - 5 + 10) saturates to hi before the -20 arrives.
+    assert einsum(",,->", x[0], ten, np.int32(-20)).tolist() == hi - 20
+    f = np.array([-np.inf, 1.0], np.float32)
+    g = np.array([np.inf, 2.0], np.float32)
+    assert einsum("i,i->", f, g).tolist() == 3.0  # -inf + inf counts as the zero
+
+
+def _mis_network(
+    n: int, edges: Sequence[tuple[int, int]], dtype: Any
+) -> tuple[str, list[np.ndarray[Any, Any]]]:
+    """The tropical tensor network of the maximum independent set: a vertex scores 1 when in
+    the set, an edge forbids both its ends (-inf); the max-plus contraction is the largest set."""
+    names = string.ascii_lowercase[:n]
+    neg = -np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
+    vertex = np.array([0, 1], dtype)
+    edge = np.array([[0, 0], [0, neg]], dtype)
+    subscripts = ",".join([*names, *(names[u] + names[v] for u, v in edges)]) + "->"
+    return subscripts, [vertex] * n + [edge] * len(edges)
+
+
+CYCLE5 = [(i, (i + 1) % 5) for i in range(5)]
+PETERSEN = [*CYCLE5, *((i, i + 5) for i in range(5)), *((5 + i, 5 + (i + 2) % 5) for i in range(5))]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+@pytest.mark.parametrize(("n", "edges", "size"), [(5, CYCLE5, 2), (10, PETERSEN, 4)])
+def test_maximum_independent_set(
+    dtype: Any, n: int, edges: list[tuple[int, int]], size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    subscripts, tensors = _mis_network(n, edges, dtype)
+    assert einsum(subscripts, *tensors).tolist() == size
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 3)  # operand by operand
+    assert einsum(subscripts, *tensors).tolist() == size
+
+
+def test_large_contractions_go_operand_by_operand(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    for ring, dtype in CASES:
+        a, b = random_operands(rng, ring, dtype, (6, 5), (5, 7))
+        c, d = random_operands(rng, ring, dtype, (7, 4), (4, 3, 3))
+        cases = [
+            ("ij,jk,kl->il", (a, b, c)),
+            ("ij,jk,kl->", (a, b, c)),
+            ("ij,jk,kl,lmm->im", (a, b, c, d)),
+            ("ij,jk,kl,lmn->nji", (a, b, c, d)),
+            ("ij,kl->li", (a, c)),
+        ]
+        # Each fits in one broadcast (the brute-force test covers that path), then not.
+        wants = [einsum(e, *ops, semiring=ring) for e, ops in cases]
+        with monkeypatch.context() as patch:
+            patch.setattr(reference, "CHUNK_ELEMENTS", 16)
+            for (e, ops), want in zip(cases, wants, strict=True):
+                got = einsum(e, *ops, semiring=ring)
+                np.testing.assert_array_equal(got, want, err_msg=f"{ring} {dtype} {e}")
+
+
+ERRORS: list[tuple[Any, type[Exception], str]] = [
+    (
+        lambda: einsum("ij->i", np.ones((2, 2)), semiring="plusmax"),
+        ValueError,
+        "semiring must be one of maxplus, minplus, maxmul, andor, got 'plusmax'",
+    ),
+    (
+        lambda: einsum(["i", "j"], np.ones(2)),  # type: ignore[arg-type]  # the point
+        TypeError,
+        "einsum subscripts must be a str such as 'ij,jk->ik', got list",
+    ),
+    (
+        lambda: einsum("...ij->ij", np.ones((2, 2))),
+        ValueError,
+        "einsum subscripts '...ij->ij' use an ellipsis '...', which is not supported; "
+        "name every dimension with a letter",
+    ),
+    (
+        lambda: einsum("i->i->i", np.ones(2)),
+        ValueError,
+        "einsum subscripts 'i->i->i' have more than one '->'",
+    ),
+    (
+        lambda: einsum("i1->i", np.ones((2, 2))),
+        ValueError,
+        "einsum subscripts 'i1->i' contain '1'; indices are the letters a-z and A-Z, "
+        "operands are separated by ',' and the output follows '->'",
+    ),
+    (
+        lambda: einsum("i>j", np.ones((2, 2))),
+        ValueError,
+        "einsum subscripts 'i>j' contain '>'; indices are the letters",
+    ),
+    (
+        lambda: einsum("ij,jk->ik", np.ones((2, 2))),
+        ValueError,
+        "einsum subscripts 'ij,jk->ik' name 2 operand(s) but 1 were given",
+    ),
+    (
+        lambda: einsum("ij->ii", np.ones((2, 2))),
+        ValueError,
+        "einsum output index 'i' appears more than once in 'ij->ii'; "
+        "take a diagonal on the input side instead ('ii->i')",
+    ),
+    (
+        lambda: einsum("ij->k", np.ones((2, 2))),
+        ValueError,
+        "einsum output index 'k' appears in no operand in 'ij->k'; "
+        "every output index must be an index of some operand",
+    ),
+    (
+        lambda: einsum("ij,jk", np.ones((2, 2)), np.ones((2, 2), np.float32)),
+        TypeError,
+        "einsum operands must have one dtype, got float64 (operand 0) and float32 (operand 1); "
+        "convert them with .astype()",
+    ),
+    (
+        lambda: einsum("i", np.ones(2, np.float16)),
+        TypeError,
+        "einsum operand 0 has dtype float16; maxplus takes float32, float64, int32, int64",
+    ),
+    (
+        lambda: einsum("i", np.ones(2, bool)),
+        TypeError,
+        "einsum operand 0 has dtype bool; maxplus takes float32, float64, int32, int64",
+    ),
+    (
+        lambda: einsum("i", np.ones(2), semiring="andor"),
+        TypeError,
+        "einsum operand 0 has dtype float64; andor takes bool",
+    ),
+    (
+        lambda: einsum("ij,jk->ik", np.ones((2, 3)), np.ones(3)),
+        ValueError,
+        "einsum operand 1 has 1 dimension(s) (shape (3,)) but its subscripts 'jk' name 2; "
+        "give one letter per dimension",
+    ),
+    (
+        lambda: einsum("ij,jk->ik", np.ones((2, 3)), np.ones((4, 2))),
+        ValueError,
+        "einsum index 'j' has size 3 in operand 0 and 4 in operand 1; "
+        "an index must have one size everywhere",
+    ),
+    (
+        lambda: einsum("ii->i", np.ones((2, 3))),
+        ValueError,
+        "einsum index 'i' has size 2 in operand 0 and 3 in operand 0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), ERRORS)
+def test_errors(call: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        call()
