@@ -20,9 +20,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aionvrtc import tropical
-from aionvrtc.tropical import reference
-from aionvrtc.tropical._tune import random_operands as random
-from aionvrtc.tropical._tune import timed
+from aionvrtc.tropical import random_operands as random
+from aionvrtc.tropical import reference, timed
 from benchmarks import peak_probe
 from benchmarks._results import RESULTS, gpu_facts, write
 
@@ -115,7 +114,8 @@ def skinny(repeats: int, probe: float) -> dict[str, Any]:
     runs through matmul (the skinny kernel) and, side by side, through the tiles of its class."""
     import cupy
 
-    from aionvrtc.tropical._api import _launch, _module_sync, _plan
+    from aionvrtc import get_sync
+    from aionvrtc.tropical._launching import launch  # no public launch of a plan
 
     big = 1 << 20
     src = cupy.empty(1 << 28, dtype=cupy.uint8)
@@ -129,17 +129,17 @@ def skinny(repeats: int, probe: float) -> dict[str, Any]:
             b = random((nk, n), np.float32, "maxplus")
             out = cupy.empty((m, n), np.float32)
             kind = f"{name}{max(16, nk)}"
-            plan = _plan(
+            plan = tropical.plan(
                 a, b, "maxplus", argmax=False, out=out, accumulate=False,
                 tile=tropical.TILES[kind]["f4"],
             )  # fmt: skip
-            module = _module_sync(plan.spec, plan.device, None)
+            module = get_sync(plan.spec, device=plan.device)
             moved = a.nbytes + b.nbytes + out.nbytes
             bound = max(moved / bandwidth, m * n * nk / probe)
             label = f"{name} n=k={nk}" if name == "tall" else f"{name} m=k={nk}"
             for how, call in (
                 ("", lambda a=a, b=b, out=out: tropical.matmul_sync(a, b, out=out)),
-                (" (tiles)", lambda plan=plan, module=module: _launch(plan, module, None)),
+                (" (tiles)", lambda plan=plan, module=module: launch(plan, module, None)),
             ):
                 seconds = timed(call, repeats)
                 check_sampled("maxplus", a, b, out)

@@ -287,6 +287,28 @@ async def test_get_without_a_gpu_names_compile(cache_dir: Path) -> None:
             await compiler.get(make_spec())
 
 
+async def test_loaded_is_none_without_a_loaded_module_and_never_raises(cache_dir: Path) -> None:
+    spec = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        await compiler.compile(spec)  # compiled, not loaded: no GPU needed
+        assert compiler.loaded(spec, device=0) is None
+        for not_a_spec in (None, "spec", 3):
+            assert compiler.loaded(not_a_spec, device=0) is None  # type: ignore[arg-type]
+    assert compiler.loaded(spec, device=0) is None  # closed
+
+
+@pytest.mark.gpu
+async def test_loaded_is_the_module_get_returns(cache_dir: Path) -> None:
+    spec = make_spec()
+    async with Compiler(cache_dir=cache_dir) as compiler:
+        assert compiler.loaded(spec, device=0) is None
+        module = await compiler.get(spec, device=0)
+        assert compiler.loaded(spec, device=0) is module
+        requests = compiler.stats().requests
+        assert compiler.loaded(spec, device=0) is module
+        assert compiler.stats().requests == requests  # a look, not a request
+
+
 CHILD = """
 import sys, time, json
 import anyio

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from aionvrtc import Compiler, KernelSpec, kernel_key, tropical
-from aionvrtc.tropical import reference
-from aionvrtc.tropical._specs import ROWS_KMAX
+from aionvrtc.tropical import ROWS_KMAX, reference
 
 from .tropical_data import brute_force, operands
 
@@ -243,8 +242,7 @@ def test_batches_count_towards_filling_the_gpu() -> None:
 
 
 def test_every_default_tile_fits_its_variant() -> None:
-    from aionvrtc.tropical._specs import tile_fits
-    from aionvrtc.tropical._tune import CANDIDATES, SHAPES
+    from aionvrtc.tropical import CANDIDATES, SHAPES, tile_fits
 
     assert set(tropical.TILES) == set(CANDIDATES) == set(SHAPES)
     for kind, variants in tropical.TILES.items():
@@ -463,16 +461,17 @@ def test_a_kernels_key_covers_its_family_only(monkeypatch: pytest.MonkeyPatch) -
     def keys() -> dict[str, str]:
         _specs._text.cache_clear()  # the one monkeypatch put there, if any
         _specs.family_source.cache_clear()
-        for spec_of in (_specs.gemm_spec, _specs.tiled_spec, _specs.rows_spec):
+        for spec_of in (_specs._gemm_spec, _specs.tiled_spec, _specs.rows_spec):
             spec_of.cache_clear()
-        _specs.backward_spec.cache_clear()
+        _specs._backward_spec.cache_clear()
         f4 = np.dtype("float32")
+        maxplus = tropical.SEMIRINGS["maxplus"]
         specs = {
             "gemm": _specs.gemm_spec(
                 "maxplus", f4, argmax=True, accumulate=False, layout="strided"
             ),
-            "tiled": _specs.tiled_spec("maxplus", f4, argmax=False, accumulate=False),
-            "rows": _specs.rows_spec("maxplus", f4, accumulate=False, kmax=16),
+            "tiled": _specs.tiled_spec(maxplus, f4, argmax=False, accumulate=False),
+            "rows": _specs.rows_spec(maxplus, f4, accumulate=False, kmax=16),
             "backward": _specs.backward_spec("maxplus", f4),
         }
         found = {name: kernel_key(spec, "sm_90") for name, spec in specs.items()}

@@ -14,8 +14,7 @@ import pytest
 
 import aionvrtc
 from aionvrtc import Compiler, tropical
-from aionvrtc.tropical import reference
-from aionvrtc.tropical._specs import tile_variant, tiled_supported
+from aionvrtc.tropical import reference, tile_variant, tiled_supported
 
 from .tropical_data import operands
 
@@ -134,17 +133,17 @@ TILED = [(s, d) for s, d in CASES if tiled_supported(s, np.dtype(d))]
 def test_large_tiles_at_test_sizes(ring: str, dtype: Any, argmax: bool, infinities: bool) -> None:
     # Products of test size are too small for the large class (too few 128 x 128 tiles to fill
     # the GPU), so its tiles are forced here: edges, and the 16-byte loads of aligned interiors.
-    from aionvrtc.tropical._api import _launch, _module_sync, _plan
+    from aionvrtc.tropical._launching import launch  # no public launch of a plan
 
     tile = tropical.TILES["large"][tile_variant(np.dtype(dtype), argmax=argmax)]
     rng = np.random.default_rng()
     for m, k, n in ((300, 257, 260), (129, 7, 33), (256, 64, 384)):
         a, b = operands(rng, ring, dtype, (m, k), (k, n), infinities=infinities)
-        plan = _plan(
+        plan = tropical.plan(
             gpu(a), gpu(b), ring, argmax=argmax, out=None, accumulate=False, tile=tile
         )  # fmt: skip
         assert plan.tile == tile
-        _launch(plan, _module_sync(plan.spec, plan.device, None), None)
+        launch(plan, aionvrtc.get_sync(plan.spec, device=plan.device), None)
         want = reference.matmul(a, b, ring, argmax=argmax)
         if argmax:
             np.testing.assert_array_equal(host(plan.c), want[0])
@@ -156,23 +155,20 @@ def test_large_tiles_at_test_sizes(ring: str, dtype: Any, argmax: bool, infiniti
 @pytest.mark.parametrize(("m", "k", "n"), [*CLASS_SIZES, (4100, 16, 16), (3000, 500, 2000)])
 @pytest.mark.parametrize("argmax", [False, True])
 def test_kernel_spec_is_the_kernel_matmul_launches(argmax: bool, m: int, k: int, n: int) -> None:
-    from aionvrtc.tropical._api import _plan
-
     a, b = operands(np.random.default_rng(), "minplus", np.float32, (m, k), (k, n))
-    plan = _plan(gpu(a), gpu(b), "minplus", argmax=argmax, out=None, accumulate=False)
+    plan = tropical.plan(gpu(a), gpu(b), "minplus", argmax=argmax, out=None, accumulate=False)
     assert plan.spec == tropical.kernel_spec(m, n, k, "minplus", argmax=argmax)
 
 
 def test_argmax_past_the_tuned_kernels_tile_count() -> None:
     # The tuned kernel counts k-tiles in 16 bits for its argmax: longer products take the
     # generic kernel, even when a tile is named.
-    from aionvrtc.tropical._api import _plan
-    from aionvrtc.tropical._specs import ARGMAX_MAX_TILES
-
     tile = tropical.TILES["small"]["f4-argmax"]
-    k = ARGMAX_MAX_TILES * tile[2] + 3
+    k = tropical.ARGMAX_MAX_TILES * tile[2] + 3
     a, b = operands(np.random.default_rng(), "maxplus", np.float32, (3, k), (k, 5))
-    plan = _plan(gpu(a), gpu(b), "maxplus", argmax=True, out=None, accumulate=False, tile=tile)
+    plan = tropical.plan(
+        gpu(a), gpu(b), "maxplus", argmax=True, out=None, accumulate=False, tile=tile
+    )
     assert plan.tile is None
     assert "tropical_gemm<" in plan.spec.name_expressions[0]
     check("maxplus", gpu(a), gpu(b))
@@ -450,8 +446,8 @@ def test_torch_gradients_match_finite_differences(ring: str) -> None:
 
 
 def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path) -> None:
-    from aionvrtc.tropical import _tune
-    from aionvrtc.tropical._specs import tile_fits
+    # _classes: its table of installed tiles, emptied as a new process would start.
+    from aionvrtc.tropical import _classes, tile_fits
 
     reports: list[dict[str, Any]] = []
 
@@ -462,7 +458,7 @@ def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path
                 repeats=2, report=reports.append,
             )  # fmt: skip
             in_use = tropical.tuned_tiles(0)["small"]["f4"]
-            _tune._installed.clear()  # as a new process would start
+            _classes._installed.clear()  # as a new process would start
             again = await tropical.autotune(
                 ["float32"], kinds=["small"], argmax=[False], compiler=compiler,
                 report=reports.append,
@@ -472,9 +468,9 @@ def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path
     try:
         first, in_use, again = anyio.run(main)
     finally:
-        _tune._installed.clear()
+        _classes._installed.clear()
     # Every candidate that fits was checked and timed once; the second run read the record.
-    candidates = [t for t in _tune.CANDIDATES["small"] if tile_fits(t, 4)]
+    candidates = [t for t in tropical.CANDIDATES["small"] if tile_fits(t, 4)]
     assert [tuple(r["tile"]) for r in reports] == candidates
     assert all(r["seconds"] > 0 and r["class"] == "small" for r in reports)
     fastest = tuple(min(reports, key=lambda r: r["seconds"])["tile"])

@@ -123,7 +123,10 @@ def _not_a_dtype(value: object, what: str) -> ValueError:
     return ValueError(f"{what} must be one of {', '.join(map(str, DTYPES))}, got {shown}")
 
 
-def semiring(name: str) -> Semiring:
+def semiring(name: str | Semiring) -> Semiring:
+    """The semiring called ``name``; a Semiring is its own (callers resolve a name once)."""
+    if isinstance(name, Semiring):
+        return name
     try:
         return SEMIRINGS[name]
     except (KeyError, TypeError):

@@ -8,26 +8,20 @@ import itertools
 from collections.abc import Iterable
 from importlib import resources
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from .._spec import KernelSpec
-from ._semirings import DTYPES, SEMIRINGS, as_dtype, semiring
+from ._classes import ROWS_KMAX, TILES, Tile, tile_variant
+from ._semirings import DTYPES, SEMIRINGS, Semiring, as_dtype, semiring
 
 __all__ = [
-    "ARGMAX_MAX_TILES",
     "LAYOUTS",
-    "TILES",
-    "VARIANTS",
-    "Tile",
     "all_specs",
     "backward_spec",
-    "gemm_expression",
     "gemm_spec",
-    "shape_class",
-    "tile_fits",
-    "tile_variant",
+    "rows_spec",
     "tiled_spec",
     "tiled_supported",
 ]
@@ -87,172 +81,44 @@ def _bool(flag: bool) -> str:
     return "true" if flag else "false"
 
 
-def gemm_expression(
-    semiring_name: str,
-    dtype: np.dtype[np.generic],
-    *,
-    argmax: bool,
-    accumulate: bool,
-    layout: Layout,
-) -> str:
-    ring = semiring(semiring_name)
-    ring.check_dtype(dtype)
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return (
-        f"tropical_gemm<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {_bool(argmax)}, "
-        f"{_bool(accumulate)}, {_bool(layout == 'rowmajor')}>"
-    )
-
-
-@functools.cache
 def gemm_spec(
-    semiring_name: str,
-    dtype: np.dtype[np.generic],
+    semiring_name: str | Semiring,
+    dtype: Any,
     *,
     argmax: bool,
     accumulate: bool,
     layout: Layout,
 ) -> KernelSpec:
     """The spec of one forward kernel: the shared source, one instantiation."""
-    expression = gemm_expression(
-        semiring_name, dtype, argmax=argmax, accumulate=accumulate, layout=layout
+    return _gemm_spec(
+        semiring(semiring_name), dtype, argmax=argmax, accumulate=accumulate, layout=layout
+    )
+
+
+@functools.cache
+def _gemm_spec(
+    ring: Semiring,
+    dtype: np.dtype[np.generic],
+    *,
+    argmax: bool,
+    accumulate: bool,
+    layout: Layout,
+) -> KernelSpec:
+    ring.check_dtype(dtype)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    expression = (
+        f"tropical_gemm<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {_bool(argmax)}, "
+        f"{_bool(accumulate)}, {_bool(layout == 'rowmajor')}>"
     )
     return _spec("gemm", expression)
 
 
-Tile = tuple[int, int, int, int, int, int]  # BM, BN, BK, TM, TN, blocks per SM
-
-# Tile configurations of the tuned kernel, by shape class, then variant (tile_variant): the
-# defaults where the autotuner (tropical.autotune) has not run on this GPU, its winners on the
-# H200 (benchmarks/tile_sweep.py; results/tile_sweep-nvidia-h200*.md: "large" and "small"
-# from the latest sweep, their argmax variants from the sweep of the argmax kernel with its tile
-# numbers in shared memory (-argmax-shared-index), the tall and wide classes from the sweep of all
-# classes). "large" products fill the GPU with big tiles; "small" ones (M or N at most 64, such
-# as batches of small matrices) want more, smaller blocks; tall (wide) products want a tile as
-# wide (tall) as N (M).
-TILES: dict[str, dict[str, Tile]] = {
-    "large": {
-        "f4": (128, 128, 16, 8, 8, 1), "i4": (128, 128, 8, 8, 8, 2),
-        "f8": (64, 64, 8, 4, 4, 1), "i8": (128, 128, 8, 8, 4, 1),
-        "f4-argmax": (64, 128, 16, 4, 8, 2), "i4-argmax": (64, 128, 16, 4, 8, 2),
-        "f8-argmax": (64, 64, 16, 4, 4, 2), "i8-argmax": (64, 64, 8, 4, 4, 1),
-    },
-    "small": {
-        "f4": (64, 64, 16, 8, 4, 1), "i4": (32, 64, 16, 4, 4, 1),
-        "f8": (64, 64, 8, 4, 4, 1), "i8": (64, 64, 8, 4, 4, 1),
-        "f4-argmax": (64, 64, 8, 4, 4, 1), "i4-argmax": (64, 64, 8, 4, 4, 1),
-        "f8-argmax": (64, 64, 8, 4, 4, 1), "i8-argmax": (64, 64, 8, 4, 4, 1),
-    },
-    "tall16": {
-        "f4": (128, 16, 8, 8, 2, 1), "i4": (64, 16, 16, 4, 2, 1),
-        "f8": (64, 16, 16, 4, 2, 1), "i8": (128, 16, 8, 8, 2, 1),
-        "f4-argmax": (64, 16, 16, 4, 2, 1), "i4-argmax": (64, 16, 16, 4, 2, 1),
-        "f8-argmax": (64, 16, 16, 4, 2, 1), "i8-argmax": (64, 16, 16, 4, 2, 1),
-    },
-    "tall32": {
-        "f4": (64, 32, 16, 4, 4, 1), "i4": (128, 32, 16, 8, 4, 1),
-        "f8": (64, 32, 8, 4, 4, 1), "i8": (64, 32, 8, 4, 4, 1),
-        "f4-argmax": (64, 32, 8, 4, 4, 1), "i4-argmax": (64, 32, 16, 4, 4, 1),
-        "f8-argmax": (64, 32, 8, 4, 4, 1), "i8-argmax": (64, 32, 8, 4, 4, 1),
-    },
-    "tall64": {
-        "f4": (128, 64, 16, 8, 4, 1), "i4": (128, 64, 8, 8, 4, 1),
-        "f8": (64, 64, 16, 4, 4, 1), "i8": (64, 64, 16, 4, 4, 1),
-        "f4-argmax": (64, 64, 16, 4, 4, 1), "i4-argmax": (64, 64, 8, 4, 4, 1),
-        "f8-argmax": (64, 64, 8, 4, 4, 1), "i8-argmax": (64, 64, 8, 4, 4, 1),
-    },
-    "wide16": {
-        "f4": (16, 64, 16, 2, 4, 1), "i4": (16, 64, 16, 2, 4, 1),
-        "f8": (16, 64, 16, 2, 4, 1), "i8": (16, 64, 16, 2, 4, 1),
-        "f4-argmax": (16, 64, 16, 2, 4, 1), "i4-argmax": (16, 64, 16, 2, 4, 1),
-        "f8-argmax": (16, 64, 16, 2, 4, 1), "i8-argmax": (16, 64, 16, 2, 4, 1),
-    },
-    "wide32": {
-        "f4": (32, 64, 16, 4, 4, 1), "i4": (32, 64, 16, 4, 4, 1),
-        "f8": (32, 128, 8, 4, 8, 1), "i8": (32, 64, 16, 4, 4, 1),
-        "f4-argmax": (32, 64, 16, 4, 4, 1), "i4-argmax": (32, 64, 16, 4, 4, 1),
-        "f8-argmax": (32, 64, 16, 4, 4, 1), "i8-argmax": (32, 64, 16, 4, 4, 1),
-    },
-    "wide64": {
-        "f4": (64, 128, 8, 8, 8, 1), "i4": (64, 128, 8, 8, 8, 1),
-        "f8": (64, 64, 16, 4, 4, 1), "i8": (64, 64, 16, 4, 4, 1),
-        "f4-argmax": (64, 64, 16, 4, 4, 1), "i4-argmax": (64, 128, 8, 8, 8, 1),
-        "f8-argmax": (64, 64, 8, 4, 4, 1), "i8-argmax": (64, 64, 8, 4, 4, 1),
-    },
-}  # fmt: skip
-VARIANTS = tuple(TILES["large"])
-
-
-def tile_variant(dtype: np.dtype[np.generic], *, argmax: bool) -> str:
-    """The key of TILES[kind] for ``dtype``: kind and bytes ("f4", "i8"), "-argmax" added."""
-    dtype = np.dtype(dtype)
-    return f"{dtype.kind}{dtype.itemsize}{'-argmax' if argmax else ''}"
-
-
-def tile_fits(tile: Tile, itemsize: int, *, argmax: bool = False) -> bool:
-    """Whether the tuned kernel compiles with ``tile`` (its static_asserts) and fits the 48 KiB
-    of static shared memory (the argmax variant also keeps 2 bytes per output there)."""
-    bm, bn, bk, tm, tn, blocks = tile
-    if min(tile) < 1 or bm % tm or bn % tn or tm % 2 or tn % 2:
-        return False
-    threads = (bm // tm) * (bn // tn)
-    return (
-        threads <= 1024
-        and (bm * bk) % threads == 0
-        and (bk * bn) % threads == 0
-        and 2 * bk * (bm + bn) * itemsize + (2 * bm * bn if argmax else 0) <= 48 << 10
-        and blocks * threads <= 2048
-    )
-
-
-# The tuned kernel's argmax keeps the last improving k-tile of each output in 16 bits (0xffff:
-# none), so products with an argmax and more k-tiles take the generic kernel (K past 0xffff * BK:
-# at least half a million).
-ARGMAX_MAX_TILES = 0xFFFF
-
-
-# The skinny kernel (a thread per row of C, B in shared memory) serves products with K at most
-# 16 and N (tall) or M (wide, run transposed) at most 64, by K's class; tiles serve the rest. On
-# the H200 (results/tropical_gemm-nvidia-h200.md) it moved 59-79% of copy bandwidth at N = K =
-# 4..16 against 12-37% for tiles, and lost to tiles at K = 32 and 64 (which it also compiles for).
-ROWS_KMAX = (4, 8, 16)
-ROWS_NMAX = 64
-TALL_M = 4096
-
-
-# Fewer tiles of 128 x 128 than this (about two per SM of a 132-SM H100 or H200) and a product
-# takes the small tiles: at 1024^3 the large tiles left half of the H200 idle (12 T ops/s, where
-# the 64 x 64 tiles of the argmax variant ran 14 T with the argmax's extra work).
-LARGE_MIN_TILES = 256
-
-
-def shape_class(m: int, n: int, k: int = 1 << 30, *, argmax: bool = False, batch: int = 1) -> str:
-    """The kernel class of a ``batch`` x M x N x K product: "rows4/8/16" (the skinny kernel: M
-    at least TALL_M, N at most 64, K at most 16, no argmax), "cols4/8/16" (the same kernel on
-    the transpose: N at least TALL_M, M at most 64), "tall16/32/64" and "wide16/32/64" (tiles
-    as wide as N, or as tall as M), "large" (enough 128 x 128 tiles to fill the GPU) or
-    "small"."""
-    skinny = k <= ROWS_KMAX[-1] and not argmax
-    kmax = next((x for x in ROWS_KMAX if k <= x), 0)
-    if m >= TALL_M and n <= ROWS_NMAX:
-        return f"rows{kmax}" if skinny else f"tall{_width(n)}"
-    if n >= TALL_M and m <= ROWS_NMAX:
-        return f"cols{kmax}" if skinny else f"wide{_width(m)}"
-    tiles = batch * -(-m // 128) * -(-n // 128)
-    return "small" if min(m, n) <= 64 or tiles < LARGE_MIN_TILES else "large"
-
-
-def _width(size: int) -> int:
-    return next(w for w in (16, 32, 64) if size <= w)
-
-
 @functools.cache
 def rows_spec(
-    semiring_name: str, dtype: np.dtype[np.generic], *, accumulate: bool, kmax: int
+    ring: Semiring, dtype: np.dtype[np.generic], *, accumulate: bool, kmax: int
 ) -> KernelSpec:
     """The spec of one skinny-product kernel (no argmax, K <= kmax, N <= ROWS_NMAX)."""
-    ring = semiring(semiring_name)
     ring.check_dtype(dtype)
     if not tiled_supported(ring.name, dtype) or kmax not in ROWS_KMAX:
         raise ValueError(f"no skinny kernel for {ring.name} on {np.dtype(dtype)} with K <= {kmax}")
@@ -273,7 +139,7 @@ def tiled_supported(semiring_name: str, dtype: np.dtype[np.generic]) -> bool:
 
 @functools.cache
 def tiled_spec(
-    semiring_name: str,
+    ring: Semiring,
     dtype: np.dtype[np.generic],
     *,
     argmax: bool,
@@ -282,7 +148,6 @@ def tiled_spec(
 ) -> KernelSpec:
     """The spec of one tuned row-major kernel with one tile configuration (default: the
     "large" class's)."""
-    ring = semiring(semiring_name)
     ring.check_dtype(dtype)
     if not tiled_supported(ring.name, dtype):
         raise ValueError(f"no tuned kernel for {ring.name} on {np.dtype(dtype)}")
@@ -294,9 +159,13 @@ def tiled_spec(
     return _spec("tiled", expression)
 
 
+def backward_spec(semiring_name: str | Semiring, dtype: Any) -> KernelSpec:
+    """The spec of the backward kernel of a product under ``semiring_name``."""
+    return _backward_spec(semiring(semiring_name), dtype)
+
+
 @functools.cache
-def backward_spec(semiring_name: str, dtype: np.dtype[np.generic]) -> KernelSpec:
-    ring = semiring(semiring_name)
+def _backward_spec(ring: Semiring, dtype: np.dtype[np.generic]) -> KernelSpec:
     if ring.name == "andor" or as_dtype(dtype).kind != "f":
         raise TypeError(
             f"gradients need float32 or float64 operands of maxplus, minplus or maxmul, "
@@ -345,19 +214,19 @@ def all_specs(
                 (False, True), (False, True), LAYOUTS
             ):
                 specs.append(
-                    gemm_spec(name, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
+                    _gemm_spec(ring, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
                 )
             if tiled_supported(name, dtype):
                 for argmax, acc in itertools.product((False, True), (False, True)):
                     variant = tile_variant(dtype, argmax=argmax)
                     specs += [
-                        tiled_spec(name, dtype, argmax=argmax, accumulate=acc, tile=tile)
+                        tiled_spec(ring, dtype, argmax=argmax, accumulate=acc, tile=tile)
                         for tile in dict.fromkeys(t[variant] for t in TILES.values())
                     ]
                 for acc in (False, True):
                     specs += [
-                        rows_spec(name, dtype, accumulate=acc, kmax=kmax) for kmax in ROWS_KMAX
+                        rows_spec(ring, dtype, accumulate=acc, kmax=kmax) for kmax in ROWS_KMAX
                     ]
             if name != "andor" and dtype.kind == "f":
-                specs.append(backward_spec(name, dtype))
+                specs.append(_backward_spec(ring, dtype))
     return list(dict.fromkeys(specs))  # max-plus and min-plus share backward kernels

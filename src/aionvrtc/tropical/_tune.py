@@ -22,69 +22,15 @@ from .._actor import Compiler
 from .._exceptions import CompileError
 from .._sync import default_compiler
 from . import reference
+from ._classes import CANDIDATES, SHAPES, TILES, Tile, install, tile_fits, tile_variant, tuned_tiles
+from ._launching import launch
+from ._planning import plan
 from ._semirings import SEMIRINGS, numpy_dtype
-from ._specs import TILES, Tile, family_digest, tile_fits, tile_variant, tiled_spec
+from ._specs import family_digest, tiled_spec
 
-__all__ = ["CANDIDATES", "SHAPES", "autotune", "random_operands", "timed", "tuned_tiles"]
+__all__ = ["autotune", "random_operands", "timed"]
 
 logger = logging.getLogger("aionvrtc")
-
-# Candidate tiles by shape class (those a variant cannot use are skipped, see tile_fits).
-CANDIDATES: dict[str, tuple[Tile, ...]] = {
-    "large": (
-        (128, 128, 8, 8, 8, 1), (128, 128, 8, 8, 8, 2), (128, 128, 16, 8, 8, 1),
-        (128, 128, 16, 8, 8, 2), (128, 128, 8, 8, 4, 1), (128, 64, 8, 8, 4, 1),
-        (128, 64, 16, 8, 4, 1), (128, 64, 16, 8, 4, 2), (128, 64, 32, 8, 4, 1),
-        (128, 64, 8, 8, 4, 2), (64, 64, 8, 4, 4, 1), (64, 64, 16, 4, 4, 1), (64, 64, 16, 4, 4, 2),
-        (64, 64, 32, 4, 4, 1), (64, 128, 8, 4, 8, 1), (64, 128, 16, 4, 8, 2),
-    ),
-    "small": (
-        (64, 64, 8, 8, 4, 1), (64, 64, 8, 4, 4, 1), (64, 64, 16, 4, 4, 1), (64, 64, 32, 4, 4, 1),
-        (64, 64, 16, 8, 4, 1), (64, 64, 32, 8, 8, 1), (32, 64, 16, 4, 4, 1),
-        (64, 64, 16, 4, 4, 2), (32, 64, 32, 4, 4, 1),
-    ),
-    "tall16": (
-        (128, 16, 8, 8, 2, 1), (128, 16, 16, 8, 2, 1), (64, 16, 16, 4, 2, 1),
-        (128, 16, 16, 4, 4, 1), (256, 16, 16, 8, 4, 1), (128, 32, 8, 8, 4, 1),
-    ),
-    "tall32": (
-        (64, 32, 8, 4, 4, 1), (128, 32, 8, 8, 4, 1), (128, 32, 16, 8, 4, 1),
-        (128, 32, 16, 4, 4, 1), (256, 32, 16, 8, 4, 1), (64, 32, 16, 4, 4, 1),
-    ),
-    "tall64": (
-        (128, 64, 8, 8, 4, 1), (128, 64, 16, 8, 4, 1), (64, 64, 16, 4, 4, 1),
-        (128, 64, 16, 4, 4, 1), (256, 64, 8, 8, 8, 1), (64, 64, 8, 4, 4, 1),
-    ),
-    "wide16": ((16, 128, 16, 2, 8, 1), (16, 128, 8, 2, 8, 1), (16, 64, 16, 2, 4, 1)),
-    "wide32": (
-        (32, 128, 8, 4, 8, 1), (32, 128, 16, 4, 8, 1), (32, 64, 16, 4, 4, 1),
-        (32, 256, 8, 4, 8, 1),
-    ),
-    "wide64": (
-        (64, 64, 8, 4, 4, 1), (64, 128, 8, 4, 8, 1), (64, 128, 8, 8, 8, 1),
-        (64, 256, 8, 8, 8, 1), (64, 64, 16, 4, 4, 1),
-    ),
-}  # fmt: skip
-
-# The representative product of each class: (batch, M, N, K).
-SHAPES: dict[str, tuple[int, int, int, int]] = {
-    "large": (1, 4096, 4096, 4096),
-    "small": (1024, 64, 64, 64),
-    "tall16": (1, 1 << 20, 16, 16),
-    "tall32": (1, 1 << 20, 32, 32),
-    "tall64": (1, 1 << 20, 64, 64),
-    "wide16": (1, 16, 1 << 20, 16),
-    "wide32": (1, 32, 1 << 20, 32),
-    "wide64": (1, 64, 1 << 20, 64),
-}
-
-# Winners installed in this process, by device: device -> class -> variant -> tile.
-_installed: dict[int, dict[str, dict[str, Tile]]] = {}
-
-
-def tuned_tiles(device: int) -> dict[str, dict[str, Tile]]:
-    """The tiles matmul uses on ``device``: the autotuner's winners, else the built-in TILES."""
-    return _installed.get(device, TILES)
 
 
 def random_operands(shape: tuple[int, ...], dtype: Any, semiring_name: str) -> Any:
@@ -224,7 +170,7 @@ async def autotune(
     # the first ones are timed.
     compiler.prefetch(
         (
-            tiled_spec("maxplus", dtype, argmax=flag, accumulate=False, tile=tile)
+            tiled_spec(SEMIRINGS["maxplus"], dtype, argmax=flag, accumulate=False, tile=tile)
             for kind, dtype, flag in todo
             for tile in CANDIDATES[kind]
             if tile_fits(tile, dtype.itemsize, argmax=flag)
@@ -240,7 +186,7 @@ async def autotune(
             )  # fmt: skip
         if best is not None:
             table[kind][variant] = best
-    _installed[device] = table
+    install(device, table)
     await compiler.save_record(name, json.dumps(table, sort_keys=True).encode(), arch=target)
     return table
 
@@ -255,14 +201,12 @@ async def _tune_one(
     repeats: int,
     report: Callable[[dict[str, Any]], None] | None,
 ) -> Tile | None:
-    from ._api import _launch, _plan
-
     ring = "maxplus"  # the semirings' fast steps cost the same; max-plus stands for all three
     batch, m, n, k = SHAPES[kind]
     shape_a, shape_b = ((batch, m, k), (batch, k, n)) if batch > 1 else ((m, k), (k, n))
     a, b = random_operands(shape_a, dtype, ring), random_operands(shape_b, dtype, ring)
-    generic = _plan(a, b, ring, argmax=argmax, out=None, accumulate=False, tile=None)
-    _launch(generic, await compiler.get(generic.spec, device=device), None)
+    generic = plan(a, b, ring, argmax=argmax, out=None, accumulate=False, tile=None)
+    launch(generic, await compiler.get(generic.spec, device=device), None)
     want = (generic.c, generic.index) if argmax else generic.c
     _check_rows(a, b, want, argmax)
     variant = tile_variant(dtype, argmax=argmax)
@@ -270,17 +214,17 @@ async def _tune_one(
     for tile in CANDIDATES[kind]:
         if not tile_fits(tile, dtype.itemsize, argmax=argmax):
             continue
-        plan = _plan(a, b, ring, argmax=argmax, out=None, accumulate=False, tile=tile)
+        planned = plan(a, b, ring, argmax=argmax, out=None, accumulate=False, tile=tile)
         try:
-            module = await compiler.get(plan.spec, device=device)
+            module = await compiler.get(planned.spec, device=device)
         except CompileError as exc:
             logger.info("tile %s of %s/%s does not compile: %s", tile, kind, variant, exc)
             continue
-        _launch(plan, module, None)
-        if not _same((plan.c, plan.index) if argmax else plan.c, want, argmax):
+        launch(planned, module, None)
+        if not _same((planned.c, planned.index) if argmax else planned.c, want, argmax):
             logger.warning("tile %s of %s/%s gives a wrong result: skipped", tile, kind, variant)
             continue
-        seconds = timed(lambda: _launch(plan, module, None), repeats)  # noqa: B023 (called now)
+        seconds = timed(lambda: launch(planned, module, None), repeats)  # noqa: B023 (called now)
         timings.append((seconds, tile))
         if report is not None:
             report(

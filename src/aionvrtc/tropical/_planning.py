@@ -1,0 +1,246 @@
+"""What a tropical product launches: operands checked, outputs made, the kernel chosen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from .._spec import KernelSpec
+from . import _semirings
+from ._classes import ARGMAX_MAX_TILES, TILES, Tile, classify, tile_variant, tuned_tiles
+from ._semirings import Semiring, semiring
+from ._shapes import Shapes, check_operands
+from ._specs import Layout, backward_spec, gemm_spec, rows_spec, tiled_spec, tiled_supported
+
+__all__ = [
+    "BackwardPlan",
+    "Plan",
+    "backward_plan",
+    "choose",
+    "cupy_module",
+    "kernel_spec",
+    "plan",
+    "strides",
+]
+
+Strides = tuple[int, int, int]
+
+
+def cupy_module() -> Any:
+    import cupy
+
+    return cupy
+
+
+def _require_cupy(x: Any, what: str) -> Any:
+    cupy = cupy_module()
+    if not isinstance(x, cupy.ndarray):
+        hint = ": move it with cupy.asarray(...)" if isinstance(x, np.ndarray) else ""
+        raise TypeError(
+            f"{what} must be a cupy.ndarray, not {type(x).__module__}.{type(x).__name__}{hint}"
+        )
+    return x
+
+
+def strides(x: Any) -> Strides:
+    """Element strides (batch, rows, columns) of a 2-D or 3-D array; batch 0 for 2-D."""
+    item = x.itemsize
+    each = [s // item for s in x.strides]
+    if x.ndim == 2:
+        return 0, each[0], each[1]
+    return (0 if x.shape[0] == 1 else each[0]), each[1], each[2]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One product to launch: its operands and outputs, their element strides, the kernel."""
+
+    ring: Semiring
+    spec: KernelSpec
+    a: Any
+    b: Any
+    c: Any
+    index: Any  # int32 argmax output, or None
+    a_strides: Strides
+    b_strides: Strides
+    batch: int
+    m: int
+    n: int
+    k: int
+    device: int
+    batched: bool
+    tile: Tile | None  # the tuned kernel's tile, if it serves
+    rows: int  # KMAX of the skinny kernel, if it serves (else 0)
+    transposed: bool  # the skinny kernel runs C' = B' A' (wide products)
+
+
+def plan(
+    a: Any,
+    b: Any,
+    semiring_name: str,
+    *,
+    argmax: bool,
+    out: Any,
+    accumulate: bool,
+    tile: Tile | Literal["auto"] | None = "auto",
+) -> Plan:
+    """What to launch for C = A (x) B (checks and outputs as ``matmul``'s). ``tile``: "auto"
+    picks the kernel by shape class (tuned_tiles); the autotuner and benchmarks name a tile of
+    the tuned kernel, or None for the generic kernel."""
+    ring = semiring(semiring_name)
+    a = _require_cupy(a, "a")
+    b = _require_cupy(b, "b")
+    shapes = check_operands(ring, a, b)
+    if a.device.id != b.device.id:
+        raise ValueError(f"a is on device {a.device.id} and b on device {b.device.id}")
+    batch, m, k, n, batched = shapes.batch, shapes.m, shapes.k, shapes.n, shapes.batched
+    shape = (batch, m, n) if batched else (m, n)
+    c, index = _outputs(a, shape, argmax=argmax, out=out, accumulate=accumulate)
+    a_strides, b_strides = strides(a), strides(b)
+    rowmajor = a_strides[2] == 1 and b_strides[2] == 1
+    if tile not in ("auto", None) and not rowmajor:
+        raise ValueError("the tuned kernel needs row-major operands")
+    table = tuned_tiles(a.device.id) if tile == "auto" else None
+    spec, tile, rows, transposed = choose(
+        ring, a.dtype, m, n, k, batch=batch, argmax=argmax, accumulate=accumulate,
+        rowmajor=rowmajor, tile=tile, table=table,
+    )  # fmt: skip
+    return Plan(
+        ring, spec, a, b, c, index, a_strides, b_strides,
+        batch, m, n, k, a.device.id, batched, tile, rows, transposed,
+    )  # fmt: skip
+
+
+def choose(
+    ring: Semiring,
+    dtype: Any,
+    m: int,
+    n: int,
+    k: int,
+    *,
+    batch: int,
+    argmax: bool,
+    accumulate: bool,
+    rowmajor: bool,
+    tile: Tile | Literal["auto"] | None,
+    table: dict[str, dict[str, Tile]] | None,
+) -> tuple[KernelSpec, Tile | None, int, bool]:
+    """The kernel of a product (spec, tile, skinny KMAX or 0, transposed): by shape class from
+    ``table`` (default TILES) when ``tile`` is "auto", else the named tile, or the generic
+    kernel for None."""
+    rows, transposed = 0, False
+    if tile == "auto":
+        tile = None
+        if rowmajor and tiled_supported(ring.name, dtype):
+            kind = classify(m, n, k, argmax=argmax, batch=batch)
+            if kind.kmax:
+                rows, transposed = kind.kmax, kind.transposed
+            else:
+                tile = (table or TILES)[kind.name][tile_variant(dtype, argmax=argmax)]
+    if argmax and tile is not None and -(-k // tile[2]) > ARGMAX_MAX_TILES:
+        tile = None
+    if rows:
+        spec = rows_spec(ring, dtype, accumulate=accumulate, kmax=rows)
+    elif tile is not None:
+        spec = tiled_spec(ring, dtype, argmax=argmax, accumulate=accumulate, tile=tile)
+    else:
+        layout: Layout = "rowmajor" if rowmajor else "strided"
+        spec = gemm_spec(ring, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
+    return spec, tile, rows, transposed
+
+
+def kernel_spec(
+    m: int,
+    n: int,
+    k: int,
+    semiring: str = "maxplus",
+    dtype: Any = "float32",
+    *,
+    argmax: bool = False,
+    accumulate: bool = False,
+    batch: int = 1,
+) -> KernelSpec:
+    """The kernel that ``matmul`` would launch for a ``batch`` x M x N x K product of
+    contiguous operands, with the default tiles (TILES): for compiling it ahead of use, or on a
+    machine without a GPU (``await compiler.compile(tropical.kernel_spec(...))``)."""
+    ring = _semirings.semiring(semiring)
+    dtype = ring.check_dtype(dtype)
+    if min(m, n, k, batch) < 1:
+        raise ValueError(f"sizes must be positive, got M={m}, N={n}, K={k}, batch={batch}")
+    spec, *_ = choose(
+        ring, dtype, m, n, k, batch=batch, argmax=argmax, accumulate=accumulate,
+        rowmajor=True, tile="auto", table=None,
+    )  # fmt: skip
+    return spec
+
+
+def _outputs(
+    a: Any, shape: tuple[int, ...], *, argmax: bool, out: Any, accumulate: bool
+) -> tuple[Any, Any]:
+    cupy = cupy_module()
+    if out is None:
+        if accumulate:
+            raise ValueError("accumulate=True needs out: C = C (+) A (x) B updates out in place")
+        with cupy.cuda.Device(a.device.id):
+            c = cupy.empty(shape, dtype=a.dtype)
+            index = cupy.empty(shape, dtype=cupy.int32) if argmax else None
+        return c, index
+    if argmax:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError("with argmax=True, out must be a (values, argmax) pair of arrays")
+        c, index = out
+        _require_cupy(index, "out[1] (argmax)")
+        if index.dtype != np.int32 or index.shape != shape:
+            raise ValueError(
+                f"out[1] (argmax) must be int32 of shape {shape}, "
+                f"got {index.dtype} of shape {index.shape}"
+            )
+    else:
+        c, index = out, None
+    _require_cupy(c, "out")
+    if c.dtype != a.dtype or c.shape != shape:
+        raise ValueError(
+            f"out must be {a.dtype} of shape {shape}, got {c.dtype} of shape {c.shape}"
+        )
+    return c, index
+
+
+# -- backward --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BackwardPlan:
+    """The gradients of one product to compute: checked inputs, zeroed outputs, the kernel."""
+
+    spec: KernelSpec
+    grad_c: Any
+    argmax: Any
+    a: Any
+    b: Any
+    shapes: Shapes
+    device: int
+    grads: tuple[Any, Any]  # (grad_a, grad_b), zeroed: the kernel adds into them
+
+
+def backward_plan(grad_c: Any, a: Any, b: Any, argmax: Any, semiring_name: str) -> BackwardPlan:
+    cupy = cupy_module()
+    ring = semiring(semiring_name)
+    for x, what in ((grad_c, "grad_c"), (a, "a"), (b, "b"), (argmax, "argmax")):
+        _require_cupy(x, what)
+    spec = backward_spec(ring, a.dtype)
+    dims = check_operands(ring, a, b)
+    shape = (dims.batch, dims.m, dims.n) if dims.batched else (dims.m, dims.n)
+    if grad_c.shape != shape or grad_c.dtype != a.dtype:
+        raise ValueError(
+            f"grad_c must be {a.dtype} of shape {shape}, got {grad_c.dtype} of {grad_c.shape}"
+        )
+    if argmax.shape != shape or argmax.dtype != np.int32:
+        raise ValueError(
+            f"argmax must be int32 of shape {shape}, got {argmax.dtype} of {argmax.shape}"
+        )
+    device = a.device.id
+    with cupy.cuda.Device(device):
+        grad_a, grad_b = cupy.zeros_like(a, order="C"), cupy.zeros_like(b, order="C")
+    return BackwardPlan(spec, grad_c, argmax, a, b, dims, device, (grad_a, grad_b))
