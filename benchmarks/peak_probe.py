@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from aionvrtc import KernelSpec, compile_sync
-from aionvrtc.tropical import timed
+from aionvrtc.tropical.tuning import timed
 
 SOURCE = r"""
 // The GEMM's inner step with operands in registers: acc[i][j] = max(acc[i][j], a[i] + b[j]),

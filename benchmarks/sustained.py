@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aionvrtc import tropical
-from aionvrtc.tropical import random_operands as random
+from aionvrtc.tropical.tuning import random_operands as random
 from benchmarks import peak_probe
 
 

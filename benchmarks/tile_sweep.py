@@ -22,7 +22,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aionvrtc import Compiler, tropical
-from aionvrtc.tropical import CANDIDATES
+from aionvrtc.tropical.tuning import CANDIDATES
 from benchmarks._results import RESULTS, gpu_facts, write
 
 

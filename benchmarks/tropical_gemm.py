@@ -20,8 +20,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aionvrtc import tropical
-from aionvrtc.tropical import random_operands as random
-from aionvrtc.tropical import reference, timed
+from aionvrtc.tropical import reference
+from aionvrtc.tropical.tuning import random_operands as random
+from aionvrtc.tropical.tuning import timed
 from benchmarks import peak_probe
 from benchmarks._results import RESULTS, gpu_facts, write
 
@@ -115,7 +116,7 @@ def skinny(repeats: int, probe: float) -> dict[str, Any]:
     import cupy
 
     from aionvrtc import get_sync
-    from aionvrtc.tropical._launching import launch  # no public launch of a plan
+    from aionvrtc.tropical.tuning import launch
 
     big = 1 << 20
     src = cupy.empty(1 << 28, dtype=cupy.uint8)
@@ -129,7 +130,7 @@ def skinny(repeats: int, probe: float) -> dict[str, Any]:
             b = random((nk, n), np.float32, "maxplus")
             out = cupy.empty((m, n), np.float32)
             kind = f"{name}{max(16, nk)}"
-            plan = tropical.plan(
+            plan = tropical.tuning.plan(
                 a, b, "maxplus", argmax=False, out=out, accumulate=False,
                 tile=tropical.TILES[kind]["f4"],
             )  # fmt: skip

@@ -565,7 +565,7 @@ def failure(*args: str, status: int, cache: Path | None = None, **kwargs: Any) -
 
 def test_the_names_warm_offers_are_tropicals() -> None:
     assert tuple(tropical.SEMIRINGS) == _cli.SEMIRING_NAMES
-    assert tuple(str(d) for d in tropical.DTYPES) == _cli.DTYPE_NAMES
+    assert tuple(str(d) for d in tropical.tuning.DTYPES) == _cli.DTYPE_NAMES
 
 
 def test_help_lists_the_choices_in_plain_text() -> None:

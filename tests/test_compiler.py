@@ -306,7 +306,11 @@ async def test_loaded_is_the_module_get_returns(cache_dir: Path) -> None:
         assert compiler.loaded(spec, device=0) is module
         requests = compiler.stats().requests
         assert compiler.loaded(spec, device=0) is module
-        assert compiler.stats().requests == requests  # a look, not a request
+        assert compiler.stats().requests == requests + 1  # served from memory, as get() is
+        for not_a_spec in (None, "spec", 3):  # with device 0's modules there: still None
+            assert compiler.loaded(not_a_spec, device=0) is None  # type: ignore[arg-type]
+        assert compiler.loaded(spec, device=True) in (None, module)  # never raises
+    assert compiler.loaded(spec, device=0) is None  # closed: nothing is served
 
 
 CHILD = """

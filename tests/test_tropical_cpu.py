@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from aionvrtc import Compiler, KernelSpec, kernel_key, tropical
-from aionvrtc.tropical import ROWS_KMAX, reference
+from aionvrtc.tropical import reference
+from aionvrtc.tropical.tuning import ROWS_KMAX
 
 from .tropical_data import brute_force, operands
 
@@ -242,7 +243,7 @@ def test_batches_count_towards_filling_the_gpu() -> None:
 
 
 def test_every_default_tile_fits_its_variant() -> None:
-    from aionvrtc.tropical import CANDIDATES, SHAPES, tile_fits
+    from aionvrtc.tropical.tuning import CANDIDATES, SHAPES, tile_fits
 
     assert set(tropical.TILES) == set(CANDIDATES) == set(SHAPES)
     for kind, variants in tropical.TILES.items():
@@ -500,3 +501,19 @@ def test_a_kernels_key_covers_its_family_only(monkeypatch: pytest.MonkeyPatch) -
     finally:
         monkeypatch.undo()
         keys()  # the real sources again in every cache
+
+
+def test_a_semiring_made_elsewhere_is_refused() -> None:
+    # The kernels know the four semirings by name: one built with another struct is refused.
+    import dataclasses
+
+    from aionvrtc.tropical import SEMIRINGS
+
+    maxplus = SEMIRINGS["maxplus"]
+    fake = dataclasses.replace(maxplus, cpp="MinPlus")
+    f4 = np.dtype("float32")
+    with pytest.raises(ValueError, match=r"not a Semiring made elsewhere: 'maxplus'"):
+        tropical.gemm_spec(fake, f4, argmax=False, accumulate=False, layout="rowmajor")
+    by_object = tropical.gemm_spec(maxplus, f4, argmax=False, accumulate=False, layout="rowmajor")
+    by_name = tropical.gemm_spec("maxplus", f4, argmax=False, accumulate=False, layout="rowmajor")
+    assert by_object is by_name

@@ -14,7 +14,8 @@ import pytest
 
 import aionvrtc
 from aionvrtc import Compiler, tropical
-from aionvrtc.tropical import reference, tile_variant, tiled_supported
+from aionvrtc.tropical import reference
+from aionvrtc.tropical.tuning import tile_variant, tiled_supported
 
 from .tropical_data import operands
 
@@ -133,13 +134,13 @@ TILED = [(s, d) for s, d in CASES if tiled_supported(s, np.dtype(d))]
 def test_large_tiles_at_test_sizes(ring: str, dtype: Any, argmax: bool, infinities: bool) -> None:
     # Products of test size are too small for the large class (too few 128 x 128 tiles to fill
     # the GPU), so its tiles are forced here: edges, and the 16-byte loads of aligned interiors.
-    from aionvrtc.tropical._launching import launch  # no public launch of a plan
+    from aionvrtc.tropical.tuning import launch
 
     tile = tropical.TILES["large"][tile_variant(np.dtype(dtype), argmax=argmax)]
     rng = np.random.default_rng()
     for m, k, n in ((300, 257, 260), (129, 7, 33), (256, 64, 384)):
         a, b = operands(rng, ring, dtype, (m, k), (k, n), infinities=infinities)
-        plan = tropical.plan(
+        plan = tropical.tuning.plan(
             gpu(a), gpu(b), ring, argmax=argmax, out=None, accumulate=False, tile=tile
         )  # fmt: skip
         assert plan.tile == tile
@@ -156,7 +157,9 @@ def test_large_tiles_at_test_sizes(ring: str, dtype: Any, argmax: bool, infiniti
 @pytest.mark.parametrize("argmax", [False, True])
 def test_kernel_spec_is_the_kernel_matmul_launches(argmax: bool, m: int, k: int, n: int) -> None:
     a, b = operands(np.random.default_rng(), "minplus", np.float32, (m, k), (k, n))
-    plan = tropical.plan(gpu(a), gpu(b), "minplus", argmax=argmax, out=None, accumulate=False)
+    plan = tropical.tuning.plan(
+        gpu(a), gpu(b), "minplus", argmax=argmax, out=None, accumulate=False
+    )
     assert plan.spec == tropical.kernel_spec(m, n, k, "minplus", argmax=argmax)
 
 
@@ -164,9 +167,9 @@ def test_argmax_past_the_tuned_kernels_tile_count() -> None:
     # The tuned kernel counts k-tiles in 16 bits for its argmax: longer products take the
     # generic kernel, even when a tile is named.
     tile = tropical.TILES["small"]["f4-argmax"]
-    k = tropical.ARGMAX_MAX_TILES * tile[2] + 3
+    k = tropical.tuning.ARGMAX_MAX_TILES * tile[2] + 3
     a, b = operands(np.random.default_rng(), "maxplus", np.float32, (3, k), (k, 5))
-    plan = tropical.plan(
+    plan = tropical.tuning.plan(
         gpu(a), gpu(b), "maxplus", argmax=True, out=None, accumulate=False, tile=tile
     )
     assert plan.tile is None
@@ -447,7 +450,8 @@ def test_torch_gradients_match_finite_differences(ring: str) -> None:
 
 def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path) -> None:
     # _classes: its table of installed tiles, emptied as a new process would start.
-    from aionvrtc.tropical import _classes, tile_fits
+    from aionvrtc.tropical import _classes
+    from aionvrtc.tropical.tuning import tile_fits
 
     reports: list[dict[str, Any]] = []
 
@@ -470,7 +474,7 @@ def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path
     finally:
         _classes._installed.clear()
     # Every candidate that fits was checked and timed once; the second run read the record.
-    candidates = [t for t in tropical.CANDIDATES["small"] if tile_fits(t, 4)]
+    candidates = [t for t in tropical.tuning.CANDIDATES["small"] if tile_fits(t, 4)]
     assert [tuple(r["tile"]) for r in reports] == candidates
     assert all(r["seconds"] > 0 and r["class"] == "small" for r in reports)
     fastest = tuple(min(reports, key=lambda r: r["seconds"])["tile"])

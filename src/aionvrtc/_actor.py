@@ -919,14 +919,17 @@ class Compiler:
         return anyio.from_thread.run(compile)
 
     def loaded(self, spec: KernelSpec, *, device: int) -> Module | None:
-        """The Module ``get(spec, device=device)`` would return if it is loaded already, else
-        None (never loading, compiling or raising, whatever ``spec`` is). Non-blocking and
-        safe from any thread: the dict lookups of get()'s hot path, for callers that would
-        otherwise hop to the Compiler's event loop (or a worker thread) only to find it."""
+        """The Module ``get(spec, device=device)`` would return if it is loaded already (counted
+        as a request served from memory, as get() counts it), else None: never loading,
+        compiling or raising, whatever ``spec`` is. Non-blocking and safe from any thread: the
+        dict lookups of get()'s hot path, for callers that would otherwise hop to the
+        Compiler's event loop (or a worker thread) only to find it."""
         try:
-            return self._modules[device][spec._keys[self._device_memos[device]]]
+            module = self._modules[device][spec._keys[self._device_memos[device]]]
         except (KeyError, AttributeError, TypeError):
             return None
+        next(self._clock)  # the hit count
+        return module
 
     def get_sync(self, spec: KernelSpec, *, device: int | None = None) -> Module:
         """``get`` for code that is not async; see ``compile_sync``."""
@@ -936,7 +939,6 @@ class Compiler:
             device = _cuda.current_device()  # the caller's thread's current device
         module = self.loaded(spec, device=device)  # served here, without a hop (compile_sync)
         if module is not None:
-            next(self._clock)  # counts the memory hit
             return module
         get = functools.partial(self.get, spec, device=device)
         if self._portal is not None:

@@ -6,36 +6,19 @@ int64, and ``andor`` on bool. Integer infinities are the type's extremes and ari
 saturates. ``reference`` holds a NumPy implementation with the same semantics.
 """
 
-from . import reference
+from . import reference, tuning
 from ._api import backward, backward_sync, matmul, matmul_sync, warm
-from ._classes import (
-    ARGMAX_MAX_TILES,
-    CANDIDATES,
-    ROWS_KMAX,
-    SHAPES,
-    TILES,
-    VARIANTS,
-    shape_class,
-    tile_fits,
-    tile_variant,
-    tuned_tiles,
-)
-from ._planning import Plan, kernel_spec, plan
-from ._semirings import DTYPES, SEMIRINGS, Semiring
-from ._specs import LAYOUTS, all_specs, backward_spec, gemm_spec, tiled_supported
-from ._tune import autotune, random_operands, timed
+from ._classes import TILES, VARIANTS, shape_class, tuned_tiles
+from ._planning import kernel_spec
+from ._semirings import SEMIRINGS, Semiring
+from ._specs import LAYOUTS, all_specs, backward_spec, gemm_spec
+from ._tune import autotune
 
 __all__ = [
-    "ARGMAX_MAX_TILES",
-    "CANDIDATES",
-    "DTYPES",
     "LAYOUTS",
-    "ROWS_KMAX",
     "SEMIRINGS",
-    "SHAPES",
     "TILES",
     "VARIANTS",
-    "Plan",
     "Semiring",
     "all_specs",
     "autotune",
@@ -46,14 +29,9 @@ __all__ = [
     "kernel_spec",
     "matmul",
     "matmul_sync",
-    "plan",
-    "random_operands",
     "reference",
     "shape_class",
-    "tile_fits",
-    "tile_variant",
-    "tiled_supported",
-    "timed",
     "tuned_tiles",
+    "tuning",
     "warm",
 ]

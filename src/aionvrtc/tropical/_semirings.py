@@ -124,9 +124,15 @@ def _not_a_dtype(value: object, what: str) -> ValueError:
 
 
 def semiring(name: str | Semiring) -> Semiring:
-    """The semiring called ``name``; a Semiring is its own (callers resolve a name once)."""
+    """The semiring called ``name``; one of SEMIRINGS is its own (callers resolve a name once).
+    Another Semiring is refused: the kernels know these four by name."""
     if isinstance(name, Semiring):
-        return name
+        if SEMIRINGS.get(name.name) is name:
+            return name
+        raise ValueError(
+            f"semiring must be one of {', '.join(SEMIRINGS)} (aionvrtc.tropical.SEMIRINGS), not "
+            f"a Semiring made elsewhere: {name.name!r}"
+        )
     try:
         return SEMIRINGS[name]
     except (KeyError, TypeError):

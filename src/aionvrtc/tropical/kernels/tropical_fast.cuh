@@ -80,8 +80,3 @@ __host__ __device__ constexpr int pick_vector(int v, int a_elements, int b_eleme
     return v == 1 || (a_elements % (v * threads) == 0 && b_elements % (v * threads) == 0)
         ? v : pick_vector(v / 2, a_elements, b_elements, threads);
 }
-
-// The first product of a k-tile may seed its best without a max, except for doubles, whose
-// compare-and-select max (tmax) would keep a NaN seed (-inf + inf) for good.
-template <typename T> struct SeedsWithoutMax { static constexpr bool value = true; };
-template <> struct SeedsWithoutMax<double> { static constexpr bool value = false; };

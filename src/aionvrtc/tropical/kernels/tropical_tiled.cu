@@ -8,6 +8,11 @@
 // the current one is computed (double-buffered shared memory, one barrier per k-tile). Interior
 // tiles of aligned operands load 16 bytes at a time without bounds checks.
 
+// The first product of a k-tile may seed its best without a max, except for doubles, whose
+// compare-and-select max (tmax) would keep a NaN seed (-inf + inf) for good.
+template <typename T> struct SeedsWithoutMax { static constexpr bool value = true; };
+template <> struct SeedsWithoutMax<double> { static constexpr bool value = false; };
+
 // MINB: blocks per SM that ptxas must fit (2 caps 256 threads at 128 registers each).
 //
 // ARGMAX: each k-tile's best product for every output is found with the fast step (two
