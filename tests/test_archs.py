@@ -297,15 +297,16 @@ def test_a_driver_older_than_cupys_cuda_names_the_extra(monkeypatch: pytest.Monk
     # (cudaErrorInsufficientDriver), before any compile or load. No such driver here: the
     # error and the driver's version are injected; the mapping is the real one.
     import cupy
-    from cupy_backends.cuda.api.runtime import CUDARuntimeError
 
     from aionvrtc import NoDeviceError, _cuda
+
+    from .test_cuda_errors import runtime_error
 
     monkeypatch.setattr(_cuda_versions, "cupy_majors", lambda: [13])
     monkeypatch.setattr(_cuda_versions, "driver_cuda", lambda: (12, 8))
 
     def insufficient(*args: object) -> None:
-        raise CUDARuntimeError(35)  # cudaErrorInsufficientDriver
+        raise runtime_error(35)  # cudaErrorInsufficientDriver
 
     monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", insufficient)
     monkeypatch.setattr(_cuda, "_capabilities", {})

@@ -794,11 +794,12 @@ def _cannot_remove_in(folder: Path) -> tuple[str, str] | None:
 # -- export and import: bundles ------------------------------------------------------------------
 
 
-def _export_keys(tier: DiskTier, archs: list[str] | None, keys: set[str] | None) -> list[str]:
+def _export_keys(
+    listing: Listing, readable: list[int], archs: list[str] | None, keys: set[str] | None
+) -> list[str]:
     """The keys ``cache export`` packs, sorted: the entries whose header can be read, of
     ``archs`` when given, and among ``keys`` when given (a manifest's). Headers are untrusted
     summaries: this only chooses, each entry is verified when it is read."""
-    listing, readable, _ = _contents(tier)
     chosen = []
     for i in readable:
         key = listing.keys[i]
@@ -810,7 +811,9 @@ def _export_keys(tier: DiskTier, archs: list[str] | None, keys: set[str] | None)
     return sorted(chosen)
 
 
-def _manifest_keys(tier: DiskTier, paths: list[Path], archs: list[str] | None) -> set[str]:
+def _manifest_keys(
+    paths: list[Path], archs: list[str] | None, listing: Listing, readable: list[int]
+) -> set[str]:
     """The keys of the manifests' specs for ``archs`` (default: every arch the cache holds)
     under this NVRTC: what ``cache export --manifest`` ships."""
     from ._cache import kernel_key
@@ -818,10 +821,8 @@ def _manifest_keys(tier: DiskTier, paths: list[Path], archs: list[str] | None) -
 
     read = read_manifests(paths)
     if archs is None:
-        listing, readable, _ = _contents(tier)
-        found = {cast(dict[str, Any], listing.headers[i]).get("arch") for i in readable}
         archs = []
-        for arch in sorted((a for a in found if isinstance(a, str)), key=_natural):
+        for arch in _by_arch(listing, readable):
             with contextlib.suppress(ValueError):  # a header's untrusted text, not an arch
                 archs.append(Target(arch).arch)
     return {kernel_key(spec, arch) for spec in read.specs for arch in archs}
@@ -844,9 +845,10 @@ def _export(args: argparse.Namespace, console: Any) -> Result:
     # Read through a read-only view: exporting neither refreshes the entries' recency (their
     # order for eviction) nor removes a damaged one (it is left out, and warned about).
     reader = DiskTier(tier.root, read_only=True, shared_cache=tier.policy.shared)
-    wanted = _manifest_keys(tier, args.manifest, archs) if args.manifest else None
+    listing, readable, _ = _contents(tier)  # one walk, for the manifest's archs and the keys
+    wanted = _manifest_keys(args.manifest, archs, listing, readable) if args.manifest else None
     entries, records = [], 0
-    for key in _export_keys(tier, archs, wanted):
+    for key in _export_keys(listing, readable, archs, wanted):
         artifact = reader.read(key)
         if artifact is None or (archs is not None and artifact.arch not in archs):
             continue  # damaged, removed since it was listed, or its header said another arch
@@ -945,13 +947,18 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
     targets = _warm_targets(args)
     data = _warm(args, console, targets, tropical.all_specs(args.semirings, args.dtypes))
     if not args.json:
-        done = f"{data['compiled']} compiled, {data['from_disk']} already on disk"
-        console.print(
-            f"{data['kernels']} tropical kernels for {', '.join(data['archs'])}: {done}, in "
-            f"{data['seconds']:.1f} s ({data['directory']})",
-            soft_wrap=True,
-        )
+        _say_warmed(console, data, "tropical kernels")
     return data, 0
+
+
+def _say_warmed(console: Any, data: dict[str, Any], what: str) -> None:
+    """A warm command's one line for people: how many of ``what``, for which archs, how."""
+    done = f"{data['compiled']} compiled, {data['from_disk']} already on disk"
+    console.print(
+        f"{data['kernels']} {what} for {', '.join(data['archs'])}: {done}, in "
+        f"{data['seconds']:.1f} s ({data['directory']})",
+        soft_wrap=True,
+    )
 
 
 def _warm_manifest(args: argparse.Namespace, console: Any) -> Result:
@@ -993,13 +1000,7 @@ def _warm_manifest(args: argparse.Namespace, console: Any) -> Result:
             f"{len(failed)} of {data['kernels']} kernels failed to compile{others}: {which}", data
         )
     if not args.json:
-        done = f"{data['compiled']} compiled, {data['from_disk']} already on disk"
-        console.print(
-            f"{data['kernels']} kernels ({data['specs']} from the manifests) for "
-            f"{', '.join(data['archs'])}: {done}, in {data['seconds']:.1f} s "
-            f"({data['directory']})",
-            soft_wrap=True,
-        )
+        _say_warmed(console, data, f"kernels ({data['specs']} from the manifests)")
     return data, 0
 
 
@@ -1352,7 +1353,7 @@ def _check_gpus(args: argparse.Namespace) -> list[Check]:
     except NoDeviceError as exc:
         if "InsufficientDriver" in str(exc):  # a driver, older than this CUDA runtime needs
             with contextlib.suppress(Exception):
-                from ._cuda_versions import driver_fix
+                from ._cuda_versions import cuda_version, driver_fix
 
                 number = cupy.cuda.runtime.runtimeGetVersion()
                 runtime = _cuda_version(number)
@@ -1360,8 +1361,7 @@ def _check_gpus(args: argparse.Namespace) -> list[Check]:
                     f"the NVIDIA driver (CUDA {_cuda_version(driver)}) is too old for the CUDA "
                     f"runtime {runtime}: {compile_only}"
                 )
-                needs = (number // 1000, number % 1000 // 10)
-                fix = driver_fix((driver // 1000, driver % 1000 // 10), needs)
+                fix = driver_fix(cuda_version(driver), cuda_version(number))
                 return [_check("gpus", "warn", detail, fix)]
         return [_check("gpus", "warn", f"{_first_line(str(exc))}: {compile_only}", fix)]
     if count == 0:
@@ -1377,7 +1377,9 @@ def _check_gpus(args: argparse.Namespace) -> list[Check]:
 
 
 def _cuda_version(number: int) -> str:
-    return f"{number // 1000}.{number % 1000 // 10}"
+    from ._cuda_versions import cuda_version
+
+    return "{}.{}".format(*cuda_version(number))
 
 
 def _check_cache_dir(args: argparse.Namespace) -> list[Check]:

@@ -17,6 +17,7 @@ __all__ = [
     "CHOOSE_EXTRA",
     "MAJORS",
     "Major",
+    "cuda_version",
     "cupy_majors",
     "driver_cuda",
     "driver_fix",
@@ -135,6 +136,12 @@ def driver_cuda() -> tuple[int, int] | None:
         return None
     if number <= 0:  # CUDA's documented answer where no driver is installed
         return None
+    return cuda_version(number)
+
+
+def cuda_version(number: int) -> tuple[int, int]:
+    """CUDA's version number (13000, from cudaDriverGetVersion or cudaRuntimeGetVersion) as
+    (13, 0)."""
     return number // 1000, number % 1000 // 10
 
 
