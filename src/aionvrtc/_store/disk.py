@@ -264,6 +264,20 @@ class Policy:
             return f"writable by others without the sticky bit (mode {mode:04o})"
         return None
 
+    def unsafe_ancestor(self, path: Path) -> tuple[Path, os.stat_result, str] | None:
+        """The first folder above ``path`` (by the path given and by the real path, outermost
+        first) that lets others replace what is inside, with its stat and why; None if none."""
+        given = Path(os.path.abspath(path))
+        real = Path(os.path.realpath(path))
+        for folder in sorted({*given.parents, *real.parents}, key=lambda p: len(p.parts)):
+            info = _stat(folder, follow=True)
+            if info is None:
+                continue  # made later, by whoever makes what is below it
+            problem = self.ancestor_problem(info)
+            if problem is not None:
+                return folder, info, problem
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Listing:
@@ -444,16 +458,11 @@ class DiskTier:
         """What makes the cache dir untrusted among the folders above it (by the path given
         and by the real path), or None. The dir and its version folder are checked each time
         they are opened (``_open``)."""
-        given = Path(os.path.abspath(self.root))
-        real = Path(os.path.realpath(self.root))
-        for folder in sorted({*given.parents, *real.parents}, key=lambda p: len(p.parts)):
-            info = _stat(folder, follow=True)
-            if info is None:
-                continue  # made by this tier when it first writes
-            problem = self.policy.ancestor_problem(info)
-            if problem is not None:
-                return Damage(folder, problem, self._tree_fix(folder, info, ancestor=True))
-        return None
+        found = self.policy.unsafe_ancestor(self.root)  # missing folders: made at first write
+        if found is None:
+            return None
+        folder, info, problem = found
+        return Damage(folder, problem, self._tree_fix(folder, info, ancestor=True))
 
     def _tree_fix(self, path: Path, info: os.stat_result, *, ancestor: bool = False) -> str:
         """A fix that works for an untrusted folder of the tree: chmod (or chgrp) when it is

@@ -72,11 +72,8 @@ def _untrusted(path: Path, policy: Policy) -> str | None:
     problem = policy.file_problem(os.stat(real))
     if problem is not None:
         return f"{real} is {problem}"
-    for folder in real.parents:
-        problem = policy.ancestor_problem(os.stat(folder))
-        if problem is not None:
-            return f"{folder} is {problem}"
-    return None
+    found = policy.unsafe_ancestor(path)  # the folders above it, as above a cache dir
+    return None if found is None else f"{found[0]} is {found[2]}"
 
 
 def open_layers(
