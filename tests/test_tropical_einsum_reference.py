@@ -292,8 +292,9 @@ ERRORS: list[tuple[Any, type[Exception], str]] = [
     (
         lambda: einsum("i1->i", np.ones((2, 2))),
         ValueError,
-        "einsum subscripts 'i1->i' contain '1'; indices are the letters a-z and A-Z, "
-        "operands are separated by ',' and the output follows '->'",
+        "einsum subscripts 'i1->i' contain '1'; indices are the letters a-z and A-Z and any "
+        "non-ASCII character (opt_einsum.get_symbol(i) names the i-th), operands are separated "
+        "by ',' and the output follows '->'",
     ),
     (
         lambda: einsum("i>j", np.ones((2, 2))),

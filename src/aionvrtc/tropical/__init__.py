@@ -9,6 +9,8 @@ saturates. ``reference`` holds a NumPy implementation with the same semantics.
 from . import reference, tuning
 from ._api import backward, backward_sync, matmul, matmul_sync, warm
 from ._classes import TILES, VARIANTS, shape_class, tuned_tiles
+from ._contraction import EinsumPlan, einsum_plan
+from ._einsum import einsum, einsum_sync
 from ._planning import kernel_spec
 from ._semirings import SEMIRINGS, Semiring
 from ._specs import LAYOUTS, all_specs, backward_spec, gemm_spec
@@ -19,12 +21,16 @@ __all__ = [
     "SEMIRINGS",
     "TILES",
     "VARIANTS",
+    "EinsumPlan",
     "Semiring",
     "all_specs",
     "autotune",
     "backward",
     "backward_spec",
     "backward_sync",
+    "einsum",
+    "einsum_plan",
+    "einsum_sync",
     "gemm_spec",
     "kernel_spec",
     "matmul",

@@ -43,6 +43,12 @@ class Semiring:
         info = np.iinfo(dtype)  # type: ignore[type-var]
         return dtype.type(info.min if self.maximise else info.max)
 
+    def one(self, dtype: np.dtype[np.generic]) -> np.generic:
+        """The identity of ``mul``: x (x) one = x (einsum reduces an operand's own indices as
+        a product with a vector of ones)."""
+        dtype = np.dtype(dtype)
+        return dtype.type(True if self.name == "andor" else 1 if self.mul == "*" else 0)
+
     def check_dtype(self, dtype: object, array: str | None = None) -> np.dtype[np.generic]:
         """``dtype`` as a NumPy dtype if this semiring takes it. Else TypeError when it is the
         dtype of ``array`` (an operand's name), ValueError when a dtype argument gave it."""

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import string
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +18,7 @@ import numpy as np
 
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
+from ._subscripts import check_dtypes, index_sizes, parse_subscripts
 
 __all__ = ["einsum", "matmul"]
 
@@ -102,13 +101,16 @@ def matmul(a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False) -
     return (value, index) if argmax else value
 
 
-_LETTERS = frozenset(string.ascii_letters)
-
 # One operand with its subscripts: an array and one letter per axis.
 _Term = tuple[np.ndarray[Any, Any], str]
 
 
-def einsum(subscripts: str, *operands: Any, semiring: str = "maxplus") -> np.ndarray[Any, Any]:
+def einsum(
+    subscripts: str,
+    *operands: Any,
+    semiring: str = "maxplus",
+    path: Sequence[Sequence[int]] | None = None,
+) -> np.ndarray[Any, Any]:
     """The tropical einsum: ``out[o] = zero (+) ... (+) (x_1[...] (x) x_2[...] (x) ... x_n[...])``,
     the (+)-sum running over every value of the indices that are not in the output.
 
@@ -125,16 +127,23 @@ def einsum(subscripts: str, *operands: Any, semiring: str = "maxplus") -> np.nda
     Operands share one dtype that the semiring takes; the result has it and one axis per output
     index (0-d for ``"->"``-style outputs).
 
+    ``path`` contracts the operands two at a time in that order instead (opt_einsum's format,
+    as ``tropical.einsum_plan(...).path`` gives it: the two leave the list of operands and
+    their product joins its end), for networks too large to contract left to right; exact
+    where (x) is (integers, booleans, floats holding integers).
+
     Small contractions (the joint space of all indices fits in ``CHUNK_ELEMENTS``) are evaluated
     in one broadcast; larger ones operand by operand, left to right, in blocks of at most
     ``CHUNK_ELEMENTS`` products (a result or an intermediate can still be larger than that).
     """
     ring = _semiring(semiring)
-    inputs, output = _parse_subscripts(subscripts, len(operands))
+    inputs, output = parse_subscripts(subscripts, len(operands))
     arrays = [np.asarray(x) for x in operands]
-    _check_einsum_dtypes(ring, arrays)
-    sizes = _index_sizes(inputs, arrays)
+    check_dtypes(ring, arrays)
+    sizes = index_sizes(inputs, arrays)
     terms = [_distinct_axes(x, letters, sizes) for x, letters in zip(arrays, inputs, strict=True)]
+    if path is not None:
+        return _along(ring, terms, output, sizes, path)
     if len(terms) == 1 or math.prod(sizes.values()) <= CHUNK_ELEMENTS:
         return _contract(ring, terms, output, sizes)
     # Too big to broadcast at once: by distributivity, sum each index as soon as no later
@@ -150,76 +159,29 @@ def einsum(subscripts: str, *operands: Any, semiring: str = "maxplus") -> np.nda
     return acc[0]
 
 
-def _parse_subscripts(subscripts: object, count: int) -> tuple[list[str], str]:
-    """The operands' subscripts and the output's (the implicit one worked out)."""
-    if not isinstance(subscripts, str):
-        raise TypeError(
-            f"einsum subscripts must be a str such as 'ij,jk->ik', got {type(subscripts).__name__}"
-        )
-    text = subscripts.replace(" ", "")  # NumPy ignores spaces too
-    if "." in text:
-        raise ValueError(
-            f"einsum subscripts {subscripts!r} use an ellipsis '...', which is not supported; "
-            "name every dimension with a letter"
-        )
-    if text.count("->") > 1:
-        raise ValueError(f"einsum subscripts {subscripts!r} have more than one '->'")
-    lhs, arrow, rhs = text.partition("->")
-    for ch in lhs.replace(",", "") + rhs:
-        if ch not in _LETTERS:
-            raise ValueError(
-                f"einsum subscripts {subscripts!r} contain {ch!r}; indices are the letters a-z "
-                "and A-Z, operands are separated by ',' and the output follows '->'"
-            )
-    inputs = lhs.split(",")
-    if len(inputs) != count:
-        raise ValueError(
-            f"einsum subscripts {subscripts!r} name {len(inputs)} operand(s) but {count} were given"
-        )
-    counts = Counter(lhs.replace(",", ""))
-    if not arrow:
-        return inputs, "".join(sorted(x for x, n in counts.items() if n == 1))
-    for x, n in Counter(rhs).items():
-        if n > 1:
-            raise ValueError(
-                f"einsum output index {x!r} appears more than once in {subscripts!r}; "
-                "take a diagonal on the input side instead ('ii->i')"
-            )
-        if x not in counts:
-            raise ValueError(
-                f"einsum output index {x!r} appears in no operand in {subscripts!r}; "
-                "every output index must be an index of some operand"
-            )
-    return inputs, rhs
-
-
-def _check_einsum_dtypes(ring: Semiring, arrays: Sequence[np.ndarray[Any, Any]]) -> None:
-    # No promotion, as in matmul: the kernels take one element type.
-    for i, x in enumerate(arrays):
-        if x.dtype != arrays[0].dtype:
-            raise TypeError(
-                f"einsum operands must have one dtype, got {arrays[0].dtype} (operand 0) and "
-                f"{x.dtype} (operand {i}); convert them with .astype()"
-            )
-    ring.check_dtype(arrays[0].dtype, "einsum operand 0")
-
-
-def _index_sizes(inputs: Sequence[str], arrays: Sequence[np.ndarray[Any, Any]]) -> dict[str, int]:
-    seen: dict[str, tuple[int, int]] = {}  # letter -> (size, the operand it was first seen in)
-    for i, (letters, x) in enumerate(zip(inputs, arrays, strict=True)):
-        if x.ndim != len(letters):
-            raise ValueError(
-                f"einsum operand {i} has {x.ndim} dimension(s) (shape {x.shape}) but its "
-                f"subscripts {letters!r} name {len(letters)}; give one letter per dimension"
-            )
-        for letter, n in zip(letters, x.shape, strict=True):
-            size, first = seen.setdefault(letter, (n, i))
-            if size != n:
-                raise ValueError(
-                    f"einsum index {letter!r} has size {size} in operand {first} and {n} in "
-                    f"operand {i}; an index must have one size everywhere"
-                )
-    return {letter: size for letter, (size, _) in seen.items()}
+def _along(
+    ring: Semiring,
+    terms: list[_Term],
+    output: str,
+    sizes: Mapping[str, int],
+    path: Sequence[Sequence[int]],
+) -> np.ndarray[Any, Any]:
+    """Contract ``terms`` two at a time along ``path``, each keeping what later steps need."""
+    live = list(terms)
+    for number, step in enumerate(path):
+        positions = sorted({int(p) for p in step})
+        if not positions or positions[-1] >= len(live) or positions[0] < 0:
+            raise ValueError(f"einsum path step {number} {tuple(step)} names no live operands")
+        chosen = [live[p] for p in positions]
+        live = [t for i, t in enumerate(live) if i not in positions]
+        later = set(output).union(*(letters for _, letters in live))
+        joint = dict.fromkeys("".join(letters for _, letters in chosen))
+        keep = "".join(x for x in joint if x in later) if live else output
+        live.append((_contract(ring, chosen, keep, sizes), keep))
+    if len(live) != 1:
+        raise ValueError(f"einsum path leaves {len(live)} operands, not one")
+    x, letters = live[0]
+    return np.ascontiguousarray(_align(x, letters, output)) if letters != output else x
 
 
 def _distinct_axes(x: np.ndarray[Any, Any], letters: str, sizes: Mapping[str, int]) -> _Term:

@@ -1,0 +1,489 @@
+"""Planning a tropical einsum: the contraction order (opt_einsum), then each step as one batched
+product C[b, m, n] = (+)_k A[b, m, k] (x) B[b, k, n] over strided 3-D views of its operands.
+
+An index group (the batch, row, column or contracted indices of a step) becomes one dimension
+of a view when its indices, in some order, step through memory like one axis: each stride is the
+next one times the next size. The operands' element strides are known when planning (inputs'
+from the arrays or C order, intermediates are made contiguous), so the plan says exactly which
+operands are read in place and which are copied first. Pure Python: no GPU needed.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._spec import KernelSpec
+from ._planning import choose
+from ._semirings import Semiring
+from ._semirings import semiring as lookup
+from ._subscripts import index_sizes, parse_subscripts
+
+__all__ = ["EinsumPlan", "Step", "Term", "View", "einsum_plan", "group_index"]
+
+Strides = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """An operand as the plan sees it: one distinct index per axis (a repeated index of an input
+    is its diagonal, whose stride is the sum of its axes'), and their element strides."""
+
+    indices: tuple[str, ...]
+    strides: Strides
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """How a step reads one operand: copied first to C order over ``copy`` (else read in
+    place), then viewed as 3-D with ``shape`` and element ``strides``."""
+
+    copy: tuple[str, ...] | None
+    shape: tuple[int, int, int]
+    strides: tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One contraction: ``operands`` are positions in the list of live operands (opt_einsum's
+    convention: both leave the list and the result joins its end); one position means a
+    reduction of the operand's own indices, a product with a vector of the semiring's ones.
+    The product runs over ``first`` (batch, m, k) and ``second`` (batch, k, n): the operands in
+    path order, or swapped when that reads better. The result is contiguous over ``result``:
+    the batch indices, then m's, then n's."""
+
+    operands: tuple[int, ...]
+    subscripts: str  # the contraction in the caller's indices, e.g. "ij,jk->ik"
+    swapped: bool
+    batch: tuple[str, ...]
+    m: tuple[str, ...]
+    k: tuple[str, ...]
+    n: tuple[str, ...]
+    first: View
+    second: View | None  # None: the vector of ones (a reduction)
+    result: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """Elements of the result."""
+        return (
+            self.first.shape[0] * self.first.shape[1] * (self.second.shape[2] if self.second else 1)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EinsumPlan:
+    """A planned tropical einsum, from ``einsum_plan``: pass it as ``optimize=`` to run it on
+    operands of the same shapes (other strides are re-planned along the same path)."""
+
+    subscripts: str
+    inputs: tuple[str, ...]
+    output: str
+    sizes: Mapping[str, int]
+    path: tuple[tuple[int, ...], ...]  # opt_einsum's format
+    terms: tuple[Term, ...]  # the inputs as planned
+    steps: tuple[Step, ...]
+    final_copy: bool  # the result's order is not the output's: one more copy at the end
+
+    @property
+    def copies(self) -> int:
+        """Operands copied before a product (no strided view could read them), plus the final
+        reordering if any: the statistic to keep at zero."""
+        each = sum(
+            v is not None and v.copy is not None for s in self.steps for v in (s.first, s.second)
+        )
+        return each + self.final_copy
+
+    @property
+    def copied_elements(self) -> int:
+        """Elements those copies write."""
+        total = math.prod(self.sizes[i] for i in self.output) if self.final_copy else 0
+        for step in self.steps:
+            for view in (step.first, step.second):
+                if view is not None and view.copy is not None:
+                    total += math.prod(view.shape)
+        return total
+
+    @property
+    def largest_intermediate(self) -> int:
+        """Elements of the largest result of a step (the memory the contraction needs)."""
+        return max((step.size for step in self.steps), default=0)
+
+    @property
+    def products(self) -> int:
+        """(x) operations over all steps: batch * M * N * K summed."""
+        return sum(s.size * s.first.shape[2] for s in self.steps)
+
+    def kernel_specs(
+        self, semiring: str = "maxplus", dtype: Any = "float32", *, argmax: bool = False
+    ) -> list[KernelSpec]:
+        """The kernels the steps launch with the default tiles (``kernel_spec``'s choice): to
+        compile them ahead of use, or for a named arch on a machine without a GPU."""
+        ring = lookup(semiring)
+        kind = ring.check_dtype(dtype)
+        found: dict[KernelSpec, None] = {}
+        for step in self.steps:
+            found[step_spec(step, ring, kind, argmax=argmax, table=None)] = None
+        return list(found)
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        """The input shapes the plan is for."""
+        return [tuple(self.sizes[i] for i in letters) for letters in self.inputs]
+
+    def __str__(self) -> str:
+        lines = [
+            f"einsum {self.subscripts}: {len(self.steps)} step(s), largest intermediate "
+            f"{self.largest_intermediate:,} elements, {self.products:,} products, "
+            f"{self.copies} copies ({self.copied_elements:,} elements)"
+        ]
+        for step in self.steps:
+            b, m, n, k = (
+                math.prod(self.sizes[i] for i in g) for g in (step.batch, step.m, step.n, step.k)
+            )
+            copied = sum(v is not None and v.copy is not None for v in (step.first, step.second))
+            lines.append(
+                f"  {step.operands} {step.subscripts}: batch {b} x {m} x {n} over {k}"
+                + (f", {copied} copied" if copied else "")
+            )
+        return "\n".join(lines)
+
+
+def step_spec(step: Step, ring: Semiring, dtype: Any, *, argmax: bool, table: Any) -> KernelSpec:
+    """The kernel ``matmul``'s planner picks for ``step``'s product (same rules)."""
+    b, m, k = step.first.shape
+    n = step.second.shape[2] if step.second is not None else 1
+    second_n = step.second.strides[2] if step.second is not None else 1
+    spec, *_ = choose(
+        ring, dtype, m, n, k, batch=b, argmax=argmax, accumulate=False,
+        rowmajor=step.first.strides[2] == 1 and second_n == 1, tile="auto", table=table,
+    )  # fmt: skip
+    return spec
+
+
+def contiguous(shape: Sequence[int]) -> Strides:
+    """C-order element strides."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def group_index(
+    group: Sequence[str], assignment: Mapping[str, int], sizes: Mapping[str, int]
+) -> int:
+    """The position of ``assignment`` in a group merged in C order."""
+    at = 0
+    for i in group:
+        at = at * sizes[i] + assignment[i]
+    return at
+
+
+def input_terms(inputs: Sequence[str], element_strides: Sequence[Strides]) -> list[Term]:
+    """The inputs with their repeated indices taken as diagonals."""
+    terms = []
+    for letters, strides in zip(inputs, element_strides, strict=True):
+        distinct = tuple(dict.fromkeys(letters))
+        summed = tuple(
+            sum(s for s, c in zip(strides, letters, strict=True) if c == d) for d in distinct
+        )
+        terms.append(Term(distinct, summed))
+    return terms
+
+
+def einsum_plan(subscripts: str, *operands: Any, optimize: Any = "auto") -> EinsumPlan:
+    """Plan ``einsum(subscripts, *operands)`` without running it: the contraction order, each
+    step's batched product, the copies. ``operands`` are arrays (NumPy, CuPy: their shapes and
+    strides count) or shapes (tuples, taken as C order). ``optimize`` is an opt_einsum strategy
+    name ("auto", "greedy", "random-greedy", "optimal", ...), an opt_einsum PathOptimizer (a
+    cotengra HyperOptimizer is one, for networks of hundreds of tensors), an explicit path
+    (opt_einsum's format, ``[(0, 1), (0, 1)]``), or an EinsumPlan for the same shapes."""
+    inputs, output = parse_subscripts(subscripts, len(operands))
+    shaped = [_Shaped.of(x, i) for i, x in enumerate(operands)]
+    sizes = index_sizes(inputs, shaped)
+    strides = [x.strides for x in shaped]
+    if isinstance(optimize, EinsumPlan):
+        if list(optimize.inputs) != inputs or optimize.output != output:
+            raise ValueError(
+                f"optimize is a plan for {optimize.subscripts!r}, not {subscripts!r}; make one "
+                "with einsum_plan for these subscripts"
+            )
+        if optimize.shapes() != [x.shape for x in shaped]:
+            raise ValueError(
+                f"optimize is a plan for shapes {optimize.shapes()}, not "
+                f"{[x.shape for x in shaped]}; make one with einsum_plan for these operands"
+            )
+        if [t.strides for t in optimize.terms] == [t.strides for t in input_terms(inputs, strides)]:
+            return optimize
+        path = optimize.path
+    else:
+        path = _path(tuple(inputs), output, tuple(sorted(sizes.items())), optimize)
+    return _program(
+        subscripts, inputs=inputs, output=output, sizes=sizes, strides=strides, path=path
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Shaped:
+    """What planning needs of an operand."""
+
+    shape: tuple[int, ...]
+    strides: Strides
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @classmethod
+    def of(cls, x: Any, position: int) -> _Shaped:
+        if isinstance(x, tuple | list) and all(isinstance(n, int | np.integer) for n in x):
+            shape = tuple(int(n) for n in x)
+            if any(n < 0 for n in shape):
+                raise ValueError(
+                    f"einsum operand {position}: a shape has no negative sizes, got {shape}"
+                )
+            return cls(shape, contiguous(shape))
+        if hasattr(x, "shape") and hasattr(x, "strides") and hasattr(x, "itemsize"):
+            return cls(tuple(x.shape), tuple(s // x.itemsize for s in x.strides))
+        raise TypeError(
+            f"einsum operand {position} must be an array (cupy, numpy) or a shape tuple, not "
+            f"{type(x).__name__}"
+        )
+
+
+def _path(
+    inputs: tuple[str, ...], output: str, sizes: tuple[tuple[str, int], ...], optimize: Any
+) -> tuple[tuple[int, ...], ...]:
+    hashable = isinstance(optimize, str) or (
+        isinstance(optimize, list | tuple) and all(isinstance(p, tuple) for p in optimize)
+    )
+    if hashable:
+        key = optimize if isinstance(optimize, str) else tuple(tuple(p) for p in optimize)
+        return _cached_path(inputs, output, sizes, key)
+    return _opt_einsum_path(inputs, output, sizes, optimize)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_path(
+    inputs: tuple[str, ...], output: str, sizes: tuple[tuple[str, int], ...], optimize: Any
+) -> tuple[tuple[int, ...], ...]:
+    return _opt_einsum_path(
+        inputs, output, sizes, list(optimize) if isinstance(optimize, tuple) else optimize
+    )
+
+
+def _opt_einsum_path(
+    inputs: Sequence[str], output: str, sizes: tuple[tuple[str, int], ...], optimize: Any
+) -> tuple[tuple[int, ...], ...]:
+    import opt_einsum
+
+    if len(inputs) == 1:
+        return ((0,),)
+    # opt_einsum sees its own symbols, so that any index the grammar allows is one it takes.
+    by_size = dict(sizes)
+    symbol = {c: opt_einsum.get_symbol(i) for i, c in enumerate(by_size)}
+    text = (
+        ",".join("".join(symbol[c] for c in t) for t in inputs)
+        + "->"
+        + "".join(symbol[c] for c in output)
+    )
+    shapes = [tuple(by_size[c] for c in t) for t in inputs]
+    try:
+        path, _ = opt_einsum.contract_path(text, *shapes, shapes=True, optimize=optimize)
+    except (TypeError, ValueError, KeyError) as error:
+        raise ValueError(
+            f"optimize={optimize!r} is not an opt_einsum strategy, optimizer or path for "
+            f"{len(inputs)} operands: {error}"
+        ) from None
+    steps = tuple(tuple(int(i) for i in p) for p in path)
+    if any(len(p) > 2 for p in steps):
+        raise ValueError(f"optimize: a path contracts two operands at a time, got {list(steps)}")
+    return steps
+
+
+def _program(
+    subscripts: str,
+    *,
+    inputs: Sequence[str],
+    output: str,
+    sizes: Mapping[str, int],
+    strides: Sequence[Strides],
+    path: Sequence[tuple[int, ...]],
+) -> EinsumPlan:
+    """Each step of ``path`` as a batched product over views, copying only where none reads."""
+    live = input_terms(inputs, strides)
+    terms = tuple(live)
+    steps: list[Step] = []
+
+    def push(step: Step, positions: Sequence[int]) -> None:
+        # opt_einsum's convention: the operands leave the list, the result joins its end.
+        nonlocal live
+        steps.append(step)
+        rest = [t for i, t in enumerate(live) if i not in positions]
+        live = [*rest, Term(step.result, contiguous([sizes[i] for i in step.result]))]
+
+    for number, positions in enumerate(path):
+        if (
+            not positions
+            or any(not 0 <= p < len(live) for p in positions)
+            or len(set(positions)) != len(positions)
+        ):
+            raise ValueError(f"optimize: path step {number} {positions} names no live operands")
+        chosen = [live[p] for p in positions]
+        rest = [t for i, t in enumerate(live) if i not in positions]
+        kept = set(output).union(*(t.indices for t in rest))
+        wanted = None if rest else tuple(output)
+        if len(chosen) == 1:
+            if kept.issuperset(chosen[0].indices):
+                continue  # nothing to sum: at most the final reordering copies it
+            push(_reduction(chosen[0], kept, sizes, wanted, tuple(positions)), positions)
+            continue
+        at = list(positions)
+        for which in (0, 1):
+            own, other = live[at[which]], live[at[1 - which]]
+            # An index of only one of them that nothing later needs is summed within it first.
+            if any(i not in other.indices and i not in kept for i in own.indices):
+                needed = kept | set(other.indices)
+                push(_reduction(own, needed, sizes, None, (at[which],)), (at[which],))
+                moved = at[1 - which]
+                at[1 - which] = moved - (moved > at[which])
+                at[which] = len(live) - 1
+        x, y = live[at[0]], live[at[1]]
+        push(_pair(x, y, kept, sizes=sizes, wanted=wanted, positions=(at[0], at[1])), at)
+    if not path:  # no operand: impossible from parse_subscripts, which needs one
+        raise ValueError("einsum needs at least one operand")
+    if len(live) != 1:
+        raise ValueError(f"optimize: the path leaves {len(live)} operands, not one")
+    final = live[0].indices
+    if set(final) != set(output):  # the path's last step decides the output's indices
+        raise ValueError(f"optimize: the path ends with indices {''.join(final)!r}, not {output!r}")
+    return EinsumPlan(
+        subscripts=subscripts,
+        inputs=tuple(inputs),
+        output=output,
+        sizes=dict(sizes),
+        path=tuple(tuple(p) for p in path),
+        terms=terms,
+        steps=tuple(steps),
+        # A result that is still an input (nothing to contract) is copied: einsum returns a
+        # new array, never a view of an operand.
+        final_copy=final != tuple(output) or any(live[0] is t for t in terms),
+    )
+
+
+def _merge(term: Term, group: Sequence[str], sizes: Mapping[str, int]) -> tuple[int, int] | None:
+    """(size, stride) of ``group`` as one dimension of ``term``, or None if no view can."""
+    stride_of = dict(zip(term.indices, term.strides, strict=True))
+    wide = [i for i in group if sizes[i] != 1]  # a size-1 index can sit anywhere
+    size = math.prod(sizes[i] for i in group)
+    if not wide:
+        return size, 1  # any stride reads a single element; 1 keeps a layout row-major
+    for outer, inner in itertools.pairwise(wide):
+        if stride_of[outer] != stride_of[inner] * sizes[inner]:
+            return None
+    return size, stride_of[wide[-1]]
+
+
+def _by_stride(group: Iterable[str], term: Term) -> tuple[str, ...]:
+    stride_of = dict(zip(term.indices, term.strides, strict=True))
+    return tuple(sorted(group, key=lambda i: -stride_of[i]))
+
+
+def _view(term: Term, groups: Sequence[tuple[str, ...]], sizes: Mapping[str, int]) -> View:
+    """``term`` as a 3-D view over ``groups``, copied to C order over them if no view reads it."""
+    merged = [_merge(term, g, sizes) for g in groups]
+    copy = None
+    if any(m is None for m in merged):
+        copy = tuple(i for g in groups for i in g)
+        copied = Term(copy, contiguous([sizes[i] for i in copy]))
+        merged = [_merge(copied, g, sizes) for g in groups]
+    shape = tuple(m[0] for m in merged if m is not None)
+    strides = tuple(m[1] for m in merged if m is not None)
+    return View(copy, (shape[0], shape[1], shape[2]), (strides[0], strides[1], strides[2]))
+
+
+def _orders(group: Sequence[str], *sources: Term | tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Candidate orders of ``group``: by each source term's strides, or a wanted order."""
+    found: dict[tuple[str, ...], None] = {}
+    for source in sources:
+        if isinstance(source, Term):
+            found[_by_stride(group, source)] = None
+        else:
+            found[tuple(i for i in source if i in group)] = None
+    return list(found)
+
+
+def _cost(view: View, sizes: Mapping[str, int]) -> int:
+    return math.prod(view.shape) if view.copy is not None else 0
+
+
+def _pair(
+    x: Term,
+    y: Term,
+    kept: set[str],
+    *,
+    sizes: Mapping[str, int],
+    wanted: tuple[str, ...] | None,
+    positions: tuple[int, ...],
+) -> Step:
+    batch = [i for i in x.indices if i in y.indices and i in kept]
+    summed = [i for i in x.indices if i in y.indices and i not in kept]
+    only_x = [i for i in x.indices if i not in y.indices]
+    only_y = [i for i in y.indices if i not in x.indices]
+    best: tuple[tuple[int, int, bool], Step] | None = None
+    for swapped in (False, True):
+        first, second = (y, x) if swapped else (x, y)
+        m_group, n_group = (only_y, only_x) if swapped else (only_x, only_y)
+        want: list[Term | tuple[str, ...]] = [wanted] if wanted else []
+        for b, k, m, n in itertools.product(
+            _orders(batch, first, second, *want),
+            _orders(summed, first, second),
+            _orders(m_group, first, *want),
+            _orders(n_group, second, *want),
+        ):
+            one, two = _view(first, (b, m, k), sizes), _view(second, (b, k, n), sizes)
+            result = b + m + n
+            final = wanted is not None and result != wanted
+            copied = (
+                _cost(one, sizes)
+                + _cost(two, sizes)
+                + (math.prod(sizes[i] for i in result) if final else 0)
+            )
+            rowmajor = one.strides[2] == 1 and two.strides[2] == 1
+            score = (copied, not rowmajor, swapped)
+            if best is None or score < best[0]:
+                subscripts = "".join(x.indices) + "," + "".join(y.indices) + "->" + "".join(result)
+                step = Step(positions, subscripts, swapped, b, m, k, n, one, two, result)
+                best = (score, step)
+    assert best is not None
+    return best[1]
+
+
+def _reduction(
+    x: Term,
+    kept: set[str],
+    sizes: Mapping[str, int],
+    wanted: tuple[str, ...] | None,
+    positions: tuple[int, ...],
+) -> Step:
+    """Sum ``x``'s indices that are not ``kept``: x as (1, kept, summed) times ones (summed, 1)."""
+    keep = [i for i in x.indices if i in kept]
+    summed = [i for i in x.indices if i not in kept]
+    best: tuple[tuple[int, bool], Step] | None = None
+    want: list[Term | tuple[str, ...]] = [wanted] if wanted else []
+    for m, k in itertools.product(_orders(keep, x, *want), _orders(summed, x)):
+        view = _view(x, ((), m, k), sizes)
+        final = wanted is not None and m != wanted
+        copied = _cost(view, sizes) + (math.prod(sizes[i] for i in m) if final else 0)
+        score = (copied, view.strides[2] != 1)
+        if best is None or score < best[0]:
+            subscripts = "".join(x.indices) + "->" + "".join(m)
+            best = (score, Step(positions, subscripts, False, (), m, k, (), view, None, m))
+    assert best is not None
+    return best[1]

@@ -1,0 +1,309 @@
+"""tropical.einsum: a planned contraction (_contraction) run as batched tropical products, and
+the backtrace from each product's argmax to an assignment of every index."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+
+from .._actor import Compiler
+from .._cuda import Module
+from .._spec import KernelSpec
+from ._classes import tuned_tiles
+from ._contraction import EinsumPlan, Step, Term, contiguous, einsum_plan, group_index, step_spec
+from ._launching import launch, module, module_sync
+from ._planning import Plan, cupy_module, plan
+from ._semirings import Semiring
+from ._semirings import semiring as lookup
+from ._subscripts import check_dtypes
+
+__all__ = ["backtrace", "einsum", "einsum_products", "einsum_sync"]
+
+# A run's product argmaxes, by step: what backtrace reads.
+_Trace = list[tuple[Step, Any]]
+
+
+async def einsum(
+    subscripts: str,
+    *operands: Any,
+    semiring: str = "maxplus",
+    argmax: bool = False,
+    optimize: Any = "auto",
+    out: Any = None,
+    stream: Any = None,
+    compiler: Compiler | None = None,
+) -> Any:
+    """The tropical einsum of CuPy arrays on the GPU (``reference.einsum``'s semantics), enqueued
+    on ``stream`` (default: CuPy's current stream). Returns the result, a new array (or
+    ``out``, filled); with ``argmax=True``, for a scalar result (``"...->"``), the pair
+    (result, assignment): a dict giving every index a value at which the product of the
+    operands' entries attains the result (this waits for the GPU).
+
+    The order of the pairwise contractions comes from ``optimize`` (see ``einsum_plan``: an
+    opt_einsum strategy, optimizer or path, or a plan from ``einsum_plan``, which also says
+    which operands are copied). Each contraction is one batched tropical product over strided
+    views; its kernel is fetched through ``compiler`` (default: aionvrtc's process-wide
+    Compiler), compiled on first use. Planning runs in a worker thread unless ``optimize`` is
+    a plan already."""
+    ring, arrays, device = _check(operands, semiring)
+    if isinstance(optimize, EinsumPlan):
+        planned = einsum_plan(subscripts, *arrays, optimize=optimize)
+    else:
+        planned = await anyio.to_thread.run_sync(
+            functools.partial(einsum_plan, subscripts, *arrays, optimize=optimize)
+        )
+    _check_argmax(planned, argmax)
+    modules: dict[KernelSpec, Module] = {}
+
+    async def fetch(spec: KernelSpec) -> None:
+        modules[spec] = await module(spec, device, compiler)
+
+    async with anyio.create_task_group() as tg:
+        for spec in _specs(planned, ring, arrays, argmax=argmax, device=device):
+            tg.start_soon(fetch, spec)
+    cupy = cupy_module()
+    with cupy.cuda.Device(device):
+        stream = stream if stream is not None else cupy.cuda.get_current_stream()
+
+    def get(spec: KernelSpec) -> Module:
+        # The tuned table changed since (autotune on another task): fetch the new kernel.
+        return modules.get(spec) or module_sync(spec, device, compiler)
+
+    result, trace = _run(planned, ring, arrays, get, argmax=argmax, out=out, stream=stream)
+    if not argmax:
+        return result
+    assignment = await anyio.to_thread.run_sync(
+        functools.partial(backtrace, planned, trace, device=device, stream=stream)
+    )
+    return result, assignment
+
+
+def einsum_sync(
+    subscripts: str,
+    *operands: Any,
+    semiring: str = "maxplus",
+    argmax: bool = False,
+    optimize: Any = "auto",
+    out: Any = None,
+    stream: Any = None,
+    compiler: Compiler | None = None,
+) -> Any:
+    """``einsum`` for code that is not async; ``compiler``, if given, must run in a portal or
+    this must be a worker thread of its event loop."""
+    ring, arrays, device = _check(operands, semiring)
+    planned = einsum_plan(subscripts, *arrays, optimize=optimize)
+    _check_argmax(planned, argmax)
+    cupy = cupy_module()
+    with cupy.cuda.Device(device):
+        stream = stream if stream is not None else cupy.cuda.get_current_stream()
+
+    def get(spec: KernelSpec) -> Module:
+        return module_sync(spec, device, compiler)
+
+    result, trace = _run(planned, ring, arrays, get, argmax=argmax, out=out, stream=stream)
+    if not argmax:
+        return result
+    return result, backtrace(planned, trace, device=device, stream=stream)
+
+
+def einsum_products(
+    subscripts: str, *operands: Any, semiring: str = "maxplus", optimize: Any = "auto"
+) -> tuple[Any, list[tuple[Plan, Module]]]:
+    """``einsum_sync``'s result and the products it launched, (plan, module) each, so that a
+    benchmark can time the product kernels alone (``launch``) against the whole contraction."""
+    ring, arrays, device = _check(operands, semiring)
+    planned = einsum_plan(subscripts, *arrays, optimize=optimize)
+    cupy = cupy_module()
+    with cupy.cuda.Device(device):
+        stream = cupy.cuda.get_current_stream()
+    products: list[tuple[Plan, Module]] = []
+
+    def get(spec: KernelSpec) -> Module:
+        return module_sync(spec, device, None)
+
+    result, _ = _run(
+        planned, ring, arrays, get, argmax=False, out=None, stream=stream, products=products
+    )
+    return result, products
+
+
+def _check(operands: Sequence[Any], semiring: str) -> tuple[Semiring, list[Any], int]:
+    cupy = cupy_module()
+    ring = lookup(semiring)
+    if not operands:
+        raise ValueError("einsum needs at least one operand")
+    for i, x in enumerate(operands):
+        if not isinstance(x, cupy.ndarray):
+            hint = ": move it with cupy.asarray(...)" if isinstance(x, np.ndarray) else ""
+            raise TypeError(
+                f"einsum operand {i} must be a cupy.ndarray, not "
+                f"{type(x).__module__}.{type(x).__name__}{hint}"
+            )
+    arrays = list(operands)
+    check_dtypes(ring, arrays)
+    devices = sorted({x.device.id for x in arrays})
+    if len(devices) > 1:
+        raise ValueError(f"einsum operands are on devices {devices}; move them to one device")
+    return ring, arrays, devices[0]
+
+
+def _check_argmax(planned: EinsumPlan, argmax: bool) -> None:
+    if argmax and planned.output:
+        raise ValueError(
+            f"einsum argmax=True backtracks a scalar contraction, and {planned.subscripts!r} "
+            f"has output indices {planned.output!r}; sum every index away ('...->') to find "
+            "an assignment that attains it"
+        )
+
+
+def _specs(
+    planned: EinsumPlan, ring: Semiring, arrays: Sequence[Any], *, argmax: bool, device: int
+) -> list[KernelSpec]:
+    if 0 in planned.sizes.values():
+        return []
+    table = tuned_tiles(device)
+    found = {
+        step_spec(s, ring, arrays[0].dtype, argmax=argmax, table=table): None for s in planned.steps
+    }
+    return list(found)
+
+
+def _run(
+    planned: EinsumPlan,
+    ring: Semiring,
+    arrays: Sequence[Any],
+    get: Callable[[KernelSpec], Module],
+    *,
+    argmax: bool,
+    out: Any,
+    stream: Any,
+    products: list[tuple[Plan, Module]] | None = None,
+) -> tuple[Any, _Trace]:
+    """Enqueue the plan's steps; the result (in ``out`` if given) and each step's argmax.
+    ``products`` collects each product launched."""
+    cupy = cupy_module()
+    sizes = planned.sizes
+    dtype = arrays[0].dtype
+    device = arrays[0].device.id
+    shape = tuple(sizes[i] for i in planned.output)
+    _check_out(out, dtype, shape, device)
+    trace: _Trace = []
+    with cupy.cuda.Device(device), stream:
+        if 0 in sizes.values():
+            if argmax:
+                empty = next(i for i, n in sizes.items() if n == 0)
+                raise ValueError(
+                    f"einsum index {empty!r} has size 0: the sum is empty and no assignment "
+                    "attains it"
+                )
+            result = out if out is not None else cupy.empty(shape, dtype)
+            result.fill(ring.zero(dtype))
+            return result, trace
+        live: list[tuple[Any, Term]] = list(zip(arrays, planned.terms, strict=True))
+        direct = False
+        for number, step in enumerate(planned.steps):
+            first, second = _operands(step, [live[p] for p in step.operands], ring, sizes)
+            live = [x for i, x in enumerate(live) if i not in step.operands]
+            b, m, _ = first.shape
+            n = second.shape[2]
+            last = number == len(planned.steps) - 1
+            direct = last and out is not None and not planned.final_copy and out.flags.c_contiguous
+            c = _strided(out, (b, m, n), (m * n, n, 1)) if direct else cupy.empty((b, m, n), dtype)
+            index = cupy.empty((b, m, n), np.int32) if argmax else None
+            product = plan(
+                first, second, ring.name, argmax=argmax, out=(c, index) if argmax else c,
+                accumulate=False,
+            )  # fmt: skip
+            launch(product, get(product.spec), stream)
+            if products is not None:
+                products.append((product, get(product.spec)))
+            if argmax:
+                trace.append((step, index))
+            live.append((c, Term(step.result, contiguous([sizes[i] for i in step.result]))))
+        ((x, term),) = live
+        if direct:
+            return out, trace  # the last product wrote it
+        view = _nd(x, term, sizes).transpose([term.indices.index(i) for i in planned.output])
+        if out is not None:
+            cupy.copyto(out, view)
+            return out, trace
+        # A view over the term, not x.reshape(shape): CuPy reshapes to () as to (1,).
+        return (cupy.ascontiguousarray(view) if planned.final_copy else view), trace
+
+
+def _check_out(out: Any, dtype: Any, shape: tuple[int, ...], device: int) -> None:
+    if out is None:
+        return
+    cupy = cupy_module()
+    if not isinstance(out, cupy.ndarray):
+        raise TypeError(f"out must be a cupy.ndarray, not {type(out).__name__}")
+    if out.dtype != dtype or out.shape != shape or out.device.id != device:
+        raise ValueError(
+            f"out must be {dtype} of shape {shape} on device {device}, got {out.dtype} of "
+            f"shape {out.shape} on device {out.device.id}"
+        )
+
+
+def _operands(
+    step: Step, chosen: list[tuple[Any, Term]], ring: Semiring, sizes: Any
+) -> tuple[Any, Any]:
+    """A step's two 3-D operands: (first, second), or (first, ones) for a reduction."""
+    if step.second is None:
+        ((x, term),) = chosen
+        dtype = x.dtype
+        k = step.first.shape[2]
+        ones = cupy_module().full(k, ring.one(dtype), dtype)
+        return _read(x, term, step.first, sizes), _strided(ones, (1, k, 1), (0, 1, 1))
+    if step.swapped:
+        chosen = chosen[::-1]
+    return _read(*chosen[0], step.first, sizes), _read(*chosen[1], step.second, sizes)
+
+
+def _strided(x: Any, shape: Sequence[int], strides: Sequence[int]) -> Any:
+    """A view of ``x`` from its first element, with element ``strides``."""
+    cupy = cupy_module()
+    return cupy.lib.stride_tricks.as_strided(
+        x, shape=tuple(shape), strides=tuple(s * x.itemsize for s in strides)
+    )
+
+
+def _nd(x: Any, term: Term, sizes: Any) -> Any:
+    """``x`` with one axis per index of ``term`` (its diagonals taken)."""
+    return _strided(x, [sizes[i] for i in term.indices], term.strides)
+
+
+def _read(x: Any, term: Term, view: Any, sizes: Any) -> Any:
+    """The 3-D operand of a product: ``x`` viewed, or first copied to the order that can be."""
+    if view.copy is not None:
+        cupy = cupy_module()
+        axes = [term.indices.index(i) for i in view.copy]
+        x = cupy.ascontiguousarray(_nd(x, term, sizes).transpose(axes))
+    return _strided(x, view.shape, view.strides)
+
+
+def backtrace(planned: EinsumPlan, trace: _Trace, *, device: int, stream: Any) -> dict[str, int]:
+    """An assignment of every index attaining a scalar contraction's value: from the last
+    product back, the output indices of each step are known, and its argmax at them names
+    the winning value of the indices it summed (tropical back-propagation). Waits for
+    ``stream``."""
+    cupy = cupy_module()
+    sizes = planned.sizes
+    assignment: dict[str, int] = {}
+    with cupy.cuda.Device(device):
+        stream.synchronize()
+        for step, index in reversed(trace):
+            at = tuple(group_index(g, assignment, sizes) for g in (step.batch, step.m, step.n))
+            # -1: the value is the semiring's zero, which every assignment attains.
+            won = max(int(index[at]), 0)
+            for i in reversed(step.k):
+                won, assignment[i] = divmod(won, sizes[i])
+    # Indices no product summed (those of an operand taken whole) are output indices, which a
+    # scalar contraction has none of; any left are of size 1.
+    for i in sizes:
+        assignment.setdefault(i, 0)
+    return {i: assignment[i] for i in sizes}
