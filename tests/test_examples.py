@@ -37,6 +37,8 @@ def example_module(name: str) -> Any:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # Registered first, as an import does: dataclasses look their module up while it runs.
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -139,3 +141,174 @@ def test_shortest_paths_requests_are_validated() -> None:
     assert path(hop, 0, 2) == [0, 1, 2]
     assert path(hop, 1, 0) == []
     assert path(hop, 2, 2) == [2]
+
+
+def test_tensor_network_plans_compiles_and_says_what_it_would_run(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if has_gpu():
+        pytest.skip("with a GPU the example contracts, checks and times the networks")
+    # opt_einsum breaks ties in set order: a fixed string hash makes the random-greedy plans
+    # the same from run to run (the king's graphs' explicit paths are anyway).
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    out = run_example(
+        "tensor_network.py", cache_dir, "--regular", "20", "60", "--kings", "4", "10",
+        "--spin-glass", "20", "--trials", "8", "--max-intermediate", "1024",
+    )  # fmt: skip
+    lines = out.splitlines()
+    assert lines[0].startswith(
+        "MIS of the random 3-regular graph (20 vertices, 30 edges), random-greedy, 8 trials ("
+    )
+    assert "MIS of the random 3-regular graph (60 vertices, 90 edges)" in out
+    # Row by row, a king's graph of side L leaves at most L + 1 vertices open: 2^(L+1).
+    king4 = next(x for x in lines if x.startswith("MIS of the 4x4 king's graph"))
+    assert "(16 vertices, 42 edges), row by row (" in king4
+    assert "): 57 steps, largest intermediate 2^5 (32) elements" in king4
+    king10 = lines.index(next(x for x in lines if x.startswith("MIS of the 10x10 king's graph")))
+    assert "(100 vertices, 342 edges)" in lines[king10]
+    assert "): 441 steps, largest intermediate 2^11 (2,048) elements" in lines[king10]
+    assert lines[king10 + 1] == (
+        "  skipped: its largest intermediate is over --max-intermediate 1,024 (2^10)"
+    )
+    assert out.count("skipped") == 1
+    assert "spin glass of the random 3-regular graph (20 vertices, 30 edges)" in out
+    compiled = lines.index(next(x for x in lines if x.startswith("compiled ")))
+    assert lines[compiled].endswith(" kernel(s) for sm_90:")
+    kernels = lines[compiled + 1 : -1]
+    assert len(kernels) == int(lines[compiled].split()[1]) >= 4
+    assert all(k.startswith("  tropical_gemm") and k.endswith("(cubin)") for k in kernels)
+    # Max-plus for the sets, min-plus for the spin glass, each with and without argmax.
+    assert any("MaxPlus, true" in k for k in kernels)
+    assert any("MinPlus, true" in k for k in kernels)
+    assert any("MinPlus, false" in k for k in kernels)
+    assert lines[-1] == (
+        "no usable GPU for sm_90 here (NoDeviceError): would contract 4 network(s) with their "
+        "assignments, check 3 against brute force and 1 against NumPy along the same order, "
+        "and time each over 5 runs, against torch-semiring-einsum where it is installed"
+    )
+
+
+def test_tensor_network_graphs_are_simple_regular_and_seeded() -> None:
+    import numpy as np
+
+    tn = example_module("tensor_network")
+    for n in (4, 10, 20, 100, 200):
+        edges = tn.random_regular_graph(n, 3, np.random.default_rng([7, n]))
+        assert len(edges) == 3 * n // 2
+        assert all(0 <= u < v < n for u, v in edges)  # no loops, each edge once as u < v
+        assert len(set(edges)) == len(edges)  # no multi-edges
+        assert np.bincount(np.array(edges).ravel(), minlength=n).tolist() == [3] * n
+        assert edges == tn.random_regular_graph(n, 3, np.random.default_rng([7, n]))
+        if n >= 10:
+            assert edges != tn.random_regular_graph(n, 3, np.random.default_rng([8, n]))
+    assert len(tn.random_regular_graph(12, 4, np.random.default_rng(1))) == 24
+    for n, degree in ((5, 3), (3, 3)):
+        with pytest.raises(ValueError, match="no simple"):
+            tn.random_regular_graph(n, degree, np.random.default_rng(1))
+    # The king's graph: 3 neighbours at a corner, 5 along a side, 8 inside.
+    kings = tn.kings_graph(4)
+    assert len(kings) == 2 * 4 * 3 + 2 * 3 * 3 == 42
+    degrees = np.bincount(np.array(kings).ravel(), minlength=16).reshape(4, 4)
+    assert degrees.tolist() == [[3, 5, 5, 3], [5, 8, 8, 5], [5, 8, 8, 5], [3, 5, 5, 3]]
+    assert (0, 5) in kings
+    assert (3, 6) in kings
+    assert (0, 2) not in kings
+
+
+def _known_cubic_graphs() -> dict[str, tuple[int, list[tuple[int, int]], int]]:
+    """Name: (vertices, edges, the size of a maximum independent set)."""
+    cube = [(u, u ^ b) for u in range(8) for b in (1, 2, 4) if u < u ^ b]
+    outer = [(i, (i + 1) % 5) for i in range(5)]
+    petersen = outer + [(i, i + 5) for i in range(5)] + [(5 + i, 5 + (i + 2) % 5) for i in range(5)]
+    k4 = [(u, v) for u in range(4) for v in range(u + 1, 4)]
+    return {"K4": (4, k4, 1), "cube": (8, cube, 4), "Petersen": (10, petersen, 4)}
+
+
+def test_tensor_network_mis_contraction_agrees_with_brute_force() -> None:
+    import numpy as np
+
+    from aionvrtc import tropical
+
+    tn = example_module("tensor_network")
+    graphs: list[tuple[int, list[tuple[int, int]], int | None]] = list(
+        _known_cubic_graphs().values()
+    )
+    for n in (4, 6, 8, 10, 12, 14):
+        for seed in (1, 2):
+            graphs.append(
+                (n, tn.random_regular_graph(n, 3, np.random.default_rng([seed, n])), None)
+            )
+    for side in (2, 3, 4):
+        graphs.append((side * side, tn.kings_graph(side), ((side + 1) // 2) ** 2))
+    values = []
+    for n, edges, known in graphs:
+        want = tn.brute_force_mis(n, edges)
+        if known is not None:
+            assert want == known, (n, edges)
+        subscripts, operands = tn.mis_network(n, edges)
+        assert subscripts.endswith("->")
+        assert all(x.dtype == np.float32 for x in operands)
+        got = tropical.reference.einsum(subscripts, *operands, semiring="maxplus")
+        assert got.shape == ()
+        assert float(got) == want, (n, edges)
+        plan = tropical.einsum_plan(subscripts, *operands, optimize="greedy")
+        along = tropical.reference.einsum(subscripts, *operands, semiring="maxplus", path=plan.path)
+        assert float(along) == want, (n, edges)
+        values.append(want)
+    assert len(set(values)) >= 4  # the graphs differ in what they hold
+    # The king's grid row by row (an explicit path), and its largest intermediate 2^(side+1).
+    subscripts, operands = tn.mis_network(25, tn.kings_graph(5))
+    order = [tn.symbol(v) for v in range(25)]
+    path = tn.elimination_path(subscripts[:-2].split(","), order)
+    plan = tropical.einsum_plan(subscripts, *operands, optimize=path)
+    assert plan.largest_intermediate == 2**6
+    assert float(tropical.reference.einsum(subscripts, *operands, path=plan.path)) == 9
+
+
+def test_tensor_network_spin_glass_contraction_agrees_with_brute_force() -> None:
+    import numpy as np
+
+    from aionvrtc import tropical
+
+    tn = example_module("tensor_network")
+    # K4: antiferromagnetic (J = +1) at best -2 (two up, two down), ferromagnetic (J = -1) -6.
+    _, k4, _ = _known_cubic_graphs()["K4"]
+    assert tn.brute_force_ground_energy(4, k4, [1] * 6) == -2
+    assert tn.brute_force_ground_energy(4, k4, [-1] * 6) == -6
+    assert tn.energy([1, 1, -1, -1], k4, [1] * 6) == -2
+    cases = [(4, k4, [1] * 6), (4, k4, [-1] * 6)]
+    for n in (6, 8, 10, 12, 14):
+        for seed in (1, 2, 3):
+            rng = np.random.default_rng([seed, n])
+            edges = tn.random_regular_graph(n, 3, rng)
+            couplings = tn.spin_glass_couplings(edges, rng)
+            assert set(couplings) <= {-1, 1}
+            cases.append((n, edges, couplings))
+    energies = []
+    for n, edges, couplings in cases:
+        want = tn.brute_force_ground_energy(n, edges, couplings)
+        subscripts, operands = tn.spin_glass_network(edges, couplings)
+        got = tropical.reference.einsum(subscripts, *operands, semiring="minplus")
+        assert float(got) == want, (n, edges, couplings)
+        plan = tropical.einsum_plan(subscripts, *operands, optimize="greedy")
+        along = tropical.reference.einsum(subscripts, *operands, semiring="minplus", path=plan.path)
+        assert float(along) == want
+        # Frustration: a ground state leaves some edges unsatisfied, above -|E| in most cases.
+        assert -len(edges) <= want < 0
+        energies.append(want + len(edges))
+    assert len(set(energies)) >= 3
+    assert sum(e > 0 for e in energies) >= len(energies) // 2
+
+
+def test_tensor_network_assignment_checks_catch_wrong_assignments() -> None:
+    tn = example_module("tensor_network")
+    n, edges, _ = _known_cubic_graphs()["cube"]
+    chosen = {tn.symbol(v): int(bin(v).count("1") % 2 == 0) for v in range(n)}  # even weight
+    assert tn.independent_set(chosen, n, edges) == [0, 3, 5, 6]
+    chosen[tn.symbol(1)] = 1
+    with pytest.raises(ValueError, match="not independent"):
+        tn.independent_set(chosen, n, edges)
+    # Bipartite, so all antiferromagnetic bonds are satisfied by the two colours: -12.
+    spins = [1 if bin(v).count("1") % 2 else -1 for v in range(n)]
+    assert tn.energy(spins, edges, [1] * len(edges)) == -12
+    assert tn.brute_force_ground_energy(n, edges, [1] * len(edges)) == -12

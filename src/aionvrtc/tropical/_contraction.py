@@ -10,6 +10,7 @@ operands are read in place and which are copied first. Pure Python: no GPU neede
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -51,14 +52,15 @@ class View:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One contraction: ``operands`` are positions in the list of live operands (opt_einsum's
-    convention: both leave the list and the result joins its end); one position means a
-    reduction of the operand's own indices, a product with a vector of the semiring's ones.
-    The product runs over ``first`` (batch, m, k) and ``second`` (batch, k, n): the operands in
-    path order, or swapped when that reads better. The result is contiguous over ``result``:
-    the batch indices, then m's, then n's."""
+    """One contraction. Operands are numbered: the inputs 0 to n-1, then each step's result
+    ``number`` in turn; ``operands`` names the two it contracts, or one for a reduction of the
+    operand's own indices (a product with a vector of the semiring's ones). The product runs
+    over ``first`` (batch, m, k) and ``second`` (batch, k, n): the operands in path order, or
+    swapped when that reads better. The result is contiguous over ``result``: the batch
+    indices, then m's, then n's."""
 
     operands: tuple[int, ...]
+    number: int
     subscripts: str  # the contraction in the caller's indices, e.g. "ij,jk->ik"
     swapped: bool
     batch: tuple[str, ...]
@@ -68,6 +70,7 @@ class Step:
     first: View
     second: View | None  # None: the vector of ones (a reduction)
     result: tuple[str, ...]
+    split: str | None = None  # the batch index of K's parts (see _split), if K was cut
 
     @property
     def size(self) -> int:
@@ -260,12 +263,16 @@ class _Shaped:
 def _path(
     inputs: tuple[str, ...], output: str, sizes: tuple[tuple[str, int], ...], optimize: Any
 ) -> tuple[tuple[int, ...], ...]:
-    hashable = isinstance(optimize, str) or (
-        isinstance(optimize, list | tuple) and all(isinstance(p, tuple) for p in optimize)
-    )
-    if hashable:
-        key = optimize if isinstance(optimize, str) else tuple(tuple(p) for p in optimize)
-        return _cached_path(inputs, output, sizes, key)
+    if isinstance(optimize, str):
+        return _cached_path(inputs, output, sizes, optimize)
+    if isinstance(optimize, list | tuple):  # an explicit path: _program checks each step
+        try:
+            return tuple(tuple(int(i) for i in p) for p in optimize)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"optimize: a path is a list of tuples of operand positions, such as "
+                f"[(0, 1), (0, 1)], got {optimize!r}"
+            ) from None
     return _opt_einsum_path(inputs, output, sizes, optimize)
 
 
@@ -296,15 +303,12 @@ def _opt_einsum_path(
     shapes = [tuple(by_size[c] for c in t) for t in inputs]
     try:
         path, _ = opt_einsum.contract_path(text, *shapes, shapes=True, optimize=optimize)
-    except (TypeError, ValueError, KeyError) as error:
+    except (TypeError, ValueError, KeyError, IndexError) as error:
         raise ValueError(
             f"optimize={optimize!r} is not an opt_einsum strategy, optimizer or path for "
             f"{len(inputs)} operands: {error}"
         ) from None
-    steps = tuple(tuple(int(i) for i in p) for p in path)
-    if any(len(p) > 2 for p in steps):
-        raise ValueError(f"optimize: a path contracts two operands at a time, got {list(steps)}")
-    return steps
+    return tuple(tuple(int(i) for i in p) for p in path)
 
 
 def _program(
@@ -317,63 +321,84 @@ def _program(
     path: Sequence[tuple[int, ...]],
 ) -> EinsumPlan:
     """Each step of ``path`` as a batched product over views, copying only where none reads."""
-    live = input_terms(inputs, strides)
-    terms = tuple(live)
+    terms = tuple(input_terms(inputs, strides))
+    sizes = dict(sizes)  # and the split indices' (see _split)
+    # Operands by number (inputs 0..n-1, then each step's result), in opt_einsum's list order:
+    # a step's operands leave the list and its result joins the end.
+    live: list[tuple[int, Term]] = list(enumerate(terms))
     steps: list[Step] = []
 
-    def push(step: Step, positions: Sequence[int]) -> None:
-        # opt_einsum's convention: the operands leave the list, the result joins its end.
+    def push(made: list[Step]) -> None:
         nonlocal live
-        steps.append(step)
-        rest = [t for i, t in enumerate(live) if i not in positions]
-        live = [*rest, Term(step.result, contiguous([sizes[i] for i in step.result]))]
+        gone = set(made[0].operands)
+        for step in made:
+            steps.append(step)
+            gone.update(step.operands)
+        result = Term(made[-1].result, contiguous([sizes[i] for i in made[-1].result]))
+        live = [x for x in live if x[0] not in gone] + [(made[-1].number, result)]
 
-    for number, positions in enumerate(path):
+    def number() -> int:
+        return len(terms) + len(steps)
+
+    for count, positions in enumerate(path):
         if (
-            not positions
+            not 0 < len(positions) <= 2
             or any(not 0 <= p < len(live) for p in positions)
             or len(set(positions)) != len(positions)
         ):
-            raise ValueError(f"optimize: path step {number} {positions} names no live operands")
+            raise ValueError(
+                f"optimize: path step {count} {tuple(positions)} does not name one or two of the "
+                f"{len(live)} operands left (positions 0 to {len(live) - 1})"
+            )
         chosen = [live[p] for p in positions]
-        rest = [t for i, t in enumerate(live) if i not in positions]
+        rest = [t for i, (_, t) in enumerate(live) if i not in positions]
         kept = set(output).union(*(t.indices for t in rest))
         wanted = None if rest else tuple(output)
         if len(chosen) == 1:
-            if kept.issuperset(chosen[0].indices):
-                continue  # nothing to sum: at most the final reordering copies it
-            push(_reduction(chosen[0], kept, sizes, wanted, tuple(positions)), positions)
+            ((at, term),) = chosen
+            if kept.issuperset(term.indices):
+                live = [x for x in live if x[0] != at] + [(at, term)]  # nothing to sum
+            else:
+                push(_reduction(term, kept, sizes, wanted=wanted, operands=(at,), number=number()))
             continue
-        at = list(positions)
-        for which in (0, 1):
-            own, other = live[at[which]], live[at[1 - which]]
-            # An index of only one of them that nothing later needs is summed within it first.
-            if any(i not in other.indices and i not in kept for i in own.indices):
-                needed = kept | set(other.indices)
-                push(_reduction(own, needed, sizes, None, (at[which],)), (at[which],))
-                moved = at[1 - which]
-                at[1 - which] = moved - (moved > at[which])
-                at[which] = len(live) - 1
-        x, y = live[at[0]], live[at[1]]
-        push(_pair(x, y, kept, sizes=sizes, wanted=wanted, positions=(at[0], at[1])), at)
-    if not path:  # no operand: impossible from parse_subscripts, which needs one
-        raise ValueError("einsum needs at least one operand")
+        (xn, x), (yn, y) = chosen
+        # An index of only one of them that nothing later needs is summed within it first.
+        if any(i not in y.indices and i not in kept for i in x.indices):
+            push(
+                _reduction(
+                    x, kept | set(y.indices), sizes, wanted=None, operands=(xn,), number=number()
+                )
+            )
+            xn, x = live[-1]
+        if any(i not in x.indices and i not in kept for i in y.indices):
+            push(
+                _reduction(
+                    y, kept | set(x.indices), sizes, wanted=None, operands=(yn,), number=number()
+                )
+            )
+            yn, y = live[-1]
+        push(_pair(x, y, kept, sizes=sizes, wanted=wanted, operands=(xn, yn), number=number()))
     if len(live) != 1:
-        raise ValueError(f"optimize: the path leaves {len(live)} operands, not one")
-    final = live[0].indices
-    if set(final) != set(output):  # the path's last step decides the output's indices
-        raise ValueError(f"optimize: the path ends with indices {''.join(final)!r}, not {output!r}")
+        raise ValueError(
+            f"optimize: the path leaves {len(live)} operands, not one; a path contracts until "
+            "one is left"
+        )
+    final = live[0][1]
+    if set(final.indices) != set(output):
+        raise ValueError(
+            f"optimize: the path ends with indices {''.join(final.indices)!r}, not {output!r}"
+        )
     return EinsumPlan(
         subscripts=subscripts,
         inputs=tuple(inputs),
         output=output,
-        sizes=dict(sizes),
+        sizes=sizes,
         path=tuple(tuple(p) for p in path),
         terms=terms,
         steps=tuple(steps),
         # A result that is still an input (nothing to contract) is copied: einsum returns a
         # new array, never a view of an operand.
-        final_copy=final != tuple(output) or any(live[0] is t for t in terms),
+        final_copy=final.indices != tuple(output) or live[0][0] < len(terms),
     )
 
 
@@ -382,7 +407,7 @@ def _merge(term: Term, group: Sequence[str], sizes: Mapping[str, int]) -> tuple[
     stride_of = dict(zip(term.indices, term.strides, strict=True))
     wide = [i for i in group if sizes[i] != 1]  # a size-1 index can sit anywhere
     size = math.prod(sizes[i] for i in group)
-    if not wide:
+    if not wide or size == 0:  # (an empty operand is never read: einsum fills the zero)
         return size, 1  # any stride reads a single element; 1 keeps a layout row-major
     for outer, inner in itertools.pairwise(wide):
         if stride_of[outer] != stride_of[inner] * sizes[inner]:
@@ -428,10 +453,11 @@ def _pair(
     y: Term,
     kept: set[str],
     *,
-    sizes: Mapping[str, int],
+    sizes: dict[str, int],
     wanted: tuple[str, ...] | None,
-    positions: tuple[int, ...],
-) -> Step:
+    operands: tuple[int, ...],
+    number: int,
+) -> list[Step]:
     batch = [i for i in x.indices if i in y.indices and i in kept]
     summed = [i for i in x.indices if i in y.indices and i not in kept]
     only_x = [i for i in x.indices if i not in y.indices]
@@ -459,19 +485,21 @@ def _pair(
             score = (copied, not rowmajor, swapped)
             if best is None or score < best[0]:
                 subscripts = "".join(x.indices) + "," + "".join(y.indices) + "->" + "".join(result)
-                step = Step(positions, subscripts, swapped, b, m, k, n, one, two, result)
+                step = Step(operands, number, subscripts, swapped, b, m, k, n, one, two, result)
                 best = (score, step)
     assert best is not None
-    return best[1]
+    return _split(best[1], sizes, wanted)
 
 
 def _reduction(
     x: Term,
     kept: set[str],
-    sizes: Mapping[str, int],
+    sizes: dict[str, int],
+    *,
     wanted: tuple[str, ...] | None,
-    positions: tuple[int, ...],
-) -> Step:
+    operands: tuple[int, ...],
+    number: int,
+) -> list[Step]:
     """Sum ``x``'s indices that are not ``kept``: x as (1, kept, summed) times ones (summed, 1)."""
     keep = [i for i in x.indices if i in kept]
     summed = [i for i in x.indices if i not in kept]
@@ -484,6 +512,70 @@ def _reduction(
         score = (copied, view.strides[2] != 1)
         if best is None or score < best[0]:
             subscripts = "".join(x.indices) + "->" + "".join(m)
-            best = (score, Step(positions, subscripts, False, (), m, k, (), view, None, m))
+            step = Step(operands, number, subscripts, False, (), m, k, (), view, None, m)
+            best = (score, step)
     assert best is not None
-    return best[1]
+    return _split(best[1], sizes, wanted)
+
+
+# A product of few outputs over a long K runs on few blocks (a scalar's last step: one), so
+# K is split: S partial products as a batch, then a reduction of the S partials. Where the
+# output's tiles number fewer than SPLIT_TILES, K (at least SPLIT_MIN_K) is cut in a power of
+# two of parts that divides it, each at least SPLIT_MIN_PART long.
+SPLIT_TILES = 256
+SPLIT_MIN_K = 1 << 13
+SPLIT_MIN_PART = 1 << 11
+
+
+def _split(step: Step, sizes: dict[str, int], wanted: tuple[str, ...] | None) -> list[Step]:
+    b, m, k = step.first.shape
+    n = step.second.shape[2] if step.second is not None else 1
+    tiles = -(-m // 64) * -(-n // 64)
+    if b != 1 or k < SPLIT_MIN_K or tiles * 4 > SPLIT_TILES:
+        return [step]
+    parts = 1
+    while (
+        parts * 2 * tiles <= SPLIT_TILES
+        and k // (parts * 2) >= SPLIT_MIN_PART
+        and k % (parts * 2) == 0
+    ):
+        parts *= 2
+    if parts < 4:
+        return [step]
+    part = k // parts
+    # The split index: a private-use character no operand names (a batch index of the partials).
+    hidden = next(c for c in map(chr, itertools.count(0xE000)) if c not in sizes)
+    sizes[hidden] = parts
+
+    def cut(view: View) -> View:
+        return View(
+            view.copy,
+            (parts, view.shape[1], part),
+            (view.strides[2] * part, view.strides[1], view.strides[2]),
+        )
+
+    def cut_second(view: View) -> View:
+        return View(
+            view.copy,
+            (parts, part, view.shape[2]),
+            (view.strides[1] * part, view.strides[1], view.strides[2]),
+        )
+
+    partials = dataclasses.replace(
+        step,
+        batch=(hidden,),
+        first=cut(step.first),
+        second=cut_second(step.second) if step.second is not None else None,
+        result=(hidden, *step.result),
+        split=hidden,
+    )
+    term = Term(partials.result, contiguous([sizes[i] for i in partials.result]))
+    (final,) = _reduction(
+        term,
+        set(step.result),
+        sizes,
+        wanted=wanted,
+        operands=(step.number,),
+        number=step.number + 1,
+    )
+    return [partials, final]

@@ -204,14 +204,14 @@ def _run(
             result = out if out is not None else cupy.empty(shape, dtype)
             result.fill(ring.zero(dtype))
             return result, trace
-        live: list[tuple[Any, Term]] = list(zip(arrays, planned.terms, strict=True))
+        # Operands by number: the inputs, then each step's result (see Step).
+        live: dict[int, tuple[Any, Term]] = dict(enumerate(zip(arrays, planned.terms, strict=True)))
         direct = False
-        for number, step in enumerate(planned.steps):
-            first, second = _operands(step, [live[p] for p in step.operands], ring, sizes)
-            live = [x for i, x in enumerate(live) if i not in step.operands]
+        for count, step in enumerate(planned.steps):
+            first, second = _operands(step, [live.pop(i) for i in step.operands], ring, sizes)
             b, m, _ = first.shape
             n = second.shape[2]
-            last = number == len(planned.steps) - 1
+            last = count == len(planned.steps) - 1
             direct = last and out is not None and not planned.final_copy and out.flags.c_contiguous
             c = _strided(out, (b, m, n), (m * n, n, 1)) if direct else cupy.empty((b, m, n), dtype)
             index = cupy.empty((b, m, n), np.int32) if argmax else None
@@ -224,8 +224,9 @@ def _run(
                 products.append((product, get(product.spec)))
             if argmax:
                 trace.append((step, index))
-            live.append((c, Term(step.result, contiguous([sizes[i] for i in step.result]))))
-        ((x, term),) = live
+            result = Term(step.result, contiguous([sizes[i] for i in step.result]))
+            live[step.number] = (c, result)
+        ((x, term),) = live.values()
         if direct:
             return out, trace  # the last product wrote it
         view = _nd(x, term, sizes).transpose([term.indices.index(i) for i in planned.output])
@@ -233,7 +234,7 @@ def _run(
             cupy.copyto(out, view)
             return out, trace
         # A view over the term, not x.reshape(shape): CuPy reshapes to () as to (1,).
-        return (cupy.ascontiguousarray(view) if planned.final_copy else view), trace
+        return (view.copy() if planned.final_copy else view), trace
 
 
 def _check_out(out: Any, dtype: Any, shape: tuple[int, ...], device: int) -> None:
@@ -280,9 +281,8 @@ def _nd(x: Any, term: Term, sizes: Any) -> Any:
 def _read(x: Any, term: Term, view: Any, sizes: Any) -> Any:
     """The 3-D operand of a product: ``x`` viewed, or first copied to the order that can be."""
     if view.copy is not None:
-        cupy = cupy_module()
         axes = [term.indices.index(i) for i in view.copy]
-        x = cupy.ascontiguousarray(_nd(x, term, sizes).transpose(axes))
+        x = _nd(x, term, sizes).transpose(axes).copy()  # C order (ascontiguousarray: 0-d to 1-d)
     return _strided(x, view.shape, view.strides)
 
 
@@ -300,10 +300,9 @@ def backtrace(planned: EinsumPlan, trace: _Trace, *, device: int, stream: Any) -
             at = tuple(group_index(g, assignment, sizes) for g in (step.batch, step.m, step.n))
             # -1: the value is the semiring's zero, which every assignment attains.
             won = max(int(index[at]), 0)
+            if step.split is not None:  # the winner's offset within its part of K
+                won += assignment[step.split] * step.first.shape[2]
             for i in reversed(step.k):
                 won, assignment[i] = divmod(won, sizes[i])
-    # Indices no product summed (those of an operand taken whole) are output indices, which a
-    # scalar contraction has none of; any left are of size 1.
-    for i in sizes:
-        assignment.setdefault(i, 0)
-    return {i: assignment[i] for i in sizes}
+    # Every index of an input was summed by some product (a scalar contraction outputs none).
+    return {i: assignment[i] for i in dict.fromkeys("".join(planned.inputs))}

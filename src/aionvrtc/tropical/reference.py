@@ -114,11 +114,13 @@ def einsum(
     """The tropical einsum: ``out[o] = zero (+) ... (+) (x_1[...] (x) x_2[...] (x) ... x_n[...])``,
     the (+)-sum running over every value of the indices that are not in the output.
 
-    ``subscripts`` is NumPy's grammar over the letters a-z, A-Z: ``"ij,jk->ik"`` (matmul),
-    ``"ii->i"`` (a diagonal), ``"ii->"`` (the trace), ``"ij->i"`` (a sum within one operand),
-    ``"i,j->ij"`` (an outer product), ``",->"`` (0-d operands). Without ``->`` the output is the
-    indices that appear exactly once, sorted by character (upper case first), as in
-    ``numpy.einsum``. No ellipsis, and no broadcasting: an index has one size everywhere.
+    ``subscripts`` is NumPy's grammar over the letters a-z, A-Z and any non-ASCII character
+    (``opt_einsum.get_symbol(i)`` names the i-th, for networks of many indices):
+    ``"ij,jk->ik"`` (matmul), ``"ii->i"`` (a diagonal), ``"ii->"`` (the trace), ``"ij->i"`` (a
+    sum within one operand), ``"i,j->ij"`` (an outer product), ``",->"`` (0-d operands).
+    Without ``->`` the output is the indices that appear exactly once, sorted by character
+    (upper case first), as in ``numpy.einsum``. No ellipsis, and no broadcasting: an index has
+    one size everywhere.
 
     (+) and (x) are the semiring's, with ``matmul``'s rules: integers saturate, their extremes
     are the infinities, and a NaN product (-inf + inf, 0 * inf) counts as the zero; the products

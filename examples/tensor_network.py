@@ -1,0 +1,598 @@
+"""Maximum independent sets and spin-glass ground states as tropical tensor networks contracted
+on the GPU, checked against brute force and NumPy, and timed against torch-semiring-einsum.
+
+    python examples/tensor_network.py [--regular 20 100 150 200] [--kings 4 10 15 20]
+        [--spin-glass 20 100 150] [--max-intermediate 134217728] [--repeats 5]
+        [--json results.json] [--seed 2026] [--arch sm_90]
+
+A graph becomes a tensor network with one index x_v in {0, 1} per vertex. For the maximum
+independent set (MIS), each vertex carries the vector [0, 1] (v counts 1 when it is in the set)
+and each edge the matrix [[0, 0], [0, -inf]] (both ends in the set is forbidden); contracted to
+a scalar in the max-plus semiring, the network gives the maximum over all x of the sum of the
+entries: the size of a maximum independent set. For an Ising spin glass with couplings
+J_uv = +-1 on the edges, each edge carries J_uv s_u s_v over s = 2x - 1 in {-1, +1}, and the
+min-plus contraction is the ground-state energy. With ``argmax=True`` the einsum also traces
+back a value of every index that attains the result: a maximum independent set, a ground state.
+
+The contraction order sets the cost: its largest intermediate is 2^w elements for an order of
+width w. A king's graph is contracted row by row through an explicit path (width side + 1), a
+random 3-regular graph along opt_einsum's random-greedy order, whose width grows with n: a
+network whose largest intermediate exceeds --max-intermediate is skipped.
+
+Graphs of at most 20 vertices are checked against brute force over all 2^n assignments, larger
+ones against the NumPy reference (tropical.reference.einsum) along the same order, and every
+assignment is checked to attain the value. Then the contraction is timed on the GPU (median of
+--repeats runs after a warm-up), NumPy once, and torch-semiring-einsum, when it and a CUDA
+PyTorch are installed, along the same order. Without a GPU the example plans every network,
+compiles the kernels the plans launch for ``--arch`` (default ``$AIONVRTC_ARCH``, else sm_90)
+and says what it would run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import numpy as np
+import opt_einsum
+
+from aionvrtc import Compiler, KernelSpec, ModuleLoadError, NoDeviceError, resolve_target, tropical
+
+Edge = tuple[int, int]
+Array = np.ndarray[Any, Any]
+
+# Brute force enumerates all 2^n assignments up to this many vertices.
+BRUTE_FORCE_VERTICES = 20
+
+
+def symbol(v: int) -> str:
+    """The index of vertex ``v``: a-z, A-Z, then non-ASCII characters (as opt_einsum names them)."""
+    return str(opt_einsum.get_symbol(v))
+
+
+def random_regular_graph(n: int, degree: int, rng: np.random.Generator) -> list[Edge]:
+    """A uniformly random simple ``degree``-regular graph on vertices 0..n-1, as sorted (u, v)
+    pairs with u < v: the pairing (configuration) model, which matches the n * degree stubs at
+    random and starts over when the pairing has a loop or a repeated edge (for degree 3 about
+    one pairing in e^2 = 7.4 is simple)."""
+    if n * degree % 2 or not 0 <= degree < n:
+        raise ValueError(f"no simple {degree}-regular graph has {n} vertices")
+    for _ in range(10_000):
+        pairs = rng.permutation(np.repeat(np.arange(n), degree)).reshape(-1, 2)
+        low, high = pairs.min(axis=1), pairs.max(axis=1)
+        if (low == high).any():
+            continue
+        edges = sorted(set(zip(low.tolist(), high.tolist(), strict=True)))
+        if len(edges) == len(pairs):
+            return edges
+    raise RuntimeError(f"no simple {degree}-regular pairing of {n} vertices in 10,000 tries")
+
+
+def kings_graph(side: int) -> list[Edge]:
+    """The side x side king's graph: vertex r * side + c, joined to its 8 neighbours."""
+    edges = []
+    for r in range(side):
+        for c in range(side):
+            for dr, dc in ((0, 1), (1, -1), (1, 0), (1, 1)):
+                if r + dr < side and 0 <= c + dc < side:
+                    edges.append((r * side + c, (r + dr) * side + c + dc))
+    return sorted(edges)
+
+
+def mis_network(n: int, edges: Sequence[Edge]) -> tuple[str, list[Array]]:
+    """The max-plus network whose scalar contraction is the size of a maximum independent set:
+    [0, 1] on each vertex, [[0, 0], [0, -inf]] on each edge (float32: small integers are
+    exact)."""
+    vertex = np.array([0, 1], np.float32)
+    edge = np.array([[0, 0], [0, -np.inf]], np.float32)
+    inputs = [symbol(v) for v in range(n)] + [symbol(u) + symbol(v) for u, v in edges]
+    return ",".join(inputs) + "->", [vertex] * n + [edge] * len(edges)
+
+
+def spin_glass_couplings(edges: Sequence[Edge], rng: np.random.Generator) -> list[int]:
+    """A coupling J_uv of -1 or +1 per edge, each equally likely."""
+    return [int(j) for j in rng.choice(np.array([-1, 1]), size=len(edges))]
+
+
+def spin_glass_network(edges: Sequence[Edge], couplings: Sequence[int]) -> tuple[str, list[Array]]:
+    """The min-plus network whose scalar contraction is the ground-state energy of
+    E(s) = sum over edges of J_uv s_u s_v: on each edge the matrix J_uv s_u s_v, where index
+    value 0 is the spin s = -1 and 1 is s = +1, so [[J, -J], [-J, J]]. (A vertex on no edge
+    has no index: its spin is free.)"""
+    spins = np.array([-1, 1])
+    tensors = [(j * np.outer(spins, spins)).astype(np.float32) for j in couplings]
+    return ",".join(symbol(u) + symbol(v) for u, v in edges) + "->", tensors
+
+
+def _assignments(n: int) -> Array:
+    if n > 24:
+        raise ValueError(f"brute force over 2^{n} assignments is too much")
+    return np.arange(1 << n, dtype=np.int64)  # bit v of each is x_v
+
+
+def brute_force_mis(n: int, edges: Sequence[Edge]) -> int:
+    """The size of a maximum independent set, by trying every subset of the n vertices."""
+    x = _assignments(n)
+    allowed = np.ones(len(x), bool)
+    for u, v in edges:
+        allowed &= ((x >> u) & (x >> v) & 1) == 0
+    return int(np.bitwise_count(x[allowed]).max())
+
+
+def brute_force_ground_energy(n: int, edges: Sequence[Edge], couplings: Sequence[int]) -> int:
+    """The least energy over all 2^n spin configurations."""
+    x = _assignments(n)
+    energy = np.zeros(len(x), np.int64)
+    for (u, v), j in zip(edges, couplings, strict=True):
+        aligned = ((x >> u) ^ (x >> v)) & 1 == 0  # s_u s_v = +1
+        energy += np.where(aligned, j, -j)
+    return int(energy.min())
+
+
+def independent_set(assignment: dict[str, int], n: int, edges: Sequence[Edge]) -> list[int]:
+    """The vertices an MIS assignment puts in the set; raises if two of them share an edge."""
+    chosen = [v for v in range(n) if assignment[symbol(v)] == 1]
+    members = set(chosen)
+    clash = [(u, v) for u, v in edges if u in members and v in members]
+    if clash:
+        raise ValueError(f"the assignment's set is not independent: edges {clash[:5]}")
+    return chosen
+
+
+def energy(spins: Sequence[int], edges: Sequence[Edge], couplings: Sequence[int]) -> int:
+    """E(s) = sum over edges of J_uv s_u s_v, for spins of -1 and +1."""
+    return sum(int(j) * spins[u] * spins[v] for (u, v), j in zip(edges, couplings, strict=True))
+
+
+def elimination_path(inputs: Sequence[str], order: Iterable[str]) -> list[tuple[int, int]]:
+    """A contraction path (opt_einsum's format) that sums the indices one at a time, in
+    ``order``: the tensors holding an index are contracted pairwise, smallest first, the last
+    product summing it. For indices of size 2 its largest intermediate is about 2^w elements,
+    w being the width of the order: the most indices left joined by the sum of one index."""
+    live = [frozenset(t) for t in inputs]
+    path: list[tuple[int, int]] = []
+
+    def contract(i: int, j: int) -> None:
+        rest = [t for k, t in enumerate(live) if k not in (i, j)]
+        needed = frozenset().union(*rest)  # a scalar result: what no other tensor has is summed
+        live[:] = [*rest, (live[i] | live[j]) & needed]
+        path.append((i, j))
+
+    for index in order:
+        while len(holders := sorted((len(t), k) for k, t in enumerate(live) if index in t)) > 1:
+            (_, i), (_, j) = holders[:2]
+            contract(min(i, j), max(i, j))
+    while len(live) > 1:
+        contract(0, 1)
+    return path
+
+
+@dataclass
+class Network:
+    """One problem instance: its graph, tensor network and contraction order."""
+
+    problem: str  # "MIS" or "spin glass"
+    graph: str
+    n: int
+    edges: list[Edge]
+    subscripts: str
+    operands: list[Array]
+    semiring: str
+    optimize: Any  # an opt_einsum optimizer or an explicit path
+    planner: str
+    couplings: list[int] | None = None
+    known: int | None = None  # the value, where a formula gives it
+    plan: tropical.EinsumPlan | None = None
+    planning_s: float = 0.0
+    row: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.problem} of the {self.graph} ({self.n} vertices, {len(self.edges)} edges)"
+
+
+def random_greedy(repeats: int) -> Any:
+    # opt_einsum's random-greedy runs ``repeats`` greedy orders, trial r drawing its choices
+    # from random.seed(r), and keeps the one whose largest intermediate is least. Measured on
+    # 2 CPUs for random 3-regular MIS networks of 50/100/150/200 vertices: plain greedy leaves
+    # 2^9/2^13/2^23/2^33 elements (0.01-0.1 s), 64 trials 2^8/2^12/2^20/2^29 (0.4/0.9/1.5/2.4 s),
+    # 256 trials another 2^1 less in 4x the time; a min-fill elimination order did no better
+    # (2^32 at 200). So 64 trials, under 2 s for 150 vertices; 200 and more stay out of reach.
+    # opt_einsum breaks ties in the order of Python's sets of index characters, which changes
+    # from process to process: set PYTHONHASHSEED (to any number) for the same plans each run.
+    return opt_einsum.RandomGreedy(max_repeats=repeats, minimize="size")
+
+
+def networks(args: argparse.Namespace) -> list[Network]:
+    """The instances the flags ask for, each graph drawn from its own seeded generator."""
+    found = []
+    order = f"random-greedy, {args.trials} trials"
+    for n in args.regular:
+        edges = random_regular_graph(n, 3, np.random.default_rng([args.seed, n]))
+        subscripts, operands = mis_network(n, edges)
+        found.append(Network("MIS", "random 3-regular graph", n, edges, subscripts, operands,
+                             "maxplus", random_greedy(args.trials), order))  # fmt: skip
+    for side in args.kings:
+        edges = kings_graph(side)
+        subscripts, operands = mis_network(side * side, edges)
+        # Row by row: side + 1 vertices are open at once (2^21 elements for the 20 x 20 grid),
+        # where opt_einsum's planners leave 2^29 (random-greedy, 64 trials, in 26 s).
+        path = elimination_path(subscripts.split("->")[0].split(","), map(symbol, range(side**2)))
+        # Each 2 x 2 block of the grid holds at most one vertex of an independent set, and every
+        # other vertex of every other row is one: ceil(side / 2)^2.
+        found.append(Network("MIS", f"{side}x{side} king's graph", side * side, edges, subscripts,
+                             operands, "maxplus", path, "row by row",
+                             known=((side + 1) // 2) ** 2))  # fmt: skip
+    for n in args.spin_glass:
+        rng = np.random.default_rng([args.seed, n, 1])
+        edges = random_regular_graph(n, 3, rng)
+        couplings = spin_glass_couplings(edges, rng)
+        subscripts, operands = spin_glass_network(edges, couplings)
+        found.append(Network("spin glass", "random 3-regular graph", n, edges, subscripts,
+                             operands, "minplus", random_greedy(args.trials), order,
+                             couplings=couplings))  # fmt: skip
+    return found
+
+
+def log2(x: int) -> str:
+    return f"2^{math.log2(x):.0f}" if x & (x - 1) == 0 else f"2^{math.log2(x):.1f}"
+
+
+def summary(plan: tropical.EinsumPlan) -> str:
+    return (
+        f"{len(plan.steps)} steps, largest intermediate {log2(plan.largest_intermediate)} "
+        f"({plan.largest_intermediate:,}) elements, {log2(plan.products)} products, "
+        f"{plan.copies} copies ({plan.copied_elements:,} elements)"
+    )
+
+
+def check(net: Network, value: float, assignment: dict[str, int]) -> str:
+    """Raises unless ``assignment`` attains ``value``; else says what it is."""
+    if net.problem == "MIS":
+        attained = len(independent_set(assignment, net.n, net.edges))
+        what = f"an independent set of {attained} vertices"
+    else:
+        assert net.couplings is not None
+        spins = [2 * assignment[symbol(v)] - 1 for v in range(net.n)]
+        attained = energy(spins, net.edges, net.couplings)
+        what = f"spins of energy {attained}"
+    if attained != value:
+        raise SystemExit(f"{net.name}: the assignment attains {attained}, not {value:g}")
+    return what
+
+
+def brute_force(net: Network) -> int:
+    if net.problem == "MIS":
+        return brute_force_mis(net.n, net.edges)
+    assert net.couplings is not None
+    return brute_force_ground_energy(net.n, net.edges, net.couplings)
+
+
+async def median_ms(
+    run: Callable[[], Awaitable[Any]], sync: Callable[[], Any], repeats: int
+) -> float:
+    """The median wall time of ``run`` until the GPU is done (``sync``), after a warm-up run:
+    a network of small steps is bound by launching them, which a GPU-side timer leaves out."""
+    await run()
+    sync()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        await run()
+        sync()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def torch_semiring_einsum() -> tuple[Any, Any] | str:
+    """(torch, torch_semiring_einsum), or why they cannot run here."""
+    try:
+        import torch
+        import torch_semiring_einsum as tse
+    except ImportError as exc:
+        return f"{exc.name} is not installed"
+    if not torch.cuda.is_available():
+        return "PyTorch sees no CUDA GPU"
+    return torch, tse
+
+
+def tse_contract(
+    plan: tropical.EinsumPlan, tensors: Sequence[Any], semiring: str, torch: Any, tse: Any
+) -> Any:
+    """The scalar contraction by torch-semiring-einsum, step by step along ``plan``: each step
+    is the same batched product over the same merged index groups (batch, rows, summed,
+    columns) as on our GPU, "bmk,bkn->bmn" ("bmk->bm" for a reduction within one operand)."""
+    maximise = semiring == "maxplus"
+    best = torch.maximum if maximise else torch.minimum
+    reduce = torch.amax if maximise else torch.amin
+
+    def tropical_sum(compute_sum: Callable[..., Any]) -> Any:
+        # The semiring: (+) is max (min), (x) is +. tse asks for in-place updates of a block's
+        # accumulator and a reduction of a block over the summed dims (none: the block itself).
+        def add_in_place(a: Any, b: Any) -> None:
+            best(a, b, out=a)
+
+        def sum_block(a: Any, dims: tuple[int, ...]) -> Any:
+            return reduce(a, dim=dims) if dims else a
+
+        def multiply_in_place(a: Any, b: Any) -> None:
+            a.add_(b)
+
+        return compute_sum(add_in_place, sum_block, multiply_in_place)
+
+    product = tse.compile_equation("bmk,bkn->bmn")
+    reduction = tse.compile_equation("bmk->bm")
+    # 1 GiB of blocks: tse then needs no query of the free memory (slow) on each call.
+    block = tse.AutomaticBlockSize(max_cuda_bytes=1 << 30)
+    sizes = plan.sizes
+
+    def grouped(x: Any, indices: tuple[str, ...], groups: Sequence[tuple[str, ...]]) -> Any:
+        axes = [indices.index(i) for g in groups for i in g]
+        return x.permute(axes).reshape([math.prod(sizes[i] for i in g) for g in groups])
+
+    # Operands by number (see tropical's Step): the inputs, then each step's result. Where the
+    # plan cut a long K in parts (a batch index of partial products, then their sum), tse
+    # contracts K whole: it blocks its own loops.
+    splits = {step.split for step in plan.steps if step.split is not None}
+    live = {i: (x, t.indices) for i, (x, t) in enumerate(zip(tensors, plan.terms, strict=True))}
+    for step in plan.steps:
+        chosen = [live.pop(i) for i in step.operands]
+        result = tuple(i for i in step.result if i not in splits)
+        if step.second is None and set(step.k) <= splits:
+            live[step.number] = chosen[0]  # the sum of K's parts: tse did not cut K
+            continue
+        batch = tuple(i for i in step.batch if i not in splits)
+        if step.second is None:
+            ((x, indices),) = chosen
+            args: tuple[Any, ...] = (grouped(x, indices, [(), step.m, step.k]),)
+            out = tse.semiring_einsum_forward(reduction, args, block, tropical_sum)
+        else:
+            if step.swapped:
+                chosen.reverse()
+            args = (
+                grouped(*chosen[0], [batch, step.m, step.k]),
+                grouped(*chosen[1], [batch, step.k, step.n]),
+            )
+            out = tse.semiring_einsum_forward(product, args, block, tropical_sum)
+        live[step.number] = (out.reshape([sizes[i] for i in result]), result)
+    ((x, _),) = live.values()
+    return x
+
+
+async def solve(compiler: Compiler, net: Network, args: argparse.Namespace, tse: Any) -> None:
+    """Contract ``net`` on the GPU with its assignment, check both, time the engines."""
+    import cupy
+
+    assert net.plan is not None
+    plan = net.plan
+    row = net.row
+    arrays = [cupy.asarray(x) for x in net.operands]
+    contract = functools.partial(
+        tropical.einsum, net.subscripts, *arrays, semiring=net.semiring, optimize=plan,
+        compiler=compiler,
+    )  # fmt: skip
+    result, assignment = await contract(argmax=True)
+    value = row["value"] = float(result)
+    what = check(net, value, assignment)
+    wants: dict[str, float] = {}
+    if net.n <= BRUTE_FORCE_VERTICES:
+        wants["brute force"] = brute_force(net)
+    elif plan.products <= args.numpy_products:
+        started = time.perf_counter()
+        wants["NumPy"] = float(tropical.reference.einsum(
+            net.subscripts, *net.operands, semiring=net.semiring, path=plan.path
+        ))  # fmt: skip
+        row["numpy_s"] = time.perf_counter() - started
+    else:
+        print(f"  NumPy skipped: {log2(plan.products)} products, over --numpy-products")
+    if net.known is not None:
+        wants["formula"] = net.known
+    for by, want in wants.items():
+        if want != value:
+            raise SystemExit(f"{net.name}: the GPU gives {value:g}, {by} {want:g}")
+    row["checked"] = " + ".join([*wants, "assignment"])
+    sync = cupy.cuda.get_current_stream().synchronize
+    row["gpu_ms"] = await median_ms(contract, sync, args.repeats)
+    row["gpu_argmax_ms"] = await median_ms(
+        functools.partial(contract, argmax=True), sync, args.repeats
+    )
+    if isinstance(tse, tuple):
+        torch, module = tse
+        tensors = [torch.from_numpy(x).cuda() for x in net.operands]
+        got = float(tse_contract(plan, tensors, net.semiring, torch, module))
+        if got != value:
+            raise SystemExit(f"{net.name}: torch-semiring-einsum gives {got}, not {value}")
+
+        async def run() -> Any:
+            return tse_contract(plan, tensors, net.semiring, torch, module)
+
+        row["tse_ms"] = await median_ms(run, torch.cuda.synchronize, args.repeats)
+    print(
+        f"  {value:g} (checked: {row['checked']}), the assignment is {what}. "
+        f"GPU {row['gpu_ms']:.1f} ms, "
+        f"with the assignment {row['gpu_argmax_ms']:.1f} ms"
+        + (f", NumPy {row['numpy_s']:.2f} s" if "numpy_s" in row else "")
+        + (f", torch-semiring-einsum {row['tse_ms']:.1f} ms" if "tse_ms" in row else "")
+    )
+
+
+def table(nets: Sequence[Network]) -> str:
+    head = (
+        f"{'problem':<11}{'graph':<25}{'n':>5}{'largest':>9}{'steps':>7}{'value':>7}"
+        f"{'GPU ms':>9}{'argmax ms':>10}{'NumPy s':>9}{'tse ms':>9}  checked"
+    )
+    lines = [head]
+    for net in nets:
+        r = net.row
+
+        def cell(key: str, fmt: str, r: dict[str, Any] = r) -> str:
+            return format(r[key], fmt) if key in r else "-"
+
+        assert net.plan is not None
+        lines.append(
+            f"{net.problem:<11}{net.graph:<25}{net.n:>5}{log2(net.plan.largest_intermediate):>9}"
+            f"{len(net.plan.steps):>7}{cell('value', 'g'):>7}{cell('gpu_ms', '.1f'):>9}"
+            f"{cell('gpu_argmax_ms', '.1f'):>10}{cell('numpy_s', '.2f'):>9}"
+            f"{cell('tse_ms', '.1f'):>9}  {r.get('checked', r.get('skipped', '-'))}"
+        )
+    return "\n".join(lines)
+
+
+def facts(tse: tuple[Any, Any] | str) -> dict[str, Any]:
+    """The GPU, its driver, and the versions that produced the results."""
+    import importlib.metadata
+
+    import cupy
+
+    import aionvrtc
+
+    properties = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = properties["name"]
+    found = {
+        "gpu": name.decode() if isinstance(name, bytes) else str(name),
+        "driver_cuda": cupy.cuda.runtime.driverGetVersion(),  # the CUDA version it runs
+        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+        "nvrtc": ".".join(map(str, cupy.cuda.nvrtc.getVersion())),
+        "cupy": cupy.__version__,
+        "aionvrtc": aionvrtc.__version__,
+        "opt_einsum": opt_einsum.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+    try:
+        import pynvml  # nvidia-ml-py: the driver's own version number
+
+        pynvml.nvmlInit()
+        found["driver"] = pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # no NVML here: the CUDA version alone
+        pass
+    if isinstance(tse, tuple):
+        found["torch"] = tse[0].__version__
+        found["torch_semiring_einsum"] = importlib.metadata.version("torch-semiring-einsum")
+    else:
+        found["torch_semiring_einsum"] = f"skipped: {tse}"
+    return found
+
+
+async def main(args: argparse.Namespace) -> None:
+    # --arch, else $AIONVRTC_ARCH, else this GPU's; sm_90 on a machine without one.
+    target = resolve_target(args.arch, default="sm_90")
+    nets, runnable = networks(args), []
+    for net in nets:
+        started = time.perf_counter()
+        net.plan = tropical.einsum_plan(net.subscripts, *net.operands, optimize=net.optimize)
+        net.planning_s = time.perf_counter() - started
+        print(f"{net.name}, {net.planner} ({net.planning_s:.2f} s): {summary(net.plan)}")
+        net.row = {
+            "problem": net.problem, "graph": net.graph, "vertices": net.n,
+            "edges": len(net.edges), "planner": net.planner, "planning_s": net.planning_s,
+            "steps": len(net.plan.steps), "largest_intermediate": net.plan.largest_intermediate,
+            "products": net.plan.products, "copies": net.plan.copies,
+        }  # fmt: skip
+        if net.plan.largest_intermediate > args.max_intermediate:
+            net.row["skipped"] = f"largest intermediate > {log2(args.max_intermediate)}"
+            print(f"  skipped: its largest intermediate is over --max-intermediate "
+                  f"{args.max_intermediate:,} ({log2(args.max_intermediate)})")  # fmt: skip
+        else:
+            runnable.append(net)
+    async with Compiler(arch=target) as compiler:
+        # Compiled ahead, concurrently: the kernels each plan launches, with and without argmax.
+        specs: dict[KernelSpec, None] = {}
+        for net in runnable:
+            assert net.plan is not None
+            for argmax in (False, True):
+                specs.update(dict.fromkeys(net.plan.kernel_specs(net.semiring, argmax=argmax)))
+        kinds: dict[KernelSpec, str] = {}
+
+        async def compile_one(spec: KernelSpec) -> None:
+            kinds[spec] = (await compiler.compile(spec)).kind
+
+        async with anyio.create_task_group() as tg:
+            for spec in specs:
+                tg.start_soon(compile_one, spec)
+        print(f"compiled {len(specs)} kernel(s) for {target}:")
+        for spec in specs:
+            print(f"  {spec.name_expressions[0]} ({kinds[spec]})")
+        if not specs:
+            raise SystemExit("nothing to run: every network was skipped")
+        try:
+            await compiler.get(next(iter(specs)))  # compiled for this GPU's arch and loaded
+        except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or a driver too old
+            small = sum(net.n <= BRUTE_FORCE_VERTICES for net in runnable)
+            numpy = sum(
+                net.n > BRUTE_FORCE_VERTICES and net.plan.products <= args.numpy_products
+                for net in runnable
+                if net.plan is not None
+            )
+            print(
+                f"no usable GPU for {target} here ({type(exc).__name__}): would contract "
+                f"{len(runnable)} network(s) with their assignments, check {small} against "
+                f"brute force and {numpy} against NumPy along the same order, and time each "
+                f"over {args.repeats} runs, against torch-semiring-einsum where it is installed"
+            )
+            return
+        tse = torch_semiring_einsum()
+        if isinstance(tse, str):
+            print(f"torch-semiring-einsum skipped: {tse}")
+        for net in runnable:
+            print(f"{net.name}:")
+            await solve(compiler, net, args, tse)
+    print(table(nets))
+    if args.json:
+        results = {"facts": facts(tse), "args": vars(args), "rows": [net.row for net in nets]}
+        await anyio.Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--regular",
+        type=int,
+        nargs="*",
+        default=[20, 100, 150, 200],
+        help="MIS of random 3-regular graphs of these many vertices",
+    )
+    parser.add_argument(
+        "--kings",
+        type=int,
+        nargs="*",
+        default=[4, 10, 15, 20],
+        help="MIS of king's graphs of these sides",
+    )
+    parser.add_argument(
+        "--spin-glass",
+        type=int,
+        nargs="*",
+        default=[20, 100, 150],
+        help="ground states of +-1 spin glasses on random 3-regular graphs",
+    )
+    parser.add_argument(
+        "--max-intermediate",
+        type=int,
+        default=1 << 27,
+        help="skip a network whose largest intermediate has more elements",
+    )
+    parser.add_argument(
+        "--numpy-products",
+        type=int,
+        default=1 << 30,
+        help="check against NumPy only plans of at most this many products",
+    )
+    parser.add_argument("--trials", type=int, default=64, help="random-greedy's trials")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each engine")
+    parser.add_argument("--seed", type=int, default=2026, help="seeds every graph")
+    parser.add_argument("--json", help="write the results (and the GPU's facts) to this file")
+    parser.add_argument(
+        "--arch", help="compile for this arch (default: $AIONVRTC_ARCH, the GPU's, else sm_90)"
+    )  # fmt: skip
+    anyio.run(main, parser.parse_args())

@@ -1,0 +1,536 @@
+"""tropical.einsum on the GPU against the NumPy reference: index forms, views, networks and
+generated expressions for every semiring and type; out=, stream=, compiler=, einsum_sync; the
+argmax's assignment of every index, checked against the operands' entries on the host.
+
+Each test draws fresh operands from a seed it prints (pytest shows it when the test fails);
+``TROPICAL_TEST_SEED=<seed>`` runs a test again on the same operands.
+
+The GPU contracts along its plan's path, the reference left to right unless given that path:
+with it (``path=plan.path``), both form the same products in the same order, so they agree
+exactly, floats and saturating integers included. Without it, the orders differ, which changes
+only float rounding (compared with a tolerance) and integer saturation (operands drawn without
+the extreme values there).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import string
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import aionvrtc
+from aionvrtc import Compiler, tropical
+from aionvrtc.tropical import SEMIRINGS, reference
+
+from .test_tropical_einsum_plan import (
+    ARGMAX_CASES,
+    check_assignment,
+    independent_sets,
+    layouts,
+    network_values,
+    random_network,
+    relayout,
+)
+from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
+from .tropical_data import operands as operand_pair
+
+pytestmark = pytest.mark.gpu
+
+Array = np.ndarray[Any, Any]
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """A generator from a fresh seed, printed (or from TROPICAL_TEST_SEED, to repeat a run)."""
+    seed = int(os.environ.get("TROPICAL_TEST_SEED") or random.SystemRandom().randrange(1 << 63))
+    print(f"{request.node.nodeid}: seed {seed} (TROPICAL_TEST_SEED={seed} draws it again)")
+    return np.random.default_rng(seed)
+
+
+def gpu(x: Array) -> Any:
+    import cupy
+
+    return cupy.asarray(x)
+
+
+def host(x: Any) -> Array:
+    import cupy
+
+    result: Array = cupy.asnumpy(x)
+    return result
+
+
+def tensors(
+    rng: np.random.Generator,
+    ring: str,
+    dtype: Any,
+    shapes: Sequence[tuple[int, ...]],
+    *,
+    infinities: bool = True,
+) -> list[Array]:
+    """Random operands of ``shapes`` (tropical_data's values: the type's infinities sprinkled
+    in unless ``infinities`` is false, non-negative for max-times)."""
+    out = []
+    for shape in shapes:
+        # Drawn flat (tropical_data draws arrays of at least one dimension), then shaped.
+        flat, _ = operand_pair(rng, ring, dtype, (math.prod(shape),), (1,), infinities=infinities)
+        out.append(flat.reshape(shape))
+    return out
+
+
+def assert_same(got: Any, want: Array, what: str) -> None:
+    """Exactly the reference's values, shape and dtype (``got`` on the GPU)."""
+    values = host(got)
+    assert (values.shape, values.dtype) == (want.shape, want.dtype), what
+    np.testing.assert_array_equal(values, want, err_msg=what)
+
+
+def assert_close(got: Any, want: Array, what: str) -> None:
+    """The reference's values up to float rounding (integers and booleans exactly)."""
+    values = host(got)
+    assert (values.shape, values.dtype) == (want.shape, want.dtype), what
+    if want.dtype.kind != "f":
+        np.testing.assert_array_equal(values, want, err_msg=what)
+    else:
+        tight = want.dtype == np.float64
+        np.testing.assert_allclose(
+            values, want, rtol=1e-12 if tight else 1e-5, atol=1e-9 if tight else 1e-3, err_msg=what
+        )
+
+
+def run_and_check(
+    subscripts: str, operands: Sequence[Array], ring: str, arrays: Sequence[Any] | None = None
+) -> Any:
+    """einsum_sync on ``arrays`` (default: ``operands`` uploaded; views of the same values)
+    against the reference along the plan's path; returns the plan."""
+    arrays = [gpu(x) for x in operands] if arrays is None else arrays
+    plan = tropical.einsum_plan(subscripts, *arrays)
+    got = tropical.einsum_sync(subscripts, *arrays, semiring=ring, optimize=plan)
+    want = reference.einsum(subscripts, *operands, semiring=ring, path=plan.path)
+    assert_same(got, want, f"{ring} {subscripts}\n{plan}")
+    return plan
+
+
+# -- index forms, views, networks, for every semiring and type --------------------------------
+
+Layout = Callable[[Array], Any] | None
+
+
+def _transposed(x: Array) -> Any:
+    return relayout(x, list(range(x.ndim))[::-1], [False] * x.ndim, False, upload=gpu)
+
+
+def _reversed(x: Array) -> Any:
+    return relayout(x, list(range(x.ndim)), [True] * x.ndim, False, upload=gpu)
+
+
+def _sliced(x: Array) -> Any:
+    return relayout(x, list(range(x.ndim)), [False] * x.ndim, True, upload=gpu)
+
+
+EXPRESSIONS: list[tuple[str, str, list[tuple[int, ...]], Layout]] = [
+    ("matmul", "ij,jk->ik", [(37, 45), (45, 29)], None),
+    ("matmul-large", "ij,jk->ik", [(300, 264), (264, 136)], None),  # a tuned tile
+    ("matmul-tall", "ij,jk->ik", [(4100, 8), (8, 7)], None),  # the skinny kernel
+    ("matmul-swapped", "ij,jk->ki", [(37, 45), (45, 29)], None),
+    ("matmul-transposed", "ij,jk->ik", [(37, 45), (45, 29)], _transposed),
+    ("matmul-reversed", "ij,jk->ik", [(37, 45), (45, 29)], _reversed),
+    ("matmul-sliced", "ij,jk->ik", [(37, 45), (45, 29)], _sliced),
+    ("batched", "bij,bjk->bik", [(3, 17, 9), (3, 9, 11)], None),
+    ("batched-inner", "ibj,bjk->bik", [(17, 3, 9), (3, 9, 11)], None),
+    ("batched-transposed", "bij,bjk->bik", [(3, 17, 9), (3, 9, 11)], _transposed),
+    ("diagonal", "ii->i", [(9, 9)], None),
+    ("trace", "ii->", [(9, 9)], None),
+    ("diagonal-product", "iij,jk->ik", [(5, 5, 7), (7, 6)], None),
+    ("private-sum-rows", "ij->i", [(13, 17)], None),
+    ("private-sum-columns", "ij->j", [(13, 17)], None),
+    ("private-sums", "ijk->ki", [(3, 4, 5)], None),
+    ("sum-all", "ijk->", [(3, 4, 5)], _transposed),
+    ("outer", "i,j->ij", [(13,), (17,)], None),
+    ("hadamard", "ij,ij->ij", [(13, 17), (13, 17)], None),
+    ("hadamard-transposed", "ij,ij->ij", [(13, 17), (13, 17)], _transposed),
+    ("ring-5", "ab,bc,cd,de,ea->", [(3, 4), (4, 5), (5, 3), (3, 4), (4, 3)], None),
+    ("chain-6", "ab,bc,cd,de,ef,fa->af", [(3, 4), (4, 5), (5, 6), (6, 3), (3, 2), (2, 3)], None),
+    ("network-5", "ijk,jl,lm,mk,i->", [(3, 4, 5), (4, 2), (2, 3), (3, 5), (3,)], None),
+    ("scalars", ",->", [(), ()], None),
+    ("scalars-3", ",,->", [(), (), ()], None),
+    ("scalar-times-vector", "i,->i", [(7,), ()], None),
+    ("scalar-alone", "->", [()], None),
+    ("copies", "abc,cba->b", [(2, 3, 4), (4, 3, 2)], None),
+    ("transpose", "ij->ji", [(5, 7)], None),
+    ("implicit-matmul", "ij,jk", [(5, 7), (7, 3)], None),
+    ("implicit-transpose", "ji", [(5, 7)], None),
+    ("implicit-trace", "ii", [(6, 6)], None),
+    ("empty-sum", "ij,jk->ik", [(3, 0), (0, 4)], None),
+    ("empty-result", "ij,jk->ik", [(0, 5), (5, 4)], None),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "subscripts", "shapes", "layout"), EXPRESSIONS, ids=[e[0] for e in EXPRESSIONS]
+)
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_expressions(
+    ring: str,
+    dtype: Any,
+    name: str,
+    subscripts: str,
+    shapes: list[tuple[int, ...]],
+    layout: Layout,
+    rng: np.random.Generator,
+) -> None:
+    # With the infinities: exactly the reference along the same path.
+    operands = tensors(rng, ring, dtype, shapes)
+    arrays = [gpu(x) if layout is None else layout(x) for x in operands]
+    for x, y in zip(operands, arrays, strict=True):
+        np.testing.assert_array_equal(host(y), x)
+    plan = tropical.einsum_plan(subscripts, *arrays)
+    got = await tropical.einsum(subscripts, *arrays, semiring=ring)
+    want = reference.einsum(subscripts, *operands, semiring=ring, path=plan.path)
+    assert_same(got, want, f"{name} {ring} {dtype}\n{plan}")
+    # Without them: the reference's own order, up to float rounding.
+    operands = tensors(rng, ring, dtype, shapes, infinities=False)
+    arrays = [gpu(x) if layout is None else layout(x) for x in operands]
+    got = await tropical.einsum(subscripts, *arrays, semiring=ring)
+    assert_close(got, reference.einsum(subscripts, *operands, semiring=ring), name)
+    # And as numpy.einsum shapes it (0-d for a scalar).
+    want_shape = np.einsum(subscripts, *(np.zeros(s) for s in shapes)).shape
+    assert got.shape == want_shape
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@settings(derandomize=True, max_examples=40, deadline=None)
+@given(data=st.data())
+def test_generated_expressions(ring: str, dtype: Any, data: st.DataObject) -> None:
+    # test_tropical_einsum_reference's expressions (the infinities, values whose (x) overflows
+    # or is NaN, repeated indices, implicit outputs), with operands in any memory order.
+    subscripts, operands = data.draw(expressions(ring, np.dtype(dtype)))
+    assume(all(x.size for x in operands))  # size 0: test_size_0_indices
+    arrays = [
+        relayout(x, *data.draw(layouts(x.ndim), label="layout"), upload=gpu) for x in operands
+    ]
+    run_and_check(subscripts, operands, ring, arrays)
+
+
+SIZE_0 = [
+    ("ij,jk->ik", [(3, 0), (0, 4)]),
+    ("ij,jk->", [(2, 0), (0, 3)]),
+    ("ij,jk->ik", [(0, 5), (5, 4)]),
+    ("i->", [(0,)]),
+    ("ab,->ab", [(2, 0), ()]),
+    ("abc,c->ab", [(2, 0, 3), (3,)]),
+    ("ab->", [(0, 0)]),
+]
+
+
+@pytest.mark.parametrize(("subscripts", "shapes"), SIZE_0)
+def test_size_0_indices(subscripts: str, shapes: list[tuple[int, ...]]) -> None:
+    for ring, dtype in CASES:
+        operands = [np.zeros(s, dtype) for s in shapes]
+        run_and_check(subscripts, operands, ring)
+
+
+# -- out=, stream=, compiler=, einsum_sync ----------------------------------------------------
+
+OUT_CASES = [
+    ("ij,jk->ik", [(37, 45), (45, 29)]),  # the product writes into out
+    ("ij,jk->ki", [(37, 45), (45, 29)]),  # swapped, into out too
+    ("bij,bjk->bik", [(3, 17, 9), (3, 9, 11)]),
+    ("abc,cba->ba", [(2, 3, 4), (4, 3, 2)]),  # copies, the result reordered into out
+    ("ij->ji", [(5, 7)]),  # only the final copy
+    ("ij->i", [(13, 17)]),
+    ("ij,jk->", [(5, 7), (7, 3)]),
+    (",->", [(), ()]),
+]
+
+
+@pytest.mark.parametrize(("subscripts", "shapes"), OUT_CASES)
+@pytest.mark.parametrize(("ring", "dtype"), [("maxplus", np.float32), ("minplus", np.int64),
+                                             ("andor", np.bool_)])  # fmt: skip
+def test_out(
+    ring: str, dtype: Any, subscripts: str, shapes: list[tuple[int, ...]], rng: np.random.Generator
+) -> None:
+    import cupy
+
+    operands = tensors(rng, ring, dtype, shapes)
+    arrays = [gpu(x) for x in operands]
+    plan = tropical.einsum_plan(subscripts, *arrays)
+    want = reference.einsum(subscripts, *operands, semiring=ring, path=plan.path)
+    sentinel = np.dtype(dtype).type(1 if dtype == np.bool_ else 7)
+    # Contiguous: filled, and returned.
+    out = cupy.full(want.shape, sentinel, dtype)
+    assert tropical.einsum_sync(subscripts, *arrays, semiring=ring, out=out) is out
+    assert_same(out, want, f"contiguous out {subscripts}")
+    if want.ndim == 0:
+        return
+    # Every other element of a larger array: filled, the elements between left alone.
+    big = cupy.full((*want.shape[:-1], 2 * want.shape[-1]), sentinel, dtype)
+    out = big[..., ::2]
+    assert not out.flags.c_contiguous
+    assert tropical.einsum_sync(subscripts, *arrays, semiring=ring, out=out) is out
+    assert_same(out, want, f"strided out {subscripts}")
+    assert (host(big[..., 1::2]) == sentinel).all()
+    if want.ndim == 2:  # F order
+        out = cupy.full(want.shape[::-1], sentinel, dtype).T
+        assert tropical.einsum_sync(subscripts, *arrays, semiring=ring, out=out) is out
+        assert_same(out, want, f"F-order out {subscripts}")
+
+
+def test_out_of_the_wrong_kind_is_refused() -> None:
+    import cupy
+
+    a, b = cupy.ones((3, 4), cupy.float32), cupy.ones((4, 5), cupy.float32)
+    cases: list[tuple[Any, type[Exception], str]] = [
+        (cupy.empty((5, 3), cupy.float32), ValueError, "out must be float32 of shape (3, 5) on "
+         "device 0, got float32 of shape (5, 3) on device 0"),
+        (cupy.empty((3, 5), cupy.float64), ValueError, "out must be float32 of shape (3, 5) on "
+         "device 0, got float64 of shape (3, 5) on device 0"),
+        (np.empty((3, 5), np.float32), TypeError, "out must be a cupy.ndarray, not ndarray"),
+    ]  # fmt: skip
+    for out, error, message in cases:
+        with pytest.raises(error, match="^" + re.escape(message) + "$"):
+            tropical.einsum_sync("ij,jk->ik", a, b, out=out)
+
+
+def test_operands_of_the_wrong_kind_are_refused() -> None:
+    import cupy
+
+    a = cupy.ones((3, 4), cupy.float32)
+    cases: list[tuple[Callable[[], Any], type[Exception], str]] = [
+        (lambda: tropical.einsum_sync("ij,jk->ik", a, cupy.ones((4, 5), cupy.float64)), TypeError,
+         "einsum operands must have one dtype, got float32 (operand 0) and float64 (operand 1); "
+         "convert them with .astype()"),
+        (lambda: tropical.einsum_sync("ij,jk->ik", a, a), ValueError,
+         "einsum index 'j' has size 4 in operand 0 and 3 in operand 1; an index must have one "
+         "size everywhere"),
+        (lambda: tropical.einsum_sync("ij->i", a, semiring="andor"), TypeError,
+         "einsum operand 0 has dtype float32; andor takes bool"),
+        (lambda: tropical.einsum_sync("ij->i", a.astype(cupy.float16)), TypeError,
+         "einsum operand 0 has dtype float16; maxplus takes float32, float64, int32, int64"),
+        (lambda: tropical.einsum_sync("ij,jk->ik", a, a.T, optimize="nonsense"), ValueError,
+         "optimize='nonsense' is not an opt_einsum strategy, optimizer or path for 2 operands"),
+    ]  # fmt: skip
+    for call, error, message in cases:
+        with pytest.raises(error, match="^" + re.escape(message)):
+            call()
+
+
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_stream_and_compiler(tmp_path: Path, rng: np.random.Generator) -> None:
+    import cupy
+
+    subscripts = "ij,jk,kl->il"
+    operands = tensors(rng, "minplus", np.float32, [(300, 200), (200, 100), (100, 50)])
+    stream = cupy.cuda.Stream(non_blocking=True)
+    async with Compiler(cache_dir=tmp_path) as compiler:
+        with stream:
+            arrays = [gpu(x) for x in operands]
+        plan = tropical.einsum_plan(subscripts, *arrays)
+        assert tropical.tuned_tiles(arrays[0].device.id) == tropical.TILES  # what it names
+        specs = plan.kernel_specs("minplus", np.float32)
+        want = reference.einsum(subscripts, *operands, semiring="minplus", path=plan.path)
+        got = await tropical.einsum(
+            subscripts, *arrays, semiring="minplus", stream=stream, compiler=compiler
+        )
+        stream.synchronize()
+        assert_same(got, want, "on a stream, through a compiler")
+        first = compiler.stats()
+        assert first.compiles == len(specs) >= 1
+        # Again: every kernel from the compiler's memory, nothing compiled.
+        again = await tropical.einsum(
+            subscripts, *arrays, semiring="minplus", stream=stream, compiler=compiler
+        )
+        await aionvrtc.synchronize(stream)
+        second = compiler.stats()
+        assert second.compiles == first.compiles
+        assert second.memory.hits - first.memory.hits == len(specs)
+        assert_same(again, want, "again")
+        # Work on the stream runs after what is queued there before it: operands written on the
+        # stream behind a kernel that spins for a while are read only once written. (On another
+        # stream, or CuPy's default one, which a non-blocking stream does not wait for, the
+        # product would read the zeros.)
+        spin = cupy.RawKernel(SPIN, "spin")
+        sources = [gpu(x) for x in operands]
+        late = [cupy.zeros_like(x) for x in sources]
+        cupy.cuda.Device().synchronize()
+        with stream:
+            spin((1,), (1,), (np.int64(400_000_000),))  # about 0.2 s
+            for target, source in zip(late, sources, strict=True):
+                target[...] = source
+        got = await tropical.einsum(
+            subscripts, *late, semiring="minplus", stream=stream, compiler=compiler
+        )
+        stream.synchronize()
+        assert_same(got, want, "behind the spinning kernel")
+    # compiler=None from an event loop: aionvrtc's default Compiler.
+    assert_same(await tropical.einsum(subscripts, *arrays, semiring="minplus"), want, "default")
+
+
+def test_einsum_sync(rng: np.random.Generator) -> None:
+    import cupy
+
+    for ring, dtype in (("maxplus", np.float64), ("minplus", np.int32), ("maxmul", np.float32),
+                        ("andor", np.bool_)):  # fmt: skip
+        operands = tensors(rng, ring, dtype, [(6, 7), (7, 8), (8, 6)])
+        arrays = [gpu(x) for x in operands]
+        for subscripts in ("ij,jk,ki->i", "ij,jk,ki->", "ij,jk,kl"):
+            run_and_check(subscripts, operands, ring, arrays)
+        # On a stream, along an explicit path.
+        stream = cupy.cuda.Stream(non_blocking=True)
+        got = tropical.einsum_sync(
+            "ij,jk,ki->ik", *arrays, semiring=ring, optimize=[(1, 2), (0, 1)], stream=stream
+        )
+        stream.synchronize()
+        want = reference.einsum("ij,jk,ki->ik", *operands, semiring=ring, path=[(1, 2), (0, 1)])
+        assert_same(got, want, f"{ring} on a stream")
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "shapes", "copies"),
+    [
+        ("abc,cba->b", [(2, 3, 4), (4, 3, 2)], 2),
+        ("abcd,dcba->ad", [(2, 3, 2, 3), (3, 2, 3, 2)], None),
+        ("ab,bc,cd,de,ea->", [(2, 3), (3, 4), (4, 2), (2, 3), (3, 2)], 1),
+        ("ijk->ki", [(3, 4, 5)], 1),
+        ("ij->ji", [(5, 7)], 1),
+    ],
+)
+def test_plans_with_copies(
+    subscripts: str, shapes: list[tuple[int, ...]], copies: int | None, rng: np.random.Generator
+) -> None:
+    for ring, dtype in CASES:
+        operands = tensors(rng, ring, dtype, shapes)
+        plan = run_and_check(subscripts, operands, ring)
+        if copies is None:
+            assert plan.copies > 0, str(plan)
+        else:
+            assert plan.copies == copies, str(plan)
+
+
+# -- the argmax: an assignment of every index that attains the value --------------------------
+
+
+def argmax_and_check(subscripts: str, operands: Sequence[Array], ring: str) -> Any:
+    arrays = [gpu(x) for x in operands]
+    value, assignment = tropical.einsum_sync(subscripts, *arrays, semiring=ring, argmax=True)
+    want = reference.einsum(subscripts, *operands, semiring=ring)
+    assert_same(value, want, f"{ring} {subscripts}")
+    check_assignment(subscripts, operands, ring, host(value), assignment)
+    return value, assignment
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_argmax_of_small_networks(ring: str, dtype: str, rng: np.random.Generator) -> None:
+    cases: list[tuple[str, list[tuple[int, ...]]]] = [
+        ("ij,jk,ki->", [(4, 5), (5, 3), (3, 4)]),
+        ("ij,jk->", [(37, 45), (45, 29)]),
+        ("ij,jk->", [(300, 264), (264, 136)]),
+        ("bij,bjk->", [(3, 17, 9), (3, 9, 11)]),
+        ("ii->", [(9, 9)]),
+        ("ij->", [(13, 17)]),
+        ("i,i->", [(20,), (20,)]),
+        ("abc,cba->", [(2, 3, 4), (4, 3, 2)]),  # with copies
+        ("ab,bc,cd,de,ea->", [(3, 4), (4, 5), (5, 3), (3, 4), (4, 3)]),
+        ("ijk,jl,lm,mk,i->", [(3, 4, 5), (4, 2), (2, 3), (3, 5), (3,)]),
+        ("ii", [(6, 6)]),  # the implicit output is a scalar
+    ]
+    for subscripts, shapes in cases:
+        argmax_and_check(subscripts, network_values(rng, ring, dtype, shapes), ring)
+    _, assignment = argmax_and_check(",->", network_values(rng, ring, dtype, [(), ()]), ring)
+    assert assignment == {}
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_argmax_of_random_tensor_networks(ring: str, dtype: str, rng: np.random.Generator) -> None:
+    attained = 0
+    for _ in range(6):
+        subscripts, shapes = random_network(rng, int(rng.integers(8, 13)), int(rng.integers(7, 11)))
+        operands = network_values(rng, ring, dtype, shapes)
+        value, _ = argmax_and_check(subscripts, operands, ring)
+        attained += int(host(value) != SEMIRINGS[ring].zero(np.dtype(dtype)))
+    assert attained > 0  # most networks have some assignment avoiding the zeros
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+@pytest.mark.parametrize(("n", "edges", "size"), [(5, CYCLE5, 2), (10, PETERSEN, 4)])
+def test_argmax_finds_a_maximum_independent_set(
+    ring: str, dtype: str, n: int, edges: list[tuple[int, int]], size: int
+) -> None:
+    # Many ties: every maximum set attains the value; the assignment must be one of them.
+    subscripts, operands = independent_sets(n, edges, ring, dtype)
+    value, assignment = argmax_and_check(subscripts, operands, ring)
+    assert host(value).item() == (size if ring == "maxplus" else -size)
+    chosen = {v for v in range(n) if assignment[string.ascii_lowercase[v]] == 1}
+    assert len(chosen) == size
+    assert not any(u in chosen and v in chosen for u, v in edges)
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_argmax_of_a_network_whose_value_is_the_zero(ring: str, dtype: str) -> None:
+    zero = SEMIRINGS[ring].zero(np.dtype(dtype))
+    x = np.array([zero, 3, 4], dtype)
+    y = np.array([1, zero, zero], dtype)
+    value, assignment = argmax_and_check("i,i->", [x, y], ring)
+    assert host(value) == zero
+    a = np.full((3, 4), zero, dtype)
+    b = np.arange(20).reshape(4, 5).astype(dtype)
+    value, assignment = argmax_and_check("ij,jk->", [a, b], ring)
+    assert host(value) == zero
+    assert sorted(assignment) == ["i", "j", "k"]
+
+
+def test_argmax_needs_a_scalar_contraction_over_indices_that_are_not_empty() -> None:
+    import cupy
+
+    a, b = cupy.ones((3, 4), cupy.float32), cupy.ones((4, 5), cupy.float32)
+    for subscripts, output in (("ij,jk->ik", "ik"), ("ij,jk", "ik"), ("ij,jk->k", "k")):
+        message = (
+            f"einsum argmax=True backtracks a scalar contraction, and {subscripts!r} has output "
+            f"indices {output!r}; sum every index away ('...->') to find an assignment that "
+            "attains it"
+        )
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            tropical.einsum_sync(subscripts, a, b, argmax=True)
+    for subscripts, shapes, index in (("ij,jk->", [(2, 0), (0, 3)], "j"), ("i->", [(0,)], "i"),
+                                      ("ij,jk->", [(0, 2), (2, 3)], "i")):  # fmt: skip
+        arrays = [cupy.ones(s, cupy.float32) for s in shapes]
+        message = (
+            f"einsum index {index!r} has size 0: the sum is empty and no assignment attains it"
+        )
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            tropical.einsum_sync(subscripts, *arrays, argmax=True)
+        # Without the argmax, the empty sum is the zero.
+        assert host(tropical.einsum_sync(subscripts, *arrays)).item() == -np.inf
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_async_argmax(rng: np.random.Generator) -> None:
+    subscripts, shapes = random_network(rng, 10, 8)
+    operands = network_values(rng, "maxplus", "float32", shapes)
+    value, assignment = await tropical.einsum(
+        subscripts, *(gpu(x) for x in operands), semiring="maxplus", argmax=True
+    )
+    assert_same(value, reference.einsum(subscripts, *operands), subscripts)
+    check_assignment(subscripts, operands, "maxplus", host(value), assignment)

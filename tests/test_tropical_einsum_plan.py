@@ -1,0 +1,952 @@
+"""tropical.einsum_plan on the CPU: the views and copies of each step worked out by hand, paths
+(explicit, reused, refused), networks past 52 indices, reference.einsum along a path, every plan
+run step by step in NumPy over its own strided views, and the kernels a plan names compiled
+for sm_90 with real NVRTC."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import string
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import numpy as np
+import opt_einsum
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from aionvrtc import Compiler, tropical
+from aionvrtc.tropical import SEMIRINGS, EinsumPlan, _einsum, einsum_plan, reference
+from aionvrtc.tropical._contraction import Step, Term, View
+
+from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
+
+Array = np.ndarray[Any, Any]
+
+# -- helpers shared with test_tropical_einsum_gpu.py ------------------------------------------
+
+
+def relayout(
+    x: Array,
+    perm: Sequence[int],
+    flip: Sequence[bool],
+    gap: bool,
+    upload: Callable[[Array], Any] = np.asarray,
+) -> Any:
+    """A view holding ``x``'s values in another memory order: its axes stored in the order
+    ``perm``, those marked in ``flip`` reversed (negative strides), and with ``gap`` every
+    other element of the innermost stored axis skipped. ``upload`` moves the stored array to
+    where the view is taken (``cupy.asarray`` for the GPU)."""
+    x = np.asarray(x)
+    if x.ndim == 0:
+        return upload(np.array(x))
+    axes = tuple(slice(None, None, -1) if f else slice(None) for f in flip)
+    stored = np.ascontiguousarray(x[axes].transpose(list(perm)))
+    if gap:
+        padded = np.zeros((*stored.shape[:-1], 2 * stored.shape[-1]), stored.dtype)
+        padded[..., ::2] = stored
+        view = upload(padded)[..., ::2]
+    else:
+        view = upload(stored)
+    inverse = [list(perm).index(axis) for axis in range(x.ndim)]
+    return view.transpose(inverse)[axes]
+
+
+@st.composite
+def layouts(draw: st.DrawFn, ndim: int) -> tuple[list[int], list[bool], bool]:
+    """Arguments of ``relayout`` for an operand of ``ndim`` axes."""
+    perm = draw(st.permutations(range(ndim)))
+    flip = draw(st.lists(st.booleans(), min_size=ndim, max_size=ndim))
+    return list(perm), flip, ndim > 0 and draw(st.booleans())
+
+
+@st.composite
+def pair_paths(draw: st.DrawFn, count: int) -> list[tuple[int, ...]]:
+    """A random contraction order of ``count`` operands in opt_einsum's format: two live
+    operands at a time (in either order), the result joining the end of the list."""
+    if count == 1:
+        return [(0,)]
+    path: list[tuple[int, ...]] = []
+    for live in range(count, 1, -1):
+        i = draw(st.integers(0, live - 1))
+        j = draw(st.integers(0, live - 2))
+        path.append((i, j + (j >= i)))
+    return path
+
+
+def small_values(ring: str, x: Array) -> Array:
+    """``x`` with every value but the semiring's zero mapped into [-100, 100] (non-negative
+    for max-times): no sum of a few of them saturates, so the order of the (x)'s cannot
+    change a result. Max-times saturates associatively and and-or has nothing to map."""
+    if ring in ("maxmul", "andor") or x.dtype.kind != "i":
+        return x
+    zero = SEMIRINGS[ring].zero(x.dtype)
+    mapped = (x.astype(np.int64) % 201 - 100).astype(x.dtype)
+    return np.where(x == zero, zero, mapped)
+
+
+def _as_strided(x: Array, shape: Sequence[int], strides: Sequence[int]) -> Array:
+    return np.lib.stride_tricks.as_strided(
+        x, shape=tuple(shape), strides=tuple(s * x.itemsize for s in strides), writeable=False
+    )
+
+
+def _axes(x: Array, term: Term, sizes: dict[str, int]) -> Array:
+    """``x`` with one axis per index of ``term``, read with the strides the plan says."""
+    return _as_strided(x, [sizes[i] for i in term.indices], term.strides)
+
+
+def _read(x: Array, term: Term, view: View, sizes: dict[str, int]) -> Array:
+    if view.copy is not None:
+        x = np.ascontiguousarray(
+            _axes(x, term, sizes).transpose([term.indices.index(i) for i in view.copy])
+        )
+    return _as_strided(x, view.shape, view.strides)
+
+
+def run_plan(
+    plan: EinsumPlan,
+    ring: str,
+    arrays: Sequence[Array],
+    trace: list[tuple[Step, Array]] | None = None,
+) -> Array:
+    """``plan`` run as the GPU runs it, step by step on the steps' strided 3-D views (copied
+    first where the plan copies), each product by ``reference.matmul``: a plan that reads the
+    wrong elements anywhere gives a wrong result. With ``trace``, each step's argmax (the
+    kernels' rule: the smallest k attaining the value, -1 for the zero) is appended to it, as
+    the GPU einsum records it for ``backtrace``."""
+    semiring = SEMIRINGS[ring]
+    dtype = arrays[0].dtype
+    sizes = dict(plan.sizes)
+    shape = tuple(sizes[i] for i in plan.output)
+    if 0 in sizes.values():
+        return np.full(shape, semiring.zero(dtype), dtype)
+    # Operands by number: the inputs, then each step's result.
+    live: dict[int, tuple[Array, Term]] = dict(enumerate(zip(arrays, plan.terms, strict=True)))
+    for step in plan.steps:
+        chosen = [live.pop(i) for i in step.operands]
+        if step.second is None:
+            assert len(chosen) == 1
+            (x, term), k = chosen[0], step.first.shape[2]
+            first = _read(x, term, step.first, sizes)
+            ones = np.full(k, semiring.one(dtype), dtype)
+            second = _as_strided(ones, (1, k, 1), (0, 1, 1))
+        else:
+            assert len(chosen) == 2
+            if step.swapped:
+                chosen.reverse()
+            first = _read(*chosen[0], step.first, sizes)
+            second = _read(*chosen[1], step.second, sizes)
+        # The groups are what the views merge: batch, m, k (and k, n) in that order.
+        b, m, k, n = (math.prod(sizes[i] for i in g) for g in (step.batch, step.m, step.k, step.n))
+        if step.split is not None:  # K cut in parts, the batch index of the partials
+            assert step.batch == (step.split,)
+            k //= b
+        assert first.shape == (b, m, k), step
+        assert second.shape in ((b, k, n), (1, k, n)), step  # the ones broadcast over a batch
+        assert step.result == step.batch + step.m + step.n
+        if trace is None:
+            c = reference.matmul(first, second, ring)
+        else:
+            c, index = reference.matmul(first, second, ring, argmax=True)
+            trace.append((step, index))
+        c = np.ascontiguousarray(c)
+        result = c.reshape([sizes[i] for i in step.result])
+        strides = tuple(s // result.itemsize for s in result.strides)
+        live[step.number] = (result, Term(step.result, strides))
+    ((x, term),) = live.values()
+    order = [term.indices.index(i) for i in plan.output]
+    return _axes(x, term, sizes).transpose(order).copy()  # C order (a 0-d one stays 0-d)
+
+
+def random_operands(
+    rng: np.random.Generator, ring: str, dtype: Any, shapes: Sequence[tuple[int, ...]]
+) -> list[Array]:
+    """Small integer values (non-negative for max-times, booleans for and-or)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return [np.asarray(rng.random(s) < 0.6) for s in shapes]
+    low = 0 if ring == "maxmul" else -50
+    return [np.asarray(rng.integers(low, 50, size=s)).astype(dtype) for s in shapes]
+
+
+# -- argmax: networks and the check of an assignment -------------------------------------------
+
+ARGMAX_CASES = [
+    (r, d) for r in ("maxplus", "minplus") for d in ("float32", "float64", "int32", "int64")
+]
+
+
+def network_values(
+    rng: np.random.Generator, ring: str, dtype: Any, shapes: Sequence[tuple[int, ...]]
+) -> list[Array]:
+    """Small integers (any order of sums is exact, floats too), a tenth of them the
+    semiring's zero: entries no assignment may use unless the value is the zero."""
+    zero = SEMIRINGS[ring].zero(np.dtype(dtype))
+    out = []
+    for shape in shapes:
+        x = rng.integers(-20, 21, size=shape).astype(dtype)
+        out.append(np.where(rng.random(shape) < 0.1, zero, x).astype(dtype))
+    return out
+
+
+def check_assignment(
+    subscripts: str, operands: Sequence[Array], ring: str, value: Array, assignment: Any
+) -> None:
+    """``assignment`` names every index within its size, and unless ``value`` is the zero,
+    the operands' entries there are not the zero and sum to ``value`` (exact on the host)."""
+    inputs = subscripts.partition("->")[0].split(",")
+    sizes = {
+        c: n for t, x in zip(inputs, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
+    }
+    assert isinstance(assignment, dict)
+    assert sorted(assignment) == sorted(sizes), assignment
+    for index, at in assignment.items():
+        assert isinstance(at, int), (index, at)
+        assert 0 <= at < sizes[index], (index, at)
+    found = np.asarray(value)
+    assert found.shape == ()
+    zero = SEMIRINGS[ring].zero(found.dtype)
+    if found == zero:
+        return
+    entries = [x[tuple(assignment[c] for c in t)] for t, x in zip(inputs, operands, strict=True)]
+    assert all(e != zero for e in entries), (assignment, entries)
+    if found.dtype.kind == "f":
+        total: float = sum(float(e) for e in entries)
+        assert total == float(found), (assignment, entries)
+    else:
+        assert sum(int(e) for e in entries) == int(found), (assignment, entries)
+
+
+def random_network(
+    rng: np.random.Generator, count: int, indices: int
+) -> tuple[str, list[tuple[int, ...]]]:
+    """A scalar contraction of ``count`` tensors of one to three of ``indices`` indices
+    (sizes 2 or 3), each index in some tensor, the first tensor's first index repeated (a
+    diagonal)."""
+    letters = list(string.ascii_letters[:indices])
+    sizes = {c: int(rng.integers(2, 4)) for c in letters}
+    terms = [
+        "".join(rng.choice(letters, size=int(rng.integers(1, 4)), replace=False))
+        for _ in range(count)
+    ]
+    for c in letters:
+        if not any(c in t for t in terms):
+            terms[int(rng.integers(count))] += c
+    terms[0] = terms[0][0] + terms[0]
+    return ",".join(terms) + "->", [tuple(sizes[c] for c in t) for t in terms]
+
+
+def independent_sets(
+    n: int, edges: Sequence[tuple[int, int]], ring: str, dtype: Any
+) -> tuple[str, list[Array]]:
+    """The tropical network of the maximum independent set (max-plus: a vertex in the set
+    scores 1, an edge forbids both ends), or its negation (min-plus: -1, the minimum)."""
+    names = string.ascii_lowercase[:n]
+    zero = SEMIRINGS[ring].zero(np.dtype(dtype))
+    sign = 1 if ring == "maxplus" else -1
+    vertex = np.array([0, sign], dtype)
+    edge = np.array([[0, 0], [0, zero]], dtype)
+    subscripts = ",".join([*names, *(names[u] + names[v] for u, v in edges)]) + "->"
+    return subscripts, [vertex] * n + [edge] * len(edges)
+
+
+# -- copies, views and statistics worked out by hand --------------------------------------------
+
+
+def _dims(view: View | None) -> tuple[Any, ...] | None:
+    """A view's copy, shape, and strides where a dimension has more than one element (a
+    single element is read whatever the stride)."""
+    if view is None:
+        return None
+    strides = tuple(s if n > 1 else None for n, s in zip(view.shape, view.strides, strict=True))
+    return view.copy, view.shape, strides
+
+
+def _transposed(v: Array) -> Array:
+    return np.ascontiguousarray(v.T).T  # a transposed view: F order
+
+
+def _sliced(v: Array) -> Array:
+    big = np.zeros((2 * v.shape[0], 2 * v.shape[1]), v.dtype)
+    big[::2, 1::2] = v
+    return big[::2, 1::2]
+
+
+def _reversed(v: Array) -> Array:
+    return np.ascontiguousarray(v[:, ::-1])[:, ::-1]
+
+
+def _broadcast(v: Array) -> Array:
+    return np.broadcast_to(v[0], v.shape)  # rows of stride 0
+
+
+Operand = tuple[int, ...] | tuple[tuple[int, ...], Callable[[Array], Array]]
+
+ZERO_COPIES: list[tuple[str, list[Operand]]] = [
+    ("ij,jk->ik", [(3, 4), (4, 5)]),
+    ("ij,jk", [(3, 4), (4, 5)]),  # the implicit output
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("ij,jk->ik", [((3, 5), _transposed), ((5, 6), _transposed)]),
+    ("ij,jk->ik", [((3, 5), _transposed), (5, 6)]),
+    ("ij,kj->ik", [(3, 4), (5, 4)]),
+    ("ij,jk->ki", [(3, 4), (4, 5)]),  # the product swapped: C^T = B^T A^T
+    ("i,j->ij", [(3,), (4,)]),
+    ("ij,ij->ij", [(3, 4), (3, 4)]),
+    (",->", [(), ()]),
+    ("i,->i", [(3,), ()]),
+    ("ij->i", [(3, 4)]),
+    ("ii->", [(3, 3)]),
+    ("iij,jk->ik", [(3, 3, 4), (4, 5)]),
+    ("ij,jk->ik", [((4, 3), _sliced), ((3, 5), _reversed)]),
+    ("ij,jk->ik", [((3, 4), _broadcast), (4, 5)]),
+]
+
+
+@pytest.mark.parametrize(("subscripts", "operands"), ZERO_COPIES)
+def test_products_of_views_copy_nothing(subscripts: str, operands: list[Operand]) -> None:
+    rng = np.random.default_rng(1)
+    arrays = []
+    for operand in operands:
+        shape, make = operand if len(operand) == 2 and callable(operand[1]) else (operand, None)
+        (values,) = random_operands(rng, "maxplus", np.int64, [shape])
+        arrays.append(make(values) if make is not None else values)
+    plan = einsum_plan(subscripts, *arrays)
+    assert (plan.copies, plan.copied_elements, plan.final_copy) == (0, 0, False), str(plan)
+    assert all(v is None or v.copy is None for s in plan.steps for v in (s.first, s.second))
+    # The shapes alone plan the same way when the operands are C ordered.
+    if all(x.flags.c_contiguous for x in arrays):
+        assert einsum_plan(subscripts, *(x.shape for x in arrays)) == plan
+    # And the views read the right elements.
+    want = reference.einsum(subscripts, *arrays)
+    np.testing.assert_array_equal(run_plan(plan, "maxplus", arrays), want)
+
+
+def test_the_views_of_a_matmul_and_a_batched_matmul() -> None:
+    (step,) = einsum_plan("ij,jk->ik", (3, 4), (4, 5)).steps
+    assert (step.operands, step.subscripts, step.swapped) == ((0, 1), "ij,jk->ik", False)
+    assert (step.batch, step.m, step.k, step.n, step.result) == (
+        (),
+        ("i",),
+        ("j",),
+        ("k",),
+        ("i", "k"),
+    )
+    assert _dims(step.first) == (None, (1, 3, 4), (None, 4, 1))
+    assert _dims(step.second) == (None, (1, 4, 5), (None, 5, 1))
+
+    plan = einsum_plan("bij,bjk->bik", (2, 3, 4), (2, 4, 5))
+    (step,) = plan.steps
+    assert (step.batch, step.m, step.k, step.n) == (("b",), ("i",), ("j",), ("k",))
+    assert step.first == View(None, (2, 3, 4), (12, 4, 1))
+    assert step.second == View(None, (2, 4, 5), (20, 5, 1))
+    assert (plan.largest_intermediate, plan.products) == (2 * 3 * 5, 2 * 3 * 5 * 4)
+
+
+def test_the_views_of_transposed_operands_are_their_strides() -> None:
+    # F-ordered (3, 5) and (5, 6): i steps by 1 and j by 3; j by 1 and k by 5.
+    (step,) = einsum_plan("ij,jk->ik", np.ones((5, 3)).T, np.ones((6, 5)).T).steps
+    assert not step.swapped
+    assert _dims(step.first) == (None, (1, 3, 5), (None, 1, 3))
+    assert _dims(step.second) == (None, (1, 5, 6), (None, 1, 5))
+    # C = A B written as C^T = B^T A^T: both operands row-major, the result in the output's order.
+    (step,) = einsum_plan("ij,jk->ki", (3, 4), (4, 5)).steps
+    assert step.swapped
+    assert (step.m, step.k, step.n, step.result) == (("k",), ("j",), ("i",), ("k", "i"))
+    assert _dims(step.first) == (None, (1, 5, 4), (None, 1, 5))  # jk read as (k, j)
+    assert _dims(step.second) == (None, (1, 4, 3), (None, 1, 4))  # ij read as (j, i)
+
+
+def test_the_views_of_a_hadamard_product_a_diagonal_and_a_private_sum() -> None:
+    (step,) = einsum_plan("ij,ij->ij", (3, 4), (3, 4)).steps
+    assert step.batch == ("i", "j")  # both indices merge into one batch of 12
+    assert _dims(step.first) == _dims(step.second) == (None, (12, 1, 1), (1, None, None))
+    (step,) = einsum_plan("ij->i", (3, 4)).steps
+    assert (step.operands, step.second, step.m, step.k) == ((0,), None, ("i",), ("j",))
+    assert _dims(step.first) == (None, (1, 3, 4), (None, 4, 1))
+    # The trace: the diagonal steps by 3 + 1 elements.
+    (step,) = einsum_plan("ii->", (3, 3)).steps
+    assert (step.k, _dims(step.first)) == (("i",), (None, (1, 1, 3), (None, None, 4)))
+    (step,) = einsum_plan("iij,jk->ik", (3, 3, 4), (4, 5)).steps
+    assert _dims(step.first) == (None, (1, 3, 4), (None, 16, 1))
+
+
+def test_operands_no_view_reads_are_copied() -> None:
+    # abc (2, 3, 4) and cba (4, 3, 2) contract a and c, keeping b: in cba, b sits between c and
+    # a, in abc between a and c, so neither reads (a, c) as one dimension.
+    plan = einsum_plan("abc,cba->b", (2, 3, 4), (4, 3, 2))
+    assert plan.copies == 2
+    assert plan.copied_elements == 24 + 24
+    assert not plan.final_copy
+    (step,) = plan.steps
+    assert (step.batch, step.m, step.k, step.n) == (("b",), (), ("a", "c"), ())
+    assert _dims(step.first) == (("b", "a", "c"), (3, 1, 8), (8, None, 1))
+    assert _dims(step.second) == (("b", "a", "c"), (3, 8, 1), (8, 1, None))
+    assert str(plan) == (
+        "einsum abc,cba->b: 1 step(s), largest intermediate 3 elements, 24 products, "
+        "2 copies (48 elements)\n  (0, 1) abc,cba->b: batch 3 x 1 x 1 over 8, 2 copied"
+    )
+    # Nothing to contract: the result is a new array, one copy in the output's order.
+    for subscripts, shape, elements in (("ij->ji", (3, 4), 12), ("ii->i", (3, 3), 3),
+                                        ("ij->ij", (3, 4), 12), ("ji", (3, 4), 12)):  # fmt: skip
+        plan = einsum_plan(subscripts, shape)
+        assert (plan.steps, plan.final_copy) == ((), True), subscripts
+        assert (plan.copies, plan.copied_elements) == (1, elements), subscripts
+    # Both stored with b outermost (as bac): each reads (a, c) as one dimension, in place.
+    stored = np.ones((3, 2, 4))  # b, a, c
+    plan = einsum_plan("abc,cba->b", stored.transpose(1, 0, 2), stored.transpose(2, 0, 1))
+    assert plan.copies == 0
+    assert _dims(plan.steps[0].first) == (None, (3, 1, 8), (8, None, 1))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_plans_with_copies_compute_the_contraction(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cases: list[tuple[str, list[tuple[int, ...]], int | None]] = [
+        ("abc,cba->b", [(2, 3, 4), (4, 3, 2)], 2),
+        ("ab,bc,cd,de,ea->", [(2, 3), (3, 4), (4, 2), (2, 3), (3, 2)], 1),
+        ("ij->ji", [(3, 4)], 1),
+        ("abcd,dcba->ad", [(2, 3, 2, 3), (3, 2, 3, 2)], None),
+    ]
+    for subscripts, shapes, copies in cases:
+        operands = random_operands(rng, "maxplus", np.int32, shapes)
+        plan = einsum_plan(subscripts, *operands)
+        if copies is not None:
+            assert plan.copies == copies, str(plan)
+        assert plan.copies > 0
+        want = reference.einsum(subscripts, *operands)
+        np.testing.assert_array_equal(run_plan(plan, "maxplus", operands), want)
+
+
+def test_statistics_of_a_chain_along_two_paths() -> None:
+    shapes = [(3, 4), (4, 5), (5, 6)]
+    right = einsum_plan("ij,jk,kl->il", *shapes, optimize=[(1, 2), (0, 1)])
+    assert right.path == ((1, 2), (0, 1))
+    assert [s.subscripts for s in right.steps] == ["jk,kl->jl", "ij,jl->il"]
+    assert [s.operands for s in right.steps] == [(1, 2), (0, 3)]  # 3: the first step's result
+    # jk,kl: 4 x 6 results over 5; ij,jl: 3 x 6 over 4.
+    assert (right.largest_intermediate, right.products) == (24, 24 * 5 + 18 * 4)
+    assert right.shapes() == shapes
+    assert str(right) == (
+        "einsum ij,jk,kl->il: 2 step(s), largest intermediate 24 elements, 192 products, "
+        "0 copies (0 elements)\n"
+        "  (1, 2) jk,kl->jl: batch 1 x 4 x 6 over 5\n"
+        "  (0, 3) ij,jl->il: batch 1 x 3 x 6 over 4"
+    )
+    left = einsum_plan("ij,jk,kl->il", *shapes, optimize=[(0, 1), (0, 1)])
+    assert (left.largest_intermediate, left.products) == (18, 15 * 4 + 18 * 5)
+    assert einsum_plan("ij,jk,kl->il", *shapes).products == 150  # the cheaper one
+    empty = einsum_plan("ij,jk->ik", (3, 0), (0, 4))
+    assert (empty.products, empty.largest_intermediate, empty.copies) == (0, 12, 0)
+
+
+SIZE_0 = [
+    ("ab,->ab", [(2, 0), ()]),
+    ("abc,c->ab", [(2, 0, 3), (3,)]),
+    ("abc,c->ba", [(2, 0, 3), (3,)]),
+    ("ab,bc->ac", [(2, 0), (0, 3)]),
+    ("ab,bc->", [(0, 2), (2, 3)]),
+    ("ab->a", [(2, 0)]),
+    ("ab->", [(0, 0)]),
+]
+
+
+@pytest.mark.parametrize(("subscripts", "shapes"), SIZE_0)
+def test_size_0_indices_are_planned(subscripts: str, shapes: list[tuple[int, ...]]) -> None:
+    # An empty sum is the zero and an empty result has no cells; the plan exists all the same
+    # (einsum fills its result without launching it). A size-0 index merged with another
+    # into one dimension of a view must not make the view impossible.
+    plan = einsum_plan(subscripts, *shapes)
+    operands = [np.zeros(s, np.int32) for s in shapes]
+    want = reference.einsum(subscripts, *operands)
+    np.testing.assert_array_equal(run_plan(plan, "maxplus", operands), want)
+    along = reference.einsum(subscripts, *operands, path=plan.path)
+    assert along.shape == want.shape
+    np.testing.assert_array_equal(along, want)
+
+
+# -- paths ------------------------------------------------------------------------------------
+
+CHAIN = "ij,jk,kl->il"
+CHAIN_SHAPES = [(3, 4), (4, 5), (5, 6)]
+
+
+@pytest.mark.parametrize(
+    "optimize",
+    ["auto", "greedy", "optimal", "dp", "branch-all", "random-greedy",
+     opt_einsum.DynamicProgramming(), [(1, 2), (0, 1)], [[0, 2], [0, 1]], ((2, 0), (1, 0))],
+)  # fmt: skip
+def test_strategies_optimizers_and_paths_give_plans_that_compute_the_chain(optimize: Any) -> None:
+    operands = random_operands(np.random.default_rng(2), "minplus", np.int64, CHAIN_SHAPES)
+    plan = einsum_plan(CHAIN, *operands, optimize=optimize)
+    assert len(plan.steps) == 2
+    if isinstance(optimize, list | tuple):
+        assert plan.path == tuple(tuple(p) for p in optimize)
+    want = reference.einsum(CHAIN, *operands, semiring="minplus")
+    np.testing.assert_array_equal(run_plan(plan, "minplus", operands), want)
+    along = reference.einsum(CHAIN, *operands, semiring="minplus", path=plan.path)
+    np.testing.assert_array_equal(along, want)
+
+
+def _exactly(message: str) -> str:
+    return "^" + re.escape(message) + "$"
+
+
+def _strategy(optimize: str) -> str:
+    return "^" + re.escape(
+        f"optimize={optimize} is not an opt_einsum strategy, optimizer or path for 3 operands: "
+    )
+
+
+@pytest.mark.parametrize(
+    ("optimize", "pattern"),
+    [
+        ("nonsense", _strategy("'nonsense'") + ".*nonsense"),
+        (42, _strategy("42")),
+        ([(0, 0), (0, 1)], _exactly(
+            "optimize: path step 0 (0, 0) does not name one or two of the 3 operands left "
+            "(positions 0 to 2)")),
+        ([(0, 1, 2)], _exactly(
+            "optimize: path step 0 (0, 1, 2) does not name one or two of the 3 operands left "
+            "(positions 0 to 2)")),
+        # A position past the live operands: a ValueError naming the step (not opt_einsum's
+        # IndexError "pop index out of range").
+        ([(0, 5)], r"^optimize.*\(0, 5\)"),
+        ([(0, 1), (0, 1), (0, 1)], r"^optimize.*\(0, 1\)"),
+        # Paths that stop early: how many operands they leave.
+        ([(0, 1)], _exactly(
+            "optimize: the path leaves 2 operands, not one; a path contracts until one is left")),
+        ([], _exactly(
+            "optimize: the path leaves 3 operands, not one; a path contracts until one is left")),
+    ],
+)  # fmt: skip
+def test_a_bad_optimize_is_refused_with_what_is_wrong(optimize: Any, pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        einsum_plan(CHAIN, *CHAIN_SHAPES, optimize=optimize)
+
+
+def test_a_single_operand_step_moves_its_operand_to_the_end() -> None:
+    # opt_einsum's convention, which reference.einsum(path=) follows: a step's operands leave
+    # the list and its result joins the end, also for one operand with nothing to sum. So
+    # after (0,) the list is jk, kl, ij, and (0, 1) contracts jk with kl.
+    plan = einsum_plan(CHAIN, *CHAIN_SHAPES, optimize=[(0,), (0, 1), (0, 1)])
+    assert plan.path == ((0,), (0, 1), (0, 1))
+    assert [s.subscripts.partition("->")[0] for s in plan.steps] in (
+        ["jk,kl", "ij,jl"],
+        ["jk,kl", "ij,lj"],
+    ), str(plan)
+
+
+def test_a_plan_is_reused_for_operands_of_its_shapes() -> None:
+    plan = einsum_plan(CHAIN, *CHAIN_SHAPES, optimize=[(1, 2), (0, 1)])
+    assert einsum_plan(CHAIN, *CHAIN_SHAPES, optimize=plan) is plan
+    assert einsum_plan(CHAIN, *(np.zeros(s) for s in CHAIN_SHAPES), optimize=plan) is plan
+    assert einsum_plan("ij,jk,kl", *CHAIN_SHAPES, optimize=plan) is plan  # the same output
+    # Other strides: planned again along the same path.
+    operands = random_operands(np.random.default_rng(3), "maxplus", np.int32, CHAIN_SHAPES)
+    transposed = [relayout(x, [1, 0], [False, False], False) for x in operands]
+    again = einsum_plan(CHAIN, *transposed, optimize=plan)
+    assert again is not plan
+    assert again.path == plan.path
+    assert [t.strides for t in again.terms] == [(1, 3), (1, 4), (1, 5)]
+    np.testing.assert_array_equal(
+        run_plan(again, "maxplus", transposed), reference.einsum(CHAIN, *operands)
+    )
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "shapes", "message"),
+    [
+        ("ij,jk,kl->li", CHAIN_SHAPES, f"optimize is a plan for {CHAIN!r}, not 'ij,jk,kl->li'; "
+         "make one with einsum_plan for these subscripts"),
+        ("ij,jk,km->im", CHAIN_SHAPES, f"optimize is a plan for {CHAIN!r}, not 'ij,jk,km->im'"),
+        (CHAIN, [(3, 4), (4, 5), (5, 7)], "optimize is a plan for shapes [(3, 4), (4, 5), (5, 6)], "
+         "not [(3, 4), (4, 5), (5, 7)]; make one with einsum_plan for these operands"),
+    ],
+)  # fmt: skip
+def test_a_plan_for_other_subscripts_or_shapes_is_refused(
+    subscripts: str, shapes: list[tuple[int, ...]], message: str
+) -> None:
+    plan = einsum_plan(CHAIN, *CHAIN_SHAPES)
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        einsum_plan(subscripts, *shapes, optimize=plan)
+
+
+@pytest.mark.parametrize(
+    ("operands", "error", "message"),
+    [
+        (["ab", (2, 3)], TypeError, "einsum operand 0 must be an array (cupy, numpy) or a shape "
+         "tuple, not str"),
+        ([(2, -1), (3, 2)], ValueError,
+         "einsum operand 0: a shape has no negative sizes, got (2, -1)"),
+        ([(2, 3), (4, 2)], ValueError,
+         "einsum index 'j' has size 3 in operand 0 and 4 in operand 1"),
+        ([(2, 3)], ValueError, "einsum subscripts 'ij,jk->ik' name 2 operand(s) but 1 were given"),
+    ],
+)  # fmt: skip
+def test_operands_that_cannot_be_planned(
+    operands: list[Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match="^" + re.escape(message)):
+        einsum_plan("ij,jk->ik", *operands)
+
+
+# -- networks past 52 indices -----------------------------------------------------------------
+
+
+def test_a_chain_of_60_matrices_past_the_ascii_letters() -> None:
+    symbols = [opt_einsum.get_symbol(i) for i in range(61)]
+    assert not all(s.isascii() for s in symbols)  # past 52: À, Á, ...
+    subscripts = (
+        ",".join(symbols[i] + symbols[i + 1] for i in range(60)) + "->" + symbols[0] + symbols[60]
+    )
+    rng = np.random.default_rng(60)
+    sizes = rng.integers(1, 4, size=61)
+    shapes = [(int(sizes[i]), int(sizes[i + 1])) for i in range(60)]
+    for ring, dtype in (("maxplus", np.int64), ("minplus", np.float64), ("maxmul", np.int32)):
+        matrices = random_operands(rng, ring, dtype, shapes)
+        if ring == "maxmul":
+            # Products of up to 2**60 saturate, which for non-negative factors is associative.
+            matrices = [np.minimum(m, 2).astype(dtype) for m in matrices]
+        plan = einsum_plan(subscripts, *matrices)
+        assert len(plan.steps) == 59
+        assert plan.sizes == {s: int(n) for s, n in zip(symbols, sizes, strict=True)}
+        chain = matrices[0]
+        for m in matrices[1:]:
+            chain = reference.matmul(chain, m, ring)
+        along = reference.einsum(subscripts, *matrices, semiring=ring, path=plan.path)
+        np.testing.assert_array_equal(along, chain, err_msg=ring)
+        np.testing.assert_array_equal(run_plan(plan, ring, matrices), chain, err_msg=ring)
+        np.testing.assert_array_equal(reference.einsum(subscripts, *matrices, semiring=ring), chain)
+        # The implicit output: the two ends, sorted by character (a < À).
+        implicit = reference.einsum(subscripts.partition("->")[0], *matrices, semiring=ring)
+        np.testing.assert_array_equal(implicit, chain)
+
+
+# -- reference.einsum along a path ------------------------------------------------------------
+
+INTEGER_CASES = [(s, d) for s, d in CASES if np.dtype(d).kind in "ib"]
+
+
+@pytest.mark.parametrize(
+    ("ring", "dtype"), INTEGER_CASES, ids=[f"{s}-{d}" for s, d in INTEGER_CASES]
+)
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(data=st.data())
+def test_reference_along_a_path_equals_reference(
+    ring: str, dtype: Any, data: st.DataObject
+) -> None:
+    subscripts, operands = data.draw(expressions(ring, np.dtype(dtype)))
+    assume(all(x.size for x in operands))  # size 0: test_size_0_indices_are_planned
+    operands = [small_values(ring, x) for x in operands]
+    if data.draw(st.booleans(), label="planned"):
+        path = list(einsum_plan(subscripts, *operands).path)
+    else:
+        path = data.draw(pair_paths(len(operands)), label="path")
+    want = reference.einsum(subscripts, *operands, semiring=ring)
+    got = reference.einsum(subscripts, *operands, semiring=ring, path=path)
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ([(0, 5)], "einsum path step 0 (0, 5) names no live operands"),
+        ([(0, 1), (0, 2)], "einsum path step 1 (0, 2) names no live operands"),
+        ([(-1, 0)], "einsum path step 0 (-1, 0) names no live operands"),
+        ([()], "einsum path step 0 () names no live operands"),
+        ([(0, 1)], "einsum path leaves 2 operands, not one"),
+        ([], "einsum path leaves 3 operands, not one"),
+    ],
+)
+def test_reference_refuses_a_bad_path(path: list[tuple[int, ...]], message: str) -> None:
+    operands = [np.ones(s) for s in CHAIN_SHAPES]
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        reference.einsum(CHAIN, *operands, path=path)
+
+
+# -- every plan, run in NumPy -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(data=st.data())
+def test_every_plan_reads_what_its_steps_say(ring: str, dtype: Any, data: st.DataObject) -> None:
+    # Operands in any memory order (transposed, reversed, with gaps), along any path: the plan
+    # run in NumPy equals the reference contracted along the same path, exactly (the same
+    # products in the same order, and summing an index early is exact: x -> x (x) c is monotone).
+    subscripts, operands = data.draw(expressions(ring, np.dtype(dtype)))
+    assume(all(x.size for x in operands))  # size 0: test_size_0_indices_are_planned
+    arrays = [relayout(x, *data.draw(layouts(x.ndim), label="layout")) for x in operands]
+    for x, y in zip(operands, arrays, strict=True):
+        np.testing.assert_array_equal(x, y)
+    optimize = data.draw(
+        st.one_of(st.sampled_from(["auto", "greedy", "optimal"]), pair_paths(len(arrays))),
+        label="optimize",
+    )
+    plan = einsum_plan(subscripts, *arrays, optimize=optimize)
+    if isinstance(optimize, list):
+        assert plan.path == tuple(optimize)
+    want = reference.einsum(subscripts, *operands, semiring=ring, path=plan.path)
+    got = run_plan(plan, ring, arrays)
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    np.testing.assert_array_equal(got, want)
+    # The same plan for C-ordered operands of these shapes: the same path.
+    again = einsum_plan(subscripts, *(x.shape for x in operands), optimize=plan)
+    assert again.path == plan.path
+    np.testing.assert_array_equal(run_plan(again, ring, operands), want)
+
+
+# -- the argmax's backtrace, on the host ------------------------------------------------------
+
+
+@pytest.fixture
+def host_backtrace(monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict[str, int]]:
+    """tropical's own backtrace, run on a trace of NumPy argmaxes (run_plan's): CuPy's device
+    context and the stream's wait are all it asks of the GPU."""
+    device = SimpleNamespace(cuda=SimpleNamespace(Device=lambda number: contextlib.nullcontext()))
+    monkeypatch.setattr(_einsum, "cupy_module", lambda: device)
+    stream = SimpleNamespace(synchronize=lambda: None)
+
+    def run(plan: EinsumPlan, trace: list[tuple[Step, Array]]) -> dict[str, int]:
+        return _einsum.backtrace(plan, trace, device=0, stream=stream)
+
+    return run
+
+
+def _value_and_assignment(
+    subscripts: str,
+    operands: Sequence[Array],
+    ring: str,
+    backtrace: Callable[..., dict[str, int]],
+    optimize: Any = "auto",
+) -> tuple[Array, dict[str, int]]:
+    plan = einsum_plan(subscripts, *operands, optimize=optimize)
+    trace: list[tuple[Step, Array]] = []
+    value = run_plan(plan, ring, operands, trace)
+    assert [step for step, _ in trace] == list(plan.steps)
+    np.testing.assert_array_equal(value, reference.einsum(subscripts, *operands, semiring=ring))
+    assignment = backtrace(plan, trace)
+    check_assignment(subscripts, operands, ring, value, assignment)
+    return value, assignment
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_the_backtrace_of_random_networks_attains_their_value(
+    ring: str, dtype: str, host_backtrace: Callable[..., dict[str, int]]
+) -> None:
+    rng = np.random.default_rng(list(SEMIRINGS).index(ring) * 10 + len(dtype))
+    attained = 0
+    for _ in range(30):
+        subscripts, shapes = random_network(rng, int(rng.integers(8, 13)), int(rng.integers(7, 11)))
+        operands = network_values(rng, ring, dtype, shapes)
+        value, _ = _value_and_assignment(subscripts, operands, ring, host_backtrace)
+        attained += int(value != SEMIRINGS[ring].zero(np.dtype(dtype)))
+    assert attained >= 20
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+@pytest.mark.parametrize(("n", "edges", "size"), [(5, CYCLE5, 2), (10, PETERSEN, 4)])
+def test_the_backtrace_finds_a_maximum_independent_set(
+    ring: str,
+    dtype: str,
+    n: int,
+    edges: list[tuple[int, int]],
+    size: int,
+    host_backtrace: Callable[..., dict[str, int]],
+) -> None:
+    subscripts, operands = independent_sets(n, edges, ring, dtype)
+    value, assignment = _value_and_assignment(subscripts, operands, ring, host_backtrace)
+    assert value.item() == (size if ring == "maxplus" else -size)
+    chosen = {v for v in range(n) if assignment[string.ascii_lowercase[v]] == 1}
+    assert len(chosen) == size
+    assert not any(u in chosen and v in chosen for u, v in edges)
+
+
+def test_long_sums_over_few_outputs_are_cut_in_parts() -> None:
+    """A product of few outputs over a long K would run on a few blocks (a scalar: one), so K
+    is cut: partial products as a batch over a split index, then their sum."""
+    plan = einsum_plan("ab,ab->", (128, 128), (128, 128))
+    partials, total = plan.steps
+    assert partials.split is not None
+    assert partials.batch == (partials.split,)
+    assert (partials.first.shape, partials.first.strides) == ((8, 1, 2048), (2048, 1, 1))
+    assert (partials.second.shape, partials.second.strides) == ((8, 2048, 1), (2048, 1, 1))
+    assert (total.operands, total.k, total.second) == ((partials.number,), (partials.split,), None)
+    assert plan.sizes[partials.split] == 8
+    assert partials.split not in "".join(plan.inputs)
+    # Outputs of their own: cut too, the sum of the parts keeping them.
+    plan = einsum_plan("ka,kb->ab", (1 << 14, 2), (1 << 14, 2))
+    partials, total = plan.steps
+    assert partials.first.shape == (8, 2, 2048)
+    assert total.result == ("a", "b")
+    # Too short, or enough outputs to fill the GPU: one product.
+    assert len(einsum_plan("ab,ab->", (64, 64), (64, 64)).steps) == 1
+    assert len(einsum_plan("ka,kb->ab", (1 << 14, 1024), (1 << 14, 1024)).steps) == 1
+    rng = np.random.default_rng(11)
+    for ring, dtype in (("maxplus", "int32"), ("minplus", "float64"), ("andor", "bool")):
+        for subscripts, shapes in (
+            ("ab,ab->", [(128, 128), (128, 128)]),
+            ("ka,kb->ba", [(1 << 14, 2), (1 << 14, 3)]),
+            ("ijk->j", [(32, 2, 256)]),
+        ):
+            operands = network_values(rng, ring, dtype, shapes)
+            plan = einsum_plan(subscripts, *operands)
+            assert any(step.split for step in plan.steps), subscripts
+            np.testing.assert_array_equal(
+                run_plan(plan, ring, operands),
+                reference.einsum(subscripts, *operands, semiring=ring),
+            )
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_the_backtrace_of_small_networks(
+    ring: str, dtype: str, host_backtrace: Callable[..., dict[str, int]]
+) -> None:
+    rng = np.random.default_rng(7)
+    cases: list[tuple[str, list[tuple[int, ...]]]] = [
+        ("ij,jk,ki->", [(4, 5), (5, 3), (3, 4)]),
+        ("bij,bjk->", [(3, 7, 9), (3, 9, 5)]),
+        ("ii->", [(9, 9)]),
+        ("iij,jk->", [(5, 5, 7), (7, 6)]),
+        ("abc,cba->", [(2, 3, 4), (4, 3, 2)]),  # with copies
+        ("ab,bc,cd,de,ea->", [(3, 4), (4, 5), (5, 3), (3, 4), (4, 3)]),
+        ("ii", [(6, 6)]),
+        # Long sums, cut in parts (see the test below): the winner's part, then its offset.
+        ("ab,ab->", [(128, 128), (128, 128)]),
+        ("ijk->", [(32, 64, 8)]),
+    ]
+    for subscripts, shapes in cases:
+        _value_and_assignment(
+            subscripts, network_values(rng, ring, dtype, shapes), ring, host_backtrace
+        )
+    _, assignment = _value_and_assignment(
+        ",->", network_values(rng, ring, dtype, [(), ()]), ring, host_backtrace
+    )
+    assert assignment == {}
+    # The value is the zero: any assignment, within the sizes.
+    zero = SEMIRINGS[ring].zero(np.dtype(dtype))
+    x, y = np.array([zero, 3, 4], dtype), np.array([1, zero, zero], dtype)
+    value, assignment = _value_and_assignment("i,i->", [x, y], ring, host_backtrace)
+    assert value == zero
+    assert 0 <= assignment["i"] < 3
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_backtrace_of_generated_contractions(
+    ring: str, dtype: str, data: st.DataObject
+) -> None:
+    # Generated subscripts summed to a scalar, operands in any memory order, along any path.
+    with pytest.MonkeyPatch.context() as patch:
+        device = SimpleNamespace(cuda=SimpleNamespace(Device=lambda n: contextlib.nullcontext()))
+        patch.setattr(_einsum, "cupy_module", lambda: device)
+        stream = SimpleNamespace(synchronize=lambda: None)
+        subscripts, drawn = data.draw(expressions(ring, np.dtype(dtype)))
+        assume(all(x.size for x in drawn))  # argmax=True refuses a size-0 index
+        subscripts = subscripts.partition("->")[0] + "->"
+        seed = data.draw(st.integers(0, 1 << 32), label="seed")
+        values = network_values(np.random.default_rng(seed), ring, dtype, [x.shape for x in drawn])
+        arrays = [relayout(x, *data.draw(layouts(x.ndim), label="layout")) for x in values]
+        optimize = data.draw(st.one_of(st.just("auto"), pair_paths(len(arrays))), label="optimize")
+        _value_and_assignment(
+            subscripts,
+            arrays,
+            ring,
+            lambda plan, trace: _einsum.backtrace(plan, trace, device=0, stream=stream),
+            optimize,
+        )
+
+
+def test_einsum_refuses_what_it_can_tell_without_a_gpu() -> None:
+    a = np.ones((2, 3), np.float32)
+    numpy_operand = (
+        "einsum operand 0 must be a cupy.ndarray, not numpy.ndarray: move it with cupy.asarray(...)"
+    )
+    with pytest.raises(TypeError, match=_exactly(numpy_operand)):
+        tropical.einsum_sync("ij,jk->ik", a, a.T)
+    with pytest.raises(TypeError, match=_exactly(numpy_operand)):
+        anyio.run(lambda: tropical.einsum("ij->i", a))
+    with pytest.raises(ValueError, match=_exactly("einsum needs at least one operand")):
+        tropical.einsum_sync("")
+    with pytest.raises(ValueError, match=_exactly(
+        "semiring must be one of maxplus, minplus, maxmul, andor, got 'plusmax'"
+    )):  # fmt: skip
+        tropical.einsum_sync("ij->i", a, semiring="plusmax")
+
+
+# -- kernels ----------------------------------------------------------------------------------
+
+
+def test_kernel_specs_name_the_kernels_of_the_steps() -> None:
+    # jk,lk->jl reads lk with unit stride along k, not along l: the strided kernel. Then
+    # ij,jl->il is a tall row-major product with K = 8: the skinny kernel, or with an argmax,
+    # a tuned tile.
+    plan = einsum_plan("ij,jk,lk->il", (4096, 8), (8, 8), (5, 8))
+    assert [s.subscripts for s in plan.steps] == ["jk,lk->jl", "ij,jl->il"]
+    f4 = np.dtype("float32")
+    strided = tropical.gemm_spec("maxplus", f4, argmax=False, accumulate=False, layout="strided")
+    assert plan.kernel_specs() == [strided, tropical.kernel_spec(4096, 5, 8)]
+    names = [s.name_expressions[0] for s in plan.kernel_specs()]
+    assert names == ["tropical_gemm<float, MaxPlus, false, false, false>",
+                     "tropical_gemm_rows<float, FastMaxPlus, false, 8>"]  # fmt: skip
+    argmax = plan.kernel_specs("maxplus", "float32", argmax=True)
+    assert argmax == [
+        tropical.gemm_spec("maxplus", f4, argmax=True, accumulate=False, layout="strided"),
+        tropical.kernel_spec(4096, 5, 8, argmax=True),
+    ]
+    assert argmax[1].name_expressions[0].startswith("tropical_gemm_tiled<float, FastMaxPlus, true,")
+    i8 = plan.kernel_specs("minplus", np.int64)
+    assert [s.name_expressions[0].partition("<")[2].split(", ")[:2] for s in i8] == [
+        ["long long", "MinPlus"], ["long long", "FastMinPlus"]
+    ]  # fmt: skip
+    # Two steps of one kernel name it once.
+    square = einsum_plan("ij,jk,kl->il", (64, 64), (64, 64), (64, 64), optimize=[(0, 1), (0, 1)])
+    assert square.kernel_specs() == [tropical.kernel_spec(64, 64, 64)]
+    assert einsum_plan("ij->ji", (3, 4)).kernel_specs() == []  # a copy launches no product
+    with pytest.raises(ValueError, match=r"^dtype is float32; andor takes bool$"):
+        plan.kernel_specs("andor", "float32")
+    with pytest.raises(
+        ValueError, match=r"^semiring must be one of maxplus, minplus, maxmul, andor"
+    ):
+        plan.kernel_specs("plusmax")
+
+
+def test_kernel_specs_compile_for_sm_90_through_the_service(cache_dir: Path) -> None:
+    plan = einsum_plan("ij,jk,lk->il", (4096, 8), (8, 8), (5, 8))
+    specs = [
+        *plan.kernel_specs(),
+        *plan.kernel_specs(argmax=True),
+        *plan.kernel_specs("andor", "bool"),
+    ]
+    templates = [s.name_expressions[0].partition("<")[0] for s in specs]
+    assert templates == ["tropical_gemm", "tropical_gemm_rows", "tropical_gemm",
+                         "tropical_gemm_tiled", "tropical_gemm", "tropical_gemm"]  # fmt: skip
+    assert len(set(specs)) == 6
+
+    async def main() -> tuple[list[Any], Any]:
+        async with Compiler(arch="sm_90", cache_dir=cache_dir, concurrency=2) as compiler:
+            artifacts: list[Any] = [None] * len(specs)
+
+            async def one(i: int) -> None:
+                artifacts[i] = await compiler.compile(specs[i])
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(specs)):
+                    tg.start_soon(one, i)
+            return artifacts, compiler.stats()
+
+    artifacts, stats = anyio.run(main)
+    assert stats.compiles == len(specs)
+    for spec, artifact in zip(specs, artifacts, strict=True):
+        assert artifact.kind == "cubin"
+        assert artifact.image[:4] == b"\x7fELF"
+        assert set(artifact.lowered_names) == {spec.name_expressions[0]}
