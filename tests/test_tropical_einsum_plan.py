@@ -778,6 +778,7 @@ def test_long_sums_over_few_outputs_are_cut_in_parts() -> None:
     assert partials.split is not None
     assert partials.batch == (partials.split,)
     assert (partials.first.shape, partials.first.strides) == ((8, 1, 2048), (2048, 1, 1))
+    assert partials.second is not None
     assert (partials.second.shape, partials.second.strides) == ((8, 2048, 1), (2048, 1, 1))
     assert (total.operands, total.k, total.second) == ((partials.number,), (partials.split,), None)
     assert plan.sizes[partials.split] == 8

@@ -15,7 +15,7 @@ import functools
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -93,6 +93,8 @@ class EinsumPlan:
     terms: tuple[Term, ...]  # the inputs as planned
     steps: tuple[Step, ...]
     final_copy: bool  # the result's order is not the output's: one more copy at the end
+    # The arrays' (shape, byte strides) it was planned for (not part of what it does).
+    layouts: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = field(default=(), compare=False)
 
     @property
     def copies(self) -> int:
@@ -134,6 +136,16 @@ class EinsumPlan:
         for step in self.steps:
             found[step_spec(step, ring, kind, argmax=argmax, table=None)] = None
         return list(found)
+
+    def planned_for(self, subscripts: str, operands: Sequence[Any]) -> bool:
+        """Whether the plan was made for these subscripts and operands' shapes and strides:
+        a check in O(operands) for each run of a reused plan (re-planning is O(indices))."""
+        if subscripts != self.subscripts or len(operands) != len(self.layouts):
+            return False
+        return all(
+            getattr(x, "shape", None) == shape and getattr(x, "strides", None) == strides
+            for x, (shape, strides) in zip(operands, self.layouts, strict=True)
+        )
 
     def shapes(self) -> list[tuple[int, ...]]:
         """The input shapes the plan is for."""
@@ -207,6 +219,8 @@ def einsum_plan(subscripts: str, *operands: Any, optimize: Any = "auto") -> Eins
     name ("auto", "greedy", "random-greedy", "optimal", ...), an opt_einsum PathOptimizer (a
     cotengra HyperOptimizer is one, for networks of hundreds of tensors), an explicit path
     (opt_einsum's format, ``[(0, 1), (0, 1)]``), or an EinsumPlan for the same shapes."""
+    if isinstance(optimize, EinsumPlan) and optimize.planned_for(subscripts, operands):
+        return optimize
     inputs, output = parse_subscripts(subscripts, len(operands))
     shaped = [_Shaped.of(x, i) for i, x in enumerate(operands)]
     sizes = index_sizes(inputs, shaped)
@@ -227,9 +241,14 @@ def einsum_plan(subscripts: str, *operands: Any, optimize: Any = "auto") -> Eins
         path = optimize.path
     else:
         path = _path(tuple(inputs), output, tuple(sorted(sizes.items())), optimize)
-    return _program(
+    planned = _program(
         subscripts, inputs=inputs, output=output, sizes=sizes, strides=strides, path=path
     )
+    # Arrays' byte strides, as a later run compares them (a shape tuple has none: re-checked).
+    layouts = tuple(
+        (tuple(x.shape), tuple(x.strides)) if hasattr(x, "strides") else ((), ()) for x in operands
+    )
+    return dataclasses.replace(planned, layouts=layouts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,8 +309,16 @@ def _opt_einsum_path(
 ) -> tuple[tuple[int, ...], ...]:
     import opt_einsum
 
-    if len(inputs) == 1:
-        return ((0,),)
+    try:
+        if isinstance(optimize, str):  # (checked here: opt_einsum ignores it for 2 operands)
+            opt_einsum.paths.get_path_fn(optimize)
+        if len(inputs) == 1:
+            return ((0,),)
+    except KeyError as error:
+        raise ValueError(
+            f"optimize={optimize!r} is not an opt_einsum strategy, optimizer or path for "
+            f"{len(inputs)} operands: {error}"
+        ) from None
     # opt_einsum sees its own symbols, so that any index the grammar allows is one it takes.
     by_size = dict(sizes)
     symbol = {c: opt_einsum.get_symbol(i) for i, c in enumerate(by_size)}
