@@ -507,8 +507,8 @@ def test_argmax_needs_a_scalar_contraction_over_indices_that_are_not_empty() -> 
     for subscripts, output in (("ij,jk->ik", "ik"), ("ij,jk", "ik"), ("ij,jk->k", "k")):
         message = (
             f"einsum argmax=True backtracks a scalar contraction, and {subscripts!r} has output "
-            f"indices {output!r}; sum every index away ('...->') to find an assignment that "
-            "attains it"
+            f"indices {output!r}; give it an output of no indices ('ij,jk->') to find an "
+            "assignment that attains it"
         )
         with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
             tropical.einsum_sync(subscripts, a, b, argmax=True)

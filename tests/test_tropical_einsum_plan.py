@@ -146,7 +146,7 @@ def run_plan(
         # The groups are what the views merge: batch, m, k (and k, n) in that order.
         b, m, k, n = (math.prod(sizes[i] for i in g) for g in (step.batch, step.m, step.k, step.n))
         if step.split is not None:  # K cut in parts, the batch index of the partials
-            assert step.batch == (step.split,)
+            assert step.batch[0] == step.split  # then the batch indices, of size 1
             k //= b
         assert first.shape == (b, m, k), step
         assert second.shape in ((b, k, n), (1, k, n)), step  # the ones broadcast over a batch
@@ -788,6 +788,10 @@ def test_long_sums_over_few_outputs_are_cut_in_parts() -> None:
     partials, total = plan.steps
     assert partials.first.shape == (8, 2, 2048)
     assert total.result == ("a", "b")
+    # A batch index of size 1 stays among the batch indices, after the split one.
+    (partials, _) = einsum_plan("bij,bjk->bik", (1, 1, 1 << 14), (1, 1 << 14, 1)).steps
+    assert partials.batch == (partials.split, "b")
+    assert partials.result == partials.batch + partials.m + partials.n
     # Too short, or enough outputs to fill the GPU: one product.
     assert len(einsum_plan("ab,ab->", (64, 64), (64, 64)).steps) == 1
     assert len(einsum_plan("ka,kb->ab", (1 << 14, 1024), (1 << 14, 1024)).steps) == 1
@@ -951,3 +955,17 @@ def test_kernel_specs_compile_for_sm_90_through_the_service(cache_dir: Path) -> 
         assert artifact.kind == "cubin"
         assert artifact.image[:4] == b"\x7fELF"
         assert set(artifact.lowered_names) == {spec.name_expressions[0]}
+
+
+def test_a_reused_plan_is_checked_against_the_item_size_too() -> None:
+    """Equal byte strides of another dtype are other element strides: re-planned, not reused."""
+    a32 = np.zeros((3, 8), np.float32)[:, ::2]  # byte strides (32, 8): elements (8, 2)
+    b32 = np.zeros((4, 10), np.float32)[:, ::2]  # (40, 8): elements (10, 2)
+    a64, b64 = np.zeros((3, 4)), np.zeros((4, 5))  # the same byte strides: elements (4, 1), (5, 1)
+    assert (a32.strides, b32.strides) == (a64.strides, b64.strides)
+    plan = einsum_plan("ij,jk->ik", a32, b32)
+    assert plan.planned_for("ij,jk->ik", [a32, b32])
+    assert not plan.planned_for("ij,jk->ik", [a64, b64])
+    again = einsum_plan("ij,jk->ik", a64, b64, optimize=plan)
+    assert [t.strides for t in again.terms] == [(4, 1), (5, 1)]
+    assert [t.strides for t in plan.terms] == [(8, 2), (10, 2)]

@@ -13,7 +13,14 @@ import anyio.to_thread
 from .._actor import Compiler
 from .._spec import KernelSpec
 from .._target import Target, TargetLike, as_target, resolve_target
-from ._launching import backward_blocks, launch, launch_backward, module, module_sync
+from ._launching import (
+    backward_blocks,
+    first_error,
+    launch,
+    launch_backward,
+    module,
+    module_sync,
+)
 from ._planning import Plan, backward_plan, cupy_module, plan
 from ._specs import all_specs
 
@@ -202,9 +209,4 @@ async def _compile_all(compiler: Compiler, specs: list[KernelSpec], targets: lis
                 for spec in specs:
                     tg.start_soon(functools.partial(compiler.compile, spec, arch=target))
     except ExceptionGroup as group:
-        # The first compile that failed stopped the others: raise its error as compile()
-        # would, not a group of one (a failure is rarely more than one error repeated).
-        first = group.exceptions[0]
-        while isinstance(first, ExceptionGroup):
-            first = first.exceptions[0]
-        raise first from None
+        raise first_error(group) from None

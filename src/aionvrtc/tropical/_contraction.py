@@ -94,7 +94,9 @@ class EinsumPlan:
     steps: tuple[Step, ...]
     final_copy: bool  # the result's order is not the output's: one more copy at the end
     # The arrays' (shape, byte strides) it was planned for (not part of what it does).
-    layouts: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = field(default=(), compare=False)
+    layouts: tuple[tuple[Any, ...], ...] = field(
+        default=(), compare=False
+    )  # (shape, strides, size)
 
     @property
     def copies(self) -> int:
@@ -142,9 +144,12 @@ class EinsumPlan:
         a check in O(operands) for each run of a reused plan (re-planning is O(indices))."""
         if subscripts != self.subscripts or len(operands) != len(self.layouts):
             return False
+        # Byte strides and the item size: element strides are what the steps read with.
         return all(
-            getattr(x, "shape", None) == shape and getattr(x, "strides", None) == strides
-            for x, (shape, strides) in zip(operands, self.layouts, strict=True)
+            getattr(x, "shape", None) == shape
+            and getattr(x, "strides", None) == strides
+            and getattr(x, "itemsize", None) == itemsize
+            for x, (shape, strides, itemsize) in zip(operands, self.layouts, strict=True)
         )
 
     def shapes(self) -> list[tuple[int, ...]]:
@@ -158,9 +163,8 @@ class EinsumPlan:
             f"{self.copies} copies ({self.copied_elements:,} elements)"
         ]
         for step in self.steps:
-            b, m, n, k = (
-                math.prod(self.sizes[i] for i in g) for g in (step.batch, step.m, step.n, step.k)
-            )
+            b, m, k = step.first.shape  # a split K: its parts as the batch, one part's length
+            n = step.second.shape[2] if step.second is not None else 1
             copied = sum(v is not None and v.copy is not None for v in (step.first, step.second))
             lines.append(
                 f"  {step.operands} {step.subscripts}: batch {b} x {m} x {n} over {k}"
@@ -246,7 +250,8 @@ def einsum_plan(subscripts: str, *operands: Any, optimize: Any = "auto") -> Eins
     )
     # Arrays' byte strides, as a later run compares them (a shape tuple has none: re-checked).
     layouts = tuple(
-        (tuple(x.shape), tuple(x.strides)) if hasattr(x, "strides") else ((), ()) for x in operands
+        (tuple(x.shape), tuple(x.strides), x.itemsize) if hasattr(x, "strides") else ((), (), 0)
+        for x in operands
     )
     return dataclasses.replace(planned, layouts=layouts)
 
@@ -590,7 +595,7 @@ def _split(step: Step, sizes: dict[str, int], wanted: tuple[str, ...] | None) ->
 
     partials = dataclasses.replace(
         step,
-        batch=(hidden,),
+        batch=(hidden, *step.batch),  # (indices of size 1, as b is)
         first=cut(step.first),
         second=cut_second(step.second) if step.second is not None else None,
         result=(hidden, *step.result),

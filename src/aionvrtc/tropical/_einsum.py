@@ -16,7 +16,7 @@ from .._cuda import Module
 from .._spec import KernelSpec
 from ._classes import tuned_tiles
 from ._contraction import EinsumPlan, Step, Term, contiguous, einsum_plan, group_index, step_spec
-from ._launching import launch, module, module_sync
+from ._launching import first_error, launch, module, module_sync
 from ._planning import Plan, cupy_module, plan
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
@@ -40,9 +40,9 @@ async def einsum(
 ) -> Any:
     """The tropical einsum of CuPy arrays on the GPU (``reference.einsum``'s semantics), enqueued
     on ``stream`` (default: CuPy's current stream). Returns the result, a new array (or
-    ``out``, filled); with ``argmax=True``, for a scalar result (``"...->"``), the pair
-    (result, assignment): a dict giving every index a value at which the product of the
-    operands' entries attains the result (this waits for the GPU).
+    ``out``, filled); with ``argmax=True``, for a scalar result (an output of no indices,
+    ``"ij,jk->"``), the pair (result, assignment): a dict giving every index a value at which
+    the product of the operands' entries attains the result (this waits for the GPU).
 
     The order of the pairwise contractions comes from ``optimize`` (see ``einsum_plan``: an
     opt_einsum strategy, optimizer or path, or a plan from ``einsum_plan``, which also says
@@ -63,9 +63,12 @@ async def einsum(
     async def fetch(spec: KernelSpec) -> None:
         modules[spec] = await module(spec, device, compiler)
 
-    async with anyio.create_task_group() as tg:
-        for spec in _specs(planned, ring, arrays, argmax=argmax, device=device):
-            tg.start_soon(fetch, spec)
+    try:
+        async with anyio.create_task_group() as tg:
+            for spec in _specs(planned, ring, arrays, argmax=argmax, device=device):
+                tg.start_soon(fetch, spec)
+    except ExceptionGroup as group:
+        raise first_error(group) from None
     cupy = cupy_module()
     with cupy.cuda.Device(device):
         stream = stream if stream is not None else cupy.cuda.get_current_stream()
@@ -156,8 +159,8 @@ def _check_argmax(planned: EinsumPlan, argmax: bool) -> None:
     if argmax and planned.output:
         raise ValueError(
             f"einsum argmax=True backtracks a scalar contraction, and {planned.subscripts!r} "
-            f"has output indices {planned.output!r}; sum every index away ('...->') to find "
-            "an assignment that attains it"
+            f"has output indices {planned.output!r}; give it an output of no indices "
+            "('ij,jk->') to find an assignment that attains it"
         )
 
 

@@ -14,7 +14,7 @@ from .._spec import KernelSpec
 from .._sync import default_compiler
 from ._planning import BackwardPlan, Plan, cupy_module, strides
 
-__all__ = ["launch", "launch_backward", "module", "module_sync"]
+__all__ = ["first_error", "launch", "launch_backward", "module", "module_sync"]
 
 _THREADS = 256
 _TILE = 64
@@ -33,6 +33,16 @@ async def module(spec: KernelSpec, device: int, compiler: Compiler | None) -> Mo
     if loaded is not None:
         return loaded
     return await anyio.to_thread.run_sync(functools.partial(compiler.get_sync, spec, device=device))
+
+
+def first_error(group: BaseExceptionGroup[Exception]) -> BaseException:
+    """The first error of a task group of kernel fetches: the first that failed stopped the
+    others, so it is raised as ``compiler.get`` would, not as a group of one (a failure is
+    rarely more than one error repeated)."""
+    first: BaseException = group.exceptions[0]
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
 
 
 def module_sync(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:
