@@ -16,7 +16,7 @@ from aionvrtc import Compiler, KernelSpec, kernel_key, tropical
 from aionvrtc.tropical import reference
 from aionvrtc.tropical.tuning import ROWS_KMAX
 
-from .tropical_data import brute_force, operands
+from .tropical_data import brute_force, compile_each_for_sm_90, operands
 
 CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
 
@@ -175,24 +175,7 @@ def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path
     expressions = [s.name_expressions[0] for s in specs]
     assert len(set(expressions)) == len(specs)
 
-    async def main() -> tuple[list[Any], Any]:
-        async with Compiler(arch="sm_90", cache_dir=tmp_path, concurrency=2) as compiler:
-            artifacts: list[Any] = [None] * len(specs)
-
-            async def one(i: int) -> None:
-                artifacts[i] = await compiler.compile(specs[i])
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(specs)):
-                    tg.start_soon(one, i)
-            return artifacts, compiler.stats()
-
-    artifacts, stats = anyio.run(main)
-    assert stats.compiles == len(specs)
-    for spec, artifact in zip(specs, artifacts, strict=True):
-        assert artifact.kind == "cubin"
-        assert artifact.image[:4] == b"\x7fELF"
-        assert set(artifact.lowered_names) == {spec.name_expressions[0]}
+    compile_each_for_sm_90(specs, tmp_path)
 
     # warm() fills the disk cache through a parallel Compiler; a second warm compiles nothing.
     count = anyio.run(lambda: tropical.warm(["maxplus"], ["float32"], arch="sm_90"))

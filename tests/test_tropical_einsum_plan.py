@@ -21,11 +21,12 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from aionvrtc import Compiler, tropical
+from aionvrtc import tropical
 from aionvrtc.tropical import SEMIRINGS, EinsumPlan, _einsum, einsum_plan, reference
 from aionvrtc.tropical._contraction import Step, Term, View
 
 from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
+from .tropical_data import compile_each_for_sm_90
 
 Array = np.ndarray[Any, Any]
 
@@ -937,24 +938,7 @@ def test_kernel_specs_compile_for_sm_90_through_the_service(cache_dir: Path) -> 
                          "tropical_gemm_tiled", "tropical_gemm", "tropical_gemm"]  # fmt: skip
     assert len(set(specs)) == 6
 
-    async def main() -> tuple[list[Any], Any]:
-        async with Compiler(arch="sm_90", cache_dir=cache_dir, concurrency=2) as compiler:
-            artifacts: list[Any] = [None] * len(specs)
-
-            async def one(i: int) -> None:
-                artifacts[i] = await compiler.compile(specs[i])
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(specs)):
-                    tg.start_soon(one, i)
-            return artifacts, compiler.stats()
-
-    artifacts, stats = anyio.run(main)
-    assert stats.compiles == len(specs)
-    for spec, artifact in zip(specs, artifacts, strict=True):
-        assert artifact.kind == "cubin"
-        assert artifact.image[:4] == b"\x7fELF"
-        assert set(artifact.lowered_names) == {spec.name_expressions[0]}
+    compile_each_for_sm_90(specs, cache_dir)
 
 
 def test_a_reused_plan_is_checked_against_the_item_size_too() -> None:

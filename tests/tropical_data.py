@@ -2,11 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 
+from aionvrtc import Compiler, KernelSpec
 from aionvrtc.tropical import SEMIRINGS
+
+
+def compile_each_for_sm_90(specs: Sequence[KernelSpec], cache_dir: Path) -> None:
+    """Compile ``specs`` concurrently for sm_90 through a Compiler (real NVRTC): each once, each
+    a cubin holding its one kernel."""
+
+    async def main() -> tuple[list[Any], Any]:
+        async with Compiler(arch="sm_90", cache_dir=cache_dir, concurrency=2) as compiler:
+            artifacts: list[Any] = [None] * len(specs)
+
+            async def one(i: int) -> None:
+                artifacts[i] = await compiler.compile(specs[i])
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(specs)):
+                    tg.start_soon(one, i)
+            return artifacts, compiler.stats()
+
+    artifacts, stats = anyio.run(main)
+    assert stats.compiles == len(specs)
+    for spec, artifact in zip(specs, artifacts, strict=True):
+        assert artifact.kind == "cubin"
+        assert artifact.image[:4] == b"\x7fELF"
+        assert set(artifact.lowered_names) == {spec.name_expressions[0]}
 
 
 def operands(
