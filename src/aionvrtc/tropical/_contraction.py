@@ -49,6 +49,11 @@ class View:
     shape: tuple[int, int, int]
     strides: tuple[int, int, int]
 
+    @property
+    def copied(self) -> int:
+        """Elements its copy writes (0: read in place)."""
+        return math.prod(self.shape) if self.copy is not None else 0
+
 
 @dataclass(frozen=True, slots=True)
 class Step:
@@ -110,12 +115,8 @@ class EinsumPlan:
     @property
     def copied_elements(self) -> int:
         """Elements those copies write."""
-        total = math.prod(self.sizes[i] for i in self.output) if self.final_copy else 0
-        for step in self.steps:
-            for view in (step.first, step.second):
-                if view is not None and view.copy is not None:
-                    total += math.prod(view.shape)
-        return total
+        final = math.prod(self.sizes[i] for i in self.output) if self.final_copy else 0
+        return final + sum(v.copied for s in self.steps for v in (s.first, s.second) if v)
 
     @property
     def largest_intermediate(self) -> int:
@@ -133,11 +134,7 @@ class EinsumPlan:
         """The kernels the steps launch with the default tiles (``kernel_spec``'s choice): to
         compile them ahead of use, or for a named arch on a machine without a GPU."""
         ring = lookup(semiring)
-        kind = ring.check_dtype(dtype)
-        found: dict[KernelSpec, None] = {}
-        for step in self.steps:
-            found[step_spec(step, ring, kind, argmax=argmax, table=None)] = None
-        return list(found)
+        return step_specs(self, ring, ring.check_dtype(dtype), argmax=argmax, table=None)
 
     def planned_for(self, subscripts: str, operands: Sequence[Any]) -> bool:
         """Whether the plan was made for these subscripts and operands' shapes and strides:
@@ -173,6 +170,14 @@ class EinsumPlan:
         return "\n".join(lines)
 
 
+def step_specs(
+    plan: EinsumPlan, ring: Semiring, dtype: Any, *, argmax: bool, table: Any
+) -> list[KernelSpec]:
+    """The distinct kernels of ``plan``'s steps, with ``table``'s tiles (None: the defaults)."""
+    found = {step_spec(s, ring, dtype, argmax=argmax, table=table): None for s in plan.steps}
+    return list(found)
+
+
 def step_spec(step: Step, ring: Semiring, dtype: Any, *, argmax: bool, table: Any) -> KernelSpec:
     """The kernel ``matmul``'s planner picks for ``step``'s product (same rules)."""
     b, m, k = step.first.shape
@@ -204,13 +209,14 @@ def group_index(
     return at
 
 
-def input_terms(inputs: Sequence[str], element_strides: Sequence[Strides]) -> list[Term]:
-    """The inputs with their repeated indices taken as diagonals."""
+def input_terms(inputs: Sequence[str], strides: Sequence[Strides]) -> list[Term]:
+    """The inputs with their repeated indices taken as diagonals: a diagonal steps along all
+    its axes at once, so its stride is their strides' sum (in elements or bytes alike)."""
     terms = []
-    for letters, strides in zip(inputs, element_strides, strict=True):
+    for letters, each in zip(inputs, strides, strict=True):
         distinct = tuple(dict.fromkeys(letters))
         summed = tuple(
-            sum(s for s, c in zip(strides, letters, strict=True) if c == d) for d in distinct
+            sum(s for s, c in zip(each, letters, strict=True) if c == d) for d in distinct
         )
         terms.append(Term(distinct, summed))
     return terms
@@ -304,9 +310,7 @@ def _path(
 def _cached_path(
     inputs: tuple[str, ...], output: str, sizes: tuple[tuple[str, int], ...], optimize: Any
 ) -> tuple[tuple[int, ...], ...]:
-    return _opt_einsum_path(
-        inputs, output, sizes, list(optimize) if isinstance(optimize, tuple) else optimize
-    )
+    return _opt_einsum_path(inputs, output, sizes, optimize)
 
 
 def _opt_einsum_path(
@@ -476,10 +480,6 @@ def _orders(group: Sequence[str], *sources: Term | tuple[str, ...]) -> list[tupl
     return list(found)
 
 
-def _cost(view: View, sizes: Mapping[str, int]) -> int:
-    return math.prod(view.shape) if view.copy is not None else 0
-
-
 def _pair(
     x: Term,
     y: Term,
@@ -508,11 +508,7 @@ def _pair(
             one, two = _view(first, (b, m, k), sizes), _view(second, (b, k, n), sizes)
             result = b + m + n
             final = wanted is not None and result != wanted
-            copied = (
-                _cost(one, sizes)
-                + _cost(two, sizes)
-                + (math.prod(sizes[i] for i in result) if final else 0)
-            )
+            copied = one.copied + two.copied + (math.prod(sizes[i] for i in result) if final else 0)
             rowmajor = one.strides[2] == 1 and two.strides[2] == 1
             score = (copied, not rowmajor, swapped)
             if best is None or score < best[0]:
@@ -540,7 +536,7 @@ def _reduction(
     for m, k in itertools.product(_orders(keep, x, *want), _orders(summed, x)):
         view = _view(x, ((), m, k), sizes)
         final = wanted is not None and m != wanted
-        copied = _cost(view, sizes) + (math.prod(sizes[i] for i in m) if final else 0)
+        copied = view.copied + (math.prod(sizes[i] for i in m) if final else 0)
         score = (copied, view.strides[2] != 1)
         if best is None or score < best[0]:
             subscripts = "".join(x.indices) + "->" + "".join(m)

@@ -15,7 +15,7 @@ from .._actor import Compiler
 from .._cuda import Module
 from .._spec import KernelSpec
 from ._classes import tuned_tiles
-from ._contraction import EinsumPlan, Step, Term, contiguous, einsum_plan, group_index, step_spec
+from ._contraction import EinsumPlan, Step, Term, contiguous, einsum_plan, group_index, step_specs
 from ._launching import first_error, launch, module, module_sync
 from ._planning import Plan, cupy_module, plan
 from ._semirings import Semiring
@@ -69,9 +69,7 @@ async def einsum(
                 tg.start_soon(fetch, spec)
     except ExceptionGroup as group:
         raise first_error(group) from None
-    cupy = cupy_module()
-    with cupy.cuda.Device(device):
-        stream = stream if stream is not None else cupy.cuda.get_current_stream()
+    stream = _stream(device, stream)
 
     def get(spec: KernelSpec) -> Module:
         # The tuned table changed since (autotune on another task): fetch the new kernel.
@@ -101,9 +99,7 @@ def einsum_sync(
     ring, arrays, device = _check(operands, semiring)
     planned = einsum_plan(subscripts, *arrays, optimize=optimize)
     _check_argmax(planned, argmax)
-    cupy = cupy_module()
-    with cupy.cuda.Device(device):
-        stream = stream if stream is not None else cupy.cuda.get_current_stream()
+    stream = _stream(device, stream)
 
     def get(spec: KernelSpec) -> Module:
         return module_sync(spec, device, compiler)
@@ -121,9 +117,7 @@ def einsum_products(
     benchmark can time the product kernels alone (``launch``) against the whole contraction."""
     ring, arrays, device = _check(operands, semiring)
     planned = einsum_plan(subscripts, *arrays, optimize=optimize)
-    cupy = cupy_module()
-    with cupy.cuda.Device(device):
-        stream = cupy.cuda.get_current_stream()
+    stream = _stream(device, None)
     products: list[tuple[Plan, Module]] = []
 
     def get(spec: KernelSpec) -> Module:
@@ -133,6 +127,16 @@ def einsum_products(
         planned, ring, arrays, get, argmax=False, out=None, stream=stream, products=products
     )
     return result, products
+
+
+def _stream(device: int, stream: Any) -> Any:
+    """``stream``, else CuPy's current stream on ``device``: resolved once, here, because the
+    backtrace waits for it from a worker thread, whose current stream is another."""
+    if stream is not None:
+        return stream
+    cupy = cupy_module()
+    with cupy.cuda.Device(device):
+        return cupy.cuda.get_current_stream()
 
 
 def _check(operands: Sequence[Any], semiring: str) -> tuple[Semiring, list[Any], int]:
@@ -169,11 +173,7 @@ def _specs(
 ) -> list[KernelSpec]:
     if 0 in planned.sizes.values():
         return []
-    table = tuned_tiles(device)
-    found = {
-        step_spec(s, ring, arrays[0].dtype, argmax=argmax, table=table): None for s in planned.steps
-    }
-    return list(found)
+    return step_specs(planned, ring, arrays[0].dtype, argmax=argmax, table=tuned_tiles(device))
 
 
 def _run(
@@ -222,9 +222,10 @@ def _run(
                 first, second, ring.name, argmax=argmax, out=(c, index) if argmax else c,
                 accumulate=False,
             )  # fmt: skip
-            launch(product, get(product.spec), stream)
+            loaded = get(product.spec)
+            launch(product, loaded, stream)
             if products is not None:
-                products.append((product, get(product.spec)))
+                products.append((product, loaded))
             if argmax:
                 trace.append((step, index))
             result = Term(step.result, contiguous([sizes[i] for i in step.result]))

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ._contraction import input_terms
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
 from ._subscripts import check_dtypes, index_sizes, parse_subscripts
@@ -191,10 +192,9 @@ def _distinct_axes(x: np.ndarray[Any, Any], letters: str, sizes: Mapping[str, in
     distinct = "".join(dict.fromkeys(letters))
     if distinct == letters:
         return x, letters
-    # A diagonal steps along all its axes at once: its stride is their strides' sum (a view).
-    strides = [sum(s for s, c in zip(x.strides, letters, strict=True) if c == d) for d in distinct]
+    (term,) = input_terms([letters], [x.strides])
     view = np.lib.stride_tricks.as_strided(
-        x, shape=[sizes[d] for d in distinct], strides=strides, writeable=False
+        x, shape=[sizes[d] for d in distinct], strides=term.strides, writeable=False
     )
     return view, distinct
 
