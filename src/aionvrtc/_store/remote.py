@@ -484,6 +484,8 @@ class RedisTier:
         try:
             result = await method(*args, **kwargs)
         except (RedisError, OSError, TimeoutError) as exc:
+            if self._closed:  # a call in flight when aclose() closed the client: not a failure
+                return _DOWN
             self.errors += 1
             self._backoff = min(MAX_BACKOFF, max(0.5, self._backoff * 2))
             self._down_until = time.monotonic() + self._backoff
