@@ -236,8 +236,8 @@ def test_what_an_image_needs_of_the_gpu_and_the_driver() -> None:
     assert runnable(ptx, (13, 0), (13, 5)) is None
     assert runnable(ptx, (13, 0), (13, 0)) == (
         "PTX from NVRTC 13.5 needs a driver for CUDA 13.5 or newer and this driver runs CUDA "
-        "13.0: pip install 'nvidia-cuda-nvrtc==13.0.*'; or update the NVIDIA driver to one for "
-        "CUDA 13.5 or newer"
+        "13.0: pip install 'cuda-toolkit[nvrtc,cudart,cccl]==13.0.*'; or update the NVIDIA "
+        "driver to one for CUDA 13.5 or newer"
     )
     assert runnable(ptx, (12, 0), (13, 5)) == (
         "a ptx for sm_130 cannot run on a GPU of compute capability 12.0; get() compiles for the "
@@ -280,14 +280,14 @@ def test_the_fix_for_a_driver_too_old(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     # PTX of NVRTC 13.5 on a CUDA 13.0 driver: the driver's NVRTC, pinned.
     assert driver_fix((13, 0), (13, 5), exact=True) == (
-        "pip install 'nvidia-cuda-nvrtc==13.0.*'; or update the NVIDIA driver to one for CUDA "
-        "13.5 or newer"
+        "pip install 'cuda-toolkit[nvrtc,cudart,cccl]==13.0.*'; or update the NVIDIA driver to "
+        "one for CUDA 13.5 or newer"
     )
     # Across majors, PTX needs both: cu12 brings NVRTC 12.9, newer than a 12.8 driver.
     assert driver_fix((12, 8), (13, 5), exact=True) == (
         "pip uninstall cupy-cuda13x, then pip install 'aionvrtc[cu12]' (CUDA 12, the driver's), "
-        "then pip install 'nvidia-cuda-nvrtc-cu12==12.8.*'; or update the NVIDIA driver to one "
-        "for CUDA 13.5 or newer"
+        "then pip install 'cuda-toolkit[nvrtc,cudart,cccl]==12.8.*'; or update the NVIDIA "
+        "driver to one for CUDA 13.5 or newer"
     )
     assert driver_fix((11, 8), (13, 0)) == "update the NVIDIA driver to 580 or newer"
 

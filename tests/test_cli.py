@@ -987,3 +987,34 @@ def test_without_cupy_warm_says_how_to_install_it(tmp_path: Path) -> None:
         proc = _without_cupy(*args, "--cache-dir", str(tmp_path))
         assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"error: {needed}\n")
     assert not tmp_path.joinpath("v2").exists()
+
+
+def test_doctor_says_where_cuda_headers_are_and_how_to_get_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aionvrtc import _cli, _cuda_headers
+
+    report = cli("doctor", cache=tmp_path / "c")
+    checks = {c["check"]: c for c in report["checks"]}
+    for place in _cuda_headers.located():
+        check = checks[f"{place.what} headers"]
+        assert check["status"] == "ok"
+        assert check["detail"] == (
+            f"{place.what} {place.version} in {place.path} (found via {place.found_via})"
+        )
+    assert checks["CUDA runtime headers"]["detail"].startswith(
+        f"CUDA runtime {_nvrtc.version()[0]}."
+    )
+    # A host without them (neither wheels, conda, CUDA_PATH nor a toolkit): a warning.
+    monkeypatch.setattr(_cuda_headers, "located", lambda: ())
+    assert _cli.main(["doctor", "--json", "--cache-dir", str(tmp_path / "c")]) == 0
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    extra = _cuda_versions.MAJORS[_nvrtc.version()[0]].extra
+    for what in ("CUDA runtime", "CCCL"):
+        assert checks[f"{what} headers"] == {
+            "check": f"{what} headers", "status": "warn",
+            "detail": "not found: a program that includes one of them (<cuda_fp16.h>, "
+            "<cooperative_groups.h>, <cuda/std/...>, CUB) fails to compile",
+            "fix": f"pip install 'aionvrtc[{extra}]' brings them (the CUDA runtime's and CCCL's "
+            "wheels), or set CUDA_PATH to a CUDA toolkit of the same major as NVRTC",
+        }  # fmt: skip

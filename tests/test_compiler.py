@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -549,14 +550,14 @@ async def test_closing_while_starting_or_while_a_key_is_derived_closes_cleanly(
         await compiler.compile(make_spec())
 
     (tmp_path / "a.cuh").write_text("#define X 1\n")
-    real = _includes.snapshot
+    real = _includes.host_files
     gate = threading.Event()
 
-    def slow(folders: object) -> object:
+    def slow(*args: Any, **kwargs: Any) -> _includes.HostFiles:
         gate.wait(10)
-        return real(folders)  # type: ignore[arg-type]
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(_includes, "snapshot", slow)
+    monkeypatch.setattr(_includes, "host_files", slow)
     spec = KernelSpec('#include "a.cuh"\n__global__ void k() {}', options=(f"-I{tmp_path}",))
     raised: list[BaseException] = []
 

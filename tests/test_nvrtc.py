@@ -93,13 +93,15 @@ def test_ptx_that_the_driver_here_could_not_load_is_refused(
         f"and the driver here (CUDA {older[0]}.{older[1]}) is older than NVRTC and cannot load "
         f"that PTX: {driver_fix(older, (major, minor), exact=True)}"
     )
-    assert "pip install 'nvidia-cuda-nvrtc" in str(info.value)  # the driver's NVRTC, pinned
+    assert "pip install 'cuda-toolkit[nvrtc,cudart,cccl]==" in str(info.value)  # pinned
     # A driver for an older major: the extra of its CUDA, and its NVRTC.
     monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: (12, 8))
     if major > 12:
         with pytest.raises(NvrtcError, match=re.escape("pip install 'aionvrtc[cu12]'")) as info:
             _nvrtc.check_target(future)
-        assert "then pip install 'nvidia-cuda-nvrtc-cu12==12.8.*'; or update" in str(info.value)
+        assert "then pip install 'cuda-toolkit[nvrtc,cudart,cccl]==12.8.*'; or update" in str(
+            info.value
+        )
     # No driver at all (compiling for another machine): PTX, which loading checks there.
     monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: None)
     assert _nvrtc.compile_program(make_spec(), future).kind == "ptx"
@@ -146,7 +148,7 @@ def test_compile_error_carries_the_log_line() -> None:
     assert "expected an expression" in str(error)
     assert str(error).startswith("NVRTC failed to compile 'broken.cu' for sm_90")
     assert error.program == "broken.cu"
-    assert error.options == ("--gpu-architecture=sm_90", "--no-source-include", "-std=c++17")
+    assert error.options == ("--gpu-architecture=sm_90", "-std=c++17")
 
 
 def test_bad_option_and_bad_name_expression_are_compile_errors() -> None:
@@ -190,7 +192,18 @@ def test_a_quoted_include_never_resolves_against_the_working_directory(
     spec = KernelSpec(INCLUDING, name=str(tmp_path / "k.cu"))
     with pytest.raises(CompileError, match=re.escape('source file "val.h"')) as info:
         _nvrtc.compile_program(spec, Target("sm_90"))
-    assert info.value.options[:2] == ("--gpu-architecture=sm_90", "--no-source-include")
+    # Said by the program's name; no option names the working directory or the program's folder.
+    assert f"{tmp_path / 'k.cu'}(1): catastrophic error" in info.value.log
+    assert not [option for option in info.value.options if str(tmp_path) in option]
+    # Nor beside an in-memory header, in a folder of the working directory.
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "val.h").write_text("#define VAL 2\n")
+    beside = KernelSpec(
+        '#include "sub/a.h"\n__global__ void k() {}', headers={"sub/a.h": '#include "val.h"\n'}
+    )
+    with pytest.raises(CompileError, match=re.escape('source file "val.h"')) as info:
+        _nvrtc.compile_program(beside, Target("sm_90"))
+    assert 'sub/a.h(1): catastrophic error: cannot open source file "val.h"' in info.value.log
 
 
 def test_include_dir_files_are_compiled_and_a_change_needs_a_new_spec(tmp_path: Path) -> None:
@@ -210,9 +223,12 @@ def test_include_dir_files_are_compiled_and_a_change_needs_a_new_spec(tmp_path: 
     second = _nvrtc.compile_program(new, Target("sm_90"))
     assert kernel_key(new, "sm_90") != kernel_key(old, "sm_90")
     assert second.image != first.image
-    (inc / "val.h").write_text('#include "/etc/val.h"\n')  # now a file the key cannot cover
+    outside = tmp_path / "outside.h"
+    outside.write_text("#define VAL 3\n")
+    (inc / "val.h").write_text(f'#include "{outside}"\n')  # now a file the key cannot cover
     with pytest.raises(NvrtcError, match=re.escape(f"{inc / 'val.h'}, line 1: ")) as info:
         _nvrtc.compile_program(new, Target("sm_90"))
+    assert f"makes NVRTC read {outside}, a file outside every include folder" in str(info.value)
     assert "the include directories changed since the key was derived" in str(info.value)
 
 
@@ -271,7 +287,7 @@ def test_a_binding_failure_other_than_nvrtcerror_is_a_compile_error(
         "NVRTC failed to compile 'kernel.cu' for sm_90: RuntimeError: the binding failed"
     )
     assert isinstance(error.__cause__, RuntimeError)
-    assert error.options == ("--gpu-architecture=sm_90", "--no-source-include", "-lineinfo")
+    assert error.options == ("--gpu-architecture=sm_90", "-lineinfo")
     assert len(calls) == 1
 
 
@@ -342,3 +358,21 @@ def test_build_falls_back_to_a_digest_then_to_the_version(
     monkeypatch.setattr(_nvrtc, "_loaded_library", lambda: None)  # not Linux
     assert _nvrtc.build.__wrapped__() == _nvrtc.version_string()
     assert os.path.exists(library)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--pre-include=val.h"], ["-include", "val.h"], ["-include=val.h", "-DX=1"]],
+)
+def test_a_pre_include_is_the_in_memory_header_whatever_the_working_directory_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str]
+) -> None:
+    (tmp_path / "val.h").write_text("__device__ int from_the_working_directory;\n")
+    monkeypatch.chdir(tmp_path)
+    spec = KernelSpec(
+        "__global__ void k() { from_memory = 1; }",
+        options=options,
+        headers={"val.h": "__device__ int from_memory;\n"},
+    )
+    result = _nvrtc.compile_program(spec, Target("sm_90"))
+    assert set(re.findall(rb"from_\w+", result.image)) == {b"from_memory"}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aionvrtc import KernelSpec, Target, _includes, kernel_key
+from aionvrtc import KernelSpec, Target, _cuda_headers, _includes, _nvrtc, kernel_key
 from aionvrtc._spec import derive_key
 
 SRC = "__global__ void k(float* x) { x[0] = 1.0f; }"
@@ -338,6 +338,13 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 INCLUDING = '#include "val.h"\n__device__ int value = VAL;\n' + SRC
 
 
+@pytest.fixture
+def without_cuda_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the tests' own include folders: CUDA's (searched too, where a program includes a
+    header from the host) would add their thousands of files to what these tests count."""
+    monkeypatch.setattr(_cuda_headers, "search_dirs", lambda: ())
+
+
 def test_the_key_covers_every_file_under_an_include_dir(tmp_path: Path) -> None:
     inc = _write(tmp_path / "inc", {"val.h": "#define VAL 1\n", "d/unused.h": "int a;\n"})
     options = [f"-I{inc}"]
@@ -382,7 +389,7 @@ def test_a_relative_include_dir_is_resolved_against_the_working_directory(
         monkeypatch.chdir(tmp_path / service)
         spec = KernelSpec(INCLUDING, options=["-Iinclude"])
         keys.append(kernel_key(spec, "sm_90"))
-        assert spec._host_files()[0][0] == str((tmp_path / service / "include").resolve())
+        assert spec._host_files().entries[0][0] == str((tmp_path / service / "include").resolve())
     assert keys[0] != keys[1]
 
 
@@ -398,6 +405,7 @@ def test_links_are_followed_and_loops_recorded(tmp_path: Path) -> None:
     assert kernel_key(KernelSpec(INCLUDING, options=options), "sm_90") != first
 
 
+@pytest.mark.usefixtures("without_cuda_headers")
 def test_a_warm_process_re_stats_but_does_not_re_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -414,6 +422,7 @@ def test_a_warm_process_re_stats_but_does_not_re_read(
     assert _includes.files_read() - before == 6  # only the changed one
 
 
+@pytest.mark.usefixtures("without_cuda_headers")
 def test_files_changed_a_moment_ago_are_read_again(tmp_path: Path) -> None:
     # A rewrite within the file system's timestamp granularity could keep a file's stat, so
     # recently changed files are not memoised.
@@ -424,6 +433,7 @@ def test_files_changed_a_moment_ago_are_read_again(tmp_path: Path) -> None:
     assert _includes.files_read() - before == 6
 
 
+@pytest.mark.usefixtures("without_cuda_headers")  # they hold more than these bounds
 def test_include_dirs_past_the_bounds_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -441,29 +451,104 @@ def test_include_dirs_past_the_bounds_are_refused(
     assert len(kernel_key(KernelSpec(INCLUDING, options=[f"-I{inc}"]), "sm_90")) == 64
 
 
+def test_an_include_climbing_to_a_file_inside_the_include_dir_is_followed(tmp_path: Path) -> None:
+    # CuPy's own tree does this: cupy/xsf/specfun/specfun.h includes "../config.h". NVRTC
+    # looks for a quoted include beside the file that includes it first.
+    inc = _write(
+        tmp_path / "inc", {"val.h": "#define VAL 1\n", "d/e/c.h": '#include "../../val.h"\n'}
+    )
+    spec = KernelSpec(
+        '#include "d/e/c.h"\n__device__ int value = VAL;\n' + SRC, options=[f"-I{inc}"]
+    )
+    first = kernel_key(spec, "sm_90")
+    assert spec._host_files().entries[0] == (str(inc.resolve()), spec._host_files().entries[0][1])
+    assert _nvrtc.compile_program(spec, Target("sm_90")).image  # NVRTC finds it too
+    (inc / "val.h").write_text("#define VAL 2\n")
+    assert kernel_key(KernelSpec(spec.source, options=spec.options), "sm_90") != first
+
+
 @pytest.mark.parametrize(
-    ("text", "why"),
+    ("text", "where"),
     [
-        ('#pragma once\n\n#include "../../val.h"\n', "climbs out of its folder with '..'"),
-        ("#pragma once\n\n#include </etc/val.h>\n", "names an absolute path"),
+        ('#pragma once\n\n#include "../val.h"\n', "beside"),  # lands outside, on a file
+        ("#pragma once\n\n#include <{outside}>\n", "absolute"),
     ],
 )
-def test_an_include_dir_whose_files_leave_it_is_refused(
-    tmp_path: Path, text: str, why: str
+def test_an_include_dir_file_that_reads_a_file_outside_is_refused_once_reached(
+    tmp_path: Path, text: str, where: str
 ) -> None:
-    inc = _write(tmp_path / "inc", {"val.h": "#define VAL 1\n", "d/c.h": text})
-    with pytest.raises(ValueError, match=re.escape(f"{inc / 'd' / 'c.h'}, line 3: ")) as info:
-        kernel_key(KernelSpec(INCLUDING, options=[f"-I{inc}"]), "sm_90")
+    outside = tmp_path / "val.h"
+    outside.write_text("#define VAL 1\n")
+    inc = _write(
+        tmp_path / "inc", {"val.h": "#define VAL 1\n", "c.h": text.format(outside=outside)}
+    )
+    # Not included by the program: not checked (a library's tree holds many such files).
+    assert len(kernel_key(KernelSpec(INCLUDING, options=[f"-I{inc}"]), "sm_90")) == 64
+    reaching = KernelSpec("#include <c.h>\n" + INCLUDING, options=[f"-I{inc}"])
+    with pytest.raises(ValueError, match=re.escape(f"{inc / 'c.h'}, line 3: ")) as info:
+        kernel_key(reaching, "sm_90")
     message = str(info.value)
-    assert why in message
-    assert f"it leaves include directory {str(inc)!r}" in message
-    assert "Add the folder that holds the target as another -I" in message
+    assert f"makes NVRTC read {outside}, a file outside every include folder" in message
+    assert "Give the folder that holds it as another -I" in message
+    assert "edit" not in message  # a third-party tree cannot be edited
+    # The fix it names works: the folder as another -I, so the key covers the file.
+    fixed = KernelSpec(reaching.source, options=[f"-I{inc}", f"-I{tmp_path}"])
+    assert len(kernel_key(fixed, "sm_90")) == 64
+
+
+def test_an_absolute_include_of_nothing_is_covered_as_nothing(tmp_path: Path) -> None:
+    later = tmp_path / "later" / "val.h"
+    inc = _write(
+        tmp_path / "inc", {"c.h": f"#if __has_include(<{later}>)\n#include <{later}>\n#endif\n"}
+    )
+    spec = KernelSpec("#include <c.h>\n" + SRC, options=[f"-I{inc}"])
+    kernel_key(spec, "sm_90")
+    assert spec._host_files().entries[-1] == (str(later), "absent")
+    later.parent.mkdir()
+    later.write_text("#define VAL 1\n")  # now NVRTC would read it: the next spec is refused
+    with pytest.raises(ValueError, match=re.escape(f"makes NVRTC read {later}, a file outside")):
+        kernel_key(KernelSpec(spec.source, options=spec.options), "sm_90")
+
+
+def test_an_include_that_finds_nothing_beside_it_and_climbs_is_refused(tmp_path: Path) -> None:
+    # NVRTC would go on looking above the private folder of the in-memory headers.
+    inc = _write(tmp_path / "inc", {"d/c.h": '#include "../../gone.h"\n'})
+    spec = KernelSpec("#include <d/c.h>\n" + SRC, options=[f"-I{inc}"])
+    with pytest.raises(ValueError, match=re.escape(f"{inc / 'd' / 'c.h'}, line 1: ")) as info:
+        kernel_key(spec, "sm_90")
+    assert (
+        "finds no file beside it, so NVRTC would look for it above the folder of the "
+        "in-memory headers" in str(info.value)
+    )
+
+
+def test_a_computed_include_in_a_reached_file_makes_every_file_count(tmp_path: Path) -> None:
+    # Which file the macro names cannot be told, so every file of the folders is checked.
+    outside = tmp_path / "outside.h"
+    outside.write_text("")
+    files = {"a.h": '#define NEXT "val.h"\n#include NEXT\n', "val.h": "#define VAL 1\n",
+             "b.h": f'#include "{outside}"\n'}  # fmt: skip
+    inc = _write(tmp_path / "inc", files)
+    plain = KernelSpec(INCLUDING, options=[f"-I{inc}"])  # val.h only: b.h is not reached
+    assert len(kernel_key(plain, "sm_90")) == 64
+    computed = KernelSpec(
+        '#include "a.h"\n__device__ int value = VAL;\n' + SRC, options=[f"-I{inc}"]
+    )
+    with pytest.raises(ValueError, match=re.escape(f"{inc / 'b.h'}, line 1: ")):
+        kernel_key(computed, "sm_90")
 
 
 def test_computed_includes_inside_an_include_dir_are_allowed(tmp_path: Path) -> None:
     # Libraries use them, and they resolve through the same covered search path.
     inc = _write(tmp_path / "inc", {"a.h": '#define NEXT "val.h"\n#include NEXT\n'})
     assert len(kernel_key(KernelSpec(INCLUDING, options=[f"-I{inc}"]), "sm_90")) == 64
+
+
+def test_a_header_that_is_also_a_folder_of_headers_is_refused() -> None:
+    with pytest.raises(ValueError, match=re.escape(
+        "headers: 'detail' is a header and also the folder of 'detail/tile.cuh'; rename one"
+    )):  # fmt: skip
+        KernelSpec(SRC, headers={"detail": "", "detail/tile.cuh": ""})
 
 
 def test_the_key_names_the_exact_nvrtc_build(monkeypatch: pytest.MonkeyPatch) -> None:

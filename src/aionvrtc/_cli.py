@@ -1174,7 +1174,11 @@ Check = dict[str, str]
 
 def _doctor(args: argparse.Namespace, console: Any) -> Result:
     checks: list[Check] = []
-    for probe in (_check_nvrtc, _check_gpus, _check_cache_dir, _check_free_space, _check_locks):
+    probes = (
+        _check_nvrtc, _check_gpus, _check_cuda_headers, _check_cache_dir, _check_free_space,
+        _check_locks,
+    )  # fmt: skip
+    for probe in probes:
         try:
             checks.extend(probe(args))
         except Exception as exc:  # a probe that breaks is itself a finding
@@ -1233,6 +1237,41 @@ def _check_nvrtc(args: argparse.Namespace) -> list[Check]:
         _check_min_driver(version),
         _check_driver(version),
     ]
+
+
+def _check_cuda_headers(args: argparse.Namespace) -> list[Check]:
+    from . import _cuda_headers, _nvrtc
+
+    try:
+        major: int | None = _nvrtc.version()[0]
+    except AionvrtcError:  # no NVRTC: the nvrtc check says so and how to install it
+        major = None
+    found = {place.what: place for place in _cuda_headers.located()}
+    checks = []
+    for what in ("CUDA runtime", "CCCL"):
+        place = found.get(what)
+        name = f"{what} headers"
+        if place is None:
+            detail = (
+                "not found: a program that includes one of them (<cuda_fp16.h>, "
+                "<cooperative_groups.h>, <cuda/std/...>, CUB) fails to compile"
+            )
+            checks.append(_check(name, "warn", detail, _cuda_headers.install_hint(major)))
+            continue
+        version = f" {place.version}" if place.version else ""
+        detail = f"{what}{version} in {place.path} (found via {place.found_via})"
+        mismatch = (
+            what == "CUDA runtime"
+            and major is not None
+            and place.version is not None
+            and int(place.version.split(".")[0]) != major
+        )
+        if mismatch:
+            detail += f", with NVRTC of CUDA {major}: programs that include them may not compile"
+            checks.append(_check(name, "warn", detail, _cuda_headers.install_hint(major)))
+        else:
+            checks.append(_check(name, "ok", detail))
+    return checks
 
 
 def _split_fix(message: str, *fixes: str | Callable[[], str]) -> tuple[str, str]:

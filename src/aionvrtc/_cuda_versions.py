@@ -33,7 +33,6 @@ class Major:
 
     number: int
     extra: str  # the pip extra that installs its CuPy and NVRTC
-    nvrtc_wheel: str  # NVRTC's wheel of this major
     min_driver: int  # the oldest Linux driver branch that loads this NVRTC's cubins
     archs: tuple[int, ...]  # what the extra's NVRTC compiles for (sm_XY as XY)
 
@@ -41,15 +40,18 @@ class Major:
 MAJORS = {
     # NVRTC 12.9's list, as getSupportedArchs gives it.
     12: Major(
-        12, "cu12", "nvidia-cuda-nvrtc-cu12", 525,
+        12, "cu12", 525,
         (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 120, 121),
     ),
     # NVRTC 13.x's (13.0 lacks sm_107; sm_101 became sm_110).
     13: Major(
-        13, "cu13", "nvidia-cuda-nvrtc", 580,
+        13, "cu13", 580,
         (75, 80, 86, 87, 88, 89, 90, 100, 103, 107, 110, 120, 121),
     ),
 }  # fmt: skip
+
+# NVRTC and CUDA's headers, as the cu12 and cu13 extras install them.
+TOOLKIT = "cuda-toolkit[nvrtc,cudart,cccl]"
 
 # How to choose, said wherever CuPy or NVRTC is missing.
 CHOOSE_EXTRA = (
@@ -89,7 +91,8 @@ def driver_fix(driver: tuple[int, int], needs: tuple[int, int], *, exact: bool =
             steps.append(f"pip uninstall {' '.join(others)}")
         steps.append(f"pip install 'aionvrtc[{mine.extra}]' (CUDA {driver[0]}, the driver's)")
     if exact:
-        steps.append(f"pip install '{mine.nvrtc_wheel}=={driver[0]}.{driver[1]}.*'")
+        # NVIDIA's metapackage, as the extra installs it: NVRTC and the headers of one release.
+        steps.append(f"pip install '{TOOLKIT}=={driver[0]}.{driver[1]}.*'")
     return f"{', then '.join(steps)}; or {update}" if steps else update
 
 

@@ -1,17 +1,22 @@
 """The host files an NVRTC program can read, and how its cache key covers them.
 
 ``compile_program`` always passes ``--no-source-include``, so NVRTC resolves an ``#include`` only
-against the in-memory headers and the include directories (``-I``); never against the working
-directory or the program's folder. What is left on the host, and what this module does about it:
+against the in-memory headers (first) and the include folders, in order; never against the
+working directory, the program's folder, or (measured with NVRTC 13) the including file's folder:
+``"../config.h"`` in ``<dir>/a/b.h`` is looked for at ``<dir>/../config.h``. What is left on the
+host, and what this module does about it:
 
-- include directories: the key covers each one's real path and a digest of every file under it
-  (``snapshot``). A file's digest is memoised by its stat, so a warm process re-stats the tree
-  but does not re-read it.
+- include folders (the ``-I`` ones, then CUDA's own, ``_cuda_headers``, for a program that reads
+  any header from the host): the key covers each one's real path and a digest of every file
+  under it (``host_files``). A file's digest is memoised by its stat, so a warm process re-stats
+  the tree but does not re-read it.
 - absolute or upward (``..``) include paths and computed includes (``#include MACRO``) in the
   source and the in-memory headers: refused (``check_directives``); the key cannot know the file.
-- absolute or upward include paths inside an include directory's files: refused as well.
-  Computed includes there are allowed (libraries use them) because they resolve through the same
-  covered search path; a macro that expands to an absolute path is the one case this cannot see.
+- include directives in the folders' files, followed from the program as NVRTC would search
+  them (only files the program can reach count; a computed include there, which cannot be
+  followed, makes every file count). A path that lands outside every folder (``..``, absolute)
+  is covered by what is there: where nothing is, the key records that; where a file is, NVRTC
+  would read a file the key does not cover, and the spec is refused.
 - pre-includes: only in-memory headers (checked by ``_spec``).
 """
 
@@ -26,18 +31,20 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "MAX_TREE_BYTES",
     "MAX_TREE_FILES",
     "RECENT_NS",
+    "HostFiles",
     "check_directives",
     "files_read",
+    "host_files",
     "include_dirs",
     "pre_includes",
-    "snapshot",
+    "reads_host",
 ]
 
 # Bounds on one include directory: a tree past them is refused, not digested for minutes.
@@ -110,7 +117,7 @@ def pre_includes(options: Sequence[str]) -> list[tuple[int, str]]:
 
 # White space and block comments: translation phase 3 turns a comment into one space, so
 # "#/* x */include" and a comment spanning lines before the "#" still make a directive.
-_GAP = r"(?:[ \t\f\v]|/\*.*?\*/)*"
+_GAP = r"(?:[ \t\f\v]|(?>/\*.*?\*/))*"
 _OPERAND = r'(?:"(?P<quoted>[^"\n]*)"|<(?P<angled>[^>\n]*)>)?'
 # A line regex, not a preprocessor: a directive inside a comment or a raw string is refused too
 # (a false refusal is the safe direction; a missed directive would be served stale). "%:" and
@@ -133,10 +140,24 @@ _SPLICE_TRIGRAPHS = re.compile(r"(?:\\|\?\?/)\n")
 
 
 @dataclass(frozen=True, slots=True)
-class _Problem:
+class _Directive:
+    """One reading of a file by name: #include (and its kin) or __has_include."""
+
     line: int
-    directive: str
-    problem: str  # "absolute", "upward" or "computed"
+    shown: str  # the directive as written, on one line (for messages)
+    path: str | None  # None: a computed include (#include MACRO)
+    quoted: bool  # "path": looked for beside the including file first; <path>: not
+    next: bool  # #include_next / __has_include_next: searched past the first folder found
+
+    @property
+    def problem(self) -> str | None:
+        """Why the key cannot know the file this names from an in-memory text, or None."""
+        if self.path is None:
+            return "computed"
+        if posixpath.isabs(self.path):
+            return "absolute"
+        normal = posixpath.normpath(self.path)
+        return "upward" if normal == ".." or normal.startswith("../") else None
 
 
 def _spliced(text: str, splice: re.Pattern[str]) -> tuple[str, list[int]]:
@@ -153,34 +174,30 @@ def _spliced(text: str, splice: re.Pattern[str]) -> tuple[str, list[int]]:
     return "".join(parts), at
 
 
-def _scan(text: str, computed_ok: bool) -> _Problem | None:
-    """The first include directive in ``text`` that reaches a host file the key cannot cover."""
+def _scan(text: str) -> tuple[_Directive, ...]:
+    """Every include directive in ``text``, in order of position."""
     # A lone CR counts as a line end too: a directive after one is then not missed.
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     variants = [_spliced(text, _SPLICE) if "\\\n" in text else (text, list[int]())]
     if "??/\n" in text:
         variants.append(_spliced(text, _SPLICE_TRIGRAPHS))
+    found: dict[tuple[int, str | None, bool, bool], tuple[int, _Directive]] = {}
     for variant, splices in variants:
         if not any(word in variant for word in _WORDS):
             continue
         for pattern in (_DIRECTIVE, _HAS_INCLUDE):
             for match in pattern.finditer(variant):
                 path = match["quoted"] if match["quoted"] is not None else match["angled"]
-                if path is None:
-                    if computed_ok:
-                        continue
-                    problem = "computed"
-                elif posixpath.isabs(path):
-                    problem = "absolute"
-                elif posixpath.normpath(path) == ".." or posixpath.normpath(path).startswith("../"):
-                    problem = "upward"
-                else:
-                    continue
                 start = match.start("hash" if "hash" in match.re.groupindex else "what")
                 line = variant.count("\n", 0, start) + bisect.bisect_right(splices, start) + 1
                 shown = " ".join(variant[start : match.end()].split())[:120]
-                return _Problem(line, shown, problem)
-    return None
+                quoted = match["quoted"] is not None
+                following = match["what"].endswith("_next")
+                found.setdefault(
+                    (line, path, quoted, following),
+                    (start, _Directive(line, shown, path, quoted, following)),
+                )
+    return tuple(directive for _, directive in sorted(found.values(), key=lambda x: x[0]))
 
 
 _WHY = {
@@ -193,33 +210,47 @@ _WHY = {
 # The same sources and headers recur in many specs: their scans are memoised by a digest of
 # the text, not by the text, so that the memo keeps no source alive (512 sources of 64 KiB
 # would be 32 MiB). A plain dict, cleared when full: a scan is cheap to redo.
-_SCANNED: dict[bytes, _Problem | None] = {}
+_SCANNED: dict[bytes, tuple[_Directive, ...]] = {}
 _SCANNED_MAX = 512  # texts
 
 
-def _scan_in_memory(text: str) -> _Problem | None:
+def _scan_in_memory(text: str) -> tuple[_Directive, ...]:
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
     try:
         return _SCANNED[digest]
     except KeyError:
         pass
-    found = _SCANNED[digest] = _scan(text, False)
+    found = _SCANNED[digest] = _scan(text)
     if len(_SCANNED) > _SCANNED_MAX:
         _SCANNED.clear()
     return found
 
 
 def check_directives(text: str, where: str) -> None:
-    """Raise ValueError if ``text`` (the source or an in-memory header) includes a host file."""
-    found = _scan_in_memory(text)
-    if found is None:
+    """Raise ValueError if ``text`` (the source or an in-memory header) includes a host file
+    the key cannot know."""
+    found = next((d for d in _scan_in_memory(text) if d.problem is not None), None)
+    if found is None or found.problem is None:
         return
     raise ValueError(
-        f"{where}, line {found.line}: {found.directive!r} {_WHY[found.problem]}, so NVRTC would "
+        f"{where}, line {found.line}: {found.shown!r} {_WHY[found.problem]}, so NVRTC would "
         "read a host file that the cache key does not cover. Pass the header's text in headers= "
         "(headers={'val.h': text} with #include \"val.h\"), or put it under a directory given "
         "with -I<dir> (the key digests every file there) and include it by its path there"
     )
+
+
+def reads_host(source: str, headers: Mapping[str, str]) -> bool:
+    """Whether a program of ``source`` and ``headers`` (each checked by ``check_directives``)
+    includes a header that is not among ``headers``: one NVRTC would look for on the host."""
+    texts = [("", source), *((posixpath.dirname(name), text) for name, text in headers.items())]
+    for folder, text in texts:
+        for directive in _scan_in_memory(text):
+            assert directive.path is not None  # computed includes are refused in memory
+            beside = posixpath.normpath(posixpath.join(folder, directive.path))
+            if directive.path not in headers and not (directive.quoted and beside in headers):
+                return True
+    return False
 
 
 # -- include directory trees --------------------------------------------------------------------
@@ -229,7 +260,7 @@ def check_directives(text: str, where: str) -> None:
 class _Facts:
     identity: tuple[int, ...]
     what: bytes  # b"file <sha256>" (what the tree digest holds for it)
-    problem: _Problem | None
+    directives: tuple[_Directive, ...]
 
 
 class _Memo:
@@ -258,40 +289,40 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _file(path: str, st: os.stat_result) -> tuple[bytes, _Problem | None]:
-    """What the tree digest holds for the regular file at ``path``, and its first problem."""
+def _file(path: str, st: os.stat_result) -> tuple[bytes, tuple[_Directive, ...]]:
+    """What the tree digest holds for the regular file at ``path``, and its directives."""
     identity = _identity(st)
     with _memo.lock:
         facts = _memo.facts.get(path)
     if facts is not None and facts.identity == identity:
-        return facts.what, facts.problem
+        return facts.what, facts.directives
     try:
         # O_NONBLOCK: a special file planted under the tree must not hang the key derivation.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
-        return b"gone", None  # removed since it was listed: the next derivation sees it gone
+        return b"gone", ()  # removed since it was listed: the next derivation sees it gone
     except OSError as exc:
-        return f"unreadable {errno.errorcode.get(exc.errno or 0, exc.errno)}".encode(), None
+        return f"unreadable {errno.errorcode.get(exc.errno or 0, exc.errno)}".encode(), ()
     try:
         opened = os.fstat(fd)
         if not stat.S_ISREG(opened.st_mode):  # swapped for something else since the listing
-            return b"other", None
+            return b"other", ()
         with open(fd, "rb", closefd=False) as file:
             data = file.read(opened.st_size + 1)  # bounded; a file that grew fails the check
         after = os.fstat(fd)
     except OSError as exc:
-        return f"unreadable {errno.errorcode.get(exc.errno or 0, exc.errno)}".encode(), None
+        return f"unreadable {errno.errorcode.get(exc.errno or 0, exc.errno)}".encode(), ()
     finally:
         os.close(fd)
     what = b"file " + hashlib.sha256(data).hexdigest().encode()
     # Bytes, one character each: a header need not be UTF-8, and directives are ASCII.
-    problem = _scan(data.decode("latin-1"), True)
+    directives = _scan(data.decode("latin-1"))
     recent = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RECENT_NS
     with _memo.lock:
         _memo.reads += 1
         if _identity(after) == identity and not recent:
-            _memo.facts[path] = _Facts(identity, what, problem)
-    return what, problem
+            _memo.facts[path] = _Facts(identity, what, directives)
+    return what, directives
 
 
 def _too_big(directory: str, real: str, what: str) -> ValueError:
@@ -302,14 +333,18 @@ def _too_big(directory: str, real: str, what: str) -> ValueError:
     )
 
 
-def _tree(directory: str, real: str, root: os.stat_result) -> str:
-    """Hex digest of every regular file under ``real``: relative path + content digest, sorted.
+Files = dict[str, tuple[_Directive, ...]]  # relative path -> the file's directives
+
+
+def _tree(directory: str, real: str, root: os.stat_result) -> tuple[str, Files]:
+    """Hex digest of every regular file under ``real`` (relative path + content digest,
+    sorted), and each file's directives by relative path.
 
     Symlinks are followed; a directory that is its own ancestor (a loop) is recorded, not
-    entered. Raises ValueError past the bounds or for an include that leaves the tree.
+    entered. Raises ValueError past the bounds.
     """
     entries: list[tuple[bytes, bytes]] = []
-    files: list[tuple[bytes, str, os.stat_result]] = []
+    files: list[tuple[str, str, os.stat_result]] = []
     total = listed = 0
     pending = [(real, "", frozenset({(root.st_dev, root.st_ino)}))]
     while pending:
@@ -341,50 +376,261 @@ def _tree(directory: str, real: str, root: os.stat_result) -> str:
                 else:
                     pending.append((path, relative, ancestors | {node}))
             elif stat.S_ISREG(st.st_mode):
-                files.append((os.fsencode(relative), path, st))
+                files.append((relative, path, st))
                 total += st.st_size
                 if total > MAX_TREE_BYTES:
                     raise _too_big(directory, real, f"{MAX_TREE_BYTES:,} bytes")
             else:
                 entries.append((os.fsencode(relative), b"other"))
-    for file_name, path, st in files:
-        what, problem = _file(path, st)
-        if problem is not None:
-            raise ValueError(
-                f"{path}, line {problem.line}: {problem.directive!r} {_WHY[problem.problem]}, "
-                f"so it leaves include directory {directory!r} and NVRTC would read a file the "
-                "cache key does not cover. Add the folder that holds the target as another -I "
-                "and include the target by its path there, or pass it in headers="
-            )
-        entries.append((file_name, what))
+    found: Files = {}
+    for relative, path, st in files:
+        what, found[relative] = _file(path, st)
+        entries.append((os.fsencode(relative), what))
     digest = hashlib.sha256()
     for entry_name, what in sorted(entries):
         for part in (entry_name, what):
             digest.update(len(part).to_bytes(8, "big"))
             digest.update(part)
-    return digest.hexdigest()
+    return digest.hexdigest(), found
 
 
-def _covered(directory: str) -> tuple[str, str]:
-    # Resolved now, against this process's working directory: two services in different
-    # folders with the same relative -I read different files and must not share a key.
-    real = os.path.realpath(directory)
-    try:
-        st = os.stat(real)
-    except (FileNotFoundError, NotADirectoryError):
-        return real, "missing"
-    except OSError as exc:
-        return real, f"error {exc.errno}"
-    if not stat.S_ISDIR(st.st_mode):
-        return real, "not a directory"
-    return real, _tree(directory, real, st)
+@dataclass(slots=True)
+class _Folder:
+    """One folder of the search path, as the key covers it."""
+
+    given: str  # as the program names it (-I<given>)
+    real: str
+    state: str  # the tree's digest, "missing", "not a directory", "error N" or "within <real>"
+    files: Files | None  # None: not walked (not a folder, or within another that was)
+
+    def holds(self, path: str) -> bool:
+        return path == self.real or path.startswith(self.real.rstrip("/") + "/")
 
 
-def snapshot(directories: Sequence[str]) -> tuple[tuple[str, str], ...]:
-    """For each include directory, in order: its real path and the digest of its tree
-    ("missing" or "not a directory" when there is none)."""
-    seen: dict[str, tuple[str, str]] = {}
+def _folders(directories: Sequence[str]) -> list[_Folder]:
+    """Each of ``directories`` once, in order, with its tree; a folder inside another one of
+    them is not walked twice (its files are that one's, under a longer path)."""
+    folders: dict[str, _Folder] = {}
+    roots: dict[str, os.stat_result] = {}
     for directory in directories:
-        if directory not in seen:
-            seen[directory] = _covered(directory)
-    return tuple(seen[directory] for directory in directories)
+        if directory in folders:
+            continue
+        # Resolved now, against this process's working directory: two services in different
+        # folders with the same relative -I read different files and must not share a key.
+        real = os.path.realpath(directory)
+        try:
+            st = os.stat(real)
+        except (FileNotFoundError, NotADirectoryError):
+            folders[directory] = _Folder(directory, real, "missing", None)
+            continue
+        except OSError as exc:
+            folders[directory] = _Folder(directory, real, f"error {exc.errno}", None)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            folders[directory] = _Folder(directory, real, "not a directory", None)
+        else:
+            folders[directory] = _Folder(directory, real, "", {})
+            roots[directory] = st
+    walked = [f for f in folders.values() if f.files is not None]
+    for folder in walked:
+        outer = next((o for o in walked if o.real != folder.real and o.holds(folder.real)), None)
+        if outer is not None:
+            folder.state, folder.files = f"within {outer.real}", None
+    for folder in walked:
+        if not folder.state:
+            folder.state, folder.files = _tree(folder.given, folder.real, roots[folder.given])
+    return list(folders.values())
+
+
+# -- what the program reaches -------------------------------------------------------------------
+
+
+def _probe(path: str) -> str:
+    """What is at ``path``, a place outside every include folder: "file" or what it is not."""
+    try:
+        st = os.stat(path)  # follows symlinks, as NVRTC's open does
+    except (FileNotFoundError, NotADirectoryError):
+        return "absent"
+    except OSError as exc:
+        return f"error {errno.errorcode.get(exc.errno or 0, exc.errno)}"
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    return "folder" if stat.S_ISDIR(st.st_mode) else "other"
+
+
+def _place(candidate: str, path: str) -> str:
+    """Where NVRTC's open of ``candidate`` (a folder + ``path``) lands. Lexically, as the trees
+    list their files; a ``..`` inside the path is resolved as the OS does (after a symlinked
+    folder it climbs out of the link's target, not out of the link's folder)."""
+    if ".." in path.split("/"):
+        return os.path.realpath(candidate)
+    return posixpath.normpath(candidate)
+
+
+# Where a file is: ("memory", its name's folder) for the source (folder "") and the in-memory
+# headers, which NVRTC reads from a private folder of their own (``_nvrtc``), or ("host", the
+# real folder) for a file of an include folder.
+_Where = tuple[str, str]
+
+
+class _Reach:
+    """The files of the include folders a program can reach, and what its includes find
+    outside them (``probes``).
+
+    NVRTC looks for ``"path"`` beside the including file first, then (as for ``<path>``) in
+    the in-memory headers' folder, then in each include folder in order; the first file found
+    is read (``#include_next`` goes on: every one counts).
+    """
+
+    def __init__(self, folders: list[_Folder], headers: Mapping[str, str]) -> None:
+        self.folders = folders
+        # Walked folders first: a place inside a folder within another is found in the outer
+        # one's files; a place inside a missing folder is covered by that folder's state.
+        self.covering = sorted(folders, key=lambda f: f.files is None)
+        self.headers = headers
+        self.reached: set[tuple[int, str]] = set()
+        self.pending: list[tuple[str, _Where, _Directive]] = []
+        self.probes: dict[str, str] = {}
+        self.everything = False
+
+    def run(self, texts: Sequence[tuple[str, str, str]]) -> None:
+        """Follow the includes of ``texts``: (where, as said in messages; folder; text)."""
+        for origin, name_folder, text in texts:
+            at: _Where = ("memory", name_folder)
+            self.pending.extend((origin, at, d) for d in _scan_in_memory(text))
+        self._drain()
+        if self.everything:
+            # Which file a computed include names cannot be told: every file counts.
+            for index, folder in enumerate(self.folders):
+                for relative in folder.files or {}:
+                    self._reach(index, relative)
+            self._drain()
+
+    def _drain(self) -> None:
+        while self.pending:
+            origin, where, directive = self.pending.pop()
+            if directive.path is None:
+                self.everything = True
+            else:
+                self._resolve(origin, where, directive, directive.path)
+
+    def _reach(self, index: int, relative: str) -> None:
+        if (index, relative) in self.reached:
+            return
+        self.reached.add((index, relative))
+        folder = self.folders[index]
+        assert folder.files is not None
+        origin = os.path.join(folder.real, relative)
+        beside = ("host", posixpath.dirname(origin))
+        self.pending.extend((origin, beside, d) for d in folder.files[relative])
+
+    def _resolve(self, origin: str, where: _Where, directive: _Directive, path: str) -> None:
+        """Follow ``directive`` (in ``origin``, at ``where``) as NVRTC looks for ``path``."""
+        if posixpath.isabs(path):
+            candidates: list[_Where] = [("host", path)]
+        else:
+            beside = [(where[0], posixpath.join(where[1], path))] if directive.quoted else []
+            candidates = [
+                *beside,
+                ("memory", path),
+                *(("host", posixpath.join(f.real, path)) for f in self.folders),
+            ]
+        for kind, candidate in candidates:
+            found = (
+                self._in_memory(origin, directive, candidate)
+                if kind == "memory"
+                else self._on_host(origin, directive, candidate, path)
+            )
+            if found and not directive.next:
+                return
+
+    def _in_memory(self, origin: str, directive: _Directive, name: str) -> bool:
+        normal = posixpath.normpath(name)
+        if normal == ".." or normal.startswith("../"):
+            # Above the in-memory headers' folder lies a temporary folder of the host.
+            raise ValueError(
+                f"{origin}, line {directive.line}: {directive.shown!r} finds no file beside it, "
+                "so NVRTC would look for it above the folder of the in-memory headers, in a "
+                "temporary folder the cache key does not cover. Give the folder that holds the "
+                "file it means as another -I, or pass it in headers="
+            )
+        return normal in self.headers  # found, or (the folder holds only them) not there
+
+    def _on_host(self, origin: str, directive: _Directive, candidate: str, path: str) -> bool:
+        place = _place(candidate, path)
+        folder = next((f for f in self.covering if f.holds(place)), None)
+        if folder is not None:
+            if folder.files is None:
+                return False  # not there: the folder's state says so, and would change
+            relative = place[len(folder.real.rstrip("/")) + 1 :]
+            if relative not in folder.files:
+                return False  # not there: the folder's digest says so, and would change
+            self._reach(self.folders.index(folder), relative)
+            return True
+        what = _probe(place)
+        if what == "file":
+            raise ValueError(
+                f"{origin}, line {directive.line}: {directive.shown!r} makes NVRTC read "
+                f"{place}, a file outside every include folder, which the cache key does not "
+                "cover. Give the folder that holds it as another -I (the key then covers it), "
+                "or pass it in headers="
+            )
+        self.probes[place] = what
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class HostFiles:
+    """What an NVRTC program reads from the host, as its cache key covers it."""
+
+    # The folders searched, as named: the -I ones, then ``added``.
+    folders: tuple[str, ...] = ()
+    # CUDA's header folders searched after the program's own -I folders (NVRTC gets them as -I).
+    added: tuple[str, ...] = ()
+    # Per folder searched, in order: (real path, its tree's digest or state); then, sorted, per
+    # place outside them where an include looks and finds no file: (path, what is there).
+    entries: tuple[tuple[str, str], ...] = ()
+
+    def changed(self, now: HostFiles) -> str | None:
+        """What differs in ``now`` (taken later, through the same folders), in words; None if
+        nothing does."""
+        for index, (before, after) in enumerate(zip(self.entries, now.entries, strict=False)):
+            if before == after:
+                continue
+            if index < len(self.folders):
+                return f"the files of include directory {self.folders[index]!r} ({after[0]})"
+            return f"what is at {before[0]}, where an include looks"
+        if len(self.entries) == len(now.entries):
+            return None
+        longer = max(self.entries, now.entries, key=len)
+        return (
+            f"what is at {longer[min(len(self.entries), len(now.entries))][0]}, where an "
+            "include looks"
+        )
+
+
+def host_files(
+    source: str,
+    headers: Mapping[str, str],
+    directories: Sequence[str],
+    added: Sequence[str] = (),
+) -> HostFiles:
+    """The host files a program of ``source`` and ``headers`` can read through
+    ``directories`` (its -I folders, in order) and then ``added``, as its key covers them.
+
+    Raises ValueError for a folder past the bounds, or for an include of a reachable file
+    that lands on a file outside every folder.
+    """
+    searched = [*directories, *added]
+    if not searched:
+        return HostFiles()
+    folders = _folders(searched)
+    reach = _Reach(folders, headers)
+    texts = [(f"headers[{n!r}]", posixpath.dirname(n), t) for n, t in headers.items()]
+    reach.run([("source", "", source), *texts])
+    by_given = {folder.given: (folder.real, folder.state) for folder in folders}
+    return HostFiles(
+        tuple(searched),
+        tuple(added),
+        tuple(by_given[d] for d in searched) + tuple(sorted(reach.probes.items())),
+    )

@@ -10,13 +10,16 @@ import functools
 import glob
 import hashlib
 import os
+import shutil
 import struct
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
-from . import _includes
+from . import _cuda_headers, _includes
 from ._cuda_errors import describe, map_cuda_errors
 from ._cuda_versions import (
     CHOOSE_EXTRA,
@@ -270,12 +273,14 @@ def compile_program(spec: KernelSpec, target: Target) -> CompileResult:
     """
     nvrtc = _binding()
     arch_option, kind = _arch_option(target)
-    # --no-source-include: a quoted include never resolves against the working directory (or
-    # the program's folder), which the key does not cover; only headers= and -I dirs remain.
-    options = [arch_option, "--no-source-include", *spec.options]
     host = _host_files(spec)
+    added = [f"-I{folder}" for folder in host.added]  # CUDA's headers, after the program's own
+    options = [arch_option, *spec.options, *added]
+    # A header NVRTC cannot open may be one of CUDA's, where this host has none to search.
+    missing = None if host.added or not spec.reads_host_files else _headers_hint()
     try:
-        result = _compile(nvrtc, spec, target, kind, options)
+        with _private_folder(spec) as folder:
+            result = _compile(nvrtc, spec, target, kind, options, folder=folder, missing=missing)
     except CompileError:
         _require_unchanged(spec, host)  # a failure of changed files is not the key's failure
         raise
@@ -284,15 +289,15 @@ def compile_program(spec: KernelSpec, target: Target) -> CompileResult:
     return result
 
 
-def _host_files(spec: KernelSpec) -> tuple[tuple[str, str], ...]:
-    """The snapshot the spec's keys cover, checked against the files as they are now."""
+def _host_files(spec: KernelSpec) -> _includes.HostFiles:
+    """The host files the spec's keys cover, checked against the files as they are now."""
     host = spec._host_files()
     _require_unchanged(spec, host)
     return host
 
 
-def _require_unchanged(spec: KernelSpec, host: tuple[tuple[str, str], ...]) -> None:
-    if not host:
+def _require_unchanged(spec: KernelSpec, host: _includes.HostFiles) -> None:
+    if not host.entries:
         return
     fix = (
         "so the image would not be the one its key describes; forget() the spec "
@@ -300,16 +305,73 @@ def _require_unchanged(spec: KernelSpec, host: tuple[tuple[str, str], ...]) -> N
         "create a new KernelSpec"
     )
     try:
-        now = _includes.snapshot(spec._include_dirs)
+        now = spec._take_host_files(host.added)
     except ValueError as exc:  # a file changed into one that is refused
         raise NvrtcError(f"{exc}; the include directories changed since the key was derived, "
                          f"{fix}") from exc  # fmt: skip
-    for directory, before, after in zip(spec._include_dirs, host, now, strict=True):
-        if before != after:
-            raise NvrtcError(
-                f"the files of include directory {directory!r} ({after[0]}) changed since this "
-                f"KernelSpec's cache key was derived, {fix}"
-            )
+    changed = host.changed(now)
+    if changed is not None:
+        raise NvrtcError(f"{changed} changed since this KernelSpec's cache key was derived, {fix}")
+
+
+# The file name of the program inside its private folder: what it is called in NVRTC's
+# messages and __FILE__ is spec.name, through a #line directive.
+_PROGRAM = "program.cu"
+
+
+def _headers_hint() -> str:
+    hint = _cuda_headers.install_hint(version()[0])
+    return f"CUDA's own headers are not on this host: {hint}"
+
+
+@contextlib.contextmanager
+def _private_folder(spec: KernelSpec) -> Iterator[str]:
+    """A new folder only this user can open, holding the spec's in-memory headers as files,
+    for the program to be compiled in, removed afterwards.
+
+    Why not NVRTC's in-memory headers and --no-source-include: the option also keeps NVRTC
+    from looking for a quoted include beside the file that includes it, which CUDA's own
+    headers need (cooperative_groups/details/driver_abi.h includes "info.h" from its folder);
+    without it, NVRTC looks beside the program and beside in-memory headers in the working
+    directory, which the key does not cover. In a private folder, "beside" holds exactly the
+    in-memory headers, wherever the process runs.
+    """
+    try:
+        folder = tempfile.mkdtemp(prefix="aionvrtc-")
+        for name, text in spec.headers.items():
+            path = os.path.join(folder, name)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as file:
+                file.write(_named(name, text).encode())
+    except OSError as exc:
+        raise NvrtcError(
+            f"cannot make a private folder for the program's headers in "
+            f"{tempfile.gettempdir()} ({exc.strerror or exc}); set TMPDIR to a folder this user "
+            "can write"
+        ) from exc
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _in_folder(options: list[str], folder: str) -> list[str]:
+    """``options`` as NVRTC gets them for a program in ``folder`` (see _private_folder): that
+    folder searched first (the in-memory headers come before any -I folder), and each
+    pre-include named by its path there (NVRTC looks for a relative one in the working
+    directory first)."""
+    given = list(options)
+    for index, name in reversed(_includes.pre_includes(given)):  # later indices first
+        at = index + 1 if given[index] in ("--pre-include", "-include") else index
+        given[index : at + 1] = [f"--pre-include={os.path.join(folder, name)}"]
+    return [given[0], f"-I{folder}", *given[1:]]
+
+
+def _named(name: str, text: str) -> str:
+    """``text`` as the file ``name``: in NVRTC's messages and __FILE__, not its path on disk."""
+    quoted = name.replace("\\", "\\\\").replace('"', '\\"')
+    return f'#line 1 "{quoted}"\n{text}'
 
 
 def _compile(
@@ -318,38 +380,43 @@ def _compile(
     target: Target,
     kind: Literal["cubin", "ptx"],
     options: list[str],
+    *,
+    folder: str,
+    missing: str | None,
 ) -> CompileResult:
     started = time.perf_counter()
     what = f"NVRTC failed to compile {spec.name!r} for {target.arch}"
     program = None
     compiling = False
+    path = os.path.join(folder, _PROGRAM)
+
+    def read_log() -> str:
+        # Said as the user named things, not by the private folder's path.
+        return _log(nvrtc, program).replace(path, spec.name).replace(folder + os.sep, "")
 
     def failed(message: str) -> CompileError:
         # Every failure of the binding here belongs to this program (a bare RuntimeError from
         # getCUBIN, an error status from getLoweredName): as a CompileError the Compiler
         # remembers it instead of compiling again at every request.
-        log = _log(nvrtc, program) if program is not None else ""
+        log = read_log() if program is not None else ""
         if compiling:  # NVRTC rejected the program: its log's first error says why
             first = next((line.strip() for line in log.splitlines() if "error" in line), None)
             message = f"{what}: {first}" if first else message
+            if missing is not None and "cannot open source file" in log:
+                message = f"{message} ({missing})"
         return CompileError(message, log=log, program=spec.name, options=options)
 
     try:
         with map_cuda_errors(what, failed):
-            program = nvrtc.createProgram(
-                spec.source,
-                spec.name,
-                [text.encode() for text in spec.headers.values()],
-                [name.encode() for name in spec.headers],
-            )
+            program = nvrtc.createProgram(_named(spec.name, spec.source), path, [], [])
             for expression in spec.name_expressions:
                 nvrtc.addNameExpression(program, expression)
             compiling = True
-            nvrtc.compileProgram(program, options)
+            nvrtc.compileProgram(program, _in_folder(options, folder))
             compiling = False
             lowered = {expr: nvrtc.getLoweredName(program, expr) for expr in spec.name_expressions}
             image = nvrtc.getCUBIN(program) if kind == "cubin" else nvrtc.getPTX(program)
-            log = _log(nvrtc, program)
+            log = read_log()
     finally:
         if program is not None:
             # A program that cannot be destroyed leaks its memory; the outcome stands.

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from . import _includes
+from . import _cuda_headers, _includes
 from ._target import Target
 
 __all__ = ["FORMAT_VERSION", "KernelSpec", "derive_key"]
@@ -19,6 +19,8 @@ __all__ = ["FORMAT_VERSION", "KernelSpec", "derive_key"]
 # Bump when the key derivation or the entry encoding changes: old entries then live in another
 # folder of the disk tier and are never read as current ones.
 FORMAT_VERSION = 2
+
+_NO_HOST_FILES = _includes.HostFiles()
 
 # Equal specs are one object while they are in this table (see KernelSpec.__new__), so a spec
 # built per request derives its key once per process, not once per request. Bounded in specs
@@ -132,6 +134,20 @@ def _check_header_name(name: str) -> None:
         )
 
 
+def _check_header_folders(headers: Mapping[str, str]) -> None:
+    # NVRTC reads the headers as files of one folder (see _nvrtc): a name cannot be a file
+    # and a folder at once.
+    for name in headers:
+        folder = posixpath.dirname(name)
+        while folder:
+            if folder in headers:
+                raise ValueError(
+                    f"headers: {folder!r} is a header and also the folder of {name!r}; rename "
+                    "one of them"
+                )
+            folder = posixpath.dirname(folder)
+
+
 @dataclass(frozen=True, slots=True, eq=True, init=False)  # built in __new__
 class KernelSpec:
     """One NVRTC program: source, in-memory headers, options and the name expressions whose
@@ -141,14 +157,16 @@ class KernelSpec:
     is part of the cache key.
 
     NVRTC reads no host file that the key does not cover: includes resolve against ``headers``
-    and the include directories (``-I<dir>``, whose every file the key digests); an absolute or
-    upward include path, a computed include (``#include MACRO``), a pre-include that is not in
+    and the include folders (``-I<dir>``, then CUDA's own headers where a program includes a
+    header not in ``headers``; the key digests every file of each); an absolute or upward
+    include path, a computed include (``#include MACRO``), a pre-include that is not in
     ``headers`` and options that write host files or produce no loadable image are refused here
     with a ValueError.
 
     Building a spec equal to one built before returns that object (while it is among the last
     few thousand built), so a spec made per request costs one table lookup and its cache key
-    is derived once per process. A spec with include directories is always a new object.
+    is derived once per process. A spec that reads host headers is always a new object: its
+    key covers the files as it first read them (build it once and keep it).
     """
 
     source: str
@@ -158,8 +176,11 @@ class KernelSpec:
     name: str = "kernel.cu"
     _keys: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
     _include_dirs: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
-    # The include directories' files as this spec's keys cover them, taken once (kernel_key).
-    _host: dict[str, tuple[tuple[str, str], ...]] = field(
+    # Whether NVRTC looks for a header on the host: -I folders, or an include of a header
+    # not in headers= (then CUDA's own header folders are searched too).
+    _reads_host: bool = field(default=False, init=False, repr=False, compare=False)
+    # The host files as this spec's keys cover them, taken once (kernel_key).
+    _host: dict[str, _includes.HostFiles] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -213,6 +234,7 @@ class KernelSpec:
             _check_header_name(_require_str(header, "headers: a header name"))
             checked[header] = _require_str(text, f"headers[{header!r}]")
             _includes.check_directives(text, f"headers[{header!r}]")
+        _check_header_folders(checked)
         _check_pre_includes(opts, checked)
         include_dirs = _includes.include_dirs(opts)
         if not _require_str(name, "name").strip() or "\n" in name:
@@ -225,13 +247,15 @@ class KernelSpec:
         setter(self, "name", name)
         setter(self, "_keys", {})
         setter(self, "_include_dirs", include_dirs)
+        reads = bool(include_dirs) or _includes.reads_host(source, checked)
+        setter(self, "_reads_host", reads)
         setter(self, "_host", {})
 
     def _intern(self) -> KernelSpec:
         """The equal spec already in the table, else this one, added. A spec that reads host
         files is never shared: its key covers the files as it first read them, and the next
         spec must read them anew (see ``kernel_key``)."""
-        if self._include_dirs:
+        if self._reads_host:
             return self
         table = _intern_state
         fields = self.source, self.name_expressions, self.options, _items(self.headers)
@@ -260,8 +284,9 @@ class KernelSpec:
     @property
     def reads_host_files(self) -> bool:
         """Whether deriving this spec's first key reads host files (it has include
-        directories): derive it off the event loop."""
-        return bool(self._include_dirs)
+        directories, or includes a header that is not in ``headers``): derive it off the
+        event loop."""
+        return self._reads_host
 
     def _reread_host_files(self) -> None:
         """Forget the keys and the include directories' snapshot: the next key reads the
@@ -269,15 +294,22 @@ class KernelSpec:
         self._keys.clear()
         self._host.clear()
 
-    def _host_files(self) -> tuple[tuple[str, str], ...]:
-        """(real path, tree digest) per include directory, taken once and kept (see kernel_key)."""
-        if not self._include_dirs:
-            return ()
+    def _host_files(self) -> _includes.HostFiles:
+        """The host files this spec's keys cover, taken once and kept (see kernel_key)."""
+        if not self._reads_host:
+            return _NO_HOST_FILES
         taken = self._host.get("snapshot")
         if taken is None:
             # setdefault: two threads deriving the first keys at once keep one snapshot.
-            taken = self._host.setdefault("snapshot", _includes.snapshot(self._include_dirs))
+            taken = self._host.setdefault("snapshot", self._take_host_files())
         return taken
+
+    def _take_host_files(self, added: tuple[str, ...] | None = None) -> _includes.HostFiles:
+        """The host files as they are now, searched through ``added`` after the -I folders
+        (default: CUDA's header folders found on this host)."""
+        if added is None:
+            added = _cuda_headers.search_dirs()
+        return _includes.host_files(self.source, self.headers, self._include_dirs, added)
 
 
 def _rebuild(
@@ -362,11 +394,11 @@ def derive_key(spec: KernelSpec, arch: Target | str, nvrtc_build: str) -> str:
     _field(digest, str(len(names)))
     for expression in names:
         _field(digest, expression)
-    host = spec._host_files()
+    host = spec._host_files().entries
     _field(digest, str(len(host)))
-    for real_path, tree in host:  # in option order, as NVRTC searches them
+    for real_path, what in host:  # the folders, in the order NVRTC searches them, then probes
         _field(digest, os.fsencode(real_path))  # a link may resolve to a non-UTF-8 name
-        _field(digest, tree)
+        _field(digest, what)
     _field(digest, str(arch))
     _field(digest, nvrtc_build)
     return digest.hexdigest()

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,13 +180,13 @@ def digest_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     from aionvrtc import _includes
 
     threads: list[str] = []
-    real_snapshot = _includes.snapshot
+    real_host_files = _includes.host_files
 
-    def observed(directories: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    def observed(*args: Any, **kwargs: Any) -> _includes.HostFiles:
         threads.append(threading.current_thread().name)
-        return real_snapshot(directories)
+        return real_host_files(*args, **kwargs)
 
-    monkeypatch.setattr(_includes, "snapshot", observed)
+    monkeypatch.setattr(_includes, "host_files", observed)
     return threads
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import sniffio
 
 from aionvrtc import Compiler, CompilerClosed, KernelSpec, kernel_key
 from aionvrtc._store.disk import STALE_TMP_SECONDS, DiskTier
@@ -252,11 +251,12 @@ async def storm(waiters: int, kernels: int, seed: int, cache_dir: Path) -> dict[
 
 def _task_count() -> int | None:
     """Live tasks under asyncio (trio keeps no list of them)."""
-    if sniffio.current_async_library() != "asyncio":
-        return None
     import asyncio
 
-    return len(asyncio.all_tasks())
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:  # no asyncio loop running: trio
+        return None
 
 
 # -- a hostile cache dir -------------------------------------------------------------------------

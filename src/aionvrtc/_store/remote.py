@@ -230,13 +230,15 @@ class RedisTier:
     @staticmethod
     def check_backend() -> None:
         """Raise RuntimeError outside asyncio: redis-py's async client runs on asyncio only."""
-        import sniffio
+        import asyncio
 
-        if sniffio.current_async_library() != "asyncio":
+        try:
+            asyncio.get_running_loop()  # what redis-py needs; under trio there is none
+        except RuntimeError:
             raise RuntimeError(
                 "the remote tier (RedisTier) needs asyncio: redis-py's async client does not "
                 "run under trio; open this Compiler under asyncio, or without remote="
-            )
+            ) from None
 
     def stats(self) -> RemoteStats:
         return RemoteStats(
