@@ -9,7 +9,9 @@ import hmac
 import json
 import logging
 import os
+import shlex
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -28,7 +30,8 @@ from aionvrtc._store.disk import DiskTier
 from aionvrtc._store.tier import LayerStats
 from aionvrtc._units import format_size
 
-from .conftest import make_spec
+from .conftest import NOBODY, as_other_user, as_root, make_spec
+from .test_layers import tree
 
 SECRET_ENV = "AIONVRTC_REMOTE_SECRET"
 HEAD = 16 + 8  # magic and index length: where the index starts
@@ -771,6 +774,241 @@ def test_import_of_more_than_the_cache_limit_adds_nothing(
         f"limit of {format_size(10000)}; raise $AIONVRTC_DISK_LIMIT"
     )})  # fmt: skip
     assert entries(tmp_path / "target") == {}
+
+
+# -- trust: a bundle is imported only where it would be read as a layer ----------------------
+
+NOT_TRUSTED = "not trusted, as others could plant kernels in it"
+OWN_COPY = "copy it, if you trust where it came from, into a folder of your own"
+
+# A case makes a bundle holding ``data`` in ``folder`` (a folder uid 65534 can reach), and gives
+# the path to import and what is wrong ("<path> is <problem>; fix: <fix>"), or None if trusted.
+Made = tuple[Path, str | None]
+
+
+def _file(path: Path, data: bytes, mode: int = 0o644) -> Path:
+    path.write_bytes(data)
+    path.chmod(mode)  # whatever the umask
+    return path
+
+
+def _folder(path: Path, mode: int) -> Path:
+    path.mkdir()
+    path.chmod(mode)
+    return path
+
+
+def _others_can_write(folder: Path, data: bytes) -> Made:
+    path = _file(folder / "k.bundle", data, 0o666)
+    uid = os.geteuid()
+    return (
+        path,
+        f"{path} is writable by others (owner uid {uid}, mode 0666); fix: chmod go-w {path}",
+    )
+
+
+def _group_can_write(folder: Path, data: bytes) -> Made:
+    path = _file(folder / "k.bundle", data, 0o664)
+    uid, gid = os.geteuid(), path.stat().st_gid
+    return path, (
+        f"{path} is writable by group {gid} (owner uid {uid}, mode 0664); fix: chmod go-w "
+        f"{path}, or share it with group {gid}: AIONVRTC_SHARED_CACHE=1"
+    )
+
+
+def _in_a_folder_others_can_write(folder: Path, data: bytes) -> Made:
+    shared = _folder(folder / "drop", 0o777)  # without the sticky bit: others rename in it
+    return _file(shared / "k.bundle", data), (
+        f"{shared} is writable by others without the sticky bit (mode 0777); fix: chmod o-w "
+        f"{shared}"
+    )
+
+
+def _planted_by_another_user(folder: Path, data: bytes) -> Made:
+    drop = _folder(folder / "drop", 0o1777)  # as /tmp: anyone may add a file of their own
+    path = drop / "k.bundle"
+
+    def plant() -> dict[str, Any]:
+        return {"wrote": path.write_bytes(data)}
+
+    as_other_user(plant)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    return path, (
+        f"{path} is owned by uid {NOBODY} (mode {mode:04o}), not by this user (uid "
+        f"{os.geteuid()}) or root; fix: {OWN_COPY}"
+    )
+
+
+def _link_to_a_file_others_can_write(folder: Path, data: bytes) -> Made:
+    target, problem = _others_can_write(folder, data)
+    link = folder / "link.bundle"
+    link.symlink_to(target)  # the link is this user's: the file it names is not safe
+    return link, problem
+
+
+def _link_in_a_folder_others_can_write(folder: Path, data: bytes) -> Made:
+    target = _file(folder / "k.bundle", data)
+    shared = _folder(folder / "drop", 0o777)
+    link = shared / "k.bundle"
+    link.symlink_to(target)  # a safe file, named through a link that others can swap
+    return link, (
+        f"{shared} is writable by others without the sticky bit (mode 0777); fix: chmod o-w "
+        f"{shared}"
+    )
+
+
+def _link_of_another_user(folder: Path, data: bytes) -> Made:
+    target = _file(folder / "k.bundle", data)
+    drop = _folder(folder / "drop", 0o1777)
+    link = drop / "k.bundle"
+
+    def plant() -> dict[str, Any]:
+        # Its owner may replace it (the sticky bit lets them) to point at another file.
+        os.symlink(target, link)
+        return {}
+
+    as_other_user(plant)
+    return link, (
+        f"{link} is a symbolic link owned by uid {NOBODY}, not by this user (uid "
+        f"{os.geteuid()}) or root; fix: {OWN_COPY}"
+    )
+
+
+def _yours(folder: Path, data: bytes) -> Made:
+    return _file(folder / "k.bundle", data), None
+
+
+def _in_a_sticky_folder(folder: Path, data: bytes) -> Made:
+    return _file(_folder(folder / "drop", 0o1777) / "k.bundle", data), None
+
+
+def _your_link_to_your_file(folder: Path, data: bytes) -> Made:
+    link = folder / "link.bundle"
+    link.symlink_to(_file(folder / "k.bundle", data))
+    return link, None
+
+
+def _group_can_write_shared(folder: Path, data: bytes) -> Made:
+    return _file(folder / "k.bundle", data, 0o664), None  # a group of this user's: opted in
+
+
+Case = Callable[[Path, bytes], Made]
+REFUSED = [
+    pytest.param(_others_can_write, id="file-0666"),
+    pytest.param(_group_can_write, id="file-0664"),
+    pytest.param(_in_a_folder_others_can_write, id="folder-0777"),
+    pytest.param(_planted_by_another_user, id="owned-by-nobody", marks=as_root),
+    pytest.param(_link_to_a_file_others_can_write, id="link-to-file-0666"),
+    pytest.param(_link_in_a_folder_others_can_write, id="link-in-folder-0777"),
+    pytest.param(_link_of_another_user, id="link-owned-by-nobody", marks=as_root),
+]
+ACCEPTED = [
+    pytest.param(_yours, id="file-0644"),
+    pytest.param(_in_a_sticky_folder, id="folder-1777"),
+    pytest.param(_your_link_to_your_file, id="link-to-file-0644"),
+    pytest.param(_group_can_write_shared, id="file-0664-shared"),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Planted:
+    """A bundle of one entry for a kernel's key holding another kernel (right key, arch and
+    checksum): what someone who could write the bundle would plant."""
+
+    key: str
+    entry: bytes
+    bundle: bytes
+
+
+@pytest.fixture
+def planted(warm: Warm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Planted:
+    monkeypatch.delenv("AIONVRTC_SHARED_CACHE", raising=False)
+    first, second = (a for a in warm.artifacts.values() if (a.arch, a.kind) == ("sm_90", "cubin"))
+    entry = encode(dataclasses.replace(second, key=first.key))
+    path = tmp_path / "planted.bundle"
+    write_bundle(path, [entry])
+    return Planted(first.key, entry, path.read_bytes())
+
+
+def _made(case: Case, folder: Path, planted: Planted, monkeypatch: pytest.MonkeyPatch) -> Made:
+    if case is _group_can_write_shared:
+        monkeypatch.setenv("AIONVRTC_SHARED_CACHE", "1")
+    return case(folder, planted.bundle)
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_import_refuses_a_bundle_others_could_change_and_adds_nothing(
+    case: Case,
+    planted: Planted,
+    other_users_dir: Path,
+    tmp_path: Path,
+    run: Run,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path, damage = _made(case, other_users_dir, planted, monkeypatch)
+    target = tmp_path / "target"
+    assert DiskTier(target).probe_write() is None  # a cache dir as a write makes it, empty
+    before = tree(target)
+    status, report, err = run("cache", "import", path, cache=target)
+    message = f"bundle {path}: {NOT_TRUSTED}: {damage}"
+    assert (status, report) == (1, {"error": message})
+    assert err == f"error: {message}\n"
+    assert tree(target) == before
+    # The fix named works (its first way, where there are several).
+    fix = damage.split("; fix: ")[1].split(", or ")[0] if damage else ""
+    if fix == OWN_COPY:
+        copy = tmp_path / "copy.bundle"  # cp, as a user would: the copy is theirs
+        subprocess.run(["cp", str(path), str(copy)], check=True)
+        path = copy
+    else:
+        subprocess.run(shlex.split(fix), check=True)
+    status, report, _ = run("cache", "import", path, cache=target)
+    assert (status, report["added"]) == (0, 1)
+    assert entries(target) == {planted.key: planted.entry}
+
+
+@pytest.mark.parametrize("case", ACCEPTED)
+def test_import_takes_a_bundle_only_this_user_or_root_could_change(
+    case: Case,
+    planted: Planted,
+    other_users_dir: Path,
+    tmp_path: Path,
+    run: Run,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path, damage = _made(case, other_users_dir, planted, monkeypatch)
+    assert damage is None
+    target = tmp_path / "target"
+    status, report, err = run("cache", "import", path, cache=target)
+    assert (status, report["added"], err) == (0, 1, "")
+    assert entries(target) == {planted.key: planted.entry}
+
+
+@pytest.mark.parametrize("case", [*REFUSED, *ACCEPTED])
+def test_import_and_a_layer_give_one_verdict(
+    case: Case,
+    planted: Planted,
+    other_users_dir: Path,
+    tmp_path: Path,
+    run: Run,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from aionvrtc._store.layers import open_layers
+
+    path, damage = _made(case, other_users_dir, planted, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+        layers = open_layers([path])
+    warned = [r.getMessage() for r in caplog.records]
+    for layer in layers:
+        layer.close()
+    status, report, _ = run("cache", "import", path, cache=tmp_path / "target")
+    if damage is None:
+        assert (len(layers), warned, status) == (1, [], 0)
+    else:
+        message = f"bundle {path}: {NOT_TRUSTED}: {damage}"
+        assert (layers, warned) == ([], [f"not reading the cache layer {path}: {message}"])
+        assert (status, report) == (1, {"error": message})
 
 
 # -- BundleTier: reading in place ------------------------------------------------------------

@@ -257,30 +257,6 @@ def test_a_signed_bundle_layer_is_read_only_with_its_secret(
     assert (cache.stats().compiles, cache.stats().layers[0].hits) == (0, 1)
 
 
-@pytest.mark.parametrize("where", ["file others can write", "folder others can write"])
-def test_a_bundle_others_could_replace_is_not_read(
-    tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    # A bundle is code that runs on the GPU: held to the cache dir's ownership rules.
-    spec = make_spec()
-    folder = tmp_path / "shipped"
-    folder.mkdir()
-    bundle = bundle_of(tmp_path / "staging", folder / "k.bundle", [spec])
-    if where == "file others can write":
-        bundle.chmod(0o666)
-        problem = f"{bundle} is writable by others"
-    else:
-        folder.chmod(0o777)
-        problem = f"{folder} is writable by others without the sticky bit"
-    with caplog.at_level(logging.WARNING, logger="aionvrtc"):
-        cache = KernelCache("sm_90", cache_dir=tmp_path / "w", layers=[bundle])
-    assert cache.stats().layers == ()
-    assert f"not reading the cache layer {bundle}: it is not trusted: {problem}" in caplog.text
-    folder.chmod(0o1777)  # /tmp's mode: others cannot replace what is not theirs
-    bundle.chmod(0o644)
-    assert len(KernelCache("sm_90", cache_dir=tmp_path / "w2", layers=[bundle]).layers) == 1
-
-
 def test_the_remote_tiers_secret_verifies_bundle_layers(tmp_path: Path) -> None:
     from aionvrtc import RedisTier
 

@@ -356,8 +356,10 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     imported = command(
         cache, "import", _import,
-        "add a bundle's entries to the cache, once all of them are verified (and its signature, "
-        "when $AIONVRTC_REMOTE_SECRET is set); exit 1, adding nothing, if any is not",
+        "add a bundle's entries to the cache, once the bundle is found trusted as a layer is "
+        "(nobody else can change it or a folder above it) and all of its entries are verified "
+        "(and its signature, when $AIONVRTC_REMOTE_SECRET is set); exit 1, adding nothing, if "
+        "not",
     )  # fmt: skip
     imported.add_argument("bundle", type=Path, metavar="BUNDLE", help="a file cache export wrote")
 
@@ -893,7 +895,9 @@ def _import(args: argparse.Namespace, console: Any) -> Result:
     from ._store.disk import ENV_DISK_LIMIT
 
     secret = environment_secret()
-    # Every entry is checked before any is added: a bundle that fails adds nothing.
+    # Every entry is checked before any is added: a bundle that fails adds nothing. It is held
+    # to a layer's trust rules (verify_bundle, as BundleTier): once imported, its kernels are
+    # served from the cache dir to every process.
     artifacts = verify_bundle(args.bundle, secret=secret)
     tier = _tier(args)
     why = _where_nothing_is_kept(tier, probe=True)

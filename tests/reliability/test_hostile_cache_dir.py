@@ -12,14 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import shlex
-import shutil
-import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,10 +27,7 @@ from aionvrtc import Artifact, Compiler, KernelCache, KernelSpec, kernel_key
 from aionvrtc._artifact import encode
 from aionvrtc._store.disk import DiskTier
 
-from ..conftest import make_spec, run_python
-
-NOBODY = 65534  # uid and gid of a user that owns nothing here
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown to another user")
+from ..conftest import NOBODY, as_other_user, as_root, make_spec, run_python
 
 
 def artifact(shard: str, fill: int = 1) -> Artifact:
@@ -101,57 +94,6 @@ def warnings() -> Iterator[Messages]:
     logger.addHandler(handler)
     yield handler
     logger.removeHandler(handler)
-
-
-@pytest.fixture
-def other_users_dir() -> Iterator[Path]:
-    """A folder under /tmp that uid 65534 can reach (pytest's tmp_path is root's, 0700)."""
-    folder = Path(tempfile.mkdtemp(prefix="aionvrtc-hostile-"))
-    folder.chmod(0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def as_other_user(work: Callable[[], dict[str, Any]], *, timeout: float = 60) -> dict[str, Any]:
-    """Run ``work`` in a forked child as uid and gid 65534 (as root; otherwise as this user,
-    who is then not root either); its result comes back as JSON through a pipe. The child
-    cannot read /root, where the interpreter's library lives: what ``work`` needs must be
-    imported, and used once, before."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: it must never return into pytest
-        payload = b'{"error": "the child failed before it could report"}'
-        try:
-            os.close(read_end)
-            if os.geteuid() == 0:
-                os.setgroups([])
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-            payload = json.dumps(work()).encode()
-        except BaseException as exc:
-            payload = json.dumps({"error": repr(exc)}).encode()
-        finally:
-            os.write(write_end, payload)
-            os._exit(0)
-    os.close(write_end)
-    chunks = []
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                os.kill(pid, signal.SIGKILL)
-                pytest.fail(f"the child as uid {NOBODY} did not finish in {timeout} s")
-            chunk = os.read(read_end, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(read_end)
-        os.waitpid(pid, 0)
-    result: dict[str, Any] = json.loads(b"".join(chunks))
-    assert "error" not in result, result["error"]
-    return result
 
 
 # -- FIFOs, folders and links at an entry's name ---------------------------------------------

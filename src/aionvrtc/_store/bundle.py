@@ -23,6 +23,9 @@ Writing is reproducible: the same set of entries gives the same bytes whatever t
 time or path is recorded), so a bundle's SHA-256 names its content. Reading checks every length,
 offset and field before using it, so a damaged or crafted file is refused with a BundleError
 saying what is wrong, never read out of bounds or made to allocate more than its own size.
+
+A bundle is code that runs on the GPU: read in place or imported, it is first held to a cache
+dir's rules of trust (``_distrusted``), so a file that others could have planted is refused.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ from .._artifact import _KEY, Artifact, _bounded_int, decode, encode
 from .._exceptions import BundleError, CacheCorruptError
 from .._spec import FORMAT_VERSION
 from ._fs import kind_of
-from .disk import MAX_ENTRY_BYTES
+from ._fs import stat_or_none as _lstat
+from .disk import MAX_ENTRY_BYTES, Damage, Policy, default_shared_cache
 from .remote import ENV_REMOTE_SECRET
 from .tier import LayerStats
 
@@ -82,6 +86,8 @@ _MAX_TEXT = 256  # characters of arch and nvrtc_version, as an entry's header al
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # Bundles are made to be copied to other machines and users: readable by all, as umask allows.
 _FILE_MODE = 0o644
+# The fix for a bundle whose file or folders are not this user's to change.
+_OWN_COPY = "copy it, if you trust where it came from, into a folder of your own"
 _OPEN_FLAGS = (
     os.O_RDONLY
     | getattr(os, "O_NONBLOCK", 0)  # a FIFO at the path does not hang the open
@@ -243,18 +249,27 @@ class _Opened:
     signed: bool
 
 
-def _open(path: Path, secret: bytes | None) -> _Opened:
+def _open(path: Path, secret: bytes | None, shared_cache: bool | None) -> _Opened:
     """Map the bundle at ``path`` and check all but its entries' data; BundleError if it is
-    not a bundle to use (OSError included: a missing or unreadable file)."""
+    not a bundle to use (OSError included: a missing or unreadable file) or not one to trust
+    (see ``_distrusted``; ``shared_cache``: as a cache dir's, default ``$AIONVRTC_SHARED_CACHE``).
+    """
     where = f"bundle {path}"
+    policy = Policy.current(default_shared_cache() if shared_cache is None else shared_cache)
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
         raise BundleError(f"{where}: cannot be read ({exc.strerror or exc})") from exc
     try:
+        # Checked on the open file, which the map then reads: the file trusted is the file read.
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise BundleError(f"{where}: {kind_of(info)}, not a regular file")
+        damage = _distrusted(path, info, policy)
+        if damage is not None:
+            raise BundleError(
+                f"{where}: not trusted, as others could plant kernels in it: {damage}"
+            )
         if info.st_size < _MIN_SIZE:
             raise BundleError(
                 f"{where}: truncated ({info.st_size} bytes; a bundle has at least {_MIN_SIZE})"
@@ -271,6 +286,33 @@ def _open(path: Path, secret: bytes | None) -> _Opened:
     except BaseException:
         mapped.close()
         raise
+
+
+def _distrusted(path: Path, info: os.stat_result, policy: Policy) -> Damage | None:
+    """What lets someone other than this user or root (or, shared, the group) plant or replace
+    the bundle opened at ``path`` (``info``: the open file's fstat), or None. A bundle is code
+    that runs on the GPU, held to a cache dir's rules: the folders above it, by the path given
+    and by the real path, and the file itself; and each link on the way must be ours, since
+    whoever owns a link in a sticky folder (as /tmp is) may point it at another file."""
+    found = policy.unsafe_ancestor(path)
+    if found is not None:
+        folder, folder_info, why = found
+        return Damage(
+            folder, why, policy.fix(folder, folder_info, ancestor=True, instead=_OWN_COPY)
+        )
+    given = Path(os.path.abspath(path))
+    for item in (*reversed(given.parents), given):
+        link = _lstat(item)
+        if link is None or not stat.S_ISLNK(link.st_mode):
+            continue
+        problem = policy.link_problem(link)
+        if problem is not None:
+            return Damage(item, problem, policy.fix(item, link, instead=_OWN_COPY))
+    problem = policy.problem(info)
+    if problem is None:
+        return None
+    real = Path(os.path.realpath(path))
+    return Damage(real, problem, policy.fix(real, info, instead=_OWN_COPY))
 
 
 def _check(mapped: mmap.mmap, where: str, secret: bytes | None) -> _Opened:
@@ -425,14 +467,18 @@ def _problem(entry: BundleEntry, data: bytes) -> tuple[Artifact | None, str]:
 
 
 def verify_bundle(
-    path: str | os.PathLike[str], *, secret: bytes | str | None = None
+    path: str | os.PathLike[str],
+    *,
+    secret: bytes | str | None = None,
+    shared_cache: bool | None = None,
 ) -> list[Artifact]:
-    """Every entry of the bundle at ``path``, in key order, after checking all of it: header,
-    index digest, signature (when ``secret`` is given: then an unsigned bundle is refused),
-    every entry's SHA-256 and decoding, and that each entry re-encodes to its very bytes (what
-    an import writes). Raises BundleError naming the first problem."""
+    """Every entry of the bundle at ``path``, in key order, after checking all of it: that it
+    is trusted as a layer is (``shared_cache``: as a cache dir's), header, index digest,
+    signature (when ``secret`` is given: then an unsigned bundle is refused), every entry's
+    SHA-256 and decoding, and that each entry re-encodes to its very bytes (what an import
+    writes). Raises BundleError naming the first problem."""
     where = f"bundle {os.fspath(path)}"
-    opened = _open(Path(path), _as_secret(secret))
+    opened = _open(Path(path), _as_secret(secret), shared_cache)
     try:
         artifacts = []
         for entry in opened.entries.values():
@@ -460,11 +506,19 @@ class BundleTier:
     Thread-safe. The file may be removed or replaced by a rename while the tier is open (the
     map keeps the data); one truncated in place is noticed before each read, but a read racing
     the truncation can still fault (SIGBUS): replace bundles by renaming, as
-    ``write_bundle`` does."""
+    ``write_bundle`` does. A bundle that others could have planted or changed is refused, as a
+    cache dir would be (``shared_cache``: default ``$AIONVRTC_SHARED_CACHE``, see ``Policy``).
+    """
 
-    def __init__(self, path: str | os.PathLike[str], *, secret: bytes | str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        secret: bytes | str | None = None,
+        shared_cache: bool | None = None,
+    ) -> None:
         self.path = Path(path)
-        opened = _open(self.path, _as_secret(secret))
+        opened = _open(self.path, _as_secret(secret), shared_cache)
         self._map = opened.map
         self._data_at = opened.data_at
         self._entries = opened.entries

@@ -127,6 +127,8 @@ _ROOT_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEX
 # Errors that say the file system takes no writes at all, whichever folder they come from.
 _FILE_SYSTEM_REFUSES = {errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 _DENIED = {errno.EACCES, errno.EPERM}
+# The fix for a tree that is not this user's to change.
+_OWN_CACHE_DIR = f"use a cache dir of your own ({ENV_CACHE_DIR}=/a/folder/you/own)"
 
 # An entry found by a walk of the shards: key, size, mtime (last used), st_dev, st_ino. A plain
 # tuple of plain values, which the garbage collector stops tracking: a walk finds 50,000.
@@ -177,7 +179,8 @@ class EntryInfo:
 
 @dataclass(frozen=True, slots=True)
 class Damage:
-    """Something in the cache dir that is not used: where, what is wrong, a fix that works."""
+    """Something in the cache dir (or a bundle) that is not used: where, what is wrong, a fix
+    that works."""
 
     path: Path
     problem: str  # reads after "<path> is"
@@ -263,6 +266,41 @@ class Policy:
         if mode & 0o002 and not mode & stat.S_ISVTX:
             return f"writable by others without the sticky bit (mode {mode:04o})"
         return None
+
+    def link_problem(self, info: os.stat_result) -> str | None:
+        """Why a symbolic link on the way to a file lets others choose what it points at (after
+        "is"), or None: whoever owns a link in a sticky folder (/tmp) may replace it."""
+        if self._ours(info):
+            return None
+        return (
+            f"a symbolic link owned by uid {info.st_uid}, not by this user (uid {self.uid}) or root"
+        )
+
+    def fix(self, path: Path, info: os.stat_result, *, instead: str, ancestor: bool = False) -> str:
+        """A fix that works for ``path`` (``info``: its stat), a folder or file found untrusted:
+        chmod (or chgrp) when it is ours, else ``instead`` (a folder or file of one's own), or
+        the shared opt-in where that would trust it. ``ancestor``: a folder above what is
+        trusted, where only others' writes count (see ``ancestor_problem``)."""
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid == self.uid:
+            foreign = info.st_gid not in self.groups
+            if self.shared and not ancestor and mode & 0o020 and foreign:
+                # chmod o-w leaves a group this user is not in able to write
+                if mode & 0o002:
+                    return f"chmod go-w {path}"
+                return f"chgrp {os.getegid()} {path}, or chmod g-w {path}"
+            bits = "o-w" if self.shared or ancestor else "go-w"
+            fix = f"chmod {bits} {path}"
+            if not self.shared and not ancestor and mode & 0o020 and not mode & 0o002:
+                fix += f", or share it with group {info.st_gid}: {ENV_SHARED_CACHE}=1"
+            return fix
+        fix = instead
+        if not self.shared and info.st_gid in self.groups and not mode & 0o002:
+            fix += (
+                f", or, if you trust every user of group {info.st_gid}, opt in to a shared "
+                f"cache: {ENV_SHARED_CACHE}=1 (shared_cache=True)"
+            )
+        return fix
 
     def unsafe_ancestor(self, path: Path) -> tuple[Path, os.stat_result, str] | None:
         """The first folder above ``path`` (by the path given and by the real path, outermost
@@ -462,31 +500,9 @@ class DiskTier:
         if found is None:
             return None
         folder, info, problem = found
-        return Damage(folder, problem, self._tree_fix(folder, info, ancestor=True))
-
-    def _tree_fix(self, path: Path, info: os.stat_result, *, ancestor: bool = False) -> str:
-        """A fix that works for an untrusted folder of the tree: chmod (or chgrp) when it is
-        ours, else a cache dir of one's own, or the shared opt-in where that would trust it."""
-        mode = stat.S_IMODE(info.st_mode)
-        if info.st_uid == self.policy.uid:
-            foreign = info.st_gid not in self.policy.groups
-            if self.policy.shared and not ancestor and mode & 0o020 and foreign:
-                # chmod o-w leaves a group this user is not in able to write
-                if mode & 0o002:
-                    return f"chmod go-w {path}"
-                return f"chgrp {os.getegid()} {path}, or chmod g-w {path}"
-            bits = "o-w" if self.policy.shared or ancestor else "go-w"
-            fix = f"chmod {bits} {path}"
-            if not self.policy.shared and not ancestor and mode & 0o020 and not mode & 0o002:
-                fix += f", or share it with group {info.st_gid}: {ENV_SHARED_CACHE}=1"
-            return fix
-        fix = f"use a cache dir of your own ({ENV_CACHE_DIR}=/a/folder/you/own)"
-        if not self.policy.shared and info.st_gid in self.policy.groups and not mode & 0o002:
-            fix += (
-                f", or, if you trust every user of group {info.st_gid}, opt in to a shared "
-                f"cache: {ENV_SHARED_CACHE}=1 (shared_cache=True)"
-            )
-        return fix
+        return Damage(
+            folder, problem, self.policy.fix(folder, info, ancestor=True, instead=_OWN_CACHE_DIR)
+        )
 
     def _shard_fix(self, path: Path, info: os.stat_result | None) -> str:
         if info is not None and stat.S_ISDIR(info.st_mode) and info.st_uid == self.policy.uid:
@@ -589,7 +605,10 @@ class DiskTier:
                 return fd
             os.close(fd)
             path = self.root.joinpath(*names)
-            fix = self._tree_fix(path, info) if level < 2 else self._shard_fix(path, info)
+            if level < 2:
+                fix = self.policy.fix(path, info, instead=_OWN_CACHE_DIR)
+            else:
+                fix = self._shard_fix(path, info)
             damage = Damage(path, problem, fix)
         if level < 2 and check:
             self._distrust(damage)

@@ -4,8 +4,8 @@ remote tier and NVRTC (a warm cache shipped in a container image, a shared read-
 A layer is never written and nothing in it is removed or touched: an entry is verified as a
 disk entry is, and a damaged one is skipped, counted and compiled instead. Hits are served in
 place (a bundle from its memory map), never copied into the writable cache dir. A layer that
-cannot be opened (missing, damaged, signed with another secret) is left out with a warning:
-the service runs without it, compiling what it would have served.
+cannot be opened (missing, damaged, signed with another secret) or that others could change is
+left out with a warning: the service runs without it, compiling what it would have served.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from .._artifact import Artifact
 from .._exceptions import AionvrtcError
 from .bundle import BundleTier, environment_secret
-from .disk import DiskTier, Policy, default_shared_cache
+from .disk import DiskTier
 from .tier import LayerStats
 
 __all__ = ["ENV_LAYERS", "DirLayer", "Layer", "open_layers"]
@@ -65,17 +65,6 @@ class DirLayer:
 Layer = DirLayer | BundleTier
 
 
-def _untrusted(path: Path, policy: Policy) -> str | None:
-    """Why the bundle file at ``path`` could be replaced by someone other than this user or
-    root (as a cache dir's entries are checked, after "it is not trusted: "), or None."""
-    real = Path(os.path.realpath(path))
-    problem = policy.file_problem(os.stat(real))
-    if problem is not None:
-        return f"{real} is {problem}"
-    found = policy.unsafe_ancestor(path)  # the folders above it, as above a cache dir
-    return None if found is None else f"{found[0]} is {found[2]}"
-
-
 def open_layers(
     paths: Iterable[str | os.PathLike[str]] | None,
     *,
@@ -99,11 +88,7 @@ def open_layers(
             if os.path.isdir(path):
                 layers.append(DirLayer(path, shared_cache=shared_cache))
             elif os.path.exists(path):
-                shared = default_shared_cache() if shared_cache is None else shared_cache
-                problem = _untrusted(Path(path), Policy.current(shared))
-                if problem is not None:
-                    raise AionvrtcError(f"it is not trusted: {problem}")
-                layers.append(BundleTier(path, secret=secret))
+                layers.append(BundleTier(path, secret=secret, shared_cache=shared_cache))
             else:
                 raise AionvrtcError(f"layer {os.fspath(path)!r} does not exist")
         except (AionvrtcError, OSError) as exc:
