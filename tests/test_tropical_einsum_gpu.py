@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -325,6 +326,26 @@ def test_operands_of_the_wrong_kind_are_refused() -> None:
     for call, error, message in cases:
         with pytest.raises(error, match="^" + re.escape(message)):
             call()
+
+
+def test_an_output_larger_than_the_device_is_refused_before_allocating() -> None:
+    import cupy
+
+    total = cupy.cuda.Device(0).mem_info[1]
+    v = cupy.ones(1 << 12, cupy.float32)
+    pool = cupy.get_default_memory_pool()
+    used = pool.used_bytes()
+    # 2**36 float32, 256 GiB: more memory than any one GPU has.
+    message = (
+        "einsum output 'ijk' would hold 68,719,476,736 elements (274,877,906,944 bytes at 4 "
+        f"each), more than the {total:,} bytes of device 0's memory; every order of contraction "
+        "ends with it"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        tropical.einsum_sync("i,j,k->ijk", v, v, v)
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        anyio.run(lambda: tropical.einsum("i,j,k->ijk", v, v, v))
+    assert pool.used_bytes() == used
 
 
 SPIN = r"""

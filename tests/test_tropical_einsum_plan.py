@@ -1,7 +1,7 @@
 """tropical.einsum_plan on the CPU: the views and copies of each step worked out by hand, paths
-(explicit, reused, refused), networks past 52 indices, reference.einsum along a path, every plan
-run step by step in NumPy over its own strided views, and the kernels a plan names compiled
-for sm_90 with real NVRTC."""
+(explicit, reused, refused), the bounds on dimensions, sizes and searches (einsum's too),
+networks past 52 indices, reference.einsum along a path, every plan run step by step in NumPy
+over its own strided views, and the kernels a plan names compiled for sm_90 with real NVRTC."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import math
 import re
 import string
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +23,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from aionvrtc import tropical
-from aionvrtc.tropical import SEMIRINGS, EinsumPlan, _einsum, einsum_plan, reference
+from aionvrtc.tropical import (
+    SEMIRINGS,
+    EinsumPlan,
+    _contraction,
+    _einsum,
+    einsum_plan,
+    reference,
+)
 from aionvrtc.tropical._contraction import Step, Term, View
 
 from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
@@ -596,6 +604,154 @@ def test_operands_that_cannot_be_planned(
 ) -> None:
     with pytest.raises(error, match="^" + re.escape(message)):
         einsum_plan("ij,jk->ik", *operands)
+
+
+# -- bounds: dimensions, sizes, exhaustive searches -------------------------------------------
+
+ADDRESSABLE = (
+    "more than the 9,223,372,036,854,775,807 bytes a 64-bit offset addresses (a plan counts 8 "
+    "bytes an element, the widest dtype); "
+)
+OUTPUT_FIX = (
+    "every order of contraction ends with it: compute it in slices (fix some output indices by "
+    "indexing the operands) or contract a smaller network"
+)
+ORDER_FIX = (
+    "pick an order with smaller intermediates (optimize='auto-hq', 'random-greedy' or a cotengra "
+    "HyperOptimizer; einsum_plan(...).largest_intermediate compares them), or contract the "
+    "network in slices (fix an index by indexing the operands)"
+)
+
+
+def _never(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("reached what the bound should have stopped first")
+
+
+def test_subscripts_of_more_dimensions_than_an_array_are_refused_before_shapes_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 1,000,000 letters of one operand built strides of up to a million bits each: 15 s, then
+    # MemoryError. The grammar refuses them in one pass over the string, before any shape.
+    monkeypatch.setattr(_contraction._Shaped, "of", _never)
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=_exactly(
+        "einsum operand 0's subscripts name 1,000,000 indices, more than the 64 dimensions an "
+        "array can have (NumPy's and CuPy's bound); give one letter per dimension"
+    )):  # fmt: skip
+        einsum_plan("a" * 1_000_000 + "->", (2,) * 1_000_000)
+    assert time.perf_counter() - started < 2  # (milliseconds; the bound is for a loaded machine)
+    letters = "".join(opt_einsum.get_symbol(i) for i in range(65))
+    with pytest.raises(ValueError, match=_exactly(
+        "einsum output names 65 indices, more than the 64 dimensions an array can have (NumPy's "
+        "and CuPy's bound); sum some of them away (name an output without them after '->')"
+    )):  # fmt: skip
+        einsum_plan(",".join(letters) + "->" + letters, *[(1,)] * 65)
+
+
+def test_64_dimensions_are_planned() -> None:
+    letters = "".join(opt_einsum.get_symbol(i) for i in range(64))
+    plan = einsum_plan(f"{letters},{letters}->{letters}", (1,) * 64, (1,) * 64)
+    assert plan.output == letters
+    assert plan.largest_intermediate == 1
+
+
+def test_an_output_past_what_64_bit_offsets_address_is_refused_in_exact_integers() -> None:
+    # 2**80 elements: NumPy's int64 would wrap the product to 0.
+    with pytest.raises(ValueError, match=_exactly(
+        "einsum output 'ab' would hold 1,208,925,819,614,629,174,706,176 elements "
+        "(9,671,406,556,917,033,397,649,408 bytes at 8 each), " + ADDRESSABLE + OUTPUT_FIX
+    )):  # fmt: skip
+        einsum_plan("ab", (2**40, 2**40))
+
+
+def test_an_intermediate_past_what_64_bit_offsets_address_names_its_step() -> None:
+    shapes = [(2**31,), (2**31,), (2**31, 2**31)]  # shapes only: nothing is allocated
+    with pytest.raises(ValueError, match=_exactly(
+        "einsum intermediate 'ij' of step 0 (i,j->ij) would hold 4,611,686,018,427,387,904 "
+        "elements (36,893,488,147,419,103,232 bytes at 8 each), " + ADDRESSABLE + ORDER_FIX
+    )):  # fmt: skip
+        einsum_plan("i,j,ij->", *shapes, optimize=[(0, 1), (0, 1)])
+    # Another order keeps every intermediate a vector.
+    plan = einsum_plan("i,j,ij->", *shapes, optimize=[(0, 2), (0, 1)])
+    assert plan.largest_intermediate == 2**31
+
+
+def _chain(count: int) -> tuple[str, list[tuple[int, int]]]:
+    symbols = [opt_einsum.get_symbol(i) for i in range(count + 1)]
+    subscripts = ",".join(symbols[i] + symbols[i + 1] for i in range(count))
+    return subscripts + "->" + symbols[0] + symbols[count], [(2, 2)] * count
+
+
+@pytest.mark.parametrize(("optimize", "limit"), list(_contraction.SEARCH_LIMITS.items()))
+def test_exhaustive_searches_past_their_operand_count_are_refused_before_searching(
+    optimize: str, limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(opt_einsum, "contract_path", _never)
+    subscripts, shapes = _chain(limit + 1)
+    with pytest.raises(ValueError, match=_exactly(
+        f"optimize={optimize.upper()!r} is a search whose time grows exponentially with the "
+        f"operands, run here for at most {limit}, and this contraction has {limit + 1}; pass "
+        "'auto' or 'auto-hq' (opt_einsum picks a search the count allows), 'greedy' or "
+        "'random-greedy', or an optimizer object to run it regardless "
+        "(opt_einsum.DynamicProgramming(), a cotengra HyperOptimizer)"
+    )):  # fmt: skip
+        einsum_plan(subscripts, *shapes, optimize=optimize.upper())  # (names are any case)
+
+
+def test_optimal_on_60_operands_is_refused_and_an_optimizer_object_runs_as_given() -> None:
+    subscripts, shapes = _chain(60)
+    with pytest.raises(
+        ValueError, match=r"^optimize='optimal' is a search .* this contraction has 60;"
+    ):
+        einsum_plan(subscripts, *shapes, optimize="optimal")
+    assert len(einsum_plan(subscripts, *shapes, optimize="auto-hq").steps) == 59
+    # An object is the caller's to judge: dynamic programming over a chain is quick.
+    subscripts, shapes = _chain(_contraction.SEARCH_LIMITS["dp"] + 1)
+    plan = einsum_plan(subscripts, *shapes, optimize=opt_einsum.DynamicProgramming())
+    assert len(plan.steps) == _contraction.SEARCH_LIMITS["dp"]
+
+
+# What einsum checks on the GPU once it has planned, before anything is allocated: here with
+# the device's memory stood in for (the GPU test asks a real device).
+F4 = np.dtype(np.float32)
+
+
+def test_einsum_refuses_an_output_or_intermediate_larger_than_the_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_einsum, "_device_bytes", lambda device: 1500)
+    memory = "more than the 1,500 bytes of device 3's memory"
+    matmul = einsum_plan("ij,jk->ik", (20, 10), (10, 20))
+    with pytest.raises(ValueError, match=_exactly(
+        f"einsum output 'ik' would hold 400 elements (1,600 bytes at 4 each), {memory}; "
+        + OUTPUT_FIX
+    )):  # fmt: skip
+        _einsum._check_plan(matmul, F4, argmax=False, device=3)
+    outer = einsum_plan("i,j,ij->", (16,), (16,), (16, 16), optimize=[(0, 1), (0, 1)])
+    _einsum._check_plan(outer, F4, argmax=False, device=3)  # 1,024 bytes fit
+    # With argmax=True an int32 argmax is allocated beside each element.
+    with pytest.raises(ValueError, match=_exactly(
+        "einsum intermediate 'ij' of step 0 (i,j->ij) would hold 256 elements (2,048 bytes at "
+        f"8 each), {memory} (an int32 argmax, 4 bytes, beside each element); " + ORDER_FIX
+    )):  # fmt: skip
+        _einsum._check_plan(outer, F4, argmax=True, device=3)
+
+
+def test_einsum_with_argmax_refuses_a_product_over_more_k_than_an_int32_numbers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_einsum, "_device_bytes", lambda device: 1 << 40)
+    k = _einsum.ARGMAX_MAX_K + 1  # odd: not cut in parts (see _split)
+    plan = einsum_plan("i,i->", (k,), (k,))
+    assert [s.first.shape[2] for s in plan.steps] == [k]
+    _einsum._check_plan(plan, F4, argmax=False, device=0)
+    with pytest.raises(ValueError, match=_exactly(
+        "einsum step 0 (i,i->) sums over 2,147,483,649 values of its indices 'i' in one product, "
+        "more than the 2,147,483,648 an int32 argmax (argmax=True) can number; pick an order "
+        "that sums fewer at once (another optimize=), contract the network in slices, or run "
+        "without argmax"
+    )):  # fmt: skip
+        _einsum._check_plan(plan, F4, argmax=True, device=0)
 
 
 # -- networks past 52 indices -----------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The NumPy tropical einsum (the oracle of the GPU one) against a brute-force loop over every
-assignment of the indices, and by hand: matmul, the index forms, a tropical tensor network."""
+assignment of the indices, and by hand: matmul, the index forms, a tropical tensor network, the
+bounds on what it makes."""
 
 from __future__ import annotations
 
@@ -267,6 +268,86 @@ def test_large_contractions_go_operand_by_operand(monkeypatch: pytest.MonkeyPatc
                 np.testing.assert_array_equal(got, want, err_msg=f"{ring} {dtype} {e}")
 
 
+# -- bounds ------------------------------------------------------------------------------------
+
+LIMIT = "(raise it where the machine has the memory)"
+
+
+def _never(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a contraction began that the bound should have refused")
+
+
+def test_an_output_over_max_bytes_is_refused_before_any_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The issue's case: 40 indices of size 2 in one output, 2**40 elements (18 s, then NumPy's
+    # MemoryError). Refused before anything is contracted or allocated: by construction here.
+    monkeypatch.setattr(reference, "_contract", _never)
+    letters = string.ascii_letters[:40]
+    with pytest.raises(ValueError, match="^" + re.escape(
+        f"einsum output {letters!r} would hold 1,099,511,627,776 elements (8,796,093,022,208 "
+        f"bytes at 8 each), more than max_bytes=1,073,741,824 {LIMIT}; every order of "
+        "contraction ends with it: compute it in slices (fix some output indices by indexing "
+        "the operands) or contract a smaller network"
+    ) + "$"):  # fmt: skip
+        einsum(",".join(letters) + "->" + letters, *[np.zeros(2)] * 40)
+    assert reference.MAX_BYTES == 1 << 30
+
+
+def test_max_bytes_bounds_each_result_inclusively() -> None:
+    a, b = np.arange(4.0), np.arange(4.0)  # an outer product of 16 float64: 128 bytes
+    np.testing.assert_array_equal(einsum("i,j->ij", a, b, max_bytes=128), a[:, None] + b)
+    with pytest.raises(ValueError, match=re.escape(
+        f"einsum output 'ij' would hold 16 elements (128 bytes at 8 each), more than "
+        f"max_bytes=127 {LIMIT}; "
+    )):  # fmt: skip
+        einsum("i,j->ij", a, b, max_bytes=127)
+
+
+def test_an_intermediate_over_max_bytes_names_its_step_and_the_order_to_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(11)
+    i, j, ij = (rng.integers(-9, 9, size=s) for s in ((64,), (64,), (64, 64)))
+    want = einsum("i,j,ij->", i, j, ij)
+    outer = "einsum intermediate 'ij' of step 0 (i,j->ij) would hold 4,096 elements (32,768 "
+    small = f"bytes at 8 each), more than max_bytes=32,767 {LIMIT}; "
+    with pytest.raises(ValueError, match="^" + re.escape(
+        outer + small + "pass a path with smaller intermediates (tropical.einsum_plan(subscripts, "
+        "*shapes, optimize='auto-hq').path), or contract the network in slices"
+    ) + "$"):  # fmt: skip
+        einsum("i,j,ij->", i, j, ij, path=[(0, 1), (0, 1)], max_bytes=32_767)
+    # Another path keeps every intermediate a vector.
+    assert einsum("i,j,ij->", i, j, ij, path=[(0, 2), (0, 1)], max_bytes=32_767) == want
+    # Without a path, operand by operand: the same outer product first.
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 16)
+    with pytest.raises(ValueError, match="^" + re.escape(
+        outer + small + "without path= the reference contracts left to right: pass path= "
+        "(tropical.einsum_plan(subscripts, *shapes, optimize='auto-hq').path) for an order with "
+        "smaller intermediates, or contract the network in slices"
+    ) + "$"):  # fmt: skip
+        einsum("i,j,ij->", i, j, ij, max_bytes=32_767)
+    assert einsum("i,j,ij->", i, j, ij) == want
+
+
+# 65 indices, one more than an array has dimensions (any non-ASCII character is an index).
+SIXTY_FIVE = "".join(map(chr, range(0x100, 0x100 + 65)))
+
+
+def test_more_indices_than_a_broadcast_takes() -> None:
+    # 66 indices of size 1: too many for one broadcast (NumPy's 64 dimensions), so the default
+    # order goes operand by operand, each step within 64; a path joining all 66 is refused.
+    x, y = SIXTY_FIVE[:33], SIXTY_FIVE[33:] + "z"
+    subscripts = f"{x},{y},{x[:32]}{y[:32]}->"
+    operands = [np.full((1,) * 33, 2), np.full((1,) * 33, 3), np.full((1,) * 64, 4)]
+    assert einsum(subscripts, *operands) == 9
+    with pytest.raises(ValueError, match="^" + re.escape(
+        f"einsum step 0 ({x},{y},{x[:32]}{y[:32]}->) broadcasts 66 indices at once, more than the "
+        "64 dimensions a NumPy array has; pass a path with smaller intermediates"
+    )):  # fmt: skip
+        einsum(subscripts, *operands, path=[(0, 1, 2)])
+
+
 ERRORS: list[tuple[Any, type[Exception], str]] = [
     (
         lambda: einsum("ij->i", np.ones((2, 2)), semiring="plusmax"),
@@ -355,6 +436,34 @@ ERRORS: list[tuple[Any, type[Exception], str]] = [
         lambda: einsum("ii->i", np.ones((2, 3))),
         ValueError,
         "einsum index 'i' has size 2 in operand 0 and 3 in operand 0",
+    ),
+    (
+        lambda: einsum(SIXTY_FIVE, np.ones(2)),
+        ValueError,
+        "einsum operand 0's subscripts name 65 indices, more than the 64 dimensions an array can "
+        "have (NumPy's and CuPy's bound); give one letter per dimension",
+    ),
+    (
+        lambda: einsum(",".join(SIXTY_FIVE) + "->" + SIXTY_FIVE, *[np.ones(1)] * 65),
+        ValueError,
+        "einsum output names 65 indices, more than the 64 dimensions an array can have (NumPy's "
+        "and CuPy's bound); sum some of them away (name an output without them after '->')",
+    ),
+    (
+        lambda: einsum(",".join(SIXTY_FIVE), *[np.ones(1)] * 65),
+        ValueError,
+        "einsum implicit output (each index that appears once) has 65 indices, more than the 64 "
+        "dimensions an array can have (NumPy's and CuPy's bound); sum some of them away",
+    ),
+    (
+        lambda: einsum("i", np.ones(2), max_bytes="1GB"),  # type: ignore[arg-type]  # the point
+        TypeError,
+        "max_bytes must be an int (bytes), got str",
+    ),
+    (
+        lambda: einsum("i", np.ones(2), max_bytes=1e9),  # type: ignore[arg-type]  # the point
+        TypeError,
+        "max_bytes must be an int (bytes), got float",
     ),
 ]
 

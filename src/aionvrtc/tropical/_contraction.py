@@ -24,11 +24,51 @@ from .._spec import KernelSpec
 from ._planning import choose
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
-from ._subscripts import index_sizes, parse_subscripts
+from ._subscripts import check_output, check_size, index_sizes, parse_subscripts
 
-__all__ = ["EinsumPlan", "Step", "Term", "View", "einsum_plan", "group_index"]
+__all__ = [
+    "ADDRESSABLE_BYTES",
+    "SEARCH_LIMITS",
+    "EinsumPlan",
+    "Step",
+    "Term",
+    "View",
+    "check_step",
+    "einsum_plan",
+    "group_index",
+]
 
 Strides = tuple[int, ...]
+
+# The most bytes an array of a plan may hold: what any kernel can address. Sizes, strides and
+# offsets are 64-bit (long long in the kernels, byte strides in CuPy), and a plan from shapes
+# serves any dtype, so its results are counted at 8 bytes an element (float64, int64: the
+# widest): 2**60 elements. Checked as each step is planned, which keeps every stride a
+# machine-size integer; einsum checks the tighter bound, the device's memory, when it runs.
+ADDRESSABLE_BYTES = 2**63 - 1
+_WIDEST = 8
+_ADDRESSABLE = (
+    f"the {ADDRESSABLE_BYTES:,} bytes a 64-bit offset addresses (a plan counts {_WIDEST} bytes "
+    "an element, the widest dtype)"
+)
+
+# What to do about an intermediate over a bound (the plan's, or the device's in einsum).
+_ORDER_FIX = (
+    "pick an order with smaller intermediates (optimize='auto-hq', 'random-greedy' or a "
+    "cotengra HyperOptimizer; einsum_plan(...).largest_intermediate compares them), or contract "
+    "the network in slices (fix an index by indexing the operands)"
+)
+
+# The most operands for which an exhaustive opt_einsum strategy is run: their time grows
+# exponentially with the count ('optimal' tries every order; 'branch-all' and 'branch-2' all
+# or 2**n of them; 'dp' every connected subset, exponential in the worst case). On random
+# networks of three bonds a tensor, at these counts each took 1 to 10 s on a loaded 2-CPU
+# machine, and past them time multiplies ('optimal': 10 operands 16 s, 12 never finished).
+# Beyond the count the name is refused rather than swapped for another strategy with a
+# warning: 'auto' and 'auto-hq' are opt_einsum's strategies that choose by the count, a named
+# one asks for its search, and a plan found otherwise would be cached and reused as if it
+# were that search's, where a warning is easily missed. An optimizer object runs as given.
+SEARCH_LIMITS = {"optimal": 9, "branch-all": 9, "branch-2": 18, "dp": 20, "dynamic-programming": 20}
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +210,20 @@ class EinsumPlan:
         return "\n".join(lines)
 
 
+def check_step(number: int, step: Step, *, itemsize: int, limit: int, bound: str) -> None:
+    """``check_size`` for the result of ``step``, step ``number`` of its plan."""
+    if step.size * itemsize <= limit:
+        return  # without building the message: einsum checks each step of a plan on every run
+    check_size(
+        f"intermediate {''.join(step.result)!r} of step {number} ({step.subscripts})",
+        step.size,
+        itemsize=itemsize,
+        limit=limit,
+        bound=bound,
+        fix=_ORDER_FIX,
+    )
+
+
 def step_specs(
     plan: EinsumPlan, ring: Semiring, dtype: Any, *, argmax: bool, table: Any
 ) -> list[KernelSpec]:
@@ -228,12 +282,19 @@ def einsum_plan(subscripts: str, *operands: Any, optimize: Any = "auto") -> Eins
     strides count) or shapes (tuples, taken as C order). ``optimize`` is an opt_einsum strategy
     name ("auto", "greedy", "random-greedy", "optimal", ...), an opt_einsum PathOptimizer (a
     cotengra HyperOptimizer is one, for networks of hundreds of tensors), an explicit path
-    (opt_einsum's format, ``[(0, 1), (0, 1)]``), or an EinsumPlan for the same shapes."""
+    (opt_einsum's format, ``[(0, 1), (0, 1)]``), or an EinsumPlan for the same shapes.
+
+    Refused with a ValueError before planning goes far: subscripts naming more indices for an
+    operand or the output than an array has dimensions (64), an output or a step's result past
+    what 64-bit offsets address (``ADDRESSABLE_BYTES``), and a strategy whose time grows
+    exponentially with the operands ('optimal', 'branch-all', 'branch-2', 'dp') on more than
+    ``SEARCH_LIMITS`` allows."""
     if isinstance(optimize, EinsumPlan) and optimize.planned_for(subscripts, operands):
         return optimize
     inputs, output = parse_subscripts(subscripts, len(operands))
     shaped = [_Shaped.of(x, i) for i, x in enumerate(operands)]
     sizes = index_sizes(inputs, shaped)
+    check_output(output, sizes, itemsize=_WIDEST, limit=ADDRESSABLE_BYTES, bound=_ADDRESSABLE)
     strides = [x.strides for x in shaped]
     if isinstance(optimize, EinsumPlan):
         if list(optimize.inputs) != inputs or optimize.output != output:
@@ -321,13 +382,22 @@ def _opt_einsum_path(
     try:
         if isinstance(optimize, str):  # (checked here: opt_einsum ignores it for 2 operands)
             opt_einsum.paths.get_path_fn(optimize)
-        if len(inputs) == 1:
-            return ((0,),)
     except KeyError as error:
         raise ValueError(
             f"optimize={optimize!r} is not an opt_einsum strategy, optimizer or path for "
             f"{len(inputs)} operands: {error}"
         ) from None
+    limit = SEARCH_LIMITS.get(optimize.lower()) if isinstance(optimize, str) else None
+    if limit is not None and len(inputs) > limit:
+        raise ValueError(
+            f"optimize={optimize!r} is a search whose time grows exponentially with the "
+            f"operands, run here for at most {limit}, and this contraction has {len(inputs)}; "
+            "pass 'auto' or 'auto-hq' (opt_einsum picks a search the count allows), 'greedy' "
+            "or 'random-greedy', or an optimizer object to run it regardless "
+            "(opt_einsum.DynamicProgramming(), a cotengra HyperOptimizer)"
+        )
+    if len(inputs) == 1:
+        return ((0,),)
     # opt_einsum sees its own symbols, so that any index the grammar allows is one it takes.
     by_size = dict(sizes)
     symbol = {c: opt_einsum.get_symbol(i) for i, c in enumerate(by_size)}
@@ -368,6 +438,9 @@ def _program(
         nonlocal live
         gone = set(made[0].operands)
         for step in made:
+            check_step(
+                len(steps), step, itemsize=_WIDEST, limit=ADDRESSABLE_BYTES, bound=_ADDRESSABLE
+            )
             steps.append(step)
             gone.update(step.operands)
         result = Term(made[-1].result, contiguous([sizes[i] for i in made[-1].result]))

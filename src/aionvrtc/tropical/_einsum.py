@@ -15,17 +15,30 @@ from .._actor import Compiler
 from .._cuda import Module
 from .._spec import KernelSpec
 from ._classes import tuned_tiles
-from ._contraction import EinsumPlan, Step, Term, contiguous, einsum_plan, group_index, step_specs
+from ._contraction import (
+    EinsumPlan,
+    Step,
+    Term,
+    check_step,
+    contiguous,
+    einsum_plan,
+    group_index,
+    step_specs,
+)
 from ._launching import first_error, launch, module, module_sync
 from ._planning import Plan, cupy_module, plan
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
-from ._subscripts import check_dtypes
+from ._subscripts import check_dtypes, check_output
 
 __all__ = ["backtrace", "einsum", "einsum_products", "einsum_sync"]
 
 # A run's product argmaxes, by step: what backtrace reads.
 _Trace = list[tuple[Step, Any]]
+
+# The kernels write a product's argmax as an int32 k, so with argmax=True no product may sum
+# over more than 2**31 values of k. (Everything else they index with 64-bit integers.)
+ARGMAX_MAX_K = 2**31
 
 
 async def einsum(
@@ -49,7 +62,9 @@ async def einsum(
     which operands are copied). Each contraction is one batched tropical product over strided
     views; its kernel is fetched through ``compiler`` (default: aionvrtc's process-wide
     Compiler), compiled on first use. Planning runs in a worker thread unless ``optimize`` is
-    a plan already."""
+    a plan already. An output or intermediate larger than the device's memory, and with
+    ``argmax=True`` a product over more than 2**31 values of k (its argmax is an int32), are
+    refused with a ValueError before anything is allocated."""
     ring, arrays, device = _check(operands, semiring)
     if isinstance(optimize, EinsumPlan):
         planned = einsum_plan(subscripts, *arrays, optimize=optimize)
@@ -57,7 +72,7 @@ async def einsum(
         planned = await anyio.to_thread.run_sync(
             functools.partial(einsum_plan, subscripts, *arrays, optimize=optimize)
         )
-    _check_argmax(planned, argmax)
+    _check_plan(planned, arrays[0].dtype, argmax=argmax, device=device)
     modules: dict[KernelSpec, Module] = {}
 
     async def fetch(spec: KernelSpec) -> None:
@@ -98,7 +113,7 @@ def einsum_sync(
     this must be a worker thread of its event loop."""
     ring, arrays, device = _check(operands, semiring)
     planned = einsum_plan(subscripts, *arrays, optimize=optimize)
-    _check_argmax(planned, argmax)
+    _check_plan(planned, arrays[0].dtype, argmax=argmax, device=device)
     stream = _stream(device, stream)
 
     def get(spec: KernelSpec) -> Module:
@@ -117,6 +132,7 @@ def einsum_products(
     benchmark can time the product kernels alone (``launch``) against the whole contraction."""
     ring, arrays, device = _check(operands, semiring)
     planned = einsum_plan(subscripts, *arrays, optimize=optimize)
+    _check_plan(planned, arrays[0].dtype, argmax=False, device=device)
     stream = _stream(device, None)
     products: list[tuple[Plan, Module]] = []
 
@@ -159,13 +175,40 @@ def _check(operands: Sequence[Any], semiring: str) -> tuple[Semiring, list[Any],
     return ring, arrays, devices[0]
 
 
-def _check_argmax(planned: EinsumPlan, argmax: bool) -> None:
+def _check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) -> None:
+    """Refuse, before anything is allocated or launched, what the run could not do."""
     if argmax and planned.output:
         raise ValueError(
             f"einsum argmax=True backtracks a scalar contraction, and {planned.subscripts!r} "
             f"has output indices {planned.output!r}; give it an output of no indices "
             "('ij,jk->') to find an assignment that attains it"
         )
+    # No array larger than the device's memory can be allocated (one that fits may still
+    # meet others in use: CuPy's OutOfMemoryError says so then). With argmax=True each result
+    # has an int32 argmax beside it.
+    limit = _device_bytes(device)
+    bound = f"the {limit:,} bytes of device {device}'s memory"
+    check_output(planned.output, planned.sizes, itemsize=dtype.itemsize, limit=limit, bound=bound)
+    itemsize = dtype.itemsize + (4 if argmax else 0)
+    if argmax:
+        bound += " (an int32 argmax, 4 bytes, beside each element)"
+    for number, step in enumerate(planned.steps):
+        check_step(number, step, itemsize=itemsize, limit=limit, bound=bound)
+        if argmax and step.first.shape[2] > ARGMAX_MAX_K:
+            raise ValueError(
+                f"einsum step {number} ({step.subscripts}) sums over {step.first.shape[2]:,} "
+                f"values of its indices {''.join(step.k)!r} in one product, more than the "
+                f"{ARGMAX_MAX_K:,} an int32 argmax (argmax=True) can number; pick an order "
+                "that sums fewer at once (another optimize=), contract the network in slices, "
+                "or run without argmax"
+            )
+
+
+@functools.cache
+def _device_bytes(device: int) -> int:
+    """The memory of ``device``, in bytes (it does not change while the process runs)."""
+    _, total = cupy_module().cuda.Device(device).mem_info
+    return int(total)
 
 
 def _specs(

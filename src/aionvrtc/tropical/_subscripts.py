@@ -1,16 +1,32 @@
 """The einsum grammar, shared by the NumPy reference and the GPU einsum (same rules, same
-messages): subscripts parsed, index sizes gathered, operand dtypes checked."""
+messages): subscripts parsed, index sizes gathered, operand dtypes checked, and the bounds on
+dimensions and on the size of what a contraction makes."""
 
 from __future__ import annotations
 
+import math
 import string
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._semirings import Semiring
 
-__all__ = ["check_dtypes", "index_sizes", "parse_subscripts"]
+__all__ = [
+    "MAX_NDIM",
+    "check_dtypes",
+    "check_output",
+    "check_size",
+    "index_sizes",
+    "parse_subscripts",
+]
+
+# The most dimensions an array has (NumPy's NPY_MAXDIMS, CuPy's MAX_NDIM): no operand and no
+# output can have more, so subscripts that name more are refused while parsing, in one pass
+# over the string, before shapes are read or strides built (for 1,000,000 letters those were
+# integers of up to a million bits each: 15 s, then MemoryError).
+MAX_NDIM = 64
+_SUM_SOME = "sum some of them away (name an output without them after '->')"
 
 
 def _is_index(ch: str) -> bool:
@@ -46,9 +62,14 @@ def parse_subscripts(subscripts: object, count: int) -> tuple[list[str], str]:
         raise ValueError(
             f"einsum subscripts {subscripts!r} name {len(inputs)} operand(s) but {count} were given"
         )
+    for i, letters in enumerate(inputs):
+        _check_ndim(f"operand {i}'s subscripts name", letters, "give one letter per dimension")
+    _check_ndim("output names", rhs, _SUM_SOME)
     counts = Counter(lhs.replace(",", ""))
     if not arrow:
-        return inputs, "".join(sorted(x for x, n in counts.items() if n == 1))
+        implicit = "".join(sorted(x for x, n in counts.items() if n == 1))
+        _check_ndim("implicit output (each index that appears once) has", implicit, _SUM_SOME)
+        return inputs, implicit
     for x, n in Counter(rhs).items():
         if n > 1:
             raise ValueError(
@@ -61,6 +82,43 @@ def parse_subscripts(subscripts: object, count: int) -> tuple[list[str], str]:
                 "every output index must be an index of some operand"
             )
     return inputs, rhs
+
+
+def _check_ndim(what: str, letters: str, fix: str) -> None:
+    if len(letters) > MAX_NDIM:
+        raise ValueError(
+            f"einsum {what} {len(letters):,} indices, more than the {MAX_NDIM} dimensions an "
+            f"array can have (NumPy's and CuPy's bound); {fix}"
+        )
+
+
+def check_size(
+    what: str, elements: int, *, itemsize: int, limit: int, bound: str, fix: str
+) -> None:
+    """Refuse a result of more than ``limit`` bytes, before anything is allocated: ``what``
+    names it (the output, or a step's intermediate), ``bound`` says what ``limit`` is and
+    ``fix`` what to do. ``elements`` is an exact Python int (math.prod of the sizes: NumPy's
+    int64 would wrap past 2**63 and let a huge result through as a small or negative one)."""
+    if elements * itemsize > limit:
+        raise ValueError(
+            f"einsum {what} would hold {elements:,} elements ({elements * itemsize:,} bytes at "
+            f"{itemsize} each), more than {bound}; {fix}"
+        )
+
+
+def check_output(
+    output: str, sizes: Mapping[str, int], *, itemsize: int, limit: int, bound: str
+) -> None:
+    """``check_size`` for the output, checked first: no order of contraction helps there."""
+    check_size(
+        f"output {output!r}",
+        math.prod(sizes[i] for i in output),
+        itemsize=itemsize,
+        limit=limit,
+        bound=bound,
+        fix="every order of contraction ends with it: compute it in slices (fix some output "
+        "indices by indexing the operands) or contract a smaller network",
+    )
 
 
 def check_dtypes(ring: Semiring, arrays: Sequence[Any]) -> None:

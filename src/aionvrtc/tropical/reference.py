@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,9 +21,16 @@ import numpy as np
 from ._contraction import input_terms
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
-from ._subscripts import check_dtypes, index_sizes, parse_subscripts
+from ._subscripts import (
+    MAX_NDIM,
+    check_dtypes,
+    check_output,
+    check_size,
+    index_sizes,
+    parse_subscripts,
+)
 
-__all__ = ["einsum", "matmul"]
+__all__ = ["MAX_BYTES", "einsum", "matmul"]
 
 # Elements of the (rows, K, N) product block evaluated at once; for einsum, of one block of
 # products, and the largest joint array over all indices that is contracted in one go.
@@ -39,7 +48,8 @@ def _combine(ring: Semiring, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -
         return np.where(np.isnan(out), ring.zero(dtype), out)
     info = np.iinfo(dtype)
     lowest, highest = dtype.type(info.min), dtype.type(info.max)
-    a, b = np.broadcast_arrays(a, b)
+    # The ufuncs and np.where broadcast a and b themselves, up to an array's 64 dimensions
+    # (np.broadcast_arrays would stop at 32: einsum joins up to 64 indices in one broadcast).
     if ring.mul == "*":
         with np.errstate(divide="ignore", over="ignore"):
             limit = np.where(a != 0, highest // np.where(a != 0, a, 1), highest)
@@ -105,12 +115,36 @@ def matmul(a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False) -
 # One operand with its subscripts: an array and one letter per axis.
 _Term = tuple[np.ndarray[Any, Any], str]
 
+# The most bytes one result of ``einsum`` (the output, or an intermediate) may hold unless the
+# call says otherwise (``max_bytes=``): 1 GiB. The reference is the tests' oracle and a CPU
+# fallback; at its pace (an outer product of 2**26 float32, 256 MiB, took 1.8 s on 2 CPUs) a
+# result of 1 GiB is a long wait already, and past it memory runs out before an answer comes
+# (40 output indices of size 2: 18 s, then NumPy's MemoryError). A keyword rather than only
+# this constant, because the machine and the call decide what is reasonable, and changing a
+# module's constant changes it for every other caller in the process.
+MAX_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One contraction of ``einsum``: the operands it takes, by number (the inputs 0 to n-1,
+    then step i's result n + i), their indices, and the indices its result keeps."""
+
+    operands: tuple[int, ...]
+    inputs: tuple[str, ...]
+    keep: str
+
+    @property
+    def subscripts(self) -> str:
+        return ",".join(self.inputs) + "->" + self.keep
+
 
 def einsum(
     subscripts: str,
     *operands: Any,
     semiring: str = "maxplus",
     path: Sequence[Sequence[int]] | None = None,
+    max_bytes: int = MAX_BYTES,
 ) -> np.ndarray[Any, Any]:
     """The tropical einsum: ``out[o] = zero (+) ... (+) (x_1[...] (x) x_2[...] (x) ... x_n[...])``,
     the (+)-sum running over every value of the indices that are not in the output.
@@ -137,40 +171,93 @@ def einsum(
 
     Small contractions (the joint space of all indices fits in ``CHUNK_ELEMENTS``) are evaluated
     in one broadcast; larger ones operand by operand, left to right, in blocks of at most
-    ``CHUNK_ELEMENTS`` products (a result or an intermediate can still be larger than that).
+    ``CHUNK_ELEMENTS`` products. No result (the output, an intermediate) may hold more than
+    ``max_bytes`` (default ``MAX_BYTES``, 1 GiB), nor one broadcast join more indices than a
+    NumPy array has dimensions: the order is worked out first, and a contraction past either
+    is refused with a ValueError before any work.
     """
     ring = _semiring(semiring)
     inputs, output = parse_subscripts(subscripts, len(operands))
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+        raise TypeError(f"max_bytes must be an int (bytes), got {type(max_bytes).__name__}")
     arrays = [np.asarray(x) for x in operands]
     check_dtypes(ring, arrays)
     sizes = index_sizes(inputs, arrays)
-    terms = [_distinct_axes(x, letters, sizes) for x, letters in zip(arrays, inputs, strict=True)]
+    itemsize = arrays[0].dtype.itemsize
+    bound = f"max_bytes={max_bytes:,} (raise it where the machine has the memory)"
+    check_output(output, sizes, itemsize=itemsize, limit=max_bytes, bound=bound)
+    distinct = ["".join(dict.fromkeys(letters)) for letters in inputs]
     if path is not None:
-        return _along(ring, terms, output, sizes, path)
-    if len(terms) == 1 or math.prod(sizes.values()) <= CHUNK_ELEMENTS:
-        return _contract(ring, terms, output, sizes)
-    # Too big to broadcast at once: by distributivity, sum each index as soon as no later
-    # operand (nor the output) needs it. Exact, floats included, because x -> x (x) c is
-    # monotone (for max-times: on non-negative inputs, where it is defined).
-    terms = [_sum_private(ring, terms, k, output, sizes) for k in range(len(terms))]
+        steps = _along(distinct, output, path)
+        fix = (
+            "pass a path with smaller intermediates (tropical.einsum_plan(subscripts, *shapes, "
+            "optimize='auto-hq').path), or contract the network in slices"
+        )
+    else:
+        steps = _left_to_right(distinct, output, sizes)
+        fix = (
+            "without path= the reference contracts left to right: pass path= (tropical."
+            "einsum_plan(subscripts, *shapes, optimize='auto-hq').path) for an order with "
+            "smaller intermediates, or contract the network in slices"
+        )
+    for number, step in enumerate(steps):
+        joint = dict.fromkeys("".join(step.inputs))
+        if len(joint) > MAX_NDIM:
+            raise ValueError(
+                f"einsum step {number} ({step.subscripts}) broadcasts {len(joint)} indices at "
+                f"once, more than the {MAX_NDIM} dimensions a NumPy array has; {fix}"
+            )
+        elements = math.prod(sizes[i] for i in step.keep)
+        what = f"intermediate {step.keep!r} of step {number} ({step.subscripts})"
+        check_size(what, elements, itemsize=itemsize, limit=max_bytes, bound=bound, fix=fix)
+    made = dict(
+        enumerate(
+            _distinct_axes(x, letters, sizes) for x, letters in zip(arrays, inputs, strict=True)
+        )
+    )
+    for number, step in enumerate(steps):
+        chosen = [made.pop(i) for i in step.operands]
+        made[len(inputs) + number] = _contract(ring, chosen, step.keep, sizes), step.keep
+    ((x, letters),) = made.values()
+    return np.ascontiguousarray(_align(x, letters, output)) if letters != output else x
+
+
+def _left_to_right(inputs: Sequence[str], output: str, sizes: Mapping[str, int]) -> list[_Step]:
+    """``einsum``'s order without a path: all operands in one broadcast when that is small;
+    else, by distributivity, each index summed as soon as no later operand (nor the output)
+    needs it: first each operand's own, then operand by operand. Exact, floats included,
+    because x -> x (x) c is monotone (for max-times: on non-negative inputs, where it is
+    defined)."""
+    n = len(inputs)
+    if n == 1 or (math.prod(sizes.values()) <= CHUNK_ELEMENTS and len(sizes) <= MAX_NDIM):
+        return [_Step(tuple(range(n)), tuple(inputs), output)]
+    steps: list[_Step] = []
+    owners = Counter(i for letters in inputs for i in letters)  # operands holding each index
+    terms: list[tuple[int, str]] = []  # each operand's number and indices after its own sums
+    for k, letters in enumerate(inputs):
+        keep = "".join(i for i in letters if owners[i] > 1 or i in output)
+        if keep == letters:
+            terms.append((k, letters))
+        else:
+            steps.append(_Step((k,), (letters,), keep))
+            terms.append((n + len(steps) - 1, keep))
+    later = Counter(i for _, letters in terms[1:] for i in letters)  # in operands not yet taken
     acc = terms[0]
-    for k in range(1, len(terms)):
-        later = set(output).union(*(letters for _, letters in terms[k + 1 :]))
-        joint = dict.fromkeys(acc[1] + terms[k][1])
-        keep = output if k == len(terms) - 1 else "".join(x for x in joint if x in later)
-        acc = _contract(ring, [acc, terms[k]], keep, sizes), keep
-    return acc[0]
+    for k, term in enumerate(terms[1:], start=1):
+        later.subtract(term[1])
+        joint = dict.fromkeys(acc[1] + term[1])
+        last = k == n - 1
+        keep = output if last else "".join(i for i in joint if later[i] > 0 or i in output)
+        steps.append(_Step((acc[0], term[0]), (acc[1], term[1]), keep))
+        acc = (n + len(steps) - 1, keep)
+    return steps
 
 
-def _along(
-    ring: Semiring,
-    terms: list[_Term],
-    output: str,
-    sizes: Mapping[str, int],
-    path: Sequence[Sequence[int]],
-) -> np.ndarray[Any, Any]:
-    """Contract ``terms`` two at a time along ``path``, each keeping what later steps need."""
-    live = list(terms)
+def _along(inputs: Sequence[str], output: str, path: Sequence[Sequence[int]]) -> list[_Step]:
+    """The steps of ``path`` (opt_einsum's format), each keeping what later steps need."""
+    n = len(inputs)
+    live = [(k, letters) for k, letters in enumerate(inputs)]
+    steps: list[_Step] = []
     for number, step in enumerate(path):
         positions = sorted({int(p) for p in step})
         if not positions or positions[-1] >= len(live) or positions[0] < 0:
@@ -180,11 +267,11 @@ def _along(
         later = set(output).union(*(letters for _, letters in live))
         joint = dict.fromkeys("".join(letters for _, letters in chosen))
         keep = "".join(x for x in joint if x in later) if live else output
-        live.append((_contract(ring, chosen, keep, sizes), keep))
+        steps.append(_Step(tuple(k for k, _ in chosen), tuple(t for _, t in chosen), keep))
+        live.append((n + number, keep))
     if len(live) != 1:
         raise ValueError(f"einsum path leaves {len(live)} operands, not one")
-    x, letters = live[0]
-    return np.ascontiguousarray(_align(x, letters, output)) if letters != output else x
+    return steps
 
 
 def _distinct_axes(x: np.ndarray[Any, Any], letters: str, sizes: Mapping[str, int]) -> _Term:
@@ -197,16 +284,6 @@ def _distinct_axes(x: np.ndarray[Any, Any], letters: str, sizes: Mapping[str, in
         x, shape=[sizes[d] for d in distinct], strides=term.strides, writeable=False
     )
     return view, distinct
-
-
-def _sum_private(
-    ring: Semiring, terms: Sequence[_Term], k: int, output: str, sizes: Mapping[str, int]
-) -> _Term:
-    """Term ``k`` with the indices that no other operand nor the output has summed away."""
-    x, letters = terms[k]
-    needed = set(output).union(*(t[1] for i, t in enumerate(terms) if i != k))
-    keep = "".join(c for c in letters if c in needed)
-    return (x, letters) if keep == letters else (_contract(ring, [terms[k]], keep, sizes), keep)
 
 
 def _contract(
