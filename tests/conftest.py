@@ -171,6 +171,43 @@ def as_other_user(work: Callable[[], dict[str, Any]], *, timeout: float = 60) ->
     result: dict[str, Any] = json.loads(b"".join(chunks))
     assert "error" not in result, result["error"]
     return result
+# What CuPy's CUDADriverError says for the statuses the tests raise: cuGetErrorString's words
+# after the status's name. Those of 2, 200, 209, 218, 222 and 700 are what cuModuleLoadData
+# returned on an H100 (driver 580, CuPy 14.2) for a full GPU, a damaged cubin, a cubin for
+# another arch, broken PTX, PTX from a newer toolchain and a context after a kernel's fault.
+DRIVER_ERRORS = {
+    "CUDA_ERROR_OUT_OF_MEMORY": (2, "out of memory"),
+    "CUDA_ERROR_NOT_INITIALIZED": (3, "initialization error"),
+    "CUDA_ERROR_INVALID_IMAGE": (200, "device kernel image is invalid"),
+    "CUDA_ERROR_INVALID_CONTEXT": (201, "invalid device context"),
+    "CUDA_ERROR_NO_BINARY_FOR_GPU": (
+        209, "no kernel image is available for execution on the device"
+    ),
+    "CUDA_ERROR_INVALID_PTX": (218, "a PTX JIT compilation failed"),
+    "CUDA_ERROR_JIT_COMPILER_NOT_FOUND": (221, "PTX JIT compiler library not found"),
+    "CUDA_ERROR_UNSUPPORTED_PTX_VERSION": (
+        222, "the provided PTX was compiled with an unsupported toolchain."
+    ),
+    "CUDA_ERROR_ILLEGAL_ADDRESS": (700, "an illegal memory access was encountered"),
+    "CUDA_ERROR_UNKNOWN": (999, "unknown error"),
+}  # fmt: skip
+
+
+def driver_error(name: str = "CUDA_ERROR_INVALID_IMAGE") -> Exception:
+    """CuPy's CUDADriverError for status ``name``, as the driver raises it: made by CuPy where
+    libcuda is there to name the status, else by hand as CuPy makes it (``status``, and the
+    text "NAME: description")."""
+    import cupy
+
+    kind = cupy.cuda.driver.CUDADriverError
+    status, text = DRIVER_ERRORS[name]
+    try:
+        return kind(status)  # type: ignore[no-any-return]
+    except RuntimeError:  # "CuPy failed to load libcuda.so.1"
+        error = kind.__new__(kind)
+        RuntimeError.__init__(error, f"{name}: {text}")
+        error.status = status
+        return error  # type: ignore[no-any-return]
 
 
 def has_gpu() -> bool:

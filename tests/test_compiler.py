@@ -3,16 +3,20 @@ close, priorities, processes. Real NVRTC throughout."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -22,12 +26,18 @@ from aionvrtc import (
     CompileError,
     Compiler,
     CompilerClosed,
+    GPUOutOfMemoryError,
     KernelSpec,
+    Module,
+    ModuleLoadError,
     NoDeviceError,
     kernel_key,
 )
+from aionvrtc._cuda_errors import cuda_status, describe
 
-from .conftest import has_gpu, make_slow_spec, make_spec
+from .conftest import driver_error, has_gpu, make_slow_spec, make_spec
+
+_T = TypeVar("_T")
 
 pytestmark = pytest.mark.anyio
 
@@ -599,3 +609,304 @@ def test_a_failed_claim_lets_go_of_the_file_lock(
     assert lock is not None
     assert lock.held
     lock.release()
+
+
+# -- loading on the GPU: faults injected at CuPy's boundary ----------------------------------
+
+
+class FakeDriver:
+    """The GPU this CPU lacks, at CuPy's boundary: device 0, compute capability 9.0, whose
+    cuModuleLoadData (CuPy's ``Module.load``) raises the status ``fault`` while it is set (a
+    full GPU, a broken context, or every image refused), or ``refused[image]`` for an image
+    it refuses, and otherwise takes the image. Faults that no CPU can produce, and no GPU on
+    demand: the one place the tests replace a real part. Everything else (NVRTC, the tiers,
+    the Compiler) is real."""
+
+    def __init__(self) -> None:
+        self.fault: str | None = None
+        self.refused: dict[bytes, str] = {}
+        self.tries = 0  # images given to cuModuleLoadData
+        self.loaded: list[bytes] = []  # images it took
+
+    def load(self, image: bytes) -> None:
+        self.tries += 1
+        status = self.fault or self.refused.get(image)
+        if status is not None:
+            raise driver_error(status)
+        self.loaded.append(image)
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    import contextlib
+
+    import cupy
+    from cupy.cuda import function
+
+    from aionvrtc import _cuda
+
+    driver = FakeDriver()
+
+    class Module:  # CuPy's, whose load() is the driver's
+        def load(self, image: bytes) -> None:
+            driver.load(image)
+
+    monkeypatch.setattr(_cuda, "check_device", lambda device: (9, 0))
+    monkeypatch.setattr(_cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(_cuda, "device_ready", lambda device: True)
+    monkeypatch.setattr(cupy.cuda, "Device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(function, "Module", Module)
+    return driver
+
+
+async def cached(spec: KernelSpec, cache_dir: Path) -> tuple[Artifact, Path]:
+    """``spec`` compiled for sm_90 by a Compiler of its own, and its disk entry: the good kernel
+    that a server finds in its cache when it starts."""
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        artifact = await compiler.compile(spec)
+    return artifact, cache_dir / "v2" / artifact.key[:2] / artifact.key
+
+
+def loading(spec: KernelSpec, artifact: Artifact) -> str:
+    """How a load error's message starts for ``spec``'s kernel on the fake GPU."""
+    return (
+        f"loading {spec.name_expressions[0]} (cubin for sm_90, key {artifact.key[:16]}...) on "
+        "device 0 failed: "
+    )
+
+
+async def every(count: int, call: Callable[[], Awaitable[_T]]) -> list[_T | Exception]:
+    """``call()`` in ``count`` tasks at once: each one's result or error."""
+    outcomes: list[_T | Exception] = []
+
+    async def one() -> None:
+        try:
+            outcomes.append(await call())
+        except Exception as exc:
+            outcomes.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(count):
+            tg.start_soon(one)
+    return outcomes
+
+
+def recompiles(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("dropping it and compiling again" in r.getMessage() for r in caplog.records)
+
+
+async def test_out_of_memory_on_load_keeps_the_cached_kernel_and_compiles_nothing(
+    cache_dir: Path, gpu: FakeDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = make_spec()
+    good, entry = await cached(spec, cache_dir)
+    stored = entry.read_bytes()
+    gpu.fault = "CUDA_ERROR_OUT_OF_MEMORY"  # a busy inference server's GPU
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        outcomes = await every(8, lambda: compiler.get(spec))
+        for error in outcomes:
+            assert type(error) is GPUOutOfMemoryError
+            assert error.status == "CUDA_ERROR_OUT_OF_MEMORY"
+            assert str(error) == loading(spec, good) + (
+                "out of GPU memory (CUDA_ERROR_OUT_OF_MEMORY); the cached kernel is kept; free "
+                "GPU memory and retry"
+            )
+            assert isinstance(error.__cause__, RuntimeError)  # CuPy's CUDADriverError
+            assert cuda_status(error.__cause__) == "CUDA_ERROR_OUT_OF_MEMORY"
+        # Kept on disk, byte for byte, and in memory; nothing compiled, dropped or logged as such.
+        stats = compiler.stats()
+        assert (stats.compiles, stats.disk.hits) == (0, 1)
+        assert entry.read_bytes() == stored
+        assert good.key in compiler._memory
+        assert (gpu.tries, gpu.loaded, recompiles(caplog)) == (8, [], 0)
+        # Memory is free again: the same request loads the cached kernel, compiling nothing.
+        gpu.fault = None
+        module = await compiler.get(spec)
+        assert module.artifact.image == good.image
+        assert gpu.loaded == [good.image]
+        assert await compiler.get(spec) is module
+        assert (compiler.stats().compiles, gpu.tries) == (0, 9)
+    assert entry.read_bytes() == stored
+
+
+@pytest.mark.parametrize(
+    ("status", "fix"),
+    [
+        ("CUDA_ERROR_ILLEGAL_ADDRESS", "restart the process"),
+        ("CUDA_ERROR_INVALID_CONTEXT", "or restart the process"),
+        ("CUDA_ERROR_NOT_INITIALIZED", "check the GPU and its driver (nvidia-smi)"),
+        ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "an NVRTC no newer than the driver"),
+        ("CUDA_ERROR_JIT_COMPILER_NOT_FOUND", "(a cubin needs no JIT)"),
+    ],
+)
+async def test_a_load_that_fails_but_not_for_the_image_keeps_it_and_compiles_nothing(
+    cache_dir: Path, gpu: FakeDriver, caplog: pytest.LogCaptureFixture, status: str, fix: str
+) -> None:
+    spec = make_spec()
+    good, entry = await cached(spec, cache_dir)
+    stored = entry.read_bytes()
+    gpu.fault = status
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        for _ in range(3):  # a retry meets the same fault, and changes nothing either
+            with pytest.raises(ModuleLoadError) as info:
+                await compiler.get(spec)
+            assert type(info.value) is ModuleLoadError
+            assert info.value.status == status
+            message = str(info.value)
+            assert message.startswith(loading(spec, good))
+            assert f"({status}); the cached kernel is kept; " in message
+            assert message.endswith(fix)
+        assert compiler.stats().compiles == 0
+        assert good.key in compiler._memory
+        assert entry.read_bytes() == stored
+        assert (gpu.tries, recompiles(caplog)) == (3, 0)
+
+
+@pytest.mark.parametrize(
+    "status", ["CUDA_ERROR_INVALID_IMAGE", "CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_PTX"]
+)
+async def test_an_image_the_driver_refuses_is_dropped_and_compiled_again_once(
+    cache_dir: Path, gpu: FakeDriver, caplog: pytest.LogCaptureFixture, status: str
+) -> None:
+    from aionvrtc._artifact import encode
+
+    spec = make_spec()
+    good, entry = await cached(spec, cache_dir)
+    # A well-formed entry (its checksum right) holding an image the driver refuses: a damaged
+    # or foreign image stored under the right key.
+    bad = dataclasses.replace(good, image=b"\x7fELF" + bytes(range(256)) * 4)
+    entry.write_bytes(encode(bad))
+    gpu.refused[bad.image] = status
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        outcomes = await every(16, lambda: compiler.get(spec))
+        modules = [m for m in outcomes if isinstance(m, Module)]
+        assert len(modules) == 16, outcomes
+        fresh = modules[0].artifact
+        assert fresh.image != bad.image
+        assert all(m.artifact is fresh for m in modules)
+        # Every request met the refused image; one replaced it, the others loaded its image.
+        assert compiler.stats().compiles == 1
+        assert recompiles(caplog) == 1
+        assert (gpu.tries, gpu.loaded) == (32, [fresh.image] * 16)
+        assert entry.read_bytes() == encode(fresh)  # the disk holds the new image
+        module = await compiler.get(spec)  # loaded: served from memory
+        assert module.artifact is fresh
+        assert (compiler.stats().compiles, gpu.tries) == (1, 32)
+
+
+def refused_again(message: str) -> str:
+    """``message`` with its numbers of seconds as N."""
+    return re.sub(r"\d+ s\b", "N s", message)
+
+
+async def test_a_second_refusal_within_the_window_raises_instead_of_compiling_again(
+    cache_dir: Path, gpu: FakeDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = make_spec()
+    good, entry = await cached(spec, cache_dir)
+    gpu.fault = "CUDA_ERROR_INVALID_IMAGE"  # every image, the replacement's too
+    refusal = describe(driver_error("CUDA_ERROR_INVALID_IMAGE"))
+    expected = loading(spec, good) + (
+        f"the driver refused the image as invalid ({refusal}); it was dropped and replaced N s "
+        "ago after the same refusal, so it is kept now and not replaced again for N s "
+        "(compiling it again would make the same image; `await compiler.forget(spec)` retries "
+        "at once)"
+    )
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        with pytest.raises(ModuleLoadError) as info:
+            await compiler.get(spec)
+        assert type(info.value) is ModuleLoadError
+        assert info.value.status == "CUDA_ERROR_INVALID_IMAGE"
+        assert refused_again(str(info.value)) == expected
+        assert isinstance(info.value.__cause__, RuntimeError)
+        assert cuda_status(info.value.__cause__) == "CUDA_ERROR_INVALID_IMAGE"
+        assert (compiler.stats().compiles, gpu.tries) == (1, 2)  # the cached image, the new one
+        # A storm of requests: each raises at once; none compiles or drops the new entry.
+        outcomes = await every(16, lambda: compiler.get(spec))
+        assert all(type(e) is ModuleLoadError for e in outcomes), outcomes
+        assert {refused_again(str(e)) for e in outcomes} == {expected}
+        assert (compiler.stats().compiles, gpu.tries, recompiles(caplog)) == (1, 18, 1)
+        assert good.key in compiler._memory
+        assert entry.exists()
+
+
+async def test_after_the_window_or_forget_a_refused_image_is_replaced_again(
+    cache_dir: Path, gpu: FakeDriver
+) -> None:
+    from aionvrtc._actor import REFUSAL_WINDOW
+
+    spec = make_spec()
+    gpu.fault = "CUDA_ERROR_INVALID_IMAGE"
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        assert compiler._refusal_window == REFUSAL_WINDOW == 3600.0
+
+        async def compiles_after_a_refusal() -> int:
+            with pytest.raises(ModuleLoadError, match="refused the image as invalid"):
+                await compiler.get(spec)
+            return compiler.stats().compiles
+
+        assert await compiles_after_a_refusal() == 2  # cold: compiled, refused, compiled again
+        assert await compiles_after_a_refusal() == 2
+        compiler._refusal_window = 0.0  # the window has passed: replaced once more
+        assert await compiles_after_a_refusal() == 3
+        compiler._refusal_window = REFUSAL_WINDOW
+        assert await compiles_after_a_refusal() == 3
+        await compiler.forget(spec)  # at once: compiled (forgotten), refused, compiled again
+        assert await compiles_after_a_refusal() == 5
+        assert await compiles_after_a_refusal() == 5
+        gpu.fault = None  # the driver takes it now: loaded as cached
+        module = await compiler.get(spec)
+        assert gpu.loaded == [module.artifact.image]
+        assert compiler.stats().compiles == 5
+
+
+async def test_blocking_and_tropical_callers_raise_the_same_load_errors(
+    cache_dir: Path, gpu: FakeDriver
+) -> None:
+    from aionvrtc.tropical._launching import module, module_sync
+
+    spec = make_spec()
+    good, _ = await cached(spec, cache_dir)
+    gpu.fault = "CUDA_ERROR_OUT_OF_MEMORY"
+    expected = loading(spec, good) + (
+        "out of GPU memory (CUDA_ERROR_OUT_OF_MEMORY); the cached kernel is kept; free GPU "
+        "memory and retry"
+    )
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        calls: list[Callable[[], Awaitable[Module]]] = [
+            lambda: compiler.get(spec),
+            lambda: anyio.to_thread.run_sync(functools.partial(compiler.get_sync, spec)),
+            lambda: module(spec, 0, compiler),
+            lambda: anyio.to_thread.run_sync(module_sync, spec, 0, compiler),
+        ]
+        for call in calls:
+            with pytest.raises(GPUOutOfMemoryError) as info:
+                await call()
+            assert str(info.value) == expected
+        assert compiler.stats().compiles == 0
+        gpu.fault = None
+        loaded = await anyio.to_thread.run_sync(module_sync, spec, 0, compiler)
+        assert loaded.artifact.image == good.image
+        assert compiler.stats().compiles == 0
+
+
+def test_the_process_wide_compiler_raises_the_same_load_errors(
+    cache_dir: Path, gpu: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import aionvrtc
+
+    monkeypatch.setenv("AIONVRTC_ARCH", "sm_90")
+    monkeypatch.setenv("AIONVRTC_CACHE_DIR", str(cache_dir))
+    spec = make_spec()
+    gpu.fault = "CUDA_ERROR_OUT_OF_MEMORY"
+    try:
+        with pytest.raises(GPUOutOfMemoryError, match=r"the cached kernel is kept; free GPU"):
+            aionvrtc.get_sync(spec)
+        compiler = aionvrtc.default_compiler()
+        assert compiler.stats().compiles == 1  # cold: compiled once, then kept
+        gpu.fault = None
+        assert aionvrtc.get_sync(spec).artifact.image == gpu.loaded[0]
+        assert compiler.stats().compiles == 1
+    finally:
+        aionvrtc.close_default_compiler()

@@ -14,6 +14,7 @@ from aionvrtc import (
     AionvrtcError,
     Artifact,
     CompileError,
+    GPUOutOfMemoryError,
     ModuleLoadError,
     NoDeviceError,
     NvrtcError,
@@ -21,10 +22,16 @@ from aionvrtc import (
     _cuda,
     _nvrtc,
 )
-from aionvrtc._cuda_errors import describe, is_cuda_error, map_cuda_errors
+from aionvrtc._cuda_errors import (
+    IMAGE_REFUSED,
+    cuda_status,
+    describe,
+    is_cuda_error,
+    map_cuda_errors,
+)
 from aionvrtc._cuda_versions import cupy_majors
 
-from .conftest import make_spec
+from .conftest import driver_error, make_spec
 
 NO_DEVICE = "cudaErrorNoDevice: no CUDA-capable device is detected"
 INVALID_IMAGE = "CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid"
@@ -40,19 +47,6 @@ def runtime_error(status: int = 100) -> Exception:
     import cupy
 
     return cupy.cuda.runtime.CUDARuntimeError(status)  # type: ignore[no-any-return]
-
-
-def driver_error() -> Exception:
-    """CUDA_ERROR_INVALID_IMAGE (200), as cuModuleLoadData raises it for a damaged image."""
-    import cupy
-
-    kind = cupy.cuda.driver.CUDADriverError
-    try:
-        return kind(200)  # type: ignore[no-any-return]
-    except RuntimeError:  # no libcuda here to name the status: the text it gives on a GPU
-        error = kind.__new__(kind)
-        RuntimeError.__init__(error, INVALID_IMAGE)
-        return error  # type: ignore[no-any-return]
 
 
 def test_cupy_error_classes_are_the_ones_the_boundary_catches() -> None:
@@ -253,11 +247,15 @@ def artifact() -> Artifact:
     )  # fmt: skip
 
 
-def test_a_refused_image_is_a_module_load_error(monkeypatch: pytest.MonkeyPatch) -> None:
+LOADING = f"loading k<float> (cubin for sm_90, key {'ab' * 8}...) on device 3 failed: "
+KEPT = "the cached kernel is kept"
+
+
+def refusing_module(monkeypatch: pytest.MonkeyPatch, raised: Exception) -> None:
+    """CuPy's Module (cuModuleLoadData underneath) raising ``raised``, on a device 3 of compute
+    capability 9.0."""
     import cupy
     from cupy.cuda import function
-
-    raised = driver_error()
 
     class Refusing:
         def load(self, image: bytes) -> None:
@@ -266,13 +264,157 @@ def test_a_refused_image_is_a_module_load_error(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(_cuda, "check_device", lambda device: (9, 0))
     monkeypatch.setattr(cupy.cuda, "Device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(function, "Module", Refusing)
+
+
+@pytest.mark.parametrize(
+    "name", ["CUDA_ERROR_INVALID_IMAGE", "CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_PTX"]
+)
+def test_an_image_the_driver_refuses_as_invalid_says_so(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    raised = driver_error(name)
+    refusing_module(monkeypatch, raised)
     with pytest.raises(ModuleLoadError) as info:
         _cuda.load(artifact(), 3)
+    assert type(info.value) is ModuleLoadError
     assert info.value.__cause__ is raised
+    assert info.value.status == name
+    assert name in IMAGE_REFUSED  # the one verdict that Compiler.get answers by compiling again
+    # The Compiler decides what becomes of the entry: the message does not promise either.
     assert str(info.value) == (
-        f"the driver refused the cubin for sm_90 (key {'ab' * 8}...) on device 3: "
-        f"CUDADriverError: {INVALID_IMAGE}"
+        f"{LOADING}the driver refused the image as invalid (CUDADriverError: {raised})"
     )
+
+
+@pytest.mark.parametrize(
+    ("raised", "error", "text"),
+    [
+        (
+            lambda: driver_error("CUDA_ERROR_OUT_OF_MEMORY"),
+            GPUOutOfMemoryError,
+            f"out of GPU memory (CUDA_ERROR_OUT_OF_MEMORY); {KEPT}; free GPU memory and retry",
+        ),
+        (  # from the runtime: making the context current (cudaSetDevice) on a full GPU
+            lambda: runtime_error(2),
+            GPUOutOfMemoryError,
+            f"out of GPU memory (cudaErrorMemoryAllocation); {KEPT}; free GPU memory and retry",
+        ),
+        (
+            lambda: driver_error("CUDA_ERROR_ILLEGAL_ADDRESS"),
+            ModuleLoadError,
+            "an earlier fault on the device broke this process's CUDA context, which CUDA "
+            f"reports to every later call (CUDA_ERROR_ILLEGAL_ADDRESS); {KEPT}; restart the "
+            "process",
+        ),
+        (
+            lambda: driver_error("CUDA_ERROR_INVALID_CONTEXT"),
+            ModuleLoadError,
+            f"the device's CUDA context was destroyed or reset (CUDA_ERROR_INVALID_CONTEXT); "
+            f"{KEPT}; keep the context alive while its modules are in use, or restart the process",
+        ),
+        (
+            lambda: driver_error("CUDA_ERROR_NOT_INITIALIZED"),
+            ModuleLoadError,
+            f"the GPU or its driver is not usable now (CUDA_ERROR_NOT_INITIALIZED); {KEPT}; "
+            "check the GPU and its driver (nvidia-smi)",
+        ),
+        (
+            lambda: runtime_error(100),
+            ModuleLoadError,
+            f"the GPU or its driver is not usable now (cudaErrorNoDevice); {KEPT}; check the "
+            "GPU and its driver (nvidia-smi)",
+        ),
+        (  # the image is sound: the same NVRTC would make the same PTX again
+            lambda: driver_error("CUDA_ERROR_UNSUPPORTED_PTX_VERSION"),
+            ModuleLoadError,
+            "the driver is older than the NVRTC that made this PTX "
+            f"(CUDA_ERROR_UNSUPPORTED_PTX_VERSION); {KEPT}; update the NVIDIA driver, or use an "
+            "NVRTC no newer than the driver",
+        ),
+        (
+            lambda: driver_error("CUDA_ERROR_JIT_COMPILER_NOT_FOUND"),
+            ModuleLoadError,
+            "the driver's PTX JIT compiler is missing or disabled "
+            f"(CUDA_ERROR_JIT_COMPILER_NOT_FOUND); {KEPT}; unset CUDA_DISABLE_PTX_JIT, or use an "
+            "NVRTC that knows the GPU's arch (a cubin needs no JIT)",
+        ),
+    ],
+    ids=[
+        "out-of-memory",
+        "runtime-out-of-memory",
+        "sticky-fault",
+        "context-gone",
+        "not-initialized",
+        "runtime-no-device",
+        "ptx-too-new",
+        "no-jit",
+    ],
+)
+def test_a_load_that_fails_for_another_cause_names_it_and_keeps_the_entry(
+    monkeypatch: pytest.MonkeyPatch,
+    raised: Callable[[], Exception],
+    error: type[ModuleLoadError],
+    text: str,
+) -> None:
+    cupy_error = raised()
+    refusing_module(monkeypatch, cupy_error)
+    with pytest.raises(ModuleLoadError) as info:
+        _cuda.load(artifact(), 3)
+    assert type(info.value) is error
+    assert info.value.__cause__ is cupy_error
+    assert info.value.status == cuda_status(cupy_error)
+    assert info.value.status not in IMAGE_REFUSED
+    assert str(info.value) == LOADING + text
+
+
+def test_a_load_error_of_no_known_status_quotes_cupy_and_keeps_the_entry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for raised in (
+        driver_error("CUDA_ERROR_UNKNOWN"),
+        RuntimeError("CuPy failed to load libcuda.so.1: OSError: not found"),
+    ):
+        refusing_module(monkeypatch, raised)
+        with pytest.raises(ModuleLoadError) as info:
+            _cuda.load(artifact(), 3)
+        assert type(info.value) is ModuleLoadError
+        assert info.value.status == cuda_status(raised)
+        assert str(info.value) == f"{LOADING}the driver failed ({describe(raised)}); {KEPT}"
+    assert cuda_status(driver_error("CUDA_ERROR_UNKNOWN")) == "CUDA_ERROR_UNKNOWN"
+
+
+def test_a_bug_under_a_load_is_not_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    bug = TypeError("a bug")
+    refusing_module(monkeypatch, bug)
+    with pytest.raises(TypeError) as info:
+        _cuda.load(artifact(), 3)
+    assert info.value is bug
+
+
+def test_cuda_status_is_the_name_cupy_quotes_first() -> None:
+    assert cuda_status(driver_error("CUDA_ERROR_OUT_OF_MEMORY")) == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert cuda_status(runtime_error(2)) == "cudaErrorMemoryAllocation"
+    assert cuda_status(nvrtc_error()) is None  # NVRTC's statuses are not CUDA's
+    assert cuda_status(RuntimeError("not CUDA_ERROR_OUT_OF_MEMORY at the start")) is None
+
+
+def test_gpu_out_of_memory_is_a_module_load_error_and_a_memory_error() -> None:
+    import copy
+    import pickle
+
+    import aionvrtc
+
+    assert GPUOutOfMemoryError.__module__ == "aionvrtc._exceptions"
+    assert issubclass(GPUOutOfMemoryError, ModuleLoadError)
+    assert issubclass(GPUOutOfMemoryError, MemoryError)  # as CuPy's OutOfMemoryError is
+    assert aionvrtc.GPUOutOfMemoryError is GPUOutOfMemoryError
+    assert "GPUOutOfMemoryError" in aionvrtc.__all__
+    error = GPUOutOfMemoryError("loading k failed", status="CUDA_ERROR_OUT_OF_MEMORY")
+    # Every waiter of a shared job gets a copy (Compiler._fresh); processes get pickles.
+    for clone in (copy.copy(error), pickle.loads(pickle.dumps(error))):
+        assert type(clone) is GPUOutOfMemoryError
+        assert (str(clone), clone.status) == ("loading k failed", "CUDA_ERROR_OUT_OF_MEMORY")
+    assert ModuleLoadError("refused before loading").status is None
 
 
 def test_a_missing_kernel_is_a_key_error_naming_the_known_ones() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from aionvrtc import (
     Compiler,
+    GPUOutOfMemoryError,
     KernelSpec,
     ModuleLoadError,
     Target,
@@ -297,3 +298,91 @@ async def test_bad_device_arguments(cache_dir: Path) -> None:
             await compiler.get(axpy_spec(), device=True)
         with pytest.raises(TypeError, match="device must be an int, not str"):
             compiler.target_for("0")  # type: ignore[arg-type]
+
+
+# A kernel whose module needs 1 GiB of device memory when it loads (a __device__ array lives
+# in the module): loading it on a GPU with less free is a real CUDA_ERROR_OUT_OF_MEMORY.
+HOG = r"""
+__device__ char hog_{tag}[1 << 30];
+template <typename T>
+__global__ void touch_{tag}(int i) {{ hog_{tag}[i] = T(1); }}
+"""
+
+
+async def test_a_full_gpu_keeps_the_cached_kernel_and_a_retry_loads_it(cache_dir: Path) -> None:
+    import cupy
+
+    tag = f"t{next(_tags)}_{id(_tags)}"
+    spec = KernelSpec(HOG.format(tag=tag), name_expressions=(f"touch_{tag}<char>",))
+    async with Compiler(cache_dir=cache_dir) as compiler:
+        cached = await compiler.compile(spec, arch=compiler.target_for(0))  # not loaded yet
+        entry = cache_dir / "v2" / cached.key[:2] / cached.key
+        stored = entry.read_bytes()
+        cupy.get_default_memory_pool().free_all_blocks()
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        # All but 512 MiB taken, as a busy server's GPU: too little for the module's 1 GiB.
+        taken = cupy.cuda.runtime.malloc(free - (512 << 20))
+        try:
+            with pytest.raises(GPUOutOfMemoryError) as info:
+                await compiler.get(spec)
+        finally:
+            cupy.cuda.runtime.free(taken)
+        assert info.value.status == "CUDA_ERROR_OUT_OF_MEMORY"
+        assert str(info.value).endswith(
+            "out of GPU memory (CUDA_ERROR_OUT_OF_MEMORY); the cached kernel is kept; free GPU "
+            "memory and retry"
+        )
+        assert compiler.stats().compiles == 1
+        assert entry.read_bytes() == stored
+        # Free again: the cached kernel loads and runs, compiling nothing.
+        module = await compiler.get(spec)
+        assert module.artifact is cached
+        module.get_function(spec.name_expressions[0])((1,), (1,), (np.int32(7),))
+        await synchronize()
+        assert compiler.stats().compiles == 1
+    assert entry.read_bytes() == stored
+
+
+def test_a_context_broken_by_a_fault_keeps_the_cached_kernel(cache_dir: Path) -> None:
+    spec = axpy_spec()
+
+    async def first() -> Path:
+        async with Compiler(cache_dir=cache_dir) as compiler:
+            key = (await compiler.get(spec)).artifact.key
+        return cache_dir / "v2" / key[:2] / key
+
+    entry = anyio.run(first)
+    stored = entry.read_bytes()
+    # In a process of its own: a kernel's fault breaks the process's context for good.
+    out = run_python(
+        f"""
+import json, anyio, cupy, numpy as np
+from aionvrtc import Compiler, KernelSpec, ModuleLoadError
+spec = KernelSpec({spec.source!r}, name_expressions={spec.name_expressions!r}, name={spec.name!r})
+fault = cupy.RawKernel('extern "C" __global__ void fault(int* p) {{ *p = 1; }}', "fault")
+fault((1,), (1,), (np.uint64(8),))  # writes to address 8
+try:
+    cupy.cuda.runtime.deviceSynchronize()
+except cupy.cuda.runtime.CUDARuntimeError:
+    pass
+async def main():
+    async with Compiler(cache_dir={str(cache_dir)!r}) as compiler:
+        try:
+            await compiler.get(spec)
+        except ModuleLoadError as error:
+            s = compiler.stats()
+            print(json.dumps({{"type": type(error).__name__, "status": error.status,
+                              "message": str(error), "compiles": s.compiles}}))
+anyio.run(main)
+"""
+    )
+    result = json.loads(out.splitlines()[-1])
+    # cuModuleLoadData's status after the fault, as an H100 gave it (device queries and making
+    # the device current still succeed then).
+    assert (result["type"], result["status"]) == ("ModuleLoadError", "CUDA_ERROR_ILLEGAL_ADDRESS")
+    assert result["message"].endswith(
+        "broke this process's CUDA context, which CUDA reports to every later call "
+        "(CUDA_ERROR_ILLEGAL_ADDRESS); the cached kernel is kept; restart the process"
+    )
+    assert result["compiles"] == 0
+    assert entry.read_bytes() == stored  # for the next process, which loads it

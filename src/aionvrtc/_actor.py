@@ -25,6 +25,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -39,7 +40,7 @@ from . import _cuda
 from ._artifact import Artifact
 from ._cache import DEFAULT_MEMORY_LIMIT, ArchStats, Claim, KernelCache, Origin
 from ._cuda import Module
-from ._cuda_versions import driver_cuda
+from ._cuda_errors import IMAGE_REFUSED
 from ._exceptions import AionvrtcError, CompileError, CompilerClosed, ModuleLoadError
 from ._failures import Failures
 from ._manifest import ENV_MANIFEST, Manifest
@@ -69,6 +70,15 @@ IO_LANE = 2
 IO_BATCH = 32
 # Worker threads waiting on other processes' key locks (each blocks until its lock is free).
 WAIT_LANE = 64
+# An image the driver refuses as invalid is dropped and compiled again once per key in this
+# window; a refusal of the replacement within it raises instead. NVRTC and the driver, all a
+# recompile depends on beside the key, do not change under a running process, so a second
+# refusal would repeat at every try, each costing seconds of NVRTC (a compile slot that, at
+# the default concurrency of 1, every other key waits for). An hour caps that at one compile
+# per key per hour, a fraction of a percent of one CPU even for a 10 s program, while a
+# long-running server still tries again now and then (another host may have replaced the
+# remote tier's entry meanwhile); forget() lets it try at once.
+REFUSAL_WINDOW = 3600.0  # seconds
 
 
 class _State(enum.Enum):
@@ -108,6 +118,19 @@ class _Stage(enum.Enum):
     RUNNING = "in the compile lane"
     WAITING = "waiting for another process's or host's lock"
     DONE = "done"
+
+
+class _Replacement:
+    """A key whose image the driver refused as invalid: when, which image, and the one that
+    replaced it (None until compiled, or if compiling it failed)."""
+
+    __slots__ = ("at", "done", "fresh", "refused")
+
+    def __init__(self, refused: Artifact, at: float) -> None:
+        self.refused = refused
+        self.at = at  # time.monotonic()
+        self.fresh: Artifact | None = None
+        self.done = anyio.Event()  # set once the replacement is compiled, or failed
 
 
 class _Job:
@@ -250,6 +273,9 @@ class Compiler:
         self._hot: dict[str, Artifact] = {}  # see _enter() and compile()
         self._inflight: dict[str, _Job] = {}
         self._failures = Failures()
+        # Keys whose image get() dropped and compiled again in the last _refusal_window seconds.
+        self._replacements: dict[str, _Replacement] = {}
+        self._refusal_window = REFUSAL_WINDOW
         self._queue: list[tuple[int, int, _Job]] = []  # the compile lane's
         self._lookups: list[tuple[int, int, _Job]] = []  # the I/O lane's
         self._seq = itertools.count()
@@ -493,7 +519,11 @@ class Compiler:
         several architectures, with one compile per kernel and architecture.
 
         A second ``get`` on the same device returns the same Module and loads nothing. An
-        image the driver refuses is dropped from the tiers and recompiled once.
+        image the driver refuses as invalid (CUDA_ERROR_INVALID_IMAGE, _NO_BINARY_FOR_GPU or
+        _INVALID_PTX) is dropped from the tiers and compiled again, once per key an hour
+        (REFUSAL_WINDOW). Any other load failure raises and leaves the cache as it was: a full
+        GPU raises GPUOutOfMemoryError, and asking again once memory is free loads the cached
+        kernel without compiling it.
         """
         try:
             if device is None:
@@ -527,16 +557,60 @@ class Compiler:
         try:
             module = _cuda.load(artifact, device)
         except ModuleLoadError as exc:
-            capability = _cuda.check_device(device)
-            if _cuda.runnable(artifact, capability, driver_cuda()) is not None:
-                raise  # another architecture or driver: compiling again would not help
-            logger.warning("%s; dropping it and compiling again", exc)
-            await self._drop(artifact.key)  # this image only: other archs' stay
-            artifact = await self.compile(spec, arch=cache.target)
-            module = _cuda.load(artifact, device)
+            if exc.status not in IMAGE_REFUSED:
+                raise  # not the image's fault (a full GPU, another arch...): the entry stays
+            module = await self._replace(spec, cache.target, device, artifact, exc)
         if self._state is _State.OPEN:
             modules[artifact.key] = module
         return module
+
+    async def _replace(
+        self, spec: KernelSpec, target: Target, device: int, refused: Artifact, exc: ModuleLoadError
+    ) -> Module:
+        """Drop ``refused``, an image the driver refused as invalid, compile it again and load
+        the new image: once per key in ``_refusal_window`` seconds. Within the window, a
+        refusal of any image but the one replaced raises, keeping what is cached: compiling
+        again would make the same image (see REFUSAL_WINDOW)."""
+        key = refused.key
+        now = time.monotonic()
+        for old in [k for k, r in self._replacements.items() if self._expired(r, now)]:
+            del self._replacements[old]
+        replacement = self._replacements.get(key)
+        if replacement is None:
+            replacement = self._replacements[key] = _Replacement(refused, now)
+            logger.warning("%s; dropping it and compiling again", exc)
+            try:
+                await self._drop(key)  # this image only: other archs' stay
+                replacement.fresh = await self.compile(spec, arch=target)
+            finally:
+                replacement.done.set()
+            fresh = replacement.fresh
+        else:
+            await replacement.done.wait()
+            if refused is not replacement.refused:
+                raise self._refused_again(exc, replacement) from exc.__cause__
+            # Loaded before another request replaced it: that request's image, or its error.
+            fresh = replacement.fresh or await self.compile(spec, arch=target)
+        try:
+            return _cuda.load(fresh, device)
+        except ModuleLoadError as again:
+            if again.status not in IMAGE_REFUSED:
+                raise
+            # From the driver's error, as every load error is: the message holds the rest.
+            raise self._refused_again(again, replacement) from again.__cause__
+
+    def _expired(self, replacement: _Replacement, now: float) -> bool:
+        return replacement.done.is_set() and now - replacement.at >= self._refusal_window
+
+    def _refused_again(self, exc: ModuleLoadError, replacement: _Replacement) -> ModuleLoadError:
+        ago = time.monotonic() - replacement.at
+        return ModuleLoadError(
+            f"{exc}; it was dropped and replaced {ago:.0f} s ago after the same refusal, so it "
+            f"is kept now and not replaced again for {max(0.0, self._refusal_window - ago):.0f} s "
+            "(compiling it again would make the same image; `await compiler.forget(spec)` "
+            "retries at once)",
+            status=exc.status,
+        )
 
     def prefetch(self, specs: Iterable[KernelSpec], *, arch: TargetLike | None = None) -> int:
         """Queue low-priority background compiles (warm-up) for target ``arch`` (default: the
@@ -848,6 +922,7 @@ class Compiler:
         keys = await anyio.to_thread.run_sync(self._cache.forget, spec)
         for key in keys:
             self._failures.pop(key)
+            self._replacements.pop(key, None)  # a refused image may be replaced at once
             for modules in self._modules.values():
                 modules.pop(key, None)
 
@@ -871,6 +946,7 @@ class Compiler:
     async def clear(self) -> None:
         """Empty the memory tier, the remembered failures and this format's disk entries."""
         self._failures.clear()
+        self._replacements.clear()
         for modules in self._modules.values():
             modules.clear()
         await anyio.to_thread.run_sync(self._cache.clear)

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from ._artifact import Artifact
-from ._cuda_errors import map_cuda_errors
+from ._cuda_errors import map_cuda_errors, map_load_errors
 from ._cuda_versions import MAJORS, driver_cuda, driver_fix
 from ._exceptions import ModuleLoadError, NoDeviceError
 
@@ -193,15 +193,13 @@ def _version(text: str) -> tuple[int, int] | None:
 
 
 def load(artifact: Artifact, device: int) -> Module:
-    """Load ``artifact`` into ``device``'s context (cuModuleLoadData)."""
+    """Load ``artifact`` into ``device``'s context (cuModuleLoadData). A ModuleLoadError says by
+    its ``status`` whether the driver refused the image itself (``IMAGE_REFUSED``); one for a
+    full GPU is a GPUOutOfMemoryError."""
     reason = runnable(artifact, check_device(device), driver_cuda())
     if reason is not None:
         raise ModuleLoadError(reason)
-    refused = (
-        f"the driver refused the {artifact.kind} for {artifact.arch} "
-        f"(key {artifact.key[:16]}...) on device {device}"
-    )
-    with map_cuda_errors(refused, ModuleLoadError):
+    with map_load_errors(f"loading {describe_artifact(artifact)} on device {device}"):
         import cupy
         from cupy.cuda.function import Module as CupyModule
 
@@ -209,6 +207,15 @@ def load(artifact: Artifact, device: int) -> Module:
             raw = CupyModule()
             raw.load(artifact.image)
     return Module(artifact, device, raw)
+
+
+def describe_artifact(artifact: Artifact) -> str:
+    """``artifact`` as messages name it: its first kernel, its kind, arch and key."""
+    names = list(artifact.lowered_names)
+    kernels = names[0] if names else "the kernels"
+    if len(names) > 1:
+        kernels += f" and {len(names) - 1} more"
+    return f"{kernels} ({artifact.kind} for {artifact.arch}, key {artifact.key[:16]}...)"
 
 
 # Polling an event: first at once, then backing off, so a short kernel costs little latency and

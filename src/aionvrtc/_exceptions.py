@@ -15,6 +15,7 @@ __all__ = [
     "CacheCorruptError",
     "CompileError",
     "CompilerClosed",
+    "GPUOutOfMemoryError",
     "ManifestError",
     "ModuleLoadError",
     "NoDeviceError",
@@ -78,9 +79,24 @@ class NoDeviceError(AionvrtcError):
 
 
 class ModuleLoadError(AionvrtcError):
-    """Raised when the driver refuses an artifact's image (a damaged image, unsupported PTX) or
-    the image cannot run on the device (another architecture, or a driver too old for it).
-    ``Compiler.get`` drops a refused image and recompiles it once before raising this."""
+    """Raised when a module cannot be loaded onto a device: the driver refuses the artifact's
+    image (damaged, holding no code for this GPU, PTX it cannot compile), the image cannot run
+    there (another architecture, a driver too old for it), or the device cannot take it now (a
+    CUDA context broken by an earlier fault, a GPU gone). ``status`` names the driver's error
+    (``"CUDA_ERROR_INVALID_IMAGE"``), or is None when aionvrtc refused the image before loading
+    it. ``Compiler.get`` drops an image the driver refused as invalid and compiles it again,
+    once per key an hour; any other failure leaves the cache as it was."""
+
+    def __init__(self, message: str, *, status: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class GPUOutOfMemoryError(ModuleLoadError, MemoryError):
+    """Raised when loading a module fails for lack of GPU memory (CUDA_ERROR_OUT_OF_MEMORY).
+    The cached kernel is kept and nothing is compiled: free GPU memory (other processes', or
+    CuPy's pool: ``cupy.get_default_memory_pool().free_all_blocks()``) and ask again. A
+    MemoryError too, as CuPy's own OutOfMemoryError is, so a handler of one sees both."""
 
 
 class ManifestError(AionvrtcError):
