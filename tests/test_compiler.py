@@ -21,10 +21,13 @@ from aionvrtc import (
     CompileError,
     Compiler,
     CompilerClosed,
+    KernelCache,
     KernelSpec,
     NoDeviceError,
     kernel_key,
 )
+from aionvrtc._cache import Claim
+from aionvrtc._store.disk import DiskTier
 
 from .conftest import has_gpu, make_slow_spec, make_spec
 
@@ -72,6 +75,40 @@ async def test_second_compiler_reads_the_disk(cache_dir: Path) -> None:
         stats = compiler.stats()
     assert again == first
     assert (stats.disk.hits, stats.compiles) == (1, 0)
+
+
+async def test_the_disk_counts_one_miss_per_cold_key(cache_dir: Path) -> None:
+    # The compile's second look at the disk, under the key's lock, is no second miss.
+    cold, crowd = make_spec(), make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        await compiler.compile(cold)
+        stats = compiler.stats()
+        assert (stats.disk.misses, stats.disk.hits, stats.compiles) == (1, 0, 1)
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(compiler.compile, crowd)
+        stats = compiler.stats()
+        assert (stats.disk.misses, stats.disk.hits, stats.compiles, stats.joined) == (2, 0, 2, 7)
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        await compiler.compile(cold)
+        await compiler.compile(cold)  # from memory: the disk is not asked
+        stats = compiler.stats()
+    assert (stats.disk.misses, stats.disk.hits, stats.compiles, stats.memory.hits) == (0, 1, 0, 1)
+
+
+def test_a_find_under_the_lock_after_a_miss_is_one_miss_and_one_hit(cache_dir: Path) -> None:
+    # Another process stores the key between this one's lookup and its compile.
+    spec = make_spec()
+    other = KernelCache("sm_90", cache_dir=cache_dir.parent / "other").get_or_compile(spec)
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    key = cache.key(spec)
+    assert cache.lookup(key) is None
+    assert DiskTier(cache_dir).write(other)
+    found = cache.try_resolve(spec, key)
+    assert not isinstance(found, Claim)
+    assert found == (other, "disk")
+    stats = cache.stats()
+    assert (stats.disk.misses, stats.disk.hits, stats.compiles) == (1, 1, 0)
 
 
 def _key_of(record: logging.LogRecord) -> str:
@@ -588,7 +625,7 @@ def test_a_failed_claim_lets_go_of_the_file_lock(
     cache = KernelCache("sm_90", cache_dir=cache_dir)
     key = cache.key(make_spec())
 
-    def broken(key: str) -> None:
+    def broken(key: str, *, again: bool = False) -> None:
         raise OSError("injected: the disk re-check failed")
 
     monkeypatch.setattr(cache, "_from_disk", broken)  # after the lock is taken

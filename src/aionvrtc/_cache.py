@@ -320,7 +320,7 @@ class KernelCache:
                 if lock is None:
                     return claim  # another process compiles it now
                 claim.lock = lock
-                cached = self._from_disk(key)  # written while we waited?
+                cached = self._from_disk(key, again=True)  # written while we waited?
                 if cached is not None:
                     self.release(claim)
                     claim.found = (cached, "disk")
@@ -365,9 +365,11 @@ class KernelCache:
             if claim.lock is not None:
                 claim.lock.release()
 
-    def _from_disk(self, key: str) -> Artifact | None:
-        """The disk's verified entry for ``key``, published to memory, or None."""
-        cached = self.disk.read(key, arch=self.target.arch) if self.disk is not None else None
+    def _from_disk(self, key: str, *, again: bool = False) -> Artifact | None:
+        """The disk's verified entry for ``key``, published to memory, or None (``again``: see
+        ``DiskTier.read``)."""
+        disk = self.disk
+        cached = disk.read(key, arch=self.target.arch, again=again) if disk is not None else None
         if cached is not None:
             self.memory.write(cached)
         return cached
