@@ -24,6 +24,8 @@ from aionvrtc import (
     KernelCache,
     KernelSpec,
     NoDeviceError,
+    NvrtcError,
+    _nvrtc,
     kernel_key,
 )
 from aionvrtc._cache import Claim
@@ -223,6 +225,37 @@ async def test_compile_error_fans_out_and_is_remembered(cache_dir: Path) -> None
             await compiler.compile(broken)
         assert compiler._cache.stats().compile_errors == 2
     assert not any((cache_dir / "v2").glob("*/[0-9a-f]*"))  # nothing written to disk
+
+
+async def test_a_failure_raised_to_requests_is_not_logged_as_well(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def gone(spec: KernelSpec, target: object) -> None:
+        raise NvrtcError("NVRTC went away (injected)")
+
+    monkeypatch.setattr(_nvrtc, "compile_program", gone)
+    caplog.set_level(logging.WARNING, logger="aionvrtc")
+    live, warm = make_spec(), make_spec()
+
+    async def request() -> None:
+        with pytest.raises(NvrtcError, match="injected"):
+            await compiler.compile(live)
+
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):  # one job, raised to each of the three
+                tg.start_soon(request)
+        await request()  # not remembered (not the program's fault): a job of its own
+        assert (compiler.stats().errors, compiler.stats().joined) == (4, 2)
+        assert caplog.messages == []
+        # A prefetch's failure reaches no request: the log is the only place it is said.
+        compiler.key(warm)  # derived now: the prefetch is queued at once
+        assert compiler.prefetch([warm]) == 1
+        while compiler.stats().queued or compiler.stats().in_flight:
+            await anyio.sleep(0.01)
+    assert caplog.messages == [
+        f"job for {kernel_key(warm, 'sm_90')[:16]} failed: NVRTC went away (injected)"
+    ]
 
 
 async def test_close_fails_queued_jobs_and_finishes_running_ones(cache_dir: Path) -> None:

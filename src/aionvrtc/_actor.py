@@ -114,7 +114,8 @@ class _Job:
     """One key's work, shared by every request for that key while it runs."""
 
     __slots__ = (
-        "cache", "claim", "done", "error", "key", "priority", "result", "scope", "spec", "stage"
+        "cache", "claim", "done", "error", "key", "priority", "result", "scope", "spec", "stage",
+        "waiters",
     )  # fmt: skip
 
     def __init__(self, key: str, spec: KernelSpec, priority: int, cache: KernelCache) -> None:
@@ -128,6 +129,7 @@ class _Job:
         self.done = anyio.Event()
         self.result: Artifact | None = None
         self.error: BaseException | None = None
+        self.waiters = 0  # requests awaiting it now: its error is raised to each of them
 
 
 # The tasks _spawn started, referenced until done (asyncio keeps only weak references).
@@ -439,7 +441,11 @@ class Compiler:
         if not job.done.is_set():
             # A waiter's cancellation ends only this wait: the job runs on in the actor's task
             # group and is cached for the next request.
-            await job.done.wait()
+            job.waiters += 1
+            try:
+                await job.done.wait()
+            finally:
+                job.waiters -= 1
         if job.error is None:
             assert job.result is not None
             return job.result
@@ -792,10 +798,13 @@ class Compiler:
     def _failed(self, job: _Job, exc: Exception) -> None:
         if isinstance(exc, CompileError):
             self._failures.remember(job.key, exc)  # fail fast until forget() or clear()
-        elif isinstance(exc, AionvrtcError):  # says what is wrong: no traceback needed
-            logger.warning("job for %s failed: %s", job.key[:16], exc)
-        else:
-            logger.exception("job for %s failed", job.key[:16])
+        elif not job.waiters:
+            # Logged only when no request receives it (a prefetch's): a request raises it, and
+            # logged as well it would be said twice.
+            if isinstance(exc, AionvrtcError):  # says what is wrong: no traceback needed
+                logger.warning("job for %s failed: %s", job.key[:16], exc)
+            else:
+                logger.exception("job for %s failed", job.key[:16])
         self._finish(job, error=exc)
 
     # -- the wait lane -----------------------------------------------------------------------
