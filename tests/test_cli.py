@@ -662,6 +662,14 @@ def test_an_arch_nvrtc_cannot_target_is_refused_before_anything_is_compiled(
         "aionvrtc installs can"
     )
     assert not tmp_path.joinpath("v2").exists()
+    # A typo that no GPU here has: refused with the list, not compiled to PTX with exit 0.
+    message = failure(*WARM[:2], "--arch", "sm_999", *WARM[4:], status=1, cache=tmp_path)
+    assert message == (
+        f"NVRTC {version} cannot target sm_999 (it supports {supported}); no CUDA version that "
+        "aionvrtc installs can (a GPU newer than NVRTC gets PTX, compiled on the machine that "
+        "has it)"
+    )
+    assert not tmp_path.joinpath("v2").exists()
     if major >= 13:  # Volta left CUDA 13: CUDA 12's NVRTC targets it
         message = failure(*WARM[:2], "--arch", "sm_70", *WARM[4:], status=1, cache=tmp_path)
         assert message == (
