@@ -121,12 +121,16 @@ def _main(arguments: list[str]) -> int:
     parser = _parser()
     args, extras = parser.parse_known_args(arguments)
     command: argparse.ArgumentParser = getattr(args, "command", parser)
-    if not hasattr(args, "run"):  # `aionvrtc`, `aionvrtc cache`: the group's own help
+    leaf = hasattr(args, "run")
+    # Before a group's help: `aionvrtc --foo` is a typo to name, not a reason to print it all.
+    # A group takes the options every command takes (`aionvrtc cache --json` answers in JSON).
+    unknown = [arg for arg in extras if leaf or arg not in ("--json", "--debug")]
+    if unknown:
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if not leaf:  # `aionvrtc`, `aionvrtc cache`: the group's own help
         command.print_help(sys.stderr)
         needed = f"a command is needed: {', '.join(_subcommands(command))}"
         return _usage_error(command.prog, needed, "--json" in arguments, help_shown=True)
-    if extras:
-        command.error(f"unrecognized arguments: {' '.join(extras)}")
     from rich.console import Console
 
     console = Console(stderr=False, highlight=False)
@@ -137,7 +141,10 @@ def _main(arguments: list[str]) -> int:
                 data, status = run(args, console)
             except BaseException as raised:
                 exc = _innermost(raised)
-                if args.debug or not isinstance(exc, Exception) or isinstance(exc, BrokenPipeError):
+                # A broken pipe is answered below, bad usage (found by a command) by main().
+                if args.debug or not isinstance(exc, Exception):
+                    raise
+                if isinstance(exc, (BrokenPipeError, _UsageError)):
                     raise
                 message = _error_line(exc)
                 extra = exc.data if isinstance(exc, CommandError) else {}
@@ -700,7 +707,7 @@ def _clear(args: argparse.Namespace, console: Any) -> Result:
 
 def _prune(args: argparse.Namespace, console: Any) -> Result:
     if args.max_size is None and args.older_than is None:
-        raise ValueError("prune needs --max-size SIZE, --older-than AGE or both")
+        args.command.error("prune needs --max-size SIZE, --older-than AGE or both")
     tier = _tier(args)
     started = time.time()
     pruned = tier.prune_report(max_bytes=args.max_size, older_than=args.older_than)
