@@ -702,6 +702,55 @@ def test_warm_into_a_file_fails_before_compiling(tmp_path: Path) -> None:
     assert path.read_text() == "not a folder"
 
 
+def test_every_cache_command_refuses_a_file_as_its_cache_dir(tmp_path: Path) -> None:
+    # info, ls, clear and prune called it trusted, with exit 0; warm and doctor refused it.
+    path = tmp_path / "a-file"
+    path.write_text("not a folder")
+    message = f"{path} is not a folder; point --cache-dir (or AIONVRTC_CACHE_DIR) at a folder"
+    commands = (
+        ["cache", "info"], ["cache", "ls"], ["cache", "clear"],
+        ["cache", "prune", "--max-size", "1G"], ["cache", "export", str(tmp_path / "x.bundle")],
+    )  # fmt: skip
+    for args in commands:
+        assert failure(*args, status=1, cache=path) == message, args
+    assert failure("cache", "info", status=1, cache=path / "below") == message
+    assert path.read_text() == "not a folder"
+    assert not tmp_path.joinpath("x.bundle").exists()
+
+
+def test_a_cache_dir_that_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    # Named with --cache-dir, to read: a typo more often than a cache to come.
+    said = (
+        f"{missing} does not exist; point --cache-dir at a cache dir (the first compile, or "
+        "aionvrtc warm, makes one)"
+    )
+    for args in (["cache", "info"], ["cache", "ls"], ["cache", "export", str(tmp_path / "x")]):
+        assert failure(*args, status=1, cache=missing) == said, args
+    # To remove from: nothing to do, and what was asked for holds.
+    for args in (["cache", "clear"], ["cache", "prune", "--older-than", "1d"]):
+        proc = run(*args, "--cache-dir", str(missing))
+        assert (proc.returncode, proc.stdout, proc.stderr) == (
+            0, f"nothing to do: {missing} does not exist\n", "",
+        )  # fmt: skip
+        report = cli(*args, cache=missing)
+        assert (report["removed"], report["exists"]) == (0, False)
+    # The default (or $AIONVRTC_CACHE_DIR) on a fresh machine: an empty cache, no error.
+    fresh = {"AIONVRTC_CACHE_DIR": str(missing)}
+    info = run("cache", "info", "--json", env=fresh)
+    assert (info.returncode, info.stderr) == (0, "")
+    report = json.loads(info.stdout)
+    assert (report["location"], report["exists"], report["entries"]) == (str(missing), False, 0)
+    listed = run("cache", "ls", "--json", env=fresh)
+    assert (listed.returncode, json.loads(listed.stdout), listed.stderr) == (0, [], "")
+    table = run("cache", "info", env={**fresh, "COLUMNS": "300"})  # one line per row
+    assert table.returncode == 0
+    assert f"{missing} does not exist yet: the first compile (or aionvrtc warm) makes it" in (
+        table.stdout
+    )
+    assert not missing.exists()  # none of them made it
+
+
 def test_warm_into_an_untrusted_dir_fails_before_compiling(tmp_path: Path) -> None:
     loose = tmp_path / "loose"
     loose.mkdir()

@@ -431,6 +431,41 @@ def _tier(args: argparse.Namespace) -> DiskTier:
     return tier
 
 
+def _cache_dir(args: argparse.Namespace, *, reading: bool = False) -> tuple[DiskTier, bool]:
+    """The command's disk tier, and whether its cache dir exists: the check of --cache-dir
+    that the cache commands make. CommandError where it is a file or under one (no command can
+    use it); with ``reading`` (a command that only reads the cache), also where an explicit
+    --cache-dir does not exist: a typo more often than a cache to come. The default one (or
+    $AIONVRTC_CACHE_DIR) is missing on a fresh machine until the first compile makes it,
+    which is no error: the cache is empty."""
+    tier = _tier(args)
+    problem = _unusable(tier)
+    if problem is not None:
+        raise CommandError(problem)
+    exists = tier.root.is_dir()
+    if reading and not exists and args.cache_dir is not None:
+        raise CommandError(
+            f"{tier.root} does not exist; point --cache-dir at a cache dir (the first compile, "
+            "or aionvrtc warm, makes one)"
+        )
+    return tier, exists
+
+
+def _unusable(tier: DiskTier) -> str | None:
+    """Why no command can use ``tier``'s cache dir, with the fix, or None: the one rule for
+    every command (the cache commands through _cache_dir, warm and import through
+    _where_nothing_is_kept; doctor's cache dir check finds the same, said as a check)."""
+    blocker = _not_a_folder(tier.root)
+    if blocker is None:
+        return None
+    return f"{blocker} is not a folder; point --cache-dir (or {ENV_CACHE_DIR}) at a folder"
+
+
+def _not_made(tier: DiskTier) -> str:
+    """What the cache commands say of a cache dir that does not exist yet."""
+    return f"{tier.root} does not exist yet: the first compile (or aionvrtc warm) makes it"
+
+
 def _when(timestamp: object) -> str | None:
     """An ISO time for a Unix time, or None for anything that is not one (a header value is
     untrusted input)."""
@@ -503,7 +538,7 @@ def _ownership(path: Path) -> str:
 
 
 def _info(args: argparse.Namespace, console: Any) -> Result:
-    tier = _tier(args)
+    tier, exists = _cache_dir(args, reading=True)
     # The summaries (for the archs) cost a little more than counting, in the same one walk.
     listing, readable, damaged = _contents(tier)
     archs = _by_arch(listing, readable)
@@ -515,6 +550,7 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
     data: dict[str, Any] = {
         "location": str(tier.root),
         "directory": str(tier.dir),
+        "exists": exists,
         "format_version": FORMAT_VERSION,
         "trusted": tier.trusted,
         "trust_problem": _damage(tier.trust_problem) if tier.trust_problem else None,
@@ -539,7 +575,7 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
         table.add_column(style="bold")
         table.add_column()
         table.add_row("location", f"{data['directory']} (format v{FORMAT_VERSION})")
-        table.add_row("trust", _trust(tier))
+        table.add_row("trust", _trust(tier) if exists else _not_made(tier))
         percent = 100 * data["bytes"] / tier.limit if tier.limit else 0.0
         table.add_row(
             "size",
@@ -610,7 +646,7 @@ def _archs_text(archs: dict[str, dict[str, Any]]) -> str:
 
 
 def _ls(args: argparse.Namespace, console: Any) -> Result:
-    tier = _tier(args)
+    tier, exists = _cache_dir(args, reading=True)
     now = time.time()
     listing, readable, damaged = _contents(tier)
     used, headers = listing.last_used, listing.headers
@@ -637,6 +673,8 @@ def _ls(args: argparse.Namespace, console: Any) -> Result:
                 _ago(row["last_used_unix"]) + " ago", "\n".join(row["names"]),
             )  # fmt: skip
         console.print(table)
+        if not exists:
+            console.print(_not_made(tier), soft_wrap=True)
         if len(selected) > len(rows):
             console.print(
                 f"and {len(selected) - len(rows)} entries used less recently: "
@@ -694,21 +732,22 @@ def _text(value: object) -> str | None:
 
 
 def _clear(args: argparse.Namespace, console: Any) -> Result:
-    tier = _tier(args)
+    tier, exists = _cache_dir(args)
     removed = tier.clear()
-    data: dict[str, Any] = {"removed": removed, "directory": str(tier.dir)}
+    data: dict[str, Any] = {"removed": removed, "directory": str(tier.dir), "exists": exists}
     # Whatever is left was written since, or cannot be removed: a read-only cache says nothing
     # when an unlink fails, and "removed 0 entries" would pass for an empty cache.
-    _fail_if_stuck(tier.survey().entries, f"removed {removed} entries from {tier.dir}", data)
+    done = f"removed {removed} entries from {tier.dir}"
+    _fail_if_stuck(tier.survey().entries, done, data)
     if not args.json:
-        console.print(f"removed {removed} entries from {tier.dir}", soft_wrap=True)
+        console.print(done if exists else _nothing_to_do(tier), soft_wrap=True)
     return data, 0
 
 
 def _prune(args: argparse.Namespace, console: Any) -> Result:
     if args.max_size is None and args.older_than is None:
         args.command.error("prune needs --max-size SIZE, --older-than AGE or both")
-    tier = _tier(args)
+    tier, exists = _cache_dir(args)
     started = time.time()
     pruned = tier.prune_report(max_bytes=args.max_size, older_than=args.older_than)
     removed_bytes = sum(e.size for e in pruned.removed)
@@ -719,6 +758,7 @@ def _prune(args: argparse.Namespace, console: Any) -> Result:
         "bytes_before": pruned.bytes + removed_bytes,
         "bytes": pruned.bytes,
         "damaged": [_damage(d) for d in pruned.damaged],  # skipped: not entries
+        "exists": exists,
     }
     # Whether prune left what it chose (its removals fail silently in a folder this user
     # cannot write): over the size asked for, or entries left in such a folder. Only then a
@@ -730,12 +770,20 @@ def _prune(args: argparse.Namespace, console: Any) -> Result:
     if not args.json:
         console.print(
             f"removed {data['removed']} entries: {format_size(data['bytes_before'])} -> "
-            f"{format_size(data['bytes'])} in {pruned.entries} entries",
+            f"{format_size(data['bytes'])} in {pruned.entries} entries"
+            if exists
+            else _nothing_to_do(tier),
             soft_wrap=True,
         )
         for damage in pruned.damaged:
             console.print(f"skipped damaged {damage}", soft_wrap=True)
     return data, 0
+
+
+def _nothing_to_do(tier: DiskTier) -> str:
+    """What a removal says where the cache dir does not exist: no failure, as what it was asked
+    for holds (no entries there), but not "removed 0 entries", which would pass for a cache."""
+    return f"nothing to do: {tier.root} does not exist"
 
 
 def _due(
@@ -840,7 +888,7 @@ def _export(args: argparse.Namespace, console: Any) -> Result:
     from ._store.bundle import environment_secret, write_bundle
     from ._store.remote import ENV_REMOTE_SECRET
 
-    tier = _tier(args)
+    tier, _ = _cache_dir(args, reading=True)
     archs = list(dict.fromkeys(args.arch)) if args.arch else None
     which = f" for {', '.join(archs)}" if archs else ""
     if tier.trust_problem is not None:
@@ -1150,9 +1198,9 @@ def _where_nothing_is_kept(tier: DiskTier, *, probe: bool = False) -> str | None
     """Why kernels cannot be written to ``tier``'s cache dir, with the fix: it is a file (or
     under one), or untrusted; with ``probe``, also what a test write found (this makes the
     folders that are missing, as a write does). None if nothing says so."""
-    blocker = _not_a_folder(tier.root)
-    if blocker is not None:
-        return f"{blocker} is not a folder; point --cache-dir (or {ENV_CACHE_DIR}) at a folder"
+    unusable = _unusable(tier)
+    if unusable is not None:
+        return unusable
     damage = tier.trust_problem
     if damage is not None:
         return f"{tier.root} is not trusted ({damage.path} is {damage.problem}); {damage.fix}"
