@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -811,23 +812,52 @@ def test_warm_prints_one_line_when_stdout_is_not_a_terminal(warmed: Path) -> Non
     assert proc.stdout.count("\n") == 1  # no blank line before it, no wrapping at 40 columns
 
 
-def test_ctrl_c_ends_quietly_with_130(tmp_path: Path) -> None:
+def interrupted_warm(cache: Path, *options: str) -> tuple[int, str, str]:
+    """``warm tropical`` stopped by a real SIGINT once it has kept its first kernel: its exit
+    status, stdout and stderr."""
     # Many kernels, one at a time, none from NVRTC's own cache: still compiling when stopped.
     args = ["warm", "tropical", "--arch", "sm_90", "--semirings", "maxplus", "--jobs", "1"]
     child = subprocess.Popen(
-        [sys.executable, "-m", "aionvrtc", *args, "--cache-dir", str(tmp_path)],
+        [sys.executable, "-m", "aionvrtc", *args, *options, "--cache-dir", str(cache)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "CUDA_CACHE_DISABLE": "1"},
     )  # fmt: skip
     deadline = time.monotonic() + 120
-    while not entries(tmp_path):  # the first kernel kept: it is running, past its imports
+    while not entries(cache):  # the first kernel kept: it is running, past its imports
         assert child.poll() is None
         assert time.monotonic() < deadline
         time.sleep(0.05)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
-    assert (child.returncode, out, err) == (130, "", "")
-    assert len(entries(tmp_path)) < len(tropical.all_specs(["maxplus"]))
+    return child.returncode, out, err
+
+
+def test_ctrl_c_during_warm_says_what_was_kept_and_exits_130(tmp_path: Path) -> None:
+    # It exited 130 without a word, after minutes of compiles.
+    total = len(tropical.all_specs(["maxplus"]))
+    status, out, err = interrupted_warm(tmp_path)
+    assert (status, out) == (130, "")
+    said = re.fullmatch(
+        rf"interrupted: (\d+) of {total} kernels compiled and kept in {re.escape(str(tmp_path))}"
+        r"/v2\n",
+        err,
+    )
+    assert said is not None, err
+    # Said as it stopped: a compile running then finishes, and is kept, after.
+    kept = int(said[1])
+    assert 1 <= kept <= len(entries(tmp_path)) < total
+    # With --json, the document says so, and what was done.
+    again = tmp_path / "again"
+    status, out, err = interrupted_warm(again, "--json")
+    report = json.loads(out)
+    assert (status, report["error"], report["kernels"]) == (130, "interrupted", total)
+    assert (report["archs"], report["directory"], report["from_disk"]) == (
+        ["sm_90"], str(again / "v2"), 0,
+    )  # fmt: skip
+    assert 1 <= report["kept"] <= report["compiled"] <= len(entries(again)) < total
+    assert err == (
+        f"interrupted: {report['kept']} of {total} kernels compiled and kept in {again / 'v2'}\n"
+    )
 
 
 def test_ctrl_c_in_json_mode_says_so_on_stdout(

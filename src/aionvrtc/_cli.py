@@ -25,9 +25,9 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from ._cuda_errors import map_cuda_errors
 from ._exceptions import AionvrtcError, NoDeviceError
@@ -44,6 +44,9 @@ from ._store.disk import (
 from ._target import Target  # loaded by ._spec already
 from ._units import format_size, parse_age, parse_size
 from ._version import __version__
+
+if TYPE_CHECKING:
+    from ._actor import Compiler
 
 __all__ = ["main"]
 
@@ -87,6 +90,15 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(self, message)
 
 
+class _Interrupted(KeyboardInterrupt):
+    """Raised by a command that Ctrl-C stopped, with what it did: the line said on stderr, and
+    ``data`` for its --json document."""
+
+    def __init__(self, message: str, data: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.data = data
+
+
 class CommandError(Exception):
     """Raised by a command that ran but did not do what was asked; ``data`` is the rest of
     its --json document (what it did do)."""
@@ -106,14 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     except _UsageError as exc:
         return _usage_error(exc.parser.prog, exc.message, wants_json)
     except BaseException as raised:
-        if not isinstance(_innermost(raised), KeyboardInterrupt) or "--debug" in arguments:
+        interrupt = _innermost(raised)
+        if not isinstance(interrupt, KeyboardInterrupt) or "--debug" in arguments:
             raise
         if as_program:
             # A second Ctrl-C while worker threads finish their compile ends the process at
             # once, by the signal, rather than with a traceback from the interpreter's exit.
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+        done = interrupt.data if isinstance(interrupt, _Interrupted) else {}
         if wants_json:
-            _print_json({"error": "interrupted"})
+            _print_json({"error": "interrupted", **done})
+        if isinstance(interrupt, _Interrupted):
+            _print_error(str(interrupt), label="interrupted")
         return _INTERRUPTED
 
 
@@ -1116,6 +1132,15 @@ def _warm(
     data: dict[str, Any] = {"archs": archs, "kernels": len(jobs), **(report or {})}
     failed: list[tuple[int, dict[str, str]]] = []  # (the job's index, what failed)
 
+    # One Compiler for every arch: one pool of --jobs compiles, one disk tier's counters (made
+    # here, so that an interrupted run can say them). No manifest: replaying one (or warming)
+    # into $AIONVRTC_MANIFEST would append the same specs to it again at every run. No layers:
+    # a kernel found in $AIONVRTC_CACHE_LAYERS would be served from there and never reach the
+    # cache dir this fills.
+    compiler = Compiler(
+        arch=targets[0], cache_dir=args.cache_dir, concurrency=args.jobs, manifest=False, layers=[]
+    )
+
     async def run() -> None:
         from rich.progress import Progress
 
@@ -1124,17 +1149,7 @@ def _warm(
         # Progress only on a terminal: elsewhere (a Dockerfile step, a pipe) rich would print
         # a blank line where the transient bar was.
         quiet = args.json or not console.is_terminal
-        # One Compiler for every arch: one pool of --jobs compiles, one disk tier's counters.
-        # No manifest: replaying one (or warming) into $AIONVRTC_MANIFEST would append the same
-        # specs to it again at every run. No layers: a kernel found in $AIONVRTC_CACHE_LAYERS
-        # would be served from there and never reach the cache dir this fills.
-        async with Compiler(
-            arch=targets[0],
-            cache_dir=args.cache_dir,
-            concurrency=args.jobs,
-            manifest=False,
-            layers=[],
-        ) as c:
+        async with compiler as c:
             with Progress(console=console, disable=quiet, transient=True) as progress:
                 task = progress.add_task(f"compiling for {named}", total=len(jobs))
                 async with anyio.create_task_group() as group:
@@ -1178,8 +1193,33 @@ def _warm(
             )
             raise CommandError(f"kernels compiled for {named} cannot be kept: {why}", data)
 
-    anyio.run(run)
+    _run_warm(run, compiler, data, tier)
     return data
+
+
+def _run_warm(
+    run: Callable[[], Awaitable[None]], compiler: Compiler, data: dict[str, Any], tier: DiskTier
+) -> None:
+    """``anyio.run(run)``, where Ctrl-C raises _Interrupted saying what ``compiler`` kept: it
+    is kept, and worth saying after minutes of compiles. (A compile running then finishes in
+    its thread and is kept too, after this is said.)"""
+    import anyio
+
+    try:
+        anyio.run(run)
+    except BaseException as raised:
+        if not isinstance(_innermost(raised), KeyboardInterrupt):
+            raise
+        stats = compiler.stats()
+        kept, there = stats.disk.writes, stats.disk.hits
+        data.update({
+            "compiled": stats.compiles, "kept": kept, "from_disk": there,
+            "directory": str(tier.dir),
+        })  # fmt: skip
+        found = f", {there} were there already" if there else ""
+        raise _Interrupted(
+            f"{kept} of {data['kernels']} kernels compiled and kept in {tier.dir}{found}", data
+        ) from None
 
 
 def _compile_failure(exc: Exception) -> str:
