@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -131,6 +132,34 @@ async def test_bad_archs_are_clear_errors(cache_dir: Path) -> None:
         with pytest.raises(TypeError, match="arch must be a str such as 'sm_90', not list"):
             await compiler.compile(make_spec(), arch=["sm_90"])  # type: ignore[arg-type]
         assert compiler.stats().compiles == 0
+
+
+async def test_an_arch_nvrtc_cannot_target_is_refused_when_the_compiler_is_made(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not at the first compile: said once, where the arch was named, with the extra that has it.
+    arch, extra = ("sm_50", "cu12") if _nvrtc.version()[0] >= 13 else ("sm_88", "cu13")
+    known = ", ".join(f"sm_{a}" for a in _nvrtc.supported_archs())
+    message = (
+        f"NVRTC {_nvrtc.version_string()} cannot target {arch} (it supports {known}); install "
+        f"aionvrtc[{extra}], whose NVRTC can"
+    )
+    for make in (
+        lambda: Compiler(arch=arch, cache_dir=cache_dir),
+        lambda: KernelCache(arch, cache_dir=cache_dir),
+        lambda: KernelCache("sm_90", cache_dir=cache_dir).for_arch(arch),
+    ):
+        with pytest.raises(NvrtcError) as info:
+            make()
+        assert str(info.value) == message
+    monkeypatch.setenv("AIONVRTC_ARCH", arch)
+    with pytest.raises(NvrtcError, match=f"^{re.escape(message)}$"):
+        Compiler(cache_dir=cache_dir)
+    monkeypatch.delenv("AIONVRTC_ARCH")
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        with pytest.raises(NvrtcError, match=f"^{re.escape(message)}$"):
+            await compiler.compile(make_spec(), arch=arch)
+        assert (compiler.stats().compiles, compiler.stats().queued) == (0, 0)
 
 
 def test_a_kernel_cache_serves_several_targets_from_one_set_of_tiers(cache_dir: Path) -> None:

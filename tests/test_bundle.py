@@ -229,6 +229,7 @@ def test_export_arch_selects_entries(warm: Warm, tmp_path: Path, run: Run, bundl
 
 def test_export_with_nothing_to_export_fails(warm: Warm, tmp_path: Path, run: Run) -> None:
     empty = tmp_path / "empty"
+    empty.mkdir()  # one that does not exist is said so (test_cli)
     status, report, err = run("cache", "export", tmp_path / "x.bundle", cache=empty)
     message = (
         f"nothing to export: {empty / 'v2'} holds no entries; compile kernels into it first "

@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -448,9 +449,6 @@ def test_a_fifo_at_the_event_log_does_not_hang_info_or_logging(cache: Path) -> N
 
 
 def test_bad_input_names_what_was_wrong(tmp_path: Path) -> None:
-    assert cli("cache", "prune", cache=tmp_path, status=1) == {
-        "error": "prune needs --max-size SIZE, --older-than AGE or both"
-    }
     proc = subprocess.run(
         [sys.executable, "-m", "aionvrtc", "cache", "prune", "--max-size", "12X"],
         capture_output=True, text=True, check=False,
@@ -634,12 +632,26 @@ def test_a_group_without_a_command_prints_its_own_help(
             ["cache", "info", "--colour"],
             "unrecognized arguments: --colour; see aionvrtc cache info --help",
         ),
+        (  # a usage error that the parser cannot see: 2 all the same, not 1
+            ["cache", "prune"],
+            "prune needs --max-size SIZE, --older-than AGE or both; see aionvrtc cache prune "
+            "--help",
+        ),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(
     args: list[str], message: str, tmp_path: Path
 ) -> None:
     assert failure(*args, status=2, cache=tmp_path) == message
+
+
+@pytest.mark.parametrize("group", [[], ["cache"], ["warm"]])
+def test_an_unknown_option_of_a_group_is_named_without_the_help(group: list[str]) -> None:
+    prog = " ".join(["aionvrtc", *group])
+    message = f"unrecognized arguments: --foo; see {prog} --help"
+    assert failure(*group, "--foo", status=2) == message
+    proc = run(*group, "--foo")
+    assert proc.stderr == f"{prog}: error: {message}\n"  # one line: no help printed
 
 
 def test_a_semiring_and_dtypes_that_make_no_kernel_say_what_it_takes(tmp_path: Path) -> None:
@@ -662,6 +674,14 @@ def test_an_arch_nvrtc_cannot_target_is_refused_before_anything_is_compiled(
         "aionvrtc installs can"
     )
     assert not tmp_path.joinpath("v2").exists()
+    # A typo that no GPU here has: refused with the list, not compiled to PTX with exit 0.
+    message = failure(*WARM[:2], "--arch", "sm_999", *WARM[4:], status=1, cache=tmp_path)
+    assert message == (
+        f"NVRTC {version} cannot target sm_999 (it supports {supported}); no CUDA version that "
+        "aionvrtc installs can (a GPU newer than NVRTC gets PTX, compiled on the machine that "
+        "has it)"
+    )
+    assert not tmp_path.joinpath("v2").exists()
     if major >= 13:  # Volta left CUDA 13: CUDA 12's NVRTC targets it
         message = failure(*WARM[:2], "--arch", "sm_70", *WARM[4:], status=1, cache=tmp_path)
         assert message == (
@@ -681,6 +701,55 @@ def test_warm_into_a_file_fails_before_compiling(tmp_path: Path) -> None:
             "--cache-dir (or AIONVRTC_CACHE_DIR) at a folder"
         )
     assert path.read_text() == "not a folder"
+
+
+def test_every_cache_command_refuses_a_file_as_its_cache_dir(tmp_path: Path) -> None:
+    # info, ls, clear and prune called it trusted, with exit 0; warm and doctor refused it.
+    path = tmp_path / "a-file"
+    path.write_text("not a folder")
+    message = f"{path} is not a folder; point --cache-dir (or AIONVRTC_CACHE_DIR) at a folder"
+    commands = (
+        ["cache", "info"], ["cache", "ls"], ["cache", "clear"],
+        ["cache", "prune", "--max-size", "1G"], ["cache", "export", str(tmp_path / "x.bundle")],
+    )  # fmt: skip
+    for args in commands:
+        assert failure(*args, status=1, cache=path) == message, args
+    assert failure("cache", "info", status=1, cache=path / "below") == message
+    assert path.read_text() == "not a folder"
+    assert not tmp_path.joinpath("x.bundle").exists()
+
+
+def test_a_cache_dir_that_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    # Named with --cache-dir, to read: a typo more often than a cache to come.
+    said = (
+        f"{missing} does not exist; point --cache-dir at a cache dir (the first compile, or "
+        "aionvrtc warm, makes one)"
+    )
+    for args in (["cache", "info"], ["cache", "ls"], ["cache", "export", str(tmp_path / "x")]):
+        assert failure(*args, status=1, cache=missing) == said, args
+    # To remove from: nothing to do, and what was asked for holds.
+    for args in (["cache", "clear"], ["cache", "prune", "--older-than", "1d"]):
+        proc = run(*args, "--cache-dir", str(missing))
+        assert (proc.returncode, proc.stdout, proc.stderr) == (
+            0, f"nothing to do: {missing} does not exist\n", "",
+        )  # fmt: skip
+        report = cli(*args, cache=missing)
+        assert (report["removed"], report["exists"]) == (0, False)
+    # The default (or $AIONVRTC_CACHE_DIR) on a fresh machine: an empty cache, no error.
+    fresh = {"AIONVRTC_CACHE_DIR": str(missing)}
+    info = run("cache", "info", "--json", env=fresh)
+    assert (info.returncode, info.stderr) == (0, "")
+    report = json.loads(info.stdout)
+    assert (report["location"], report["exists"], report["entries"]) == (str(missing), False, 0)
+    listed = run("cache", "ls", "--json", env=fresh)
+    assert (listed.returncode, json.loads(listed.stdout), listed.stderr) == (0, [], "")
+    table = run("cache", "info", env={**fresh, "COLUMNS": "300"})  # one line per row
+    assert table.returncode == 0
+    assert f"{missing} does not exist yet: the first compile (or aionvrtc warm) makes it" in (
+        table.stdout
+    )
+    assert not missing.exists()  # none of them made it
 
 
 def test_warm_into_an_untrusted_dir_fails_before_compiling(tmp_path: Path) -> None:
@@ -743,23 +812,52 @@ def test_warm_prints_one_line_when_stdout_is_not_a_terminal(warmed: Path) -> Non
     assert proc.stdout.count("\n") == 1  # no blank line before it, no wrapping at 40 columns
 
 
-def test_ctrl_c_ends_quietly_with_130(tmp_path: Path) -> None:
+def interrupted_warm(cache: Path, *options: str) -> tuple[int, str, str]:
+    """``warm tropical`` stopped by a real SIGINT once it has kept its first kernel: its exit
+    status, stdout and stderr."""
     # Many kernels, one at a time, none from NVRTC's own cache: still compiling when stopped.
     args = ["warm", "tropical", "--arch", "sm_90", "--semirings", "maxplus", "--jobs", "1"]
     child = subprocess.Popen(
-        [sys.executable, "-m", "aionvrtc", *args, "--cache-dir", str(tmp_path)],
+        [sys.executable, "-m", "aionvrtc", *args, *options, "--cache-dir", str(cache)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "CUDA_CACHE_DISABLE": "1"},
     )  # fmt: skip
     deadline = time.monotonic() + 120
-    while not entries(tmp_path):  # the first kernel kept: it is running, past its imports
+    while not entries(cache):  # the first kernel kept: it is running, past its imports
         assert child.poll() is None
         assert time.monotonic() < deadline
         time.sleep(0.05)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
-    assert (child.returncode, out, err) == (130, "", "")
-    assert len(entries(tmp_path)) < len(tropical.all_specs(["maxplus"]))
+    return child.returncode, out, err
+
+
+def test_ctrl_c_during_warm_says_what_was_kept_and_exits_130(tmp_path: Path) -> None:
+    # It exited 130 without a word, after minutes of compiles.
+    total = len(tropical.all_specs(["maxplus"]))
+    status, out, err = interrupted_warm(tmp_path)
+    assert (status, out) == (130, "")
+    said = re.fullmatch(
+        rf"interrupted: (\d+) of {total} kernels compiled and kept in {re.escape(str(tmp_path))}"
+        r"/v2\n",
+        err,
+    )
+    assert said is not None, err
+    # Said as it stopped: a compile running then finishes, and is kept, after.
+    kept = int(said[1])
+    assert 1 <= kept <= len(entries(tmp_path)) < total
+    # With --json, the document says so, and what was done.
+    again = tmp_path / "again"
+    status, out, err = interrupted_warm(again, "--json")
+    report = json.loads(out)
+    assert (status, report["error"], report["kernels"]) == (130, "interrupted", total)
+    assert (report["archs"], report["directory"], report["from_disk"]) == (
+        ["sm_90"], str(again / "v2"), 0,
+    )  # fmt: skip
+    assert 1 <= report["kept"] <= report["compiled"] <= len(entries(again)) < total
+    assert err == (
+        f"interrupted: {report['kept']} of {total} kernels compiled and kept in {again / 'v2'}\n"
+    )
 
 
 def test_ctrl_c_in_json_mode_says_so_on_stdout(

@@ -27,13 +27,18 @@ from aionvrtc import (
     Compiler,
     CompilerClosed,
     GPUOutOfMemoryError,
+    KernelCache,
     KernelSpec,
     Module,
     ModuleLoadError,
     NoDeviceError,
+    NvrtcError,
+    _nvrtc,
     kernel_key,
 )
+from aionvrtc._cache import Claim
 from aionvrtc._cuda_errors import cuda_status, describe
+from aionvrtc._store.disk import DiskTier
 
 from .conftest import driver_error, has_gpu, make_slow_spec, make_spec
 
@@ -83,6 +88,40 @@ async def test_second_compiler_reads_the_disk(cache_dir: Path) -> None:
         stats = compiler.stats()
     assert again == first
     assert (stats.disk.hits, stats.compiles) == (1, 0)
+
+
+async def test_the_disk_counts_one_miss_per_cold_key(cache_dir: Path) -> None:
+    # The compile's second look at the disk, under the key's lock, is no second miss.
+    cold, crowd = make_spec(), make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        await compiler.compile(cold)
+        stats = compiler.stats()
+        assert (stats.disk.misses, stats.disk.hits, stats.compiles) == (1, 0, 1)
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(compiler.compile, crowd)
+        stats = compiler.stats()
+        assert (stats.disk.misses, stats.disk.hits, stats.compiles, stats.joined) == (2, 0, 2, 7)
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        await compiler.compile(cold)
+        await compiler.compile(cold)  # from memory: the disk is not asked
+        stats = compiler.stats()
+    assert (stats.disk.misses, stats.disk.hits, stats.compiles, stats.memory.hits) == (0, 1, 0, 1)
+
+
+def test_a_find_under_the_lock_after_a_miss_is_one_miss_and_one_hit(cache_dir: Path) -> None:
+    # Another process stores the key between this one's lookup and its compile.
+    spec = make_spec()
+    other = KernelCache("sm_90", cache_dir=cache_dir.parent / "other").get_or_compile(spec)
+    cache = KernelCache("sm_90", cache_dir=cache_dir)
+    key = cache.key(spec)
+    assert cache.lookup(key) is None
+    assert DiskTier(cache_dir).write(other)
+    found = cache.try_resolve(spec, key)
+    assert not isinstance(found, Claim)
+    assert found == (other, "disk")
+    stats = cache.stats()
+    assert (stats.disk.misses, stats.disk.hits, stats.compiles) == (1, 1, 0)
 
 
 def _key_of(record: logging.LogRecord) -> str:
@@ -197,6 +236,37 @@ async def test_compile_error_fans_out_and_is_remembered(cache_dir: Path) -> None
             await compiler.compile(broken)
         assert compiler._cache.stats().compile_errors == 2
     assert not any((cache_dir / "v2").glob("*/[0-9a-f]*"))  # nothing written to disk
+
+
+async def test_a_failure_raised_to_requests_is_not_logged_as_well(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def gone(spec: KernelSpec, target: object) -> None:
+        raise NvrtcError("NVRTC went away (injected)")
+
+    monkeypatch.setattr(_nvrtc, "compile_program", gone)
+    caplog.set_level(logging.WARNING, logger="aionvrtc")
+    live, warm = make_spec(), make_spec()
+
+    async def request() -> None:
+        with pytest.raises(NvrtcError, match="injected"):
+            await compiler.compile(live)
+
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):  # one job, raised to each of the three
+                tg.start_soon(request)
+        await request()  # not remembered (not the program's fault): a job of its own
+        assert (compiler.stats().errors, compiler.stats().joined) == (4, 2)
+        assert caplog.messages == []
+        # A prefetch's failure reaches no request: the log is the only place it is said.
+        compiler.key(warm)  # derived now: the prefetch is queued at once
+        assert compiler.prefetch([warm]) == 1
+        while compiler.stats().queued or compiler.stats().in_flight:
+            await anyio.sleep(0.01)
+    assert caplog.messages == [
+        f"job for {kernel_key(warm, 'sm_90')[:16]} failed: NVRTC went away (injected)"
+    ]
 
 
 async def test_close_fails_queued_jobs_and_finishes_running_ones(cache_dir: Path) -> None:
@@ -599,7 +669,7 @@ def test_a_failed_claim_lets_go_of_the_file_lock(
     cache = KernelCache("sm_90", cache_dir=cache_dir)
     key = cache.key(make_spec())
 
-    def broken(key: str) -> None:
+    def broken(key: str, *, again: bool = False) -> None:
         raise OSError("injected: the disk re-check failed")
 
     monkeypatch.setattr(cache, "_from_disk", broken)  # after the lock is taken

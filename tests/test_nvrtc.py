@@ -40,14 +40,37 @@ def test_headers_are_served_from_memory() -> None:
     assert _nvrtc.compile_program(spec, Target("sm_80")).image[:4] == b"\x7fELF"
 
 
-def test_ptx_when_the_arch_is_newer_than_nvrtc() -> None:
+def a_gpu_of(arch: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine as if its one GPU were of ``arch`` (no such GPU exists to test on)."""
+    from aionvrtc import _cuda
+
+    monkeypatch.setattr(_cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(_cuda, "_capabilities", {0: divmod(arch.number, 10)})
+
+
+def test_ptx_for_a_gpu_here_newer_than_nvrtc(monkeypatch: pytest.MonkeyPatch) -> None:
     newest = _nvrtc.supported_archs()[-1]
     future = Target(f"sm_{newest + 100}")
+    a_gpu_of(future, monkeypatch)
+    monkeypatch.setattr(_nvrtc, "driver_cuda", _nvrtc.version)  # as new as NVRTC: its PTX loads
     result = _nvrtc.compile_program(make_spec(), future)
     assert result.kind == "ptx"
     text = result.image.decode()
     assert f".target sm_{newest}" in text
     assert ".entry" in text
+
+
+@pytest.mark.parametrize("arch", ["sm_999", "sm_900"])
+def test_a_named_arch_newer_than_nvrtc_that_no_gpu_here_has_is_refused(arch: str) -> None:
+    # A typo (sm_900 for sm_90) would otherwise compile PTX, cached without a word.
+    known = ", ".join(f"sm_{a}" for a in _nvrtc.supported_archs())
+    with pytest.raises(NvrtcError) as info:
+        _nvrtc.compile_program(make_spec(), Target(arch))
+    assert str(info.value) == (
+        f"NVRTC {_nvrtc.version_string()} cannot target {arch} (it supports {known}); no CUDA "
+        "version that aionvrtc installs can (a GPU newer than NVRTC gets PTX, compiled on the "
+        "machine that has it)"
+    )
 
 
 def test_arch_older_than_nvrtc_supports_is_a_clear_error() -> None:
@@ -81,6 +104,7 @@ def test_ptx_that_the_driver_here_could_not_load_is_refused(
     # An older driver than NVRTC cannot be installed here: its version is injected.
     newest = _nvrtc.supported_archs()[-1]
     future = Target(f"sm_{newest + 100}")
+    a_gpu_of(future, monkeypatch)
     major, minor = _nvrtc.version()
     monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: (major, minor))  # as new: PTX
     assert _nvrtc.check_target(future) == "ptx"
@@ -102,7 +126,7 @@ def test_ptx_that_the_driver_here_could_not_load_is_refused(
         assert "then pip install 'cuda-toolkit[nvrtc,cudart,cccl]==12.8.*'; or update" in str(
             info.value
         )
-    # No driver at all (compiling for another machine): PTX, which loading checks there.
+    # A driver whose CUDA version cannot be told: PTX, which loading checks.
     monkeypatch.setattr(_nvrtc, "driver_cuda", lambda: None)
     assert _nvrtc.compile_program(make_spec(), future).kind == "ptx"
 

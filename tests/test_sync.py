@@ -101,3 +101,44 @@ def test_a_memory_hit_from_a_plain_thread_does_not_wait_for_the_event_loop(
         assert compiler.stats().memory.hits == hits + 1
     finally:
         aionvrtc.close_default_compiler()
+
+
+WITHOUT_A_GPU = r"""
+import json
+import aionvrtc
+from tests.conftest import make_spec
+
+named = aionvrtc.compile_sync(make_spec(), arch="sm_90")
+try:
+    aionvrtc.compile_sync(make_spec())
+    unnamed = "compiled"
+except aionvrtc.NoDeviceError as exc:
+    unnamed = str(exc)
+compiler = aionvrtc.default_compiler()
+try:
+    target = compiler.target.arch
+except aionvrtc.NoDeviceError as exc:
+    target = type(exc).__name__
+stats = compiler.stats()
+print(json.dumps({"named": [named.kind, named.arch], "unnamed": unnamed, "target": target,
+                  "archs": sorted(stats.archs), "compiles": stats.compiles}))
+"""
+
+
+def test_compile_sync_for_a_named_arch_needs_no_gpu(tmp_path: Path) -> None:
+    # It raised NoDeviceError telling the caller to pass the arch='sm_90' it had passed. No GPU:
+    # none visible to CUDA (on a GPU machine too), and no $AIONVRTC_ARCH (empty is unset).
+    env = {
+        "CUDA_VISIBLE_DEVICES": "", "AIONVRTC_ARCH": "",
+        "AIONVRTC_CACHE_DIR": str(tmp_path / "cache"),
+    }  # fmt: skip
+    result = json.loads(run_python(WITHOUT_A_GPU, env=env).splitlines()[-1])
+    assert result["named"] == ["cubin", "sm_90"]
+    assert (result["archs"], result["compiles"], result["target"]) == (
+        ["sm_90"],
+        1,
+        "NoDeviceError",
+    )
+    # Naming none is what needs the GPU: then the advice to name one fits.
+    assert result["unnamed"].startswith("cannot detect the GPU architecture: ")
+    assert result["unnamed"].endswith("; name the target: arch='sm_90', or $AIONVRTC_ARCH=sm_90")

@@ -357,9 +357,9 @@ def test_warm_refuses_a_target_nvrtc_cannot_compile_for_before_compiling(tmp_pat
     from aionvrtc import NvrtcError
 
     async def main() -> int:
-        async with Compiler(arch="sm_30", cache_dir=tmp_path) as compiler:
+        async with Compiler(arch="sm_90", cache_dir=tmp_path) as compiler:
             with pytest.raises(NvrtcError, match=r"cannot target sm_30 \(it supports sm_"):
-                await tropical.warm(["andor"], ["bool"], compiler=compiler)
+                await tropical.warm(["andor"], ["bool"], arch="sm_30", compiler=compiler)
             with pytest.raises(NvrtcError, match=r"cannot target sm_35 \(it supports sm_"):
                 await tropical.warm(["andor"], ["bool"], arch=["sm_90", "sm_35"], compiler=compiler)
             return compiler.stats().compiles

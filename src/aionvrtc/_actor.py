@@ -137,7 +137,8 @@ class _Job:
     """One key's work, shared by every request for that key while it runs."""
 
     __slots__ = (
-        "cache", "claim", "done", "error", "key", "priority", "result", "scope", "spec", "stage"
+        "cache", "claim", "done", "error", "key", "priority", "result", "scope", "spec", "stage",
+        "waiters",
     )  # fmt: skip
 
     def __init__(self, key: str, spec: KernelSpec, priority: int, cache: KernelCache) -> None:
@@ -151,6 +152,7 @@ class _Job:
         self.done = anyio.Event()
         self.result: Artifact | None = None
         self.error: BaseException | None = None
+        self.waiters = 0  # requests awaiting it now: its error is raised to each of them
 
 
 # The tasks _spawn started, referenced until done (asyncio keeps only weak references).
@@ -204,7 +206,9 @@ class Compiler:
 
     ``async with Compiler(arch="sm_90") as compiler: artifact = await compiler.compile(spec)``.
     ``arch`` is the target of ``compile()`` when it names none; it defaults to
-    ``$AIONVRTC_ARCH``, else the current GPU's (``resolve_target``). ``get()`` compiles for the
+    ``$AIONVRTC_ARCH``, else the current GPU's (``resolve_target``); without either, only a
+    ``compile()`` that names none raises (NoDeviceError). An ``arch`` this NVRTC cannot compile
+    for raises NvrtcError here, naming the archs it supports. ``get()`` compiles for the
     device it loads on (``target_for``), so one Compiler serves every GPU of the host;
     ``concurrency`` (default 1: one NVRTC job at a time) is how many compiles may run at once
     in worker threads. A disk or remote hit never waits for them. ``shared_cache`` (default
@@ -255,14 +259,19 @@ class Compiler:
             shared_cache=shared_cache,
             remote=self.remote,
             layers=layers,
+            # Without a GPU and with no arch named, requests that name an arch are served all
+            # the same; only those that name none raise (saying to name one).
+            target_required=False,
         )
-        self.target: Target = self._cache.target  # compile()'s, when it names no arch
+        # compile()'s target when it names no arch; None: none named and no GPU to tell it.
+        self._target: Target | None = self._cache.target if self._cache.no_target is None else None
         self._memory = self._cache.memory
         self._entries, self._clock = self._memory.entries, self._memory.clock
         self._touch = self._memory.touch
         # The memo key under which specs keep their key for this target and NVRTC build (the
-        # cache's), held here so the hot path does one dict lookup.
-        self._key_id = self._cache.memo
+        # cache's), held here so the hot path does one dict lookup; without a target, one that
+        # no spec holds, so that a request naming no arch takes the slow path, which raises.
+        self._key_id = self._cache.memo if self._target is not None else ""
         # The same for compile(arch=...): by the arch as given (a str or a Target).
         self._arch_memos: dict[object, str] = {}
         # Each device's target (see target_for) and memo key, once get() has served it.
@@ -465,7 +474,11 @@ class Compiler:
         if not job.done.is_set():
             # A waiter's cancellation ends only this wait: the job runs on in the actor's task
             # group and is cached for the next request.
-            await job.done.wait()
+            job.waiters += 1
+            try:
+                await job.done.wait()
+            finally:
+                job.waiters -= 1
         if job.error is None:
             assert job.result is not None
             return job.result
@@ -478,10 +491,19 @@ class Compiler:
         files it digests."""
         return self._for_arch(arch).key(spec)
 
+    @property
+    def target(self) -> Target:
+        """The target of ``compile()`` when it names none: the Compiler's ``arch``, else
+        ``$AIONVRTC_ARCH``, else the current GPU's. NoDeviceError where there is none of them
+        (requests that name an arch are served all the same)."""
+        return self._for_arch(None).target
+
     def _for_arch(self, arch: TargetLike | None) -> KernelCache:
         """The cache's view for ``arch`` (None: the Compiler's target), its memo key noted for
-        compile()'s hot path."""
+        compile()'s hot path. NvrtcError for an arch this NVRTC cannot compile for."""
         if arch is None:
+            if self._cache.no_target is not None:
+                raise _fresh(self._cache.no_target)
             return self._cache
         cache = self._cache.for_arch(arch)
         if isinstance(arch, str | Target):
@@ -509,7 +531,7 @@ class Compiler:
         capability = _cuda.check_device(device)  # validates it (cached: a dict lookup)
         cache = self._device_caches.get(device)
         if cache is None:
-            target = device_target(capability, self.target)
+            target = device_target(capability, self._target)
             cache = self._device_caches[device] = self._cache.for_arch(target)
         return cache
 
@@ -866,10 +888,13 @@ class Compiler:
     def _failed(self, job: _Job, exc: Exception) -> None:
         if isinstance(exc, CompileError):
             self._failures.remember(job.key, exc)  # fail fast until forget() or clear()
-        elif isinstance(exc, AionvrtcError):  # says what is wrong: no traceback needed
-            logger.warning("job for %s failed: %s", job.key[:16], exc)
-        else:
-            logger.exception("job for %s failed", job.key[:16])
+        elif not job.waiters:
+            # Logged only when no request receives it (a prefetch's): a request raises it, and
+            # logged as well it would be said twice.
+            if isinstance(exc, AionvrtcError):  # says what is wrong: no traceback needed
+                logger.warning("job for %s failed: %s", job.key[:16], exc)
+            else:
+                logger.exception("job for %s failed", job.key[:16])
         self._finish(job, error=exc)
 
     # -- the wait lane -----------------------------------------------------------------------

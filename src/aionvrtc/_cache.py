@@ -18,6 +18,7 @@ from anyio import from_thread
 
 from . import _nvrtc
 from ._artifact import Artifact
+from ._exceptions import NoDeviceError
 from ._spec import KernelSpec, derive_key, memo_id, record_key
 from ._store import NO_LOCK, DiskStats, DiskTier, KeyLock, MemoryTier
 from ._store.layers import open_layers
@@ -134,6 +135,11 @@ class KernelCache:
     ``layers`` (default: ``$AIONVRTC_CACHE_LAYERS``, paths separated by ``os.pathsep``) are
     cache dirs and bundle files that are read and never written (see ``_store.layers``).
     ``for_arch(arch)`` is the same cache for another target (one cache serves several GPUs).
+    NvrtcError, naming the archs it supports, for a target this NVRTC cannot compile for.
+
+    ``target_required=False`` (the Compiler's: ``compile(arch=...)`` needs no GPU) lets a
+    cache without a GPU and with no arch named have no target of its own: ``no_target`` is
+    then the NoDeviceError that saying none raised, and only ``for_arch`` views serve.
     """
 
     def __init__(
@@ -147,8 +153,16 @@ class KernelCache:
         shared_cache: bool | None = None,
         remote: RedisTier | None = None,
         layers: Iterable[str | os.PathLike[str]] | None = None,
+        target_required: bool = True,
     ) -> None:
-        target = resolve_target(arch)
+        target: Target | None = None
+        self.no_target: NoDeviceError | None = None
+        try:
+            target = resolve_target(arch)
+        except NoDeviceError as exc:
+            if target_required:
+                raise
+            self.no_target = exc
         self.memory = MemoryTier(memory_limit)
         self.disk: DiskTier | None = (
             DiskTier(cache_dir, limit=disk_limit, shared_cache=shared_cache) if disk else None
@@ -166,10 +180,15 @@ class KernelCache:
         self._build = _nvrtc.build()
         # This cache for each target it serves, this one included (shared by them all).
         self._views: dict[str, KernelCache] = {}
-        self._aim(target)
+        if target is not None:
+            self._aim(target)
 
     def _aim(self, target: Target) -> None:
-        """Make this the cache's view for ``target``: its keys, its locks and counters."""
+        """Make this the cache's view for ``target``: its keys, its locks and counters.
+        NvrtcError, naming the archs NVRTC supports and the extra that has ``target``, when
+        this NVRTC cannot compile for it: said when the cache or view is made, not by a
+        compile."""
+        _nvrtc.check_target(target)
         self.target = target
         # The memo key under which specs keep their key for this target and NVRTC build.
         self.memo = memo_id(target.arch, self._build)
@@ -188,11 +207,12 @@ class KernelCache:
         target = as_target(arch)
         view = self._views.get(target.arch)
         if view is None:
-            view = object.__new__(KernelCache)
-            view.__dict__.update(self.__dict__)  # the tiers, and the shared _views
+            fresh = object.__new__(KernelCache)
+            fresh.__dict__.update(self.__dict__)  # the tiers, and the shared _views
             with _AIMING:  # two threads aiming at one arch at once keep one view
-                view = self._views.get(target.arch) or view
-                if view.target != target:
+                view = self._views.get(target.arch)
+                if view is None:
+                    view = fresh
                     view._aim(target)
         return view
 
@@ -320,7 +340,7 @@ class KernelCache:
                 if lock is None:
                     return claim  # another process compiles it now
                 claim.lock = lock
-                cached = self._from_disk(key)  # written while we waited?
+                cached = self._from_disk(key, again=True)  # written while we waited?
                 if cached is not None:
                     self.release(claim)
                     claim.found = (cached, "disk")
@@ -365,9 +385,11 @@ class KernelCache:
             if claim.lock is not None:
                 claim.lock.release()
 
-    def _from_disk(self, key: str) -> Artifact | None:
-        """The disk's verified entry for ``key``, published to memory, or None."""
-        cached = self.disk.read(key, arch=self.target.arch) if self.disk is not None else None
+    def _from_disk(self, key: str, *, again: bool = False) -> Artifact | None:
+        """The disk's verified entry for ``key``, published to memory, or None (``again``: see
+        ``DiskTier.read``)."""
+        disk = self.disk
+        cached = disk.read(key, arch=self.target.arch, again=again) if disk is not None else None
         if cached is not None:
             self.memory.write(cached)
         return cached

@@ -25,9 +25,9 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from ._cuda_errors import map_cuda_errors
 from ._exceptions import AionvrtcError, NoDeviceError
@@ -44,6 +44,9 @@ from ._store.disk import (
 from ._target import Target  # loaded by ._spec already
 from ._units import format_size, parse_age, parse_size
 from ._version import __version__
+
+if TYPE_CHECKING:
+    from ._actor import Compiler
 
 __all__ = ["main"]
 
@@ -87,6 +90,15 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(self, message)
 
 
+class _Interrupted(KeyboardInterrupt):
+    """Raised by a command that Ctrl-C stopped, with what it did: the line said on stderr, and
+    ``data`` for its --json document."""
+
+    def __init__(self, message: str, data: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.data = data
+
+
 class CommandError(Exception):
     """Raised by a command that ran but did not do what was asked; ``data`` is the rest of
     its --json document (what it did do)."""
@@ -106,14 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     except _UsageError as exc:
         return _usage_error(exc.parser.prog, exc.message, wants_json)
     except BaseException as raised:
-        if not isinstance(_innermost(raised), KeyboardInterrupt) or "--debug" in arguments:
+        interrupt = _innermost(raised)
+        if not isinstance(interrupt, KeyboardInterrupt) or "--debug" in arguments:
             raise
         if as_program:
             # A second Ctrl-C while worker threads finish their compile ends the process at
             # once, by the signal, rather than with a traceback from the interpreter's exit.
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+        done = interrupt.data if isinstance(interrupt, _Interrupted) else {}
         if wants_json:
-            _print_json({"error": "interrupted"})
+            _print_json({"error": "interrupted", **done})
+        if isinstance(interrupt, _Interrupted):
+            _print_error(str(interrupt), label="interrupted")
         return _INTERRUPTED
 
 
@@ -121,12 +137,16 @@ def _main(arguments: list[str]) -> int:
     parser = _parser()
     args, extras = parser.parse_known_args(arguments)
     command: argparse.ArgumentParser = getattr(args, "command", parser)
-    if not hasattr(args, "run"):  # `aionvrtc`, `aionvrtc cache`: the group's own help
+    leaf = hasattr(args, "run")
+    # Before a group's help: `aionvrtc --foo` is a typo to name, not a reason to print it all.
+    # A group takes the options every command takes (`aionvrtc cache --json` answers in JSON).
+    unknown = [arg for arg in extras if leaf or arg not in ("--json", "--debug")]
+    if unknown:
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if not leaf:  # `aionvrtc`, `aionvrtc cache`: the group's own help
         command.print_help(sys.stderr)
         needed = f"a command is needed: {', '.join(_subcommands(command))}"
         return _usage_error(command.prog, needed, "--json" in arguments, help_shown=True)
-    if extras:
-        command.error(f"unrecognized arguments: {' '.join(extras)}")
     from rich.console import Console
 
     console = Console(stderr=False, highlight=False)
@@ -137,7 +157,10 @@ def _main(arguments: list[str]) -> int:
                 data, status = run(args, console)
             except BaseException as raised:
                 exc = _innermost(raised)
-                if args.debug or not isinstance(exc, Exception) or isinstance(exc, BrokenPipeError):
+                # A broken pipe is answered below, bad usage (found by a command) by main().
+                if args.debug or not isinstance(exc, Exception):
+                    raise
+                if isinstance(exc, (BrokenPipeError, _UsageError)):
                     raise
                 message = _error_line(exc)
                 extra = exc.data if isinstance(exc, CommandError) else {}
@@ -426,6 +449,41 @@ def _tier(args: argparse.Namespace) -> DiskTier:
     return tier
 
 
+def _cache_dir(args: argparse.Namespace, *, reading: bool = False) -> tuple[DiskTier, bool]:
+    """The command's disk tier, and whether its cache dir exists: the check of --cache-dir
+    that the cache commands make. CommandError where it is a file or under one (no command can
+    use it); with ``reading`` (a command that only reads the cache), also where an explicit
+    --cache-dir does not exist: a typo more often than a cache to come. The default one (or
+    $AIONVRTC_CACHE_DIR) is missing on a fresh machine until the first compile makes it,
+    which is no error: the cache is empty."""
+    tier = _tier(args)
+    problem = _unusable(tier)
+    if problem is not None:
+        raise CommandError(problem)
+    exists = tier.root.is_dir()
+    if reading and not exists and args.cache_dir is not None:
+        raise CommandError(
+            f"{tier.root} does not exist; point --cache-dir at a cache dir (the first compile, "
+            "or aionvrtc warm, makes one)"
+        )
+    return tier, exists
+
+
+def _unusable(tier: DiskTier) -> str | None:
+    """Why no command can use ``tier``'s cache dir, with the fix, or None: the one rule for
+    every command (the cache commands through _cache_dir, warm and import through
+    _where_nothing_is_kept; doctor's cache dir check finds the same, said as a check)."""
+    blocker = _not_a_folder(tier.root)
+    if blocker is None:
+        return None
+    return f"{blocker} is not a folder; point --cache-dir (or {ENV_CACHE_DIR}) at a folder"
+
+
+def _not_made(tier: DiskTier) -> str:
+    """What the cache commands say of a cache dir that does not exist yet."""
+    return f"{tier.root} does not exist yet: the first compile (or aionvrtc warm) makes it"
+
+
 def _when(timestamp: object) -> str | None:
     """An ISO time for a Unix time, or None for anything that is not one (a header value is
     untrusted input)."""
@@ -498,7 +556,7 @@ def _ownership(path: Path) -> str:
 
 
 def _info(args: argparse.Namespace, console: Any) -> Result:
-    tier = _tier(args)
+    tier, exists = _cache_dir(args, reading=True)
     # The summaries (for the archs) cost a little more than counting, in the same one walk.
     listing, readable, damaged = _contents(tier)
     archs = _by_arch(listing, readable)
@@ -510,6 +568,7 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
     data: dict[str, Any] = {
         "location": str(tier.root),
         "directory": str(tier.dir),
+        "exists": exists,
         "format_version": FORMAT_VERSION,
         "trusted": tier.trusted,
         "trust_problem": _damage(tier.trust_problem) if tier.trust_problem else None,
@@ -534,7 +593,7 @@ def _info(args: argparse.Namespace, console: Any) -> Result:
         table.add_column(style="bold")
         table.add_column()
         table.add_row("location", f"{data['directory']} (format v{FORMAT_VERSION})")
-        table.add_row("trust", _trust(tier))
+        table.add_row("trust", _trust(tier) if exists else _not_made(tier))
         percent = 100 * data["bytes"] / tier.limit if tier.limit else 0.0
         table.add_row(
             "size",
@@ -605,7 +664,7 @@ def _archs_text(archs: dict[str, dict[str, Any]]) -> str:
 
 
 def _ls(args: argparse.Namespace, console: Any) -> Result:
-    tier = _tier(args)
+    tier, exists = _cache_dir(args, reading=True)
     now = time.time()
     listing, readable, damaged = _contents(tier)
     used, headers = listing.last_used, listing.headers
@@ -632,6 +691,8 @@ def _ls(args: argparse.Namespace, console: Any) -> Result:
                 _ago(row["last_used_unix"]) + " ago", "\n".join(row["names"]),
             )  # fmt: skip
         console.print(table)
+        if not exists:
+            console.print(_not_made(tier), soft_wrap=True)
         if len(selected) > len(rows):
             console.print(
                 f"and {len(selected) - len(rows)} entries used less recently: "
@@ -689,21 +750,22 @@ def _text(value: object) -> str | None:
 
 
 def _clear(args: argparse.Namespace, console: Any) -> Result:
-    tier = _tier(args)
+    tier, exists = _cache_dir(args)
     removed = tier.clear()
-    data: dict[str, Any] = {"removed": removed, "directory": str(tier.dir)}
+    data: dict[str, Any] = {"removed": removed, "directory": str(tier.dir), "exists": exists}
     # Whatever is left was written since, or cannot be removed: a read-only cache says nothing
     # when an unlink fails, and "removed 0 entries" would pass for an empty cache.
-    _fail_if_stuck(tier.survey().entries, f"removed {removed} entries from {tier.dir}", data)
+    done = f"removed {removed} entries from {tier.dir}"
+    _fail_if_stuck(tier.survey().entries, done, data)
     if not args.json:
-        console.print(f"removed {removed} entries from {tier.dir}", soft_wrap=True)
+        console.print(done if exists else _nothing_to_do(tier), soft_wrap=True)
     return data, 0
 
 
 def _prune(args: argparse.Namespace, console: Any) -> Result:
     if args.max_size is None and args.older_than is None:
-        raise ValueError("prune needs --max-size SIZE, --older-than AGE or both")
-    tier = _tier(args)
+        args.command.error("prune needs --max-size SIZE, --older-than AGE or both")
+    tier, exists = _cache_dir(args)
     started = time.time()
     pruned = tier.prune_report(max_bytes=args.max_size, older_than=args.older_than)
     removed_bytes = sum(e.size for e in pruned.removed)
@@ -714,6 +776,7 @@ def _prune(args: argparse.Namespace, console: Any) -> Result:
         "bytes_before": pruned.bytes + removed_bytes,
         "bytes": pruned.bytes,
         "damaged": [_damage(d) for d in pruned.damaged],  # skipped: not entries
+        "exists": exists,
     }
     # Whether prune left what it chose (its removals fail silently in a folder this user
     # cannot write): over the size asked for, or entries left in such a folder. Only then a
@@ -725,12 +788,20 @@ def _prune(args: argparse.Namespace, console: Any) -> Result:
     if not args.json:
         console.print(
             f"removed {data['removed']} entries: {format_size(data['bytes_before'])} -> "
-            f"{format_size(data['bytes'])} in {pruned.entries} entries",
+            f"{format_size(data['bytes'])} in {pruned.entries} entries"
+            if exists
+            else _nothing_to_do(tier),
             soft_wrap=True,
         )
         for damage in pruned.damaged:
             console.print(f"skipped damaged {damage}", soft_wrap=True)
     return data, 0
+
+
+def _nothing_to_do(tier: DiskTier) -> str:
+    """What a removal says where the cache dir does not exist: no failure, as what it was asked
+    for holds (no entries there), but not "removed 0 entries", which would pass for a cache."""
+    return f"nothing to do: {tier.root} does not exist"
 
 
 def _due(
@@ -835,7 +906,7 @@ def _export(args: argparse.Namespace, console: Any) -> Result:
     from ._store.bundle import environment_secret, write_bundle
     from ._store.remote import ENV_REMOTE_SECRET
 
-    tier = _tier(args)
+    tier, _ = _cache_dir(args, reading=True)
     archs = list(dict.fromkeys(args.arch)) if args.arch else None
     which = f" for {', '.join(archs)}" if archs else ""
     if tier.trust_problem is not None:
@@ -1065,6 +1136,15 @@ def _warm(
     data: dict[str, Any] = {"archs": archs, "kernels": len(jobs), **(report or {})}
     failed: list[tuple[int, dict[str, str]]] = []  # (the job's index, what failed)
 
+    # One Compiler for every arch: one pool of --jobs compiles, one disk tier's counters (made
+    # here, so that an interrupted run can say them). No manifest: replaying one (or warming)
+    # into $AIONVRTC_MANIFEST would append the same specs to it again at every run. No layers:
+    # a kernel found in $AIONVRTC_CACHE_LAYERS would be served from there and never reach the
+    # cache dir this fills.
+    compiler = Compiler(
+        arch=targets[0], cache_dir=args.cache_dir, concurrency=args.jobs, manifest=False, layers=[]
+    )
+
     async def run() -> None:
         from rich.progress import Progress
 
@@ -1073,17 +1153,7 @@ def _warm(
         # Progress only on a terminal: elsewhere (a Dockerfile step, a pipe) rich would print
         # a blank line where the transient bar was.
         quiet = args.json or not console.is_terminal
-        # One Compiler for every arch: one pool of --jobs compiles, one disk tier's counters.
-        # No manifest: replaying one (or warming) into $AIONVRTC_MANIFEST would append the same
-        # specs to it again at every run. No layers: a kernel found in $AIONVRTC_CACHE_LAYERS
-        # would be served from there and never reach the cache dir this fills.
-        async with Compiler(
-            arch=targets[0],
-            cache_dir=args.cache_dir,
-            concurrency=args.jobs,
-            manifest=False,
-            layers=[],
-        ) as c:
+        async with compiler as c:
             with Progress(console=console, disable=quiet, transient=True) as progress:
                 task = progress.add_task(f"compiling for {named}", total=len(jobs))
                 async with anyio.create_task_group() as group:
@@ -1127,8 +1197,33 @@ def _warm(
             )
             raise CommandError(f"kernels compiled for {named} cannot be kept: {why}", data)
 
-    anyio.run(run)
+    _run_warm(run, compiler, data, tier)
     return data
+
+
+def _run_warm(
+    run: Callable[[], Awaitable[None]], compiler: Compiler, data: dict[str, Any], tier: DiskTier
+) -> None:
+    """``anyio.run(run)``, where Ctrl-C raises _Interrupted saying what ``compiler`` kept: it
+    is kept, and worth saying after minutes of compiles. (A compile running then finishes in
+    its thread and is kept too, after this is said.)"""
+    import anyio
+
+    try:
+        anyio.run(run)
+    except BaseException as raised:
+        if not isinstance(_innermost(raised), KeyboardInterrupt):
+            raise
+        stats = compiler.stats()
+        kept, there = stats.disk.writes, stats.disk.hits
+        data.update({
+            "compiled": stats.compiles, "kept": kept, "from_disk": there,
+            "directory": str(tier.dir),
+        })  # fmt: skip
+        found = f", {there} were there already" if there else ""
+        raise _Interrupted(
+            f"{kept} of {data['kernels']} kernels compiled and kept in {tier.dir}{found}", data
+        ) from None
 
 
 def _compile_failure(exc: Exception) -> str:
@@ -1147,9 +1242,9 @@ def _where_nothing_is_kept(tier: DiskTier, *, probe: bool = False) -> str | None
     """Why kernels cannot be written to ``tier``'s cache dir, with the fix: it is a file (or
     under one), or untrusted; with ``probe``, also what a test write found (this makes the
     folders that are missing, as a write does). None if nothing says so."""
-    blocker = _not_a_folder(tier.root)
-    if blocker is not None:
-        return f"{blocker} is not a folder; point --cache-dir (or {ENV_CACHE_DIR}) at a folder"
+    unusable = _unusable(tier)
+    if unusable is not None:
+        return unusable
     damage = tier.trust_problem
     if damage is not None:
         return f"{tier.root} is not trusted ({damage.path} is {damage.problem}); {damage.fix}"

@@ -29,7 +29,7 @@ from ._cuda_versions import (
     driver_fix,
     extra_for_arch,
 )
-from ._exceptions import CompileError, NvrtcError
+from ._exceptions import CompileError, NoDeviceError, NvrtcError
 from ._target import Target
 
 if TYPE_CHECKING:  # _spec imports this module, for the NVRTC build in its keys
@@ -228,27 +228,47 @@ def _arch_option(target: Target) -> tuple[str, Literal["cubin", "ptx"]]:
 
 
 def check_target(target: Target) -> Literal["cubin", "ptx"]:
-    """What this NVRTC makes for ``target``: a cubin for an arch it knows, PTX for a GPU newer
-    than it knows (if the driver here, when there is one, is as new as NVRTC, so that it can
-    load that PTX). NvrtcError, naming the fix, for an arch older than it supports (and the
-    extra whose NVRTC targets it) or PTX the driver could not load."""
+    """What this NVRTC makes for ``target``: a cubin for an arch it knows, PTX for a GPU of
+    this machine newer than it knows (if the driver is as new as NVRTC, so that it can load
+    that PTX). NvrtcError, naming the archs it supports and the fix, for any other arch (with
+    the extra whose NVRTC targets it) or PTX the driver could not load."""
     archs = supported_archs()
-    if target.number > archs[-1]:
+    if target.number in archs:
+        return "cubin"
+    # PTX only for a GPU that is here: NVRTC has no cubin for it, and the driver compiles the
+    # PTX for it at load. A named arch that no GPU here has and NVRTC does not know is far more
+    # often a typo (sm_900, sm_999) than a GPU to come, and PTX for it would be compiled and
+    # cached without a word; a GPU newer than NVRTC gets its PTX on its own machine.
+    newer = target.number > archs[-1]
+    if newer and _a_gpu_here_is(target):
         _require_driver_for_ptx(target)
         return "ptx"
-    if target.number not in archs:  # older than it knows, or one it skips (sm_101 in 13.x)
-        extra = extra_for_arch(target.number)
-        known = ", ".join(f"sm_{arch}" for arch in archs)
-        mine = MAJORS.get(version()[0])
-        fix = (
-            f"install aionvrtc[{extra}], whose NVRTC can"
-            if extra is not None and (mine is None or extra != mine.extra)
-            else "no CUDA version that aionvrtc installs can"
-        )
-        raise NvrtcError(
-            f"NVRTC {version_string()} cannot target {target.arch} (it supports {known}); {fix}"
-        )
-    return "cubin"
+    # Older than it knows, one it skips (sm_101 in 13.x), or newer and not here.
+    extra = extra_for_arch(target.number)
+    known = ", ".join(f"sm_{arch}" for arch in archs)
+    mine = MAJORS.get(version()[0])
+    fix = (
+        f"install aionvrtc[{extra}], whose NVRTC can"
+        if extra is not None and (mine is None or extra != mine.extra)
+        else "no CUDA version that aionvrtc installs can"
+    )
+    if newer:
+        fix += " (a GPU newer than NVRTC gets PTX, compiled on the machine that has it)"
+    raise NvrtcError(
+        f"NVRTC {version_string()} cannot target {target.arch} (it supports {known}); {fix}"
+    )
+
+
+def _a_gpu_here_is(target: Target) -> bool:
+    """Whether a GPU of this machine is of ``target``'s architecture (no GPU, no driver, no
+    usable CUDA: False)."""
+    from . import _cuda  # the GPU's, loaded only for an arch newer than NVRTC
+
+    try:
+        capabilities = [_cuda.check_device(device) for device in range(_cuda.device_count())]
+    except NoDeviceError:
+        return False
+    return any(major * 10 + minor == target.number for major, minor in capabilities)
 
 
 def _require_driver_for_ptx(target: Target) -> None:

@@ -76,9 +76,10 @@ def _serve(compiler: Compiler) -> tuple[anyio.from_thread.BlockingPortal, thread
 def default_compiler() -> Compiler:
     """The process-wide Compiler, started on first use in a background event-loop thread
     (reached through an anyio blocking portal) and closed at exit. Its target is
-    ``$AIONVRTC_ARCH`` if set, else the current GPU's; its cache dir ``$AIONVRTC_CACHE_DIR`` or
-    the user cache dir. Usable from any thread through ``compile_sync``/``get_sync``; after
-    fork(), the child starts its own on first use."""
+    ``$AIONVRTC_ARCH`` if set, else the current GPU's (without either, ``compile_sync`` needs
+    an ``arch``); its cache dir ``$AIONVRTC_CACHE_DIR`` or the user cache dir. Usable from any
+    thread through ``compile_sync``/``get_sync``; after fork(), the child starts its own on
+    first use."""
     with _Default.lock:
         if _Default.compiler is not None and not _Default.compiler.closed:
             return _Default.compiler

@@ -347,7 +347,13 @@ class Pruned:
 @dataclass(frozen=True, slots=True)
 class DiskStats:
     """A disk tier's counters since it was created (this process's), and the cache dir's size
-    as its index said at this tier's last write, removal or rebuild (None: not known yet)."""
+    as its index said at this tier's last write, removal or rebuild (None: not known yet).
+
+    ``misses`` counts lookups that found no entry: requests that join one in flight for the
+    same key share its lookup, so one cold request, or many at once for one key, is one miss.
+    The second look that a compile takes under the key's lock is not another miss; if it finds
+    the entry (another process compiled it meanwhile), that is a hit: ``hits`` counts the
+    lookups that served an entry from disk."""
 
     hits: int
     misses: int
@@ -711,9 +717,10 @@ class DiskTier:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
+    def read(self, key: str, *, arch: str | None = None, again: bool = False) -> Artifact | None:
         """The verified entry for ``key``, or None. A bad entry is deleted and counted; a
-        damaged shard or an untrusted tree is a miss."""
+        damaged shard or an untrusted tree is a miss. ``again``: the look a compile takes under
+        the key's lock after a miss; a find is a hit, finding nothing is not a second miss."""
         _check_key(key)
         artifact = None
         try:
@@ -734,7 +741,8 @@ class DiskTier:
                 f"cannot read the disk cache at {self.path(key)}: {exc}; the kernel is compiled "
                 "instead",
             )
-        self._count("misses" if artifact is None else "hits")
+        if artifact is not None or not again:
+            self._count("misses" if artifact is None else "hits")
         return artifact
 
     def _read_entry(self, version: int, shard: int, key: str, arch: str | None) -> Artifact | None:
