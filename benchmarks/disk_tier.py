@@ -1,7 +1,7 @@
 """The disk tier at 1,000, 10,000 and 50,000 entries (4 KB each, written through the tier), on
 this machine's disk, files in the page cache:
 
-    python benchmarks/disk_tier.py --machine "dev VM, 2 vCPUs" [--sizes 1000 10000 50000]
+    python benchmarks/disk_tier.py --machine "2 vCPUs" [--sizes 1000 10000 50000]
         [--runs 5] [--no-before]
 
 Measures, medians of --runs runs: a write (the first of a new DiskTier, which the code before

@@ -1,7 +1,7 @@
 """An asyncio HTTP service (aiohttp) answering all-pairs shortest-path queries on weighted
 graphs with min-plus matrix squaring on the GPU, paths rebuilt from the argmax.
 
-    pip install 'aionvrtc[examples]'
+    .venv/bin/pip install -e '.[cu13,examples]'    # from a checkout; cu12 for a CUDA 12 driver
     python examples/shortest_paths_server.py [--port 8080] [--arch sm_90] [--sizes 64 256 1024]
 
     POST /shortest-paths  {"weights": [[0, 4, null], [null, 0, 1], [2, null, 0]],

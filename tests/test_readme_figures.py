@@ -1,0 +1,740 @@
+"""The README's figures are the committed results' figures, and the README speaks to users.
+
+Each measured figure the README quotes is listed in ``FIGURES``: a pattern that finds it in the
+README (one group per figure, matching exactly once), the committed file under
+benchmarks/results/ it comes from, and how to read the same figure from that file. A quoted
+figure agrees with the file's when the file's value, rounded half up to the quoted digits,
+equals it (``12`` for 12.05 ms, ``2.5`` for 2.45), or, for a bound (``under 4 us``), when every
+value the file holds is below it. A figure that stands for several of the file's values (``1.2 s
+cold or warm``) must agree with each. The tensor-network table is compared row by row with the
+JSON of its run.
+
+So a re-run that changes a file, a README edit that changes a figure and a README phrase that
+moves away from its figure all fail here. Two rules keep the list honest: each file a figure
+comes from is linked from the README (the reader can check it), and in a paragraph that links a
+result, every number with a unit of time, rate or count of tests is one of the checked figures,
+so a figure added beside a link without an entry here fails too."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"
+# An sdist ships no logs or plots (pyproject.toml); there the figures read from them are not
+# checked, and everything else is.
+IN_SDIST = (ROOT / "PKG-INFO").exists()
+LEFT_OUT_OF_SDIST = (".log", ".png")
+NEEDS_LOGS = pytest.mark.skipif(
+    not (RESULTS / "test-logs").is_dir(), reason="an sdist ships no test logs"
+)
+
+# Linked for what they show, not for a figure the README quotes from them.
+NO_FIGURES = {
+    "tropical_gemm-nvidia-h200.png",
+    "experiments/tropical_experiments-nvidia-h200.md",
+}
+
+# Words of the team's work, not of the library: goals and whether they were met, what was aimed
+# for, the "anchors" the team measures against, issue numbers, and the team's machines.
+TEAM_LANGUAGE = [
+    r"\bgoals?\b",
+    r"\btargets?\b\s*[\d|:]",  # a target as a goal ("target 85%", a "target" column); not an arch
+    r"\b(?:not )?met\b",
+    r"\baim(?:s|ed)?\b",
+    r"\btenfold\b",
+    r"\banchors?\b",
+    r"\bissue[\s_#-]*\d",
+    r"\bdev[\s_-]?vms?\b",
+    r"\blent\b",
+    r"\bdevice machine\b",
+    r"\bborrowed\b",
+    r"\bwe measured\b",
+]
+
+# A figure read from a file: one value, or several that the one quoted figure stands for.
+Measured = Decimal | Sequence[Decimal]
+Read = Callable[[Path], Sequence[Measured]]
+
+
+@dataclass(frozen=True)
+class Figure:
+    quote: str  # a regex over the README, its whitespace collapsed; one group per figure
+    source: str  # under benchmarks/results/
+    read: Read  # the same figures from the file, in the quote's order
+    bound: bool = False  # the quote is an upper bound ("under 4 us")
+
+
+def number(text: str | float) -> Decimal:
+    """The first number in ``text`` (thousands separators dropped), or a JSON number as
+    written (``repr``), so that rounding it half up is exact."""
+    if not isinstance(text, str):
+        return Decimal(repr(text))
+    found = re.search(r"-?\d[\d,]*(?:\.\d+)?", text)
+    if found is None:
+        raise ValueError(f"no number in {text!r}")
+    return Decimal(found[0].replace(",", ""))
+
+
+def matched(pattern: str, path: Path, *, last: bool = False) -> list[Decimal]:
+    """The groups of ``pattern``'s first match in the file (or its last: a pytest summary)."""
+    matches = list(re.finditer(pattern, path.read_text(encoding="utf-8"), re.S))
+    if not matches:
+        raise LookupError(f"{pattern!r} is not in {path.name}")
+    return [number(group) for group in matches[-1 if last else 0].groups()]
+
+
+def find(pattern: str, *, last: bool = False) -> Read:
+    return lambda path: matched(pattern, path, last=last)
+
+
+def table(path: Path) -> dict[str, list[str]]:
+    """A markdown file's table rows (headers left out): the first cell to the others, stripped."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line[:1] == "|"]
+    split = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
+    rule = [set("".join(cells)) <= set("-: ") for cells in split]
+    return {
+        cells[0]: cells[1:]
+        for i, cells in enumerate(split)
+        if not rule[i] and not (i + 1 < len(rule) and rule[i + 1])
+    }
+
+
+def column(path: Path, index: int, *names: str, scale: str = "1") -> list[Decimal]:
+    """The numbers in column ``index`` (after the first) of the rows ``names``; a name ending
+    in ``*`` stands for every row that starts with it."""
+    rows, out = table(path), []
+    for name in names:
+        picked = (
+            [row for key, row in rows.items() if key.startswith(name[:-1])]
+            if name.endswith("*")
+            else [rows[name]]
+        )
+        out += [number(row[index]) * Decimal(scale) for row in picked]
+    return out
+
+
+def cells(index: int, *names: str, scale: str = "1") -> Read:
+    """One figure per row of ``names``: column ``index``."""
+    return lambda path: column(path, index, *names, scale=scale)
+
+
+def every(index: int, *names: str) -> Read:
+    """One figure that every row of ``names`` (``*``: rows starting with) must agree with."""
+    return lambda path: [column(path, index, *names)]
+
+
+def spread(index: int, *names: str) -> Read:
+    """Two figures, a quoted range "a to b": the least and the greatest of the rows' values."""
+
+    def read(path: Path) -> list[Decimal]:
+        values = column(path, index, *names)
+        return [min(values), max(values)]
+
+    return read
+
+
+def joined(*reads: Read) -> Read:
+    return lambda path: [value for read in reads for value in read(path)]
+
+
+def data(pick: Callable[[Any], Sequence[float]]) -> Read:
+    """Figures computed from a JSON result."""
+    return lambda path: [number(x) for x in pick(json.loads(path.read_text(encoding="utf-8")))]
+
+
+def network(result: Any, problem: str, graph: str, vertices: int) -> dict[str, Any]:
+    """The tensor-network run's row of one network."""
+    found = [
+        row
+        for row in result["rows"]
+        if (row["problem"], row["graph"], row["vertices"]) == (problem, graph, vertices)
+    ]
+    assert len(found) == 1, f"{problem} on a {graph} of {vertices} vertices: {len(found)} rows"
+    row: dict[str, Any] = found[0]
+    return row
+
+
+def skipped_intermediate(result: Any) -> list[float]:
+    """log2 of the largest intermediate of the 3-regular graph of 200 vertices, which was
+    skipped (-1 if it ran)."""
+    run = network(result, "MIS", "random 3-regular graph", 200)
+    return [math.log2(run["largest_intermediate"]) if "skipped" in run else -1]
+
+
+def speedups(result: Any) -> list[float]:
+    """torch-semiring-einsum's time over aionvrtc's, least and greatest, over the networks of
+    100 vertices or more that ran (the table's)."""
+    ran = [row for row in result["rows"] if row["vertices"] >= 100 and "gpu_ms" in row]
+    ratios = [row["tse_ms"] / row["gpu_ms"] for row in ran]
+    return [min(ratios), max(ratios)]
+
+
+def einsum_step_us(path: Path) -> list[Decimal]:
+    """Each network's time outside its product kernels per step, (whole - kernels) / steps, in
+    microseconds: least and greatest."""
+    per_step = [
+        (number(row[3]) - number(row[4])) / number(row[0]) * 1000
+        for name, row in table(path).items()
+        if name.startswith(("MIS", "spin glass"))
+    ]
+    return [min(per_step), max(per_step)]
+
+
+def copied_elements(path: Path) -> list[Decimal]:
+    """The 20 x 20 king's graph's copies and, in millions, the elements they copied."""
+    cell = table(path)[KING_20][2]
+    copies, elements = cell.split(" ", 1)
+    return [number(copies), number(elements) / 1_000_000]
+
+
+def soak_waiters(path: Path) -> list[Decimal]:
+    """Results, cancellations and CompilerClosed, asyncio's then trio's of each."""
+    asyncio, trio = (
+        matched(rf"\({backend}\) \| (\d+) results, (\d+) cancelled, (\d+) CompilerClosed", path)
+        for backend in ("asyncio", "trio")
+    )
+    return [figure for pair in zip(asyncio, trio, strict=True) for figure in pair]
+
+
+def soak_planted(path: Path) -> list[Decimal]:
+    served, failed, compiles, planted, seconds = matched(
+        r"(\d+) served, (\d+) failed; (\d+) compiles, (\d+) planted entries dropped and counted; "
+        r"([\d.]+) s",
+        path,
+    )
+    return [served, failed, seconds, compiles, planted]
+
+
+def bundle_p90(path: Path) -> list[Decimal]:
+    return [number(table(path)["bundle layer, empty writable dir"][1].split("(")[1])]
+
+
+SERVER = "server_load-nvidia-h200.md"
+SERVICE = "compile_service-2-vcpus-{}.md"
+GPU_START = "gpu_start-nvidia-h200.md"
+GEMM = "tropical_gemm-nvidia-h200.md"
+GEMM_JSON = "tropical_gemm-nvidia-h200.json"
+TENSOR = "tensor_network-nvidia-h200.json"
+EINSUM = "tropical_einsum-nvidia-h200.md"
+SOAK = "soak-2-vcpus.md"
+WARM_GPU = "warm_cache-nvidia-h200-gpu.md"
+ARGMAX = ("maxplus float32 {} argmax", "maxplus int32 {} argmax", "maxplus float64 {} argmax")
+HOT_HIT = r"hot hit `await compiler.compile\(spec\)` \| (\d+) ns \(([\d.]+)x"
+F32_8192 = ("maxplus float32 8192", "minplus float32 8192", "maxmul float32 8192")
+I32_8192 = ("maxplus int32 8192", "minplus int32 8192")
+KING_20 = "MIS of the 20x20 king's graph (400 vertices, 1482 edges)"
+
+FIGURES = [
+    # The examples and the shortest-paths server
+    Figure(
+        r"\(H200, 20 x 20 king's graph: ([\d,.]+) ms\)",
+        TENSOR,
+        data(lambda r: [network(r, "MIS", "20x20 king's graph", 400)["gpu_ms"]]),
+    ),
+    Figure(
+        r"p50 ([\d,.]+) ms and ([\d,.]+) requests/s for one client",
+        SERVER,
+        joined(cells(1, "1"), cells(3, "1")),
+    ),
+    Figure(
+        r"([\d,.]+) to ([\d,.]+) requests/s from 4 and 16 clients, ([\d,.]+) from 64",
+        SERVER,
+        joined(spread(3, "4", "16"), cells(3, "64")),
+    ),
+    Figure(
+        r"a start until serving takes ([\d,.]+) s cold or warm",
+        SERVER,
+        lambda path: [matched(r"cold cache ([\d.]+) s, warm cache ([\d.]+) s", path)],
+    ),
+    # The caches and the compile service, on 2 CPUs
+    Figure(
+        r"walk the dir once \(([\d,.]+) s, ([\d,.]+) s and ([\d,.]+) s at 50,000 entries",
+        "disk_tier-2-vcpus.md",
+        cells(
+            4,
+            "`cache ls --json` (main() in-process)",
+            "`cache info --json` (main() in-process)",
+            "`cache prune` of 1% (main() in-process)",
+            scale="0.001",
+        ),
+    ),
+    *(
+        Figure(
+            r"under ([\d,.]+) us an insert at the limit with 100,000 entries",
+            SERVICE.format(b),
+            find(r"100k entries \| [\d.]+ us / [\d.]+ us / ([\d.]+) us"),
+            bound=True,
+        )
+        for b in ("asyncio", "trio")
+    ),
+    Figure(
+        r"suspending: ([\d,.]+) ns on 2 CPUs, ([\d,.]+)x awaiting a trivial coroutine, under "
+        r"asyncio",
+        SERVICE.format("asyncio"),
+        find(HOT_HIT),
+    ),
+    Figure(r"([\d,.]+) ns \(([\d,.]+)x\) under trio", SERVICE.format("trio"), find(HOT_HIT)),
+    Figure(
+        r"cold kernel cost ([\d,.]+) us each",
+        SERVICE.format("asyncio"),
+        find(r"plain anyio.Event \| ([\d.]+) us each"),
+    ),
+    Figure(
+        r"each \(([\d,.]+) us under trio\)",
+        SERVICE.format("trio"),
+        find(r"plain anyio.Event \| ([\d.]+) us each"),
+    ),
+    Figure(r"took ([\d,.]+) ms each at p99", SERVICE.format("asyncio"), find(r"p99 ([\d.]+) ms")),
+    Figure(r"at p99 \(([\d,.]+) ms under trio\)", SERVICE.format("trio"), find(r"p99 ([\d.]+) ms")),
+    Figure(
+        r"during a cold compile was ([\d,.]+) ms",
+        SERVICE.format("asyncio"),
+        find(r"during a cold compile, aionvrtc \| max ([\d.]+) ms"),
+    ),
+    Figure(
+        r"\(([\d,.]+) ms under trio\), against",
+        SERVICE.format("trio"),
+        find(r"during a cold compile, aionvrtc \| max ([\d.]+) ms"),
+    ),
+    Figure(
+        r"against ([\d,.]+) ms \([\d,.]+ ms\) when CuPy's NVRTC",
+        SERVICE.format("asyncio"),
+        find(r"called on the loop \| max ([\d.]+) ms"),
+    ),
+    Figure(
+        r"against [\d,.]+ ms \(([\d,.]+) ms\) when CuPy's NVRTC",
+        SERVICE.format("trio"),
+        find(r"called on the loop \| max ([\d.]+) ms"),
+    ),
+    # On the GPU
+    Figure(
+        r"kept the loop's largest lag at ([\d,.]+) ms \(launches and allocations\), against "
+        r"([\d,.]+) ms",
+        GPU_START,
+        find(
+            r"awaiting `synchronize` \| max ([\d.]+) ms.*?blocking `stream.synchronize\(\)` "
+            r"on the loop \| max ([\d.]+) ms"
+        ),
+    ),
+    Figure(
+        r"\| ([\d,.]+) ms \(one kernel, lazy\); ([\d,.]+) ms \(31-kernel source\) \| ([\d,.]+) ms",
+        GPU_START,
+        cells(
+            3,
+            "aionvrtc, one kernel (lazy)",
+            "aionvrtc, 31-kernel source",
+            "CuPy RawModule, 31-kernel source",
+        ),
+    ),
+    Figure(
+        r"\| ([\d,.]+) s \(that kernel alone\) \| ([\d,.]+) s \(the whole 31-kernel source\)",
+        GPU_START,
+        cells(5, "aionvrtc, one kernel (lazy)", "CuPy RawModule, 31-kernel source"),
+    ),
+    Figure(
+        r"\| ([\d,.]+) ns, ([\d,.]+)x awaiting a trivial coroutine \(([\d,.]+) ns\) on that run",
+        GPU_START,
+        find(
+            r"hot `await compiler.get\(spec\)` \(module memoised\) \| (\d+) ns \(([\d.]+)x a "
+            r"trivial coroutine, (\d+) ns\)"
+        ),
+    ),
+    # Tropical GEMM
+    Figure(
+        r"the whole suite, ([\d,]+) passed and (\d+) skipped on an H200",
+        "test-logs/gpu_tests-nvidia-h200.log",
+        find(r"(\d+) passed, (\d+) skipped", last=True),
+    ),
+    Figure(
+        r"tropical GPU tests alone, ([\d,]+) passed",
+        "test-logs/tropical_gpu_tests-nvidia-h200.log",
+        find(r"(\d+) passed", last=True),
+    ),
+    Figure(r"f32 ([\d,.]+) T pairs/s", GEMM, find(r"Peak probe [^\n]*?f32 ([\d.]+) T")),
+    Figure(
+        r"The SM clock held ([\d,.]+) MHz throughout", "sustained-nvidia-h200.md", every(1, "*")
+    ),
+    Figure(
+        r"max-times f32, 8192\^3 \| ([\d,.]+) / ([\d,.]+) / ([\d,.]+) \| ([\d,.]+)%",
+        GEMM,
+        joined(cells(0, *F32_8192), every(2, *F32_8192)),
+    ),
+    Figure(
+        r"8192\^3 \(DPX `__viaddmax_s32`\) \| ([\d,.]+) \| ([\d,.]+)% of the DPX probe",
+        GEMM,
+        joined(every(0, *I32_8192), every(2, *I32_8192)),
+    ),
+    Figure(
+        r"max-plus f64, 8192\^3 \| ([\d,.]+) \| ([\d,.]+)%",
+        GEMM,
+        joined(cells(0, "maxplus float64 8192"), cells(2, "maxplus float64 8192")),
+    ),
+    *(
+        Figure(
+            rf"with argmax, {size}\^3: f32 / i32 / f64 \| ([\d.]+) / ([\d.]+) / ([\d.]+) \| "
+            r"(\d+)% / (\d+)% / (\d+)%",
+            GEMM,
+            joined(
+                cells(0, *(name.format(size) for name in ARGMAX)),
+                cells(2, *(name.format(size) for name in ARGMAX)),
+            ),
+        )
+        for size in (8192, 4096)
+    ),
+    Figure(
+        r"batched 1024 x 64\^3 f32, one launch \| ([\d,.]+) \| ([\d,.]+)%",
+        GEMM,
+        joined(cells(0, "batched 1024 x 64^3 f32"), cells(2, "batched 1024 x 64^3 f32")),
+    ),
+    Figure(
+        r"f32 1024\^3 / 512\^3 / 256\^3 \| ([\d,.]+) / ([\d,.]+) / ([\d,.]+)",
+        GEMM_JSON,
+        data(
+            lambda r: [r["results"]["curve"]["aionvrtc"][n] / 1e12 for n in ("1024", "512", "256")]
+        ),
+    ),
+    # In the README's order: CuPy, aionvrtc, PyTorch.
+    Figure(
+        r"f32 2048x256x2048 \| ([\d,.]+) \| \(aionvrtc at that shape: ([\d,.]+)\) \| \| PyTorch "
+        r"broadcast-reduce, same shape \| ([\d,.]+)",
+        GEMM,
+        joined(
+            find(r"CuPy broadcast-reduce ([\d.]+) T"),
+            find(r"aionvrtc ([\d.]+) T, CuPy"),
+            find(r"PyTorch broadcast-reduce ([\d.]+) T"),
+        ),
+    ),
+    Figure(
+        r"moves ([\d,.]+) to ([\d,.]+)% of a device copy's bandwidth at N = K = 4\.\.16",
+        GEMM,
+        spread(1, *(f"{shape}={k}" for k in (4, 8, 16) for shape in ("tall n=k", "wide m=k"))),
+    ),
+    Figure(
+        r"both kernels move ([\d,.]+) to ([\d,.]+)% of the copy",
+        GEMM,
+        spread(1, "tall n=k=32*", "wide m=k=32*"),
+    ),
+    Figure(
+        r"reaches ([\d,.]+) to ([\d,.]+)% of that roofline",
+        GEMM,
+        spread(2, "tall n=k=64*", "wide m=k=64*"),
+    ),
+    Figure(
+        r"costs ([\d,.]+) us against the kernel's ([\d,.]+) us",
+        GEMM_JSON,
+        data(
+            lambda r: [
+                r["results"]["batched 1024 x 64^3"][key] * 1e6
+                for key in ("matmul_sync_call_seconds", "seconds")
+            ]
+        ),
+    ),
+    # The tropical einsum
+    Figure(
+        r"the whole GPU suite, ([\d,]+) passed and (\d+) skipped",
+        "test-logs/gpu_tests-einsum-nvidia-h200.log",
+        find(r"(\d+) passed, (\d+) skipped", last=True),
+    ),
+    Figure(
+        r"That is ([\d,.]+) to ([\d,.]+) times faster than torch-semiring-einsum",
+        TENSOR,
+        data(speedups),
+    ),
+    Figure(
+        r"Each step costs ([\d,.]+) to ([\d,.]+) us outside its product kernel",
+        EINSUM,
+        einsum_step_us,
+    ),
+    Figure(
+        r"the product kernels take ([\d,.]+) to ([\d,.]+)% of a contraction's time",
+        EINSUM,
+        spread(5, "MIS*", "spin glass*"),
+    ),
+    Figure(
+        r"copies ([\d,.]+) operands \(([\d,.]+) million elements at 20 x 20\)",
+        EINSUM,
+        copied_elements,
+    ),
+    Figure(
+        r"needs an intermediate of 2\^(\d+) elements under random-greedy planning and is "
+        r"skipped",
+        TENSOR,
+        data(skipped_intermediate),
+    ),
+    # Reliability
+    Figure(
+        r"NVRTC ([\d,.]+); ([\d,.]+) s in all",
+        SOAK,
+        find(r"NVRTC ([\d.]+), [^\n]*?; (\d+) s in all"),
+    ),
+    Figure(r"killed with SIGKILL, ([\d,.]+) times", SOAK, find(r"\| (\d+) kills,")),
+    Figure(
+        r"\| ([\d,.]+) kills landed mid-write; every surviving entry verifies, ([\d,.]+) corrupt; "
+        r"([\d,.]+) tmp files, all removed by the next scan",
+        SOAK,
+        find(r"(\d+) of them mid-write[^|]*?(\d+) corrupt; (\d+) tmp files, 0 after the next"),
+    ),
+    Figure(
+        r"\| ([\d,.]+) compiles in all \(each kernel once\), ([\d,.]+) disk hits, ([\d,.]+) memory "
+        r"hits, ([\d,.]+) corrupt reads, ([\d,.]+) errors; ([\d,.]+) requests/s",
+        SOAK,
+        find(
+            r"(\d+) compiles in all, (\d+) disk hits, (\d+) memory hits, (\d+) corrupt, (\d+) "
+            r"errors; [\d.]+ s, (\d+) requests/s"
+        ),
+    ),
+    Figure(
+        r"got a result \((\d+); (\d+)\), its cancellation \((\d+); (\d+)\) or `CompilerClosed` "
+        r"\((\d+); (\d+)\)",
+        SOAK,
+        soak_waiters,
+    ),
+    Figure(
+        r"\| ([\d,.]+) served, ([\d,.]+) failed, in ([\d,.]+) s; ([\d,.]+) compiles; the "
+        r"([\d,.]+) planted",
+        SOAK,
+        soak_planted,
+    ),
+    Figure(
+        r"\| ([\d,.]+) well-checksummed entries with crafted headers [^|]*\| ([\d,.]+) refused "
+        r"\(`CacheCorruptError`\), ([\d,.]+) accepted",
+        SOAK,
+        find(
+            r"decoder fuzz: (\d+) well-checksummed[^|]*\| (\d+) CacheCorruptError, (\d+) "
+            r"accepted"
+        ),
+    ),
+    # Shipping a warm cache
+    Figure(
+        r"in ([\d,.]+) ms after the CUDA context existed \(p90 ([\d,.]+) ms\), as fast as from a "
+        r"warm cache dir \(([\d,.]+) ms\)",
+        WARM_GPU,
+        joined(
+            cells(1, "bundle layer, empty writable dir"), bundle_p90, cells(1, "warm cache dir")
+        ),
+    ),
+    Figure(
+        r"Opening the Compiler with the bundle took ([\d,.]+) ms",
+        WARM_GPU,
+        cells(0, "bundle layer, empty writable dir"),
+    ),
+    Figure(
+        r"took ([\d,.]+)x a warm disk hit \(([\d,.]+) ms against ([\d,.]+) ms on 2 CPUs",
+        "warm_cache-2-vcpus-cpu.md",
+        joined(
+            find(r"first compile\(\): ([\d.]+)x"),
+            cells(1, "bundle layer, empty writable dir", "warm cache dir"),
+        ),
+    ),
+]
+
+# The tensor-network table's rows, by the run they show: (problem, graph, vertices).
+TENSOR_ROWS: list[tuple[str, Callable[[int], tuple[str, str, int]]]] = [
+    (
+        r"MIS, random 3-regular graph, (\d+) vertices",
+        lambda n: ("MIS", "random 3-regular graph", n),
+    ),
+    (r"MIS, (\d+) x \1 king's graph", lambda s: ("MIS", f"{s}x{s} king's graph", s * s)),
+    (r"spin glass, (\d+) spins", lambda n: ("spin glass", "random 3-regular graph", n)),
+]
+TENSOR_HEADER = (
+    "| network | steps | largest intermediate | aionvrtc | with the assignment "
+    "| torch-semiring-einsum | NumPy reference |"
+)
+# A number with a unit of time, rate or a count of tests: a measured figure, not a size or a
+# setting ("90% of the limit", "256-node graphs").
+MEASURED = re.compile(
+    r"(?<![\w.^])(\d[\d,]*(?:\.\d+)?)(?:x| ?(?:ms|s|us|ns|T|MHz|requests/s|passed|skipped))"
+    r"(?![\w^])"
+)
+
+
+def paragraphs(text: str) -> list[str]:
+    """The README's paragraphs (tables and lists too), each on one line."""
+    return [" ".join(block.split()) for block in re.split(r"\n[ \t]*\n", text)]
+
+
+def rounded(value: Decimal, like: Decimal) -> Decimal:
+    """``value`` rounded half up to as many decimals as ``like`` has."""
+    places = like.as_tuple().exponent
+    assert isinstance(places, int), like  # not NaN or infinity
+    return value.quantize(Decimal(1).scaleb(places), rounding=ROUND_HALF_UP)
+
+
+def agrees(quoted: str, value: Decimal, *, bound: bool) -> bool:
+    figure = number(quoted)
+    return value < figure if bound else rounded(value, figure) == figure
+
+
+def result_links(text: str) -> list[str]:
+    return re.findall(r"\]\(benchmarks/results/([^)\s#]+)\)", text)
+
+
+def stem(source: str) -> str:
+    """A result's name without its kind: a run's .md, .json and .log are one result."""
+    return source.rsplit(".", 1)[0]
+
+
+def left_out(source: str) -> bool:
+    """Whether ``source`` is missing because this is an sdist, which ships no logs or plots."""
+    missing = not (RESULTS / source).is_file()
+    return missing and IN_SDIST and source.endswith(LEFT_OUT_OF_SDIST)
+
+
+def figure_problems(readme: str) -> list[str]:
+    """Where ``readme`` and the committed results disagree: one line each."""
+    problems = []
+    text = "\n\n".join(paragraphs(readme))
+    links = set(result_links(readme))
+    covered: set[int] = set()
+    for figure in FIGURES:
+        matches = list(re.finditer(figure.quote, text))
+        if len(matches) != 1:
+            problems.append(f"{figure.quote!r} is in the README {len(matches)} times, not once")
+            continue
+        match = matches[0]
+        groups = range(1, len(match.groups()) + 1)
+        covered.update(i for group in groups for i in range(*match.span(group)))
+        if stem(figure.source) not in {stem(link) for link in links}:
+            problems.append(
+                f"the README never links {figure.source}, which {figure.quote!r} quotes"
+            )
+        if left_out(figure.source):
+            continue
+        try:
+            measured = figure.read(RESULTS / figure.source)
+        except (OSError, LookupError, ValueError) as exc:
+            problems.append(f"{figure.source}: {exc!r}")
+            continue
+        if len(measured) != len(match.groups()):
+            problems.append(f"{figure.source}: {len(measured)} values for {figure.quote!r}")
+            continue
+        for quoted, values in zip(match.groups(), measured, strict=True):
+            each = [values] if isinstance(values, Decimal) else list(values)
+            if not each or not all(agrees(quoted, value, bound=figure.bound) for value in each):
+                problems.append(
+                    f"README says {quoted} in {match[0]!r}; {figure.source} says "
+                    f"{', '.join(map(str, each)) or 'nothing'}"
+                )
+    start = 0
+    for paragraph in text.split("\n\n"):
+        for found in MEASURED.finditer(paragraph) if result_links(paragraph) else ():
+            if not set(range(start + found.start(1), start + found.end(1))) <= covered:
+                problems.append(
+                    f"{found[0]!r} beside a link to a result is not a checked figure (add it to "
+                    f"FIGURES): {paragraph[:70]!r}..."
+                )
+        start += len(paragraph) + 2
+    sources = {stem(figure.source) for figure in FIGURES}
+    for link in sorted(links):
+        if not (RESULTS / link).is_file() and not left_out(link):
+            problems.append(f"the README links benchmarks/results/{link}, which is not there")
+        if link not in NO_FIGURES and stem(link) not in sources:
+            problems.append(f"the README links {link} but quotes no checked figure from it")
+    return problems + tensor_table_problems(readme)
+
+
+def tensor_table_problems(readme: str) -> list[str]:
+    """The tensor-network table against its run's JSON, cell by cell."""
+    if TENSOR_HEADER not in readme:
+        return ["the README's tensor-network table (its header) is not there"]
+    result = json.loads((RESULTS / TENSOR).read_text(encoding="utf-8"))
+    body = readme.split(TENSOR_HEADER, 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    problems = [] if body else ["the README's tensor-network table has no rows"]
+    for line in body:
+        name, *row = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        keys = [
+            make(int(found[1]))
+            for pattern, make in TENSOR_ROWS
+            if (found := re.fullmatch(pattern, name))
+        ]
+        if len(keys) != 1:
+            problems.append(f"tensor-network table: which network is {name!r}?")
+            continue
+        run = network(result, *keys[0])
+        times = ("gpu_ms", "gpu_argmax_ms", "tse_ms")
+        expected = [
+            str(run["steps"]),
+            f"2^{math.log2(run['largest_intermediate']):.0f}",
+            *(f"{rounded(number(run[key]), Decimal('0.1'))} ms" for key in times),
+            f"{rounded(number(run['numpy_s']), Decimal('0.01'))} s" if "numpy_s" in run else "",
+        ]
+        if row != expected:
+            problems.append(f"tensor-network table, {name}: README {row}, {TENSOR} {expected}")
+    return problems
+
+
+def team_language(readme: str) -> list[str]:
+    return [
+        f"line {readme.count(chr(10), 0, found.start()) + 1}: {found[0]!r}"
+        for pattern in TEAM_LANGUAGE
+        for found in re.finditer(pattern, readme, re.I)
+    ]
+
+
+def test_the_readmes_figures_are_the_committed_results() -> None:
+    problems = figure_problems(README.read_text(encoding="utf-8"))
+    assert not problems, "\n".join(problems)
+
+
+def test_the_readme_speaks_to_users() -> None:
+    found = team_language(README.read_text(encoding="utf-8"))
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        # The drifts the checks were written for: figures older than the logs they link.
+        pytest.param("1207 passed", "1105 passed", "README says 1105", marks=NEEDS_LOGS),
+        pytest.param("1068 passed", "1067 passed", "README says 1067", marks=NEEDS_LOGS),
+        ("| 1881 | 2^21 |", "| 1871 | 2^21 |", "tensor-network table, MIS, 20 x 20"),
+        ("| 2^20 | 41.5 ms |", "| 2^19 | 41.5 ms |", "tensor-network table, MIS, random"),
+        # A rounding that goes the wrong way, a bound that does not hold.
+        ("p90 2.5 ms", "p90 2.4 ms", "README says 2.4"),
+        ("under 4 us an insert", "under 3 us an insert", "README says 3"),
+        # A figure added beside a link with no entry in FIGURES.
+        ("as fast as from a warm", "in 7.5 ms, as fast as from a warm", "'7.5 ms' beside a link"),
+        # A phrase reworded away from its figure.
+        ("took 0.46 ms each at p99", "took 0.46 ms at p99", "is in the README 0 times"),
+        # A result linked but none of its figures checked.
+        (
+            "[trio](benchmarks/results/compile_service-2-vcpus-trio.md)",
+            "[trio](benchmarks/results/compile_service-nvidia-h200-host-16-cpus-asyncio.md)",
+            "quotes no checked figure",
+        ),
+    ],
+)
+def test_drift_is_caught(old: str, new: str, says: str) -> None:
+    readme = README.read_text(encoding="utf-8")
+    assert old in readme
+    problems = figure_problems(readme.replace(old, new, 1))
+    assert any(says in problem for problem in problems), problems
+
+
+def test_team_language_is_caught() -> None:
+    for phrase in [
+        "277 ns (goal 2x: not met)",
+        "| product | T ops/s | target |",
+        "target 85%",
+        "not the tenfold aimed for",
+        "as the anchors quote it",
+        "[log](benchmarks/results/test-logs/gpu_tests-issue20-nvidia-h200.log)",
+        "soak-dev-vm-2-vcpus.md",
+        "on the lent H200",
+        "run it on the device machine",
+    ]:
+        assert team_language(phrase), phrase
+    # An architecture is a target too, and stays one.
+    assert not team_language("the target arch; `resolve_target`; compile()'s default target\n")
