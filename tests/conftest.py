@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
-from aionvrtc import KernelSpec
+from aionvrtc import FORMAT_VERSION, KernelSpec
+
+# The folder of a cache dir that holds this format's entries.
+ENTRIES = f"v{FORMAT_VERSION}"
 
 _serial = itertools.count()
 # A process-unique salt: NVRTC 13 keeps a cross-process cache of compiled programs
@@ -171,6 +174,8 @@ def as_other_user(work: Callable[[], dict[str, Any]], *, timeout: float = 60) ->
     result: dict[str, Any] = json.loads(b"".join(chunks))
     assert "error" not in result, result["error"]
     return result
+
+
 # What CuPy's CUDADriverError says for the statuses the tests raise: cuGetErrorString's words
 # after the status's name. Those of 2, 200, 209, 218, 222 and 700 are what cuModuleLoadData
 # returned on an H100 (driver 580, CuPy 14.2) for a full GPU, a damaged cubin, a cubin for

@@ -31,7 +31,7 @@ from aionvrtc._cuda import runnable
 from aionvrtc._cuda_versions import MAJORS, driver_fix, driver_release, extra_for_arch
 from aionvrtc._target import device_target
 
-from .conftest import make_spec
+from .conftest import ENTRIES, make_spec
 
 pytestmark = pytest.mark.anyio
 
@@ -110,7 +110,7 @@ async def test_keys_prefetch_records_and_forget_per_arch(cache_dir: Path) -> Non
         # forget() drops the spec for every target the Compiler served.
         await compiler.compile(specs[0])
         on_disk = [
-            cache_dir / "v2" / k[:2] / k for k in (compiler.key(specs[0], arch=a) for a in ARCHS)
+            cache_dir / ENTRIES / k[:2] / k for k in (compiler.key(specs[0], arch=a) for a in ARCHS)
         ]
         assert all(path.exists() for path in on_disk)
         await compiler.forget(specs[0])

@@ -30,7 +30,7 @@ from aionvrtc._store.disk import DiskTier
 from aionvrtc._store.tier import LayerStats
 from aionvrtc._units import format_size
 
-from .conftest import NOBODY, as_other_user, as_root, make_spec
+from .conftest import ENTRIES, NOBODY, as_other_user, as_root, make_spec
 from .test_layers import tree
 
 SECRET_ENV = "AIONVRTC_REMOTE_SECRET"
@@ -138,7 +138,7 @@ def test_round_trip_serves_every_kernel_with_no_compile(
     assert (status, err) == (0, "")
     assert report == {
         "bundle": str(path), "entries": 5, "added": 5, "present": 0,
-        "signature_verified": False, "directory": str(empty / "v2"),
+        "signature_verified": False, "directory": str(empty / ENTRIES),
     }  # fmt: skip
     # Byte for byte what the source cache dir holds: import re-encodes, and gets the same bytes.
     assert entries(empty) == entries(warm.dir)
@@ -232,7 +232,7 @@ def test_export_with_nothing_to_export_fails(warm: Warm, tmp_path: Path, run: Ru
     empty.mkdir()  # one that does not exist is said so (test_cli)
     status, report, err = run("cache", "export", tmp_path / "x.bundle", cache=empty)
     message = (
-        f"nothing to export: {empty / 'v2'} holds no entries; compile kernels into it first "
+        f"nothing to export: {empty / ENTRIES} holds no entries; compile kernels into it first "
         "(aionvrtc warm, or run the program that uses them)"
     )
     assert (status, report, err) == (1, {"error": message}, f"error: {message}\n")
@@ -757,8 +757,8 @@ def test_import_into_a_read_only_cache_dir_adds_nothing(
     assert failure is not None
     status, report, _ = run("cache", "import", bundle, cache=view)
     assert (status, report) == (1, {"error": (
-        f"cannot import {bundle}: {view / 'v2'} cannot be written ({failure}); point --cache-dir "
-        "(or AIONVRTC_CACHE_DIR) at a folder this user can write"
+        f"cannot import {bundle}: {view / ENTRIES} cannot be written ({failure}); point "
+        "--cache-dir (or AIONVRTC_CACHE_DIR) at a folder this user can write"
     )})  # fmt: skip
     assert entries(view) == {}
 

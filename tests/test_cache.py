@@ -14,7 +14,7 @@ from aionvrtc import CompileError, KernelCache, KernelSpec, kernel_key
 from aionvrtc._artifact import encode
 from aionvrtc._store.disk import DiskTier
 
-from .conftest import make_spec, run_python
+from .conftest import ENTRIES, make_spec, run_python
 
 
 def test_memory_then_disk_then_compile(cache_dir: Path) -> None:
@@ -31,7 +31,7 @@ def test_memory_then_disk_then_compile(cache_dir: Path) -> None:
     assert (stats.requests, stats.memory.hits, stats.disk.hits, stats.compiles) == (2, 1, 0, 1)
     assert stats.compile_seconds == pytest.approx(first.compile_seconds)
     assert stats.memory.entries == 1
-    entry = cache_dir / "v2" / first.key[:2] / first.key
+    entry = cache_dir / ENTRIES / first.key[:2] / first.key
     assert entry.is_file()
 
     fresh = KernelCache("sm_90", cache_dir=cache_dir)
@@ -77,14 +77,14 @@ def test_default_cache_dir_comes_from_the_environment(tmp_path: Path) -> None:
     os.environ["AIONVRTC_CACHE_DIR"] = str(tmp_path / "from-env")
     cache = KernelCache("sm_90")
     art = cache.get_or_compile(make_spec())
-    assert (tmp_path / "from-env" / "v2" / art.key[:2] / art.key).is_file()
+    assert (tmp_path / "from-env" / ENTRIES / art.key[:2] / art.key).is_file()
 
 
 # -- size management ---------------------------------------------------------------------
 
 
 def _entries(cache_dir: Path) -> set[str]:
-    return {p.name for p in (cache_dir / "v2").glob("*/*") if not p.name.startswith(".")}
+    return {p.name for p in (cache_dir / ENTRIES).glob("*/*") if not p.name.startswith(".")}
 
 
 def test_disk_eviction_is_least_recently_used_first(cache_dir: Path) -> None:
@@ -97,7 +97,7 @@ def test_disk_eviction_is_least_recently_used_first(cache_dir: Path) -> None:
     now = time.time()
     for age, name in zip((300, 200, 100), "abc", strict=True):
         cache.get_or_compile(specs[name])
-        entry = cache_dir / "v2" / keys[name][:2] / keys[name]
+        entry = cache_dir / ENTRIES / keys[name][:2] / keys[name]
         os.utime(entry, (now - age, now - age))
     # A disk hit refreshes recency: a is now the most recently used.
     assert KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(specs["a"]).key == keys["a"]
@@ -126,7 +126,7 @@ def test_memory_eviction_is_least_recently_used_first() -> None:
 def test_stale_tmp_files_are_removed_fresh_ones_kept(cache_dir: Path) -> None:
     cache = KernelCache("sm_90", cache_dir=cache_dir)
     art = cache.get_or_compile(make_spec())
-    shard = cache_dir / "v2" / art.key[:2]
+    shard = cache_dir / ENTRIES / art.key[:2]
     stale = shard / f".{art.key}.123.dead.tmp"
     fresh = shard / f".{art.key}.456.live.tmp"
     for tmp in (stale, fresh):
@@ -236,7 +236,7 @@ def test_concurrent_writers_from_processes_leave_only_valid_entries(tmp_path: Pa
     from aionvrtc._store import DiskTier
 
     tier = DiskTier(root)
-    names = sorted(p.name for p in (root / "v2").glob("*/*"))
+    names = sorted(p.name for p in (root / ENTRIES).glob("*/*"))
     assert names == [f"{k:02x}" * 32 for k in range(6)]  # no tmp leftovers
     for name in names:
         assert tier.read(name) is not None
@@ -255,7 +255,7 @@ def test_records_live_beside_the_kernels_verified_and_per_target(cache_dir: Path
     key = record_key("tuning/gpu", "sm_90")
     assert key not in {kernel_key(make_spec(), "sm_90"), record_key("tuning/gpu", "sm_80")}
     # A record is an entry like any other: a damaged one is dropped and counted, not returned.
-    path = cache_dir / "v2" / key[:2] / key
+    path = cache_dir / ENTRIES / key[:2] / key
     damaged = bytearray(path.read_bytes())
     damaged[-1] ^= 1
     path.write_bytes(bytes(damaged))
@@ -312,7 +312,7 @@ def test_no_lock_file_is_left_per_key(cache_dir: Path) -> None:
     artifacts = [cache.get_or_compile(make_spec()) for _ in range(3)]
     assert cache.disk is not None
     assert cache.disk.wait_maintenance(60)
-    files = [p for p in (cache_dir / "v2").rglob("*") if p.is_file()]
+    files = [p for p in (cache_dir / ENTRIES).rglob("*") if p.is_file()]
     files = [p for p in files if p.name not in (".events", ".index")]  # one each per cache dir
     assert sorted(p.name for p in files) == sorted(a.key for a in artifacts)
 

@@ -22,7 +22,7 @@ from aionvrtc import Compiler, _cli, _cuda_versions, _nvrtc, tropical
 from aionvrtc._spec import FORMAT_VERSION
 from aionvrtc._store.disk import DiskTier
 
-from .conftest import make_spec
+from .conftest import ENTRIES, make_spec
 
 # The and-or semiring on bool has the fewest tropical kernels (the generic kernel's variants).
 WARM = ["warm", "tropical", "--arch", "sm_90", "--semirings", "andor", "--dtypes", "bool"]
@@ -59,7 +59,7 @@ def cache(warmed: Path, tmp_path: Path) -> Path:
 
 
 def entries(cache: Path) -> dict[str, Path]:
-    return {p.name: p for p in (cache / "v2").glob("*/*") if not p.name.startswith(".")}
+    return {p.name: p for p in (cache / ENTRIES).glob("*/*") if not p.name.startswith(".")}
 
 
 def test_warm_compiles_each_kernel_once(warmed: Path) -> None:
@@ -79,7 +79,7 @@ def warmed_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
     first = cli(*WARM_TWO, cache=cache)
     assert first == {
         **first, "archs": ["sm_80", "sm_90"], "kernels": 2 * KERNELS, "compiled": 2 * KERNELS,
-        "kept": 2 * KERNELS, "from_disk": 0, "directory": str(cache / "v2"),
+        "kept": 2 * KERNELS, "from_disk": 0, "directory": str(cache / ENTRIES),
     }  # fmt: skip
     assert sorted(first) == sorted([
         "archs", "kernels", "compiled", "kept", "from_disk", "compile_seconds", "seconds",
@@ -103,7 +103,7 @@ def test_warm_compiles_for_several_archs_in_one_call(warmed_two: Path) -> None:
         f"{2 * KERNELS} tropical kernels for sm_80, sm_90: 0 compiled, {2 * KERNELS} already on "
         f"disk, in "
     )
-    assert again.stdout.endswith(f" s ({warmed_two / 'v2'})\n")
+    assert again.stdout.endswith(f" s ({warmed_two / ENTRIES})\n")
 
 
 def test_warm_compiles_only_the_arch_that_is_not_on_disk(cache: Path) -> None:
@@ -200,7 +200,7 @@ def test_tables_for_people(warmed: Path) -> None:
     assert "0 corrupt entries dropped, 0 evicted, 0 pruned" in info
     assert f"sm_90: {KERNELS} (NVRTC {_nvrtc.version_string()})" in info
     listing = run("cache", "ls")
-    assert f"{KERNELS} entries in {warmed / 'v2'}" in listing
+    assert f"{KERNELS} entries in {warmed / ENTRIES}" in listing
     assert listing.count("sm_90") == KERNELS
     assert "no GPU here" in subprocess.run(
         [sys.executable, "-m", "aionvrtc", *WARM[:2], "--cache-dir", str(warmed)],
@@ -276,7 +276,7 @@ def test_doctor_warns_about_a_read_only_dir(cache: Path, read_only: Callable[[Pa
     assert report["ok"] is True
     assert checks["cache dir"]["status"] == "warn"
     detail = checks["cache dir"]["detail"]
-    assert detail.startswith(f"{view / 'v2'}: trusted: owner uid {os.geteuid()}")
+    assert detail.startswith(f"{view / ENTRIES}: trusted: owner uid {os.geteuid()}")
     assert "not writable by this user" in detail
     assert "entries are read from it, new kernels are compiled and kept in memory" in detail
     assert "chmod" not in checks["cache dir"]["fix"]
@@ -308,7 +308,7 @@ def test_doctor_says_chmod_go_w_for_a_dir_others_can_write(tmp_path: Path) -> No
     assert "mode 0777) is not trusted, so it is neither read nor written" in check["detail"]
     assert f"{loose} is writable by others" in check["detail"]
     assert check["fix"] == f"chmod go-w {loose}"
-    assert not (loose / "v2").exists()  # an untrusted dir is not written, by doctor either
+    assert not (loose / ENTRIES).exists()  # an untrusted dir is not written, by doctor either
     info = cli("cache", "info", cache=loose)
     assert (info["trusted"], info["entries"]) == (False, 0)
     assert info["trust_problem"] == {
@@ -320,13 +320,13 @@ def test_doctor_says_chmod_go_w_for_a_dir_others_can_write(tmp_path: Path) -> No
 def test_doctor_makes_private_folders(tmp_path: Path) -> None:
     root = tmp_path / "made" / "by" / "doctor"
     report = cli("doctor", cache=root)
-    for folder in (tmp_path / "made", tmp_path / "made" / "by", root, root / "v2"):
+    for folder in (tmp_path / "made", tmp_path / "made" / "by", root, root / ENTRIES):
         assert folder.stat().st_mode & 0o7777 == 0o700, folder
     check = {c["check"]: c for c in report["checks"]}["cache dir"]
     assert check["status"] == "ok"
-    assert check["detail"].startswith(f"{root / 'v2'}: trusted: owner uid {os.geteuid()}")
-    assert os.listdir(root / "v2") == [".index"]  # the probes are gone; made with the folder
-    assert (root / "v2" / ".index").stat().st_mode & 0o7777 == 0o600
+    assert check["detail"].startswith(f"{root / ENTRIES}: trusted: owner uid {os.geteuid()}")
+    assert os.listdir(root / ENTRIES) == [".index"]  # the probes are gone; made with the folder
+    assert (root / ENTRIES / ".index").stat().st_mode & 0o7777 == 0o600
 
 
 # -- damaged items ---------------------------------------------------------------------------
@@ -349,14 +349,14 @@ def _plant(cache: Path, name: str, make: Callable[[Path], object]) -> Path:
     import secrets
 
     key = name + secrets.token_hex(31)
-    shard = cache / "v2" / name
+    shard = cache / ENTRIES / name
     shard.mkdir(mode=0o700, exist_ok=True)
     make(shard / key)
     return shard / key
 
 
 def _free_shard(cache: Path) -> str:
-    used = {p.name for p in (cache / "v2").iterdir()}
+    used = {p.name for p in (cache / ENTRIES).iterdir()}
     return next(f"{i:02x}" for i in range(256) if f"{i:02x}" not in used)
 
 
@@ -386,7 +386,7 @@ def test_damaged_items_are_listed_and_skipped_never_a_traceback(
     # A shard that is a link to a folder holding a valid-looking entry: never followed.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    linked = cache / "v2" / _free_shard(cache)
+    linked = cache / ENTRIES / _free_shard(cache)
     (elsewhere / (linked.name + "0" * 62)).write_bytes(some.read_bytes())
     linked.symlink_to(elsewhere)
 
@@ -430,7 +430,7 @@ def test_damaged_items_are_listed_and_skipped_never_a_traceback(
 
 
 def test_a_fifo_at_the_event_log_does_not_hang_info_or_logging(cache: Path) -> None:
-    os.mkfifo(cache / "v2" / ".events")
+    os.mkfifo(cache / ENTRIES / ".events")
     info = cli("cache", "info", cache=cache, timeout=60)
     assert (info["entries"], info["corrupt_dropped"], info["pruned"]) == (KERNELS, 0, 0)
     # Logging an event (a prune) in another process: it returns, the FIFO is left alone.
@@ -445,7 +445,7 @@ def test_a_fifo_at_the_event_log_does_not_hang_info_or_logging(cache: Path) -> N
         check=True,
     )  # fmt: skip
     assert done.stdout.split() == [str(KERNELS), "0"]
-    assert (cache / "v2" / ".events").is_fifo()
+    assert (cache / ENTRIES / ".events").is_fifo()
 
 
 def test_bad_input_names_what_was_wrong(tmp_path: Path) -> None:
@@ -659,7 +659,7 @@ def test_a_semiring_and_dtypes_that_make_no_kernel_say_what_it_takes(tmp_path: P
     assert failure(*args, status=1, cache=tmp_path) == (
         "no tropical kernels for semiring andor with dtype float32: andor takes bool"
     )
-    assert not tmp_path.joinpath("v2").exists()  # refused before anything was made
+    assert not tmp_path.joinpath(ENTRIES).exists()  # refused before anything was made
 
 
 def test_an_arch_nvrtc_cannot_target_is_refused_before_anything_is_compiled(
@@ -673,7 +673,7 @@ def test_an_arch_nvrtc_cannot_target_is_refused_before_anything_is_compiled(
         f"NVRTC {version} cannot target sm_30 (it supports {supported}); no CUDA version that "
         "aionvrtc installs can"
     )
-    assert not tmp_path.joinpath("v2").exists()
+    assert not tmp_path.joinpath(ENTRIES).exists()
     # A typo that no GPU here has: refused with the list, not compiled to PTX with exit 0.
     message = failure(*WARM[:2], "--arch", "sm_999", *WARM[4:], status=1, cache=tmp_path)
     assert message == (
@@ -681,14 +681,14 @@ def test_an_arch_nvrtc_cannot_target_is_refused_before_anything_is_compiled(
         "aionvrtc installs can (a GPU newer than NVRTC gets PTX, compiled on the machine that "
         "has it)"
     )
-    assert not tmp_path.joinpath("v2").exists()
+    assert not tmp_path.joinpath(ENTRIES).exists()
     if major >= 13:  # Volta left CUDA 13: CUDA 12's NVRTC targets it
         message = failure(*WARM[:2], "--arch", "sm_70", *WARM[4:], status=1, cache=tmp_path)
         assert message == (
             f"NVRTC {version} cannot target sm_70 (it supports {supported}); install "
             "aionvrtc[cu12], whose NVRTC can"
         )
-        assert not tmp_path.joinpath("v2").exists()
+        assert not tmp_path.joinpath(ENTRIES).exists()
 
 
 def test_warm_into_a_file_fails_before_compiling(tmp_path: Path) -> None:
@@ -774,7 +774,7 @@ def test_warm_into_a_read_only_dir_reads_it_and_fails_only_when_it_compiles(
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["error"].startswith(
-        f"kernels compiled for sm_90 cannot be kept: {view / 'v2'} cannot be written ("
+        f"kernels compiled for sm_90 cannot be kept: {view / ENTRIES} cannot be written ("
     )
     assert report["error"].endswith(
         "; point --cache-dir (or AIONVRTC_CACHE_DIR) at a folder this user can write"
@@ -792,8 +792,8 @@ def test_clear_and_prune_fail_when_entries_cannot_be_removed(
     for args in (("cache", "clear"), ("cache", "prune", "--max-size", "0")):
         message = failure(*args, status=1, cache=view)
         assert message.startswith(
-            f"removed 0 entries from {view / 'v2'}, but {KERNELS} could not be removed: "
-            f"{view / 'v2'}/"
+            f"removed 0 entries from {view / ENTRIES}, but {KERNELS} could not be removed: "
+            f"{view / ENTRIES}/"
         )
         assert (" is on a read-only file system; " in message) or (
             " is not writable by this user (" in message
@@ -839,7 +839,7 @@ def test_ctrl_c_during_warm_says_what_was_kept_and_exits_130(tmp_path: Path) -> 
     assert (status, out) == (130, "")
     said = re.fullmatch(
         rf"interrupted: (\d+) of {total} kernels compiled and kept in {re.escape(str(tmp_path))}"
-        r"/v2\n",
+        rf"/{ENTRIES}\n",
         err,
     )
     assert said is not None, err
@@ -852,11 +852,11 @@ def test_ctrl_c_during_warm_says_what_was_kept_and_exits_130(tmp_path: Path) -> 
     report = json.loads(out)
     assert (status, report["error"], report["kernels"]) == (130, "interrupted", total)
     assert (report["archs"], report["directory"], report["from_disk"]) == (
-        ["sm_90"], str(again / "v2"), 0,
+        ["sm_90"], str(again / ENTRIES), 0,
     )  # fmt: skip
     assert 1 <= report["kept"] <= report["compiled"] <= len(entries(again)) < total
     assert err == (
-        f"interrupted: {report['kept']} of {total} kernels compiled and kept in {again / 'v2'}\n"
+        f"interrupted: {report['kept']} of {total} kernels compiled and kept in {again / ENTRIES}\n"
     )
 
 
@@ -1084,7 +1084,7 @@ def test_without_cupy_warm_says_how_to_install_it(tmp_path: Path) -> None:
     for args in (WARM, WARM[:2]):  # with no arch named, not "no GPU here" first
         proc = _without_cupy(*args, "--cache-dir", str(tmp_path))
         assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"error: {needed}\n")
-    assert not tmp_path.joinpath("v2").exists()
+    assert not tmp_path.joinpath(ENTRIES).exists()
 
 
 def test_doctor_says_where_cuda_headers_are_and_how_to_get_them(

@@ -40,7 +40,7 @@ from aionvrtc._cache import Claim
 from aionvrtc._cuda_errors import cuda_status, describe
 from aionvrtc._store.disk import DiskTier
 
-from .conftest import driver_error, has_gpu, make_slow_spec, make_spec
+from .conftest import ENTRIES, driver_error, has_gpu, make_slow_spec, make_spec
 
 _T = TypeVar("_T")
 
@@ -201,7 +201,7 @@ async def test_all_cancelled_waiters_still_finish_and_cache_the_job(cache_dir: P
         assert compiler.stats().in_flight == 1
     # Closing waited for the running compile, which was written to disk.
     key = kernel_key(spec, "sm_90")
-    assert (cache_dir / "v2" / key[:2] / key).is_file()
+    assert (cache_dir / ENTRIES / key[:2] / key).is_file()
 
 
 async def test_compile_error_fans_out_and_is_remembered(cache_dir: Path) -> None:
@@ -235,7 +235,7 @@ async def test_compile_error_fans_out_and_is_remembered(cache_dir: Path) -> None
         with pytest.raises(CompileError):
             await compiler.compile(broken)
         assert compiler._cache.stats().compile_errors == 2
-    assert not any((cache_dir / "v2").glob("*/[0-9a-f]*"))  # nothing written to disk
+    assert not any((cache_dir / ENTRIES).glob("*/[0-9a-f]*"))  # nothing written to disk
 
 
 async def test_a_failure_raised_to_requests_is_not_logged_as_well(
@@ -600,7 +600,7 @@ async def test_a_job_waiting_for_another_process_lock_holds_no_compile_slot(
     assert (during.waiting, during.in_flight, during.compiles) == (1, 0, 1)
     assert waiter[0].image == stored.image
     assert (after.compiles, after.waiting, after.disk.hits) == (1, 0, 1)
-    assert not [p for p in os.listdir(cache_dir / "v2" / stored.key[:2]) if p.endswith(".lock")]
+    assert not [p for p in os.listdir(cache_dir / ENTRIES / stored.key[:2]) if p.endswith(".lock")]
 
 
 async def test_closing_while_starting_or_while_a_key_is_derived_closes_cleanly(
@@ -735,7 +735,7 @@ async def cached(spec: KernelSpec, cache_dir: Path) -> tuple[Artifact, Path]:
     that a server finds in its cache when it starts."""
     async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
         artifact = await compiler.compile(spec)
-    return artifact, cache_dir / "v2" / artifact.key[:2] / artifact.key
+    return artifact, cache_dir / ENTRIES / artifact.key[:2] / artifact.key
 
 
 def loading(spec: KernelSpec, artifact: Artifact) -> str:

@@ -23,7 +23,7 @@ from aionvrtc import (
 from aionvrtc._artifact import encode
 from aionvrtc._cuda_versions import driver_cuda
 
-from .conftest import run_python
+from .conftest import ENTRIES, run_python
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -122,7 +122,7 @@ async def test_a_bad_image_on_disk_is_recompiled_and_runs(cache_dir: Path, damag
     spec = axpy_spec()
     arch = Target.current().arch
     key = kernel_key(spec, arch)
-    entry = cache_dir / "v2" / key[:2] / key
+    entry = cache_dir / ENTRIES / key[:2] / key
     async with Compiler(cache_dir=cache_dir) as compiler:
         good = await compiler.compile(spec)
     if damage == "bit-flip":  # caught by the checksum
@@ -147,7 +147,7 @@ async def test_a_bad_image_on_disk_is_recompiled_and_runs(cache_dir: Path, damag
         assert stats.disk.corrupt_dropped == (1 if damage == "bit-flip" else 0)
         assert await compiler.compile(spec, arch="sm_80") is eighty  # still in memory
     assert entry.read_bytes() == encode(dataclasses.replace(module.artifact))
-    assert (cache_dir / "v2" / eighty.key[:2] / eighty.key).exists()  # and on disk
+    assert (cache_dir / ENTRIES / eighty.key[:2] / eighty.key).exists()  # and on disk
 
 
 async def test_get_compiles_for_the_device_whatever_the_compilers_default(
@@ -316,7 +316,7 @@ async def test_a_full_gpu_keeps_the_cached_kernel_and_a_retry_loads_it(cache_dir
     spec = KernelSpec(HOG.format(tag=tag), name_expressions=(f"touch_{tag}<char>",))
     async with Compiler(cache_dir=cache_dir) as compiler:
         cached = await compiler.compile(spec, arch=compiler.target_for(0))  # not loaded yet
-        entry = cache_dir / "v2" / cached.key[:2] / cached.key
+        entry = cache_dir / ENTRIES / cached.key[:2] / cached.key
         stored = entry.read_bytes()
         cupy.get_default_memory_pool().free_all_blocks()
         free, _ = cupy.cuda.runtime.memGetInfo()
@@ -349,7 +349,7 @@ def test_a_context_broken_by_a_fault_keeps_the_cached_kernel(cache_dir: Path) ->
     async def first() -> Path:
         async with Compiler(cache_dir=cache_dir) as compiler:
             key = (await compiler.get(spec)).artifact.key
-        return cache_dir / "v2" / key[:2] / key
+        return cache_dir / ENTRIES / key[:2] / key
 
     entry = anyio.run(first)
     stored = entry.read_bytes()

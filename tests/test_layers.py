@@ -14,7 +14,7 @@ import pytest
 
 from aionvrtc import Compiler, KernelCache, KernelSpec
 
-from .conftest import make_spec
+from .conftest import ENTRIES, make_spec
 
 pytestmark = pytest.mark.anyio
 
@@ -31,7 +31,7 @@ def tree(root: Path) -> dict[str, tuple[int, int, bytes]]:
 
 def entries_of(root: Path) -> list[Path]:
     """The cache entries under ``root`` (files named by a key)."""
-    return [p for p in (root / "v2").rglob("*") if p.is_file() and len(p.name) == 64]
+    return [p for p in (root / ENTRIES).rglob("*") if p.is_file() and len(p.name) == 64]
 
 
 def warm_layer(root: Path, specs: list[KernelSpec], arch: str = "sm_90") -> None:
@@ -88,7 +88,7 @@ async def test_a_damaged_entry_in_a_layer_is_skipped_counted_and_compiled(
     spec = make_spec()
     warm_layer(layer, [spec])
     key = KernelCache("sm_90", cache_dir=layer).key(spec)
-    entry = layer / "v2" / key[:2] / key
+    entry = layer / ENTRIES / key[:2] / key
     data = bytearray(entry.read_bytes())
     data[len(data) // 2] ^= 0x01
     entry.write_bytes(bytes(data))
@@ -222,7 +222,7 @@ async def test_a_bundle_layer_skips_a_damaged_entry_and_survives_its_file_going(
     good, bad, later = make_spec(), make_spec(), make_spec()
     bundle = bundle_of(tmp_path / "staging", tmp_path / "k.bundle", [good, bad, later])
     key = KernelCache("sm_90", cache_dir=tmp_path / "staging").key(bad)
-    entry = (tmp_path / "staging" / "v2" / key[:2] / key).read_bytes()
+    entry = (tmp_path / "staging" / ENTRIES / key[:2] / key).read_bytes()
     data = bytearray(bundle.read_bytes())
     at = data.find(entry)  # the entry's bytes, as the bundle holds them
     assert at > 0

@@ -26,7 +26,7 @@ from aionvrtc import (
 )
 from aionvrtc._manifest import ENV_MANIFEST, spec_line
 
-from .conftest import ROOT, make_spec
+from .conftest import ENTRIES, ROOT, make_spec
 
 BROKEN = KernelSpec("__global__ void f() { nope; }", name="bad.cu")
 BROKEN_ERROR = 'bad.cu(1): error: identifier "nope" is undefined'
@@ -411,7 +411,7 @@ def test_warm_manifest_compiles_every_spec_for_every_arch_once(tmp_path: Path) -
     assert first == {
         **first, "archs": ["sm_80", "sm_90"], "kernels": 6, "specs": 3, "duplicates": 1,
         "skipped": [f"{path}:5: cut short (no newline at its end: a write that did not finish)"],
-        "compiled": 6, "kept": 6, "from_disk": 0, "directory": str(cache / "v2"), "failed": [],
+        "compiled": 6, "kept": 6, "from_disk": 0, "directory": str(cache / ENTRIES), "failed": [],
     }  # fmt: skip
     assert stderr == f"warning: skipped {first['skipped'][0]}\n"
     assert path.read_bytes() == before
@@ -435,7 +435,7 @@ def test_warm_manifest_for_people_is_one_line(tmp_path: Path) -> None:
     )  # fmt: skip
     assert (proc.returncode, proc.stderr) == (0, "")
     assert proc.stdout.startswith("2 kernels (2 from the manifests) for sm_90: 2 compiled, 0 ")
-    assert proc.stdout.endswith(f" s ({cache / 'v2'})\n")
+    assert proc.stdout.endswith(f" s ({cache / ENTRIES})\n")
     assert proc.stdout.count("\n") == 1
 
 
@@ -450,7 +450,7 @@ def test_a_spec_that_fails_is_named_and_the_others_are_kept(tmp_path: Path) -> N
     ]
     assert report == {
         **report, "kernels": 6, "specs": 3, "compiled": 4, "kept": 4, "failed": failed,
-        "error": f"2 of 6 kernels failed to compile (the others are in {cache / 'v2'}): bad.cu "
+        "error": f"2 of 6 kernels failed to compile (the others are in {cache / ENTRIES}): bad.cu "
         f"for sm_80, sm_90: {BROKEN_ERROR}",
     }  # fmt: skip
     assert stderr == f"error: {report['error']}\n"

@@ -24,7 +24,7 @@ import pytest
 from aionvrtc import Compiler, RedisTier, kernel_key
 from aionvrtc._store.remote import MAGIC
 
-from .conftest import make_slow_spec, make_spec
+from .conftest import ENTRIES, make_slow_spec, make_spec
 
 pytestmark = pytest.mark.anyio
 
@@ -152,7 +152,7 @@ def test_three_hosts_with_separate_disks_compile_a_kernel_once(
     assert sum(r["errors"] for r in results) == 0
     assert len({r["size"] for r in results}) == 1
     for i in range(3):  # remote hits are written to each host's own disk
-        assert len(list((tmp_path / f"host{i}" / "v2").glob("*/[0-9a-f]*"))) == 1
+        assert len(list((tmp_path / f"host{i}" / ENTRIES).glob("*/[0-9a-f]*"))) == 1
 
 
 async def test_a_killed_redis_fails_no_request(

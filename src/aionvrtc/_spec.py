@@ -18,7 +18,7 @@ __all__ = ["FORMAT_VERSION", "KernelSpec", "derive_key"]
 
 # Bump when the key derivation or the entry encoding changes: old entries then live in another
 # folder of the disk tier and are never read as current ones.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 _NO_HOST_FILES = _includes.HostFiles()
 

@@ -16,13 +16,13 @@ from aionvrtc import KernelCache, kernel_key
 from aionvrtc._artifact import encode
 from aionvrtc._spec import FORMAT_VERSION
 
-from ..conftest import make_spec
+from ..conftest import ENTRIES, make_spec
 
 
 def test_folders_are_private_and_entries_not_writable_by_others(cache_dir: Path) -> None:
     art = KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(make_spec())
-    entry = cache_dir / "v2" / art.key[:2] / art.key
-    for folder in (cache_dir, cache_dir / "v2", entry.parent):
+    entry = cache_dir / ENTRIES / art.key[:2] / art.key
+    for folder in (cache_dir, cache_dir / ENTRIES, entry.parent):
         assert folder.stat().st_mode & 0o777 == 0o700, folder
     assert entry.stat().st_mode & 0o777 == 0o600
 
@@ -56,7 +56,7 @@ def test_corrupt_entries_are_dropped_counted_and_recompiled(
     writer = KernelCache("sm_90", cache_dir=cache_dir)
     good = writer.get_or_compile(spec)
     other_art = writer.get_or_compile(other)
-    entry = cache_dir / "v2" / good.key[:2] / good.key
+    entry = cache_dir / ENTRIES / good.key[:2] / good.key
     _damage(kind, entry, encode(other_art))
 
     reader = KernelCache("sm_90", cache_dir=cache_dir)
@@ -75,7 +75,7 @@ def test_entry_for_another_arch_under_this_key_is_refused(cache_dir: Path) -> No
     spec = make_spec()
     on_80 = KernelCache("sm_80", cache_dir=cache_dir).get_or_compile(spec)
     key_90 = kernel_key(spec, "sm_90")
-    planted = cache_dir / "v2" / key_90[:2] / key_90
+    planted = cache_dir / ENTRIES / key_90[:2] / key_90
     planted.parent.mkdir(parents=True, exist_ok=True)
     from dataclasses import replace
 
@@ -89,7 +89,7 @@ def test_entry_for_another_arch_under_this_key_is_refused(cache_dir: Path) -> No
 def test_symlinked_entry_is_not_followed(cache_dir: Path, tmp_path: Path) -> None:
     spec = make_spec()
     art = KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec)
-    entry = cache_dir / "v2" / art.key[:2] / art.key
+    entry = cache_dir / ENTRIES / art.key[:2] / art.key
     target = tmp_path / "elsewhere"
     target.write_bytes(entry.read_bytes())
     entry.unlink()
@@ -156,5 +156,5 @@ def test_cache_dir_deleted_under_a_running_cache(cache_dir: Path) -> None:
     shutil.rmtree(cache_dir)
     spec = make_spec()
     art = cache.get_or_compile(spec)
-    assert (cache_dir / "v2" / art.key[:2] / art.key).is_file()  # recreated
+    assert (cache_dir / ENTRIES / art.key[:2] / art.key).is_file()  # recreated
     assert cache.stats().disk.write_failures == 0

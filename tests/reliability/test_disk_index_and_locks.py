@@ -34,7 +34,7 @@ from aionvrtc._store import _index as index_module
 from aionvrtc._store._index import HEADER_SIZE, INDEX_NAME, Totals
 from aionvrtc._store.disk import LOW_WATER
 
-from ..conftest import ROOT, run_python
+from ..conftest import ENTRIES, ROOT, run_python
 
 HANG = 60  # seconds: only a hang takes this long
 
@@ -59,13 +59,13 @@ def fill(tier: DiskTier, count: int, start: int = 0) -> list[Artifact]:
 
 def on_disk(root: Path) -> tuple[int, int]:
     """Entries and bytes, as a walk of the folders (not the tier) finds them."""
-    files = [p for p in (root / "v2").glob("*/*") if len(p.name) == 64]
+    files = [p for p in (root / ENTRIES).glob("*/*") if len(p.name) == 64]
     return len(files), sum(p.stat().st_size for p in files)
 
 
 def header(root: Path) -> Totals | None:
     """The index header, as a process that uses the cache reads it."""
-    version = os.open(root / "v2", os.O_RDONLY | os.O_DIRECTORY)
+    version = os.open(root / ENTRIES, os.O_RDONLY | os.O_DIRECTORY)
     try:
         return DiskTier(root)._index.totals(version)
     finally:
@@ -132,10 +132,10 @@ def test_requests_never_list_a_folder_and_eviction_runs_behind_them(
     assert stats.evictions == 305 - count
     assert (stats.entries, stats.bytes) == (count, size)
     assert tier.events()["evicted"] == stats.evictions
-    lines = (root / "v2" / ".events").read_text().split()
+    lines = (root / ENTRIES / ".events").read_text().split()
     assert lines[1::3] == ["evicted"]  # one batch
     # Least recently used first: the entry read above and the newest writes stayed.
-    kept = {p.name for p in (root / "v2").glob("*/*")}
+    kept = {p.name for p in (root / ENTRIES).glob("*/*")}
     assert arts[0].key in kept
     assert {artifact(n).key for n in new} <= kept
 
@@ -276,7 +276,7 @@ def test_a_garbage_index_is_rebuilt_and_fails_no_request(
     root = tmp_path / "cache"
     tier = DiskTier(root)
     arts = fill(tier, 30)
-    _garbage(kind, root / "v2" / INDEX_NAME)
+    _garbage(kind, root / ENTRIES / INDEX_NAME)
     tier = DiskTier(root)
     with caplog.at_level(logging.WARNING, logger="aionvrtc"):
         assert tier.read(arts[5].key, arch="sm_90") == arts[5]
@@ -302,8 +302,8 @@ def test_a_fifo_at_the_index_blocks_no_request(tmp_path: Path) -> None:
     # In a child with a timeout: on a regression the open(2) of the FIFO blocks forever.
     root = tmp_path / "cache"
     arts = fill(DiskTier(root), 5)
-    (root / "v2" / INDEX_NAME).unlink()
-    os.mkfifo(root / "v2" / INDEX_NAME)
+    (root / ENTRIES / INDEX_NAME).unlink()
+    os.mkfifo(root / ENTRIES / INDEX_NAME)
     out = run_python(
         "import json, sys\n"
         "from aionvrtc._store.disk import DiskTier\n"
@@ -317,7 +317,7 @@ def test_a_fifo_at_the_index_blocks_no_request(tmp_path: Path) -> None:
         timeout=HANG,
     )
     assert json.loads(out) == [True, True, 6, 6]
-    assert (root / "v2" / INDEX_NAME).is_file()
+    assert (root / ENTRIES / INDEX_NAME).is_file()
 
 
 REMOVER = """
@@ -376,7 +376,7 @@ def test_the_index_stays_bounded_under_rewrites(
     assert totals is not None
     assert totals.entries == 5
     assert totals.records <= 2 * 5 + 20 + 1
-    assert (root / "v2" / INDEX_NAME).stat().st_size < 40 * 400
+    assert (root / ENTRIES / INDEX_NAME).stat().st_size < 40 * 400
 
 
 # -- the CLI walks once and reads the headers from the index ------------------------------------
@@ -388,7 +388,7 @@ def test_prune_and_ls_walk_the_shards_once_and_open_no_entry(
 ) -> None:  # fmt: skip
     root = tmp_path / "cache"
     fill(DiskTier(root), 200)
-    shards = len([p for p in (root / "v2").iterdir() if p.is_dir()])
+    shards = len([p for p in (root / ENTRIES).iterdir() if p.is_dir()])
     opened: list[str] = []
     real_open = os.open
 
@@ -420,7 +420,7 @@ def test_prune_and_ls_walk_the_shards_once_and_open_no_entry(
 def test_ls_rebuilds_a_lost_index_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "cache"
     fill(DiskTier(root), 30)
-    (root / "v2" / INDEX_NAME).unlink()
+    (root / ENTRIES / INDEX_NAME).unlink()
     for _ in range(2):
         assert main(["cache", "ls", "--json", "--cache-dir", str(root)]) == 0
         rows = json.loads(capsys.readouterr().out)
@@ -476,7 +476,7 @@ def let_go(child: subprocess.Popen[str]) -> None:
 
 
 def lock_files(root: Path) -> list[str]:
-    return [p.name for p in (root / "v2").glob("*/.*.lock")]
+    return [p.name for p in (root / ENTRIES).glob("*/.*.lock")]
 
 
 def test_try_lock_is_none_while_another_process_holds_the_lock(tmp_path: Path) -> None:
@@ -584,7 +584,7 @@ def test_a_cache_that_cannot_lock_hands_out_unheld_locks(tmp_path: Path) -> None
         lock.release()
     assert NO_LOCK.held is False
     NO_LOCK.release()
-    assert not (root / "v2").exists()
+    assert not (root / ENTRIES).exists()
 
 
 # -- the index file is known by its generation, and read again under its lock ------------------
@@ -599,15 +599,15 @@ def test_a_rebuild_never_installs_over_another_index_at_the_same_inode(tmp_path:
     tier = DiskTier(root)
     fill(tier, 5)
     fill(DiskTier(tmp_path / "other"), 2)
-    path = root / "v2" / INDEX_NAME
-    version = os.open(root / "v2", os.O_RDONLY | os.O_DIRECTORY)
+    path = root / ENTRIES / INDEX_NAME
+    version = os.open(root / ENTRIES, os.O_RDONLY | os.O_DIRECTORY)
     try:
         mark = tier._index.start(version)
         snapshot = tier._index.read(version)
         assert mark is not None
         assert snapshot is not None
         inode = path.stat().st_ino
-        path.write_bytes((tmp_path / "other" / "v2" / INDEX_NAME).read_bytes())
+        path.write_bytes((tmp_path / "other" / ENTRIES / INDEX_NAME).read_bytes())
         assert path.stat().st_ino == inode
         before = header(root)
         assert tier._index.install(version, mark, dict(snapshot.records)) is None
@@ -627,7 +627,7 @@ def test_a_header_read_mid_write_does_not_throw_the_index_away(
     root = tmp_path / "cache"
     tier = DiskTier(root)
     fill(tier, 30)
-    path = root / "v2" / INDEX_NAME
+    path = root / ENTRIES / INDEX_NAME
     good = path.read_bytes()
     inode = path.stat().st_ino
     locking = threading.Event()
@@ -639,7 +639,7 @@ def test_a_header_read_mid_write_does_not_throw_the_index_away(
         real_flock(fd, operation)
 
     appending = os.open(path, os.O_RDWR)
-    version = os.open(root / "v2", os.O_RDONLY | os.O_DIRECTORY)
+    version = os.open(root / ENTRIES, os.O_RDONLY | os.O_DIRECTORY)
     try:
         real_flock(appending, fcntl.LOCK_EX)
         os.pwrite(appending, bytes([good[20] ^ 0xFF]), 20)
@@ -675,6 +675,7 @@ def test_a_header_read_mid_write_does_not_throw_the_index_away(
 HELD_PASS = r"""
 import fcntl, json, os, sys, threading, time
 from pathlib import Path
+from aionvrtc._spec import FORMAT_VERSION
 from aionvrtc._store.disk import DiskTier
 from tests.reliability.test_disk_index_and_locks import KEY, artifact, header, on_disk
 
@@ -758,7 +759,7 @@ try:
     child = json.loads(os.read(report[0], 100))
     go_on.set()
     passed = tier.wait_maintenance(60)
-    free = flock_free(root / "v2")
+    free = flock_free(root / f"v{FORMAT_VERSION}")
     other = DiskTier(root, limit=30_000)  # another open of the cache dir goes over the limit
     for n in range(100, 112):
         other.write(artifact(n))
@@ -809,7 +810,7 @@ let_go = fork_waiting()
 try:
     go_on.set()
     appender.join(60)
-    free = flock_free(root / "v2" / ".index")
+    free = flock_free(root / f"v{FORMAT_VERSION}" / ".index")
     assert DiskTier(root).write(artifact(2))  # another open of the cache dir: its record is kept
     entries = header(root).entries
 finally:
@@ -843,7 +844,7 @@ let_go = fork_waiting(in_child)
 try:
     held_in_child = json.loads(os.read(report[0], 100))
     still_held = DiskTier(root).try_lock(KEY) is None
-    files = [p.name for p in root.glob("v2/*/.*.lock")]
+    files = [p.name for p in root.glob(f"v{FORMAT_VERSION}/*/.*.lock")]
     lock.release()  # while the child lives
     after = DiskTier(root).try_lock(KEY)
     free = after is not None and after.held
@@ -897,7 +898,7 @@ def test_a_parent_killed_after_a_fork_leaves_no_lock_held_by_the_child(tmp_path:
         assert lock is not None
         assert lock.held
         lock.release()
-        version = os.open(root / "v2", os.O_RDONLY | os.O_DIRECTORY)
+        version = os.open(root / ENTRIES, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(version, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if it is held
         finally:
@@ -916,7 +917,7 @@ def test_a_header_read_while_an_append_lands_is_read_whole(tmp_path: Path) -> No
     fill(tier, 2)
     index = tier._index
     opener = index._open
-    version = os.open(root / "v2", os.O_RDONLY | os.O_DIRECTORY)
+    version = os.open(root / ENTRIES, os.O_RDONLY | os.O_DIRECTORY)
     appended: list[str] = []
     try:
 

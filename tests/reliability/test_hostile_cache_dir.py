@@ -27,7 +27,7 @@ from aionvrtc import Artifact, Compiler, KernelCache, KernelSpec, kernel_key
 from aionvrtc._artifact import encode
 from aionvrtc._store.disk import DiskTier
 
-from ..conftest import NOBODY, as_other_user, as_root, make_spec, run_python
+from ..conftest import ENTRIES, NOBODY, as_other_user, as_root, make_spec, run_python
 
 
 def artifact(shard: str, fill: int = 1) -> Artifact:
@@ -101,7 +101,7 @@ def warnings() -> Iterator[Messages]:
 FIFO_AT_AN_ENTRY = """
 import json, os, sys
 import anyio
-from aionvrtc import Compiler, kernel_key
+from aionvrtc import FORMAT_VERSION, Compiler, kernel_key
 from tests.conftest import make_spec
 
 root = sys.argv[1]
@@ -109,7 +109,7 @@ root = sys.argv[1]
 async def main():
     stuck, other = make_spec(), make_spec()
     key = kernel_key(stuck, "sm_90")
-    shard = os.path.join(root, "v2", key[:2])
+    shard = os.path.join(root, f"v{FORMAT_VERSION}", key[:2])
     os.makedirs(shard, mode=0o700)
     fifo = os.path.join(shard, key)
     os.mkfifo(fifo)
@@ -150,7 +150,7 @@ def test_a_folder_at_an_entry_is_dropped_without_leaking_a_descriptor(
     tier = DiskTier(tmp_path / "cache")
     good = artifact("ab")
     assert tier.write(good)
-    planted = tmp_path / "cache" / "v2" / "ab" / ("ab" + "77" * 31)
+    planted = tmp_path / "cache" / ENTRIES / "ab" / ("ab" + "77" * 31)
     planted.mkdir()
     (planted / "inside").write_bytes(b"x")
     victim = tmp_path / "victim"
@@ -203,7 +203,7 @@ def test_a_deep_folder_at_a_stale_tmp_name_is_reported_never_removed(
     # raised RecursionError through write(), and `cache ls` printed a traceback.
     root = tmp_path / "cache"
     assert DiskTier(root).write(artifact("cd"))
-    tmp = root / "v2" / "cd" / f".{artifact('cd').key}.4242.feedf00d.tmp"
+    tmp = root / ENTRIES / "cd" / f".{artifact('cd').key}.4242.feedf00d.tmp"
     deep_folder(tmp)
     old = time.time() - 3600
     os.utime(tmp, (old, old))
@@ -277,7 +277,7 @@ def test_a_terminal_at_an_entry_does_not_become_the_controlling_terminal(tmp_pat
 def test_a_fifo_at_a_lock_is_removed_and_the_compile_goes_on_unlocked(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path / "cache")
     key = artifact("cd").key
-    shard = tmp_path / "cache" / "v2" / "cd"
+    shard = tmp_path / "cache" / ENTRIES / "cd"
     shard.mkdir(parents=True)
     fifo = shard / f".{key}.lock"
     os.mkfifo(fifo)
@@ -309,7 +309,7 @@ def test_a_symlinked_shard_is_never_followed(tmp_path: Path, warnings: Messages)
     assert tier.write(artifact("01"))  # makes the version folder
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
-    shard = tmp_path / "cache" / "v2" / "aa"
+    shard = tmp_path / "cache" / ENTRIES / "aa"
     shard.symlink_to(elsewhere)
 
     # A write does not land in the link's target, and fails for that shard only.
@@ -346,7 +346,7 @@ def test_a_shard_this_user_cannot_open_affects_that_shard_only(other_users_dir: 
         logging.getLogger("aionvrtc").addHandler(handler)
         tier = DiskTier(root)
         assert tier.write(arts[0])
-        bad = root / "v2" / "20"
+        bad = root / ENTRIES / "20"
         bad.mkdir(mode=0o700)
         bad.chmod(0o000)
         written = [tier.write(a) for a in arts]
@@ -355,13 +355,13 @@ def test_a_shard_this_user_cannot_open_affects_that_shard_only(other_users_dir: 
         return {
             "written": written, "read": read, "later": later, "writable": tier.writable,
             "write_failures": tier.write_failures,
-            "files": sorted(p.name for p in (root / "v2").iterdir()),
+            "files": sorted(p.name for p in (root / ENTRIES).iterdir()),
             "warnings": [m for m in handler.messages if str(bad) in m],
         }  # fmt: skip
 
     result = as_other_user(work)
-    (root / "v2" / "20").chmod(0o700)
-    bad = root / "v2" / "20"
+    (root / ENTRIES / "20").chmod(0o700)
+    bad = root / ENTRIES / "20"
     assert result == {
         "written": [True, False, True], "read": [True, False, True], "later": True,
         "writable": True, "write_failures": 1,
@@ -386,10 +386,10 @@ def _planted_cache(root: Path) -> tuple[KernelSpec, Artifact, bytes]:
     from dataclasses import replace
 
     planted = encode(replace(foreign, key=key))
-    shard = root / "v2" / key[:2]
+    shard = root / ENTRIES / key[:2]
     shard.mkdir(parents=True)
     (shard / key).write_bytes(planted)
-    for folder in (root / "v2", shard):
+    for folder in (root / ENTRIES, shard):
         folder.chmod(0o700)
     return spec, foreign, planted
 
@@ -423,9 +423,9 @@ def test_a_cache_dir_others_can_write_is_neither_read_nor_written(
     assert (stats.disk.hits, stats.compiles, stats.disk.corrupt_dropped) == (0, 2, 0)
     assert (stats.disk.trusted, stats.disk.writable, stats.disk.write_failures) == (False, False, 0)
     assert (
-        root / "v2" / kernel_key(spec, "sm_90")[:2] / kernel_key(spec, "sm_90")
+        root / ENTRIES / kernel_key(spec, "sm_90")[:2] / kernel_key(spec, "sm_90")
     ).read_bytes() == planted
-    assert len(list((root / "v2").glob("*/*"))) == 1  # nothing written
+    assert len(list((root / ENTRIES).glob("*/*"))) == 1  # nothing written
     [warning] = warnings.messages
     assert warning.startswith(f"not using the disk cache at {root}: {culprit} {problem}")
     assert warning.endswith(f"Fix: {fix}")
@@ -438,7 +438,7 @@ def test_a_sticky_parent_others_can_write_is_fine(tmp_path: Path) -> None:
     cache = KernelCache("sm_90", cache_dir=parent / "cache")
     art = cache.get_or_compile(make_spec())
     assert (cache.stats().disk.trusted, cache.stats().disk.write_failures) == (True, 0)
-    assert (parent / "cache" / "v2" / art.key[:2] / art.key).is_file()
+    assert (parent / "cache" / ENTRIES / art.key[:2] / art.key).is_file()
 
 
 def _group_dir(root: Path, group: int) -> None:
@@ -458,13 +458,13 @@ def test_a_group_shared_cache_is_an_opt_in(tmp_path: Path, monkeypatch: pytest.M
     finally:
         os.umask(old)
     assert cache.stats().disk.trusted is True
-    entry = root / "v2" / art.key[:2] / art.key
+    entry = root / ENTRIES / art.key[:2] / art.key
     assert cache.disk is not None
     with cache.disk.lock(art.key) as locked:  # a lock file lives while it is held
         assert locked
         lock_mode = (entry.parent / f".{art.key}.lock").stat().st_mode & 0o7777
     modes = {
-        "version": (root / "v2").stat().st_mode & 0o7777,
+        "version": (root / ENTRIES).stat().st_mode & 0o7777,
         "shard": entry.parent.stat().st_mode & 0o7777,
         "entry": entry.stat().st_mode & 0o7777,
         "lock": lock_mode,
@@ -511,7 +511,7 @@ def test_a_shared_shard_of_a_group_this_user_is_not_in_names_a_fix_that_works(
     _group_dir(root, os.getegid())
     tier = DiskTier(root, shared_cache=True)
     assert tier.write(artifact("aa"))
-    shard = root / "v2" / "bb"
+    shard = root / ENTRIES / "bb"
     shard.mkdir()
     os.chown(shard, -1, NOBODY)
     shard.chmod(0o2770)
@@ -535,7 +535,7 @@ async def test_the_compiler_passes_shared_cache_on(tmp_path: Path) -> None:
     async with Compiler(arch="sm_90", cache_dir=root, shared_cache=True) as compiler:
         art = await compiler.compile(make_spec())
         assert compiler.stats().disk.hits == 0
-    assert (root / "v2" / art.key[:2] / art.key).stat().st_mode & 0o777 == 0o640
+    assert (root / ENTRIES / art.key[:2] / art.key).stat().st_mode & 0o777 == 0o640
 
 
 @as_root
@@ -568,7 +568,7 @@ def test_a_cache_root_baked_is_read_not_written_by_another_user(other_users_dir:
         "writable": False, "write_failures": 1,
     }  # fmt: skip
     [warning] = result["warnings"]
-    assert warning.startswith(f"disk cache at {root / 'v2'} is not writable (")
+    assert warning.startswith(f"disk cache at {root / ENTRIES} is not writable (")
     assert f"this user (uid {NOBODY}) cannot write to it (owner uid 0, mode 0755)" in warning
     assert "writing disabled, kernels are still compiled and served from memory" in warning
-    assert sorted(p.name for p in (root / "v2").iterdir()) == [".index", "5a"]  # root's
+    assert sorted(p.name for p in (root / ENTRIES).iterdir()) == [".index", "5a"]  # root's

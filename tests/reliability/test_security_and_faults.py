@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from aionvrtc import AionvrtcError, KernelCache, KernelSpec, Target, kernel_key
 from aionvrtc._nvrtc import compile_program
 
-from ..conftest import make_spec
+from ..conftest import ENTRIES, make_spec
 
 
 def test_a_symlink_planted_at_the_tmp_path_is_not_followed(
@@ -25,7 +25,7 @@ def test_a_symlink_planted_at_the_tmp_path_is_not_followed(
     monkeypatch.setattr(secrets, "token_hex", lambda n: "feedf00d")
     spec = make_spec()
     key = kernel_key(spec, "sm_90")
-    shard = cache_dir / "v2" / key[:2]
+    shard = cache_dir / ENTRIES / key[:2]
     shard.mkdir(parents=True)
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep me")
@@ -44,7 +44,7 @@ def test_an_unreadable_entry_is_recompiled_with_one_warning(
 ) -> None:
     spec = make_spec()
     first = KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec)
-    entry = cache_dir / "v2" / first.key[:2] / first.key
+    entry = cache_dir / ENTRIES / first.key[:2] / first.key
     if os.geteuid() != 0:
         entry.chmod(0o000)
     else:  # root reads any file: inject the EACCES that another owner's entry would give
