@@ -207,3 +207,33 @@ def test_no_private_folder_is_left_behind_and_an_unwritable_temp_dir_is_an_nvrtc
     )
     assert str(info.value).endswith("); set TMPDIR to a folder this user can write")
     assert os.listdir(tmp_path) == ["a-file"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_programs_that_include_cuda_headers_run_right_on_the_gpu(name: str, tmp_path: Path) -> None:
+    import cupy
+    import numpy as np
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}")  # to replay a failure
+    rng = np.random.default_rng(seed)
+    spec = KernelSpec(PROGRAMS[name], name_expressions=("twice",), options=("-std=c++17",))
+
+    async def main() -> None:
+        async with Compiler(cache_dir=tmp_path / "cache") as compiler:
+            module = await compiler.get(spec)
+            kernel = module.get_function("twice")
+            if name == "cuda_fp16":
+                halves = rng.uniform(-8, 8, 128).astype(np.float16)
+                x = cupy.asarray(halves)
+                kernel((1,), (128,), (x,))
+                assert (cupy.asnumpy(x) == halves + halves).all()  # exact: doubling a half
+            else:
+                values = rng.integers(-1000, 1000, 128, dtype=np.int32)
+                x = cupy.asarray(values)
+                kernel((1,), (128 if name == "cub" else 32,), (x,))
+                want = values.sum() if name == "cub" else values[:32].sum()
+                assert int(x[0]) == int(want)
+
+    anyio.run(main)
