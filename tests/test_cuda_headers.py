@@ -40,7 +40,8 @@ __global__ void twice(__half* h) { h[threadIdx.x] = __hadd(h[threadIdx.x], h[thr
 namespace cg = cooperative_groups;
 __global__ void twice(int* x) {
     auto tile = cg::tiled_partition<32>(cg::this_thread_block());
-    x[0] = cg::reduce(tile, x[threadIdx.x], cg::plus<int>());
+    int total = cg::reduce(tile, x[threadIdx.x], cg::plus<int>());
+    if (tile.thread_rank() == 0) x[0] = total;
 }
 """,
     "cub": """
@@ -49,7 +50,8 @@ __global__ void twice(int* x) {
 __global__ void twice(cuda::std::int32_t* x) {
     using Reduce = cub::BlockReduce<cuda::std::int32_t, 128>;
     __shared__ typename Reduce::TempStorage scratch;
-    x[0] = Reduce(scratch).Sum(x[threadIdx.x]);
+    cuda::std::int32_t total = Reduce(scratch).Sum(x[threadIdx.x]);
+    if (threadIdx.x == 0) x[0] = total;  // the sum is thread 0's alone
 }
 """,
 }
