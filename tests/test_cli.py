@@ -1116,3 +1116,21 @@ def test_doctor_says_where_cuda_headers_are_and_how_to_get_them(
             "fix": f"pip install 'aionvrtc[{extra}]' brings them (the CUDA runtime's and CCCL's "
             "wheels), or set CUDA_PATH to a CUDA toolkit of the same major as NVRTC",
         }  # fmt: skip
+
+
+def test_doctor_warns_of_cuda_headers_of_another_major_than_nvrtc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aionvrtc import _cli, _cuda_headers
+
+    major = _nvrtc.version()[0]
+    other = _cuda_headers.HeaderDir("CUDA runtime", "/opt/cuda-x/include", "CUDA_PATH", "11.8")
+    monkeypatch.setattr(_cuda_headers, "located", lambda: (other,))
+    assert _cli.main(["doctor", "--json", "--cache-dir", str(tmp_path / "c")]) == 0
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["CUDA runtime headers"]["status"] == "warn"
+    assert checks["CUDA runtime headers"]["detail"] == (
+        f"CUDA runtime 11.8 in /opt/cuda-x/include (found via CUDA_PATH), with NVRTC of CUDA "
+        f"{major}: programs that include them may not compile"
+    )
+    assert checks["CCCL headers"]["status"] == "warn"  # not found at all
