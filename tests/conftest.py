@@ -248,3 +248,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- the GPU's loader, faked: load faults ---------------------------------------------------
+
+
+class FakeDriver:
+    """The GPU this CPU lacks, at CuPy's boundary: device 0, compute capability 9.0, whose
+    cuModuleLoadData (CuPy's ``Module.load``) raises the status ``fault`` while it is set (a
+    full GPU, a broken context, or every image refused), or ``refused[image]`` for an image
+    it refuses, and otherwise takes the image. Faults that no CPU can produce, and no GPU on
+    demand: the one place the tests replace a real part. Everything else (NVRTC, the tiers,
+    the Compiler) is real."""
+
+    def __init__(self) -> None:
+        self.fault: str | None = None
+        self.refused: dict[bytes, str] = {}
+        self.tries = 0  # images given to cuModuleLoadData
+        self.loaded: list[bytes] = []  # images it took
+
+    def load(self, image: bytes) -> None:
+        self.tries += 1
+        status = self.fault or self.refused.get(image)
+        if status is not None:
+            raise driver_error(status)
+        self.loaded.append(image)
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    import contextlib
+
+    import cupy
+    from cupy.cuda import function
+
+    from aionvrtc import _cuda
+
+    driver = FakeDriver()
+
+    class Module:  # CuPy's, whose load() is the driver's
+        def load(self, image: bytes) -> None:
+            driver.load(image)
+
+    monkeypatch.setattr(_cuda, "check_device", lambda device: (9, 0))
+    monkeypatch.setattr(_cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(_cuda, "device_ready", lambda device: True)
+    monkeypatch.setattr(cupy.cuda, "Device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(function, "Module", Module)
+    return driver

@@ -1133,4 +1133,34 @@ def test_doctor_warns_of_cuda_headers_of_another_major_than_nvrtc(
         f"CUDA runtime 11.8 in /opt/cuda-x/include (found via CUDA_PATH), with NVRTC of CUDA "
         f"{major}: programs that include them may not compile"
     )
+    assert checks["CUDA runtime headers"]["fix"] == (
+        f"pip install 'cuda-toolkit[nvrtc,cudart,cccl]=={major}.*' (the headers of NVRTC's "
+        "release); where the headers are a toolkit's, point CUDA_PATH at one of that major"
+    )
     assert checks["CCCL headers"]["status"] == "warn"  # not found at all
+
+
+def test_doctor_says_when_cuda_pathfinder_cannot_look_for_cuda_headers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An older cuda-pathfinder, without the function (1.3.4 added it).
+    import cuda.pathfinder
+
+    from aionvrtc import _cli, _cuda_headers
+
+    monkeypatch.delattr(cuda.pathfinder, "locate_nvidia_header_directory")
+    _cuda_headers.locator_problem.cache_clear()
+    _cuda_headers.located.cache_clear()
+    try:
+        assert _cli.main(["doctor", "--json", "--cache-dir", str(tmp_path / "c")]) == 0
+        checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    finally:
+        _cuda_headers.locator_problem.cache_clear()
+        _cuda_headers.located.cache_clear()
+    check = checks["CUDA headers"]
+    assert check["status"] == "warn"
+    assert check["detail"].startswith(
+        "not looked for: cuda-pathfinder, which finds them, cannot be used (cannot import name "
+        "'locate_nvidia_header_directory'"
+    )
+    assert check["fix"] == "pip install 'cuda-pathfinder>=1.3.4'"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -116,7 +118,10 @@ def test_without_cuda_headers_a_program_that_needs_them_says_where_to_get_them(
     message = str(info.value)
     assert 'cannot open source file "cuda_fp16.h"' in message
     extra = "cu13" if _nvrtc.version()[0] == 13 else "cu12"
-    assert f"CUDA's own headers are not on this host: pip install 'aionvrtc[{extra}]'" in message
+    assert (
+        "(if it is one of CUDA's own headers: none were found on this host; pip install "
+        f"'aionvrtc[{extra}]' brings them"
+    ) in message
     assert "or set CUDA_PATH to a CUDA toolkit" in message
 
 
@@ -239,3 +244,68 @@ def test_programs_that_include_cuda_headers_run_right_on_the_gpu(name: str, tmp_
                 assert int(x[0]) == int(want)
 
     anyio.run(main)
+
+
+def test_cuda_headers_are_searched_only_where_an_include_needs_them(tmp_path: Path) -> None:
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "val.h").write_text("#define VAL 1\n")
+    body = "__device__ int value = VAL;\n__global__ void k() {}\n"
+    own = KernelSpec('#include "val.h"\n' + body, options=[f"-I{inc}"])
+    assert own.reads_host_files
+    host = own._host_files()
+    # Every include is found in its own folder: CUDA's are neither searched nor keyed.
+    assert host.added == ()
+    assert [path for path, _ in host.entries] == [str(inc.resolve())]
+    assert _nvrtc.compile_program(own, SM90).kind == "cubin"
+    # One include its folder lacks, or a question about one: CUDA's folders come after it.
+    for wanting in ("#include <cuda_fp16.h>\n", "#if __has_include(<cuda_fp16.h>)\n#endif\n"):
+        spec = KernelSpec('#include "val.h"\n' + wanting + body, options=[f"-I{inc}"])
+        assert spec._host_files().added == _cuda_headers.search_dirs()
+        assert len(spec._host_files().entries) == 1 + len(_cuda_headers.search_dirs())
+
+
+def test_a_dot_dot_in_a_library_header_resolves_as_the_os_resolves_it(tmp_path: Path) -> None:
+    # "m/../val.h" beside inc/c.h: inc/m does not exist, so that open fails and NVRTC goes on
+    # to the in-memory headers' folder, where m/ does exist: val.h is the in-memory one.
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "c.h").write_text('#include "m/../val.h"\n')
+    (inc / "val.h").write_text("__device__ int from_the_folder;\n")
+    headers = {"m/x.h": "\n", "val.h": "__device__ int from_memory;\n"}
+    spec = KernelSpec(
+        "#include <c.h>\n__global__ void k() { from_memory = 1; }",
+        headers=headers,
+        options=[f"-I{inc}"],
+    )
+    image = _nvrtc.compile_program(spec, SM90).image
+    assert set(re.findall(rb"from_\w+", image)) == {b"from_memory"}
+    assert spec._host_files().entries == ((str(inc.resolve()), spec._host_files().entries[0][1]),)
+
+
+def test_private_folders_of_dead_processes_are_removed_and_an_open_temp_dir_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = tmp_path / f"aionvrtc-{gone.stdout.strip()}-x1y2"
+    living = tmp_path / f"aionvrtc-{os.getppid()}-a1b2"  # pytest's parent: alive
+    for folder in (dead, living):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "h.h").write_text("\n")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _nvrtc._temp_root_problem.cache_clear()
+    _nvrtc.compile_program(KernelSpec("__global__ void k() {}"), SM90)
+    assert sorted(os.listdir(tmp_path)) == [living.name]
+    # A temp dir others can write without the sticky bit: they could swap a private folder.
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    monkeypatch.setattr(tempfile, "tempdir", str(open_dir))
+    with pytest.raises(NvrtcError) as info:
+        _nvrtc.compile_program(KernelSpec("__global__ void k() {}"), SM90)
+    assert str(info.value).startswith(f"cannot compile in {open_dir}: {open_dir} is writable by")
+    assert str(info.value).endswith(
+        "set TMPDIR to a folder only this user can write (or fix its mode)"
+    )
+    assert os.listdir(open_dir) == []

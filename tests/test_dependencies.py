@@ -8,6 +8,7 @@ import importlib.metadata
 import re
 import sys
 import tomllib
+from pathlib import Path
 
 from .conftest import ROOT
 
@@ -35,39 +36,84 @@ def _declared() -> dict[str, set[str]]:
     return declared
 
 
-def _imported() -> dict[str, list[str]]:
-    """Top-level modules outside the standard library imported by the package, with where."""
+def _imports(path: Path, *, eager: bool) -> list[tuple[str, int]]:
+    """(top-level module, line) of each import in ``path`` outside the standard library and
+    aionvrtc; with ``eager``, only those run when the module is imported (not inside a
+    function, not under ``if TYPE_CHECKING:``)."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST) -> None:
+        if eager and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            return
+        if eager and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for branch in node.orelse:
+                visit(branch)
+            return
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        for name in names:
+            top = name.split(".")[0]
+            if top != "aionvrtc" and top not in sys.stdlib_module_names:
+                assert isinstance(node, ast.Import | ast.ImportFrom)
+                found.append((top, node.lineno))
+        for inner in ast.iter_child_nodes(node):
+            visit(inner)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def _imported(*, eager: bool = False) -> dict[str, list[str]]:
+    """Top-level modules the package imports (``eager``: see ``_imports``), with where."""
     found: dict[str, list[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                top = name.split(".")[0]
-                if top != "aionvrtc" and top not in sys.stdlib_module_names:
-                    found.setdefault(top, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        for top, line in _imports(path, eager=eager):
+            found.setdefault(top, []).append(f"{path.relative_to(ROOT)}:{line}")
     return found
+
+
+def _distributions(module: str) -> set[str]:
+    # A module not installed here (torch) is named as its distribution.
+    providers = importlib.metadata.packages_distributions()
+    return {_name(d) for d in providers.get(module, [module])}
 
 
 def test_every_module_the_package_imports_is_declared() -> None:
     declared = _declared()
     everything = set().union(*declared.values())
-    providers = importlib.metadata.packages_distributions()
     imported = _imported()
     assert {"anyio", "cupy", "numpy", "opt_einsum", "redis", "torch"} <= set(imported)
-    undeclared = {}
-    for module, where in imported.items():
-        if module in BROUGHT_BY_THE_CALLER:
-            continue
-        # A module not installed here (torch) is named as its distribution.
-        names = {_name(d) for d in providers.get(module, [module])}
-        if not names & everything:
-            undeclared[module] = where
+    undeclared = {
+        module: where
+        for module, where in imported.items()
+        if module not in BROUGHT_BY_THE_CALLER and not _distributions(module) & everything
+    }
     assert undeclared == {}, f"imported but declared by no dependency or extra: {undeclared}"
+
+
+# The modules of an extra: what they import when imported is that extra's.
+EXTRA_MODULES = {"metrics.py": "metrics", "tropical/torch.py": "torch"}
+
+
+def test_what_a_module_imports_when_imported_comes_with_what_installs_it() -> None:
+    # The core needs the dependencies and one CUDA extra (cu12 and cu13 bring the same
+    # modules); an extra's module may need that extra too. Everything else is imported where
+    # it is used, so that `import aionvrtc` works without it.
+    declared = _declared()
+    core = declared[""] | declared["cu13"]
+    wrong = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        extra = EXTRA_MODULES.get(str(path.relative_to(PACKAGE)))
+        allowed = core | (declared[extra] if extra else set())
+        for module, line in _imports(path, eager=True):
+            if not _distributions(module) & allowed:
+                wrong[f"{path.relative_to(ROOT)}:{line}"] = module
+    assert wrong == {}, f"imported on import, but not by what installs the module: {wrong}"
+    assert set(EXTRA_MODULES.values()) <= set(declared)
+    assert all((PACKAGE / name).is_file() for name in EXTRA_MODULES)
 
 
 def test_the_extras_name_what_they_add() -> None:

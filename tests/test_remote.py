@@ -24,7 +24,7 @@ import pytest
 from aionvrtc import Compiler, RedisTier, kernel_key
 from aionvrtc._store.remote import MAGIC
 
-from .conftest import ENTRIES, make_slow_spec, make_spec
+from .conftest import ENTRIES, FakeDriver, make_slow_spec, make_spec
 
 pytestmark = pytest.mark.anyio
 
@@ -547,3 +547,35 @@ async def test_from_environment_needs_a_secret_or_allow_unsigned(
     value = redis_server.client().get(f"aionvrtc:entry:{artifact.key}")
     assert value is not None
     assert value[len(MAGIC)] == 0
+
+
+async def test_an_image_the_driver_refuses_from_the_remote_tier_is_compiled_and_replaced(
+    redis_server: RedisServer, tmp_path: Path, gpu: FakeDriver
+) -> None:
+    import dataclasses
+
+    spec = make_spec()
+    prefix = f"refused{time.time_ns()}"
+    # The fleet's entry holds an image under the right key that this GPU's driver refuses.
+    async with Compiler(arch="sm_90", cache_dir=tmp_path / "a", remote=tier(redis_server,
+                        prefix=prefix)) as first:  # fmt: skip
+        good = await first.compile(spec)
+        bad = dataclasses.replace(good, image=b"\x7fELF" + bytes(range(256)) * 4)
+        remote = first._cache.remote
+        assert remote is not None
+        assert await remote.write(bad)
+    gpu.refused[bad.image] = "CUDA_ERROR_INVALID_IMAGE"
+    # A new host: an empty disk, the remote tier's refused image. Dropping it must not send the
+    # compile back to the remote tier for the same image.
+    async with Compiler(arch="sm_90", cache_dir=tmp_path / "b", remote=tier(redis_server,
+                        prefix=prefix)) as second:  # fmt: skip
+        module = await second.get(spec)
+        assert module.artifact.image == good.image
+        stats = second.stats()
+        assert (stats.compiles, stats.remote.hits) == (1, 1)
+        assert gpu.loaded == [good.image]
+        remote = second._cache.remote
+        assert remote is not None
+        again = await remote.read(good.key, arch="sm_90")
+        assert again is not None
+        assert again.image == good.image  # the fleet's entry replaced by the new image

@@ -51,7 +51,20 @@ def test_spec_is_frozen_hashable_and_normalised() -> None:
         ({"headers": {"a\\b.h": ""}}, ValueError, "is not a plain relative name"),
         ({"headers": {"a.h": 1}}, TypeError, r"headers\['a.h'\] must be a str, not int"),
         ({"headers": {1: ""}}, TypeError, "a header name must be a str, not int"),
-        ({"name": ""}, ValueError, "name must be a non-empty one-line program name"),
+        ({"headers": {".": ""}}, ValueError, "'.' is not a plain relative name"),
+        # A newline in a name would end the #line that names the file to NVRTC.
+        ({"headers": {"x\n#include </etc/hostname>\nz.h": ""}}, ValueError, "plain relative"),
+        ({"headers": {"a\rb.h": ""}}, ValueError, "is not a plain relative name"),
+        ({"name": ""}, ValueError, "name must be a non-empty program name without control"),
+        ({"name": "k\n#include </etc/hostname>\n.cu"}, ValueError, "without control characters"),
+        ({"name": "k\x7f.cu"}, ValueError, "without control characters"),
+        (
+            {"options": ["--no-source-include"]},
+            ValueError,
+            r"options\[0\] is '--no-source-include': aionvrtc already keeps NVRTC from the "
+            "working directory",
+        ),
+        ({"options": ["-no-source-include"]}, ValueError, r"options\[0\]"),
         ({"name": 5}, TypeError, "name must be a str, not int"),
     ],
 )
@@ -62,6 +75,20 @@ def test_validation_names_the_bad_field(
     source = args.pop("source")
     with pytest.raises(error, match=message):
         KernelSpec(source, **args)  # type: ignore[arg-type]
+
+
+def test_odd_but_plain_names_keep_their_spelling_in_file_and_messages() -> None:
+    # "..cfg.h" is a plain name (no ".." component); "??/" would be a trigraph in a string
+    # under C++14, and a quote must not end the #line naming the file.
+    spec = KernelSpec(
+        '#include "..cfg.h"\n__device__ const char f[] = __FILE__;\n__global__ void k() {}',
+        headers={"..cfg.h": "__device__ const char g[] = __FILE__;\n"},
+        name='k??/"q".cu',
+        options=["-std=c++14"],
+    )
+    image = _nvrtc.compile_program(spec, Target("sm_90")).image
+    assert b'k??/"q".cu\x00' in image
+    assert b"..cfg.h\x00" in image
 
 
 def test_header_subfolders_are_allowed() -> None:
@@ -193,8 +220,11 @@ def test_options_that_only_look_alike_are_kept() -> None:
     [
         ('#include "/tmp/val.h"\n', 1, "names an absolute path"),
         ("\n\n  #  include </usr/include/val.h>\n", 3, "names an absolute path"),
-        ('#include "../val.h"\n', 1, "climbs out of its folder with '..'"),
-        ('#include "a/../../val.h"\n', 1, "climbs out of its folder"),
+        ('#include "../val.h"\n', 1, "goes through '..' (NVRTC resolves it through the host's"),
+        ('#include "a/../../val.h"\n', 1, "goes through '..'"),
+        # Inside the in-memory names too: NVRTC opens <its folder>/d/.., a folder that need
+        # not exist there, then looks in the -I folders.
+        ('#include "./d/../val.h"\n', 1, "goes through '..'"),
         ('#include_next "/tmp/val.h"\n', 1, "absolute"),
         ("#define VAL_H <val.h>\n#include VAL_H\n", 2, "is a computed include"),
         # NVRTC reads each of these as an include of the host file (measured):
@@ -224,7 +254,7 @@ def test_includes_the_key_cannot_cover_are_refused(text: str, line: int, why: st
     "text",
     [
         '#include "val.h"\n',
-        '#include "./d/../val.h"\n',
+        '#include "./d/val.h"\n',
         "#include <cuda/std/cstdint>\n",
         "#if __has_include(<cuda_fp16.h>)\n#endif\n",
         "#if defined(__has_include)\n#endif\n",
@@ -517,8 +547,8 @@ def test_an_include_that_finds_nothing_beside_it_and_climbs_is_refused(tmp_path:
     with pytest.raises(ValueError, match=re.escape(f"{inc / 'd' / 'c.h'}, line 1: ")) as info:
         kernel_key(spec, "sm_90")
     assert (
-        "finds no file beside it, so NVRTC would look for it above the folder of the "
-        "in-memory headers" in str(info.value)
+        "leads above the folder of the in-memory headers (NVRTC looks there before the -I "
+        "folders), into a temporary folder the cache key does not cover" in str(info.value)
     )
 
 

@@ -606,6 +606,10 @@ class Compiler:
                 replacement.fresh = await self.compile(spec, arch=target)
             finally:
                 replacement.done.set()
+                # Not replaced (the compile failed or was cancelled): nothing to guard, unless
+                # forget() or clear() let go of it meanwhile.
+                if replacement.fresh is None and self._replacements.get(key) is replacement:
+                    del self._replacements[key]
             fresh = replacement.fresh
         else:
             await replacement.done.wait()

@@ -171,8 +171,8 @@ class KernelCache:
         self.layers = open_layers(
             layers, shared_cache=shared_cache, secret=remote.secret if remote is not None else None
         )
-        # Keys dropped (forget, a refused image) that the layers still hold: from now on they
-        # are compiled, as dropping them promised, not served from the layer again.
+        # Keys dropped (forget, a refused image) that the layers or the remote tier may still
+        # hold: from now on they are compiled, as dropping them promised, not served from there.
         self._shadowed: set[str] = set()
         # The fleet's tier. Its calls need the event loop it is bound to: resolve() and
         # lookup() must then run in a worker thread of that loop (the Compiler's).
@@ -267,7 +267,7 @@ class KernelCache:
                 if cached is not None:
                     self.memory.write(cached)  # served in place: not copied to the disk
                     return cached, "layer"
-        if remote and self.remote is not None:
+        if remote and self.remote is not None and key not in self._shadowed:
             cached = from_thread.run(
                 functools.partial(self.remote.read, key, arch=self.target.arch)
             )
@@ -353,6 +353,8 @@ class KernelCache:
                 if taken is None:
                     return claim  # another host compiles it now (this host's lock kept)
                 claim.token, cached = taken
+                if key in self._shadowed:
+                    cached = None  # the image dropped here: compile, and replace it there
                 if cached is not None:  # another host compiled it while this one waited
                     self.release(claim)
                     claim.found = (self._keep(cached), "remote")
@@ -470,12 +472,13 @@ class KernelCache:
             layer.close()
 
     def drop(self, key: str) -> None:
-        """Drop ``key``'s entry from memory and disk, and stop serving it from the layers."""
+        """Drop ``key``'s entry from memory and disk, and stop reading it from the layers and
+        the remote tier, which may hold the same image: the next compile replaces the remote
+        one (a layer is never written)."""
         self.memory.discard(key)
         if self.disk is not None:
             self.disk.discard(key)
-        if self.layers:
-            self._shadowed.add(key)
+        self._shadowed.add(key)
 
     def clear(self) -> None:
         """Empty the memory tier and this format version's disk entries."""

@@ -1345,6 +1345,10 @@ def _check_cuda_headers(args: argparse.Namespace) -> list[Check]:
         major: int | None = _nvrtc.version()[0]
     except AionvrtcError:  # no NVRTC: the nvrtc check says so and how to install it
         major = None
+    problem = _cuda_headers.locator_problem()
+    if problem is not None:
+        detail, fix = problem.split("; ", 1)
+        return [_check("CUDA headers", "warn", f"not looked for: {detail}", fix)]
     found = {place.what: place for place in _cuda_headers.located()}
     checks = []
     for what in ("CUDA runtime", "CCCL"):
@@ -1367,7 +1371,8 @@ def _check_cuda_headers(args: argparse.Namespace) -> list[Check]:
         )
         if mismatch:
             detail += f", with NVRTC of CUDA {major}: programs that include them may not compile"
-            checks.append(_check(name, "warn", detail, _cuda_headers.install_hint(major)))
+            assert major is not None
+            checks.append(_check(name, "warn", detail, _cuda_headers.other_major_hint(major)))
         else:
             checks.append(_check(name, "ok", detail))
     return checks

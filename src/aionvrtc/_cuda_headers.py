@@ -16,7 +16,14 @@ import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["HeaderDir", "install_hint", "located", "search_dirs"]
+__all__ = [
+    "HeaderDir",
+    "install_hint",
+    "located",
+    "locator_problem",
+    "other_major_hint",
+    "search_dirs",
+]
 
 # (what the folder holds, pathfinder's name for it, a header whose #define gives its version)
 _WANTED = (
@@ -40,11 +47,11 @@ def located() -> tuple[HeaderDir, ...]:
     """The folders of CUDA's headers found on this host, runtime first; once per process
     (the wheels and toolkits a process could find do not change under it: a pip install
     while it runs is seen by the next process). Empty where none is installed."""
-    try:
-        # 75 ms to import: only for programs that read host headers, and for doctor.
-        from cuda.pathfinder import locate_nvidia_header_directory
-    except ImportError:  # a broken install: then no program finds CUDA's headers
+    if locator_problem() is not None:  # then no program finds CUDA's headers; doctor says why
         return ()
+    # 75 ms to import: only for programs that read host headers, and for doctor.
+    from cuda.pathfinder import locate_nvidia_header_directory
+
     found: list[HeaderDir] = []
     for what, name, header, macro in _WANTED:
         try:
@@ -56,6 +63,20 @@ def located() -> tuple[HeaderDir, ...]:
         path = os.path.realpath(place.abs_path)
         found.append(HeaderDir(what, path, place.found_via, _version(path, header, macro)))
     return tuple(found)
+
+
+@functools.cache
+def locator_problem() -> str | None:
+    """Why cuda-pathfinder cannot look for the headers (missing, or older than 1.3.4, which
+    added the function used here), with the fix; None if it can."""
+    try:
+        from cuda.pathfinder import locate_nvidia_header_directory  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"cuda-pathfinder, which finds them, cannot be used ({exc}); pip install "
+            "'cuda-pathfinder>=1.3.4'"
+        )
+    return None
 
 
 def search_dirs() -> tuple[str, ...]:
@@ -72,6 +93,17 @@ def install_hint(major: int | None) -> str:
     return (
         f"{wheels} brings them (the CUDA runtime's and CCCL's wheels), or set CUDA_PATH to a CUDA "
         "toolkit of the same major as NVRTC"
+    )
+
+
+def other_major_hint(major: int) -> str:
+    """How to replace CUDA headers of another major than NVRTC's ``major``: found first, the
+    wheels must be the ones replaced (CUDA_PATH is searched after them)."""
+    from ._cuda_versions import TOOLKIT
+
+    return (
+        f"pip install '{TOOLKIT}=={major}.*' (the headers of NVRTC's release); where the "
+        "headers are a toolkit's, point CUDA_PATH at one of that major"
     )
 
 

@@ -1,22 +1,25 @@
 """The host files an NVRTC program can read, and how its cache key covers them.
 
-``compile_program`` always passes ``--no-source-include``, so NVRTC resolves an ``#include`` only
-against the in-memory headers (first) and the include folders, in order; never against the
-working directory, the program's folder, or (measured with NVRTC 13) the including file's folder:
-``"../config.h"`` in ``<dir>/a/b.h`` is looked for at ``<dir>/../config.h``. What is left on the
-host, and what this module does about it:
+``compile_program`` compiles each program in a private folder of its own that holds the
+in-memory headers as files (``_nvrtc._private_folder``), so NVRTC never reads the working
+directory or the program's folder. NVRTC looks for ``#include "x.h"`` beside the file that
+includes it, then (as for ``<x.h>``) in that private folder, then in each include folder in
+order; the first file found is read. What is left on the host, and what this module does
+about it:
 
-- include folders (the ``-I`` ones, then CUDA's own, ``_cuda_headers``, for a program that reads
-  any header from the host): the key covers each one's real path and a digest of every file
-  under it (``host_files``). A file's digest is memoised by its stat, so a warm process re-stats
-  the tree but does not re-read it.
-- absolute or upward (``..``) include paths and computed includes (``#include MACRO``) in the
-  source and the in-memory headers: refused (``check_directives``); the key cannot know the file.
-- include directives in the folders' files, followed from the program as NVRTC would search
-  them (only files the program can reach count; a computed include there, which cannot be
-  followed, makes every file count). A path that lands outside every folder (``..``, absolute)
-  is covered by what is there: where nothing is, the key records that; where a file is, NVRTC
-  would read a file the key does not cover, and the spec is refused.
+- include folders (the ``-I`` ones, then CUDA's own, ``_cuda_headers``, where an include is
+  found in none of the others): the key covers each one's real path and a digest of every file
+  under it (``host_files``). A file's digest is memoised by its stat, so a warm process
+  re-stats the tree but does not re-read it.
+- absolute paths, paths through ``..`` and computed includes (``#include MACRO``) in the
+  source and the in-memory headers: refused (``check_directives``); the key cannot know the
+  file.
+- include directives in the folders' files, followed from the program as NVRTC looks for them
+  (only files the program can reach count; a computed include there, which cannot be followed,
+  makes every file count). A path that lands outside every folder (``..``, absolute) is covered
+  by what is there: where nothing is, the key records that; where a file is, NVRTC would read a
+  file the key does not cover, and the spec is refused. The one case this cannot see is a
+  computed include whose macro (defined in the program or in ``-D``) expands to such a path.
 - pre-includes: only in-memory headers (checked by ``_spec``).
 """
 
@@ -25,13 +28,14 @@ from __future__ import annotations
 import bisect
 import errno
 import hashlib
+import itertools
 import os
 import posixpath
 import re
 import stat
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -156,8 +160,9 @@ class _Directive:
             return "computed"
         if posixpath.isabs(self.path):
             return "absolute"
-        normal = posixpath.normpath(self.path)
-        return "upward" if normal == ".." or normal.startswith("../") else None
+        # Even "a/../b.h": NVRTC resolves it through the host's folders, not through the names
+        # of the in-memory headers.
+        return "upward" if ".." in self.path.split("/") else None
 
 
 def _spliced(text: str, splice: re.Pattern[str]) -> tuple[str, list[int]]:
@@ -202,7 +207,7 @@ def _scan(text: str) -> tuple[_Directive, ...]:
 
 _WHY = {
     "absolute": "names an absolute path",
-    "upward": "climbs out of its folder with '..'",
+    "upward": "goes through '..' (NVRTC resolves it through the host's folders)",
     "computed": "is a computed include (the key cannot tell which file the macro names)",
 }
 
@@ -458,13 +463,22 @@ def _probe(path: str) -> str:
     return "folder" if stat.S_ISDIR(st.st_mode) else "other"
 
 
-def _place(candidate: str, path: str) -> str:
-    """Where NVRTC's open of ``candidate`` (a folder + ``path``) lands. Lexically, as the trees
-    list their files; a ``..`` inside the path is resolved as the OS does (after a symlinked
-    folder it climbs out of the link's target, not out of the link's folder)."""
-    if ".." in path.split("/"):
-        return os.path.realpath(candidate)
-    return posixpath.normpath(candidate)
+def _place(folder: str, path: str) -> str | None:
+    """Where NVRTC's open of ``path`` in ``folder`` lands, or None where it fails on the way
+    (a ``..`` after a folder that does not exist). Lexically, as the trees list their files,
+    but a ``..`` is resolved as the OS does: after a symlinked folder it climbs out of the
+    link's target, not out of the link's folder."""
+    if ".." not in path.split("/"):
+        return posixpath.normpath(posixpath.join(folder, path))
+    place = folder
+    for part in path.split("/"):
+        if part == "..":
+            if not os.path.isdir(place):
+                return None
+            place = posixpath.dirname(os.path.realpath(place))
+        elif part not in ("", "."):
+            place = posixpath.join(place, part)
+    return posixpath.normpath(place)
 
 
 # Where a file is: ("memory", its name's folder) for the source (folder "") and the in-memory
@@ -474,8 +488,9 @@ _Where = tuple[str, str]
 
 
 class _Reach:
-    """The files of the include folders a program can reach, and what its includes find
-    outside them (``probes``).
+    """The files of the include folders a program can reach, what its includes find outside
+    them (``probes``), and whether one of them finds nothing there (``wanting``: then CUDA's
+    header folders are searched too).
 
     NVRTC looks for ``"path"`` beside the including file first, then (as for ``<path>``) in
     the in-memory headers' folder, then in each include folder in order; the first file found
@@ -488,10 +503,16 @@ class _Reach:
         # one's files; a place inside a missing folder is covered by that folder's state.
         self.covering = sorted(folders, key=lambda f: f.files is None)
         self.headers = headers
+        self.header_folders = {
+            parent
+            for name in headers
+            for parent in itertools.accumulate(name.split("/")[:-1], "{}/{}".format)
+        }
         self.reached: set[tuple[int, str]] = set()
         self.pending: list[tuple[str, _Where, _Directive]] = []
         self.probes: dict[str, str] = {}
         self.everything = False
+        self.wanting = False
 
     def run(self, texts: Sequence[tuple[str, str, str]]) -> None:
         """Follow the includes of ``texts``: (where, as said in messages; folder; text)."""
@@ -500,7 +521,9 @@ class _Reach:
             self.pending.extend((origin, at, d) for d in _scan_in_memory(text))
         self._drain()
         if self.everything:
-            # Which file a computed include names cannot be told: every file counts.
+            # Which file a computed include names cannot be told: every file counts, and so
+            # does every folder NVRTC could search.
+            self.wanting = True
             for index, folder in enumerate(self.folders):
                 for relative in folder.files or {}:
                     self._reach(index, relative)
@@ -527,37 +550,50 @@ class _Reach:
     def _resolve(self, origin: str, where: _Where, directive: _Directive, path: str) -> None:
         """Follow ``directive`` (in ``origin``, at ``where``) as NVRTC looks for ``path``."""
         if posixpath.isabs(path):
-            candidates: list[_Where] = [("host", path)]
+            candidates: list[_Where] = [("host", "/")]
         else:
-            beside = [(where[0], posixpath.join(where[1], path))] if directive.quoted else []
             candidates = [
-                *beside,
-                ("memory", path),
-                *(("host", posixpath.join(f.real, path)) for f in self.folders),
+                *([where] if directive.quoted else []),  # beside the including file
+                ("memory", ""),
+                *(("host", f.real) for f in self.folders),
             ]
-        for kind, candidate in candidates:
+        for kind, folder in candidates:
             found = (
-                self._in_memory(origin, directive, candidate)
+                self._in_memory(origin, directive, posixpath.join(folder, path))
                 if kind == "memory"
-                else self._on_host(origin, directive, candidate, path)
+                else self._on_host(origin, directive, folder, path)
             )
             if found and not directive.next:
                 return
+        self.wanting = True  # found nowhere so far (or, with #include_next, maybe further on)
 
     def _in_memory(self, origin: str, directive: _Directive, name: str) -> bool:
-        normal = posixpath.normpath(name)
-        if normal == ".." or normal.startswith("../"):
-            # Above the in-memory headers' folder lies a temporary folder of the host.
-            raise ValueError(
-                f"{origin}, line {directive.line}: {directive.shown!r} finds no file beside it, "
-                "so NVRTC would look for it above the folder of the in-memory headers, in a "
-                "temporary folder the cache key does not cover. Give the folder that holds the "
-                "file it means as another -I, or pass it in headers="
-            )
-        return normal in self.headers  # found, or (the folder holds only them) not there
+        """Whether ``name``, opened in the in-memory headers' folder, is one of them; a ".."
+        there is resolved as the OS resolves it, through folders that exist."""
+        parts: list[str] = []
+        for part in name.split("/"):
+            if part in ("", "."):
+                continue
+            if part != "..":
+                parts.append(part)
+            elif not parts:
+                # Above the in-memory headers' folder lies a temporary folder of the host.
+                raise ValueError(
+                    f"{origin}, line {directive.line}: {directive.shown!r} leads above the "
+                    "folder of the in-memory headers (NVRTC looks there before the -I folders), "
+                    "into a temporary folder the cache key does not cover. Give the folder that "
+                    "holds the file it means as another -I, or pass it in headers="
+                )
+            elif "/".join(parts) in self.header_folders:
+                parts.pop()
+            else:
+                return False  # the open fails: no such folder there
+        return "/".join(parts) in self.headers  # found, or (the folder holds only them) not
 
-    def _on_host(self, origin: str, directive: _Directive, candidate: str, path: str) -> bool:
-        place = _place(candidate, path)
+    def _on_host(self, origin: str, directive: _Directive, base: str, path: str) -> bool:
+        place = _place(base, path)
+        if place is None:
+            return False  # the open fails before it gets anywhere
         folder = next((f for f in self.covering if f.holds(place)), None)
         if folder is not None:
             if folder.files is None:
@@ -613,24 +649,32 @@ def host_files(
     source: str,
     headers: Mapping[str, str],
     directories: Sequence[str],
-    added: Sequence[str] = (),
+    added: Callable[[], Sequence[str]] = tuple,
 ) -> HostFiles:
     """The host files a program of ``source`` and ``headers`` can read through
-    ``directories`` (its -I folders, in order) and then ``added``, as its key covers them.
+    ``directories`` (its -I folders, in order) and, where an include is found in none of them
+    (or cannot be followed), through ``added()`` after them, as its key covers them.
 
     Raises ValueError for a folder past the bounds, or for an include of a reachable file
     that lands on a file outside every folder.
     """
-    searched = [*directories, *added]
-    if not searched:
-        return HostFiles()
-    folders = _folders(searched)
-    reach = _Reach(folders, headers)
-    texts = [(f"headers[{n!r}]", posixpath.dirname(n), t) for n, t in headers.items()]
-    reach.run([("source", "", source), *texts])
+    texts = [("source", "", source)]
+    texts += [(f"headers[{n!r}]", posixpath.dirname(n), t) for n, t in headers.items()]
+
+    def walk(searched: Sequence[str]) -> tuple[list[_Folder], _Reach]:
+        folders = _folders(searched)
+        reach = _Reach(folders, headers)
+        reach.run(texts)
+        return folders, reach
+
+    folders, reach = walk(directories)
+    more = tuple(added()) if reach.wanting else ()
+    if more:
+        folders, reach = walk([*directories, *more])
+    searched = [*directories, *more]
     by_given = {folder.given: (folder.real, folder.state) for folder in folders}
     return HostFiles(
         tuple(searched),
-        tuple(added),
+        more,
         tuple(by_given[d] for d in searched) + tuple(sorted(reach.probes.items())),
     )

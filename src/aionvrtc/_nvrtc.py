@@ -10,7 +10,9 @@ import functools
 import glob
 import hashlib
 import os
+import re
 import shutil
+import stat
 import struct
 import tempfile
 import time
@@ -325,7 +327,7 @@ def _require_unchanged(spec: KernelSpec, host: _includes.HostFiles) -> None:
         "create a new KernelSpec"
     )
     try:
-        now = spec._take_host_files(host.added)
+        now = spec._take_host_files(lambda: host.added)
     except ValueError as exc:  # a file changed into one that is refused
         raise NvrtcError(f"{exc}; the include directories changed since the key was derived, "
                          f"{fix}") from exc  # fmt: skip
@@ -341,7 +343,7 @@ _PROGRAM = "program.cu"
 
 def _headers_hint() -> str:
     hint = _cuda_headers.install_hint(version()[0])
-    return f"CUDA's own headers are not on this host: {hint}"
+    return f"if it is one of CUDA's own headers: none were found on this host; {hint}"
 
 
 @contextlib.contextmanager
@@ -356,8 +358,17 @@ def _private_folder(spec: KernelSpec) -> Iterator[str]:
     directory, which the key does not cover. In a private folder, "beside" holds exactly the
     in-memory headers, wherever the process runs.
     """
+    root = tempfile.gettempdir()
+    problem = _temp_root_problem(root)
+    if problem is not None:
+        raise NvrtcError(
+            f"cannot compile in {root}: {problem}, so others could swap the program's private "
+            "folder for one of theirs; set TMPDIR to a folder only this user can write (or "
+            "fix its mode)"
+        )
     try:
-        folder = tempfile.mkdtemp(prefix="aionvrtc-")
+        # The pid in the name lets a later process remove it if this one dies mid-compile.
+        folder = tempfile.mkdtemp(prefix=f"aionvrtc-{os.getpid()}-")
         for name, text in spec.headers.items():
             path = os.path.join(folder, name)
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -388,9 +399,54 @@ def _in_folder(options: list[str], folder: str) -> list[str]:
     return [given[0], f"-I{folder}", *given[1:]]
 
 
+_STALE = re.compile(r"aionvrtc-(?P<pid>\d+)-")
+
+
+@functools.cache
+def _temp_root_problem(root: str) -> str | None:
+    """Once per process and folder: why the private folders cannot be made safely in ``root``
+    (it, or a folder above it, lets others replace what is inside), or None; and then the
+    private folders that processes of this user left there when they died mid-compile are
+    removed."""
+    from pathlib import Path
+
+    from ._store.disk import Policy
+
+    found = Policy.current(shared=False).unsafe_ancestor(Path(root) / "aionvrtc")
+    if found is not None:
+        return f"{found[0]} is {found[2]}"
+    try:
+        with os.scandir(root) as listing:
+            names = [entry.name for entry in listing if _STALE.match(entry.name)]
+    except OSError:
+        return None  # making a folder there says what is wrong, if anything
+    for name in names:
+        pid = int(_STALE.match(name)["pid"])  # type: ignore[index]
+        path = os.path.join(root, name)
+        with contextlib.suppress(OSError):
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not _alive(pid):
+                shutil.rmtree(path, ignore_errors=True)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 1:  # not a process of ours (0 would mean this process's group)
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _named(name: str, text: str) -> str:
     """``text`` as the file ``name``: in NVRTC's messages and __FILE__, not its path on disk."""
-    quoted = name.replace("\\", "\\\\").replace('"', '\\"')
+    # A backslash and a quote escaped; a "?" too, so that no "??/" trigraph (C++11 and 14)
+    # turns into a backslash. Control characters are refused in names (_spec).
+    quoted = name.replace("\\", "\\\\").replace('"', '\\"').replace("?", "\\?")
     return f'#line 1 "{quoted}"\n{text}'
 
 

@@ -6,7 +6,7 @@ import hashlib
 import os
 import posixpath
 import threading
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -60,6 +60,15 @@ _REFUSED: dict[str, str] = {
     "lto": _LTO,
     "optix-ir": "it produces OptiX IR, not an image this library can load",
     "fdevice-syntax-only": "it only checks the syntax and produces no image to load",
+    # The program is compiled in a private folder of its own (_nvrtc), so NVRTC reads neither
+    # the working directory nor the program's folder; this option would also stop it looking
+    # beside the file that includes a header, which CUDA's and CuPy's headers need, and send
+    # such an include to the folder above that private one.
+    "no-source-include": (
+        "aionvrtc already keeps NVRTC from the working directory and the program's folder, and "
+        "this option would make it look for an include of a library's header above the "
+        "program's private folder instead of beside that header; leave it out"
+    ),
 }
 
 
@@ -118,15 +127,22 @@ def _check_pre_includes(options: tuple[str, ...], headers: Mapping[str, str]) ->
             )
 
 
+def _control(text: str) -> bool:
+    """Whether ``text`` holds a control character: a name with one would end the #line that
+    names it to NVRTC (see _nvrtc), and the text after it would be read as code."""
+    return any(ord(character) < 0x20 or ord(character) == 0x7F for character in text)
+
+
 def _check_header_name(name: str) -> None:
-    normal = posixpath.normpath(name)
     if (
         not name.strip()
         or name != name.strip()
         or "\\" in name
+        or _control(name)
         or posixpath.isabs(name)
-        or normal != name
-        or normal.startswith("..")
+        or posixpath.normpath(name) != name
+        or name in (".", "..")
+        or name.startswith("../")
     ):
         raise ValueError(
             f"headers: {name!r} is not a plain relative name "
@@ -157,11 +173,12 @@ class KernelSpec:
     is part of the cache key.
 
     NVRTC reads no host file that the key does not cover: includes resolve against ``headers``
-    and the include folders (``-I<dir>``, then CUDA's own headers where a program includes a
-    header not in ``headers``; the key digests every file of each); an absolute or upward
-    include path, a computed include (``#include MACRO``), a pre-include that is not in
+    and the include folders (``-I<dir>``, then CUDA's own headers where those do not hold a
+    header the program includes; the key digests every file of each); an absolute path or a
+    path through ``..``, a computed include (``#include MACRO``), a pre-include that is not in
     ``headers`` and options that write host files or produce no loadable image are refused here
-    with a ValueError.
+    with a ValueError. The one read this cannot see is a computed include in an include
+    folder's file whose macro, defined by the program or a ``-D``, names a path outside them.
 
     Building a spec equal to one built before returns that object (while it is among the last
     few thousand built), so a spec made per request costs one table lookup and its cache key
@@ -237,8 +254,10 @@ class KernelSpec:
         _check_header_folders(checked)
         _check_pre_includes(opts, checked)
         include_dirs = _includes.include_dirs(opts)
-        if not _require_str(name, "name").strip() or "\n" in name:
-            raise ValueError(f"name must be a non-empty one-line program name, got {name!r}")
+        if not _require_str(name, "name").strip() or _control(name):
+            raise ValueError(
+                f"name must be a non-empty program name without control characters, got {name!r}"
+            )
         setter = object.__setattr__
         setter(self, "source", source)
         setter(self, "name_expressions", exprs)
@@ -304,12 +323,18 @@ class KernelSpec:
             taken = self._host.setdefault("snapshot", self._take_host_files())
         return taken
 
-    def _take_host_files(self, added: tuple[str, ...] | None = None) -> _includes.HostFiles:
-        """The host files as they are now, searched through ``added`` after the -I folders
-        (default: CUDA's header folders found on this host)."""
-        if added is None:
-            added = _cuda_headers.search_dirs()
-        return _includes.host_files(self.source, self.headers, self._include_dirs, added)
+    def _take_host_files(
+        self, added: Callable[[], Sequence[str]] | None = None
+    ) -> _includes.HostFiles:
+        """The host files as they are now, searched through ``added()`` after the -I folders
+        where those do not hold every header included (default: CUDA's header folders found
+        on this host)."""
+        return _includes.host_files(
+            self.source,
+            self.headers,
+            self._include_dirs,
+            added or _cuda_headers.search_dirs,
+        )
 
 
 def _rebuild(
