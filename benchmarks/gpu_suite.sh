@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_suite.sh [pytest args...]           tests, start-up and compile service
 #   bash benchmarks/gpu_suite.sh tropical [pytest args...]  tests, tropical GEMM (tiles: TILES)
 #   SWEEP=1 bash benchmarks/gpu_suite.sh tropical ...       tile sweep first, GEMM on its winners
+#   bash benchmarks/gpu_suite.sh check [pytest args...]     a change's GPU checks: the tests given
+#                                                           (-m gpu and all they name), doctor
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/aionvrtc-out}
@@ -13,14 +15,23 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD
 export AIONVRTC_CACHE_DIR=/tmp/aionvrtc-cache
+# cuda-pathfinder looks in site-packages, not in PYTHONPATH's /tmp/site: where it finds no CUDA
+# headers of the host's own, the carried wheels' are named as a toolkit root.
+if ! python3 -c "import sys, cuda.pathfinder as p; sys.exit(p.locate_nvidia_header_directory('cudart') is None)"; then
+  export CUDA_PATH=/tmp/site/nvidia/cu13
+fi
 mode=service
-if [ "${1:-}" = tropical ]; then mode=tropical; shift; fi
+case "${1:-}" in tropical | check) mode=$1; shift ;; esac
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
+python3 -m aionvrtc doctor --json > "$OUT/doctor.json" 2>&1
+if [ $mode = check ]; then set -- -m gpu "$@"; fi
 python3 -m pytest -p no:cacheprovider -ra "$@" > "$OUT/pytest.log" 2>&1
 tests=$?
 gpu=$(head -2 "$OUT/nvidia-smi.csv" | tail -1 | cut -d, -f1)
-if [ $mode = tropical ]; then
+if [ $mode = check ]; then
+  first=0 second=0
+elif [ $mode = tropical ]; then
   first=0 tuned=()
   if [ "${SWEEP:-0}" = 1 ]; then
     # The sweep stores its winners in the cache dir; the GEMM benchmark reads them (--autotune).

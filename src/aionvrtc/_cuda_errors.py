@@ -82,12 +82,15 @@ class map_cuda_errors:  # lower case, as contextlib.suppress: it reads as a `wit
         traceback: TracebackType | None,
     ) -> None:
         if exc is not None and is_cuda_error(exc):
-            message = f"{self.what}: {describe(exc)}"
-            # A driver older than CuPy's CUDA (the wrong extra): that fix, whatever was done.
-            hint = insufficient_driver(exc) or self.hint
-            if hint:
-                message += f"; {hint}"
-            raise self.error(message) from exc
+            raise self._mapped(exc) from exc
+
+    def _mapped(self, exc: BaseException) -> Exception:
+        message = f"{self.what}: {describe(exc)}"
+        # A driver older than CuPy's CUDA (the wrong extra): that fix, whatever was done.
+        hint = insufficient_driver(exc) or self.hint
+        if hint:
+            message += f"; {hint}"
+        return self.error(message)
 
     def reraise(self, exc: BaseException) -> NoReturn:
         """Raise what the block would have raised for ``exc``, from an ``except`` clause: for a
@@ -232,23 +235,14 @@ def load_error(what: str, exc: BaseException) -> ModuleLoadError:
     return error(message, status=status)
 
 
-class map_load_errors:  # lower case, as map_cuda_errors
+class map_load_errors(map_cuda_errors):  # lower case, as map_cuda_errors
     """``map_cuda_errors`` for loading a module (cuModuleLoadData): within the block, a CuPy
     error ``exc`` becomes ``load_error(what, exc)``, raised from ``exc``."""
 
-    __slots__ = ("what",)
+    __slots__ = ()
 
     def __init__(self, what: str) -> None:
-        self.what = what
+        super().__init__(what, ModuleLoadError)
 
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if exc is not None and is_cuda_error(exc):
-            raise load_error(self.what, exc) from exc
+    def _mapped(self, exc: BaseException) -> Exception:
+        return load_error(self.what, exc)
