@@ -298,11 +298,9 @@ def compile_program(spec: KernelSpec, target: Target) -> CompileResult:
     host = _host_files(spec)
     added = [f"-I{folder}" for folder in host.added]  # CUDA's headers, after the program's own
     options = [arch_option, *spec.options, *added]
-    # A header NVRTC cannot open may be one of CUDA's, where this host has none to search.
-    missing = None if host.added or not spec.reads_host_files else _headers_hint()
     try:
         with _private_folder(spec) as folder:
-            result = _compile(nvrtc, spec, target, kind, options, folder=folder, missing=missing)
+            result = _compile(nvrtc, spec, target, kind, options, folder=folder)
     except CompileError:
         _require_unchanged(spec, host)  # a failure of changed files is not the key's failure
         raise
@@ -458,7 +456,6 @@ def _compile(
     options: list[str],
     *,
     folder: str,
-    missing: str | None,
 ) -> CompileResult:
     started = time.perf_counter()
     what = f"NVRTC failed to compile {spec.name!r} for {target.arch}"
@@ -478,8 +475,9 @@ def _compile(
         if compiling:  # NVRTC rejected the program: its log's first error says why
             first = next((line.strip() for line in log.splitlines() if "error" in line), None)
             message = f"{what}: {first}" if first else message
-            if missing is not None and "cannot open source file" in log:
-                message = f"{message} ({missing})"
+            if "cannot open source file" in log and not _cuda_headers.search_dirs():
+                # A header NVRTC cannot open may be one of CUDA's, and this host has none.
+                message = f"{message} ({_headers_hint()})"
         return CompileError(message, log=log, program=spec.name, options=options)
 
     try:
