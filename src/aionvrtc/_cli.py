@@ -1347,8 +1347,8 @@ def _check_cuda_headers(args: argparse.Namespace) -> list[Check]:
         major = None
     problem = _cuda_headers.locator_problem()
     if problem is not None:
-        detail, fix = problem.split("; ", 1)
-        return [_check("CUDA headers", "warn", f"not looked for: {detail}", fix)]
+        fix = _cuda_headers.LOCATOR_FIX
+        return [_check("CUDA headers", "warn", f"not looked for: {problem}", fix)]
     found = {place.what: place for place in _cuda_headers.located()}
     checks = []
     for what in ("CUDA runtime", "CCCL"):
@@ -1363,15 +1363,13 @@ def _check_cuda_headers(args: argparse.Namespace) -> list[Check]:
             continue
         version = f" {place.version}" if place.version else ""
         detail = f"{what}{version} in {place.path} (found via {place.found_via})"
-        mismatch = (
+        if (
             what == "CUDA runtime"
             and major is not None
             and place.version is not None
             and int(place.version.split(".")[0]) != major
-        )
-        if mismatch:
+        ):
             detail += f", with NVRTC of CUDA {major}: programs that include them may not compile"
-            assert major is not None
             checks.append(_check(name, "warn", detail, _cuda_headers.other_major_hint(major)))
         else:
             checks.append(_check(name, "ok", detail))

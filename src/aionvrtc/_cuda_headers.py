@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = [
+    "LOCATOR_FIX",
     "HeaderDir",
     "install_hint",
     "located",
@@ -65,17 +66,18 @@ def located() -> tuple[HeaderDir, ...]:
     return tuple(found)
 
 
+# The fix where cuda-pathfinder cannot be used (1.3.4 added the function used here).
+LOCATOR_FIX = "pip install 'cuda-pathfinder>=1.3.4'"
+
+
 @functools.cache
 def locator_problem() -> str | None:
-    """Why cuda-pathfinder cannot look for the headers (missing, or older than 1.3.4, which
-    added the function used here), with the fix; None if it can."""
+    """Why cuda-pathfinder cannot look for the headers (missing, or too old: LOCATOR_FIX);
+    None if it can."""
     try:
         from cuda.pathfinder import locate_nvidia_header_directory  # noqa: F401
     except ImportError as exc:
-        return (
-            f"cuda-pathfinder, which finds them, cannot be used ({exc}); pip install "
-            "'cuda-pathfinder>=1.3.4'"
-        )
+        return f"cuda-pathfinder, which finds them, cannot be used ({exc})"
     return None
 
 

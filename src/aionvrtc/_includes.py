@@ -69,12 +69,15 @@ _PRE_INCLUDE = ("--pre-include", "-include")
 
 def _values(
     options: Sequence[str], heads: Sequence[str], what: str, example: str
-) -> list[tuple[int, str]]:
-    """(index, value) for each option in ``options`` whose head is one of ``heads``."""
-    found: list[tuple[int, str]] = []
+) -> list[tuple[int, int, str]]:
+    """(index, end, value) for each option in ``options`` whose head is one of ``heads``: it
+    spans ``options[index:end]`` (two options where the value is the next one)."""
+    found: list[tuple[int, int, str]] = []
     for index, option in enumerate(options):
         for head in heads:
+            end = index + 1
             if option == head:
+                end += 1
                 # NVRTC takes the next option as the value; one that starts with "-" is more
                 # likely a forgotten value than a folder, and NVRTC's reading of it is unclear.
                 value = options[index + 1] if index + 1 < len(options) else ""
@@ -98,7 +101,7 @@ def _values(
                     f"options[{index}] is {option!r}: NVRTC's reading of a {what} with white "
                     f"space around it is unclear; write it without, as in {example!r}"
                 )
-            found.append((index, value))
+            found.append((index, end, value))
             break
     return found
 
@@ -109,11 +112,12 @@ def include_dirs(options: Sequence[str]) -> tuple[str, ...]:
     Raises ValueError for a form whose directory is missing or ambiguous.
     """
     found = _values(options, _INCLUDE_DIR, "directory", "-Iinclude")
-    return tuple(value for _, value in found)
+    return tuple(value for _, _, value in found)
 
 
-def pre_includes(options: Sequence[str]) -> list[tuple[int, str]]:
-    """(option index, file name) for each pre-include in ``options``."""
+def pre_includes(options: Sequence[str]) -> list[tuple[int, int, str]]:
+    """(index, end, file name) for each pre-include in ``options``, which it spans as
+    ``options[index:end]``."""
     return _values(options, _PRE_INCLUDE, "header name", "--pre-include=val.h")
 
 

@@ -391,9 +391,8 @@ def _in_folder(options: list[str], folder: str) -> list[str]:
     pre-include named by its path there (NVRTC looks for a relative one in the working
     directory first)."""
     given = list(options)
-    for index, name in reversed(_includes.pre_includes(given)):  # later indices first
-        at = index + 1 if given[index] in ("--pre-include", "-include") else index
-        given[index : at + 1] = [f"--pre-include={os.path.join(folder, name)}"]
+    for index, end, name in reversed(_includes.pre_includes(given)):  # later indices first
+        given[index:end] = [f"--pre-include={os.path.join(folder, name)}"]
     return [given[0], f"-I{folder}", *given[1:]]
 
 

@@ -116,7 +116,7 @@ def _check_option(index: int, option: str) -> None:
 
 
 def _check_pre_includes(options: tuple[str, ...], headers: Mapping[str, str]) -> None:
-    for index, header in _includes.pre_includes(options):
+    for index, _, header in _includes.pre_includes(options):
         if header not in headers:
             example = posixpath.basename(header) or "val.h"
             raise ValueError(
