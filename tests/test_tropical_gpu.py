@@ -17,7 +17,7 @@ from aionvrtc import Compiler, tropical
 from aionvrtc.tropical import reference
 from aionvrtc.tropical.tuning import tile_variant, tiled_supported
 
-from .tropical_data import operands
+from .tropical_data import numpy_backward, operands
 
 pytestmark = pytest.mark.gpu
 
@@ -361,21 +361,6 @@ def test_bad_input_names_the_argument() -> None:
     for call, error, message in cases:
         with pytest.raises(error, match=message):
             call()
-
-
-def numpy_backward(
-    g: np.ndarray[Any, Any],
-    a: np.ndarray[Any, Any],
-    b: np.ndarray[Any, Any],
-    index: np.ndarray[Any, Any],
-    ring: str,
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    grad_a, grad_b = np.zeros(a.shape, np.float64), np.zeros(b.shape, np.float64)
-    for i, j in zip(*np.nonzero(index >= 0), strict=True):
-        k = index[i, j]
-        grad_a[i, k] += g[i, j] * (b[k, j] if ring == "maxmul" else 1)
-        grad_b[k, j] += g[i, j] * (a[i, k] if ring == "maxmul" else 1)
-    return grad_a, grad_b
 
 
 @pytest.mark.parametrize("ring", ["maxplus", "minplus", "maxmul"])

@@ -125,3 +125,19 @@ def brute_force(
             value[i, j] = best
             index[i, j] = arg
     return value, index
+
+
+def numpy_backward(
+    g: np.ndarray[Any, Any],
+    a: np.ndarray[Any, Any],
+    b: np.ndarray[Any, Any],
+    index: np.ndarray[Any, Any],
+    ring: str,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The gradients of C = A (x) B given dL/dC ``g`` and the argmax, one output at a time."""
+    grad_a, grad_b = np.zeros(a.shape, np.float64), np.zeros(b.shape, np.float64)
+    for i, j in zip(*np.nonzero(index >= 0), strict=True):
+        k = index[i, j]
+        grad_a[i, k] += g[i, j] * (b[k, j] if ring == "maxmul" else 1)
+        grad_b[k, j] += g[i, j] * (a[i, k] if ring == "maxmul" else 1)
+    return grad_a, grad_b

@@ -80,6 +80,9 @@ def default_compiler() -> Compiler:
     an ``arch``); its cache dir ``$AIONVRTC_CACHE_DIR`` or the user cache dir. Usable from any
     thread through ``compile_sync``/``get_sync``; after fork(), the child starts its own on
     first use."""
+    compiler = _Default.compiler  # the hot path of every tropical call: no lock once started
+    if compiler is not None and not compiler.closed:
+        return compiler
     with _Default.lock:
         if _Default.compiler is not None and not _Default.compiler.closed:
             return _Default.compiler

@@ -8,6 +8,7 @@ saturates. ``reference`` holds a NumPy implementation with the same semantics.
 
 from . import reference, tuning
 from ._api import backward, backward_sync, matmul, matmul_sync, warm
+from ._batching import Batcher, BatcherStats
 from ._classes import TILES, VARIANTS, shape_class, tuned_tiles
 from ._contraction import EinsumPlan, einsum_plan
 from ._einsum import einsum, einsum_sync
@@ -21,6 +22,8 @@ __all__ = [
     "SEMIRINGS",
     "TILES",
     "VARIANTS",
+    "Batcher",
+    "BatcherStats",
     "EinsumPlan",
     "Semiring",
     "all_specs",

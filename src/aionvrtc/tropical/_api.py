@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -13,42 +12,14 @@ import anyio.to_thread
 from .._actor import Compiler
 from .._spec import KernelSpec
 from .._target import Target, TargetLike, as_target, resolve_target
-from ._launching import (
-    backward_blocks,
-    first_error,
-    launch,
-    launch_backward,
-    module,
-    module_sync,
-)
-from ._planning import Plan, backward_plan, cupy_module, plan
+from . import _plan_cache
+from ._launching import first_error, loaded, module, module_sync
 from ._specs import all_specs
 
 if TYPE_CHECKING:
     import cupy
 
 __all__ = ["backward", "backward_sync", "matmul", "matmul_sync", "warm"]
-
-
-def _prepare(plan: Plan, accumulate: bool, stream: Any) -> bool:
-    """Handle what needs no kernel; True if the product kernel must be launched."""
-    if not (plan.m and plan.n and plan.batch):
-        return False  # an empty result
-    if plan.k == 0:
-        # The sum over no k is the semiring's zero (and C (+) zero = C).
-        if not accumulate:
-            cupy = cupy_module()
-            on_stream = stream if stream is not None else contextlib.nullcontext()
-            with cupy.cuda.Device(plan.device), on_stream:
-                plan.c.fill(plan.ring.zero(plan.c.dtype))
-                if plan.index is not None:
-                    plan.index.fill(-1)
-        return False
-    return True
-
-
-def _result(plan: Plan, argmax: bool) -> Any:
-    return (plan.c, plan.index) if argmax else plan.c
 
 
 async def matmul(
@@ -71,11 +42,22 @@ async def matmul(
     batch of 1 (or a 2-D operand) broadcasts. ``out`` receives C (with ``argmax``, a
     (C, argmax) pair); ``accumulate=True`` computes C = C (+) A (x) B into ``out``. The kernel is
     fetched through ``compiler`` (default: aionvrtc's process-wide Compiler), compiled on first use.
+
+    A call with the layout of an earlier one (shapes, strides, dtypes, devices, semiring, flags)
+    reuses its launch, checked and computed once, and only writes the new pointers.
     """
-    planned = plan(a, b, semiring, argmax=argmax, out=out, accumulate=accumulate)
-    if _prepare(planned, accumulate, stream):
-        launch(planned, await module(planned.spec, planned.device, compiler), stream)
-    return _result(planned, argmax)
+    product, c, index = _plan_cache.product(
+        a, b, semiring, argmax=argmax, out=out, accumulate=accumulate
+    )
+    launch = product.launch
+    if launch is not None:
+        found = loaded(launch.spec, launch.device, compiler)
+        if found is None:
+            found = await module(launch.spec, launch.device, compiler)
+        launch.run(found, (a, b, c, index), stream)
+    else:
+        product.fill_outputs(c, index, stream)
+    return (c, index) if argmax else c
 
 
 def matmul_sync(
@@ -92,10 +74,18 @@ def matmul_sync(
     """``matmul`` for code that is not async (scripts, PyTorch autograd functions). Like
     ``matmul`` it only enqueues the work; ``compiler``, if given, must run in a portal or this
     must be a worker thread of its event loop."""
-    planned = plan(a, b, semiring, argmax=argmax, out=out, accumulate=accumulate)
-    if _prepare(planned, accumulate, stream):
-        launch(planned, module_sync(planned.spec, planned.device, compiler), stream)
-    return _result(planned, argmax)
+    product, c, index = _plan_cache.product(
+        a, b, semiring, argmax=argmax, out=out, accumulate=accumulate
+    )
+    launch = product.launch
+    if launch is not None:
+        found = loaded(launch.spec, launch.device, compiler)
+        if found is None:
+            found = module_sync(launch.spec, launch.device, compiler)
+        launch.run(found, (a, b, c, index), stream)
+    else:
+        product.fill_outputs(c, index, stream)
+    return (c, index) if argmax else c
 
 
 # -- backward --------------------------------------------------------------------------------
@@ -115,12 +105,18 @@ async def backward(
 
     The gradient flows through the winning k only: unchanged for max-plus and min-plus, by the
     product rule for max-times (grad_a[m, k] += g * b[k, n]). A broadcast (batch 1) operand's
-    gradient sums over the batch. float32 and float64 only.
+    gradient sums over the batch. float32 and float64 only. Enqueued on ``stream`` (default:
+    CuPy's current stream), the gradients zeroed there first; planned once per layout as
+    ``matmul`` is.
     """
-    planned = backward_plan(grad_c, a, b, argmax, semiring)
-    if backward_blocks(planned):
-        launch_backward(planned, await module(planned.spec, planned.device, compiler), stream)
-    return planned.grads
+    launch = _plan_cache.backward(grad_c, a, b, argmax, semiring)
+    grads = launch.gradients(stream)
+    if not launch.empty:
+        found = loaded(launch.spec, launch.device, compiler)
+        if found is None:
+            found = await module(launch.spec, launch.device, compiler)
+        launch.run(found, (grad_c, argmax, a, b, *grads), stream)
+    return grads
 
 
 def backward_sync(
@@ -134,10 +130,14 @@ def backward_sync(
     compiler: Compiler | None = None,
 ) -> tuple[Any, Any]:
     """``backward`` for code that is not async."""
-    planned = backward_plan(grad_c, a, b, argmax, semiring)
-    if backward_blocks(planned):
-        launch_backward(planned, module_sync(planned.spec, planned.device, compiler), stream)
-    return planned.grads
+    launch = _plan_cache.backward(grad_c, a, b, argmax, semiring)
+    grads = launch.gradients(stream)
+    if not launch.empty:
+        found = loaded(launch.spec, launch.device, compiler)
+        if found is None:
+            found = module_sync(launch.spec, launch.device, compiler)
+        launch.run(found, (grad_c, argmax, a, b, *grads), stream)
+    return grads
 
 
 # -- warm-up --------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ __all__ = [
     "classify",
     "install",
     "shape_class",
+    "tables_version",
     "tile_fits",
     "tile_variant",
     "tuned_tiles",
@@ -234,6 +235,15 @@ SHAPES: dict[str, tuple[int, int, int, int]] = {
 _installed: dict[int, dict[str, dict[str, Tile]]] = {}
 
 
+# Bumped by every install: launches planned with other tiles are not reused (_plan_cache).
+_version = [0]
+
+
+def tables_version() -> int:
+    """How many tables have been installed in this process."""
+    return _version[0]
+
+
 def tuned_tiles(device: int) -> dict[str, dict[str, Tile]]:
     """The tiles matmul uses on ``device``: the autotuner's winners, else the built-in TILES."""
     return _installed.get(device, TILES)
@@ -242,3 +252,4 @@ def tuned_tiles(device: int) -> dict[str, dict[str, Tile]]:
 def install(device: int, table: dict[str, dict[str, Tile]]) -> None:
     """Use ``table`` (class -> variant -> tile) for matmul on ``device`` from now on."""
     _installed[device] = table
+    _version[0] += 1

@@ -1,12 +1,16 @@
-"""Launching a plan: the kernel's module on the plan's device, its arguments, grid and block."""
+"""Launching a plan: the kernel's module on the plan's device, and each kernel's launch (grid,
+block and arguments packed as the driver reads them) computed once, so that a repeated call only
+writes its operands' pointers and calls cuLaunchKernel."""
 
 from __future__ import annotations
 
 import functools
+import threading
+from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import anyio.to_thread
-import numpy as np
 
 from .._actor import Compiler
 from .._cuda import Module
@@ -14,11 +18,25 @@ from .._spec import KernelSpec
 from .._sync import default_compiler
 from ._planning import BackwardPlan, Plan, cupy_module, strides
 
-__all__ = ["first_error", "launch", "launch_backward", "module", "module_sync"]
+__all__ = [
+    "BackwardLaunch",
+    "Launch",
+    "first_error",
+    "launch",
+    "loaded",
+    "module",
+    "module_sync",
+]
 
 _THREADS = 256
 _TILE = 64
 _MAX_GRID_YZ = 65535
+
+
+def loaded(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module | None:
+    """``spec``'s module on ``device`` if ``compiler`` (default: the process-wide one) has it
+    loaded already, else None: dict lookups, no task switch."""
+    return (compiler if compiler is not None else default_compiler()).loaded(spec, device=device)
 
 
 async def module(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:
@@ -29,9 +47,9 @@ async def module(spec: KernelSpec, device: int, compiler: Compiler | None) -> Mo
     # off this event loop. (default_compiler() is a lock and a check once started; its first
     # call, as before, starts the Compiler's thread from here.)
     compiler = default_compiler()
-    loaded = compiler.loaded(spec, device=device)
-    if loaded is not None:
-        return loaded
+    found = compiler.loaded(spec, device=device)
+    if found is not None:
+        return found
     return await anyio.to_thread.run_sync(functools.partial(compiler.get_sync, spec, device=device))
 
 
@@ -52,76 +70,182 @@ def module_sync(spec: KernelSpec, device: int, compiler: Compiler | None) -> Mod
     return compiler.get_sync(spec, device=device)
 
 
+class _Packed:
+    """A kernel's launch with its arguments packed once: each argument in a 64-bit slot of one
+    array (an int32 reads its slot's low half: the hosts of CUDA GPUs are little-endian) and
+    cuLaunchKernel's array of their addresses beside it. A call writes its pointers into the
+    first slots, and ``flags`` into the last where the kernel takes them, then launches. The
+    lock keeps two threads from launching each other's pointers (cuLaunchKernel has copied the
+    arguments when it returns)."""
+
+    __slots__ = ("_addresses", "_function", "_lock", "_values", "block", "device", "grid", "spec")
+
+    def __init__(
+        self,
+        spec: KernelSpec,
+        device: int,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: Sequence[int],
+    ) -> None:
+        self.spec, self.device, self.grid, self.block = spec, device, grid, block
+        self._values = array("q", args)
+        base, _ = self._values.buffer_info()
+        self._addresses = array("Q", [base + 8 * i for i in range(len(args))])
+        self._function: tuple[Module, int] | None = None
+        self._lock = threading.Lock()
+
+    def function(self, module: Module) -> int:
+        """The kernel's CUfunction in ``module``, looked up once per module."""
+        known = self._function
+        if known is not None and known[0] is module:
+            return known[1]
+        pointer = int(module.get_function(self.spec.name_expressions[0]).ptr)
+        self._function = (module, pointer)
+        return pointer
+
+    def _launch(self, module: Module, pointers: Sequence[int], stream: Any, flags: int) -> None:
+        function = self.function(module)
+        runtime = _runtime()
+        current = runtime.getDevice()
+        if current != self.device:
+            runtime.setDevice(self.device)  # the module lives in this device's context
+        try:
+            handle = stream.ptr if stream is not None else _current_stream().ptr
+            values = self._values
+            with self._lock:
+                for slot, pointer in enumerate(pointers):
+                    values[slot] = pointer
+                if flags >= 0:
+                    values[-1] = flags
+                _driver().launchKernel(
+                    function, *self.grid, *self.block, 0, handle,
+                    self._addresses.buffer_info()[0], 0,
+                )  # fmt: skip
+        finally:
+            if current != self.device:
+                runtime.setDevice(current)
+
+
+@functools.cache
+def _driver() -> Any:
+    from cupy_backends.cuda.api import driver
+
+    return driver
+
+
+@functools.cache
+def _runtime() -> Any:
+    from cupy_backends.cuda.api import runtime
+
+    return runtime
+
+
+def _current_stream() -> Any:
+    return cupy_module().cuda.get_current_stream()
+
+
+class Launch(_Packed):
+    """A product's launch, from its plan; the pointers (a, b, c, argmax) are each call's."""
+
+    __slots__ = ("_checks", "_flags", "_order")
+
+    def __init__(
+        self,
+        spec: KernelSpec,
+        device: int,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: Sequence[int],
+        *,
+        order: tuple[int, ...],
+        checks: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] | None,
+    ) -> None:
+        super().__init__(spec, device, grid, block, args)
+        # Which of (a, b, c, argmax, null) each pointer slot takes; the last argument's bits
+        # (None: the kernel has no such argument), each (bit, ((slot, bytes its pointer must be
+        # a multiple of), ...)), set where all hold.
+        self._order, self._checks = order, checks or ()
+        self._flags = checks is not None
+
+    @classmethod
+    def of(cls, plan: Plan) -> Launch:
+        """``plan``'s kernel, grid and arguments, for any operands laid out as its own."""
+        sab, sam, sak = plan.a_strides
+        sbb, sbk, sbn = plan.b_strides
+        c3 = plan.c if plan.batched else plan.c[None]
+        scb, scm, scn = (s // c3.itemsize for s in c3.strides)
+        if plan.index is not None:
+            i3 = plan.index if plan.batched else plan.index[None]
+            sib, sim, sin = (s // 4 for s in i3.strides)
+        else:
+            sib = sim = sin = 0
+        sizes = (plan.m, plan.n, plan.k, plan.batch)
+        item = plan.a.itemsize
+        order: tuple[int, ...] = (0, 1, 2, 3 if plan.index is not None else 4)
+        checks: list[tuple[int, tuple[tuple[int, int], ...]]] = []
+        if plan.rows:
+            # The skinny kernel computes C' = A' B'; wide products run transposed (A' = B^T,
+            # B' = A^T, C' = C^T: the products commute). Strides are (batch, rows, columns).
+            if plan.transposed:
+                order = (1, 0, 2)
+                each = (sbb, sbn, sbk, sab, sak, sam, scb, scn, scm)
+                m, n = plan.n, plan.m
+            else:
+                order = (0, 1, 2)
+                each = (sab, sam, sak, sbb, sbk, sbn, scb, scm, scn)
+                m, n = plan.m, plan.n
+            # Rows of A' load 16 bytes at a time, and rows of C' store four elements at a time,
+            # where contiguous and aligned (see tropical_gemm_rows).
+            if each[2] == 1 and all(s % (16 // item) == 0 for s in each[0:2]):
+                checks.append((1, ((0, 16),)))
+            if each[8] == 1 and all(s % 4 == 0 for s in each[6:8]):
+                checks.append((2, ((2, 4 * item),)))
+            grid = (min(-(-m // _THREADS), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
+            return cls(
+                plan.spec, plan.device, grid, (_THREADS, 1, 1),
+                [0, 0, 0, m, n, plan.k, plan.batch, *each, 0], order=order, checks=tuple(checks),
+            )  # fmt: skip
+        if plan.tile is not None:
+            bm, bn, _, tm, tn, _ = plan.tile
+            # 16-byte loads need 16-byte aligned rows and batches.
+            if all(s % (16 // item) == 0 for s in (sab, sam, sbb, sbk)):
+                checks.append((1, ((0, 16), (1, 16))))
+            args = [0, 0, 0, 0, *sizes, sab, sam, sbb, sbk, scb, scm, scn, sib, sim, sin, 0]
+            block = ((bm // tm) * (bn // tn), 1, 1)
+            return cls(plan.spec, plan.device, _grid(plan, bm, bn), block, args, order=order,
+                       checks=tuple(checks))  # fmt: skip
+        args = [
+            0, 0, 0, 0, *sizes, sab, sam, sak, sbb, sbk, sbn, scb, scm, scn, sib, sim, sin,
+        ]  # fmt: skip
+        return cls(
+            plan.spec,
+            plan.device,
+            _grid(plan, _TILE, _TILE),
+            (_THREADS, 1, 1),
+            args,
+            order=order,
+            checks=None,
+        )
+
+    def run(self, module: Module, operands: tuple[Any, Any, Any, Any], stream: Any) -> None:
+        """Enqueue C = A (x) B, ``operands`` (a, b, c, argmax or None), on ``stream`` (None:
+        CuPy's current stream of the plan's device), with ``module`` holding the kernel."""
+        a, b, c, index = operands
+        pointers = (a.data.ptr, b.data.ptr, c.data.ptr, 0 if index is None else index.data.ptr, 0)
+        ordered = [pointers[i] for i in self._order]
+        flags = -1
+        if self._flags:
+            flags = 0
+            for bit, needs in self._checks:
+                if all(ordered[slot] % size == 0 for slot, size in needs):
+                    flags |= bit
+        self._launch(module, ordered, stream, flags)
+
+
 def launch(plan: Plan, module: Module, stream: Any) -> None:
     """Enqueue ``plan``'s kernel (from ``module``) on ``stream``."""
-    cupy = cupy_module()
-    sab, sam, sak = plan.a_strides
-    sbb, sbk, sbn = plan.b_strides
-    c3 = plan.c if plan.batched else plan.c[None]
-    scb, scm, scn = (s // c3.itemsize for s in c3.strides)
-    if plan.index is not None:
-        i3 = plan.index if plan.batched else plan.index[None]
-        sib, sim, sin = (s // 4 for s in i3.strides)
-        index_arg: Any = plan.index
-    else:
-        sib = sim = sin = 0
-        index_arg = np.uint64(0)  # a null pointer
-    sizes = (np.int64(plan.m), np.int64(plan.n), np.int64(plan.k), np.int64(plan.batch))
-    if plan.rows:
-        # The skinny kernel computes C' = A' B'; wide products run transposed (A' = B^T,
-        # B' = A^T, C' = C^T: the products commute). Strides are (batch, rows, columns).
-        if plan.transposed:
-            operands = (plan.b, plan.a, plan.c)
-            each = (sbb, sbn, sbk, sab, sak, sam, scb, scn, scm)
-            m, n = plan.n, plan.m
-        else:
-            operands = (plan.a, plan.b, plan.c)
-            each = (sab, sam, sak, sbb, sbk, sbn, scb, scm, scn)
-            m, n = plan.m, plan.n
-        # Rows of A' load 16 bytes at a time, and rows of C' store four elements at a time,
-        # where contiguous and aligned (see tropical_gemm_rows).
-        loads = each[2] == 1 and _vectors(operands[0], each[0:2], 16 // plan.a.itemsize)
-        stores = each[8] == 1 and _vectors(operands[2], each[6:8], 4)
-        grid = (min(-(-m // _THREADS), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
-        block: tuple[int, ...] = (_THREADS,)
-        dims = (m, n, plan.k, plan.batch)
-        args: tuple[Any, ...] = (
-            *operands,
-            *map(np.int64, (*dims, *each)),
-            np.int32(loads | stores << 1),
-        )
-    elif plan.tile is not None:
-        bm, bn, _, tm, tn, _ = plan.tile
-        grid = _grid(plan, bm, bn)
-        block = ((bm // tm) * (bn // tn),)
-        # 16-byte loads need 16-byte aligned rows and batches.
-        vector = 16 // plan.a.itemsize
-        aligned = _vectors(plan.a, (sab, sam), vector) and _vectors(plan.b, (sbb, sbk), vector)
-        args = (
-            plan.a, plan.b, plan.c, index_arg, *sizes,
-            np.int64(sab), np.int64(sam), np.int64(sbb), np.int64(sbk),
-            np.int64(scb), np.int64(scm), np.int64(scn),
-            np.int64(sib), np.int64(sim), np.int64(sin), np.int32(aligned),
-        )  # fmt: skip
-    else:
-        grid = _grid(plan, _TILE, _TILE)
-        block = (_THREADS,)
-        args = (
-            plan.a, plan.b, plan.c, index_arg, *sizes,
-            np.int64(sab), np.int64(sam), np.int64(sak),
-            np.int64(sbb), np.int64(sbk), np.int64(sbn),
-            np.int64(scb), np.int64(scm), np.int64(scn),
-            np.int64(sib), np.int64(sim), np.int64(sin),
-        )  # fmt: skip
-    function = module.get_function(plan.spec.name_expressions[0])
-    with cupy.cuda.Device(plan.device):
-        function(grid, block, args, stream=stream)
-
-
-def _vectors(x: Any, strides: tuple[int, ...], width: int) -> bool:
-    """Whether ``x`` can be read or written ``width`` elements at a time at offsets that are
-    multiples of ``strides`` (in elements): its start and every stride aligned to the vector."""
-    return bool(x.data.ptr % (width * x.itemsize) == 0 and all(s % width == 0 for s in strides))
+    Launch.of(plan).run(module, (plan.a, plan.b, plan.c, plan.index), stream)
 
 
 def _grid(plan: Plan, bm: int, bn: int) -> tuple[int, int, int]:
@@ -133,37 +257,67 @@ def _grid(plan: Plan, bm: int, bn: int) -> tuple[int, int, int]:
     )
 
 
-def backward_blocks(plan: BackwardPlan) -> int:
-    """The backward kernel's grid: a thread per output, up to 2**20 blocks (a grid-stride loop
-    covers the rest); 0 for an empty product, which launches nothing."""
-    total = plan.shapes.batch * plan.shapes.m * plan.shapes.n
-    return max(1, min(-(-total // _THREADS), 1 << 20)) if total else 0
+def backward_blocks(total: int) -> int:
+    """The backward kernel's grid for ``total`` outputs: a thread per output, up to 2**20
+    blocks (a grid-stride loop covers the rest)."""
+    return max(1, min(-(-total // _THREADS), 1 << 20))
 
 
-def launch_backward(plan: BackwardPlan, module: Module, stream: Any) -> None:
-    """Enqueue ``plan``'s backward kernel (from ``module``) on ``stream``."""
-    cupy = cupy_module()
-    dims = plan.shapes
-    g3 = plan.grad_c if dims.batched else plan.grad_c[None]
-    i3 = plan.argmax if dims.batched else plan.argmax[None]
-    grad_a, grad_b = plan.grads
-    args = (
-        plan.grad_c,
-        plan.argmax,
-        plan.a,
-        plan.b,
-        grad_a,
-        grad_b,
-        np.int64(dims.m),
-        np.int64(dims.n),
-        np.int64(dims.batch),
-        *(np.int64(s // g3.itemsize) for s in g3.strides),
-        *(np.int64(s // 4) for s in i3.strides),
-        *(np.int64(s) for s in strides(plan.a)),
-        *(np.int64(s) for s in strides(plan.b)),
-        *(np.int64(s) for s in strides(grad_a)),
-        *(np.int64(s) for s in strides(grad_b)),
-    )
-    function = module.get_function(plan.spec.name_expressions[0])
-    with cupy.cuda.Device(plan.device):
-        function((backward_blocks(plan),), (_THREADS,), args, stream=stream)
+class BackwardLaunch(_Packed):
+    """A backward's launch, from its plan: the pointers (grad_c, argmax, a, b, grad_a, grad_b)
+    are each call's, and its gradients are made per call in one zeroed allocation."""
+
+    __slots__ = ("_offset", "_size", "a_shape", "b_shape", "dtype", "empty")
+
+    def __init__(self, plan: BackwardPlan) -> None:
+        dims = plan.shapes
+        g3 = plan.grad_c if dims.batched else plan.grad_c[None]
+        i3 = plan.argmax if dims.batched else plan.argmax[None]
+        # The gradients are C-contiguous, shaped as a and b.
+        args = [
+            0, 0, 0, 0, 0, 0, dims.m, dims.n, dims.batch,
+            *(s // g3.itemsize for s in g3.strides), *(s // 4 for s in i3.strides),
+            *strides(plan.a), *strides(plan.b),
+            *_contiguous(plan.a.shape), *_contiguous(plan.b.shape),
+        ]  # fmt: skip
+        total = dims.batch * dims.m * dims.n
+        super().__init__(plan.spec, plan.device, (backward_blocks(total), 1, 1),
+                         (_THREADS, 1, 1), args)  # fmt: skip
+        self.empty = total == 0  # nothing flows back: the gradients stay zero
+        self.a_shape, self.b_shape, self.dtype = plan.a.shape, plan.b.shape, plan.a.dtype
+        # grad_b starts at a 256-byte boundary after grad_a, as an allocation of its own would.
+        item = plan.a.itemsize
+        self._offset = -(-plan.a.size * item // 256) * 256
+        self._size = self._offset + plan.b.size * item
+
+    def gradients(self, stream: Any) -> tuple[Any, Any]:
+        """Zeroed (grad_a, grad_b) on the plan's device, zeroed in order on ``stream``."""
+        cupy = cupy_module()
+        runtime = _runtime()
+        current = runtime.getDevice()
+        if current != self.device:
+            runtime.setDevice(self.device)
+        try:
+            memory = cupy.cuda.alloc(self._size)
+            if self._size:
+                handle = stream.ptr if stream is not None else _current_stream().ptr
+                runtime.memsetAsync(memory.ptr, 0, self._size, handle)
+        finally:
+            if current != self.device:
+                runtime.setDevice(current)
+        grad_a = cupy.ndarray(self.a_shape, self.dtype, memory)
+        grad_b = cupy.ndarray(self.b_shape, self.dtype, memory + self._offset)
+        return grad_a, grad_b
+
+    def run(self, module: Module, operands: tuple[Any, ...], stream: Any) -> None:
+        """Enqueue the backward kernel on ``stream``: ``operands`` (grad_c, argmax, a, b,
+        grad_a, grad_b), the kernel adding into the last two."""
+        pointers = [x.data.ptr for x in operands]
+        self._launch(module, pointers, stream, -1)
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """Element strides (batch, rows, columns), as ``strides`` gives, of a C-contiguous array."""
+    rows, columns = shape[-2:]
+    batched = len(shape) == 3 and shape[0] != 1
+    return (rows * columns if batched else 0), columns, 1

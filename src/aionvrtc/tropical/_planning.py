@@ -204,6 +204,12 @@ def _outputs(
         raise ValueError(
             f"out must be {a.dtype} of shape {shape}, got {c.dtype} of shape {c.shape}"
         )
+    for x, what in ((c, "out"), (index, "out[1] (argmax)")):
+        if x is not None and x.device.id != a.device.id:
+            raise ValueError(
+                f"{what} is on device {x.device.id}, a and b on device {a.device.id}: make it "
+                f"there (with cupy.cuda.Device({a.device.id}): ...)"
+            )
     return c, index
 
 
@@ -212,7 +218,7 @@ def _outputs(
 
 @dataclass(frozen=True, slots=True)
 class BackwardPlan:
-    """The gradients of one product to compute: checked inputs, zeroed outputs, the kernel."""
+    """The gradients of one product to compute: checked inputs and the kernel."""
 
     spec: KernelSpec
     grad_c: Any
@@ -221,11 +227,9 @@ class BackwardPlan:
     b: Any
     shapes: Shapes
     device: int
-    grads: tuple[Any, Any]  # (grad_a, grad_b), zeroed: the kernel adds into them
 
 
 def backward_plan(grad_c: Any, a: Any, b: Any, argmax: Any, semiring_name: str) -> BackwardPlan:
-    cupy = cupy_module()
     ring = semiring(semiring_name)
     for x, what in ((grad_c, "grad_c"), (a, "a"), (b, "b"), (argmax, "argmax")):
         _require_cupy(x, what)
@@ -240,7 +244,10 @@ def backward_plan(grad_c: Any, a: Any, b: Any, argmax: Any, semiring_name: str) 
         raise ValueError(
             f"argmax must be int32 of shape {shape}, got {argmax.dtype} of {argmax.shape}"
         )
-    device = a.device.id
-    with cupy.cuda.Device(device):
-        grad_a, grad_b = cupy.zeros_like(a, order="C"), cupy.zeros_like(b, order="C")
-    return BackwardPlan(spec, grad_c, argmax, a, b, dims, device, (grad_a, grad_b))
+    devices = {x.device.id for x in (grad_c, argmax, b)} - {a.device.id}
+    if devices:
+        raise ValueError(
+            f"grad_c, argmax, a and b must be on one device: a is on device {a.device.id}, "
+            f"others on {sorted(devices)}"
+        )
+    return BackwardPlan(spec, grad_c, argmax, a, b, dims, a.device.id)

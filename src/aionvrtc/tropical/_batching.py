@@ -1,0 +1,233 @@
+"""tropical.Batcher: products that concurrent tasks ask for at the same moment, run as one
+batched launch.
+
+A 256^3 product fills 4 of an H100's 132 SMs, and each launch costs the host more than the GPU
+takes to run it; so a server's concurrent requests are served faster by one launch of the whole
+batch (64 x 256^3 min-plus with argmax: 0.30 ms, against 3.47 ms launched one by one). The first
+request of a layout (shapes, strides, dtype, semiring, argmax, device, stream) opens a group and
+lets the event loop run the other ready tasks, whose requests of that layout join it; it then
+launches the group as one batched product and hands each member its own slice. A task that is
+alone (no other task asked since its last request) launches at once, as ``matmul`` would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from .._actor import Compiler
+from . import _plan_cache
+from ._api import matmul
+from ._launching import loaded, module
+from ._planning import cupy_module
+
+__all__ = ["Batcher", "BatcherStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherStats:
+    """What a Batcher has done: ``requests`` served, ``launches`` made for them (a batch of many
+    requests is one launch), and ``alone``: requests launched at once, no other task asking."""
+
+    requests: int
+    launches: int
+    alone: int
+
+
+class _Member:
+    __slots__ = ("a", "b", "done", "error", "result")
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a, self.b = a, b
+        self.done = anyio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _Group:
+    __slots__ = ("members", "product", "semiring", "stream")
+
+    def __init__(self, product: _plan_cache.Product, semiring: str, stream: Any) -> None:
+        self.product, self.semiring, self.stream = product, semiring, stream
+        self.members: list[_Member] = []
+
+
+def _current_task() -> object:
+    # asyncio's current task is a C call; anyio's (for trio) builds an object per call.
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None:
+        try:
+            return asyncio.current_task()
+        except RuntimeError:  # no asyncio loop runs: trio
+            pass
+    return anyio.get_current_task().id
+
+
+class Batcher:
+    """Products requested by concurrent tasks within a moment, run as one batched launch.
+
+    ``await batcher.matmul(a, b, semiring, argmax=...)`` returns what ``tropical.matmul`` would
+    (C, or (C, argmax)), enqueued on ``stream`` (default: CuPy's current stream) without
+    synchronising. Requests of one layout (2-D operands of the same shapes, strides and dtype,
+    the same semiring and argmax, on one device and stream) that tasks make while a group is
+    open join it, up to ``max_batch``; a group waits for others only while more keep joining,
+    at most ``max_delay`` seconds, and a task that is alone is not held at all. Operands of
+    other devices or streams never share a launch.
+
+    Each result is a view into the group's batched output, so it keeps that buffer alive
+    (``.copy()`` it to keep only its own). A request that is cancelled while its group waits
+    is still computed, and nothing of it reaches the others; an invalid request raises in its
+    own task before it joins; an error of the batched launch (out of memory, a kernel that
+    cannot compile) reaches the members of that group. Requests of 3-D operands run as
+    ``matmul`` runs them. No background task: usable from any task of one event loop, asyncio
+    or trio, without a context manager.
+    """
+
+    def __init__(
+        self, compiler: Compiler | None = None, *, max_batch: int = 64, max_delay: float = 0.001
+    ) -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+        if not isinstance(max_delay, int | float) or not 0 <= max_delay < math.inf:
+            raise ValueError(
+                f"max_delay must be a finite number of seconds >= 0, got {max_delay!r}"
+            )
+        self._compiler = compiler
+        self.max_batch, self.max_delay = max_batch, float(max_delay)
+        self._open: dict[tuple[_plan_cache.Product, int], _Group] = {}
+        self._latest: object = None  # the task of the latest request
+        self._requests = self._launches = self._alone = 0
+
+    def stats(self) -> BatcherStats:
+        return BatcherStats(self._requests, self._launches, self._alone)
+
+    async def matmul(
+        self, a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False, stream: Any = None
+    ) -> Any:
+        """C = A (x) B as ``tropical.matmul`` computes it, launched with the products that
+        other tasks ask for at the same moment (see Batcher)."""
+        product, made = _plan_cache.find(a, b, semiring, argmax=argmax, out=None, accumulate=False)
+        self._requests += 1
+        if product.launch is None or len(product.shape) != 2 or self.max_batch == 1:
+            self._launches += 1
+            return await matmul(
+                a, b, semiring, argmax=argmax, stream=stream, compiler=self._compiler
+            )
+        handle = stream.ptr if stream is not None else _stream_of(product.device).ptr
+        key = (product, handle)
+        group = self._open.get(key)
+        previous, self._latest = self._latest, _current_task()
+        if group is None and previous is self._latest:
+            # Alone: nobody else asked since this task's last request.
+            self._alone += 1
+            self._launches += 1
+            c, index = made if made is not None else product.outputs(None)
+            await self._run(product, (a, b, c, index), stream)
+            return (c, index) if argmax else c
+        member = _Member(a, b)
+        if group is not None:
+            group.members.append(member)
+            if len(group.members) >= self.max_batch:
+                del self._open[key]  # full: the next request opens another
+            await member.done.wait()
+        else:
+            group = self._open[key] = _Group(product, semiring, stream)
+            group.members.append(member)
+            await self._lead(key, group)
+        if member.error is not None:
+            raise member.error
+        return member.result
+
+    async def _lead(self, key: tuple[_plan_cache.Product, int], group: _Group) -> None:
+        """Let the other ready tasks join while they keep coming, then launch the group (also
+        when this task is cancelled meanwhile: the others are waiting for it)."""
+        try:
+            deadline = time.monotonic() + self.max_delay
+            while len(group.members) < self.max_batch:
+                joined = len(group.members)
+                await anyio.lowlevel.checkpoint()
+                if len(group.members) == joined or time.monotonic() >= deadline:
+                    break
+        finally:
+            if self._open.get(key) is group:
+                del self._open[key]
+            with anyio.CancelScope(shield=True):
+                await self._launch(group)
+
+    async def _launch(self, group: _Group) -> None:
+        members = group.members
+        try:
+            self._launches += 1
+            if len(members) == 1:
+                (member,) = members
+                c, index = group.product.outputs(None)
+                await self._run(group.product, (member.a, member.b, c, index), group.stream)
+                member.result = (c, index) if group.product.argmax else c
+                return
+            cupy = cupy_module()
+            with cupy.cuda.Device(group.product.device), group.stream or contextlib.nullcontext():
+                a = _gather([m.a for m in members])
+                b = _gather([m.b for m in members])
+            product, c, index = _plan_cache.product(
+                a, b, group.semiring, argmax=group.product.argmax, out=None, accumulate=False
+            )
+            await self._run(product, (a, b, c, index), group.stream)
+            for i, member in enumerate(members):
+                member.result = (c[i], index[i]) if index is not None else c[i]
+        except BaseException as exc:  # each member raises it: the launch was theirs
+            for member in members:
+                member.error = exc
+        finally:
+            for member in members:
+                member.done.set()
+
+    async def _run(self, product: _plan_cache.Product, operands: Any, stream: Any) -> None:
+        launch = product.launch
+        assert launch is not None
+        found = loaded(launch.spec, launch.device, self._compiler)
+        if found is None:
+            found = await module(launch.spec, launch.device, self._compiler)
+        launch.run(found, operands, stream)
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"<Batcher max_batch={self.max_batch} max_delay={self.max_delay}: {s.requests} "
+            f"requests in {s.launches} launches>"
+        )
+
+
+def _stream_of(device: int) -> Any:
+    cupy = cupy_module()
+    if cupy.cuda.runtime.getDevice() == device:
+        return cupy.cuda.get_current_stream()
+    return cupy.cuda.get_current_stream(device)
+
+
+def _gather(arrays: list[Any]) -> Any:
+    """One operand for a batch of requests' operands, copying only where it must: the same
+    array for all (it broadcasts), the views at a constant stride that a previous batch's
+    outputs are (its C, in order), else a stacked copy."""
+    first = arrays[0]
+    start = first.data.ptr
+    if all(x.data.ptr == start for x in arrays):
+        return first
+    step = arrays[1].data.ptr - start
+    memory = first.data.mem
+    if (
+        step > 0
+        and step % first.itemsize == 0
+        and all(
+            x.data.mem is memory and x.data.ptr == start + i * step for i, x in enumerate(arrays)
+        )
+    ):
+        shape = (len(arrays), *first.shape)
+        return cupy_module().ndarray(shape, first.dtype, first.data, strides=(step, *first.strides))
+    return cupy_module().stack(arrays)

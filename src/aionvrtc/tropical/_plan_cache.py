@@ -1,0 +1,158 @@
+"""Products and backwards planned once per operand layout.
+
+A call whose operands have the shapes, strides, dtypes and devices of an earlier call's, with the
+same semiring, flags and outputs' layout, finds that call's launch by one dict lookup: the checks,
+the kernel's choice, its grid and its packed arguments are not made again; only the outputs are
+allocated and the pointers written. Anything new is planned (and checked) from scratch, and the
+tuned tiles' version is part of the key, so that autotune's winners apply to the next call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from .._spec import KernelSpec
+from ._classes import tables_version
+from ._launching import BackwardLaunch, Launch
+from ._planning import backward_plan, cupy_module, plan
+
+__all__ = ["MAX_PLANS", "Product", "backward", "clear", "find", "product"]
+
+# Launches kept, for products and for backwards each; past it, the oldest goes first. A launch
+# holds no operand, only its layout (a few hundred bytes) and its kernel's module.
+MAX_PLANS = 4096
+
+_products: dict[Any, Product] = {}
+_backwards: dict[Any, BackwardLaunch] = {}
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # compared by identity: one per layout
+class Product:
+    """A product's launch, or what it needs instead: nothing for an empty result, and for a sum
+    over no k (K = 0) the semiring's zero in C (and -1 in the argmax) unless it accumulates."""
+
+    launch: Launch | None
+    fill: Any  # the value C is filled with where no kernel runs, or None
+    shape: tuple[int, ...]  # C's
+    dtype: Any
+    argmax: bool
+    device: int
+
+    @property
+    def spec(self) -> KernelSpec | None:
+        return self.launch.spec if self.launch is not None else None
+
+    def outputs(self, out: Any) -> tuple[Any, Any]:
+        """(C, argmax or None): ``out``'s (checked when planned), else new arrays."""
+        if out is not None:
+            return out if self.argmax else (out, None)
+        cupy = cupy_module()
+        runtime = cupy.cuda.runtime
+        current = runtime.getDevice()
+        if current != self.device:
+            runtime.setDevice(self.device)
+        try:
+            c = cupy.ndarray(self.shape, self.dtype)
+            return c, (cupy.ndarray(self.shape, "int32") if self.argmax else None)
+        finally:
+            if current != self.device:
+                runtime.setDevice(current)
+
+    def fill_outputs(self, c: Any, index: Any, stream: Any) -> None:
+        """Write what a product with no kernel to run leaves in C (and the argmax)."""
+        if self.fill is None:
+            return
+        cupy = cupy_module()
+        with cupy.cuda.Device(self.device), stream or contextlib.nullcontext():
+            c.fill(self.fill)
+            if index is not None:
+                index.fill(-1)
+
+
+def _layout(x: Any) -> tuple[Any, ...]:
+    # Raises AttributeError for anything but a CuPy array: the caller then plans, which says
+    # what was wrong.
+    if type(x) is not cupy_module().ndarray:
+        raise AttributeError
+    return x.shape, x.strides, x.dtype, x.data.device_id
+
+
+def _key(a: Any, b: Any, semiring: str, *, argmax: bool, out: Any, accumulate: bool) -> Any:
+    if out is None:
+        made: Any = None
+    elif argmax:
+        if type(out) is not tuple:
+            raise AttributeError  # plan() says what out must be
+        c, index = out
+        made = (_layout(c), _layout(index))
+    else:
+        made = _layout(out)
+    key = (semiring, bool(argmax), bool(accumulate), _layout(a), _layout(b), made, tables_version())
+    hash(key)  # TypeError where semiring is not hashable
+    return key
+
+
+def product(
+    a: Any, b: Any, semiring: str, *, argmax: bool, out: Any, accumulate: bool
+) -> tuple[Product, Any, Any]:
+    """The product's launch and its outputs (C, argmax or None), planned once per layout."""
+    found, made = find(a, b, semiring, argmax=argmax, out=out, accumulate=accumulate)
+    c, index = made if made is not None else found.outputs(out)
+    return found, c, index
+
+
+def find(
+    a: Any, b: Any, semiring: str, *, argmax: bool, out: Any, accumulate: bool
+) -> tuple[Product, tuple[Any, Any] | None]:
+    """The product's launch and, where it was planned just now, the plan's outputs."""
+    try:
+        key = _key(a, b, semiring, argmax=argmax, out=out, accumulate=accumulate)
+        return _products[key], None
+    except KeyError:
+        pass
+    except (AttributeError, TypeError, ValueError):
+        key = None  # not CuPy arrays, a subclass of one, or not hashable: planned every time
+    # Plans and checks everything, raising where a check fails.
+    planned = plan(a, b, semiring, argmax=argmax, out=out, accumulate=accumulate)
+    fill = None
+    if not (planned.m and planned.n and planned.batch):
+        launch = None  # an empty result
+    elif planned.k == 0:
+        # The sum over no k is the semiring's zero (and C (+) zero = C).
+        launch, fill = None, None if accumulate else planned.ring.zero(planned.c.dtype)
+    else:
+        launch = Launch.of(planned)
+    found = Product(launch, fill, planned.c.shape, planned.c.dtype, bool(argmax), planned.device)
+    if key is not None:
+        _keep(_products, key, found)
+    return found, (planned.c, planned.index)
+
+
+def backward(grad_c: Any, a: Any, b: Any, argmax: Any, semiring: str) -> BackwardLaunch:
+    """The backward's launch, planned once per layout (its gradients: ``gradients``)."""
+    try:
+        key = (semiring, _layout(grad_c), _layout(argmax), _layout(a), _layout(b))
+        return _backwards[key]
+    except (AttributeError, KeyError, TypeError):
+        key = None
+    launch = BackwardLaunch(backward_plan(grad_c, a, b, argmax, semiring))
+    if key is not None:  # None: unhashable, or a subclass of cupy.ndarray: not kept
+        _keep(_backwards, key, launch)
+    return launch
+
+
+def _keep(table: dict[Any, Any], key: Any, value: Any) -> None:
+    while len(table) >= MAX_PLANS:
+        try:
+            del table[next(iter(table))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread took it first
+            break
+    table[key] = value
+
+
+def clear() -> None:
+    """Forget every planned launch (the next calls plan again)."""
+    _products.clear()
+    _backwards.clear()

@@ -1,0 +1,287 @@
+"""tropical.Batcher with real tasks on the GPU: results equal direct calls for every semiring and
+dtype, dependent chains batched without copies, cancellation and errors kept to the tasks they
+concern, and devices and streams never mixed.
+
+Each test draws fresh operands from a seed it prints; ``TROPICAL_TEST_SEED=<seed>`` repeats it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import aionvrtc
+from aionvrtc import Compiler, CompilerClosed, tropical
+from aionvrtc.tropical import reference
+
+from .tropical_data import operands
+
+pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
+
+CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
+IDS = [f"{s}-{np.dtype(d)}" for s, d in CASES]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _default_compiler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    os.environ["AIONVRTC_CACHE_DIR"] = str(tmp_path_factory.mktemp("batcher-cache"))
+    aionvrtc.close_default_compiler()
+    aionvrtc.default_compiler()
+    yield
+    aionvrtc.close_default_compiler()
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    seed = int(os.environ.get("TROPICAL_TEST_SEED") or random.SystemRandom().randrange(1 << 63))
+    print(f"{request.node.nodeid}: seed {seed} (TROPICAL_TEST_SEED={seed} draws it again)")
+    return np.random.default_rng(seed)
+
+
+def host(x: Any) -> np.ndarray[Any, Any]:
+    import cupy
+
+    result: np.ndarray[Any, Any] = cupy.asnumpy(x)
+    return result
+
+
+def assert_same(got: Any, want: Any, argmax: bool) -> None:
+    if argmax:
+        np.testing.assert_array_equal(host(got[0]), host(want[0]))
+        np.testing.assert_array_equal(host(got[1]), host(want[1]))
+    else:
+        np.testing.assert_array_equal(host(got), host(want))
+
+
+async def gather(batcher: Any, inputs: list[Any], ring: str, argmax: bool) -> list[Any]:
+    """Each pair's product through ``batcher``, from a task of its own."""
+    got: list[Any] = [None] * len(inputs)
+
+    async def one(i: int) -> None:
+        got[i] = await batcher.matmul(*inputs[i], ring, argmax=argmax)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(inputs)):
+            tg.start_soon(one, i)
+    return got
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+async def test_batched_results_equal_direct_calls(
+    ring: str, dtype: Any, rng: np.random.Generator
+) -> None:
+    import cupy
+
+    batcher = tropical.Batcher(max_batch=8)
+    shared = cupy.asarray(operands(rng, ring, dtype, (1, 1), (23, 31))[1])
+    for argmax in (False, True):
+        inputs = []
+        for i in range(20):
+            a, b = operands(rng, ring, dtype, (40, 23), (23, 31))
+            # Some tasks share b (it broadcasts), the others bring their own (stacked).
+            inputs.append((cupy.asarray(a), shared if i % 2 else cupy.asarray(b)))
+        got = await gather(batcher, inputs, ring, argmax)
+        for (a, b), result in zip(inputs, got, strict=True):
+            assert_same(result, tropical.matmul_sync(a, b, ring, argmax=argmax), argmax)
+            want = reference.matmul(host(a), host(b), ring, argmax=argmax)
+            np.testing.assert_array_equal(
+                host(result[0] if argmax else result), want[0] if argmax else want
+            )
+    stats = batcher.stats()
+    assert stats.requests == 40
+    # 20 requests at most 8 to a launch: 3 launches each (the first task may run alone).
+    assert stats.launches <= 2 * 4
+
+
+async def test_a_dependent_chain_batches_every_step(rng: np.random.Generator) -> None:
+    """The server's request: 8 dependent min-plus products with argmax, by 32 tasks; each step
+    of every task after the first is one launch, its A the previous launch's C in place."""
+    import cupy
+
+    weights = [
+        cupy.asarray(operands(rng, "minplus", np.float32, (1, 1), (64, 64))[1]) for _ in range(8)
+    ]
+    starts = [
+        cupy.asarray(operands(rng, "minplus", np.float32, (64, 64), (1, 1))[0]) for _ in range(32)
+    ]
+    batcher = tropical.Batcher(max_batch=64)
+    finals: list[Any] = [None] * len(starts)
+
+    async def request(i: int) -> None:
+        x = starts[i]
+        for w in weights:
+            x, index = await batcher.matmul(x, w, "minplus", argmax=True)
+        finals[i] = (x, index)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(starts)):
+            tg.start_soon(request, i)
+    for start, (x, index) in zip(starts, finals, strict=True):
+        want = start
+        for w in weights[:-1]:
+            want = tropical.matmul_sync(want, w, "minplus")
+        value, arg = tropical.matmul_sync(want, weights[-1], "minplus", argmax=True)
+        np.testing.assert_array_equal(host(x), host(value))
+        np.testing.assert_array_equal(host(index), host(arg))
+    stats = batcher.stats()
+    assert stats.requests == 32 * 8
+    assert stats.launches <= 8 * 2 + 8  # a task may run ahead alone before the others start
+
+
+async def test_a_task_alone_is_not_held(rng: np.random.Generator) -> None:
+    import cupy
+
+    batcher = tropical.Batcher(max_delay=10.0)
+    a, b = (cupy.asarray(x) for x in operands(rng, "maxplus", np.float64, (16, 9), (9, 5)))
+    with anyio.fail_after(5):  # a group that waited for company would wait 10 s
+        for _ in range(5):
+            c = await batcher.matmul(a, b)
+    np.testing.assert_array_equal(host(c), reference.matmul(host(a), host(b), "maxplus"))
+    stats = batcher.stats()
+    assert (stats.requests, stats.launches) == (5, 5)
+    assert stats.alone >= 4  # the first request of a task may open a group of one
+
+
+# On asyncio tasks run in the order they were started, so task 0 leads the group and the others
+# have joined it when the canceller runs (trio shuffles that order).
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_cancelled_waiters_leave_the_others_results_whole(
+    rng: np.random.Generator,
+) -> None:
+    """The leader and a follower of one group are cancelled while it waits: the group is still
+    launched, and every other task gets its own correct result."""
+    import cupy
+
+    batcher = tropical.Batcher()
+    inputs = [
+        tuple(cupy.asarray(x) for x in operands(rng, "minplus", np.float32, (33, 20), (20, 17)))
+        for _ in range(10)
+    ]
+    got: dict[int, Any] = {}
+    scopes: dict[int, anyio.CancelScope] = {}
+    cancelled: list[int] = []
+
+    async def one(i: int) -> None:
+        with anyio.CancelScope() as scope:
+            scopes[i] = scope
+            got[i] = await batcher.matmul(inputs[i][0], inputs[i][1], "minplus", argmax=True)
+        if scope.cancelled_caught:
+            cancelled.append(i)
+
+    async def cancel() -> None:
+        assert len(scopes) == len(inputs)  # all have asked: 0 leads, the others wait
+        scopes[0].cancel()
+        scopes[5].cancel()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(inputs)):
+            tg.start_soon(one, i)
+        tg.start_soon(cancel)
+    assert sorted(cancelled) == [0, 5]
+    assert sorted(got) == [1, 2, 3, 4, 6, 7, 8, 9]
+    assert batcher.stats().launches == 1
+    for i, result in got.items():
+        want = reference.matmul(host(inputs[i][0]), host(inputs[i][1]), "minplus", argmax=True)
+        np.testing.assert_array_equal(host(result[0]), want[0])
+        np.testing.assert_array_equal(host(result[1]), want[1])
+
+
+async def test_errors_reach_only_the_tasks_they_concern(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    import cupy
+
+    batcher = tropical.Batcher()
+    inputs = [
+        tuple(cupy.asarray(x) for x in operands(rng, "maxplus", np.float32, (12, 7), (7, 9)))
+        for _ in range(6)
+    ]
+    wrong = (inputs[0][0], cupy.asarray(host(inputs[0][1]).astype(np.float64)))
+    outcomes: dict[int, Any] = {}
+
+    async def one(i: int, pair: Any) -> None:
+        try:
+            outcomes[i] = await batcher.matmul(*pair)
+        except Exception as exc:
+            outcomes[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i, pair in enumerate([*inputs[:3], wrong, *inputs[3:]]):
+            tg.start_soon(one, i, pair)
+    assert isinstance(outcomes[3], TypeError)
+    assert "a and b must have one dtype" in str(outcomes[3])
+    for i, pair in zip([0, 1, 2, 4, 5, 6], inputs, strict=True):
+        np.testing.assert_array_equal(
+            host(outcomes[i]), reference.matmul(host(pair[0]), host(pair[1]), "maxplus")
+        )
+    # A launch's own failure (here: its Compiler closed) reaches each member of its group, and
+    # nobody waits for ever.
+    async with Compiler(cache_dir=tmp_path) as compiler:
+        closing = tropical.Batcher(compiler)
+    failed: list[BaseException] = []
+
+    async def member(pair: Any) -> None:
+        try:
+            await closing.matmul(pair[0], pair[1], "minplus")
+        except CompilerClosed as exc:
+            failed.append(exc)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            for pair in inputs:
+                tg.start_soon(member, pair)
+    assert len(failed) == len(inputs)
+
+
+async def test_streams_are_never_mixed(rng: np.random.Generator) -> None:
+    import cupy
+
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    batcher = tropical.Batcher()
+    inputs = [
+        tuple(cupy.asarray(x) for x in operands(rng, "maxplus", np.float32, (24, 8), (8, 16)))
+        for _ in range(12)
+    ]
+    got: list[Any] = [None] * len(inputs)
+
+    async def one(i: int) -> None:
+        got[i] = await batcher.matmul(*inputs[i], stream=streams[i % 2])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(inputs)):
+            tg.start_soon(one, i)
+    for stream in streams:
+        stream.synchronize()
+    for (a, b), c in zip(inputs, got, strict=True):
+        np.testing.assert_array_equal(host(c), reference.matmul(host(a), host(b), "maxplus"))
+    # Each stream's requests in launches of their own: at least one per stream, and no launch
+    # holds both (a launch of all 12 would be one).
+    stats = batcher.stats()
+    assert 2 <= stats.launches <= 4
+
+
+async def test_batched_operands_and_empty_products_run_as_matmul(
+    rng: np.random.Generator,
+) -> None:
+    import cupy
+
+    batcher = tropical.Batcher()
+    a, b = (cupy.asarray(x) for x in operands(rng, "maxplus", np.float32, (3, 5, 4), (4, 6)))
+    c = await batcher.matmul(a, b)
+    np.testing.assert_array_equal(host(c), reference.matmul(host(a), host(b), "maxplus"))
+    empty = await batcher.matmul(cupy.empty((0, 4), np.float32), b)
+    assert empty.shape == (0, 6)
+    zero = await batcher.matmul(cupy.empty((2, 0), np.float32), cupy.empty((0, 3), np.float32))
+    np.testing.assert_array_equal(host(zero), np.full((2, 3), -np.inf, np.float32))
