@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,11 +51,12 @@ class _Member:
 
 
 class _Group:
-    __slots__ = ("members", "product", "semiring", "stream")
+    __slots__ = ("full", "members", "product", "semiring", "stream")
 
     def __init__(self, product: _plan_cache.Product, semiring: str, stream: Any) -> None:
         self.product, self.semiring, self.stream = product, semiring, stream
         self.members: list[_Member] = []
+        self.full: anyio.Event | None = None  # set when max_batch have joined, if awaited
 
 
 def _current_task() -> object:
@@ -77,9 +77,11 @@ class Batcher:
     (C, or (C, argmax)), enqueued on ``stream`` (default: CuPy's current stream) without
     synchronising. Requests of one layout (2-D operands of the same shapes, strides and dtype,
     the same semiring and argmax, on one device and stream) that tasks make while a group is
-    open join it, up to ``max_batch``; a group waits for others only while more keep joining,
-    at most ``max_delay`` seconds, and a task that is alone is not held at all. Operands of
-    other devices or streams never share a launch.
+    open join it, up to ``max_batch``. A group is open while the tasks that are ready to run
+    make their requests (one pass of the event loop), and ``max_delay`` seconds more if given
+    (for requests that arrive apart, at the cost of their latency); a task that is alone (no
+    other task has asked since its last request) is not held at all. Operands of other devices
+    or streams never share a launch.
 
     Each result is a view into the group's batched output, so it keeps that buffer alive
     (``.copy()`` it to keep only its own). A request that is cancelled while its group waits
@@ -91,7 +93,7 @@ class Batcher:
     """
 
     def __init__(
-        self, compiler: Compiler | None = None, *, max_batch: int = 64, max_delay: float = 0.001
+        self, compiler: Compiler | None = None, *, max_batch: int = 64, max_delay: float = 0.0
     ) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
@@ -136,6 +138,8 @@ class Batcher:
             group.members.append(member)
             if len(group.members) >= self.max_batch:
                 del self._open[key]  # full: the next request opens another
+                if group.full is not None:
+                    group.full.set()
             await member.done.wait()
         else:
             group = self._open[key] = _Group(product, semiring, stream)
@@ -146,15 +150,20 @@ class Batcher:
         return member.result
 
     async def _lead(self, key: tuple[_plan_cache.Product, int], group: _Group) -> None:
-        """Let the other ready tasks join while they keep coming, then launch the group (also
-        when this task is cancelled meanwhile: the others are waiting for it)."""
+        """Let the tasks that are ready join, then launch the group (also when this task is
+        cancelled meanwhile: the others are waiting for it)."""
         try:
-            deadline = time.monotonic() + self.max_delay
-            while len(group.members) < self.max_batch:
+            # The tasks ready now ask in the next pass of the event loop (asyncio runs them in
+            # the order they woke; trio shuffles each batch, so a second pass where some came).
+            for _ in range(2):
                 joined = len(group.members)
                 await anyio.lowlevel.checkpoint()
-                if len(group.members) == joined or time.monotonic() >= deadline:
+                if len(group.members) in (joined, self.max_batch):
                     break
+            if self.max_delay and len(group.members) < self.max_batch:
+                group.full = anyio.Event()
+                with anyio.move_on_after(self.max_delay):
+                    await group.full.wait()
         finally:
             if self._open.get(key) is group:
                 del self._open[key]
