@@ -227,6 +227,35 @@ async def test_synchronize_keeps_the_loop_serving() -> None:
             await synchronize(42)
 
 
+async def test_tasks_waiting_for_the_same_work_wake_together() -> None:
+    """Tasks that began to wait at different times (so their polls have backed off to
+    different periods) go on in one pass once the work they wait for is done: the first to
+    find its event done wakes the others."""
+    import cupy
+
+    async with Compiler(disk=False) as compiler:
+        module = await compiler.get(KernelSpec(SPIN))
+        stream = cupy.cuda.Stream(non_blocking=True)
+        out = cupy.zeros(32, dtype=cupy.int32)
+        rate = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000  # cycles/s
+        with stream:
+            module.get_function("spin")((1,), (32,), (np.int64(rate * 0.2), out))
+        woke: list[float] = []
+
+        async def wait(i: int) -> None:
+            await anyio.sleep(0.003 * i)
+            await synchronize(stream)
+            woke.append(anyio.current_time())
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(wait, i)
+        assert len(woke) == 8
+        # Backed off to periods of up to 1 ms, each on its own clock, they would wake up to a
+        # period apart; woken by the first, within one pass of the loop.
+        assert max(woke) - min(woke) < 2e-4
+
+
 def test_get_sync_from_threads(cache_dir: Path) -> None:
     spec = axpy_spec()
     modules: list[Any] = []

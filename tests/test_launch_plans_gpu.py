@@ -219,7 +219,7 @@ def test_backward_reuses_its_launch_and_zeroes_on_the_stream(
             ga, gb = cupy.asarray(a), cupy.asarray(b)
             _, index = tropical.matmul_sync(ga, gb, ring, argmax=True)
             gg = cupy.asarray(g)
-        launches.add(id(_plan_cache.backward(gg, index, ga, gb, ring)))
+        launches.add(id(_plan_cache.backward(gg, ga, gb, index, ring)))
         # The current stream is the default one; the zeroing and the kernel run on `stream`.
         grad_a, grad_b = tropical.backward_sync(gg, ga, gb, index, ring, stream=stream)
         stream.synchronize()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from ._artifact import Artifact
 from ._cuda_errors import map_cuda_errors, map_load_errors
@@ -224,12 +225,25 @@ _FIRST_POLL = 20e-6  # seconds
 _MAX_POLL = 1e-3  # seconds
 
 
+class _Wait:
+    __slots__ = ("event", "woken")
+
+    def __init__(self, event: Any) -> None:
+        self.event, self.woken = event, anyio.Event()
+
+
+# The tasks of this event loop waiting in synchronize.
+_waiting: anyio.lowlevel.RunVar[set[_Wait]] = anyio.lowlevel.RunVar("aionvrtc.synchronize")
+
+
 async def synchronize(work: Any = None) -> None:
     """Wait until GPU work is done without blocking the event loop.
 
     ``work`` is a ``cupy.cuda.Stream`` (all work queued on it so far), a ``cupy.cuda.Event``
     (recorded earlier), or None for CuPy's current stream. Polls the event with a short
-    backoff, so an asyncio or trio server keeps serving while the GPU works.
+    backoff, so an asyncio or trio server keeps serving while the GPU works; the task that
+    finds its work done wakes every other task of the loop whose work is done too, so that
+    tasks waiting for the same work (a batch) go on together.
     """
     import cupy
 
@@ -244,7 +258,24 @@ async def synchronize(work: Any = None) -> None:
         raise TypeError(
             f"synchronize takes a cupy.cuda.Stream or cupy.cuda.Event, not {type(work).__name__}"
         )
-    delay = _FIRST_POLL
-    while not event.done:
-        await anyio.sleep(delay)
-        delay = min(delay * 2, _MAX_POLL)
+    if event.done:
+        return
+    try:
+        waiting = _waiting.get()
+    except LookupError:
+        waiting = set()
+        _waiting.set(waiting)
+    mine = _Wait(event)
+    waiting.add(mine)
+    try:
+        delay = _FIRST_POLL
+        while not mine.woken.is_set():
+            with anyio.move_on_after(delay):
+                await mine.woken.wait()
+            if not mine.woken.is_set() and event.done:
+                for other in waiting:
+                    if other.event.done:
+                        other.woken.set()
+            delay = min(delay * 2, _MAX_POLL)
+    finally:
+        waiting.discard(mine)

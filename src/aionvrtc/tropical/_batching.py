@@ -126,7 +126,7 @@ class Batcher:
         key = (product, handle)
         group = self._open.get(key)
         previous, self._latest = self._latest, _current_task()
-        if group is None and previous is self._latest:
+        if group is None and previous == self._latest:
             # Alone: nobody else asked since this task's last request.
             self._alone += 1
             self._launches += 1

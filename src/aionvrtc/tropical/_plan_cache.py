@@ -135,7 +135,9 @@ def backward(grad_c: Any, a: Any, b: Any, argmax: Any, semiring: str) -> Backwar
     try:
         key = (semiring, _layout(grad_c), _layout(argmax), _layout(a), _layout(b))
         return _backwards[key]
-    except (AttributeError, KeyError, TypeError):
+    except KeyError:
+        pass
+    except (AttributeError, TypeError):
         key = None
     launch = BackwardLaunch(backward_plan(grad_c, a, b, argmax, semiring))
     if key is not None:  # None: unhashable, or a subclass of cupy.ndarray: not kept
