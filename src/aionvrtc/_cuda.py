@@ -219,9 +219,11 @@ def describe_artifact(artifact: Artifact) -> str:
     return f"{kernels} ({artifact.kind} for {artifact.arch}, key {artifact.key[:16]}...)"
 
 
-# Polling an event: first at once, then backing off, so a short kernel costs little latency and
-# a long one little CPU.
-_FIRST_POLL = 20e-6  # seconds
+# Polling an event: first at once, then at each pass of the event loop for a while (asyncio's
+# timers sleep at least a millisecond where the loop is idle: epoll counts whole ms), then
+# backing off, so a short kernel costs little latency and a long one little CPU.
+_EAGER = 200e-6  # seconds polled at every pass
+_FIRST_POLL = 50e-6  # seconds
 _MAX_POLL = 1e-3  # seconds
 
 
@@ -268,14 +270,18 @@ async def synchronize(work: Any = None) -> None:
     mine = _Wait(event)
     waiting.add(mine)
     try:
+        eager = anyio.current_time() + _EAGER
         delay = _FIRST_POLL
         while not mine.woken.is_set():
-            with anyio.move_on_after(delay):
-                await mine.woken.wait()
+            if anyio.current_time() < eager:
+                await anyio.lowlevel.checkpoint()
+            else:
+                with anyio.move_on_after(delay):
+                    await mine.woken.wait()
+                delay = min(delay * 2, _MAX_POLL)
             if not mine.woken.is_set() and event.done:
                 for other in waiting:
                     if other.event.done:
                         other.woken.set()
-            delay = min(delay * 2, _MAX_POLL)
     finally:
         waiting.discard(mine)

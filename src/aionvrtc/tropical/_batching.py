@@ -41,21 +41,21 @@ class BatcherStats:
 
 
 class _Member:
-    __slots__ = ("a", "b", "done", "error", "result")
+    __slots__ = ("a", "b", "error", "result")
 
     def __init__(self, a: Any, b: Any) -> None:
         self.a, self.b = a, b
-        self.done = anyio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
 
 
 class _Group:
-    __slots__ = ("full", "members", "product", "semiring", "stream")
+    __slots__ = ("done", "full", "members", "product", "semiring", "stream")
 
     def __init__(self, product: _plan_cache.Product, semiring: str, stream: Any) -> None:
         self.product, self.semiring, self.stream = product, semiring, stream
         self.members: list[_Member] = []
+        self.done = anyio.Event()  # set when every member has its result or error
         self.full: anyio.Event | None = None  # set when max_batch have joined, if awaited
 
 
@@ -140,7 +140,7 @@ class Batcher:
                 del self._open[key]  # full: the next request opens another
                 if group.full is not None:
                     group.full.set()
-            await member.done.wait()
+            await group.done.wait()
         else:
             group = self._open[key] = _Group(product, semiring, stream)
             group.members.append(member)
@@ -194,8 +194,7 @@ class Batcher:
             for member in members:
                 member.error = exc
         finally:
-            for member in members:
-                member.done.set()
+            group.done.set()
 
     async def _run(self, product: _plan_cache.Product, operands: Any, stream: Any) -> None:
         launch = product.launch
