@@ -621,7 +621,8 @@ def table(facts: dict[str, Any], s: Settings, seed: int, a: dict[str, Any],
         f"{alone['direct_s'] * 1e3:.3f} ms, batcher {alone['batcher_s'] * 1e3:.3f} ms, ratio "
         f"{alone['ratio']:.2f} (target <= {GOAL_ALONE}: {met(alone['ratio'], GOAL_ALONE)}).",
         f"- Batcher at 64 tasks: {fmt(at64['requests_per_s'], '.0f')} requests/s, "
-        f"{fmt(at64['vs_before'])}x the {BEFORE_64_TASKS:.0f}/s before launch plans and batching (target >= "
+        f"{fmt(at64['vs_before'])}x the {BEFORE_64_TASKS:.0f}/s before launch plans and "
+        f"batching (target >= "
         f"{GOAL_BEFORE:g}x: {met(at64['vs_before'], GOAL_BEFORE, at_least=True)}), "
         f"{fmt(at64['vs_1_task'])}x its own 1-task rate (target >= {GOAL_SCALING:g}x: "
         f"{met(at64['vs_1_task'], GOAL_SCALING, at_least=True)}).",
