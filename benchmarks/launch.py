@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
 import random
 import statistics
 import sys
@@ -345,6 +346,81 @@ async def concurrent(
     return done, time.perf_counter() - began
 
 
+async def loop_floor(tasks: int, inputs: Sequence[Any], *, views: bool) -> float:
+    """Requests/s that the event loop and CuPy allow a batched request without the batcher or
+    the GPU: each of a request's steps is one wait for a future shared by the step's group of
+    ``tasks`` (the last to arrive sets it), where ``views`` with each member's value and argmax
+    made as arrays over one batched output, as a batch's results are; then the read
+    (``await synchronize()``, ``float(x[0, 0])``). No product is computed."""
+    import cupy
+
+    loop = asyncio.get_running_loop()
+    per_task = len(inputs) // tasks
+    values = cupy.empty((tasks, SIZE, SIZE), np.float32)
+    where = cupy.empty((tasks, SIZE, SIZE), np.int32)
+
+    def slices(batch: Any) -> list[Any]:
+        shape, dtype, step, memory = batch.shape[1:], batch.dtype, batch.strides[0], batch.data
+        return [cupy.ndarray(shape, dtype, memory + i * step) for i in range(tasks)]
+
+    groups: dict[tuple[int, int], list[Any]] = {}
+
+    async def worker(first: int) -> None:
+        for r in range(per_task):
+            x = inputs[first + r]
+            for step in range(STEPS):
+                group = groups.setdefault((r, step), [loop.create_future(), 0])
+                slot, group[1] = group[1], group[1] + 1
+                if group[1] == tasks:
+                    del groups[r, step]
+                    group[0].set_result((slices(values), slices(where)) if views else None)
+                made = await group[0]
+                if made is not None:
+                    x, _ = made[0][slot], made[1][slot]
+            await aionvrtc.synchronize()
+            float(x[0, 0])
+
+    began = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for t in range(tasks):
+            group.create_task(worker(t * per_task))
+    return per_task * tasks / (time.perf_counter() - began)
+
+
+def uvloop_curve(s: Settings) -> list[dict[str, Any]] | None:
+    """The batcher and the direct path at 1 and 64 tasks on uvloop (None where it is not
+    installed): the event loop's share of a request's host time."""
+    try:
+        uvloop = importlib.import_module("uvloop")  # not a dependency: used where installed
+    except ImportError:
+        return None
+    import cupy
+
+    async def run() -> list[dict[str, Any]]:
+        bs = [cupy.random.standard_normal((SIZE, SIZE), dtype=np.float32) for _ in range(STEPS)]
+        inputs = [cupy.random.standard_normal((SIZE, SIZE), dtype=np.float32)
+                  for _ in range(s.requests)]  # fmt: skip
+        await warm_b(bs, inputs)
+        rows = []
+        for tasks in (1, 64):
+            for path in ("direct", "batcher"):
+                batcher = new_batcher() if path == "batcher" else None
+                product = batcher_product(batcher) if batcher is not None else direct_product
+                device_sync()
+                done, seconds = await concurrent(product, tasks, inputs, bs, s.cap_s)
+                rows.append({"path": path, "tasks": tasks, "requests_per_s": done / seconds,
+                             "batcher": batcher_stats(batcher) if batcher else None})  # fmt: skip
+        rows += [
+            {"path": f"floor: {what}", "tasks": tasks,
+             "requests_per_s": await loop_floor(tasks, inputs, views=what == "views")}
+            for what in ("futures", "views") for tasks in (1, 64)
+        ]  # fmt: skip
+        return rows
+
+    rows: list[dict[str, Any]] = uvloop.run(run())
+    return rows
+
+
 def batcher_stats(batcher: Any) -> dict[str, Any]:
     stats = batcher.stats() if hasattr(batcher, "stats") else None
     requests = getattr(stats, "requests", None)
@@ -513,6 +589,11 @@ async def requests_curve(s: Settings, seed: int) -> dict[str, Any]:
         "requests_per_s": done / seconds, "batcher": None,
     })  # fmt: skip
 
+    floors = {
+        f"{what}, {tasks} tasks": await loop_floor(tasks, inputs, views=what == "views")
+        for what in ("futures", "views")
+        for tasks in (1, 64)
+    }
     floor = await batched_floor(bs, s.floor_repeats)
     rate = {(r["path"], r["tasks"]): r["requests_per_s"] for r in curve}
     at64 = rate.get(("batcher", 64))
@@ -537,6 +618,7 @@ async def requests_curve(s: Settings, seed: int) -> dict[str, Any]:
             "goal_vs_1_task": GOAL_SCALING,
         },
         "batched_floor": floor,
+        "loop_floors": floors,
     }
 
 
@@ -632,8 +714,26 @@ def table(facts: dict[str, Any], s: Settings, seed: int, a: dict[str, Any],
         f"calls, median of {s.floor_repeats}); the batched kernel alone (CUDA-graph replays) "
         f"{floor['batched_kernel_s'] * 1e3:.3f} ms. {STEPS} batched launches per {BATCH} "
         f"requests: a ceiling of {floor['ceiling_requests_per_s']:.0f} requests/s.",
+        "- The event loop's floor (no product computed: each step one wait for a future that "
+        "the step's group shares, then the read; \"views\" also makes each member's value and "
+        "argmax over one batched output, as a batch's results are), requests/s: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in b["loop_floors"].items())
+        + ".",
         "",
     ]
+    if b.get("uvloop"):
+        lines += [
+            "On uvloop (the same requests, in the same process after the above):",
+            "",
+            "| path | tasks | requests/s | mean batch |",
+            "| --- | --- | --- | --- |",
+        ]
+        for r in b["uvloop"]:
+            batch = (r.get("batcher") or {}).get("mean_batch")
+            lines.append(
+                f"| {r['path']} | {r['tasks']} | {r['requests_per_s']:.0f} | {fmt(batch, '.1f')} |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -665,6 +765,8 @@ def main() -> None:
     except Exception as exc:  # A's results still get written
         traceback.print_exc()
         b = {"error": f"{type(exc).__name__}: {exc}"}
+    if "error" not in b:
+        b["uvloop"] = uvloop_curve(s)
     slug = facts["gpu"].replace("NVIDIA ", "")
     name = "launch-quick" if args.quick else "launch"
     facts = {**facts, "seed": seed, "settings": dataclasses.asdict(s)}

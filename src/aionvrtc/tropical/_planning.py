@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,7 +29,9 @@ __all__ = [
 Strides = tuple[int, int, int]
 
 
+@functools.cache
 def cupy_module() -> Any:
+    """CuPy, imported on first use (importing aionvrtc.tropical needs no GPU stack)."""
     import cupy
 
     return cupy
