@@ -500,3 +500,26 @@ def test_a_semiring_made_elsewhere_is_refused() -> None:
     by_object = tropical.gemm_spec(maxplus, f4, argmax=False, accumulate=False, layout="rowmajor")
     by_name = tropical.gemm_spec("maxplus", f4, argmax=False, accumulate=False, layout="rowmajor")
     assert by_object is by_name
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_batch": 0}, "max_batch must be a positive int, got 0"),
+        ({"max_batch": True}, "max_batch must be a positive int, got True"),
+        ({"max_batch": 2.0}, "max_batch must be a positive int, got 2.0"),
+        ({"max_delay": -0.001}, r"max_delay must be a finite number of seconds >= 0, got -0.001"),
+        ({"max_delay": float("inf")}, "max_delay must be a finite number of seconds >= 0, got inf"),
+        ({"max_delay": "1ms"}, "max_delay must be a finite number of seconds >= 0, got '1ms'"),
+    ],
+)
+def test_batcher_options_are_checked(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tropical.Batcher(**options)
+
+
+def test_a_batcher_needs_no_gpu_until_it_is_asked() -> None:
+    batcher = tropical.Batcher(max_batch=16, max_delay=0.002)
+    assert (batcher.max_batch, batcher.max_delay) == (16, 0.002)
+    assert batcher.stats() == tropical.BatcherStats(requests=0, launches=0, alone=0)
+    assert repr(batcher) == "<Batcher max_batch=16 max_delay=0.002: 0 requests in 0 launches>"

@@ -12,7 +12,6 @@ alone (no other task asked since its last request) launches at once, as ``matmul
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from dataclasses import dataclass
@@ -183,7 +182,7 @@ class Batcher:
                 member.result = (c, index) if group.product.argmax else c
                 return
             cupy = cupy_module()
-            with cupy.cuda.Device(group.product.device), group.stream or contextlib.nullcontext():
+            with cupy.cuda.Device(group.product.device), group.stream:
                 a = _gather([m.a for m in members])
                 b = _gather([m.b for m in members])
             product, c, index = _plan_cache.product(

@@ -65,7 +65,10 @@ class Product:
         if self.fill is None:
             return
         cupy = cupy_module()
-        with cupy.cuda.Device(self.device), stream or contextlib.nullcontext():
+        with (
+            cupy.cuda.Device(self.device),
+            stream if stream is not None else contextlib.nullcontext(),
+        ):
             c.fill(self.fill)
             if index is not None:
                 index.fill(-1)
