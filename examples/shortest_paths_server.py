@@ -1,18 +1,35 @@
 """An asyncio HTTP service (aiohttp) answering all-pairs shortest-path queries on weighted
-graphs with min-plus matrix squaring on the GPU, paths rebuilt from the argmax.
+graphs with min-plus matrix squaring on the GPU, paths rebuilt from the argmax, and saying in
+each answer's ``Server-Timing`` header where the request's time went.
 
     .venv/bin/pip install -e '.[cu13,examples]'    # from a checkout; cu12 for a CUDA 12 driver
     python examples/shortest_paths_server.py [--port 8080] [--arch sm_90] [--sizes 64 256 1024]
+                                             [--no-batch]
 
     POST /shortest-paths  {"weights": [[0, 4, null], [null, 0, 1], [2, null, 0]],
                            "pairs": [[0, 2], [2, 1]]}
     ->  {"n": 3, "squarings": 2, "distances": [5.0, 6.0], "paths": [[0, 1, 2], [2, 0, 1]]}
-    GET /stats            the compiler's statistics
+        Server-Timing: parse;dur=<ms>, gpu;dur=<ms>, respond;dur=<ms>
+    POST /shortest-paths  with Content-Type: application/x-npz (or application/octet-stream):
+                          the bytes of np.savez(f, weights=W, pairs=P), same answer
+    GET /stats            the compiler's statistics, and the batcher's
 
-``null`` is no edge; weights are non-negative. D <- D (min,+) D, repeated until no distance
+In JSON ``null`` is no edge; in an .npz, ``weights`` is an n x n float32 or float64 array with
+``inf`` for no edge and ``pairs`` (optional) a p x 2 integer array. Weights are non-negative and
+are computed in float32 whatever the body's format. D <- D (min,+) D, repeated until no distance
 changes (at most log2(n) times), gives every shortest distance; the argmax of each product (the
 k through which i reaches j) updates the first hop of every path. Kernels come from one
 Compiler through ``await compiler.get``: any number of concurrent requests share one compile.
+Concurrent requests' squarings of one size go to the GPU as one batched launch
+(``tropical.Batcher``); ``--no-batch`` launches each one alone (``tropical.matmul``).
+
+``Server-Timing`` durations are milliseconds of wall time in the handler: ``parse`` reads and
+decodes the body; ``gpu`` enqueues the squarings and waits for them (in the batcher, then for
+the stream without blocking the event loop), which includes the time other requests' tasks run
+meanwhile; ``respond`` copies the results back (blocking until the stream's queued work is done)
+and builds the JSON answer. What a client measures beyond their sum was spent outside the
+handler: the network, HTTP parsing, waiting for the event loop.
+
 Without a GPU the service compiles its kernels for ``--arch`` (default ``$AIONVRTC_ARCH``, else
 sm_90) and says what it would serve.
 """
@@ -20,7 +37,10 @@ sm_90) and says what it would serve.
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import math
+import time
 from typing import Any
 
 import anyio
@@ -36,35 +56,109 @@ from aionvrtc import (
 )
 
 MAX_NODES = 4096
+# The largest body read, and the most an .npz may decompress to: a zip's members can expand far
+# beyond its bytes on the wire. Room for float64 weights of MAX_NODES and as many pairs.
+MAX_BODY = 256 << 20
+NPZ_TYPES = frozenset({"application/x-npz", "application/octet-stream"})
+NPZ_MESSAGE = 'an .npz body must be np.savez bytes holding "weights" (and "pairs")'
+
+Query = tuple[np.ndarray[Any, Any], list[tuple[int, int]]]
 
 
-def parse(body: Any) -> tuple[np.ndarray[Any, Any], list[tuple[int, int]]]:
-    """Weights (inf for no edge) and pairs from a request; ValueError names what is wrong."""
+def parse(content_type: str, body: bytes) -> Query:
+    """Weights (float32, inf for no edge) and pairs from a request body: an .npz for the NPZ_TYPES,
+    else JSON; ValueError names what is wrong."""
+    if content_type in NPZ_TYPES:
+        return from_npz(body)
+    try:
+        decoded = json.loads(body)
+    except ValueError:  # not UTF-8 or not JSON
+        raise ValueError(
+            "the body is not JSON (send an .npz as application/x-npz or application/octet-stream)"
+        ) from None
+    return from_json(decoded)
+
+
+def from_json(body: Any) -> Query:
     if not isinstance(body, dict) or "weights" not in body:
         raise ValueError('the body must be a JSON object with "weights" (and "pairs")')
-    rows = body["weights"]
-    n = len(rows) if isinstance(rows, list) else 0
-    if not 1 <= n <= MAX_NODES or any(not isinstance(r, list) or len(r) != n for r in rows):
-        raise ValueError(f'"weights" must be a square list of lists, 1 to {MAX_NODES} rows')
+    rows, pairs = body["weights"], body.get("pairs", [])
+    square = f'"weights" must be a square list of lists, 1 to {MAX_NODES} rows'
+    if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+        raise ValueError(square)
+    # float() would also take "1.5" and true: JSON numbers only.
+    if not all(w is None or type(w) in (int, float) for row in rows for w in row):
+        raise ValueError('"weights" must hold numbers or null')
     try:
-        weights = np.array(
-            [[math.inf if w is None else float(w) for w in row] for row in rows], np.float32
-        )
-    except (TypeError, ValueError):
-        raise ValueError('"weights" must hold numbers or null') from None
-    if (weights < 0).any() or np.isnan(weights).any():
-        raise ValueError('"weights" must be non-negative (null for no edge)')
-    pairs = body.get("pairs", [])
+        weights = np.array([[math.inf if w is None else w for w in r] for r in rows], np.float64)
+    except ValueError:  # rows of unequal lengths
+        raise ValueError(square) from None
+    except OverflowError:  # an integer beyond float64
+        raise ValueError('"weights" must fit in float32 (null for no edge)') from None
     if not isinstance(pairs, list) or not all(
-        isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and 0 <= v < n for v in p)
-        for p in pairs
+        isinstance(p, list) and all(type(v) is int for v in p) for p in pairs
     ):
-        raise ValueError(f'"pairs" must be a list of [source, target] nodes below {n}')
-    return weights, [(int(s), int(t)) for s, t in pairs]
+        raise ValueError(_pairs_message(len(rows)))
+    try:
+        pair_array = np.array(pairs, np.int64) if pairs else np.empty((0, 2), np.int64)
+    except (ValueError, OverflowError):  # pairs of unequal lengths, an integer beyond int64
+        raise ValueError(_pairs_message(len(rows))) from None
+    return validate(weights, pair_array)
 
 
-async def all_pairs(compiler: Compiler, weights: np.ndarray[Any, Any]) -> tuple[Any, Any, int]:
-    """Distances and first hops (-1: unreachable) of every pair, and the squarings it took."""
+def from_npz(body: bytes) -> Query:
+    try:
+        npz = np.load(io.BytesIO(body), allow_pickle=False)
+    except Exception as exc:  # np.load fails on malformed bytes under many types, all a bad body
+        raise ValueError(f"{NPZ_MESSAGE}: not readable ({type(exc).__name__})") from None
+    if not isinstance(npz, np.lib.npyio.NpzFile) or "weights" not in npz.files:
+        raise ValueError(NPZ_MESSAGE)
+    with npz:
+        assert npz.zip is not None  # set while open
+        if sum(info.file_size for info in npz.zip.infolist()) > MAX_BODY:
+            raise ValueError(f"the .npz expands to more than {MAX_BODY >> 20} MiB")
+        try:
+            # A member without the .npy header comes back as bytes: asarray, and the checks say.
+            weights = np.asarray(npz["weights"])
+            pairs = np.asarray(npz["pairs"]) if "pairs" in npz.files else np.empty((0, 2), int)
+        except Exception as exc:  # a corrupt member, or one of objects (pickles)
+            raise ValueError(f"{NPZ_MESSAGE}: {type(exc).__name__}: {exc}") from None
+    return validate(weights, pairs)
+
+
+def validate(weights: np.ndarray[Any, Any], pairs: np.ndarray[Any, Any]) -> Query:
+    """The checks of every body format, on arrays; returns contiguous float32 weights."""
+    n = weights.shape[0] if weights.ndim == 2 else 0
+    if weights.shape != (n, n) or not 1 <= n <= MAX_NODES:
+        raise ValueError(f'"weights" must be square (n x n), n from 1 to {MAX_NODES}')
+    if weights.dtype not in (np.float32, np.float64):
+        raise ValueError(f'"weights" must be float32 or float64, not {weights.dtype}')
+    if np.isnan(weights).any() or (weights < 0).any():
+        raise ValueError('"weights" must be non-negative, inf (or null) for no edge, no NaN')
+    # A finite weight beyond float32 would become inf, "no edge", unless refused here.
+    with np.errstate(over="ignore"):
+        single = np.ascontiguousarray(weights, np.float32)
+    if (np.isinf(single) != np.isinf(weights)).any():
+        raise ValueError('"weights" must fit in float32 (inf or null for no edge)')
+    if (
+        pairs.ndim != 2
+        or pairs.shape[1] != 2
+        or pairs.dtype.kind not in "iu"
+        or ((pairs < 0) | (pairs >= n)).any()
+    ):
+        raise ValueError(_pairs_message(n))
+    return single, [(int(s), int(t)) for s, t in pairs.tolist()]
+
+
+def _pairs_message(n: int) -> str:
+    return f'"pairs" must be [source, target] pairs (p x 2 integers) of nodes below {n}'
+
+
+async def all_pairs(
+    compiler: Compiler, weights: np.ndarray[Any, Any], batcher: tropical.Batcher | None = None
+) -> tuple[Any, Any, int]:
+    """Distances and first hops (-1: unreachable) of every pair, and the squarings it took; the
+    products through ``batcher`` if given."""
     import cupy
 
     n = len(weights)
@@ -74,16 +168,23 @@ async def all_pairs(compiler: Compiler, weights: np.ndarray[Any, Any]) -> tuple[
     hop = cupy.where(cupy.isfinite(dist), cupy.broadcast_to(cupy.arange(n), (n, n)), -1)
     squarings = 0
     while squarings < max(1, math.ceil(math.log2(max(n - 1, 1)))):
-        shorter, via = await tropical.matmul(dist, dist, "minplus", argmax=True, compiler=compiler)
+        if batcher is not None:
+            shorter, via = await batcher.matmul(dist, dist, "minplus", argmax=True)
+        else:
+            shorter, via = await tropical.matmul(
+                dist, dist, "minplus", argmax=True, compiler=compiler
+            )
         squarings += 1
         # i reaches j through via: first the hop towards via (unless via is i itself).
         through = hop[rows, cupy.maximum(via, 0)]
         hop = cupy.where((via >= 0) & (via != rows), through, hop)
-        changed = bool((shorter < dist).any())
+        changed = (shorter < dist).any()
         dist = shorter
-        if not changed:
+        # Reading `changed` now would block the event loop until the GPU is done; awaiting lets
+        # the other requests run meanwhile, and their next squarings join one batch.
+        await synchronize()
+        if not bool(changed):
             break
-    await synchronize()
     return dist, hop, squarings
 
 
@@ -98,65 +199,96 @@ def path(hop: np.ndarray[Any, Any], source: int, target: int) -> list[int]:
     return nodes
 
 
-def make_app(compiler: Compiler) -> Any:
+def server_timing(**seconds: float) -> dict[str, str]:
+    """The standard Server-Timing header, durations in milliseconds."""
+    return {"Server-Timing": ", ".join(f"{name};dur={s * 1e3:.3f}" for name, s in seconds.items())}
+
+
+def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None) -> Any:
     from aiohttp import web
 
     async def shortest_paths(request: web.Request) -> web.Response:
+        started = time.perf_counter()
         try:
-            weights, pairs = parse(await request.json())
+            weights, pairs = parse(request.content_type, await request.read())
         except ValueError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        dist, hop, squarings = await all_pairs(compiler, weights)
+            return web.json_response(
+                {"error": str(exc)},
+                status=400,
+                headers=server_timing(parse=time.perf_counter() - started),
+            )
+        parsed = time.perf_counter()
+        dist, hop, squarings = await all_pairs(compiler, weights, batcher)
+        computed = time.perf_counter()
         dist_h, hop_h = dist.get(), hop.get()
-        return web.json_response(
-            {
-                "n": len(weights),
-                "squarings": squarings,
-                "distances": [
-                    None if math.isinf(dist_h[s, t]) else float(dist_h[s, t]) for s, t in pairs
-                ],
-                "paths": [path(hop_h, s, t) for s, t in pairs],
-            }
+        answer = {
+            "n": len(weights),
+            "squarings": squarings,
+            "distances": [
+                None if math.isinf(dist_h[s, t]) else float(dist_h[s, t]) for s, t in pairs
+            ],
+            "paths": [path(hop_h, s, t) for s, t in pairs],
+        }
+        body = json.dumps(answer)
+        timing = server_timing(
+            parse=parsed - started, gpu=computed - parsed, respond=time.perf_counter() - computed
         )
+        return web.Response(text=body, content_type="application/json", headers=timing)
 
     async def stats(request: web.Request) -> web.Response:
         s = compiler.stats()
+        b = batcher.stats() if batcher is not None else None
         return web.json_response(
             {"requests": s.requests, "compiles": s.compiles, "joined": s.joined,
-             "memory_hits": s.memory.hits, "disk_hits": s.disk.hits}
+             "memory_hits": s.memory.hits, "disk_hits": s.disk.hits,
+             "batcher": None if b is None else
+                {"requests": b.requests, "launches": b.launches, "alone": b.alone}}
         )  # fmt: skip
 
-    app = web.Application(client_max_size=256 << 20)
+    app = web.Application(client_max_size=MAX_BODY)
     app.add_routes([web.post("/shortest-paths", shortest_paths), web.get("/stats", stats)])
     return app
 
 
-async def main(port: int, arch: str | None, sizes: list[int]) -> None:
+async def main(port: int, arch: str | None, sizes: list[int], batch: bool) -> None:
     # --arch, else $AIONVRTC_ARCH, else this GPU's; sm_90 on a machine without one.
     target = resolve_target(arch, default="sm_90")
     async with Compiler(arch=target) as compiler:
-        # Warm the kernels of the expected graph sizes before taking traffic.
-        specs = {tropical.kernel_spec(n, n, n, "minplus", argmax=True) for n in sizes}
+        batcher = tropical.Batcher(compiler) if batch else None
+        # Warm the kernels of the expected graph sizes before taking traffic; a batch's size
+        # picks its tiles, so each size's kernels for every batch the batcher can make.
+        batches = range(1, batcher.max_batch + 1) if batcher is not None else [1]
+        specs = {
+            tropical.kernel_spec(n, n, n, "minplus", argmax=True, batch=b)
+            for n in sizes
+            for b in batches
+        }
         async with anyio.create_task_group() as group:
             for spec in specs:
                 group.start_soon(compiler.compile, spec)
-        print(f"compiled {len(specs)} min-plus kernel(s) with argmax for {target}", flush=True)
+        batching = f"batches up to {batcher.max_batch}" if batcher is not None else "no batching"
+        print(
+            f"compiled {len(specs)} min-plus kernel(s) with argmax for {target} ({batching})",
+            flush=True,
+        )
         try:
             for spec in specs:
                 await compiler.get(spec)  # loaded before the first request needs them
         except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or a driver too old
             print(
                 f"no usable GPU for {target} here ({type(exc).__name__}): would serve "
-                f"POST /shortest-paths and GET /stats on port {port}",
+                f"POST /shortest-paths and GET /stats on port {port} (JSON or .npz bodies, "
+                f"{batching})",
                 flush=True,
             )
             return
         from aiohttp import web
 
-        runner = web.AppRunner(make_app(compiler))
+        runner = web.AppRunner(make_app(compiler, batcher))
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        print(f"serving on http://127.0.0.1:{port}", flush=True)
+        # A burst of new clients beyond the default backlog (128) waits a 1 s SYN retry.
+        await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
+        print(f"serving on http://127.0.0.1:{port} ({batching})", flush=True)
         try:
             await anyio.sleep_forever()
         finally:
@@ -164,9 +296,15 @@ async def main(port: int, arch: str | None, sizes: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--arch", help="default: $AIONVRTC_ARCH, else the GPU's, else sm_90")
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument(
+        "--no-batch", dest="batch", action="store_false",
+        help="launch each request's squarings alone (tropical.matmul), not batched",
+    )  # fmt: skip
     args = parser.parse_args()
-    anyio.run(main, args.port, args.arch, args.sizes)
+    anyio.run(main, args.port, args.arch, args.sizes, args.batch)

@@ -117,30 +117,175 @@ def test_shortest_paths_server_compiles_and_says_what_it_would_serve(cache_dir: 
     assert "would serve POST /shortest-paths and GET /stats on port 8080" in out
 
 
-def test_shortest_paths_requests_are_validated() -> None:
-    server = example_module("shortest_paths_server")
-    parse, path = server.parse, server.path
+def test_shortest_paths_json_requests_are_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
     import numpy as np
 
-    weights, pairs = parse(
-        {"weights": [[0, 4, None], [None, 0, 1], [2, None, 0]], "pairs": [[0, 2]]}
-    )
+    server = example_module("shortest_paths_server")
+    parse, path = server.parse, server.path
+
+    def ask(body: Any) -> Any:
+        return parse("application/json", json.dumps(body).encode())
+
+    weights, pairs = ask({"weights": [[0, 4, None], [None, 0, 1], [2, None, 0]], "pairs": [[0, 2]]})
     assert weights.dtype == np.float32
     assert np.isinf(weights[0, 2])
+    assert weights[0, 1] == 4
     assert pairs == [(0, 2)]
+    assert ask({"weights": [[0.5]]})[1] == []
     for body, message in (
         ([], 'a JSON object with "weights"'),
-        ({"weights": [[0, 1]]}, "square list of lists"),
+        ({"pairs": []}, 'a JSON object with "weights"'),
+        ({"weights": 5}, "square list of lists"),
+        ({"weights": [[0, 1], [1]]}, "square list of lists"),
+        ({"weights": [[0, 1]]}, r"square \(n x n\), n from 1 to 4096"),
+        ({"weights": []}, r"square \(n x n\)"),
         ({"weights": [["x"]]}, "numbers or null"),
+        ({"weights": [["1"]]}, "numbers or null"),
+        ({"weights": [[True]]}, "numbers or null"),
         ({"weights": [[-1]]}, "non-negative"),
-        ({"weights": [[0]], "pairs": [[0, 1]]}, "below 1"),
+        ({"weights": [[float("nan")]]}, "no NaN"),  # json.dumps writes NaN, json.loads reads it
+        ({"weights": [[1e300]]}, "fit in float32"),
+        ({"weights": [[10**400]]}, "fit in float32"),
+        ({"weights": [[0]], "pairs": [[0, 1]]}, "nodes below 1"),
+        ({"weights": [[0]], "pairs": [[-1, 0]]}, "nodes below 1"),
+        ({"weights": [[0]], "pairs": [[0]]}, r"p x 2 integers"),
+        ({"weights": [[0]], "pairs": [[0, 0], [0]]}, r"p x 2 integers"),
+        ({"weights": [[0]], "pairs": [[0, 0.0]]}, r"p x 2 integers"),
+        ({"weights": [[0]], "pairs": [[True, 0]]}, r"p x 2 integers"),
+        ({"weights": [[0]], "pairs": {"0": 0}}, r"p x 2 integers"),
     ):
         with pytest.raises(ValueError, match=message):
-            parse(body)
+            ask(body)
+    for raw in (b"{", b"\xff\xfe", b""):
+        with pytest.raises(ValueError, match="the body is not JSON"):
+            parse("application/json", raw)
+    monkeypatch.setattr(server, "MAX_NODES", 2)
+    with pytest.raises(ValueError, match="n from 1 to 2"):
+        ask({"weights": [[0] * 3] * 3})
     hop = np.array([[0, 1, 1], [-1, 1, 2], [0, 0, 2]])
     assert path(hop, 0, 2) == [0, 1, 2]
     assert path(hop, 1, 0) == []
     assert path(hop, 2, 2) == [2]
+
+
+def npz(**arrays: Any) -> bytes:
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def test_shortest_paths_npz_requests_are_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import json
+    import zipfile
+
+    import numpy as np
+
+    server = example_module("shortest_paths_server")
+    parse = server.parse
+    inf = np.inf
+    w = np.array([[0, 4, inf], [inf, 0, 1], [2, inf, 0]])
+    for content_type in ("application/x-npz", "application/octet-stream"):
+        weights, pairs = parse(content_type, npz(weights=w, pairs=np.array([[0, 2], [2, 1]])))
+        assert weights.dtype == np.float32
+        assert weights.flags.c_contiguous
+        assert np.array_equal(weights, w.astype(np.float32))
+        assert pairs == [(0, 2), (2, 1)]
+    # The same graph as JSON gives the same query; without pairs, none; any layout, C order.
+    as_json = {"weights": [[None if np.isinf(x) else x for x in row] for row in w.tolist()],
+               "pairs": [[0, 2], [2, 1]]}  # fmt: skip
+    weights_j, pairs_j = parse("application/json", json.dumps(as_json).encode())
+    assert np.array_equal(weights_j, weights)
+    assert pairs_j == pairs
+    weights, pairs = parse("application/x-npz", npz(weights=np.asfortranarray(w, np.float32)))
+    assert np.array_equal(weights, w.astype(np.float32))
+    assert weights.flags.c_contiguous
+    assert pairs == []
+    assert parse("application/x-npz", npz(weights=w, pairs=np.zeros((0, 2), np.uint8)))[1] == []
+    npy = io.BytesIO()
+    np.save(npy, w)
+    not_npy = io.BytesIO()
+    with zipfile.ZipFile(not_npy, "w") as archive:
+        archive.writestr("weights.npy", b"not an array")
+    pair = np.array([[0, 1]])
+    for body, message in (
+        (b"", r"np.savez bytes holding \"weights\" \(and \"pairs\"\): not readable \(EOFError\)"),
+        (b"not an npz", r"not readable \(ValueError\)"),
+        (b"PK\x03\x04 truncated", r"not readable \(BadZipFile\)"),
+        (npz(weights=w)[:100], r"not readable \(BadZipFile\)"),
+        (
+            npy.getvalue(),
+            r'^an .npz body must be np.savez bytes holding "weights" \(and "pairs"\)$',
+        ),
+        (npz(w=w), r'holding "weights" \(and "pairs"\)$'),
+        (npz(weights=np.array([[0, "x"]], object)), "Object arrays cannot be loaded"),
+        (not_npy.getvalue(), r"must be square \(n x n\)"),
+        (npz(weights=np.zeros((2, 3))), r"square \(n x n\), n from 1 to 4096"),
+        (npz(weights=np.zeros(4)), r"square \(n x n\)"),
+        (npz(weights=np.zeros((0, 0))), r"square \(n x n\)"),
+        (npz(weights=np.zeros((2, 2, 2))), r"square \(n x n\)"),
+        (npz(weights=np.zeros((2, 2), np.int64)), "must be float32 or float64, not int64"),
+        (npz(weights=np.zeros((2, 2), np.float16)), "must be float32 or float64, not float16"),
+        (npz(weights=np.array([["0"]])), "must be float32 or float64, not <U1"),
+        (npz(weights=np.array([[0, -1.0], [1, 0]])), "non-negative"),
+        (npz(weights=np.array([[0, -inf], [1, 0]])), "non-negative"),
+        (npz(weights=np.array([[0, np.nan], [1, 0]])), "no NaN"),
+        (npz(weights=np.array([[0, 1e39], [1, 0]])), "fit in float32"),
+        (npz(weights=w, pairs=np.array([[0, 3]])), r"\(p x 2 integers\) of nodes below 3"),
+        (npz(weights=w, pairs=np.array([[-1, 0]])), "nodes below 3"),
+        (npz(weights=w, pairs=np.array([[0.0, 1.0]])), r"p x 2 integers"),
+        (npz(weights=w, pairs=np.array([[True, False]])), r"p x 2 integers"),
+        (npz(weights=w, pairs=np.array([0, 1])), r"p x 2 integers"),
+        (npz(weights=w, pairs=np.array([[0, 1, 2]])), r"p x 2 integers"),
+        (npz(weights=w, pairs=np.zeros(0, np.int64)), r"p x 2 integers"),
+        (npz(weights=w, pairs=pair.astype(object)), "Object arrays cannot be loaded"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse("application/x-npz", body)
+    # The bytes a member expands to are bounded before it is read (a small zip can expand far).
+    monkeypatch.setattr(server, "MAX_BODY", 1 << 20)
+    big = npz(weights=np.zeros((400, 400)))
+    assert len(big) > 1 << 20
+    with pytest.raises(ValueError, match="expands to more than 1 MiB"):
+        parse("application/x-npz", big)
+    assert parse("application/x-npz", npz(weights=np.zeros((300, 300))))[0].shape == (300, 300)
+
+
+def test_shortest_paths_server_timing_header_and_bad_bodies_over_http() -> None:
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    server = example_module("shortest_paths_server")
+    assert server.server_timing(parse=0.0001234, gpu=0.0034, respond=0.0002) == {
+        "Server-Timing": "parse;dur=0.123, gpu;dur=3.400, respond;dur=0.200"
+    }
+
+    async def main() -> None:
+        # No compiler and no GPU are needed to turn bad bodies away.
+        async with TestClient(TestServer(server.make_app(None))) as client:
+            for content_type, body, message in (
+                ("application/json", b"[]", 'a JSON object with "weights"'),
+                ("application/x-npz", b"[]", "not readable (ValueError)"),
+                ("application/octet-stream", npz(weights=[[-1.0]]), "non-negative"),
+                ("text/plain", npz(weights=[[1.0]]), "the body is not JSON"),
+            ):
+                response = await client.post(
+                    "/shortest-paths", data=body, headers={"Content-Type": content_type}
+                )
+                assert response.status == 400
+                assert message in (await response.json())["error"]
+                name, duration = response.headers["Server-Timing"].split(";dur=")
+                assert name == "parse"
+                assert 0 <= float(duration) < 1000
+
+    asyncio.run(main())
 
 
 def test_tensor_network_plans_compiles_and_says_what_it_would_run(

@@ -1,8 +1,10 @@
 """The examples on a GPU: Viterbi against NumPy, the shortest-path server under
-concurrent requests against Floyd-Warshall."""
+concurrent requests (JSON and .npz bodies, batched and not) against Floyd-Warshall."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import json
 import os
@@ -11,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,12 +39,15 @@ def floyd_warshall(weights: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return dist
 
 
-def test_the_server_answers_concurrent_queries_correctly(cache_dir: Path) -> None:
+@contextlib.contextmanager
+def serving(cache_dir: Path, *args: str) -> Iterator[int]:
+    """examples/shortest_paths_server.py running with ``args``; yields its port."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "shortest_paths_server.py"), "--port", str(port)],
+        [sys.executable, str(ROOT / "examples" / "shortest_paths_server.py"), "--port", str(port),
+         *args],
         stdout=subprocess.PIPE, text=True,
         env={**os.environ, "AIONVRTC_CACHE_DIR": str(cache_dir)},
     )  # fmt: skip
@@ -51,6 +57,33 @@ def test_the_server_answers_concurrent_queries_correctly(cache_dir: Path) -> Non
         while "serving on" not in server.stdout.readline():
             assert time.monotonic() < deadline
             assert server.poll() is None
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def check_answer(weights: np.ndarray[Any, Any], pairs: list[Any], answer: dict[str, Any]) -> None:
+    want = floyd_warshall(weights)
+    for (s, t), got, route in zip(pairs, answer["distances"], answer["paths"], strict=True):
+        if np.isinf(want[s, t]):
+            assert got is None
+            assert route == []
+            continue
+        assert got == pytest.approx(want[s, t])
+        assert route[0] == s
+        assert route[-1] == t
+        cost = 0.0 if s == t else sum(weights[a, b] for a, b in itertools.pairwise(route))
+        assert cost == pytest.approx(want[s, t])
+
+
+def stats(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+def test_the_server_answers_concurrent_queries_correctly(cache_dir: Path) -> None:
+    with serving(cache_dir) as port:
 
         def ask(seed: int) -> tuple[np.ndarray[Any, Any], list[Any], dict[str, Any]]:
             rng = np.random.default_rng(seed)
@@ -70,21 +103,46 @@ def test_the_server_answers_concurrent_queries_correctly(cache_dir: Path) -> Non
         with ThreadPoolExecutor(32) as pool:
             answers = list(pool.map(ask, range(64)))
         for weights, pairs, answer in answers:
-            want = floyd_warshall(weights)
-            for (s, t), got, route in zip(pairs, answer["distances"], answer["paths"], strict=True):
-                if np.isinf(want[s, t]):
-                    assert got is None
-                    assert route == []
-                    continue
-                assert got == pytest.approx(want[s, t])
-                assert route[0] == s
-                assert route[-1] == t
-                cost = 0.0 if s == t else sum(weights[a, b] for a, b in itertools.pairwise(route))
-                assert cost == pytest.approx(want[s, t])
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as response:
-            stats = json.loads(response.read())
-        assert stats["compiles"] <= 2  # the warm-up's kernel, and at most one more shape class
-        assert stats["requests"] > 64
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+            check_answer(weights, pairs, answer)
+        counts = stats(port)
+        assert counts["compiles"] <= 2  # the warm-up's kernels (two tiles), none more
+        assert counts["requests"] > 64
+        assert counts["batcher"]["requests"] > 64
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["batch", "no-batch"])
+def test_the_server_answers_npz_bodies_and_says_where_the_time_went(
+    cache_dir: Path, batch: bool
+) -> None:
+    with serving(cache_dir, "--sizes", "96", *([] if batch else ["--no-batch"])) as port:
+
+        def ask(seed: int) -> tuple[np.ndarray[Any, Any], list[Any], dict[str, Any], str]:
+            rng = np.random.default_rng(seed)
+            n = 96  # one size: concurrent squarings can share launches
+            weights = rng.integers(1, 100, size=(n, n)).astype(np.float64)
+            weights[rng.random((n, n)) < 0.9] = np.inf
+            pairs = rng.integers(0, n, size=(20, 2))
+            body = io.BytesIO()
+            np.savez(body, weights=weights, pairs=pairs)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/shortest-paths", data=body.getvalue(),
+                headers={"Content-Type": "application/x-npz"},
+            )  # fmt: skip
+            with urllib.request.urlopen(request, timeout=120) as response:
+                timing = response.headers["Server-Timing"]
+                return weights, pairs.tolist(), json.loads(response.read()), timing
+
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(ask, range(128)))
+        for weights, pairs, answer, timing in answers:
+            check_answer(weights, pairs, answer)
+            fields = dict(field.split(";dur=") for field in timing.split(", "))
+            assert list(fields) == ["parse", "gpu", "respond"]
+            assert all(0 <= float(ms) < 60_000 for ms in fields.values())
+        counts = stats(port)
+        assert counts["compiles"] <= 1
+        if batch:
+            assert counts["batcher"]["requests"] >= 128
+            assert counts["batcher"]["launches"] < counts["batcher"]["requests"]
+        else:
+            assert counts["batcher"] is None
