@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import importlib
 import random
 import statistics
@@ -90,40 +91,37 @@ def device_sync() -> None:
 # -- A. host cost per call ------------------------------------------------------------------
 
 
-def per_call(
-    call: Callable[[], object], s: Settings, sync: Callable[[], None] = device_sync
-) -> float:
-    """Median seconds of host time per ``call`` over ``s.repeats`` loops of ``s.calls``."""
-    call()
-    sync()
-    times = []
-    for _ in range(s.repeats):
-        sync()
-        began = time.perf_counter()
-        for _ in range(s.calls):
-            call()
-        times.append((time.perf_counter() - began) / s.calls)
-    sync()
-    return statistics.median(times)
+Timed = tuple[Callable[[], Any], bool, Callable[[], None]]  # call, awaited, synchronise
 
 
-def per_await(call: Callable[[], Awaitable[object]], s: Settings) -> float:
-    """``per_call`` of an awaited call, looping inside one coroutine of an asyncio loop."""
+def per_call(calls: dict[str, Timed], s: Settings) -> dict[str, float]:
+    """Median seconds of host time per call of each of ``calls``, over ``s.repeats`` loops of
+    ``s.calls`` calls, in turns (a loop of each, then again), so that a drift of the host's
+    speed reaches every call alike; awaited calls loop inside one coroutine of an asyncio
+    loop. The garbage collector is off inside a loop, as timeit has it."""
 
-    async def loop() -> float:
-        await call()
-        device_sync()
-        times = []
+    async def measure() -> dict[str, float]:
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for call, awaited, sync in calls.values():  # compiled, planned, allocated once
+            await call() if awaited else call()
+            sync()
         for _ in range(s.repeats):
-            device_sync()
-            began = time.perf_counter()
-            for _ in range(s.calls):
-                await call()
-            times.append((time.perf_counter() - began) / s.calls)
+            for name, (call, awaited, sync) in calls.items():
+                sync()
+                gc.disable()
+                began = time.perf_counter()
+                if awaited:
+                    for _ in range(s.calls):
+                        await call()
+                else:
+                    for _ in range(s.calls):
+                        call()
+                times[name].append((time.perf_counter() - began) / s.calls)
+                gc.enable()
         device_sync()
-        return statistics.median(times)
+        return {name: statistics.median(samples) for name, samples in times.items()}
 
-    return asyncio.run(loop())
+    return asyncio.run(measure())
 
 
 def signature(launch: Any, *, backward: bool) -> tuple[int, int, int]:
@@ -213,58 +211,37 @@ def host_costs(s: Settings) -> dict[str, Any]:
     }
     # Arrays each call allocates: C; C and the argmax; both gradients in one allocation.
     outputs = {"forward_argmax": 2}
-    floors: dict[str, dict[str, float]] = {}
+    timed: dict[str, Timed] = {}
     for key, sig in sigs.items():
-        calls = floor_calls(sig, outputs.get(key, 1), a, b)
-        floors[key] = {how: per_call(call, s) for how, call in calls.items()}
-
-    rows: list[dict[str, Any]] = []
-
-    def row(call: str, seconds: float, key: str | None, how: str, goal: float | None) -> None:
-        against = floors[key][how] if key else None
-        strict = floors[key]["preallocated"] if key else None
-        rows.append({
-            "call": call,
-            "us": seconds * 1e6,
-            "floor": f"RawKernel, {sum(sigs[key])} args, out {how}" if key else None,
-            "ratio": seconds / against if against else None,
-            "ratio_preallocated": seconds / strict if strict else None,
-            "goal": goal,
-        })  # fmt: skip
-
-    # (call, its host time, the floor it is judged against, how that floor's output is made,
-    # goal)
-    cases: list[tuple[str, Callable[[], float], str | None, str, float | None]] = [
-        ("tropical.matmul_sync(a, b)", lambda: per_call(lambda: tropical.matmul_sync(a, b), s),
+        for how, launch in floor_calls(sig, outputs.get(key, 1), a, b).items():
+            timed[f"floor {key} {how}"] = (launch, False, device_sync)
+    # (call, how it is called, the floor it is judged against, how that floor's output is
+    # made, the ratio it should stay within)
+    cases: list[tuple[str, Timed, str | None, str, float | None]] = [
+        ("tropical.matmul_sync(a, b)", (lambda: tropical.matmul_sync(a, b), False, device_sync),
          "forward", "allocated", GOAL_SYNC),
         ("tropical.matmul_sync(a, b, out=out)",
-         lambda: per_call(lambda: tropical.matmul_sync(a, b, out=out), s),
+         (lambda: tropical.matmul_sync(a, b, out=out), False, device_sync),
          "forward", "preallocated", GOAL_SYNC),
         ("tropical.matmul_sync(a, b, argmax=True)",
-         lambda: per_call(lambda: tropical.matmul_sync(a, b, argmax=True), s),
+         (lambda: tropical.matmul_sync(a, b, argmax=True), False, device_sync),
          "forward_argmax", "allocated", GOAL_SYNC),
-        ("await tropical.matmul(a, b)", lambda: per_await(lambda: tropical.matmul(a, b), s),
+        ("await tropical.matmul(a, b)", (lambda: tropical.matmul(a, b), True, device_sync),
          "forward", "allocated", GOAL_AWAIT),
         ("await tropical.matmul(a, b, argmax=True)",
-         lambda: per_await(lambda: tropical.matmul(a, b, argmax=True), s),
+         (lambda: tropical.matmul(a, b, argmax=True), True, device_sync),
          "forward_argmax", "allocated", GOAL_AWAIT),
         ("tropical.backward_sync(g, a, b, idx)",
-         lambda: per_call(lambda: tropical.backward_sync(g, a, b, idx), s),
+         (lambda: tropical.backward_sync(g, a, b, idx), False, device_sync),
          "backward", "allocated", GOAL_SYNC),
         ("await tropical.backward(g, a, b, idx)",
-         lambda: per_await(lambda: tropical.backward(g, a, b, idx), s),
+         (lambda: tropical.backward(g, a, b, idx), True, device_sync),
          "backward", "allocated", GOAL_AWAIT),
-        ("cupy: a + a (8x8 float32)", lambda: per_call(lambda: a + a, s),
+        ("cupy: a + a (8x8 float32)", (lambda: a + a, False, device_sync),
          "forward", "allocated", None),
-        ("cupy.matmul(a, b) (8x8 float32)", lambda: per_call(lambda: cupy.matmul(a, b), s),
+        ("cupy.matmul(a, b) (8x8 float32)", (lambda: cupy.matmul(a, b), False, device_sync),
          "forward", "allocated", None),
     ]  # fmt: skip
-    for call, measure, against, how, goal in cases:
-        row(call, measure(), against, how, goal)
-    for key, sig in sigs.items():
-        for how in ("allocated", "preallocated"):
-            tag = "for reference" if key.startswith("nominal") else f"{key} floor"
-            row(f"RawKernel, {sum(sig)} args, out {how} ({tag})", floors[key][how], None, how, None)
     torch_note = None
     try:
         import torch
@@ -274,12 +251,42 @@ def host_costs(s: Settings) -> dict[str, Any]:
         try:
             x = torch.randn(8, 8, device="cuda", dtype=torch.float32)
             y = torch.randn(8, 8, device="cuda", dtype=torch.float32)
-            seconds = per_call(lambda: torch.mm(x, y), s, sync=torch.cuda.synchronize)
+            torch.mm(x, y)
+            torch.cuda.synchronize()
         except Exception as exc:  # a torch without CUDA, or built for another CUDA
             torch_note = f"PyTorch not measured: {type(exc).__name__}: {exc}"
         else:
             label = f"torch.mm(x, y) (8x8 float32, torch {torch.__version__})"
-            row(label, seconds, "forward", "allocated", None)
+            cases.append((label, (lambda: torch.mm(x, y), False, torch.cuda.synchronize),
+                          "forward", "allocated", None))  # fmt: skip
+    for name, how_called, *_ in cases:
+        timed[name] = how_called
+    seconds = per_call(timed, s)
+    floors = {
+        key: {how: seconds[f"floor {key} {how}"] for how in ("allocated", "preallocated")}
+        for key in sigs
+    }
+
+    rows: list[dict[str, Any]] = []
+
+    def row(call: str, took: float, key: str | None, how: str, goal: float | None) -> None:
+        against = floors[key][how] if key else None
+        strict = floors[key]["preallocated"] if key else None
+        rows.append({
+            "call": call,
+            "us": took * 1e6,
+            "floor": f"RawKernel, {sum(sigs[key])} args, out {how}" if key else None,
+            "ratio": took / against if against else None,
+            "ratio_preallocated": took / strict if strict else None,
+            "goal": goal,
+        })  # fmt: skip
+
+    for name, _, against, how, goal in cases:
+        row(name, seconds[name], against, how, goal)
+    for key, sig in sigs.items():
+        for how in ("allocated", "preallocated"):
+            tag = "for reference" if key.startswith("nominal") else f"{key} floor"
+            row(f"RawKernel, {sum(sig)} args, out {how} ({tag})", floors[key][how], None, how, None)
     return {"rows": rows, "signatures": sigs, "kernels": kernels, "torch_note": torch_note}
 
 
@@ -589,11 +596,14 @@ async def requests_curve(s: Settings, seed: int) -> dict[str, Any]:
         "requests_per_s": done / seconds, "batcher": None,
     })  # fmt: skip
 
-    floors = {
-        f"{what}, {tasks} tasks": await loop_floor(tasks, inputs, views=what == "views")
-        for what in ("futures", "views")
-        for tasks in (1, 64)
-    }
+    # Each floor three times, in turns; the median of each.
+    runs: dict[str, list[float]] = {}
+    for _ in range(3):
+        for what in ("futures", "views"):
+            for tasks in (1, 64):
+                measured = await loop_floor(tasks, inputs, views=what == "views")
+                runs.setdefault(f"{what}, {tasks} tasks", []).append(measured)
+    floors = {name: statistics.median(rates) for name, rates in runs.items()}
     floor = await batched_floor(bs, s.floor_repeats)
     rate = {(r["path"], r["tasks"]): r["requests_per_s"] for r in curve}
     at64 = rate.get(("batcher", 64))
@@ -648,7 +658,9 @@ def table(facts: dict[str, Any], s: Settings, seed: int, a: dict[str, Any],
         "## A. Host time per call (8x8x8 float32)",
         "",
         f"Median over {s.repeats} loops of {s.calls} calls, each loop timed with perf_counter and "
-        "no synchronisation inside it (the device synchronised between loops). The floor is a "
+        "no synchronisation inside it (the device synchronised between loops, the garbage "
+        "collector off inside them); the calls take turns, a loop of each in every round. The "
+        "floor is a "
         "CuPy `RawKernel` launch of an empty kernel taking as many arguments as the kernel that "
         "serves the call (CuPy arrays and NumPy scalars): "
         f"forward `{a['kernels']['forward']}` {sum(sig['forward'])} args, with argmax "
@@ -716,9 +728,8 @@ def table(facts: dict[str, Any], s: Settings, seed: int, a: dict[str, Any],
         f"requests: a ceiling of {floor['ceiling_requests_per_s']:.0f} requests/s.",
         "- The event loop's floor (no product computed: each step one wait for a future that "
         "the step's group shares, then the read; \"views\" also makes each member's value and "
-        "argmax over one batched output, as a batch's results are), requests/s: "
-        + ", ".join(f"{k} {v:.0f}" for k, v in b["loop_floors"].items())
-        + ".",
+        "argmax over one batched output, as a batch's results are; the median of three runs), "
+        "requests/s: " + ", ".join(f"{k} {v:.0f}" for k, v in b["loop_floors"].items()) + ".",
         "",
     ]
     if b.get("uvloop"):
