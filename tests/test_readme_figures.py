@@ -165,6 +165,24 @@ def network(result: Any, problem: str, graph: str, vertices: int) -> dict[str, A
     return row
 
 
+def served(result: Any, mode: str, body: str, concurrency: int, *keys: str) -> list[float]:
+    """The server benchmark's figures ``keys`` at one level of one (mode, body) run."""
+    (run,) = [r for r in result["results"]["runs"] if (r["mode"], r["body"]) == (mode, body)]
+    (level,) = [lv for lv in run["levels"] if lv["concurrency"] == concurrency]
+    return [level[key] for key in keys]
+
+
+def curve(result: Any, path: str, tasks: int) -> dict[str, Any]:
+    """The launch benchmark's row of requests at ``tasks`` tasks along ``path``."""
+    (row,) = [
+        r
+        for r in result["results"]["requests"]["curve"]
+        if (r["path"], r["tasks"]) == (path, tasks)
+    ]
+    found: dict[str, Any] = row
+    return found
+
+
 def skipped_intermediate(result: Any) -> list[float]:
     """log2 of the largest intermediate of the 3-regular graph of 200 vertices, which was
     skipped (-1 if it ran)."""
@@ -220,7 +238,9 @@ def bundle_p90(path: Path) -> list[Decimal]:
     return [number(table(path)["bundle layer, empty writable dir"][1].split("(")[1])]
 
 
-SERVER = "server_load-nvidia-h200.md"
+SERVER = "server_load-nvidia-h100-80gb-hbm3.json"
+LAUNCH = "launch-h100-80gb-hbm3.md"
+LAUNCH_JSON = "launch-h100-80gb-hbm3.json"
 SERVICE = "compile_service-2-vcpus-{}.md"
 GPU_START = "gpu_start-nvidia-h200.md"
 GEMM = "tropical_gemm-nvidia-h200.md"
@@ -243,19 +263,33 @@ FIGURES = [
         data(lambda r: [network(r, "MIS", "20x20 king's graph", 400)["gpu_ms"]]),
     ),
     Figure(
-        r"p50 ([\d,.]+) ms and ([\d,.]+) requests/s for one client",
+        r"One client with JSON bodies gets ([\d,.]+) requests/s, its p50 of ([\d,.]+) ms mostly "
+        r"spent parsing 65,536 weights \(([\d,.]+) ms\)",
         SERVER,
-        joined(cells(1, "1"), cells(3, "1")),
+        data(lambda r: served(r, "batch", "json", 1, "requests_per_s", "p50_ms", "parse_p50_ms")),
     ),
     Figure(
-        r"([\d,.]+) to ([\d,.]+) requests/s from 4 and 16 clients, ([\d,.]+) from 64",
+        r"with `\.npz` bodies, ([\d,.]+) requests/s and a p50 of ([\d,.]+) ms",
         SERVER,
-        joined(spread(3, "4", "16"), cells(3, "64")),
+        data(lambda r: served(r, "batch", "npz", 1, "requests_per_s", "p50_ms")),
     ),
     Figure(
-        r"a start until serving takes ([\d,.]+) s cold or warm",
+        r"batched squarings serve ([\d,.]+) and ([\d,.]+) requests/s \(p99 ([\d,.]+) ms at 64\), "
+        r"launched one by one ([\d,.]+) and ([\d,.]+) \(p99 ([\d,.]+) ms\)",
         SERVER,
-        lambda path: [matched(r"cold cache ([\d.]+) s, warm cache ([\d.]+) s", path)],
+        data(
+            lambda r: [
+                *served(r, "batch", "npz", 16, "requests_per_s"),
+                *served(r, "batch", "npz", 64, "requests_per_s", "p99_ms"),
+                *served(r, "no batch", "npz", 16, "requests_per_s"),
+                *served(r, "no batch", "npz", 64, "requests_per_s", "p99_ms"),
+            ]
+        ),
+    ),
+    Figure(
+        r"A start until serving takes ([\d,.]+) s cold and ([\d,.]+) s warm",
+        SERVER,
+        data(lambda r: [r["results"]["cold_start_s"], r["results"]["warm_start_s"]]),
     ),
     # The caches and the compile service, on 2 CPUs
     Figure(
@@ -352,8 +386,8 @@ FIGURES = [
     ),
     # Tropical GEMM
     Figure(
-        r"the whole suite, ([\d,]+) passed and (\d+) skipped on an H200",
-        "test-logs/gpu_tests-nvidia-h200.log",
+        r"the whole suite, ([\d,]+) passed and (\d+) skipped on an H100",
+        "test-logs/gpu_tests-nvidia-h100.log",
         find(r"(\d+) passed, (\d+) skipped", last=True),
     ),
     Figure(
@@ -430,15 +464,65 @@ FIGURES = [
         GEMM,
         spread(2, "tall n=k=64*", "wide m=k=64*"),
     ),
+    # Launch plans and the batcher
     Figure(
-        r"costs ([\d,.]+) us against the kernel's ([\d,.]+) us",
-        GEMM_JSON,
+        r"a hot `matmul_sync` costs ([\d,.]+) us, `await matmul` ([\d,.]+) us and `backward_sync` "
+        r"([\d,.]+) us",
+        LAUNCH,
+        cells(
+            0,
+            "tropical.matmul_sync(a, b)",
+            "await tropical.matmul(a, b)",
+            "tropical.backward_sync(g, a, b, idx)",
+        ),
+    ),
+    Figure(
+        r"an empty `RawKernel` of as many arguments costs ([\d,.]+) us, or ([\d,.]+) us with",
+        LAUNCH,
+        cells(
+            0,
+            "RawKernel, 19 args, out preallocated (forward floor)",
+            "RawKernel, 19 args, out allocated (forward floor)",
+        ),
+    ),
+    Figure(r"`torch\.mm` of 8x8 took ([\d,.]+) us", LAUNCH, cells(0, "torch.mm*")),
+    Figure(
+        r"read back: ([\d,.]+) requests/s from one task, ([\d,.]+) from 64 tasks launching "
+        r"directly and ([\d,.]+) from 64 tasks through the batcher \(([\d,.]+) products a launch\)",
+        LAUNCH_JSON,
         data(
             lambda r: [
-                r["results"]["batched 1024 x 64^3"][key] * 1e6
-                for key in ("matmul_sync_call_seconds", "seconds")
+                curve(r, "direct", 1)["requests_per_s"],
+                curve(r, "direct", 64)["requests_per_s"],
+                curve(r, "batcher", 64)["requests_per_s"],
+                curve(r, "batcher", 64)["batcher"]["mean_batch"],
             ]
         ),
+    ),
+    Figure(
+        r"one request alone takes ([\d,.]+) ms either way",
+        LAUNCH_JSON,
+        lambda path: [
+            [
+                number(json.loads(path.read_text())["results"]["requests"]["alone"][key] * 1e3)
+                for key in ("direct_s", "batcher_s")
+            ]
+        ],
+    ),
+    Figure(
+        r"One launch of 64 such products takes ([\d,.]+) ms, 64 single launches ([\d,.]+) ms",
+        LAUNCH_JSON,
+        data(
+            lambda r: [
+                r["results"]["requests"]["batched_floor"][key] * 1e3
+                for key in ("batched_s", "singles_s")
+            ]
+        ),
+    ),
+    Figure(
+        r"no product computed, manage ([\d,.]+) requests/s from 64 tasks",
+        LAUNCH_JSON,
+        data(lambda r: [r["results"]["requests"]["loop_floors"]["views, 64 tasks"]]),
     ),
     # The tropical einsum
     Figure(
@@ -697,7 +781,7 @@ def test_the_readme_speaks_to_users() -> None:
     ("old", "new", "says"),
     [
         # The drifts the checks were written for: figures older than the logs they link.
-        pytest.param("1207 passed", "1105 passed", "README says 1105", marks=NEEDS_LOGS),
+        pytest.param("1648 passed", "1647 passed", "README says 1647", marks=NEEDS_LOGS),
         pytest.param("1068 passed", "1067 passed", "README says 1067", marks=NEEDS_LOGS),
         ("| 1881 | 2^21 |", "| 1871 | 2^21 |", "tensor-network table, MIS, 20 x 20"),
         ("| 2^20 | 41.5 ms |", "| 2^19 | 41.5 ms |", "tensor-network table, MIS, random"),
