@@ -3,6 +3,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import select
 import shutil
 import signal
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from aionvrtc import FORMAT_VERSION, KernelSpec
@@ -297,3 +299,11 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
     monkeypatch.setattr(cupy.cuda, "Device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(function, "Module", Module)
     return driver
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """A generator from a fresh seed, printed (or from TROPICAL_TEST_SEED, to repeat a run)."""
+    seed = int(os.environ.get("TROPICAL_TEST_SEED") or random.SystemRandom().randrange(1 << 63))
+    print(f"{request.node.nodeid}: seed {seed} (TROPICAL_TEST_SEED={seed} draws it again)")
+    return np.random.default_rng(seed)

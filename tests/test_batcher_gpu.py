@@ -8,7 +8,6 @@ Each test draws fresh operands from a seed it prints; ``TROPICAL_TEST_SEED=<seed
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import aionvrtc
 from aionvrtc import Compiler, CompilerClosed, tropical
 from aionvrtc.tropical import reference
 
-from .tropical_data import operands
+from .tropical_data import host, operands
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -41,20 +40,6 @@ def _default_compiler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    seed = int(os.environ.get("TROPICAL_TEST_SEED") or random.SystemRandom().randrange(1 << 63))
-    print(f"{request.node.nodeid}: seed {seed} (TROPICAL_TEST_SEED={seed} draws it again)")
-    return np.random.default_rng(seed)
-
-
-def host(x: Any) -> np.ndarray[Any, Any]:
-    import cupy
-
-    result: np.ndarray[Any, Any] = cupy.asnumpy(x)
-    return result
 
 
 def assert_same(got: Any, want: Any, argmax: bool) -> None:

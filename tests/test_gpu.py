@@ -43,6 +43,21 @@ extern "C" __global__ void spin(long long cycles, int* out) {
 }
 """
 
+
+async def spin(compiler: Compiler, seconds: float) -> tuple[Any, Any]:
+    """A kernel that runs about ``seconds`` on a stream of its own: (the stream, its output,
+    1 to 32 once it is done)."""
+    import cupy
+
+    module = await compiler.get(KernelSpec(SPIN))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    out = cupy.zeros(32, dtype=cupy.int32)
+    rate = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000  # cycles/s
+    with stream:
+        module.get_function("spin")((1,), (32,), (np.int64(rate * seconds), out))
+    return stream, out
+
+
 _tags = iter(range(10**6))
 
 
@@ -204,12 +219,7 @@ async def test_synchronize_keeps_the_loop_serving() -> None:
             ticks += 1
 
     async with Compiler(disk=False) as compiler:
-        module = await compiler.get(KernelSpec(SPIN))
-        stream = cupy.cuda.Stream(non_blocking=True)
-        out = cupy.zeros(32, dtype=cupy.int32)
-        rate = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000  # cycles/s
-        with stream:
-            module.get_function("spin")((1,), (32,), (np.int64(rate * 0.2), out))
+        stream, out = await spin(compiler, 0.2)
         async with anyio.create_task_group() as tg:
             tg.start_soon(ticker)
             started = anyio.current_time()
@@ -231,15 +241,9 @@ async def test_tasks_waiting_for_the_same_work_wake_together() -> None:
     """Tasks that began to wait at different times (so their polls have backed off to
     different periods) go on in one pass once the work they wait for is done: the first to
     find its event done wakes the others."""
-    import cupy
 
     async with Compiler(disk=False) as compiler:
-        module = await compiler.get(KernelSpec(SPIN))
-        stream = cupy.cuda.Stream(non_blocking=True)
-        out = cupy.zeros(32, dtype=cupy.int32)
-        rate = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000  # cycles/s
-        with stream:
-            module.get_function("spin")((1,), (32,), (np.int64(rate * 0.2), out))
+        stream, out = await spin(compiler, 0.2)
         woke: list[float] = []
 
         async def wait(i: int) -> None:
@@ -251,6 +255,7 @@ async def test_tasks_waiting_for_the_same_work_wake_together() -> None:
             for i in range(8):
                 tg.start_soon(wait, i)
         assert len(woke) == 8
+        assert out.get().tolist() == list(range(1, 33))  # woken when the work was done
         # Backed off to periods of up to 1 ms, each on its own clock, they would wake up to a
         # period apart; woken by the first, within one pass of the loop.
         assert max(woke) - min(woke) < 2e-4

@@ -7,7 +7,6 @@ Each test draws fresh operands from a seed it prints; ``TROPICAL_TEST_SEED=<seed
 from __future__ import annotations
 
 import os
-import random
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +19,7 @@ import aionvrtc
 from aionvrtc import tropical
 from aionvrtc.tropical import _classes, _plan_cache, reference
 
-from .tropical_data import numpy_backward, operands
+from .tropical_data import host, numpy_backward, operands
 
 pytestmark = pytest.mark.gpu
 
@@ -38,20 +37,6 @@ def _default_compiler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
     aionvrtc.default_compiler()
     yield
     aionvrtc.close_default_compiler()
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    seed = int(os.environ.get("TROPICAL_TEST_SEED") or random.SystemRandom().randrange(1 << 63))
-    print(f"{request.node.nodeid}: seed {seed} (TROPICAL_TEST_SEED={seed} draws it again)")
-    return np.random.default_rng(seed)
-
-
-def host(x: Any) -> np.ndarray[Any, Any]:
-    import cupy
-
-    result: np.ndarray[Any, Any] = cupy.asnumpy(x)
-    return result
 
 
 def assert_product(got: Any, a: Any, b: Any, ring: str, argmax: bool) -> None:

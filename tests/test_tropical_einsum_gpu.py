@@ -15,8 +15,6 @@ the extreme values there).
 from __future__ import annotations
 
 import math
-import os
-import random
 import re
 import string
 from collections.abc import Callable, Sequence
@@ -43,32 +41,12 @@ from .test_tropical_einsum_plan import (
     relayout,
 )
 from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
+from .tropical_data import gpu, host
 from .tropical_data import operands as operand_pair
 
 pytestmark = pytest.mark.gpu
 
 Array = np.ndarray[Any, Any]
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    """A generator from a fresh seed, printed (or from TROPICAL_TEST_SEED, to repeat a run)."""
-    seed = int(os.environ.get("TROPICAL_TEST_SEED") or random.SystemRandom().randrange(1 << 63))
-    print(f"{request.node.nodeid}: seed {seed} (TROPICAL_TEST_SEED={seed} draws it again)")
-    return np.random.default_rng(seed)
-
-
-def gpu(x: Array) -> Any:
-    import cupy
-
-    return cupy.asarray(x)
-
-
-def host(x: Any) -> Array:
-    import cupy
-
-    result: Array = cupy.asnumpy(x)
-    return result
 
 
 def tensors(

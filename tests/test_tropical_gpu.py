@@ -17,7 +17,7 @@ from aionvrtc import Compiler, tropical
 from aionvrtc.tropical import reference
 from aionvrtc.tropical.tuning import tile_variant, tiled_supported
 
-from .tropical_data import numpy_backward, operands
+from .tropical_data import gpu, host, numpy_backward, operands
 
 pytestmark = pytest.mark.gpu
 
@@ -67,19 +67,6 @@ def _warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     assert count == len(tropical.all_specs())
     yield
     aionvrtc.close_default_compiler()
-
-
-def gpu(x: np.ndarray[Any, Any]) -> Any:
-    import cupy
-
-    return cupy.asarray(x)
-
-
-def host(x: Any) -> np.ndarray[Any, Any]:
-    import cupy
-
-    result: np.ndarray[Any, Any] = cupy.asnumpy(x)
-    return result
 
 
 def check(ring: str, a: Any, b: Any, *, argmax: bool | None = None) -> None:

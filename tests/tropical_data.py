@@ -141,3 +141,18 @@ def numpy_backward(
         grad_a[i, k] += g[i, j] * (b[k, j] if ring == "maxmul" else 1)
         grad_b[k, j] += g[i, j] * (a[i, k] if ring == "maxmul" else 1)
     return grad_a, grad_b
+
+
+def gpu(x: np.ndarray[Any, Any]) -> Any:
+    """``x`` on the current GPU."""
+    import cupy
+
+    return cupy.asarray(x)
+
+
+def host(x: Any) -> np.ndarray[Any, Any]:
+    """``x`` (a CuPy array) in host memory."""
+    import cupy
+
+    result: np.ndarray[Any, Any] = cupy.asnumpy(x)
+    return result

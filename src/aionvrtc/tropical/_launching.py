@@ -257,7 +257,7 @@ def _grid(plan: Plan, bm: int, bn: int) -> tuple[int, int, int]:
     )
 
 
-def backward_blocks(total: int) -> int:
+def _backward_blocks(total: int) -> int:
     """The backward kernel's grid for ``total`` outputs: a thread per output, up to 2**20
     blocks (a grid-stride loop covers the rest)."""
     return max(1, min(-(-total // _THREADS), 1 << 20))
@@ -281,7 +281,7 @@ class BackwardLaunch(_Packed):
             *_contiguous(plan.a.shape), *_contiguous(plan.b.shape),
         ]  # fmt: skip
         total = dims.batch * dims.m * dims.n
-        super().__init__(plan.spec, plan.device, (backward_blocks(total), 1, 1),
+        super().__init__(plan.spec, plan.device, (_backward_blocks(total), 1, 1),
                          (_THREADS, 1, 1), args)  # fmt: skip
         self.empty = total == 0  # nothing flows back: the gradients stay zero
         self.a_shape, self.b_shape, self.dtype = plan.a.shape, plan.b.shape, plan.a.dtype
