@@ -84,16 +84,24 @@ def test_new_strides_shapes_and_outputs_plan_again(rng: np.random.Generator) -> 
     assert seen[1].spec != seen[0].spec  # column-major: the strided kernel
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:], ids=["tiled", "tall", "wide"])
+# The wide product runs transposed (A' = B^T is read down B's columns): no 16-byte loads.
+@pytest.mark.parametrize(
+    ("shape", "vectors"),
+    [(SHAPES[1], True), (SHAPES[2], True), (SHAPES[3], False)],
+    ids=["tiled", "tall", "wide"],
+)
 def test_alignment_is_checked_per_call(
-    shape: tuple[int, int, int], rng: np.random.Generator
+    shape: tuple[int, int, int], vectors: bool, rng: np.random.Generator
 ) -> None:
-    """Views of one layout at 16-byte aligned and unaligned starts share a launch, and the
-    kernels' vector loads are used only where each call's pointers allow them."""
+    """Views of one layout at 16-byte aligned and unaligned starts share a launch, and each
+    call's pointers decide whether the kernel reads 16 bytes at a time (bit 1 of its last
+    argument): row strides that are multiples of 4 elements allow it where a view starts
+    aligned."""
     import cupy
 
     m, k, n = shape
-    wide_a, wide_b = operands(rng, "minplus", np.float32, (m, k + 8), (k + 4, n + 8))
+    columns_a, columns_b = -(-(k + 4) // 4) * 4, -(-(n + 4) // 4) * 4
+    wide_a, wide_b = operands(rng, "minplus", np.float32, (m, columns_a), (k + 4, columns_b))
     a_all, b_all = cupy.asarray(wide_a), cupy.asarray(wide_b)
     products = set()
     for offset in (0, 1, 4, 3):
@@ -102,6 +110,8 @@ def test_alignment_is_checked_per_call(
         product, _ = _plan_cache.find(a, b, "minplus", argmax=False, out=None, accumulate=False)
         products.add(id(product))
         assert_product(tropical.matmul_sync(a, b, "minplus"), a, b, "minplus", False)
+        assert product.launch is not None
+        assert product.launch._values[-1] & 1 == (vectors and offset % 4 == 0), offset
         c = cupy.empty((m, n + 1), np.float32)[:, offset % 2 : offset % 2 + n]
         assert_product(tropical.matmul_sync(a, b, "minplus", out=c), a, b, "minplus", False)
     assert len(products) == 1
@@ -127,8 +137,7 @@ def test_installed_tiles_take_effect_on_the_next_call(rng: np.random.Generator) 
         assert "32, 32, 8, 2, 2, 1>" in after.launch.spec.name_expressions[0]
         assert_product(tropical.matmul_sync(a, b, "maxplus"), a, b, "maxplus", False)
     finally:
-        _classes._installed.pop(device, None)
-        _classes._version[0] += 1
+        _classes.install(device, _classes.TILES)  # the built-in tiles again
     again, _ = _plan_cache.find(a, b, "maxplus", argmax=False, out=None, accumulate=False)
     assert again.spec == before.spec
 

@@ -122,7 +122,7 @@ def device_ready(device: int) -> bool:
 class Module:
     """An artifact loaded into one device's context; kernels by name or name expression."""
 
-    __slots__ = ("_functions", "_module", "artifact", "device")
+    __slots__ = ("__weakref__", "_functions", "_module", "artifact", "device")
 
     def __init__(self, artifact: Artifact, device: int, module: Any) -> None:
         self.artifact = artifact

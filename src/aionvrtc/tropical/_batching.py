@@ -3,7 +3,8 @@ batched launch.
 
 A 256^3 product fills 4 of an H100's 132 SMs, and each launch costs the host more than the GPU
 takes to run it; so a server's concurrent requests are served faster by one launch of the whole
-batch (64 x 256^3 min-plus with argmax: 0.30 ms, against 3.47 ms launched one by one). The first
+batch (64 x 256^3 min-plus with argmax on an H100: 0.33 ms, against 1.96 ms launched one by one;
+benchmarks/launch.py). The first
 request of a layout (shapes, strides, dtype, semiring, argmax, device, stream) opens a group and
 lets the event loop run the other ready tasks, whose requests of that layout join it; it then
 launches the group as one batched product and hands each member its own slice. A task that is
@@ -21,6 +22,7 @@ import anyio
 import anyio.lowlevel
 
 from .._actor import Compiler
+from .._exceptions import AionvrtcError
 from . import _plan_cache
 from ._api import matmul
 from ._launching import loaded, module
@@ -58,12 +60,13 @@ class _Group:
         self.full: anyio.Event | None = None  # set when max_batch have joined, if awaited
 
 
-def _current_task() -> object:
-    # asyncio's current task is a C call; anyio's (for trio) builds an object per call.
+def _current_task() -> int:
+    """The current task's id (not the task: a Batcher must not keep a finished one alive).
+    asyncio's current task is a C call; anyio's (for trio) builds an object per call."""
     asyncio = sys.modules.get("asyncio")
     if asyncio is not None:
         try:
-            return asyncio.current_task()
+            return id(asyncio.current_task())
         except RuntimeError:  # no asyncio loop runs: trio
             pass
     return anyio.get_current_task().id
@@ -103,7 +106,7 @@ class Batcher:
         self._compiler = compiler
         self.max_batch, self.max_delay = max_batch, float(max_delay)
         self._open: dict[tuple[_plan_cache.Product, int], _Group] = {}
-        self._latest: object = None  # the task of the latest request
+        self._latest = -1  # the task of the latest request
         self._requests = self._launches = self._alone = 0
 
     def stats(self) -> BatcherStats:
@@ -185,6 +188,9 @@ class Batcher:
             with cupy.cuda.Device(group.product.device), group.stream:
                 a = _gather([m.a for m in members])
                 b = _gather([m.b for m in members])
+            if a.ndim == 2 and b.ndim == 2:
+                # All ask for the same product: each still gets a result of its own.
+                a = cupy.ndarray((len(members), *a.shape), a.dtype, a.data, strides=(0, *a.strides))
             product, c, index = _plan_cache.product(
                 a, b, group.semiring, argmax=group.product.argmax, out=None, accumulate=False
             )
@@ -196,9 +202,18 @@ class Batcher:
             else:
                 for member, value, where in zip(members, values, _slices(index), strict=True):
                     member.result = (value, where)
-        except BaseException as exc:  # each member raises it: the launch was theirs
+        except Exception as exc:  # each member raises it: the launch was theirs
             for member in members:
                 member.error = exc
+        except BaseException:
+            # The leading task was cancelled where a shield does not reach (asyncio's own
+            # task.cancel() while the kernel was fetched): that is its own, not the others'.
+            for member in members:
+                member.error = AionvrtcError(
+                    "the batched launch of this product was interrupted: its leading task was "
+                    "cancelled while the kernel was being fetched; ask again"
+                )
+            raise
         finally:
             group.done.set()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from ._planning import BackwardPlan, Plan, cupy_module, strides
 __all__ = [
     "BackwardLaunch",
     "Launch",
+    "OnDevice",
     "first_error",
     "launch",
     "loaded",
@@ -92,25 +94,22 @@ class _Packed:
         self._values = array("q", args)
         base, _ = self._values.buffer_info()
         self._addresses = array("Q", [base + 8 * i for i in range(len(args))])
-        self._function: tuple[Module, int] | None = None
+        self._function: tuple[weakref.ref[Module], int] | None = None
         self._lock = threading.Lock()
 
     def function(self, module: Module) -> int:
-        """The kernel's CUfunction in ``module``, looked up once per module."""
+        """The kernel's CUfunction in ``module``, looked up once per module (held weakly: a
+        closed Compiler's modules unload, whatever plans remain)."""
         known = self._function
-        if known is not None and known[0] is module:
+        if known is not None and known[0]() is module:
             return known[1]
         pointer = int(module.get_function(self.spec.name_expressions[0]).ptr)
-        self._function = (module, pointer)
+        self._function = (weakref.ref(module), pointer)
         return pointer
 
     def _launch(self, module: Module, pointers: Sequence[int], stream: Any, flags: int) -> None:
         function = self.function(module)
-        runtime = _runtime()
-        current = runtime.getDevice()
-        if current != self.device:
-            runtime.setDevice(self.device)  # the module lives in this device's context
-        try:
+        with OnDevice(self.device):  # the module lives in this device's context
             handle = stream.ptr if stream is not None else _current_stream().ptr
             values = self._values
             with self._lock:
@@ -122,9 +121,28 @@ class _Packed:
                     function, *self.grid, *self.block, 0, handle,
                     self._addresses.buffer_info()[0], 0,
                 )  # fmt: skip
-        finally:
-            if current != self.device:
-                runtime.setDevice(current)
+
+
+class OnDevice:
+    """``device`` current within, the one before restored: CuPy's ``Device`` context costs
+    more than the check where the device is current already, as on every hot call."""
+
+    __slots__ = ("_before", "_device")
+
+    def __init__(self, device: int) -> None:
+        self._device = device
+        self._before = -1
+
+    def __enter__(self) -> None:
+        runtime = _runtime()
+        before = runtime.getDevice()
+        if before != self._device:
+            runtime.setDevice(self._device)
+            self._before = before
+
+    def __exit__(self, *exc: object) -> None:
+        if self._before >= 0:
+            _runtime().setDevice(self._before)
 
 
 @functools.cache
@@ -293,18 +311,11 @@ class BackwardLaunch(_Packed):
     def gradients(self, stream: Any) -> tuple[Any, Any]:
         """Zeroed (grad_a, grad_b) on the plan's device, zeroed in order on ``stream``."""
         cupy = cupy_module()
-        runtime = _runtime()
-        current = runtime.getDevice()
-        if current != self.device:
-            runtime.setDevice(self.device)
-        try:
+        with OnDevice(self.device):
             memory = cupy.cuda.alloc(self._size)
             if self._size:
                 handle = stream.ptr if stream is not None else _current_stream().ptr
-                runtime.memsetAsync(memory.ptr, 0, self._size, handle)
-        finally:
-            if current != self.device:
-                runtime.setDevice(current)
+                _runtime().memsetAsync(memory.ptr, 0, self._size, handle)
         grad_a = cupy.ndarray(self.a_shape, self.dtype, memory)
         grad_b = cupy.ndarray(self.b_shape, self.dtype, memory + self._offset)
         return grad_a, grad_b

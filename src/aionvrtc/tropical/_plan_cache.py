@@ -15,7 +15,7 @@ from typing import Any
 
 from .._spec import KernelSpec
 from ._classes import tables_version
-from ._launching import BackwardLaunch, Launch
+from ._launching import BackwardLaunch, Launch, OnDevice
 from ._planning import backward_plan, cupy_module, plan
 
 __all__ = ["MAX_PLANS", "Product", "backward", "clear", "find", "product"]
@@ -49,16 +49,9 @@ class Product:
         if out is not None:
             return out if self.argmax else (out, None)
         cupy = cupy_module()
-        runtime = cupy.cuda.runtime
-        current = runtime.getDevice()
-        if current != self.device:
-            runtime.setDevice(self.device)
-        try:
+        with OnDevice(self.device):
             c = cupy.ndarray(self.shape, self.dtype)
             return c, (cupy.ndarray(self.shape, "int32") if self.argmax else None)
-        finally:
-            if current != self.device:
-                runtime.setDevice(current)
 
     def fill_outputs(self, c: Any, index: Any, stream: Any) -> None:
         """Write what a product with no kernel to run leaves in C (and the argmax)."""
