@@ -73,6 +73,10 @@ async def einsum(
             functools.partial(einsum_plan, subscripts, *arrays, optimize=optimize)
         )
     _check_plan(planned, arrays[0].dtype, argmax=argmax, device=device)
+    # The steps take their kernels from the tiles of now, those fetched here, even where
+    # autotune installs others meanwhile (a kernel missing from `modules` would be fetched on
+    # the event loop's thread, blocking it, or raising with a caller's Compiler).
+    table = tuned_tiles(device)
     modules: dict[KernelSpec, Module] = {}
 
     async def fetch(spec: KernelSpec) -> None:
@@ -80,17 +84,15 @@ async def einsum(
 
     try:
         async with anyio.create_task_group() as tg:
-            for spec in _specs(planned, ring, arrays, argmax=argmax, device=device):
+            for spec in _specs(planned, ring, arrays, argmax=argmax, table=table):
                 tg.start_soon(fetch, spec)
     except ExceptionGroup as group:
         raise first_error(group) from None
     stream = _stream(device, stream)
-
-    def get(spec: KernelSpec) -> Module:
-        # The tuned table changed since (autotune on another task): fetch the new kernel.
-        return modules.get(spec) or module_sync(spec, device, compiler)
-
-    result, trace = _run(planned, ring, arrays, get, argmax=argmax, out=out, stream=stream)
+    result, trace = _run(
+        planned, ring, arrays, modules.__getitem__, argmax=argmax, out=out, stream=stream,
+        table=table,
+    )  # fmt: skip
     if not argmax:
         return result
     assignment = await anyio.to_thread.run_sync(
@@ -212,11 +214,11 @@ def _device_bytes(device: int) -> int:
 
 
 def _specs(
-    planned: EinsumPlan, ring: Semiring, arrays: Sequence[Any], *, argmax: bool, device: int
+    planned: EinsumPlan, ring: Semiring, arrays: Sequence[Any], *, argmax: bool, table: Any
 ) -> list[KernelSpec]:
     if 0 in planned.sizes.values():
         return []
-    return step_specs(planned, ring, arrays[0].dtype, argmax=argmax, table=tuned_tiles(device))
+    return step_specs(planned, ring, arrays[0].dtype, argmax=argmax, table=table)
 
 
 def _run(
@@ -228,10 +230,12 @@ def _run(
     argmax: bool,
     out: Any,
     stream: Any,
+    table: Any = None,
     products: list[tuple[Plan, Module]] | None = None,
 ) -> tuple[Any, _Trace]:
-    """Enqueue the plan's steps; the result (in ``out`` if given) and each step's argmax.
-    ``products`` collects each product launched."""
+    """Enqueue the plan's steps, their kernels chosen from ``table`` (default: the device's
+    tuned tiles now); the result (in ``out`` if given) and each step's argmax. ``products``
+    collects each product launched."""
     cupy = cupy_module()
     sizes = planned.sizes
     dtype = arrays[0].dtype
@@ -263,7 +267,7 @@ def _run(
             index = cupy.empty((b, m, n), np.int32) if argmax else None
             product = plan(
                 first, second, ring.name, argmax=argmax, out=(c, index) if argmax else c,
-                accumulate=False,
+                accumulate=False, table=table,
             )  # fmt: skip
             loaded = get(product.spec)
             launch(product, loaded, stream)

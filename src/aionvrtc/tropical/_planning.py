@@ -88,10 +88,12 @@ def plan(
     out: Any,
     accumulate: bool,
     tile: Tile | Literal["auto"] | None = "auto",
+    table: dict[str, dict[str, Tile]] | None = None,
 ) -> Plan:
     """What to launch for C = A (x) B (checks and outputs as ``matmul``'s). ``tile``: "auto"
-    picks the kernel by shape class (tuned_tiles); the autotuner and benchmarks name a tile of
-    the tuned kernel, or None for the generic kernel."""
+    picks the kernel by shape class from ``table`` (default: the device's tuned_tiles now);
+    the autotuner and benchmarks name a tile of the tuned kernel, or None for the generic
+    kernel."""
     ring = semiring(semiring_name)
     a = _require_cupy(a, "a")
     b = _require_cupy(b, "b")
@@ -105,7 +107,10 @@ def plan(
     rowmajor = a_strides[2] == 1 and b_strides[2] == 1
     if tile not in ("auto", None) and not rowmajor:
         raise ValueError("the tuned kernel needs row-major operands")
-    table = tuned_tiles(a.device.id) if tile == "auto" else None
+    if tile != "auto":
+        table = None
+    elif table is None:
+        table = tuned_tiles(a.device.id)
     spec, tile, rows, transposed = choose(
         ring, a.dtype, m, n, k, batch=batch, argmax=argmax, accumulate=accumulate,
         rowmajor=rowmajor, tile=tile, table=table,
