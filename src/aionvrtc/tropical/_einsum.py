@@ -89,10 +89,19 @@ async def einsum(
     except ExceptionGroup as group:
         raise first_error(group) from None
     stream = _stream(device, stream)
+
+    def get(spec: KernelSpec) -> Module:
+        try:
+            return modules[spec]
+        except KeyError:  # step_specs and the steps' planner disagree: a bug to report
+            raise AssertionError(
+                f"einsum: a step planned {spec.name_expressions[0]}, which its plan's kernels "
+                f"({', '.join(s.name_expressions[0] for s in modules)}) do not include"
+            ) from None
+
     result, trace = _run(
-        planned, ring, arrays, modules.__getitem__, argmax=argmax, out=out, stream=stream,
-        table=table,
-    )  # fmt: skip
+        planned, ring, arrays, get, argmax=argmax, out=out, stream=stream, table=table
+    )
     if not argmax:
         return result
     assignment = await anyio.to_thread.run_sync(
