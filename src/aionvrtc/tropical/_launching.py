@@ -110,7 +110,7 @@ class _Packed:
     def _launch(self, module: Module, pointers: Sequence[int], stream: Any, flags: int) -> None:
         function = self.function(module)
         with OnDevice(self.device):  # the module lives in this device's context
-            handle = stream.ptr if stream is not None else _current_stream().ptr
+            handle = _handle(stream)
             values = self._values
             with self._lock:
                 for slot, pointer in enumerate(pointers):
@@ -159,14 +159,15 @@ def _runtime() -> Any:
     return runtime
 
 
-def _current_stream() -> Any:
-    return cupy_module().cuda.get_current_stream()
+def _handle(stream: Any) -> int:
+    """``stream``'s CUstream, or that of CuPy's current stream (of the current device)."""
+    return int((stream if stream is not None else cupy_module().cuda.get_current_stream()).ptr)
 
 
 class Launch(_Packed):
     """A product's launch, from its plan; the pointers (a, b, c, argmax) are each call's."""
 
-    __slots__ = ("_checks", "_flags", "_order")
+    __slots__ = ("_checks", "_order")
 
     def __init__(
         self,
@@ -183,8 +184,7 @@ class Launch(_Packed):
         # Which of (a, b, c, argmax, null) each pointer slot takes; the last argument's bits
         # (None: the kernel has no such argument), each (bit, ((slot, bytes its pointer must be
         # a multiple of), ...)), set where all hold.
-        self._order, self._checks = order, checks or ()
-        self._flags = checks is not None
+        self._order, self._checks = order, checks
 
     @classmethod
     def of(cls, plan: Plan) -> Launch:
@@ -253,7 +253,7 @@ class Launch(_Packed):
         pointers = (a.data.ptr, b.data.ptr, c.data.ptr, 0 if index is None else index.data.ptr, 0)
         ordered = [pointers[i] for i in self._order]
         flags = -1
-        if self._flags:
+        if self._checks is not None:
             flags = 0
             for bit, needs in self._checks:
                 if all(ordered[slot] % size == 0 for slot, size in needs):
@@ -314,8 +314,7 @@ class BackwardLaunch(_Packed):
         with OnDevice(self.device):
             memory = cupy.cuda.alloc(self._size)
             if self._size:
-                handle = stream.ptr if stream is not None else _current_stream().ptr
-                _runtime().memsetAsync(memory.ptr, 0, self._size, handle)
+                _runtime().memsetAsync(memory.ptr, 0, self._size, _handle(stream))
         grad_a = cupy.ndarray(self.a_shape, self.dtype, memory)
         grad_b = cupy.ndarray(self.b_shape, self.dtype, memory + self._offset)
         return grad_a, grad_b

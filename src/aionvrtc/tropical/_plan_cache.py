@@ -85,9 +85,16 @@ def _key(a: Any, b: Any, semiring: str, *, argmax: bool, out: Any, accumulate: b
         made = (_layout(c), _layout(index))
     else:
         made = _layout(out)
-    key = (semiring, bool(argmax), bool(accumulate), _layout(a), _layout(b), made, tables_version())
-    hash(key)  # TypeError where semiring is not hashable
-    return key
+    # (A semiring that is not hashable raises TypeError where the key is looked up.)
+    return (
+        semiring,
+        bool(argmax),
+        bool(accumulate),
+        _layout(a),
+        _layout(b),
+        made,
+        tables_version(),
+    )
 
 
 def product(
