@@ -1,26 +1,38 @@
-"""Where a tensor network's contraction spends its GPU time: the product kernels alone (each
-timed over CUDA-graph replays) against the whole ``einsum_sync`` call (wall time to the result,
-median), for the networks of examples/tensor_network.py. The rest is copies, allocation and the
-host's planning and launching of each step.
+"""Tensor networks contracted again and again, side by side in one run along the same path: a
+compiled program replayed (``tropical.einsum_program``), with its assignment, the eager
+``einsum_sync``, a JAX ``jit`` of the same pairwise steps (XLA fuses each step's broadcast sum
+into its max) and PyTorch eager broadcasting; optionally the eager ``einsum_sync`` of an older
+aionvrtc (``--baseline SRC``, in a process of its own). The networks of
+examples/tensor_network.py.
 
-    python benchmarks/tropical_einsum.py [--out DIR] [--regular 100 150] [--kings 10 15 20]
-        [--spin-glass 100 150] [--repeats 7]
+    python benchmarks/tropical_einsum.py [--out DIR] [--regular 60 100 150] [--kings 10 15]
+        [--spin-glass 100 150] [--repeats 30] [--baseline SRC] [--no-jax] [--no-torch]
+
+Every engine's value is checked against the others' and (for the programs) the assignment
+against the value. Times are wall times per call to the synchronised result, medians after a
+warm-up. The first call of a program is timed from a plan of the path alone (no order search:
+JAX is handed the same path) with the kernels compiled before (a warm cache): planning the
+steps, preparing their launches, capturing the graph, one replay. The order search
+(random-greedy) is timed apart.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aionvrtc import tropical
-from aionvrtc.tropical.tuning import einsum_products, launch, timed
 from benchmarks._results import RESULTS, gpu_facts, write
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tensor_network.py"
@@ -36,43 +48,208 @@ def example() -> Any:
     return module
 
 
-def measure(net: Any, repeats: int) -> dict[str, Any]:
+def median_ms(call: Callable[[], Any], sync: Callable[[], Any], repeats: int) -> float:
+    call()
+    sync()
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times) * 1e3
+
+
+def pairwise(
+    plan: tropical.EinsumPlan, xp: Any, reduce: Callable[[Any, tuple[int, ...]], Any]
+) -> Callable[..., Any]:
+    """The scalar contraction along ``plan.path`` in an array library ``xp`` (jax.numpy,
+    torch): each step the broadcast sum of its operands reduced over the indices nothing later
+    needs, as a user of that library would write it."""
+    inputs, output = list(plan.inputs), plan.output
+
+    def expand(x: Any, have: str, union: str) -> Any:
+        order = [have.index(i) for i in union if i in have]
+        x = x.permute(*order) if hasattr(x, "permute") else xp.transpose(x, order)
+        return x.reshape([plan.sizes[i] if i in have else 1 for i in union])
+
+    def contract(*xs: Any) -> Any:
+        live = list(zip(xs, inputs, strict=True))
+        for positions in plan.path:
+            chosen = [live[p] for p in positions]
+            live = [t for n, t in enumerate(live) if n not in positions]
+            keep = set(output).union(*(have for _, have in live))
+            union = "".join(dict.fromkeys("".join(have for _, have in chosen)))
+            total = None
+            for x, have in chosen:
+                part = expand(x, have, union)
+                total = part if total is None else total + part
+            summed = tuple(n for n, i in enumerate(union) if i not in keep)
+            kept = "".join(i for i in union if i in keep)
+            live.append((reduce(total, summed) if summed else total, kept))
+        ((x, _),) = live
+        return x
+
+    return contract
+
+
+def jax_engine(plan: tropical.EinsumPlan, maximise: bool) -> Callable[..., Any]:
+    import jax
+    import jax.numpy as jnp
+
+    def reduce(x: Any, axes: tuple[int, ...]) -> Any:
+        return jnp.max(x, axis=axes) if maximise else jnp.min(x, axis=axes)
+
+    return jax.jit(pairwise(plan, jnp, reduce))  # type: ignore[no-any-return]
+
+
+def torch_engine(plan: tropical.EinsumPlan, maximise: bool) -> Callable[..., Any]:
+    import torch
+
+    def reduce(x: Any, axes: tuple[int, ...]) -> Any:
+        return torch.amax(x, dim=axes) if maximise else torch.amin(x, dim=axes)
+
+    return pairwise(plan, torch, reduce)
+
+
+def measure(module: Any, net: Any, args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915
     import cupy
 
-    plan = tropical.einsum_plan(net.subscripts, *net.operands, optimize=net.optimize)
+    began = time.perf_counter()
+    searched = tropical.einsum_plan(net.subscripts, *net.operands, optimize=net.optimize)
+    planning_s = time.perf_counter() - began
+    path = [tuple(p) for p in searched.path]
     arrays = [cupy.asarray(x) for x in net.operands]
     stream = cupy.cuda.get_current_stream()
-
-    def whole() -> float:
-        began = time.perf_counter()
-        tropical.einsum_sync(net.subscripts, *arrays, semiring=net.semiring, optimize=plan)
-        stream.synchronize()
-        return time.perf_counter() - began
-
-    whole()  # compiles and loads every kernel
-    seconds = statistics.median(whole() for _ in range(repeats))
-    _, products = einsum_products(net.subscripts, *arrays, semiring=net.semiring, optimize=plan)
-    kernels = sum(timed(lambda p=p, m=m: launch(p, m, None), repeats) for p, m in products)
-    return {
+    ring = net.semiring
+    row: dict[str, Any] = {
         "network": net.name,
-        "steps": len(plan.steps),
-        "largest_intermediate": plan.largest_intermediate,
-        "products": plan.products,
-        "copies": plan.copies,
-        "copied_elements": plan.copied_elements,
-        "whole_s": seconds,
-        "product_kernels_s": kernels,
-        "product_share": kernels / seconds,
+        "steps": len(searched.steps),
+        "largest_intermediate": searched.largest_intermediate,
+        "copies": searched.copies,
+        "copied_elements": searched.copied_elements,
+        "planning_s": planning_s,
     }
+    # Kernels compiled (and loaded) before the first-call timing: a warm cache.
+    value = float(tropical.einsum_sync(net.subscripts, *arrays, semiring=ring, optimize=searched))
+    warm = tropical.einsum_program_sync(net.subscripts, *arrays, semiring=ring, optimize=path)
+    tropical.einsum_program_sync(
+        net.subscripts, *arrays, semiring=ring, optimize=path, argmax=True
+    ).run_sync(*arrays)
+    assert float(warm.run_sync(*arrays)) == value
+    del warm
+    # The first call of a new plan: planning the path's steps, preparing them, the capture.
+    tropical.clear_programs()
+    clear_plans()
+    began = time.perf_counter()
+    program = tropical.einsum_program_sync(net.subscripts, *arrays, semiring=ring, optimize=path)
+    first = float(program.run_sync(*arrays))
+    row["program_first_s"] = time.perf_counter() - began
+    assert first == value, (first, value)
+    row["program_bytes"] = program.nbytes
+    sync = stream.synchronize
+    row["program_ms"] = median_ms(lambda: program.run_sync(*arrays), sync, args.repeats)
+    row["program_bound_ms"] = median_ms(program.run_sync, sync, args.repeats)  # read in place
+    with_assignment = tropical.einsum_program_sync(
+        net.subscripts, *arrays, semiring=ring, optimize=path, argmax=True
+    )
+    got, assignment = with_assignment.run_sync(*arrays)
+    assert float(got) == value
+    row["assignment"] = module.check(net, value, assignment)
+    row["program_argmax_ms"] = median_ms(
+        lambda: with_assignment.run_sync(*arrays), stream.synchronize, args.repeats
+    )
+    plan = program.plan
+    eager = args.repeats // 3 + 1
+    row["eager_ms"] = median_ms(
+        lambda: tropical.einsum_sync(net.subscripts, *arrays, semiring=ring, optimize=plan),
+        stream.synchronize,
+        eager,
+    )
+    row["eager_argmax_ms"] = median_ms(
+        lambda: tropical.einsum_sync(
+            net.subscripts, *arrays, semiring=ring, optimize=plan, argmax=True
+        ),
+        stream.synchronize,
+        eager,
+    )
+    maximise = ring == "maxplus"
+    if args.jax:
+        import jax
+        import numpy as np
+
+        contract = jax_engine(plan, maximise)
+        xs = [jax.device_put(np.asarray(x)) for x in net.operands]
+        began = time.perf_counter()
+        got_jax = float(contract(*xs).block_until_ready())
+        row["jax_first_s"] = time.perf_counter() - began
+        assert got_jax == value, (got_jax, value)
+        row["jax_ms"] = median_ms(
+            lambda: contract(*xs).block_until_ready(), lambda: None, args.repeats
+        )
+    if args.torch:
+        import torch
+
+        contract = torch_engine(plan, maximise)
+        ts = [torch.from_numpy(x).cuda() for x in net.operands]
+        got_torch = float(contract(*ts))
+        assert got_torch == value, (got_torch, value)
+        row["torch_ms"] = median_ms(lambda: contract(*ts), torch.cuda.synchronize, eager)
+    row["value"] = value
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def clear_plans() -> None:
+    from aionvrtc.tropical import _contraction, _einsum_steps
+
+    _contraction._plans.clear()
+    _contraction._cached_path.cache_clear()
+    _einsum_steps._prepared.clear()
+
+
+def baseline(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The eager einsum_sync (and its plans' copies) of the aionvrtc at ``--baseline``, in a
+    process of its own: by network name."""
+    env = {**os.environ, "PYTHONPATH": f"{args.baseline}:{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, __file__, "--eager-only", "--repeats", str(args.repeats // 3 + 1),
+               "--regular", *map(str, args.regular), "--kings", *map(str, args.kings),
+               "--spin-glass", *map(str, args.spin_glass)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {row["network"]: row for row in rows}
+
+
+def eager_only(nets: Sequence[Any], repeats: int) -> None:
+    """This aionvrtc's eager einsum_sync and plan copies, one JSON line a network."""
+    import cupy
+
+    for net in nets:
+        plan = tropical.einsum_plan(net.subscripts, *net.operands, optimize=net.optimize)
+        arrays = [cupy.asarray(x) for x in net.operands]
+        stream = cupy.cuda.get_current_stream()
+
+        def call(net: Any = net, plan: Any = plan, arrays: Any = arrays) -> Any:
+            return tropical.einsum_sync(
+                net.subscripts, *arrays, semiring=net.semiring, optimize=plan
+            )
+
+        ms = median_ms(call, stream.synchronize, repeats)
+        print(json.dumps({"network": net.name, "eager_ms": ms, "copies": plan.copies}), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--regular", type=int, nargs="*", default=[100, 150])
-    parser.add_argument("--kings", type=int, nargs="*", default=[10, 15, 20])
+    parser.add_argument("--regular", type=int, nargs="*", default=[60, 100, 150])
+    parser.add_argument("--kings", type=int, nargs="*", default=[10, 15])
     parser.add_argument("--spin-glass", type=int, nargs="*", default=[100, 150])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--baseline", type=Path, default=None)
+    parser.add_argument("--no-jax", dest="jax", action="store_false")
+    parser.add_argument("--no-torch", dest="torch", action="store_false")
+    parser.add_argument("--eager-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--label", default="")
     args = parser.parse_args()
     module = example()
     nets = module.networks(
@@ -81,30 +258,55 @@ def main() -> None:
             seed=2026,
         )
     )  # fmt: skip
+    if args.eager_only:
+        eager_only(nets, args.repeats)
+        return
+    before = baseline(args) if args.baseline else {}
     facts = gpu_facts()
-    rows = [measure(net, args.repeats) for net in nets]
+    rows = []
+    for net in nets:
+        row = measure(module, net, args)
+        if net.name in before:
+            row["baseline_eager_ms"] = before[net.name]["eager_ms"]
+            row["baseline_copies"] = before[net.name]["copies"]
+        rows.append(row)
+    table = render(rows, facts)
+    slug = facts["gpu"].replace("NVIDIA ", "") + (f"-{args.label}" if args.label else "")
+    write(args.out, "tropical_einsum", label=slug, facts=facts, results=rows, table=table)
+
+
+def render(rows: Sequence[dict[str, Any]], facts: dict[str, Any]) -> str:
+    def ms(row: dict[str, Any], key: str) -> str:
+        return f"{row[key]:.2f}" if key in row else "-"
+
     lines = [
-        f"# Tropical einsum: product kernels against the whole contraction, {facts['gpu']}",
+        f"# Tensor networks contracted again and again, {facts['gpu']}",
         "",
         f"Driver {facts['driver']}, CuPy {facts['cupy']}, NVRTC {facts['nvrtc']}, "
-        f"{facts['date']}. The networks of examples/tensor_network.py (seed 2026, random-greedy "
-        "64 trials; king's graphs row by row). Whole: `einsum_sync` to the synchronised result, "
-        "median; product kernels: each step's product alone over CUDA-graph replays, summed.",
+        f"{facts['date']}. The networks of examples/tensor_network.py (seed 2026, PYTHONHASHSEED "
+        "0; random-greedy 64 trials, king's graphs row by row), every engine on the same "
+        "pairwise path. Wall time per call to the synchronised result, medians (ms). program: "
+        "`einsum_program(...).run_sync(*operands)`, a CUDA-graph replay; its first call (s): "
+        "planning the path's steps, preparing, capturing, one replay, kernels compiled before. "
+        "JAX: `jax.jit` of the pairwise steps (first call: trace and compile). eager: "
+        "`einsum_sync`; before: the eager call of the aionvrtc before compiled programs.",
         "",
-        "| network | steps | largest | copies (elements) | whole ms | product kernels ms | share |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| network | steps | copies (before) | program | with assignment | JAX jit | program / JAX "
+        "| first call s (JAX s) | eager (before) | PyTorch eager |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        ratio = f"{r['program_ms'] / r['jax_ms']:.2f}" if "jax_ms" in r else "-"
+        jax_first = f"{r['jax_first_s']:.1f}" if "jax_first_s" in r else "-"
+        before = f" ({r['baseline_eager_ms']:.1f})" if "baseline_eager_ms" in r else ""
+        copies = f" ({r['baseline_copies']})" if "baseline_copies" in r else ""
         lines.append(
-            f"| {r['network']} | {r['steps']} | {r['largest_intermediate']:,} | "
-            f"{r['copies']} ({r['copied_elements']:,}) | {r['whole_s'] * 1e3:.1f} | "
-            f"{r['product_kernels_s'] * 1e3:.1f} | {r['product_share'] * 100:.0f}% |"
+            f"| {r['network']} | {r['steps']} | {r['copies']}{copies} | {ms(r, 'program_ms')} | "
+            f"{ms(r, 'program_argmax_ms')} | {ms(r, 'jax_ms')} | {ratio} | "
+            f"{r['program_first_s']:.3f} ({jax_first}) | {r['eager_ms']:.1f}{before} | "
+            f"{ms(r, 'torch_ms')} |"
         )
-    slug = facts["gpu"].replace("NVIDIA ", "")
-    write(
-        args.out, "tropical_einsum", label=slug, facts=facts, results=rows,
-        table="\n".join(lines) + "\n",
-    )  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

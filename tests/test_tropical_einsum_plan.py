@@ -5,14 +5,12 @@ over its own strided views, and the kernels a plan names compiled for sm_90 with
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import string
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -31,6 +29,7 @@ from aionvrtc.tropical import (
     einsum_plan,
     reference,
 )
+from aionvrtc.tropical._backtrace import assignment_of, backtrace_code, follow
 from aionvrtc.tropical._contraction import Step, Term, View
 
 from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
@@ -864,18 +863,19 @@ def test_every_plan_reads_what_its_steps_say(ring: str, dtype: Any, data: st.Dat
 # -- the argmax's backtrace, on the host ------------------------------------------------------
 
 
+def _follow(plan: EinsumPlan, trace: list[tuple[Step, Array]]) -> dict[str, int]:
+    """tropical's backtrace program (the one its kernel follows), followed on the host over a
+    trace of NumPy argmaxes (run_plan's), each step's located by its place in the trace."""
+    code = backtrace_code(plan, range(len(trace)))
+    values = follow(
+        code, len(trace), len(plan.sizes), lambda where, at: int(trace[where][1].reshape(-1)[at])
+    )
+    return assignment_of(plan, values)
+
+
 @pytest.fixture
-def host_backtrace(monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict[str, int]]:
-    """tropical's own backtrace, run on a trace of NumPy argmaxes (run_plan's): CuPy's device
-    context and the stream's wait are all it asks of the GPU."""
-    device = SimpleNamespace(cuda=SimpleNamespace(Device=lambda number: contextlib.nullcontext()))
-    monkeypatch.setattr(_einsum, "cupy_module", lambda: device)
-    stream = SimpleNamespace(synchronize=lambda: None)
-
-    def run(plan: EinsumPlan, trace: list[tuple[Step, Array]]) -> dict[str, int]:
-        return _einsum.backtrace(plan, trace, device=0, stream=stream)
-
-    return run
+def host_backtrace() -> Callable[..., dict[str, int]]:
+    return _follow
 
 
 def _value_and_assignment(
@@ -1008,24 +1008,14 @@ def test_the_backtrace_of_generated_contractions(
     ring: str, dtype: str, data: st.DataObject
 ) -> None:
     # Generated subscripts summed to a scalar, operands in any memory order, along any path.
-    with pytest.MonkeyPatch.context() as patch:
-        device = SimpleNamespace(cuda=SimpleNamespace(Device=lambda n: contextlib.nullcontext()))
-        patch.setattr(_einsum, "cupy_module", lambda: device)
-        stream = SimpleNamespace(synchronize=lambda: None)
-        subscripts, drawn = data.draw(expressions(ring, np.dtype(dtype)))
-        assume(all(x.size for x in drawn))  # argmax=True refuses a size-0 index
-        subscripts = subscripts.partition("->")[0] + "->"
-        seed = data.draw(st.integers(0, 1 << 32), label="seed")
-        values = network_values(np.random.default_rng(seed), ring, dtype, [x.shape for x in drawn])
-        arrays = [relayout(x, *data.draw(layouts(x.ndim), label="layout")) for x in values]
-        optimize = data.draw(st.one_of(st.just("auto"), pair_paths(len(arrays))), label="optimize")
-        _value_and_assignment(
-            subscripts,
-            arrays,
-            ring,
-            lambda plan, trace: _einsum.backtrace(plan, trace, device=0, stream=stream),
-            optimize,
-        )
+    subscripts, drawn = data.draw(expressions(ring, np.dtype(dtype)))
+    assume(all(x.size for x in drawn))  # argmax=True refuses a size-0 index
+    subscripts = subscripts.partition("->")[0] + "->"
+    seed = data.draw(st.integers(0, 1 << 32), label="seed")
+    values = network_values(np.random.default_rng(seed), ring, dtype, [x.shape for x in drawn])
+    arrays = [relayout(x, *data.draw(layouts(x.ndim), label="layout")) for x in values]
+    optimize = data.draw(st.one_of(st.just("auto"), pair_paths(len(arrays))), label="optimize")
+    _value_and_assignment(subscripts, arrays, ring, _follow, optimize)
 
 
 def test_einsum_refuses_what_it_can_tell_without_a_gpu() -> None:

@@ -12,6 +12,7 @@ from ._batching import Batcher, BatcherStats
 from ._classes import TILES, VARIANTS, shape_class, tuned_tiles
 from ._contraction import EinsumPlan, einsum_plan
 from ._einsum import einsum, einsum_sync
+from ._einsum_program import EinsumProgram, clear_programs, einsum_program, einsum_program_sync
 from ._planning import kernel_spec
 from ._semirings import SEMIRINGS, Semiring
 from ._specs import LAYOUTS, all_specs, backward_spec, gemm_spec
@@ -25,14 +26,18 @@ __all__ = [
     "Batcher",
     "BatcherStats",
     "EinsumPlan",
+    "EinsumProgram",
     "Semiring",
     "all_specs",
     "autotune",
     "backward",
     "backward_spec",
     "backward_sync",
+    "clear_programs",
     "einsum",
     "einsum_plan",
+    "einsum_program",
+    "einsum_program_sync",
     "einsum_sync",
     "gemm_spec",
     "kernel_spec",

@@ -36,6 +36,7 @@ __all__ = [
     "check_step",
     "einsum_plan",
     "group_index",
+    "known_plan",
 ]
 
 Strides = tuple[int, ...]
@@ -142,6 +143,9 @@ class EinsumPlan:
     layouts: tuple[tuple[Any, ...], ...] = field(
         default=(), compare=False
     )  # (shape, strides, size)
+    # One number for what the plan does (equal plans, equal keys): what runs key their caches
+    # by, hashed in O(1) where the plan itself hashes in O(steps).
+    key: int = field(default=-1, compare=False)
 
     @property
     def copies(self) -> int:
@@ -291,6 +295,56 @@ def einsum_plan(subscripts: str, *operands: Any, optimize: Any = "auto") -> Eins
     ``SEARCH_LIMITS`` allows."""
     if isinstance(optimize, EinsumPlan) and optimize.planned_for(subscripts, operands):
         return optimize
+    memo = _memo(subscripts, operands, optimize)
+    try:
+        found = _plans.get(memo) if memo is not None else None
+    except TypeError:  # something in a layout is not hashable: planned every time
+        memo = found = None
+    if found is not None:
+        return found
+    planned = _plan(subscripts, operands, optimize)
+    if memo is not None:
+        while len(_plans) >= _KEYS:
+            try:
+                del _plans[next(iter(_plans))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread took it first
+                break
+        _plans[memo] = planned
+    return planned
+
+
+def known_plan(subscripts: str, operands: Sequence[Any], optimize: Any) -> EinsumPlan | None:
+    """``einsum_plan``'s plan where it is at hand (a plan for these operands, or one made
+    before for a strategy's name), else None: no planning, O(operands)."""
+    if isinstance(optimize, EinsumPlan):
+        return optimize if optimize.planned_for(subscripts, operands) else None
+    memo = _memo(subscripts, operands, optimize)
+    try:
+        return _plans.get(memo) if memo is not None else None
+    except TypeError:
+        return None
+
+
+# Plans by (subscripts, strategy name, operands' layouts): a network contracted again is not
+# planned again (opt_einsum's path for a name is the same each time: see _cached_path).
+_plans: dict[Any, EinsumPlan] = {}
+
+
+def _memo(subscripts: str, operands: Sequence[Any], optimize: Any) -> Any:
+    if not isinstance(optimize, str):
+        return None
+    layouts: list[Any] = []
+    for x in operands:
+        try:
+            layouts.append((x.shape, x.strides, x.itemsize))
+        except AttributeError:
+            if not isinstance(x, tuple | list):
+                return None  # einsum_plan says what is wrong with it
+            layouts.append(tuple(x))
+    return (subscripts, optimize, *layouts)
+
+
+def _plan(subscripts: str, operands: Sequence[Any], optimize: Any) -> EinsumPlan:
     inputs, output = parse_subscripts(subscripts, len(operands))
     shaped = [_Shaped.of(x, i) for i, x in enumerate(operands)]
     sizes = index_sizes(inputs, shaped)
@@ -320,7 +374,24 @@ def einsum_plan(subscripts: str, *operands: Any, optimize: Any = "auto") -> Eins
         (tuple(x.shape), tuple(x.strides), x.itemsize) if hasattr(x, "strides") else ((), (), 0)
         for x in operands
     )
-    return dataclasses.replace(planned, layouts=layouts)
+    return dataclasses.replace(planned, layouts=layouts, key=_intern(planned))
+
+
+# Plans' keys by what they do, bounded: a plan whose content was dropped gets a new key (its
+# runs' caches miss once, nothing more).
+_KEYS = 4096
+_keys: dict[Any, int] = {}
+_counter = itertools.count()
+
+
+def _intern(planned: EinsumPlan) -> int:
+    content = (planned.subscripts, planned.path, planned.terms, tuple(planned.sizes.items()))
+    found = _keys.get(content)
+    if found is None:
+        if len(_keys) >= _KEYS:
+            _keys.clear()
+        found = _keys[content] = next(_counter)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +500,7 @@ def _program(
     """Each step of ``path`` as a batched product over views, copying only where none reads."""
     terms = tuple(input_terms(inputs, strides))
     sizes = dict(sizes)  # and the split indices' (see _split)
+    readers = _readers(inputs, output, path)  # how each step's result will be read
     # Operands by number (inputs 0..n-1, then each step's result), in opt_einsum's list order:
     # a step's operands leave the list and its result joins the end.
     live: list[tuple[int, Term]] = list(enumerate(terms))
@@ -468,7 +540,12 @@ def _program(
             if kept.issuperset(term.indices):
                 live = [x for x in live if x[0] != at] + [(at, term)]  # nothing to sum
             else:
-                push(_reduction(term, kept, sizes, wanted=wanted, operands=(at,), number=number()))
+                push(
+                    _reduction(
+                        term, kept, sizes, wanted=wanted, operands=(at,), number=number(),
+                        read=readers.get(count),
+                    )
+                )  # fmt: skip
             continue
         (xn, x), (yn, y) = chosen
         # An index of only one of them that nothing later needs is summed within it first.
@@ -486,7 +563,12 @@ def _program(
                 )
             )
             yn, y = live[-1]
-        push(_pair(x, y, kept, sizes=sizes, wanted=wanted, operands=(xn, yn), number=number()))
+        push(
+            _pair(
+                x, y, kept, sizes=sizes, wanted=wanted, operands=(xn, yn), number=number(),
+                read=readers.get(count),
+            )
+        )  # fmt: skip
     if len(live) != 1:
         raise ValueError(
             f"optimize: the path leaves {len(live)} operands, not one; a path contracts until "
@@ -509,6 +591,77 @@ def _program(
         # new array, never a view of an operand.
         final_copy=final.indices != tuple(output) or live[0][0] < len(terms),
     )
+
+
+# How a later step reads a result: the groups of its indices that the read takes as its
+# dimensions (batch, summed, its own; or kept and summed, for a sum over indices only it has).
+_Read = tuple[frozenset[str], ...]
+
+
+def _readers(
+    inputs: Sequence[str], output: str, path: Sequence[tuple[int, ...]]
+) -> dict[int, _Read]:
+    """For each path entry whose result a later entry reads, how it reads it (``_Read``): the
+    result can be read in place where each group lies contiguous in it. Index sets alone,
+    along the path (as far as it is well formed: ``_program`` says what is wrong with the
+    rest)."""
+    live: list[tuple[int, frozenset[str]]] = [(-1, frozenset(t)) for t in inputs]
+    readers: dict[int, _Read] = {}
+    for count, positions in enumerate(path):
+        if (
+            not 0 < len(positions) <= 2
+            or not all(0 <= p < len(live) for p in positions)
+            or len(set(positions)) != len(positions)
+        ):
+            break
+        chosen = [live[p] for p in positions]
+        rest = [t for i, (_, t) in enumerate(live) if i not in positions]
+        kept = frozenset(output).union(*rest)
+        made_here = count
+        if len(chosen) == 1:
+            ((made, term),) = chosen
+            if kept.issuperset(term):
+                made_here = made  # nothing summed: it moves to the end, still made by `made`
+            elif made >= 0:
+                readers[made] = (term & kept, term - kept)
+            result = term & kept
+        else:
+            for (made, own), (_, other) in (chosen, chosen[::-1]):
+                if made < 0:  # an input: its layout is the caller's
+                    continue
+                private = own - other - kept
+                if private:  # summed within it first
+                    readers[made] = (own - private, private)
+                else:
+                    readers[made] = (own & other & kept, (own & other) - kept, own - other)
+            result = (chosen[0][1] | chosen[1][1]) & kept
+        live = [x for i, x in enumerate(live) if i not in positions] + [(made_here, result)]
+    return readers
+
+
+def _unread(result: Sequence[str], read: _Read | None, sizes: Any) -> int:
+    """Elements that the step reading a result contiguous over ``result`` (as ``read`` says)
+    must copy first: all of them where some group, over its indices of more than one value,
+    is not one run of it."""
+    if read is None:
+        return 0
+    wide = [i for i in result if sizes[i] != 1]
+    for group in read:
+        at = [n for n, i in enumerate(wide) if i in group]
+        if at and at[-1] - at[0] + 1 != len(at):
+            return math.prod(sizes[i] for i in result)
+    return 0
+
+
+def _ahead(group: Sequence[str], read: _Read | None) -> list[tuple[str, ...]]:
+    """Orders of ``group`` that keep the indices of each of ``read``'s groups together, in each
+    order of those groups (so that one can run across this group's boundary)."""
+    if read is None:
+        return []
+    found: dict[tuple[str, ...], None] = {}
+    for order in itertools.permutations(read):
+        found[tuple(i for g in order for i in sorted(g) if i in group)] = None
+    return list(found)
 
 
 def _merge(term: Term, group: Sequence[str], sizes: Mapping[str, int]) -> tuple[int, int] | None:
@@ -562,7 +715,11 @@ def _pair(
     wanted: tuple[str, ...] | None,
     operands: tuple[int, ...],
     number: int,
+    read: _Read | None = None,
 ) -> list[Step]:
+    """``x`` and ``y`` contracted over their shared indices that are not ``kept``: the step
+    (or steps, see _split) whose views copy the fewest elements, counting the copy that the
+    later step reading the result (``read``: _readers) would make of it."""
     batch = [i for i in x.indices if i in y.indices and i in kept]
     summed = [i for i in x.indices if i in y.indices and i not in kept]
     only_x = [i for i in x.indices if i not in y.indices]
@@ -572,16 +729,26 @@ def _pair(
         first, second = (y, x) if swapped else (x, y)
         m_group, n_group = (only_y, only_x) if swapped else (only_x, only_y)
         want: list[Term | tuple[str, ...]] = [wanted] if wanted else []
-        for b, k, m, n in itertools.product(
-            _orders(batch, first, second, *want),
-            _orders(summed, first, second),
-            _orders(m_group, first, *want),
-            _orders(n_group, second, *want),
-        ):
+        k_orders = _orders(summed, first, second)
+        candidates = list(
+            itertools.product(
+                _orders(batch, first, second, *want),
+                k_orders,
+                _orders(m_group, first, *want),
+                _orders(n_group, second, *want),
+            )
+        )
+        # Orders of the result that its reader can view in place.
+        for order in _ahead(batch + m_group + n_group, read):
+            b, m, n = (tuple(i for i in order if i in g) for g in (batch, m_group, n_group))
+            candidates += [(b, k, m, n) for k in k_orders]
+        for b, k, m, n in candidates:
             one, two = _view(first, (b, m, k), sizes), _view(second, (b, k, n), sizes)
             result = b + m + n
             final = wanted is not None and result != wanted
-            copied = one.copied + two.copied + (math.prod(sizes[i] for i in result) if final else 0)
+            size = math.prod(sizes[i] for i in result)
+            later = size if final else _unread(result, read, sizes)
+            copied = one.copied + two.copied + later
             rowmajor = one.strides[2] == 1 and two.strides[2] == 1
             score = (copied, not rowmajor, swapped)
             if best is None or score < best[0]:
@@ -600,16 +767,22 @@ def _reduction(
     wanted: tuple[str, ...] | None,
     operands: tuple[int, ...],
     number: int,
+    read: _Read | None = None,
 ) -> list[Step]:
-    """Sum ``x``'s indices that are not ``kept``: x as (1, kept, summed) times ones (summed, 1)."""
+    """Sum ``x``'s indices that are not ``kept``: x as (1, kept, summed) times ones (summed, 1);
+    its result laid out as ``_pair``'s, for the step that reads it."""
     keep = [i for i in x.indices if i in kept]
     summed = [i for i in x.indices if i not in kept]
     best: tuple[tuple[int, bool], Step] | None = None
     want: list[Term | tuple[str, ...]] = [wanted] if wanted else []
-    for m, k in itertools.product(_orders(keep, x, *want), _orders(summed, x)):
+    k_orders = _orders(summed, x)
+    candidates = list(itertools.product(_orders(keep, x, *want), k_orders))
+    candidates += [(m, k) for m in _ahead(keep, read) for k in k_orders]
+    for m, k in candidates:
         view = _view(x, ((), m, k), sizes)
         final = wanted is not None and m != wanted
-        copied = view.copied + (math.prod(sizes[i] for i in m) if final else 0)
+        later = math.prod(sizes[i] for i in m) if final else _unread(m, read, sizes)
+        copied = view.copied + later
         score = (copied, view.strides[2] != 1)
         if best is None or score < best[0]:
             subscripts = "".join(x.indices) + "->" + "".join(m)

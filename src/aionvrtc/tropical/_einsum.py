@@ -1,10 +1,10 @@
-"""tropical.einsum: a planned contraction (_contraction) run as batched tropical products, and
-the backtrace from each product's argmax to an assignment of every index."""
+"""tropical.einsum: a planned contraction (_contraction) run as batched tropical products over
+one arena (_einsum_steps), and the backtrace of its argmaxes to an assignment, on the GPU."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -12,29 +12,18 @@ import anyio.to_thread
 import numpy as np
 
 from .._actor import Compiler
-from .._cuda import Module
-from .._spec import KernelSpec
-from ._classes import tuned_tiles
-from ._contraction import (
-    EinsumPlan,
-    Step,
-    Term,
-    check_step,
-    contiguous,
-    einsum_plan,
-    group_index,
-    step_specs,
-)
-from ._launching import first_error, launch, module, module_sync
-from ._planning import Plan, cupy_module, plan
+from .._cuda import Module, synchronize
+from ._backtrace import assignment_of
+from ._classes import tables_version, tuned_tiles
+from ._contraction import EinsumPlan, check_step, einsum_plan, known_plan
+from ._einsum_steps import Steps, prepared
+from ._launching import OnDevice, first_error, loaded, module, module_sync
+from ._planning import cupy_module
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
 from ._subscripts import check_dtypes, check_output
 
-__all__ = ["backtrace", "einsum", "einsum_products", "einsum_sync"]
-
-# A run's product argmaxes, by step: what backtrace reads.
-_Trace = list[tuple[Step, Any]]
+__all__ = ["einsum", "einsum_sync", "fetch_modules", "steps_for"]
 
 # The kernels write a product's argmax as an int32 k, so with argmax=True no product may sum
 # over more than 2**31 values of k. (Everything else they index with 64-bit integers.)
@@ -55,59 +44,39 @@ async def einsum(
     on ``stream`` (default: CuPy's current stream). Returns the result, a new array (or
     ``out``, filled); with ``argmax=True``, for a scalar result (an output of no indices,
     ``"ij,jk->"``), the pair (result, assignment): a dict giving every index a value at which
-    the product of the operands' entries attains the result (this waits for the GPU).
+    the product of the operands' entries attains the result, found on the GPU and copied back
+    once (this waits for the GPU without blocking the event loop).
 
     The order of the pairwise contractions comes from ``optimize`` (see ``einsum_plan``: an
     opt_einsum strategy, optimizer or path, or a plan from ``einsum_plan``, which also says
     which operands are copied). Each contraction is one batched tropical product over strided
     views; its kernel is fetched through ``compiler`` (default: aionvrtc's process-wide
-    Compiler), compiled on first use. Planning runs in a worker thread unless ``optimize`` is
-    a plan already. An output or intermediate larger than the device's memory, and with
-    ``argmax=True`` a product over more than 2**31 values of k (its argmax is an int32), are
-    refused with a ValueError before anything is allocated."""
+    Compiler), compiled on first use. A network contracted again is neither planned nor
+    prepared again: its launches are kept (see ``einsum_program`` to replay them from a CUDA
+    graph). Planning runs in a worker thread unless the plan is known. An output or
+    intermediate larger than the device's memory, and with ``argmax=True`` a product over
+    more than 2**31 values of k (its argmax is an int32), are refused with a ValueError
+    before anything is allocated."""
     ring, arrays, device = _check(operands, semiring)
-    if isinstance(optimize, EinsumPlan):
-        planned = einsum_plan(subscripts, *arrays, optimize=optimize)
-    else:
+    planned = known_plan(subscripts, arrays, optimize)
+    if planned is None:
         planned = await anyio.to_thread.run_sync(
             functools.partial(einsum_plan, subscripts, *arrays, optimize=optimize)
         )
-    _check_plan(planned, arrays[0].dtype, argmax=argmax, device=device)
     # The steps take their kernels from the tiles of now, those fetched here, even where
     # autotune installs others meanwhile (a kernel missing from `modules` would be fetched on
     # the event loop's thread, blocking it, or raising with a caller's Compiler).
-    table = tuned_tiles(device)
-    modules: dict[KernelSpec, Module] = {}
-
-    async def fetch(spec: KernelSpec) -> None:
-        modules[spec] = await module(spec, device, compiler)
-
-    try:
-        async with anyio.create_task_group() as tg:
-            for spec in _specs(planned, ring, arrays, argmax=argmax, table=table):
-                tg.start_soon(fetch, spec)
-    except ExceptionGroup as group:
-        raise first_error(group) from None
+    steps = steps_for(planned, ring, arrays[0].dtype, argmax=argmax, device=device)
     stream = _stream(device, stream)
-
-    def get(spec: KernelSpec) -> Module:
-        try:
-            return modules[spec]
-        except KeyError:  # step_specs and the steps' planner disagree: a bug to report
-            raise AssertionError(
-                f"einsum: a step planned {spec.name_expressions[0]}, which its plan's kernels "
-                f"({', '.join(s.name_expressions[0] for s in modules)}) do not include"
-            ) from None
-
-    result, trace = _run(
-        planned, ring, arrays, get, argmax=argmax, out=out, stream=stream, table=table
-    )
+    if steps is None:
+        return _empty(planned, ring, arrays[0].dtype, argmax=argmax, out=out, device=device)
+    modules = await fetch_modules(steps, compiler)
+    result, arena = _enqueue(steps, modules, arrays, out, stream)
     if not argmax:
         return result
-    assignment = await anyio.to_thread.run_sync(
-        functools.partial(backtrace, planned, trace, device=device, stream=stream)
-    )
-    return result, assignment
+    host = _copy_back(steps, arena, stream)
+    await synchronize(stream)
+    return result, _assignment(steps, host)
 
 
 def einsum_sync(
@@ -121,39 +90,128 @@ def einsum_sync(
     compiler: Compiler | None = None,
 ) -> Any:
     """``einsum`` for code that is not async; ``compiler``, if given, must run in a portal or
-    this must be a worker thread of its event loop."""
+    this must be a worker thread of its event loop. With ``argmax=True`` it waits for the GPU."""
     ring, arrays, device = _check(operands, semiring)
     planned = einsum_plan(subscripts, *arrays, optimize=optimize)
-    _check_plan(planned, arrays[0].dtype, argmax=argmax, device=device)
+    steps = steps_for(planned, ring, arrays[0].dtype, argmax=argmax, device=device)
     stream = _stream(device, stream)
-
-    def get(spec: KernelSpec) -> Module:
-        return module_sync(spec, device, compiler)
-
-    result, trace = _run(planned, ring, arrays, get, argmax=argmax, out=out, stream=stream)
+    if steps is None:
+        return _empty(planned, ring, arrays[0].dtype, argmax=argmax, out=out, device=device)
+    modules = [
+        loaded(spec, device, compiler) or module_sync(spec, device, compiler)
+        for spec in steps.specs
+    ]
+    result, arena = _enqueue(steps, modules, arrays, out, stream)
     if not argmax:
         return result
-    return result, backtrace(planned, trace, device=device, stream=stream)
+    host = _copy_back(steps, arena, stream)
+    stream.synchronize()
+    return result, _assignment(steps, host)
 
 
-def einsum_products(
-    subscripts: str, *operands: Any, semiring: str = "maxplus", optimize: Any = "auto"
-) -> tuple[Any, list[tuple[Plan, Module]]]:
-    """``einsum_sync``'s result and the products it launched, (plan, module) each, so that a
-    benchmark can time the product kernels alone (``launch``) against the whole contraction."""
-    ring, arrays, device = _check(operands, semiring)
-    planned = einsum_plan(subscripts, *arrays, optimize=optimize)
-    _check_plan(planned, arrays[0].dtype, argmax=False, device=device)
-    stream = _stream(device, None)
-    products: list[tuple[Plan, Module]] = []
+def steps_for(
+    planned: EinsumPlan,
+    ring: Semiring,
+    dtype: Any,
+    *,
+    argmax: bool,
+    device: int,
+    reuse: bool = True,
+) -> Steps | None:
+    """``planned``'s steps, prepared once with the device's tiles of now (checked when first
+    prepared: see _check_plan); None for a contraction with an index of size 0, whose result
+    is the semiring's zero and launches nothing."""
+    check = functools.partial(_check_plan, planned, dtype, argmax=argmax, device=device)
+    if 0 in planned.sizes.values():
+        check()
+        return None
+    version = tables_version()  # (before the table: a table installed between is fetched next)
+    return prepared(
+        planned, ring, dtype, argmax=argmax, device=device, table=tuned_tiles(device),
+        version=version, reuse=reuse, check=check,
+    )  # fmt: skip
 
-    def get(spec: KernelSpec) -> Module:
-        return module_sync(spec, device, None)
 
-    result, _ = _run(
-        planned, ring, arrays, get, argmax=False, out=None, stream=stream, products=products
-    )
-    return result, products
+async def fetch_modules(steps: Steps, compiler: Compiler | None) -> list[Module]:
+    """The modules of ``steps.specs``, from ``compiler`` (default: the process-wide one):
+    loaded ones at once, the others fetched concurrently (compiled where new)."""
+    device = steps.device
+    found: list[Module | None] = [loaded(spec, device, compiler) for spec in steps.specs]
+    if all(m is not None for m in found):
+        return found  # type: ignore[return-value]
+
+    async def fetch(at: int) -> None:
+        found[at] = await module(steps.specs[at], device, compiler)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for at, got in enumerate(found):
+                if got is None:
+                    tg.start_soon(fetch, at)
+    except ExceptionGroup as group:
+        raise first_error(group) from None
+    return found  # type: ignore[return-value]
+
+
+def _enqueue(
+    steps: Steps, modules: Sequence[Module], arrays: Sequence[Any], out: Any, stream: Any
+) -> tuple[Any, Any]:
+    """Launch ``steps`` over ``arrays`` into ``out`` (else a new array): (the result, the
+    arena, which holds the assignment)."""
+    cupy = cupy_module()
+    _check_out(out, steps.dtype, steps.shape, steps.device)
+    with OnDevice(steps.device):
+        arena = cupy.cuda.alloc(steps.nbytes) if steps.nbytes else None
+        direct = out is not None and out.flags.c_contiguous
+        result = out if direct else cupy.ndarray(steps.shape, steps.dtype)
+        steps.enqueue(
+            modules,
+            [x.data.ptr for x in arrays],
+            arena.ptr if arena is not None else 0,
+            result.data.ptr,
+            stream,
+        )
+        if out is not None and not direct:
+            with stream:
+                cupy.copyto(out, result)
+            result = out
+    return result, arena
+
+
+def _copy_back(steps: Steps, arena: Any, stream: Any) -> Any:
+    """Enqueue the copy of the assignment (and the value's bytes) to pinned host memory."""
+    cupy = cupy_module()
+    count = len(steps.plan.sizes) + 1
+    host = cupy.cuda.alloc_pinned_memory(count * 8)
+    with OnDevice(steps.device):
+        cupy.cuda.runtime.memcpyAsync(
+            host.ptr, arena.ptr + steps.assignment, count * 8,
+            cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr,
+        )  # fmt: skip
+    return host
+
+
+def _assignment(steps: Steps, host: Any) -> dict[str, int]:
+    values = np.frombuffer(host, np.int64, count=len(steps.plan.sizes))
+    return assignment_of(steps.plan, values.tolist())
+
+
+def _empty(
+    planned: EinsumPlan, ring: Semiring, dtype: Any, *, argmax: bool, out: Any, device: int
+) -> Any:
+    """The sum over an index of size 0: the semiring's zero everywhere."""
+    if argmax:
+        empty = next(i for i, n in planned.sizes.items() if n == 0)
+        raise ValueError(
+            f"einsum index {empty!r} has size 0: the sum is empty and no assignment attains it"
+        )
+    cupy = cupy_module()
+    shape = tuple(planned.sizes[i] for i in planned.output)
+    _check_out(out, dtype, shape, device)
+    with cupy.cuda.Device(device):
+        result = out if out is not None else cupy.empty(shape, dtype)
+        result.fill(ring.zero(dtype))
+    return result
 
 
 def _stream(device: int, stream: Any) -> Any:
@@ -222,81 +280,6 @@ def _device_bytes(device: int) -> int:
     return int(total)
 
 
-def _specs(
-    planned: EinsumPlan, ring: Semiring, arrays: Sequence[Any], *, argmax: bool, table: Any
-) -> list[KernelSpec]:
-    if 0 in planned.sizes.values():
-        return []
-    return step_specs(planned, ring, arrays[0].dtype, argmax=argmax, table=table)
-
-
-def _run(
-    planned: EinsumPlan,
-    ring: Semiring,
-    arrays: Sequence[Any],
-    get: Callable[[KernelSpec], Module],
-    *,
-    argmax: bool,
-    out: Any,
-    stream: Any,
-    table: Any = None,
-    products: list[tuple[Plan, Module]] | None = None,
-) -> tuple[Any, _Trace]:
-    """Enqueue the plan's steps, their kernels chosen from ``table`` (default: the device's
-    tuned tiles now); the result (in ``out`` if given) and each step's argmax. ``products``
-    collects each product launched."""
-    cupy = cupy_module()
-    sizes = planned.sizes
-    dtype = arrays[0].dtype
-    device = arrays[0].device.id
-    shape = tuple(sizes[i] for i in planned.output)
-    _check_out(out, dtype, shape, device)
-    trace: _Trace = []
-    with cupy.cuda.Device(device), stream:
-        if 0 in sizes.values():
-            if argmax:
-                empty = next(i for i, n in sizes.items() if n == 0)
-                raise ValueError(
-                    f"einsum index {empty!r} has size 0: the sum is empty and no assignment "
-                    "attains it"
-                )
-            result = out if out is not None else cupy.empty(shape, dtype)
-            result.fill(ring.zero(dtype))
-            return result, trace
-        # Operands by number: the inputs, then each step's result (see Step).
-        live: dict[int, tuple[Any, Term]] = dict(enumerate(zip(arrays, planned.terms, strict=True)))
-        direct = False
-        for count, step in enumerate(planned.steps):
-            first, second = _operands(step, [live.pop(i) for i in step.operands], ring, sizes)
-            b, m, _ = first.shape
-            n = second.shape[2]
-            last = count == len(planned.steps) - 1
-            direct = last and out is not None and not planned.final_copy and out.flags.c_contiguous
-            c = _strided(out, (b, m, n), (m * n, n, 1)) if direct else cupy.empty((b, m, n), dtype)
-            index = cupy.empty((b, m, n), np.int32) if argmax else None
-            product = plan(
-                first, second, ring.name, argmax=argmax, out=(c, index) if argmax else c,
-                accumulate=False, table=table,
-            )  # fmt: skip
-            loaded = get(product.spec)
-            launch(product, loaded, stream)
-            if products is not None:
-                products.append((product, loaded))
-            if argmax:
-                trace.append((step, index))
-            result = Term(step.result, contiguous([sizes[i] for i in step.result]))
-            live[step.number] = (c, result)
-        ((x, term),) = live.values()
-        if direct:
-            return out, trace  # the last product wrote it
-        view = _nd(x, term, sizes).transpose([term.indices.index(i) for i in planned.output])
-        if out is not None:
-            cupy.copyto(out, view)
-            return out, trace
-        # A view over the term, not x.reshape(shape): CuPy reshapes to () as to (1,).
-        return (view.copy() if planned.final_copy else view), trace
-
-
 def _check_out(out: Any, dtype: Any, shape: tuple[int, ...], device: int) -> None:
     if out is None:
         return
@@ -308,61 +291,3 @@ def _check_out(out: Any, dtype: Any, shape: tuple[int, ...], device: int) -> Non
             f"out must be {dtype} of shape {shape} on device {device}, got {out.dtype} of "
             f"shape {out.shape} on device {out.device.id}"
         )
-
-
-def _operands(
-    step: Step, chosen: list[tuple[Any, Term]], ring: Semiring, sizes: Any
-) -> tuple[Any, Any]:
-    """A step's two 3-D operands: (first, second), or (first, ones) for a reduction."""
-    if step.second is None:
-        ((x, term),) = chosen
-        dtype = x.dtype
-        k = step.first.shape[2]
-        ones = cupy_module().full(k, ring.one(dtype), dtype)
-        return _read(x, term, step.first, sizes), _strided(ones, (1, k, 1), (0, 1, 1))
-    if step.swapped:
-        chosen = chosen[::-1]
-    return _read(*chosen[0], step.first, sizes), _read(*chosen[1], step.second, sizes)
-
-
-def _strided(x: Any, shape: Sequence[int], strides: Sequence[int]) -> Any:
-    """A view of ``x`` from its first element, with element ``strides``."""
-    cupy = cupy_module()
-    return cupy.lib.stride_tricks.as_strided(
-        x, shape=tuple(shape), strides=tuple(s * x.itemsize for s in strides)
-    )
-
-
-def _nd(x: Any, term: Term, sizes: Any) -> Any:
-    """``x`` with one axis per index of ``term`` (its diagonals taken)."""
-    return _strided(x, [sizes[i] for i in term.indices], term.strides)
-
-
-def _read(x: Any, term: Term, view: Any, sizes: Any) -> Any:
-    """The 3-D operand of a product: ``x`` viewed, or first copied to the order that can be."""
-    if view.copy is not None:
-        axes = [term.indices.index(i) for i in view.copy]
-        x = _nd(x, term, sizes).transpose(axes).copy()  # C order (ascontiguousarray: 0-d to 1-d)
-    return _strided(x, view.shape, view.strides)
-
-
-def backtrace(planned: EinsumPlan, trace: _Trace, *, device: int, stream: Any) -> dict[str, int]:
-    """An assignment of every index attaining a scalar contraction's value: from the last
-    product back, the output indices of each step are known, and its argmax at them names
-    the winning value of the indices it summed (tropical back-propagation). Waits for
-    ``stream``."""
-    cupy = cupy_module()
-    sizes = planned.sizes
-    assignment: dict[str, int] = {}
-    with cupy.cuda.Device(device):
-        stream.synchronize()
-        for step, index in reversed(trace):
-            at = tuple(group_index(g, assignment, sizes) for g in (step.batch, step.m, step.n))
-            # -1: the value is the semiring's zero, which every assignment attains.
-            won = max(int(index[at]), 0)
-            if step.split is not None:  # the winner's offset within its part of K
-                won += assignment[step.split] * step.first.shape[2]
-            for i in reversed(step.k):
-                won, assignment[i] = divmod(won, sizes[i])
-    # Every index of an input was summed by some product (a scalar contraction outputs none).
-    return {i: assignment[i] for i in dict.fromkeys("".join(planned.inputs))}

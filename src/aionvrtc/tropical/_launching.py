@@ -107,6 +107,10 @@ class _Packed:
         self._function = (weakref.ref(module), pointer)
         return pointer
 
+    def run_pointers(self, module: Module, pointers: Sequence[int], stream: Any) -> None:
+        """Enqueue the kernel on ``stream`` with ``pointers`` in its first argument slots."""
+        self._launch(module, pointers, stream, -1)
+
     def _launch(self, module: Module, pointers: Sequence[int], stream: Any, flags: int) -> None:
         function = self.function(module)
         with OnDevice(self.device):  # the module lives in this device's context
@@ -250,7 +254,12 @@ class Launch(_Packed):
         """Enqueue C = A (x) B, ``operands`` (a, b, c, argmax or None), on ``stream`` (None:
         CuPy's current stream of the plan's device), with ``module`` holding the kernel."""
         a, b, c, index = operands
-        pointers = (a.data.ptr, b.data.ptr, c.data.ptr, 0 if index is None else index.data.ptr, 0)
+        pointers = (a.data.ptr, b.data.ptr, c.data.ptr, 0 if index is None else index.data.ptr)
+        self.run_pointers(module, pointers, stream)
+
+    def run_pointers(self, module: Module, pointers: Sequence[int], stream: Any) -> None:
+        """``run`` with the operands' addresses, (a, b, c, argmax or 0)."""
+        pointers = (*pointers, 0)
         ordered = [pointers[i] for i in self._order]
         flags = -1
         if self._checks is not None:

@@ -20,6 +20,7 @@ __all__ = [
     "LAYOUTS",
     "all_specs",
     "backward_spec",
+    "einsum_spec",
     "gemm_spec",
     "rows_spec",
     "tiled_spec",
@@ -32,7 +33,7 @@ LAYOUTS: tuple[Layout, ...] = ("rowmajor", "strided")
 OPTIONS = ("-std=c++17",)
 
 
-Family = Literal["gemm", "tiled", "rows", "backward"]
+Family = Literal["gemm", "tiled", "rows", "backward", "einsum"]
 # The headers each family's source includes (kernels/): a kernel's key covers its family's
 # source and these, and nothing of the other families.
 _INCLUDES: dict[Family, tuple[str, ...]] = {
@@ -40,6 +41,7 @@ _INCLUDES: dict[Family, tuple[str, ...]] = {
     "tiled": ("tropical_common.cuh", "tropical_fast.cuh"),
     "rows": ("tropical_common.cuh", "tropical_fast.cuh"),
     "backward": (),
+    "einsum": (),
 }
 
 
@@ -75,6 +77,22 @@ def _spec(family: Family, expression: str) -> KernelSpec:
         headers=headers,
         name=f"tropical_{family}.cu",
     )
+
+
+# The einsum family's element types, by size: its kernels move elements, never compute.
+_MOVED = {1: "unsigned char", 4: "unsigned int", 8: "unsigned long long"}
+
+
+@functools.cache
+def einsum_spec(kernel: Literal["copy", "gather", "backtrace"], itemsize: int = 0) -> KernelSpec:
+    """The spec of one of the small kernels around an einsum's products (kernels/
+    tropical_einsum.cu): the strided copy or the gather of elements of ``itemsize`` bytes, or
+    the backtrace (no element type)."""
+    if kernel == "backtrace":
+        return _spec("einsum", "einsum_backtrace")
+    if itemsize not in _MOVED:
+        raise ValueError(f"no einsum {kernel} kernel for {itemsize}-byte elements")
+    return _spec("einsum", f"einsum_{kernel}<{_MOVED[itemsize]}>")
 
 
 def _bool(flag: bool) -> str:

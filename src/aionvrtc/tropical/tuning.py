@@ -1,10 +1,9 @@
 """What the autotuner and the benchmarks work with, for tuning and measuring the kernels
 (``aionvrtc.tropical.matmul`` is the API for computing): the shape classes' representative
 shapes and candidate tiles, the checks a tile must pass, planning a product and launching it
-with a tile of one's choosing, the products an einsum launches, and timing GPU work."""
+with a tile of one's choosing, and timing GPU work."""
 
 from ._classes import ARGMAX_MAX_TILES, CANDIDATES, ROWS_KMAX, SHAPES, tile_fits, tile_variant
-from ._einsum import einsum_products
 from ._launching import launch
 from ._planning import Plan, plan
 from ._semirings import DTYPES
@@ -18,7 +17,6 @@ __all__ = [
     "ROWS_KMAX",
     "SHAPES",
     "Plan",
-    "einsum_products",
     "launch",
     "plan",
     "random_operands",

@@ -1,0 +1,75 @@
+"""The backtrace of a scalar contraction's argmaxes to an assignment of every index, as a program
+of 64-bit integers that one GPU thread follows (``einsum_backtrace`` in kernels/
+tropical_einsum.cu) and ``follow`` follows on the host, for tests without a GPU.
+
+From the last product back, the indices a product keeps are known (a later product summed
+them), so its argmax is read at their position and names the winning value of the indices it
+summed (tropical back-propagation). The program, for each product from the last:
+
+    where, known, (index, stride) * known, split, part, summed, (index, size) * summed
+
+``where`` locates the product's int32 argmax (a byte offset, or what the caller's ``read``
+takes); the argmax's position is the sum of the known indices' values times their strides in it
+(it is C-contiguous over the product's result); a K that was cut in parts (``split``, else -1)
+adds the winning part times ``part``; the digits of the winner, last index first, are the
+summed indices' values. Indices are numbered in the order of the plan's ``sizes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ._contraction import EinsumPlan, contiguous
+
+__all__ = ["assignment_of", "backtrace_code", "follow"]
+
+
+def backtrace_code(plan: EinsumPlan, where: Sequence[int]) -> list[int]:
+    """The program for ``plan``, each step's argmax located by ``where`` (one per step)."""
+    number = {index: n for n, index in enumerate(plan.sizes)}
+    code: list[int] = []
+    for step, at in reversed(list(zip(plan.steps, where, strict=True))):
+        strides = contiguous([plan.sizes[i] for i in step.result])
+        code += [at, len(step.result)]
+        for index, stride in zip(step.result, strides, strict=True):
+            code += [number[index], stride]
+        if step.split is not None:
+            code += [number[step.split], step.first.shape[2]]
+        else:
+            code += [-1, 0]
+        code.append(len(step.k))
+        for index in reversed(step.k):
+            code += [number[index], plan.sizes[index]]
+    return code
+
+
+def follow(
+    code: Sequence[int], steps: int, indices: int, read: Callable[[int, int], int]
+) -> list[int]:
+    """The walk the kernel makes: each index's value, ``read(where, position)`` giving an
+    argmax."""
+    assignment = [0] * indices
+    c = 0
+    for _ in range(steps):
+        where, known = code[c], code[c + 1]
+        c += 2
+        at = 0
+        for _ in range(known):
+            at += assignment[code[c]] * code[c + 1]
+            c += 2
+        won = max(read(where, at), 0)  # -1: the semiring's zero, which every assignment attains
+        if code[c] >= 0:
+            won += assignment[code[c]] * code[c + 1]
+        summed = code[c + 2]
+        c += 3
+        for _ in range(summed):
+            won, assignment[code[c]] = divmod(won, code[c + 1])
+            c += 2
+    return assignment
+
+
+def assignment_of(plan: EinsumPlan, values: Sequence[int]) -> dict[str, int]:
+    """The assignment of the inputs' indices, from every index's value (numbered as ``sizes``).
+    Every index of an input was summed by some product: a scalar contraction outputs none."""
+    number = {index: n for n, index in enumerate(plan.sizes)}
+    return {i: int(values[number[i]]) for i in dict.fromkeys("".join(plan.inputs))}

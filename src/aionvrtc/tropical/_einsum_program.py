@@ -1,0 +1,491 @@
+"""Compiled contractions: a planned einsum's launches captured once as a CUDA graph over buffers
+the program owns, replayed per call.
+
+A call gathers the caller's operands into the bound inputs with one launch (their addresses are
+the launch's arguments, so the graph never changes), replays the graph, and copies the result
+out (with argmax=True the assignment too, found by a kernel in the graph: one copy back). The
+graph's steps run on as many branches as the contraction tree has (its capture forks a stream
+per branch and joins them by events), so independent steps run side by side on the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import anyio.to_thread
+import numpy as np
+
+from .._actor import Compiler
+from .._cuda import Module, synchronize
+from ._backtrace import assignment_of
+from ._classes import tables_version
+from ._contraction import EinsumPlan, einsum_plan, known_plan
+from ._einsum import _check_out, _stream, fetch_modules, steps_for
+from ._einsum_steps import MAX_GATHER, Steps
+from ._launching import OnDevice, _Packed, loaded, module, module_sync
+from ._planning import cupy_module
+from ._semirings import semiring as lookup
+from ._specs import einsum_spec
+
+__all__ = [
+    "MAX_PROGRAMS",
+    "MAX_PROGRAM_BYTES",
+    "EinsumProgram",
+    "clear_programs",
+    "einsum_program",
+    "einsum_program_sync",
+]
+
+# Programs kept in the process, the least recently used dropped first past either bound: each
+# holds its buffers (the inputs, every intermediate at once, the result) on its device.
+MAX_PROGRAMS = 64
+MAX_PROGRAM_BYTES = 1 << 30
+
+_ALIGN = 256
+_THREADS = 256
+_LANES = 8  # streams a capture forks: the most steps the graph runs side by side on its own
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-max(nbytes, 1) // _ALIGN) * _ALIGN
+
+
+class EinsumProgram:
+    """A tropical einsum compiled for one device: ``run`` (async) or ``run_sync`` with operands
+    of the shapes and dtype it was made for, or with none to read ``inputs`` in place.
+
+    ``inputs`` are the bound input buffers (C-contiguous CuPy arrays the program owns): write
+    into them and call without operands to skip the gather. ``output`` is the bound result;
+    pass it as ``out=`` to skip the copy out (it holds the next call's result then). Calls on
+    any streams are ordered among themselves (a call waits for the previous one's work), and
+    from any threads. ``nbytes`` is the device memory the program holds."""
+
+    def __init__(
+        self, steps: Steps, modules: Sequence[Module], gather: Module, semiring: str
+    ) -> None:
+        cupy = cupy_module()
+        planned = steps.plan
+        self.plan, self.semiring, self.argmax = planned, semiring, steps.argmax
+        self.dtype, self.device, self.shape = steps.dtype, steps.device, steps.shape
+        # The modules are held: the graph launches their kernels.
+        self._steps, self._modules, self._gather = steps, tuple(modules), gather
+        item = self.dtype.itemsize
+        shapes = planned.shapes()
+        sizes = [int(np.prod(s, dtype=np.int64)) * item for s in shapes]
+        offsets, end = [], 0
+        for nbytes in sizes:
+            offsets.append(end)
+            end += _aligned(nbytes)
+        output_at = end
+        arena_at = end + _aligned(int(np.prod(self.shape, dtype=np.int64)) * item)
+        self.nbytes = arena_at + steps.nbytes
+        with OnDevice(self.device):
+            self._memory = cupy.cuda.alloc(self.nbytes)
+            base = self._memory.ptr
+            self.inputs = tuple(
+                cupy.ndarray(shape, self.dtype, self._memory + at)
+                for shape, at in zip(shapes, offsets, strict=True)
+            )
+            self.output = cupy.ndarray(self.shape, self.dtype, self._memory + output_at)
+            self._arena = base + arena_at
+            self._shapes = [tuple(s) for s in shapes]
+            self._gathers = self._gather_launches(offsets, sizes)
+            self._graph = self._capture()
+            self._done = cupy.cuda.Event(block=False, disable_timing=True)
+        self._last: int | None = None  # the stream of the last call
+        self._lock = threading.Lock()
+
+    def _gather_launches(
+        self, offsets: Sequence[int], sizes: Sequence[int]
+    ) -> list[tuple[_Packed, Any]]:
+        """One gather launch per MAX_GATHER operands, each with its (destination, elements)
+        table on the device."""
+        cupy = cupy_module()
+        item, base = self.dtype.itemsize, self._memory.ptr
+        spec = einsum_spec("gather", item)
+        launches = []
+        for start in range(0, len(offsets), MAX_GATHER):
+            chunk = range(start, min(start + MAX_GATHER, len(offsets)))
+            table = cupy.asarray(
+                np.array([[base + offsets[i], sizes[i] // item] for i in chunk], np.int64)
+            )
+            longest = max(sizes[i] // item for i in chunk)
+            blocks = max(1, min(-(-longest // _THREADS), 1024))
+            packed = _Packed(
+                spec, self.device, (blocks, len(chunk), 1), (_THREADS, 1, 1),
+                [0, len(chunk), *([0] * MAX_GATHER)],
+            )  # fmt: skip
+            launches.append((packed, table))
+        return launches
+
+    def _capture(self) -> Any:
+        cupy = cupy_module()
+        steps = self._steps
+        stream = cupy.cuda.Stream(non_blocking=True)
+        pointers = [x.data.ptr for x in self.inputs]
+        # Once outside the capture: every kernel's function is looked up, every launch checked.
+        steps.enqueue(self._modules, pointers, self._arena, self.output.data.ptr, stream)
+        stream.synchronize()
+        lanes = _Lanes(steps.depends, stream)
+        stream.begin_capture()
+        try:
+            steps.enqueue(
+                self._modules, pointers, self._arena, self.output.data.ptr, stream, lanes=lanes
+            )
+            lanes.join()
+        finally:
+            graph = stream.end_capture()
+        graph.upload(stream)
+        stream.synchronize()
+        return graph
+
+    def run_sync(self, *operands: Any, out: Any = None, stream: Any = None) -> Any:
+        """Replay the program on ``operands`` (none: ``inputs`` as they are) on ``stream``
+        (default: CuPy's current stream of the program's device). Returns the result, a new
+        array or ``out``; with argmax=True the pair (result, assignment), waiting for it."""
+        stream = _stream(self.device, stream)
+        result, host = self._enqueue(operands, out, stream)
+        if host is None:
+            return result
+        stream.synchronize()
+        return result, self._assignment(host)
+
+    async def run(self, *operands: Any, out: Any = None, stream: Any = None) -> Any:
+        """``run_sync`` for async code: with argmax=True it waits for the assignment without
+        blocking the event loop."""
+        stream = _stream(self.device, stream)
+        result, host = self._enqueue(operands, out, stream)
+        if host is None:
+            return result
+        await synchronize(stream)
+        return result, self._assignment(host)
+
+    def _assignment(self, host: Any) -> dict[str, int]:
+        values = np.frombuffer(host, np.int64, count=len(self.plan.sizes))
+        return assignment_of(self.plan, values.tolist())
+
+    def _sources(self, operands: Sequence[Any], stream: Any) -> tuple[list[int], list[Any]] | None:
+        """The operands' addresses (0: a bound input, in place), or None where all are; and
+        any contiguous copies made of them (held until enqueued)."""
+        if not operands:
+            return None
+        cupy = cupy_module()
+        if len(operands) != len(self.inputs):
+            raise ValueError(
+                f"this einsum program takes {len(self.inputs)} operands "
+                f"({self.plan.subscripts}), got {len(operands)}"
+            )
+        pointers: list[int] = []
+        held: list[Any] = []
+        bounds = zip(operands, self.inputs, self._shapes, strict=True)
+        for i, (x, bound, shape) in enumerate(bounds):
+            if x is bound:
+                pointers.append(0)
+                continue
+            if (
+                type(x) is not cupy.ndarray
+                or x.shape != shape
+                or x.dtype != self.dtype
+                or x.data.device_id != self.device
+            ):
+                self._refuse(i, x, shape)
+            if not x.flags.c_contiguous:  # (the gather reads an operand as one run)
+                with stream:
+                    x = cupy.ascontiguousarray(x)  # noqa: PLW2901
+                held.append(x)
+            pointers.append(x.data.ptr)
+        if not any(pointers):
+            return None
+        return pointers, held
+
+    def _refuse(self, i: int, x: Any, shape: tuple[int, ...]) -> None:
+        cupy = cupy_module()
+        if not isinstance(x, cupy.ndarray):
+            raise TypeError(
+                f"einsum program operand {i} must be a cupy.ndarray, not "
+                f"{type(x).__module__}.{type(x).__name__}"
+            )
+        raise ValueError(
+            f"einsum program operand {i} must be {self.dtype} of shape {shape} on device "
+            f"{self.device} (as the program was made), got {x.dtype} of shape {x.shape} on "
+            f"device {x.data.device_id}; make a program for these with einsum_program"
+        )
+
+    def _enqueue(self, operands: Sequence[Any], out: Any, stream: Any) -> tuple[Any, Any]:
+        if out is not None and out is not self.output:
+            _check_out(out, self.dtype, self.shape, self.device)
+        nbytes = self.output.nbytes
+        with OnDevice(self.device):
+            sources = self._sources(operands, stream)
+            with self._lock:
+                return self._launch(sources, out, stream, nbytes)
+
+    def _launch(self, sources: Any, out: Any, stream: Any, nbytes: int) -> tuple[Any, Any]:
+        """Gather, replay, copy out: enqueued on ``stream``, after the previous call's work."""
+        cupy = cupy_module()
+        runtime = cupy.cuda.runtime
+        handle = stream.ptr
+        if self._last is not None and self._last != handle:
+            stream.wait_event(self._done)  # the previous call's buffers are this one's
+        if sources is not None:
+            pointers, _held = sources
+            for n, (packed, table) in enumerate(self._gathers):
+                chunk = pointers[n * MAX_GATHER : (n + 1) * MAX_GATHER]
+                packed.run_pointers(self._gather, [table.data.ptr, len(chunk), *chunk], stream)
+        runtime.graphLaunch(self._graph.graphExec, handle)
+        if out is self.output:
+            result = out
+        elif out is not None and out.flags.c_contiguous:
+            runtime.memcpyAsync(
+                out.data.ptr, self.output.data.ptr, nbytes, runtime.memcpyDeviceToDevice,
+                handle,
+            )  # fmt: skip
+            result = out
+        elif out is not None:
+            with stream:
+                cupy.copyto(out, self.output)
+            result = out
+        else:
+            result = cupy.ndarray(self.shape, self.dtype)
+            runtime.memcpyAsync(
+                result.data.ptr, self.output.data.ptr, nbytes,
+                runtime.memcpyDeviceToDevice, handle,
+            )  # fmt: skip
+        host = None
+        if self.argmax:
+            count = (len(self.plan.sizes) + 1) * 8
+            host = cupy.cuda.alloc_pinned_memory(count)
+            runtime.memcpyAsync(
+                host.ptr, self._arena + self._steps.assignment, count,
+                runtime.memcpyDeviceToHost, handle,
+            )  # fmt: skip
+        self._done.record(stream)
+        self._last = handle
+        return result, host
+
+    def __repr__(self) -> str:
+        return (
+            f"<EinsumProgram {self.plan.subscripts} {self.semiring} {self.dtype} "
+            f"argmax={self.argmax} on device {self.device}: {len(self.plan.steps)} steps, "
+            f"{self.nbytes:,} bytes>"
+        )
+
+
+class _Lanes:
+    """The streams a capture launches each step on: a step goes on its first operand's
+    producer's stream where that is the stream's last step (a branch goes on), else on the
+    stream least recently used; it waits for the events of producers on other streams. The
+    ops after the last step join every stream."""
+
+    def __init__(self, depends: Sequence[tuple[int, ...]], main: Any) -> None:
+        cupy = cupy_module()
+        self._depends = depends
+        self._main = main
+        self._streams = [main] + [cupy.cuda.Stream(non_blocking=True) for _ in range(_LANES - 1)]
+        self._lane: list[int] = []
+        tail: list[int] = [-1] * _LANES  # each stream's last step
+        for step, before in enumerate(depends):
+            lane = next((lane for lane, last in enumerate(tail) if last in before), -1)
+            if lane < 0:
+                lane = min(range(_LANES), key=lambda n: tail[n])
+            self._lane.append(lane)
+            tail[lane] = step
+        self._events: dict[int, Any] = {}
+        self._current = -1
+        self._forked = False
+
+    def _event(self, stream: Any) -> Any:
+        event = cupy_module().cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+        return event
+
+    def __call__(self, step: int) -> Any:
+        if step == self._current:
+            return self._stream_of(step)
+        if not self._forked:  # the other streams join the capture from the main one
+            fork = self._event(self._main)
+            for stream in self._streams[1:]:
+                stream.wait_event(fork)
+            self._forked = True
+        self._close()
+        self._current = step
+        if step >= len(self._lane):  # after the last step: every stream joins
+            self.join()
+            return self._main
+        stream = self._stream_of(step)
+        for before in self._depends[step]:
+            if self._lane[before] != self._lane[step]:
+                stream.wait_event(self._events[before])
+        return stream
+
+    def _stream_of(self, step: int) -> Any:
+        return self._main if step >= len(self._lane) else self._streams[self._lane[step]]
+
+    def _close(self) -> None:
+        if 0 <= self._current < len(self._lane):
+            self._events[self._current] = self._event(self._stream_of(self._current))
+
+    def join(self) -> None:
+        """Every stream's work before the main stream's next (a capture ends joined)."""
+        self._close()
+        self._current = len(self._lane)
+        if self._forked:
+            for stream in self._streams[1:]:
+                self._main.wait_event(self._event(stream))
+
+
+# -- making programs, cached -------------------------------------------------------------------
+
+_programs: OrderedDict[Any, EinsumProgram] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def clear_programs() -> None:
+    """Forget every cached program (those held elsewhere stay usable)."""
+    with _cache_lock:
+        _programs.clear()
+
+
+def _key(planned: EinsumPlan, ring: str, dtype: Any, argmax: bool, device: int) -> Any:
+    return (planned.key, ring, np.dtype(dtype), argmax, device, tables_version())
+
+
+def _cached(key: Any) -> EinsumProgram | None:
+    with _cache_lock:
+        found = _programs.get(key)
+        if found is not None:
+            _programs.move_to_end(key)
+        return found
+
+
+def _keep(key: Any, program: EinsumProgram) -> None:
+    if program.nbytes > MAX_PROGRAM_BYTES:
+        return
+    with _cache_lock:
+        _programs[key] = program
+        _programs.move_to_end(key)
+        while len(_programs) > MAX_PROGRAMS or (
+            sum(p.nbytes for p in _programs.values()) > MAX_PROGRAM_BYTES
+        ):
+            _programs.popitem(last=False)
+
+
+def _arguments(
+    operands: Sequence[Any], dtype: Any, device: int | None
+) -> tuple[list[tuple[int, ...]], np.dtype[Any], int]:
+    """Shapes, dtype and device from arrays, or shapes with ``dtype`` (and ``device``)."""
+    cupy = cupy_module()
+    if not operands:
+        raise ValueError("einsum_program needs at least one operand (an array or a shape)")
+    arrays = [x for x in operands if hasattr(x, "shape") and hasattr(x, "dtype")]
+    if arrays and len(arrays) != len(operands):
+        raise TypeError("einsum_program takes arrays, or shapes with dtype=, not both")
+    if arrays:
+        dtypes = {np.dtype(x.dtype) for x in arrays}
+        if len(dtypes) > 1 or (dtype is not None and np.dtype(dtype) not in dtypes):
+            raise ValueError(
+                f"einsum_program operands have dtypes {sorted(map(str, dtypes))}"
+                + (f" and dtype={np.dtype(dtype)} was given" if dtype is not None else "")
+                + "; give one dtype"
+            )
+        devices = sorted({x.device.id for x in arrays if isinstance(x, cupy.ndarray)})
+        if len(devices) > 1:
+            raise ValueError(f"einsum_program operands are on devices {devices}; use one")
+        if device is None:
+            device = devices[0] if devices else cupy.cuda.Device().id
+        return [tuple(x.shape) for x in arrays], dtypes.pop(), device
+    if dtype is None:
+        raise TypeError("einsum_program of shapes needs dtype= (or pass arrays)")
+    for i, x in enumerate(operands):
+        if not isinstance(x, tuple | list) or not all(isinstance(n, int) for n in x):
+            raise TypeError(
+                f"einsum_program operand {i} must be an array or a shape tuple, not "
+                f"{type(x).__name__}"
+            )
+    return (
+        [tuple(int(n) for n in x) for x in operands],
+        np.dtype(dtype),
+        cupy.cuda.Device().id if device is None else device,
+    )
+
+
+async def einsum_program(
+    subscripts: str,
+    *operands: Any,
+    semiring: str = "maxplus",
+    argmax: bool = False,
+    optimize: Any = "auto",
+    dtype: Any = None,
+    device: int | None = None,
+    compiler: Compiler | None = None,
+) -> EinsumProgram:
+    """``einsum`` compiled once for operands of these shapes and dtype on one device: the plan
+    (``optimize``, as ``einsum``'s), its kernels fetched through ``compiler``, its launches
+    captured as a CUDA graph over buffers the program owns. ``operands`` are CuPy arrays (their
+    shapes, dtype and device), or shapes with ``dtype=`` (and ``device=``, default the current
+    one). Programs are cached in the process per (plan, semiring, dtype, argmax, device), up
+    to MAX_PROGRAMS and MAX_PROGRAM_BYTES of device memory, least recently used dropped first:
+    asking again returns the same program. It pays where a network is contracted more than a
+    few times: a replay launches once where ``einsum`` launches every step."""
+    ring = lookup(semiring)
+    shapes, kind, where = _arguments(operands, dtype, device)
+    ring.check_dtype(kind)
+    planned = known_plan(subscripts, shapes, optimize)
+    if planned is None:
+        planned = await anyio.to_thread.run_sync(
+            functools.partial(einsum_plan, subscripts, *shapes, optimize=optimize)
+        )
+    key = _key(planned, ring.name, kind, argmax, where)
+    found = _cached(key)
+    if found is not None:
+        return found
+    steps = _steps(planned, ring.name, kind, argmax, where)
+    modules = await fetch_modules(steps, compiler)
+    gather = await module(einsum_spec("gather", kind.itemsize), where, compiler)
+    program = EinsumProgram(steps, modules, gather, ring.name)
+    _keep(key, program)
+    return program
+
+
+def einsum_program_sync(
+    subscripts: str,
+    *operands: Any,
+    semiring: str = "maxplus",
+    argmax: bool = False,
+    optimize: Any = "auto",
+    dtype: Any = None,
+    device: int | None = None,
+    compiler: Compiler | None = None,
+) -> EinsumProgram:
+    """``einsum_program`` for code that is not async."""
+    ring = lookup(semiring)
+    shapes, kind, where = _arguments(operands, dtype, device)
+    ring.check_dtype(kind)
+    planned = einsum_plan(subscripts, *shapes, optimize=optimize)
+    key = _key(planned, ring.name, kind, argmax, where)
+    found = _cached(key)
+    if found is not None:
+        return found
+    steps = _steps(planned, ring.name, kind, argmax, where)
+    modules = [
+        loaded(spec, where, compiler) or module_sync(spec, where, compiler) for spec in steps.specs
+    ]
+    gather = module_sync(einsum_spec("gather", kind.itemsize), where, compiler)
+    program = EinsumProgram(steps, modules, gather, ring.name)
+    _keep(key, program)
+    return program
+
+
+def _steps(planned: EinsumPlan, ring: str, dtype: Any, argmax: bool, device: int) -> Steps:
+    steps = steps_for(planned, lookup(ring), dtype, argmax=argmax, device=device, reuse=False)
+    if steps is None:
+        empty = next(i for i, n in planned.sizes.items() if n == 0)
+        raise ValueError(
+            f"einsum_program: index {empty!r} has size 0, so the result is the semiring's zero "
+            "and nothing is launched; call einsum for it"
+        )
+    return steps

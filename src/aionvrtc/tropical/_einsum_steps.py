@@ -1,0 +1,340 @@
+"""An einsum plan's steps ready to launch: every kernel chosen, every launch's arguments packed,
+every intermediate placed in one allocation (the arena), all once per (plan, semiring, dtype,
+argmax, device, tiles). A run writes the operands', arena's and result's addresses into the
+launches and enqueues them: no array object, view or plan is made per step.
+
+The arena holds each step's result, its argmax (argmax=True), the copies a product reads from,
+and the assignment; offsets are 256-byte aligned, as allocations of their own would be. An eager
+run reuses the space of what no later step reads (its launches run in order on one stream); a
+compiled program (``_einsum_program``) runs branches concurrently, so nothing is reused.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._cuda import Module
+from .._spec import KernelSpec
+from ._backtrace import backtrace_code
+from ._classes import tables_version
+from ._contraction import EinsumPlan, Step, Term, contiguous
+from ._launching import Launch, OnDevice, _Packed
+from ._planning import cupy_module, plan
+from ._semirings import Semiring
+from ._specs import einsum_spec
+
+__all__ = ["INPUT", "MAX_STEPS", "Op", "Steps", "prepared"]
+
+# Where an address comes from: an input's, the arena's or the result's plus an offset, or a
+# value of its own (a persistent buffer's address, a count).
+INPUT, ARENA, RESULT, VALUE = range(4)
+Source = tuple[int, int]
+
+_ALIGN = 256
+_THREADS = 256
+_MAX_DIMS = 32  # EINSUM_MAX_DIMS
+MAX_GATHER = 448  # EINSUM_MAX_GATHER
+
+# Prepared steps kept, oldest dropped first: each holds packed launches (a few hundred bytes a
+# step), a vector of ones per reduction and the backtrace's program, no intermediate.
+MAX_STEPS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One launch: its kernel (``module``: an index into ``Steps.specs``), where each of its
+    leading arguments' addresses comes from, and the step it belongs to (the steps' count for
+    what follows the last: the final reordering and the backtrace)."""
+
+    launcher: _Packed
+    module: int
+    sources: tuple[Source, ...]
+    step: int
+
+
+class _Arena:
+    """Offsets in one allocation, first fit; space given back is taken again where ``reuse``."""
+
+    def __init__(self, reuse: bool) -> None:
+        self.end = 0  # the top of what is taken now
+        self.size = 0  # the most it reached: the allocation's size
+        self._free: list[tuple[int, int]] = []  # (offset, bytes), by offset
+        self._reuse = reuse
+
+    def take(self, nbytes: int) -> int:
+        size = -(-max(nbytes, 1) // _ALIGN) * _ALIGN
+        for n, (offset, free) in enumerate(self._free):
+            if free >= size:
+                if free == size:
+                    del self._free[n]
+                else:
+                    self._free[n] = (offset + size, free - size)
+                return offset
+        offset, self.end = self.end, self.end + size
+        self.size = max(self.size, self.end)
+        return offset
+
+    def give(self, offset: int, nbytes: int) -> None:
+        if not self._reuse:
+            return
+        size = -(-max(nbytes, 1) // _ALIGN) * _ALIGN
+        at = bisect.bisect(self._free, (offset, size))
+        self._free.insert(at, (offset, size))
+        merged: list[tuple[int, int]] = []
+        for start, length in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((start, length))
+        if merged and merged[-1][0] + merged[-1][1] == self.end:  # the end shrinks back
+            self.end = merged.pop()[0]
+        self._free = merged
+
+
+class Steps:
+    """``planned`` ready to launch for inputs laid out as it was planned (``planned.terms``):
+    ``specs`` the kernels to fetch, ``ops`` the launches in order, ``nbytes`` the arena's size,
+    ``depends`` each step's steps before it (for a graph's branches). With ``argmax`` the last
+    op writes every index's value at ``assignment`` in the arena (int64 each, numbered as the
+    plan's ``sizes``), then the value's bytes."""
+
+    def __init__(
+        self,
+        planned: EinsumPlan,
+        ring: Semiring,
+        dtype: Any,
+        *,
+        argmax: bool,
+        device: int,
+        table: Any,
+        reuse: bool,
+    ) -> None:
+        self.plan, self.dtype, self.argmax, self.device = planned, np.dtype(dtype), argmax, device
+        self.shape = tuple(planned.sizes[i] for i in planned.output)
+        with OnDevice(device):
+            made = _Builder(self, ring, table, reuse)
+            for number, step in enumerate(planned.steps):
+                made.step(number, step)
+            made.finish()
+        self.specs = list(made.specs)
+        self.ops = tuple(made.ops)
+        self.depends = tuple(made.depends)
+        self.nbytes = made.arena.size
+        self.assignment = made.assignment
+        self._keep = made.keep  # persistent buffers the launches point at
+
+    def enqueue(
+        self,
+        modules: Sequence[Module],
+        inputs: Sequence[int],
+        arena: int,
+        result: int,
+        stream: Any,
+        *,
+        lanes: Callable[[int], Any] | None = None,
+    ) -> None:
+        """Enqueue every launch on ``stream``, or on the stream ``lanes`` gives for each op's
+        step (a graph's capture: it orders the branches): ``modules`` by ``specs``, the
+        inputs', arena's and result's addresses."""
+        for op in self.ops:
+            pointers = []
+            for kind, value in op.sources:
+                if kind == VALUE:
+                    pointers.append(value)
+                elif kind == INPUT:
+                    pointers.append(inputs[value])
+                else:
+                    pointers.append((arena if kind == ARENA else result) + value)
+            on = stream if lanes is None else lanes(op.step)
+            op.launcher.run_pointers(modules[op.module], pointers, on)
+
+
+class _Builder:
+    """Steps' launches made in order, each result placed in the arena, the operands it reads
+    tracked by number (the inputs, then each step's result: see Step)."""
+
+    def __init__(self, steps: Steps, ring: Semiring, table: Any, reuse: bool) -> None:
+        cupy = cupy_module()
+        planned = steps.plan
+        self.steps, self.ring, self.table = steps, ring, table
+        self.arena = _Arena(reuse)
+        self.specs: dict[KernelSpec, int] = {}
+        self.ops: list[Op] = []
+        self.depends: list[tuple[int, ...]] = []
+        self.keep: list[Any] = []
+        self.where: list[int] = []  # each step's argmax, by offset
+        self.assignment = -1
+        self.ones: dict[int, Any] = {}
+        # Products are planned on views of a small allocation: plan() and Launch.of read
+        # shapes and strides only, and each run writes the real addresses.
+        self.scratch = cupy.empty(_ALIGN, np.uint8)
+        self.inputs = len(planned.terms)
+        self.live: dict[int, tuple[Source, Term]] = {
+            i: ((INPUT, i), term) for i, term in enumerate(planned.terms)
+        }
+        self.owned: dict[int, tuple[int, int]] = {}  # operand -> its result's (offset, bytes)
+        self.last_read: dict[int, int] = {}
+        for number, step in enumerate(planned.steps):
+            for operand in step.operands:
+                self.last_read[operand] = number
+
+    def module(self, spec: KernelSpec) -> int:
+        return self.specs.setdefault(spec, len(self.specs))
+
+    def view(self, shape: Sequence[int], strides: Sequence[int], dtype: Any = None) -> Any:
+        kind = self.steps.dtype if dtype is None else np.dtype(dtype)
+        return cupy_module().ndarray(
+            tuple(shape), kind, self.scratch.data,
+            strides=tuple(s * kind.itemsize for s in strides),
+        )  # fmt: skip
+
+    def step(self, number: int, step: Step) -> None:
+        planned, item = self.steps.plan, self.steps.dtype.itemsize
+        self.depends.append(tuple(o - self.inputs for o in step.operands if o >= self.inputs))
+        chosen = [self.live.pop(o) for o in step.operands]
+        if step.swapped:
+            chosen = chosen[::-1]
+        temporary: list[tuple[int, int]] = []
+        pointers: list[Source] = []
+        arrays: list[Any] = []
+        for (at, term), read in zip(chosen, (step.first, step.second), strict=False):
+            assert read is not None
+            source = at
+            if read.copy is not None:
+                nbytes = math.prod(read.shape) * item
+                offset = self.arena.take(nbytes)
+                temporary.append((offset, nbytes))
+                self.copy(at, term, read.copy, (ARENA, offset), number)
+                source = (ARENA, offset)
+            pointers.append(source)
+            arrays.append(self.view(read.shape, read.strides))
+        if step.second is None:  # a reduction: times a vector of the semiring's ones
+            k = step.first.shape[2]
+            if k not in self.ones:
+                self.ones[k] = cupy_module().full(
+                    k, self.ring.one(self.steps.dtype), self.steps.dtype
+                )
+                self.keep.append(self.ones[k])
+            pointers.append((VALUE, self.ones[k].data.ptr))
+            arrays.append(self.view((1, k, 1), (0, 1, 1)))
+        b, m, _ = step.first.shape
+        n = arrays[1].shape[2]
+        if number == len(planned.steps) - 1 and not planned.final_copy:
+            c_at: Source = (RESULT, 0)
+        else:
+            offset = self.arena.take(b * m * n * item)
+            self.owned[step.number] = (offset, b * m * n * item)
+            c_at = (ARENA, offset)
+        c = self.view((b, m, n), (m * n, n, 1))
+        index_at: Source = (VALUE, 0)
+        out: Any = c
+        if self.steps.argmax:
+            offset = self.arena.take(b * m * n * 4)  # kept for the backtrace
+            self.where.append(offset)
+            index_at = (ARENA, offset)
+            out = (c, self.view((b, m, n), (m * n, n, 1), np.int32))
+        product = plan(
+            arrays[0], arrays[1], self.ring.name, argmax=self.steps.argmax, out=out,
+            accumulate=False, table=self.table,
+        )  # fmt: skip
+        launch = Launch.of(product)
+        self.ops.append(Op(launch, self.module(launch.spec), (*pointers, c_at, index_at), number))
+        for offset, nbytes in temporary:
+            self.arena.give(offset, nbytes)
+        for operand in step.operands:
+            if self.last_read.get(operand) == number and operand in self.owned:
+                self.arena.give(*self.owned.pop(operand))
+        result = Term(step.result, contiguous([planned.sizes[i] for i in step.result]))
+        self.live[step.number] = (c_at, result)
+
+    def copy(
+        self, source: Source, term: Term, order: Sequence[str], target: Source, step: int
+    ) -> None:
+        """A copy of ``term`` (at ``source``) to C order over ``order`` (at ``target``)."""
+        sizes, itemsize = self.steps.plan.sizes, self.steps.dtype.itemsize
+        stride_of = dict(zip(term.indices, term.strides, strict=True))
+        dims: list[tuple[int, int]] = []
+        for i in order:  # size-1 axes dropped, axes that step as one merged
+            if sizes[i] == 1:
+                continue
+            if dims and dims[-1][1] == stride_of[i] * sizes[i]:
+                dims[-1] = (dims[-1][0] * sizes[i], stride_of[i])
+            else:
+                dims.append((sizes[i], stride_of[i]))
+        if len(dims) > _MAX_DIMS:
+            raise ValueError(
+                f"einsum: an operand of {len(dims)} axes that no view merges is copied, and the "
+                f"copy kernel takes at most {_MAX_DIMS}; pick another order (optimize=)"
+            )
+        total = math.prod(sizes[i] for i in order)
+        padding = [0] * (_MAX_DIMS - len(dims))
+        args = [0, 0, total, len(dims), *(d[0] for d in dims), *padding]
+        args += [*(d[1] for d in dims), *padding]
+        blocks = max(1, min(-(-total // _THREADS), 1 << 16))
+        spec = einsum_spec("copy", itemsize)
+        launcher = _Packed(spec, self.steps.device, (blocks, 1, 1), (_THREADS, 1, 1), args)
+        self.ops.append(Op(launcher, self.module(spec), (source, target), step))
+
+    def finish(self) -> None:
+        """The final reordering and the backtrace, after the last step."""
+        planned = self.steps.plan
+        ((source, term),) = self.live.values()
+        end = len(planned.steps)
+        if planned.final_copy:
+            self.copy(source, term, planned.output, (RESULT, 0), end)
+        if self.steps.argmax:
+            indices = len(planned.sizes)
+            self.assignment = self.arena.take((indices + 1) * 8)
+            program = np.asarray(backtrace_code(planned, self.where), np.int64)
+            code = cupy_module().asarray(program)
+            self.keep.append(code)
+            spec = einsum_spec("backtrace")
+            backtrace = _Packed(spec, self.steps.device, (1, 1, 1), (1, 1, 1), [0] * 7)
+            sources = (
+                (VALUE, code.data.ptr), (VALUE, end), (ARENA, 0), (ARENA, self.assignment),
+                (VALUE, indices), (RESULT, 0), (VALUE, self.steps.dtype.itemsize),
+            )  # fmt: skip
+            self.ops.append(Op(backtrace, self.module(spec), sources, end))
+        del self.scratch
+
+
+_prepared: dict[Any, Steps] = {}
+_lock = threading.Lock()
+
+
+def prepared(
+    planned: EinsumPlan,
+    ring: Semiring,
+    dtype: Any,
+    *,
+    argmax: bool,
+    device: int,
+    table: Any,
+    version: int | None = None,
+    reuse: bool = True,
+    check: Callable[[], None] | None = None,
+) -> Steps:
+    """``Steps`` for these, made once (the tiles' ``version``, default now's, is part of the
+    key: ``table`` is that version's), after ``check`` (what the run refuses)."""
+    key = (
+        planned.key, ring.name, np.dtype(dtype), argmax, device, reuse,
+        tables_version() if version is None else version,
+    )  # fmt: skip
+    found = _prepared.get(key)
+    if found is not None:
+        return found
+    if check is not None:
+        check()
+    made = Steps(planned, ring, dtype, argmax=argmax, device=device, table=table, reuse=reuse)
+    with _lock:
+        while len(_prepared) >= MAX_STEPS:
+            del _prepared[next(iter(_prepared))]
+        _prepared[key] = made
+    return made
