@@ -159,6 +159,8 @@ def measure(module: Any, net: Any, args: argparse.Namespace) -> dict[str, Any]: 
     row["program_argmax_ms"] = median_ms(
         lambda: with_assignment.run_sync(*arrays), stream.synchronize, args.repeats
     )
+    row["ops"] = program.launches
+    row["chain_floor_ms"] = chain_floor(row["ops"], args.repeats)
     plan = program.plan
     eager = args.repeats // 3 + 1
     row["eager_ms"] = median_ms(
@@ -174,7 +176,7 @@ def measure(module: Any, net: Any, args: argparse.Namespace) -> dict[str, Any]: 
         eager,
     )
     maximise = ring == "maxplus"
-    if args.jax:
+    if args.jax and len(plan.steps) <= args.jax_max_steps:
         import jax
         import numpy as np
 
@@ -198,6 +200,23 @@ def measure(module: Any, net: Any, args: argparse.Namespace) -> dict[str, Any]: 
     row["value"] = value
     print(json.dumps(row), flush=True)
     return row
+
+
+def chain_floor(count: int, repeats: int) -> float:
+    """A CUDA graph of ``count`` empty kernels one after the other, replayed (ms): what a
+    program of as many launches costs where none runs beside another."""
+    import cupy
+
+    empty = cupy.RawKernel('extern "C" __global__ void empty() {}', "empty")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    empty((1,), (1,), (), stream=stream)
+    stream.synchronize()
+    stream.begin_capture()
+    for _ in range(count):
+        empty((1,), (1,), (), stream=stream)
+    graph = stream.end_capture()
+    graph.upload(stream)
+    return median_ms(lambda: graph.launch(stream), stream.synchronize, repeats)
 
 
 def clear_plans() -> None:
@@ -249,8 +268,20 @@ def main() -> None:
     parser.add_argument("--no-jax", dest="jax", action="store_false")
     parser.add_argument("--no-torch", dest="torch", action="store_false")
     parser.add_argument("--eager-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--jax-max-steps", type=int, default=1 << 30)
     parser.add_argument("--label", default="")
+    parser.add_argument(
+        "--combine", type=Path, nargs="*", default=None,
+        help="results (JSON) of runs on one GPU to write as one table; no GPU needed",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.combine:
+        runs = [json.loads(path.read_text()) for path in args.combine]
+        facts, rows = runs[0]["facts"], [row for run in runs for row in run["results"]]
+        slug = facts["gpu"].replace("NVIDIA ", "")
+        write(args.out, "tropical_einsum", label=slug, facts=facts, results=rows,
+              table=render(rows, facts))  # fmt: skip
+        return
     module = example()
     nets = module.networks(
         argparse.Namespace(
@@ -289,20 +320,25 @@ def render(rows: Sequence[dict[str, Any]], facts: dict[str, Any]) -> str:
         "`einsum_program(...).run_sync(*operands)`, a CUDA-graph replay; its first call (s): "
         "planning the path's steps, preparing, capturing, one replay, kernels compiled before. "
         "JAX: `jax.jit` of the pairwise steps (first call: trace and compile). eager: "
-        "`einsum_sync`; before: the eager call of the aionvrtc before compiled programs.",
+        "`einsum_sync`; before: the eager call of the aionvrtc before compiled programs. "
+        "launches: the kernels of the program's graph (products, copies; a level's tiny steps "
+        "take one), and a graph of as many empty kernels in a chain, replayed.",
         "",
-        "| network | steps | copies (before) | program | with assignment | JAX jit | program / JAX "
-        "| first call s (JAX s) | eager (before) | PyTorch eager |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| network | steps | launches (chain of as many empty) | copies (before) | program "
+        "| with assignment | JAX jit | program / JAX | first call s (JAX) | eager (before) "
+        "| PyTorch eager |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         ratio = f"{r['program_ms'] / r['jax_ms']:.2f}" if "jax_ms" in r else "-"
         jax_first = f"{r['jax_first_s']:.1f}" if "jax_first_s" in r else "-"
         before = f" ({r['baseline_eager_ms']:.1f})" if "baseline_eager_ms" in r else ""
         copies = f" ({r['baseline_copies']})" if "baseline_copies" in r else ""
+        assignment = r["program_argmax_ms"] / r["program_ms"]
         lines.append(
-            f"| {r['network']} | {r['steps']} | {r['copies']}{copies} | {ms(r, 'program_ms')} | "
-            f"{ms(r, 'program_argmax_ms')} | {ms(r, 'jax_ms')} | {ratio} | "
+            f"| {r['network']} | {r['steps']} | {r['ops']} ({r['chain_floor_ms']:.2f}) | "
+            f"{r['copies']}{copies} | {r['program_ms']:.2f} | "
+            f"{r['program_argmax_ms']:.2f} ({assignment:.2f}x) | {ms(r, 'jax_ms')} | {ratio} | "
             f"{r['program_first_s']:.3f} ({jax_first}) | {r['eager_ms']:.1f}{before} | "
             f"{ms(r, 'torch_ms')} |"
         )

@@ -55,7 +55,9 @@ def want(subscripts: str, operands: list[Any], ring: str, program: Any) -> Any:
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
 def test_programs_replay_the_reference(ring: str, dtype: Any, rng: np.random.Generator) -> None:
-    for subscripts, shapes in EXPRESSIONS:
+    # And a network of ten tensors: its first level's tiny steps run in one launch.
+    network = random_network(rng, 10, 8)
+    for subscripts, shapes in [*EXPRESSIONS, network]:
         first = tensors(rng, ring, dtype, shapes)
         program = tropical.einsum_program_sync(subscripts, *map(gpu, first), semiring=ring)
         assert program.plan.subscripts == subscripts

@@ -11,6 +11,7 @@ per branch and joins them by events), so independent steps run side by side on t
 from __future__ import annotations
 
 import functools
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -25,11 +26,11 @@ from ._backtrace import assignment_of
 from ._classes import tables_version
 from ._contraction import EinsumPlan, einsum_plan, known_plan
 from ._einsum import _check_out, _stream, fetch_modules, steps_for
-from ._einsum_steps import MAX_GATHER, Steps
+from ._einsum_steps import MAX_GATHER, Op, Steps, resolve
 from ._launching import OnDevice, _Packed, loaded, module, module_sync
 from ._planning import cupy_module
 from ._semirings import semiring as lookup
-from ._specs import einsum_spec
+from ._specs import einsum_spec, many_spec
 
 __all__ = [
     "MAX_PROGRAMS",
@@ -47,7 +48,15 @@ MAX_PROGRAM_BYTES = 1 << 30
 
 _ALIGN = 256
 _THREADS = 256
+_SHAPE = operator.attrgetter("shape")
+_STRIDES = operator.attrgetter("strides")
+_DTYPE = operator.attrgetter("dtype")
+_DEVICE = operator.attrgetter("data.device_id")
+_POINTER = operator.attrgetter("data.ptr")
 _LANES = 8  # streams a capture forks: the most steps the graph runs side by side on its own
+# A step is tiny, run with others of its level in one launch, where its outputs times its K is
+# at most this: a block of 256 threads does it in 128 (x) each.
+_TINY_WORK = 1 << 15
 
 
 def _aligned(nbytes: int) -> int:
@@ -62,10 +71,16 @@ class EinsumProgram:
     into them and call without operands to skip the gather. ``output`` is the bound result;
     pass it as ``out=`` to skip the copy out (it holds the next call's result then). Calls on
     any streams are ordered among themselves (a call waits for the previous one's work), and
-    from any threads. ``nbytes`` is the device memory the program holds."""
+    from any threads. ``nbytes`` is the device memory the program holds, ``launches`` the
+    kernels its graph runs (a level's tiny steps take one)."""
 
     def __init__(
-        self, steps: Steps, modules: Sequence[Module], gather: Module, semiring: str
+        self,
+        steps: Steps,
+        modules: Sequence[Module],
+        gather: Module,
+        many: Module,
+        semiring: str,
     ) -> None:
         cupy = cupy_module()
         planned = steps.plan
@@ -73,6 +88,12 @@ class EinsumProgram:
         self.dtype, self.device, self.shape = steps.dtype, steps.device, steps.shape
         # The modules are held: the graph launches their kernels.
         self._steps, self._modules, self._gather = steps, tuple(modules), gather
+        self._many_module, self._many_module_spec = (
+            many,
+            many_spec(lookup(semiring), self.dtype, argmax=self.argmax),
+        )
+        self._tables: list[Any] = []  # the tiny steps' tables, which the graph reads
+        self._depends: list[tuple[int, ...]] = []
         item = self.dtype.itemsize
         shapes = planned.shapes()
         sizes = [int(np.prod(s, dtype=np.int64)) * item for s in shapes]
@@ -93,6 +114,11 @@ class EinsumProgram:
             self.output = cupy.ndarray(self.shape, self.dtype, self._memory + output_at)
             self._arena = base + arena_at
             self._shapes = [tuple(s) for s in shapes]
+            self._strides = [x.strides for x in self.inputs]
+            self._bound = [x.data.ptr for x in self.inputs]
+            self._types = {cupy.ndarray}
+            self._dtypes = {self.dtype}
+            self._devices = {self.device}
             self._gathers = self._gather_launches(offsets, sizes)
             self._graph = self._capture()
             self._done = cupy.cuda.Event(block=False, disable_timing=True)
@@ -124,24 +150,111 @@ class EinsumProgram:
 
     def _capture(self) -> Any:
         cupy = cupy_module()
-        steps = self._steps
         stream = cupy.cuda.Stream(non_blocking=True)
-        pointers = [x.data.ptr for x in self.inputs]
+        units = self._units()
+        self.launches = sum(len(ops) for ops in units)
         # Once outside the capture: every kernel's function is looked up, every launch checked.
-        steps.enqueue(self._modules, pointers, self._arena, self.output.data.ptr, stream)
+        for ops in units:
+            for launcher, loaded_module, pointers in ops:
+                launcher.run_pointers(loaded_module, pointers, stream)
         stream.synchronize()
-        lanes = _Lanes(steps.depends, stream)
+        lanes = _Lanes(self._depends, stream)
         stream.begin_capture()
         try:
-            steps.enqueue(
-                self._modules, pointers, self._arena, self.output.data.ptr, stream, lanes=lanes
-            )
+            for number, ops in enumerate(units):
+                on = lanes(number)
+                for launcher, loaded_module, pointers in ops:
+                    launcher.run_pointers(loaded_module, pointers, on)
             lanes.join()
         finally:
             graph = stream.end_capture()
         graph.upload(stream)
         stream.synchronize()
         return graph
+
+    def _units(self) -> list[list[tuple[_Packed, Module, list[int]]]]:
+        """The launches in groups that run in order (a unit: one step's launches, or one
+        launch of many tiny steps), each group after those in ``_depends``; the final
+        reordering and the backtrace last (after every group). Steps are taken level by level
+        (a step's level: one more than its operands' steps'): the tiny steps of a level that
+        read their operands in place (no copy) run in one launch of ``tropical_many``."""
+        steps = self._steps
+        count = len(steps.plan.steps)
+        inputs = [x.data.ptr for x in self.inputs]
+        result = self.output.data.ptr
+        by_step: dict[int, list[Op]] = {}
+        for op in steps.ops:
+            by_step.setdefault(op.step, []).append(op)
+        levels: list[int] = []
+        at_level: dict[int, list[int]] = {}
+        for number in range(count):
+            level = 1 + max((levels[p] for p in steps.depends[number]), default=0)
+            levels.append(level)
+            at_level.setdefault(level, []).append(number)
+
+        def tiny(number: int) -> bool:
+            step = steps.plan.steps[number]
+            return len(by_step[number]) == 1 and step.size * step.first.shape[2] <= _TINY_WORK
+
+        def launches(number: int) -> list[tuple[_Packed, Module, list[int]]]:
+            return [
+                (op.launcher, self._modules[op.module],
+                 resolve(op.sources, inputs, self._arena, result))
+                for op in by_step.get(number, [])
+            ]  # fmt: skip
+
+        units: list[list[tuple[_Packed, Module, list[int]]]] = []
+        members: list[list[int]] = []
+        for level in sorted(at_level):
+            here = at_level[level]
+            small = [n for n in here if tiny(n)]
+            if len(small) >= 2:
+                units.append([self._many(small, by_step, inputs, result)])
+                members.append(small)
+            else:
+                small = []
+            for number in here:
+                if number not in small:
+                    units.append(launches(number))
+                    members.append([number])
+        unit_of = {n: u for u, group in enumerate(members) for n in group}
+        self._depends = [
+            tuple(sorted({unit_of[p] for n in group for p in steps.depends[n]} - {u}))
+            for u, group in enumerate(members)
+        ]
+        units.append(launches(count))  # after the last step: joins every stream
+        return units
+
+    def _many(
+        self,
+        numbers: Sequence[int],
+        by_step: dict[int, list[Op]],
+        inputs: Sequence[int],
+        result: int,
+    ) -> tuple[_Packed, Module, list[int]]:
+        """One launch of ``tropical_many`` for the steps ``numbers``, its table kept."""
+        steps = self._steps
+        rows = []
+        for number in numbers:
+            step = steps.plan.steps[number]
+            (op,) = by_step[number]
+            a, b, c, index = resolve(op.sources, inputs, self._arena, result)
+            batch, m, k = step.first.shape
+            n = step.second.shape[2] if step.second is not None else 1
+            sb = step.second.strides if step.second is not None else (0, 1, 1)
+            sa = step.first.strides
+            rows.append([
+                a, b, c, index, m, n, k, batch,
+                sa[0] if batch > 1 else 0, sa[1], sa[2],
+                sb[0] if batch > 1 else 0, sb[1], sb[2],
+                m * n, n, 1, m * n, n, 1,
+            ])  # fmt: skip
+        table = cupy_module().asarray(np.array(rows, np.int64))
+        self._tables.append(table)
+        launcher = _Packed(
+            self._many_module_spec, self.device, (len(rows), 1, 1), (_THREADS, 1, 1), [0]
+        )
+        return launcher, self._many_module, [table.data.ptr]
 
     def run_sync(self, *operands: Any, out: Any = None, stream: Any = None) -> Any:
         """Replay the program on ``operands`` (none: ``inputs`` as they are) on ``stream``
@@ -169,23 +282,33 @@ class EinsumProgram:
         return assignment_of(self.plan, values.tolist())
 
     def _sources(self, operands: Sequence[Any], stream: Any) -> tuple[list[int], list[Any]] | None:
-        """The operands' addresses (0: a bound input, in place), or None where all are; and
-        any contiguous copies made of them (held until enqueued)."""
+        """The operands' addresses, or None where all are the bound inputs (nothing to
+        gather); and any contiguous copies made of them (held until enqueued)."""
         if not operands:
             return None
-        cupy = cupy_module()
         if len(operands) != len(self.inputs):
             raise ValueError(
                 f"this einsum program takes {len(self.inputs)} operands "
                 f"({self.plan.subscripts}), got {len(operands)}"
             )
-        pointers: list[int] = []
-        held: list[Any] = []
-        bounds = zip(operands, self.inputs, self._shapes, strict=True)
-        for i, (x, bound, shape) in enumerate(bounds):
-            if x is bound:
-                pointers.append(0)
-                continue
+        # Operands laid out as the bound inputs, checked a property at a time over all of them
+        # (loops in C: a network has hundreds of operands, each checked on every call).
+        try:
+            ready = (
+                set(map(type, operands)) == self._types
+                and list(map(_SHAPE, operands)) == self._shapes
+                and list(map(_STRIDES, operands)) == self._strides
+                and set(map(_DTYPE, operands)) == self._dtypes
+                and set(map(_DEVICE, operands)) == self._devices
+            )
+        except AttributeError:
+            ready = False
+        if ready:
+            pointers = list(map(_POINTER, operands))
+            return (pointers, []) if pointers != self._bound else None
+        cupy = cupy_module()
+        pointers, held = [], []
+        for i, (x, shape) in enumerate(zip(operands, self._shapes, strict=True)):
             if (
                 type(x) is not cupy.ndarray
                 or x.shape != shape
@@ -198,9 +321,7 @@ class EinsumProgram:
                     x = cupy.ascontiguousarray(x)  # noqa: PLW2901
                 held.append(x)
             pointers.append(x.data.ptr)
-        if not any(pointers):
-            return None
-        return pointers, held
+        return (pointers, held) if pointers != self._bound else None
 
     def _refuse(self, i: int, x: Any, shape: tuple[int, ...]) -> None:
         cupy = cupy_module()
@@ -446,7 +567,8 @@ async def einsum_program(
     steps = _steps(planned, ring.name, kind, argmax, where)
     modules = await fetch_modules(steps, compiler)
     gather = await module(einsum_spec("gather", kind.itemsize), where, compiler)
-    program = EinsumProgram(steps, modules, gather, ring.name)
+    many = await module(many_spec(ring, kind, argmax=argmax), where, compiler)
+    program = EinsumProgram(steps, modules, gather, many, ring.name)
     _keep(key, program)
     return program
 
@@ -475,7 +597,8 @@ def einsum_program_sync(
         loaded(spec, where, compiler) or module_sync(spec, where, compiler) for spec in steps.specs
     ]
     gather = module_sync(einsum_spec("gather", kind.itemsize), where, compiler)
-    program = EinsumProgram(steps, modules, gather, ring.name)
+    many = module_sync(many_spec(ring, kind, argmax=argmax), where, compiler)
+    program = EinsumProgram(steps, modules, gather, many, ring.name)
     _keep(key, program)
     return program
 

@@ -30,7 +30,7 @@ from ._planning import cupy_module, plan
 from ._semirings import Semiring
 from ._specs import einsum_spec
 
-__all__ = ["INPUT", "MAX_STEPS", "Op", "Steps", "prepared"]
+__all__ = ["INPUT", "MAX_STEPS", "Op", "Steps", "prepared", "resolve"]
 
 # Where an address comes from: an input's, the arena's or the result's plus an offset, or a
 # value of its own (a persistent buffer's address, a count).
@@ -41,6 +41,7 @@ _ALIGN = 256
 _THREADS = 256
 _MAX_DIMS = 32  # EINSUM_MAX_DIMS
 MAX_GATHER = 448  # EINSUM_MAX_GATHER
+_SHARED = 48 * 1024  # the dynamic shared memory any launch may ask for without opting in
 
 # Prepared steps kept, oldest dropped first: each holds packed launches (a few hundred bytes a
 # step), a vector of ones per reduction and the backtrace's program, no intermediate.
@@ -144,16 +145,23 @@ class Steps:
         step (a graph's capture: it orders the branches): ``modules`` by ``specs``, the
         inputs', arena's and result's addresses."""
         for op in self.ops:
-            pointers = []
-            for kind, value in op.sources:
-                if kind == VALUE:
-                    pointers.append(value)
-                elif kind == INPUT:
-                    pointers.append(inputs[value])
-                else:
-                    pointers.append((arena if kind == ARENA else result) + value)
             on = stream if lanes is None else lanes(op.step)
-            op.launcher.run_pointers(modules[op.module], pointers, on)
+            op.launcher.run_pointers(
+                modules[op.module], resolve(op.sources, inputs, arena, result), on
+            )
+
+
+def resolve(sources: Sequence[Source], inputs: Sequence[int], arena: int, result: int) -> list[int]:
+    """The addresses (and values) ``sources`` name."""
+    pointers = []
+    for kind, value in sources:
+        if kind == VALUE:
+            pointers.append(value)
+        elif kind == INPUT:
+            pointers.append(inputs[value])
+        else:
+            pointers.append((arena if kind == ARENA else result) + value)
+    return pointers
 
 
 class _Builder:
@@ -296,10 +304,13 @@ class _Builder:
             code = cupy_module().asarray(program)
             self.keep.append(code)
             spec = einsum_spec("backtrace")
-            backtrace = _Packed(spec, self.steps.device, (1, 1, 1), (1, 1, 1), [0] * 7)
+            backtrace = _Packed(spec, self.steps.device, (1, 1, 1), (1, 1, 1), [0] * 8)
+            shared = indices * 4 <= _SHARED  # the values in shared memory, else in the output's
+            backtrace.shared = indices * 4 if shared else 0
             sources = (
                 (VALUE, code.data.ptr), (VALUE, end), (ARENA, 0), (ARENA, self.assignment),
                 (VALUE, indices), (RESULT, 0), (VALUE, self.steps.dtype.itemsize),
+                (VALUE, int(shared)),
             )  # fmt: skip
             self.ops.append(Op(backtrace, self.module(spec), sources, end))
         del self.scratch

@@ -80,7 +80,9 @@ class _Packed:
     lock keeps two threads from launching each other's pointers (cuLaunchKernel has copied the
     arguments when it returns)."""
 
-    __slots__ = ("_addresses", "_function", "_lock", "_values", "block", "device", "grid", "spec")
+    __slots__ = (
+        "_addresses", "_function", "_lock", "_values", "block", "device", "grid", "shared", "spec",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -91,6 +93,7 @@ class _Packed:
         args: Sequence[int],
     ) -> None:
         self.spec, self.device, self.grid, self.block = spec, device, grid, block
+        self.shared = 0  # dynamic shared memory, bytes
         self._values = array("q", args)
         base, _ = self._values.buffer_info()
         self._addresses = array("Q", [base + 8 * i for i in range(len(args))])
@@ -117,12 +120,15 @@ class _Packed:
             handle = _handle(stream)
             values = self._values
             with self._lock:
-                for slot, pointer in enumerate(pointers):
-                    values[slot] = pointer
+                if len(pointers) <= 8:  # a product's few: slot by slot costs least
+                    for slot, pointer in enumerate(pointers):
+                        values[slot] = pointer
+                else:  # a gather's hundreds: one copy
+                    values[: len(pointers)] = array("q", pointers)
                 if flags >= 0:
                     values[-1] = flags
                 _driver().launchKernel(
-                    function, *self.grid, *self.block, 0, handle,
+                    function, *self.grid, *self.block, self.shared, handle,
                     self._addresses.buffer_info()[0], 0,
                 )  # fmt: skip
 

@@ -22,6 +22,7 @@ __all__ = [
     "backward_spec",
     "einsum_spec",
     "gemm_spec",
+    "many_spec",
     "rows_spec",
     "tiled_spec",
     "tiled_supported",
@@ -41,7 +42,7 @@ _INCLUDES: dict[Family, tuple[str, ...]] = {
     "tiled": ("tropical_common.cuh", "tropical_fast.cuh"),
     "rows": ("tropical_common.cuh", "tropical_fast.cuh"),
     "backward": (),
-    "einsum": (),
+    "einsum": ("tropical_common.cuh",),
 }
 
 
@@ -77,6 +78,14 @@ def _spec(family: Family, expression: str) -> KernelSpec:
         headers=headers,
         name=f"tropical_{family}.cu",
     )
+
+
+@functools.cache
+def many_spec(ring: Semiring, dtype: np.dtype[np.generic], *, argmax: bool) -> KernelSpec:
+    """The spec of the kernel that runs many small products in one launch (a compiled
+    contraction's tiny steps)."""
+    ring.check_dtype(dtype)
+    return _spec("einsum", f"tropical_many<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {_bool(argmax)}>")
 
 
 # The einsum family's element types, by size: its kernels move elements, never compute.

@@ -1,7 +1,9 @@
 // The small kernels around an einsum's products: a strided copy (an operand to the order a
 // product can read, the result to the output's order), the gather of a compiled contraction's
 // operands into its bound inputs, and the backtrace of the products' argmaxes to an assignment.
-// T is an unsigned type of the element's size: these kernels move elements, never compute.
+// The copy and the gather take T, an unsigned type of the element's size: they move elements,
+// never compute. And the small products of a compiled contraction's steps, many in one launch.
+#include "tropical_common.cuh"
 
 #define EINSUM_MAX_DIMS 32
 #define EINSUM_MAX_GATHER 448
@@ -29,7 +31,7 @@ __global__ void einsum_copy(const T* __restrict__ src, T* __restrict__ dst, long
 }
 
 // Operand blockIdx.y of this launch: `to` holds (destination, elements) per operand, fixed when
-// the program is built; the sources are each call's (null: already in place).
+// the program is built; the sources are each call's (the destination itself: in place).
 struct EinsumSources {
     const void* at[EINSUM_MAX_GATHER];
 };
@@ -38,9 +40,10 @@ template <typename T>
 __global__ void einsum_gather(const long long* __restrict__ to, long long count,
                               EinsumSources sources) {
     const long long operand = blockIdx.y;
+    if (operand >= count) return;
     const T* src = static_cast<const T*>(sources.at[operand]);
-    if (operand >= count || src == nullptr) return;
     T* dst = reinterpret_cast<T*>(to[2 * operand]);
+    if (src == dst) return;
     const long long n = to[2 * operand + 1];
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
@@ -49,31 +52,79 @@ __global__ void einsum_gather(const long long* __restrict__ to, long long count,
 
 // One thread follows `code` (see _backtrace.py, whose `follow` is the same walk on the host):
 // for each product from the last back, the position of the known indices in its argmax, the
-// argmax read there, and its digits assigned to the indices it summed. Then the value's bytes
-// after the assignment, so that one copy brings both back.
+// argmax read there, and its digits assigned to the indices it summed. The values are kept as
+// int32 (each is below its index's size, at most 2^31: an argmax's K) in shared memory where
+// they fit (`shared`: dynamic shared memory of 4 * indices bytes), else in the output's own
+// memory; then widened to the int64 output, followed by the value's bytes, so that one copy
+// brings both back.
 __global__ void einsum_backtrace(const long long* __restrict__ code, long long steps,
                                  const char* __restrict__ base, long long* assignment,
                                  long long indices, const unsigned char* __restrict__ value,
-                                 long long itemsize) {
+                                 long long itemsize, int shared) {
+    extern __shared__ int fast[];
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    for (long long i = 0; i < indices; ++i) assignment[i] = 0;
+    int* a = shared ? fast : reinterpret_cast<int*>(assignment);
+    for (long long i = 0; i < indices; ++i) a[i] = 0;
     const long long* c = code;
     for (long long s = 0; s < steps; ++s) {
-        const int* argmax = reinterpret_cast<const int*>(base + c[0]);
-        const long long known = c[1];
+        const int* argmax = reinterpret_cast<const int*>(base + __ldg(c));
+        const long long known = __ldg(c + 1);
         c += 2;
         long long at = 0;
-        for (long long j = 0; j < known; ++j, c += 2) at += assignment[c[0]] * c[1];
+        for (long long j = 0; j < known; ++j, c += 2) at += (long long)a[__ldg(c)] * __ldg(c + 1);
         long long won = argmax[at];
         if (won < 0) won = 0;  // the semiring's zero: every assignment attains it
-        if (c[0] >= 0) won += assignment[c[0]] * c[1];  // the part of a split K
-        const long long summed = c[2];
+        const long long split = __ldg(c);
+        if (split >= 0) won += (long long)a[split] * __ldg(c + 1);  // the part of a split K
+        const long long summed = __ldg(c + 2);
         c += 3;
         for (long long j = 0; j < summed; ++j, c += 2) {
-            assignment[c[0]] = won % c[1];
-            won /= c[1];
+            const long long size = __ldg(c + 1);
+            if (won < 0x7fffffffLL && size < 0x7fffffffLL) {  // 32-bit division: far cheaper
+                const unsigned w = (unsigned)won, n = (unsigned)size;
+                a[__ldg(c)] = (int)(w % n);
+                won = w / n;
+            } else {
+                a[__ldg(c)] = (int)(won % size);
+                won /= size;
+            }
         }
     }
+    // Widened in place from the last: a[i] is read before assignment[i] overwrites a[i..2i+1].
+    for (long long i = indices - 1; i >= 0; --i) assignment[i] = a[i];
     unsigned char* bytes = reinterpret_cast<unsigned char*>(assignment + indices);
     for (long long b = 0; b < 8; ++b) bytes[b] = b < itemsize ? value[b] : 0;
+}
+
+// Many small products in one launch: block b computes the product `table` describes at
+// 20 * b, C[b, m, n] = (+)_k A[b, m, k] (x) B[b, k, n] over any element strides: pointers A, B,
+// C, I (argmax, or null), then M, N, K, batch, then the strides of A (batch, m, k), B (batch,
+// k, n), C and I (batch, m, n). A compiled contraction's independent steps too small to fill
+// the GPU on their own (see _einsum_program) take one launch instead of one each.
+template <typename T, typename S, bool ARGMAX>
+__global__ void __launch_bounds__(256) tropical_many(const long long* __restrict__ table) {
+    const long long* d = table + 20 * (long long)blockIdx.x;
+    const T* A = reinterpret_cast<const T*>(d[0]);
+    const T* B = reinterpret_cast<const T*>(d[1]);
+    T* C = reinterpret_cast<T*>(d[2]);
+    int* I = reinterpret_cast<int*>(d[3]);
+    const long long M = d[4], N = d[5], K = d[6], batch = d[7];
+    const long long total = batch * M * N;
+    for (long long t = threadIdx.x; t < total; t += blockDim.x) {
+        const long long n = t % N, m = (t / N) % M, b = t / (M * N);
+        const T* a = A + b * d[8] + m * d[9];
+        const T* bb = B + b * d[11] + n * d[13];
+        T acc = S::template zero<T>();
+        int winner = -1;
+        for (long long k = 0; k < K; ++k) {
+            const T p = S::mul(a[k * d[10]], bb[k * d[12]]);
+            if (S::better(p, acc)) {
+                acc = p;
+                winner = (int)k;
+            }
+        }
+        write_output<S, ARGMAX, false>(C + b * d[14] + m * d[15] + n * d[16],
+                                       ARGMAX ? I + b * d[17] + m * d[18] + n * d[19] : nullptr,
+                                       acc, winner);
+    }
 }
