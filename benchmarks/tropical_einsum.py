@@ -159,6 +159,9 @@ def measure(module: Any, net: Any, args: argparse.Namespace) -> dict[str, Any]: 
     row["program_argmax_ms"] = median_ms(
         lambda: with_assignment.run_sync(*arrays), stream.synchronize, args.repeats
     )
+    row["program_argmax_bound_ms"] = median_ms(with_assignment.run_sync, sync, args.repeats)
+    row["program_host_us"] = host_us(lambda: program.run_sync(*arrays), sync, args.repeats)
+    row["backtrace_us"] = backtrace_us(with_assignment, args.repeats)
     row["ops"] = program.launches
     row["chain_floor_ms"] = chain_floor(row["ops"], args.repeats)
     plan = program.plan
@@ -200,6 +203,40 @@ def measure(module: Any, net: Any, args: argparse.Namespace) -> dict[str, Any]: 
     row["value"] = value
     print(json.dumps(row), flush=True)
     return row
+
+
+def host_us(call: Callable[[], Any], sync: Callable[[], Any], repeats: int) -> float:
+    """The host's time to enqueue ``call`` (us), the GPU idle before each."""
+    times = []
+    for _ in range(repeats + 1):
+        sync()
+        began = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - began)
+    sync()
+    return statistics.median(times[1:]) * 1e6
+
+
+def backtrace_us(program: Any, repeats: int) -> float:
+    """The GPU time of an argmax program's backtrace kernel alone (us, CUDA events)."""
+    import cupy
+
+    from aionvrtc.tropical._einsum_steps import resolve
+
+    steps = program._steps
+    op = steps.ops[-1]
+    inputs = [x.data.ptr for x in program.inputs]
+    pointers = resolve(op.sources, inputs, program._arena, program.output.data.ptr)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    times = []
+    for _ in range(repeats):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        op.launcher.run_pointers(program._modules[op.module], pointers, stream)
+        end.record(stream)
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+    return statistics.median(times)
 
 
 def chain_floor(count: int, repeats: int) -> float:
