@@ -236,7 +236,7 @@ def backtrace_us(program: Any, repeats: int) -> float:
         end.record(stream)
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
-    return statistics.median(times)
+    return float(statistics.median(times))
 
 
 def chain_floor(count: int, repeats: int) -> float:
