@@ -41,7 +41,9 @@ _ALIGN = 256
 _THREADS = 256
 _MAX_DIMS = 32  # EINSUM_MAX_DIMS
 MAX_GATHER = 448  # EINSUM_MAX_GATHER
-_SHARED = 48 * 1024  # the dynamic shared memory any launch may ask for without opting in
+# The backtrace's values in dynamic shared memory up to this, beside its 32 KB chunk of code
+# (48 KB in all: what any launch may ask for without opting in).
+_SHARED = 16 * 1024
 
 # Prepared steps kept, oldest dropped first: each holds packed launches (a few hundred bytes a
 # step), a vector of ones per reduction and the backtrace's program, no intermediate.
@@ -304,13 +306,13 @@ class _Builder:
             code = cupy_module().asarray(program)
             self.keep.append(code)
             spec = einsum_spec("backtrace")
-            backtrace = _Packed(spec, self.steps.device, (1, 1, 1), (1, 1, 1), [0] * 8)
+            backtrace = _Packed(spec, self.steps.device, (1, 1, 1), (_THREADS, 1, 1), [0] * 9)
             shared = indices * 4 <= _SHARED  # the values in shared memory, else in the output's
             backtrace.shared = indices * 4 if shared else 0
             sources = (
-                (VALUE, code.data.ptr), (VALUE, end), (ARENA, 0), (ARENA, self.assignment),
-                (VALUE, indices), (RESULT, 0), (VALUE, self.steps.dtype.itemsize),
-                (VALUE, int(shared)),
+                (VALUE, code.data.ptr), (VALUE, len(program)), (VALUE, end), (ARENA, 0),
+                (ARENA, self.assignment), (VALUE, indices), (RESULT, 0),
+                (VALUE, self.steps.dtype.itemsize), (VALUE, int(shared)),
             )  # fmt: skip
             self.ops.append(Op(backtrace, self.module(spec), sources, end))
         del self.scratch

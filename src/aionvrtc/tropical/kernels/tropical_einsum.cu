@@ -52,44 +52,85 @@ __global__ void einsum_gather(const long long* __restrict__ to, long long count,
 
 // One thread follows `code` (see _backtrace.py, whose `follow` is the same walk on the host):
 // for each product from the last back, the position of the known indices in its argmax, the
-// argmax read there, and its digits assigned to the indices it summed. The values are kept as
-// int32 (each is below its index's size, at most 2^31: an argmax's K) in shared memory where
-// they fit (`shared`: dynamic shared memory of 4 * indices bytes), else in the output's own
-// memory; then widened to the int64 output, followed by the value's bytes, so that one copy
-// brings both back.
-__global__ void einsum_backtrace(const long long* __restrict__ code, long long steps,
-                                 const char* __restrict__ base, long long* assignment,
-                                 long long indices, const unsigned char* __restrict__ value,
-                                 long long itemsize, int shared) {
-    extern __shared__ int fast[];
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    int* a = shared ? fast : reinterpret_cast<int*>(assignment);
-    for (long long i = 0; i < indices; ++i) a[i] = 0;
-    const long long* c = code;
-    for (long long s = 0; s < steps; ++s) {
-        const int* argmax = reinterpret_cast<const int*>(base + __ldg(c));
-        const long long known = __ldg(c + 1);
-        c += 2;
-        long long at = 0;
-        for (long long j = 0; j < known; ++j, c += 2) at += (long long)a[__ldg(c)] * __ldg(c + 1);
-        long long won = argmax[at];
-        if (won < 0) won = 0;  // the semiring's zero: every assignment attains it
-        const long long split = __ldg(c);
-        if (split >= 0) won += (long long)a[split] * __ldg(c + 1);  // the part of a split K
-        const long long summed = __ldg(c + 2);
-        c += 3;
-        for (long long j = 0; j < summed; ++j, c += 2) {
-            const long long size = __ldg(c + 1);
-            if (won < 0x7fffffffLL && size < 0x7fffffffLL) {  // 32-bit division: far cheaper
-                const unsigned w = (unsigned)won, n = (unsigned)size;
-                a[__ldg(c)] = (int)(w % n);
-                won = w / n;
-            } else {
-                a[__ldg(c)] = (int)(won % size);
-                won /= size;
-            }
+// argmax read there, and its digits assigned to the indices it summed. The block first loads
+// the code a chunk at a time into shared memory (its reads are then no longer a round trip to
+// L2 each), and the values are kept as int32 (each is below its index's size, at most 2^31: an
+// argmax's K) in shared memory where they fit (`shared`: dynamic shared memory of 4 * indices
+// bytes), else in the output's own memory; then widened to the int64 output, followed by the
+// value's bytes, so that one copy brings both back.
+#define EINSUM_CHUNK 4096
+
+// One product's walk from `c`; returns the code's length for it.
+__device__ __forceinline__ long long backtrace_step(const long long* c, const char* base, int* a) {
+    const int* argmax = reinterpret_cast<const int*>(base + c[0]);
+    const long long known = c[1];
+    long long at = 0;
+    for (long long j = 0; j < known; ++j) at += (long long)a[c[2 + 2 * j]] * c[3 + 2 * j];
+    long long won = argmax[at];
+    if (won < 0) won = 0;  // the semiring's zero: every assignment attains it
+    const long long* d = c + 2 + 2 * known;
+    if (d[0] >= 0) won += (long long)a[d[0]] * d[1];  // the part of a split K
+    const long long summed = d[2];
+    for (long long j = 0; j < summed; ++j) {
+        const long long index = d[3 + 2 * j], size = d[4 + 2 * j];
+        if (won < 0x7fffffffLL && size < 0x7fffffffLL) {  // 32-bit division: far cheaper
+            const unsigned w = (unsigned)won, n = (unsigned)size;
+            a[index] = (int)(w % n);
+            won = w / n;
+        } else {
+            a[index] = (int)(won % size);
+            won /= size;
         }
     }
+    return 5 + 2 * known + 2 * summed;
+}
+
+// The length of the product's code at `c` if all of it lies within `avail` entries, else -1.
+__device__ __forceinline__ long long backtrace_fits(const long long* c, long long avail) {
+    if (avail < 2) return -1;
+    const long long known = c[1];
+    if (2 + 2 * known + 3 > avail) return -1;
+    const long long length = 5 + 2 * known + 2 * c[2 + 2 * known + 2];
+    return length <= avail ? length : -1;
+}
+
+__global__ void einsum_backtrace(const long long* __restrict__ code, long long length,
+                                 long long steps, const char* __restrict__ base,
+                                 long long* assignment, long long indices,
+                                 const unsigned char* __restrict__ value, long long itemsize,
+                                 int shared) {
+    extern __shared__ int fast[];
+    __shared__ long long chunk[EINSUM_CHUNK];
+    __shared__ long long next, done;
+    if (blockIdx.x != 0) return;
+    int* a = shared ? fast : reinterpret_cast<int*>(assignment);
+    if (threadIdx.x == 0) {
+        for (long long i = 0; i < indices; ++i) a[i] = 0;
+        next = 0;
+        done = 0;
+    }
+    __syncthreads();
+    while (done < steps) {
+        const long long at = next;
+        const long long avail = length - at < EINSUM_CHUNK ? length - at : EINSUM_CHUNK;
+        for (long long i = threadIdx.x; i < avail; i += blockDim.x) chunk[i] = code[at + i];
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            long long c = 0, s = done;
+            while (s < steps) {
+                const long long size = backtrace_fits(chunk + c, avail - c);
+                if (size < 0) break;
+                backtrace_step(chunk + c, base, a);
+                c += size;
+                ++s;
+            }
+            if (c == 0 && s < steps) c = backtrace_step(code + at, base, a), ++s;  // too long
+            next = at + c;
+            done = s;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
     // Widened in place from the last: a[i] is read before assignment[i] overwrites a[i..2i+1].
     for (long long i = indices - 1; i >= 0; --i) assignment[i] = a[i];
     unsigned char* bytes = reinterpret_cast<unsigned char*>(assignment + indices);
