@@ -5,6 +5,7 @@ over its own strided views, and the kernels a plan names compiled for sm_90 with
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import string
@@ -29,7 +30,7 @@ from aionvrtc.tropical import (
     einsum_plan,
     reference,
 )
-from aionvrtc.tropical._backtrace import assignment_of, backtrace_code, follow
+from aionvrtc.tropical._backtrace import assignment_of, backtrace_code, backtrace_program, follow
 from aionvrtc.tropical._contraction import Step, Term, View
 
 from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
@@ -873,9 +874,26 @@ def _follow(plan: EinsumPlan, trace: list[tuple[Step, Array]]) -> dict[str, int]
     return assignment_of(plan, values)
 
 
-@pytest.fixture
-def host_backtrace() -> Callable[..., dict[str, int]]:
-    return _follow
+def _follow_by_depth(plan: EinsumPlan, trace: list[tuple[Step, Array]]) -> dict[str, int]:
+    """``_follow``, the steps taken in the kernel's schedule: depth by depth in the tree."""
+    code, schedule = backtrace_program(plan, range(len(trace)))
+    steps = len(plan.steps)
+    depths = len(schedule) - steps - 1
+    starts, offsets = schedule[: depths + 1], schedule[depths + 1 :]
+    assert starts[0] == 0
+    assert starts[-1] == steps
+    assert sorted(offsets) == sorted(set(offsets))  # each step once
+    ends = dict(itertools.pairwise([*sorted(offsets), len(code)]))
+    ordered = [x for offset in offsets for x in code[offset : ends[offset]]]
+    values = follow(
+        ordered, steps, len(plan.sizes), lambda where, at: int(trace[where][1].reshape(-1)[at])
+    )
+    return assignment_of(plan, values)
+
+
+@pytest.fixture(params=["in order", "by depth"])
+def host_backtrace(request: pytest.FixtureRequest) -> Callable[..., dict[str, int]]:
+    return _follow if request.param == "in order" else _follow_by_depth
 
 
 def _value_and_assignment(

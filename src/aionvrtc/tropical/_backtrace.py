@@ -21,14 +21,25 @@ from collections.abc import Callable, Sequence
 
 from ._contraction import EinsumPlan, contiguous
 
-__all__ = ["assignment_of", "backtrace_code", "follow"]
+__all__ = ["assignment_of", "backtrace_code", "backtrace_program", "follow"]
 
 
 def backtrace_code(plan: EinsumPlan, where: Sequence[int]) -> list[int]:
     """The program for ``plan``, each step's argmax located by ``where`` (one per step)."""
+    return backtrace_program(plan, where)[0]
+
+
+def backtrace_program(plan: EinsumPlan, where: Sequence[int]) -> tuple[list[int], list[int]]:
+    """``backtrace_code``, and the kernel's schedule: the steps by depth in the contraction
+    tree (the last step's 0, a step's one more than its reader's), as the offsets at which each
+    depth's steps start in the list that follows them, then each step's offset in the code."""
     number = {index: n for n, index in enumerate(plan.sizes)}
     code: list[int] = []
-    for step, at in reversed(list(zip(plan.steps, where, strict=True))):
+    offsets = [0] * len(plan.steps)
+    for position, step, at in reversed(
+        list(zip(range(len(where)), plan.steps, where, strict=True))
+    ):
+        offsets[position] = len(code)
         strides = contiguous([plan.sizes[i] for i in step.result])
         code += [at, len(step.result)]
         for index, stride in zip(step.result, strides, strict=True):
@@ -40,7 +51,19 @@ def backtrace_code(plan: EinsumPlan, where: Sequence[int]) -> list[int]:
         code.append(len(step.k))
         for index in reversed(step.k):
             code += [number[index], plan.sizes[index]]
-    return code
+    inputs = len(plan.terms)
+    depth = [0] * len(plan.steps)
+    for position in reversed(range(len(plan.steps))):
+        for operand in plan.steps[position].operands:
+            if operand >= inputs:  # the step that made it is one deeper
+                depth[operand - inputs] = depth[position] + 1
+    by_depth: list[list[int]] = [[] for _ in range(max(depth, default=-1) + 1)]
+    for position, d in enumerate(depth):
+        by_depth[d].append(offsets[position])
+    starts = [0]
+    for group in by_depth:
+        starts.append(starts[-1] + len(group))
+    return code, starts + [offset for group in by_depth for offset in group]
 
 
 def follow(

@@ -22,7 +22,7 @@ import numpy as np
 
 from .._cuda import Module
 from .._spec import KernelSpec
-from ._backtrace import backtrace_code
+from ._backtrace import backtrace_program
 from ._classes import tables_version
 from ._contraction import EinsumPlan, Step, Term, contiguous
 from ._launching import Launch, OnDevice, _Packed
@@ -41,9 +41,7 @@ _ALIGN = 256
 _THREADS = 256
 _MAX_DIMS = 32  # EINSUM_MAX_DIMS
 MAX_GATHER = 448  # EINSUM_MAX_GATHER
-# The backtrace's values in dynamic shared memory up to this, beside its 32 KB chunk of code
-# (48 KB in all: what any launch may ask for without opting in).
-_SHARED = 16 * 1024
+_SHARED = 48 * 1024  # the backtrace's values in dynamic shared memory: any launch may ask this
 
 # Prepared steps kept, oldest dropped first: each holds packed launches (a few hundred bytes a
 # step), a vector of ones per reduction and the backtrace's program, no intermediate.
@@ -302,15 +300,17 @@ class _Builder:
         if self.steps.argmax:
             indices = len(planned.sizes)
             self.assignment = self.arena.take((indices + 1) * 8)
-            program = np.asarray(backtrace_code(planned, self.where), np.int64)
-            code = cupy_module().asarray(program)
-            self.keep.append(code)
+            program, schedule = backtrace_program(planned, self.where)
+            code = cupy_module().asarray(np.asarray(program, np.int64))
+            order = cupy_module().asarray(np.asarray(schedule, np.int64))
+            depths = (len(schedule) - len(planned.steps)) - 1
+            self.keep += [code, order]
             spec = einsum_spec("backtrace")
             backtrace = _Packed(spec, self.steps.device, (1, 1, 1), (_THREADS, 1, 1), [0] * 9)
             shared = indices * 4 <= _SHARED  # the values in shared memory, else in the output's
             backtrace.shared = indices * 4 if shared else 0
             sources = (
-                (VALUE, code.data.ptr), (VALUE, len(program)), (VALUE, end), (ARENA, 0),
+                (VALUE, code.data.ptr), (VALUE, order.data.ptr), (VALUE, depths), (ARENA, 0),
                 (ARENA, self.assignment), (VALUE, indices), (RESULT, 0),
                 (VALUE, self.steps.dtype.itemsize), (VALUE, int(shared)),
             )  # fmt: skip

@@ -50,18 +50,19 @@ __global__ void einsum_gather(const long long* __restrict__ to, long long count,
         dst[i] = src[i];
 }
 
-// One thread follows `code` (see _backtrace.py, whose `follow` is the same walk on the host):
-// for each product from the last back, the position of the known indices in its argmax, the
-// argmax read there, and its digits assigned to the indices it summed. The block first loads
-// the code a chunk at a time into shared memory (its reads are then no longer a round trip to
-// L2 each), and the values are kept as int32 (each is below its index's size, at most 2^31: an
-// argmax's K) in shared memory where they fit (`shared`: dynamic shared memory of 4 * indices
-// bytes), else in the output's own memory; then widened to the int64 output, followed by the
-// value's bytes, so that one copy brings both back.
-#define EINSUM_CHUNK 4096
-
-// One product's walk from `c`; returns the code's length for it.
-__device__ __forceinline__ long long backtrace_step(const long long* c, const char* base, int* a) {
+// The walk of `code` (see _backtrace.py, whose `follow` is the same walk on the host, one
+// product after another from the last back): for each product, the position of the known
+// indices in its argmax, the argmax read there, and its digits assigned to the indices it
+// summed. A product's known indices are assigned by the products that read its result, so the
+// products are taken by depth in the contraction tree (`schedule`: where each depth's products
+// start, then each product's code's offset, by depth), those of one depth by threads of their
+// own (each index is summed by one product: no two write one value). The values are kept as
+// int32 (each is below its index's size, at most 2^31: an argmax's K) in shared memory where
+// they fit (`shared`: dynamic shared memory of 4 * indices bytes), else in the output's own
+// memory; then widened to the int64 output, followed by the value's bytes, so that one copy
+// brings both back.
+__device__ __forceinline__ void backtrace_step(const long long* __restrict__ c,
+                                               const char* __restrict__ base, int* a) {
     const int* argmax = reinterpret_cast<const int*>(base + c[0]);
     const long long known = c[1];
     long long at = 0;
@@ -82,57 +83,32 @@ __device__ __forceinline__ long long backtrace_step(const long long* c, const ch
             won /= size;
         }
     }
-    return 5 + 2 * known + 2 * summed;
 }
 
-// The length of the product's code at `c` if all of it lies within `avail` entries, else -1.
-__device__ __forceinline__ long long backtrace_fits(const long long* c, long long avail) {
-    if (avail < 2) return -1;
-    const long long known = c[1];
-    if (2 + 2 * known + 3 > avail) return -1;
-    const long long length = 5 + 2 * known + 2 * c[2 + 2 * known + 2];
-    return length <= avail ? length : -1;
-}
-
-__global__ void einsum_backtrace(const long long* __restrict__ code, long long length,
-                                 long long steps, const char* __restrict__ base,
-                                 long long* assignment, long long indices,
-                                 const unsigned char* __restrict__ value, long long itemsize,
-                                 int shared) {
+__global__ void einsum_backtrace(const long long* __restrict__ code,
+                                 const long long* __restrict__ schedule, long long depths,
+                                 const char* __restrict__ base, long long* assignment,
+                                 long long indices, const unsigned char* __restrict__ value,
+                                 long long itemsize, int shared) {
     extern __shared__ int fast[];
-    __shared__ long long chunk[EINSUM_CHUNK];
-    __shared__ long long next, done;
     if (blockIdx.x != 0) return;
     int* a = shared ? fast : reinterpret_cast<int*>(assignment);
-    if (threadIdx.x == 0) {
-        for (long long i = 0; i < indices; ++i) a[i] = 0;
-        next = 0;
-        done = 0;
-    }
+    for (long long i = threadIdx.x; i < indices; i += blockDim.x) a[i] = 0;
     __syncthreads();
-    while (done < steps) {
-        const long long at = next;
-        const long long avail = length - at < EINSUM_CHUNK ? length - at : EINSUM_CHUNK;
-        for (long long i = threadIdx.x; i < avail; i += blockDim.x) chunk[i] = code[at + i];
+    const long long* offsets = schedule + depths + 1;
+    for (long long depth = 0; depth < depths; ++depth) {
+        for (long long t = schedule[depth] + threadIdx.x; t < schedule[depth + 1]; t += blockDim.x)
+            backtrace_step(code + offsets[t], base, a);
         __syncthreads();
-        if (threadIdx.x == 0) {
-            long long c = 0, s = done;
-            while (s < steps) {
-                const long long size = backtrace_fits(chunk + c, avail - c);
-                if (size < 0) break;
-                backtrace_step(chunk + c, base, a);
-                c += size;
-                ++s;
-            }
-            if (c == 0 && s < steps) c = backtrace_step(code + at, base, a), ++s;  // too long
-            next = at + c;
-            done = s;
-        }
-        __syncthreads();
+    }
+    if (shared) {
+        for (long long i = threadIdx.x; i < indices; i += blockDim.x) assignment[i] = a[i];
+    } else if (threadIdx.x == 0) {
+        // Widened in place from the last: a[i] is read before assignment[i] overwrites
+        // a[i..2i+1].
+        for (long long i = indices - 1; i >= 0; --i) assignment[i] = a[i];
     }
     if (threadIdx.x != 0) return;
-    // Widened in place from the last: a[i] is read before assignment[i] overwrites a[i..2i+1].
-    for (long long i = indices - 1; i >= 0; --i) assignment[i] = a[i];
     unsigned char* bytes = reinterpret_cast<unsigned char*>(assignment + indices);
     for (long long b = 0; b < 8; ++b) bytes[b] = b < itemsize ? value[b] : 0;
 }
