@@ -55,9 +55,17 @@ _DTYPE = operator.attrgetter("dtype")
 _DEVICE = operator.attrgetter("data.device_id")
 _POINTER = operator.attrgetter("data.ptr")
 _LANES = 8  # streams a capture forks: the most steps the graph runs side by side on its own
-# A step is tiny, run with others of its level in one launch, where its outputs times its K is
-# at most this: a block of 256 threads does it in 128 (x) each.
+# The steps of a level that are small run in one launch of tropical_many, each reading its
+# operands as they are: those whose outputs times K is at most _TINY_WORK (a block of 256
+# threads does it in 128 (x) each), and those that would copy an operand first, with K at most
+# _SMALL_K and at most _SMALL outputs (each output's K is summed by one thread: fine where K is
+# short, as along a chain of tensors of few values each). Indices of more than one value, at
+# most _MANY_OUT kept and _MANY_SUMMED summed (EINSUM_OUT, EINSUM_SUMMED).
 _TINY_WORK = 1 << 15
+_SMALL_K = 16
+_SMALL = 1 << 20
+_MANY_OUT = 24
+_MANY_SUMMED = 8
 
 
 def _aligned(nbytes: int) -> int:
@@ -198,9 +206,17 @@ class EinsumProgram:
             levels.append(level)
             at_level.setdefault(level, []).append(number)
 
-        def tiny(number: int) -> bool:
+        def small(number: int) -> bool:
             step = steps.plan.steps[number]
-            return len(by_step[number]) == 1 and step.size * step.first.shape[2] <= _TINY_WORK
+            sizes = steps.plan.sizes
+            k = step.first.shape[2]
+            wide = [i for i in step.result if sizes[i] != 1]
+            summed = [i for i in step.k if sizes[i] != 1]
+            fits = len(wide) <= _MANY_OUT and len(summed) <= _MANY_SUMMED and step.split is None
+            copies = len(by_step[number]) > 1
+            return fits and (
+                step.size * k <= _TINY_WORK or (copies and k <= _SMALL_K and step.size <= _SMALL)
+            )
 
         def launches(number: int) -> list[tuple[_Packed, Module, list[int]]]:
             return [
@@ -213,14 +229,12 @@ class EinsumProgram:
         members: list[list[int]] = []
         for level in sorted(at_level):
             here = at_level[level]
-            small = [n for n in here if tiny(n)]
-            if len(small) >= 2:
-                units.append([self._many(small, by_step, inputs, result)])
-                members.append(small)
-            else:
-                small = []
+            group = [n for n in here if small(n)]
+            if group:
+                units.append([self._many(group, inputs, result)])
+                members.append(group)
             for number in here:
-                if number not in small:
+                if number not in group:
                     units.append(launches(number))
                     members.append([number])
         unit_of = {n: u for u, group in enumerate(members) for n in group}
@@ -232,33 +246,45 @@ class EinsumProgram:
         return units
 
     def _many(
-        self,
-        numbers: Sequence[int],
-        by_step: dict[int, list[Op]],
-        inputs: Sequence[int],
-        result: int,
+        self, numbers: Sequence[int], inputs: Sequence[int], result: int
     ) -> tuple[_Packed, Module, list[int]]:
-        """One launch of ``tropical_many`` for the steps ``numbers``, its table kept."""
+        """One launch of ``tropical_many`` for the steps ``numbers``, each read from its
+        operands as they are (no copy), its table kept."""
         steps = self._steps
+        sizes = steps.plan.sizes
         rows = []
         for number in numbers:
             step = steps.plan.steps[number]
-            (op,) = by_step[number]
-            a, b, c, index = resolve(op.sources, inputs, self._arena, result)
-            batch, m, k = step.first.shape
-            n = step.second.shape[2] if step.second is not None else 1
-            sb = step.second.strides if step.second is not None else (0, 1, 1)
-            sa = step.first.strides
+            (a_at, a_term), (b_at, b_term) = steps.reads[number]
+            a, b, c, index = resolve(
+                (a_at, b_at, *steps.writes[number]), inputs, self._arena, result
+            )
+            strides = [
+                dict(zip(t.indices, t.strides, strict=True)) if t is not None else {}
+                for t in (a_term, b_term)
+            ]
+
+            def dims(indices: Sequence[str], count: int, strides: Any = strides) -> list[int]:
+                found = [
+                    (sizes[i], strides[0].get(i, 0), strides[1].get(i, 0))
+                    for i in indices
+                    if sizes[i] != 1
+                ]
+                return [x for d in found for x in d] + [0] * (3 * (count - len(found)))
+
+            wide = dims(step.result, _MANY_OUT)
+            summed = dims(step.k, _MANY_SUMMED)
             rows.append([
-                a, b, c, index, m, n, k, batch,
-                sa[0] if batch > 1 else 0, sa[1], sa[2],
-                sb[0] if batch > 1 else 0, sb[1], sb[2],
-                m * n, n, 1, m * n, n, 1,
+                a, b, c, index, step.size, step.first.shape[2],
+                sum(1 for i in step.result if sizes[i] != 1),
+                sum(1 for i in step.k if sizes[i] != 1),
+                *wide, *summed,
             ])  # fmt: skip
         table = cupy_module().asarray(np.array(rows, np.int64))
         self._tables.append(table)
+        blocks = min(max(-(-steps.plan.steps[n].size // _THREADS) for n in numbers), 1024)
         launcher = _Packed(
-            self._many_module_spec, self.device, (len(rows), 1, 1), (_THREADS, 1, 1), [0]
+            self._many_module_spec, self.device, (blocks, len(rows), 1), (_THREADS, 1, 1), [0]
         )
         return launcher, self._many_module, [table.data.ptr]
 

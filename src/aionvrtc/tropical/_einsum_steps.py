@@ -102,7 +102,8 @@ class _Arena:
 class Steps:
     """``planned`` ready to launch for inputs laid out as it was planned (``planned.terms``):
     ``specs`` the kernels to fetch, ``ops`` the launches in order, ``nbytes`` the arena's size,
-    ``depends`` each step's steps before it (for a graph's branches). With ``argmax`` the last
+    ``depends`` each step's steps before it (for a graph's branches), ``reads`` and ``writes``
+    each step's operands before any copy and its outputs. With ``argmax`` the last
     op writes every index's value at ``assignment`` in the arena (int64 each, numbered as the
     plan's ``sizes``), then the value's bytes."""
 
@@ -129,6 +130,7 @@ class Steps:
         self.depends = tuple(made.depends)
         self.nbytes = made.arena.size
         self.assignment = made.assignment
+        self.reads, self.writes = tuple(made.reads), tuple(made.writes)
         self._keep = made.keep  # persistent buffers the launches point at
 
     def enqueue(
@@ -178,6 +180,10 @@ class _Builder:
         self.depends: list[tuple[int, ...]] = []
         self.keep: list[Any] = []
         self.where: list[int] = []  # each step's argmax, by offset
+        # Each step's operands as read before any copy (a vector of ones for a reduction's
+        # second, of no indices), and where its result and argmax go.
+        self.reads: list[tuple[tuple[Source, Term | None], tuple[Source, Term | None]]] = []
+        self.writes: list[tuple[Source, Source]] = []
         self.assignment = -1
         self.ones: dict[int, Any] = {}
         # Products are planned on views of a small allocation: plan() and Launch.of read
@@ -203,12 +209,21 @@ class _Builder:
             strides=tuple(s * kind.itemsize for s in strides),
         )  # fmt: skip
 
+    def ones_of(self, k: int) -> int:
+        """The address of a vector of ``k`` of the semiring's ones, kept."""
+        if k not in self.ones:
+            dtype = self.steps.dtype
+            self.ones[k] = cupy_module().full(k, self.ring.one(dtype), dtype)
+            self.keep.append(self.ones[k])
+        return int(self.ones[k].data.ptr)
+
     def step(self, number: int, step: Step) -> None:
         planned, item = self.steps.plan, self.steps.dtype.itemsize
         self.depends.append(tuple(o - self.inputs for o in step.operands if o >= self.inputs))
         chosen = [self.live.pop(o) for o in step.operands]
         if step.swapped:
             chosen = chosen[::-1]
+        reads: list[tuple[Source, Term | None]] = list(chosen)
         temporary: list[tuple[int, int]] = []
         pointers: list[Source] = []
         arrays: list[Any] = []
@@ -225,35 +240,19 @@ class _Builder:
             arrays.append(self.view(read.shape, read.strides))
         if step.second is None:  # a reduction: times a vector of the semiring's ones
             k = step.first.shape[2]
-            if k not in self.ones:
-                self.ones[k] = cupy_module().full(
-                    k, self.ring.one(self.steps.dtype), self.steps.dtype
-                )
-                self.keep.append(self.ones[k])
-            pointers.append((VALUE, self.ones[k].data.ptr))
+            ones = (VALUE, self.ones_of(k))
+            pointers.append(ones)
             arrays.append(self.view((1, k, 1), (0, 1, 1)))
-        b, m, _ = step.first.shape
-        n = arrays[1].shape[2]
-        if number == len(planned.steps) - 1 and not planned.final_copy:
-            c_at: Source = (RESULT, 0)
-        else:
-            offset = self.arena.take(b * m * n * item)
-            self.owned[step.number] = (offset, b * m * n * item)
-            c_at = (ARENA, offset)
-        c = self.view((b, m, n), (m * n, n, 1))
-        index_at: Source = (VALUE, 0)
-        out: Any = c
-        if self.steps.argmax:
-            offset = self.arena.take(b * m * n * 4)  # kept for the backtrace
-            self.where.append(offset)
-            index_at = (ARENA, offset)
-            out = (c, self.view((b, m, n), (m * n, n, 1), np.int32))
+            reads.append((ones, None))  # (read at stride 0)
+        self.reads.append((reads[0], reads[1]))
+        c_at, index_at, out = self.outputs(number, step, arrays[1].shape[2])
         product = plan(
             arrays[0], arrays[1], self.ring.name, argmax=self.steps.argmax, out=out,
             accumulate=False, table=self.table,
         )  # fmt: skip
         launch = Launch.of(product)
         self.ops.append(Op(launch, self.module(launch.spec), (*pointers, c_at, index_at), number))
+        self.writes.append((c_at, index_at))
         for offset, nbytes in temporary:
             self.arena.give(offset, nbytes)
         for operand in step.operands:
@@ -261,6 +260,23 @@ class _Builder:
                 self.arena.give(*self.owned.pop(operand))
         result = Term(step.result, contiguous([planned.sizes[i] for i in step.result]))
         self.live[step.number] = (c_at, result)
+
+    def outputs(self, number: int, step: Step, n: int) -> tuple[Source, Source, Any]:
+        """Where step ``number``'s result and argmax go, and the views plan() takes of them."""
+        planned, item = self.steps.plan, self.steps.dtype.itemsize
+        b, m, _ = step.first.shape
+        if number == len(planned.steps) - 1 and not planned.final_copy:
+            c_at: Source = (RESULT, 0)
+        else:
+            offset = self.arena.take(b * m * n * item)
+            self.owned[step.number] = (offset, b * m * n * item)
+            c_at = (ARENA, offset)
+        c = self.view((b, m, n), (m * n, n, 1))
+        if not self.steps.argmax:
+            return c_at, (VALUE, 0), c
+        offset = self.arena.take(b * m * n * 4)  # kept for the backtrace
+        self.where.append(offset)
+        return c_at, (ARENA, offset), (c, self.view((b, m, n), (m * n, n, 1), np.int32))
 
     def copy(
         self, source: Source, term: Term, order: Sequence[str], target: Source, step: int

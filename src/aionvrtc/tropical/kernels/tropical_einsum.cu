@@ -113,35 +113,58 @@ __global__ void einsum_backtrace(const long long* __restrict__ code,
     for (long long b = 0; b < 8; ++b) bytes[b] = b < itemsize ? value[b] : 0;
 }
 
-// Many small products in one launch: block b computes the product `table` describes at
-// 20 * b, C[b, m, n] = (+)_k A[b, m, k] (x) B[b, k, n] over any element strides: pointers A, B,
-// C, I (argmax, or null), then M, N, K, batch, then the strides of A (batch, m, k), B (batch,
-// k, n), C and I (batch, m, n). A compiled contraction's independent steps too small to fill
-// the GPU on their own (see _einsum_program) take one launch instead of one each.
+// Small products, many in one launch: blockIdx.y takes the product `table` describes in row
+// blockIdx.y (EINSUM_ROW entries), its outputs spread over blockIdx.x. Each operand is read
+// through its own strides along every index (as a tensor, not a 3-D view), so an operand that
+// no view can read needs no copy first: pointers A, B, C, I (argmax, or null), then the
+// outputs, K, the output indices and the summed indices counted, then (size, A's stride, B's
+// stride) for each output index (C is contiguous over them), then for each summed index (the
+// argmax numbers k in C order over them). A compiled contraction's independent small steps (see
+// _einsum_program) take one launch instead of one each, and copies none.
+#define EINSUM_OUT 24
+#define EINSUM_SUMMED 8
+#define EINSUM_ROW (8 + 3 * (EINSUM_OUT + EINSUM_SUMMED))
+
 template <typename T, typename S, bool ARGMAX>
 __global__ void __launch_bounds__(256) tropical_many(const long long* __restrict__ table) {
-    const long long* d = table + 20 * (long long)blockIdx.x;
+    const long long* d = table + EINSUM_ROW * (long long)blockIdx.y;
     const T* A = reinterpret_cast<const T*>(d[0]);
     const T* B = reinterpret_cast<const T*>(d[1]);
     T* C = reinterpret_cast<T*>(d[2]);
     int* I = reinterpret_cast<int*>(d[3]);
-    const long long M = d[4], N = d[5], K = d[6], batch = d[7];
-    const long long total = batch * M * N;
-    for (long long t = threadIdx.x; t < total; t += blockDim.x) {
-        const long long n = t % N, m = (t / N) % M, b = t / (M * N);
-        const T* a = A + b * d[8] + m * d[9];
-        const T* bb = B + b * d[11] + n * d[13];
+    const long long total = d[4], K = d[5];
+    const int outs = (int)d[6], sums = (int)d[7];
+    const long long* out = d + 8;
+    const long long* kd = d + 8 + 3 * EINSUM_OUT;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (long long)gridDim.x * blockDim.x) {
+        long long rest = t, oa = 0, ob = 0;
+        for (int j = outs - 1; j >= 0; --j) {
+            const long long q = rest / out[3 * j], i = rest - q * out[3 * j];
+            oa += i * out[3 * j + 1];
+            ob += i * out[3 * j + 2];
+            rest = q;
+        }
         T acc = S::template zero<T>();
         int winner = -1;
+        long long at[EINSUM_SUMMED] = {0};
+        long long ka = 0, kb = 0;
         for (long long k = 0; k < K; ++k) {
-            const T p = S::mul(a[k * d[10]], bb[k * d[12]]);
+            const T p = S::mul(A[oa + ka], B[ob + kb]);
             if (S::better(p, acc)) {
                 acc = p;
                 winner = (int)k;
             }
+            for (int j = sums - 1; j >= 0; --j) {  // the next k: the last index fastest
+                ++at[j];
+                ka += kd[3 * j + 1];
+                kb += kd[3 * j + 2];
+                if (at[j] < kd[3 * j]) break;
+                ka -= at[j] * kd[3 * j + 1];
+                kb -= at[j] * kd[3 * j + 2];
+                at[j] = 0;
+            }
         }
-        write_output<S, ARGMAX, false>(C + b * d[14] + m * d[15] + n * d[16],
-                                       ARGMAX ? I + b * d[17] + m * d[18] + n * d[19] : nullptr,
-                                       acc, winner);
+        write_output<S, ARGMAX, false>(C + t, ARGMAX ? I + t : nullptr, acc, winner);
     }
 }
