@@ -138,12 +138,24 @@ __global__ void __launch_bounds__(256) tropical_many(const long long* __restrict
     const long long* kd = d + 8 + 3 * EINSUM_OUT;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
          t += (long long)gridDim.x * blockDim.x) {
-        long long rest = t, oa = 0, ob = 0;
-        for (int j = outs - 1; j >= 0; --j) {
-            const long long q = rest / out[3 * j], i = rest - q * out[3 * j];
-            oa += i * out[3 * j + 1];
-            ob += i * out[3 * j + 2];
-            rest = q;
+        long long oa = 0, ob = 0;
+        if (total <= 0xffffffffLL) {  // 32-bit division, far cheaper, where the outputs allow
+            unsigned rest = (unsigned)t;
+            for (int j = outs - 1; j >= 0; --j) {
+                const unsigned size = (unsigned)out[3 * j], q = rest / size;
+                const long long i = rest - q * size;
+                oa += i * out[3 * j + 1];
+                ob += i * out[3 * j + 2];
+                rest = q;
+            }
+        } else {
+            long long rest = t;
+            for (int j = outs - 1; j >= 0; --j) {
+                const long long q = rest / out[3 * j], i = rest - q * out[3 * j];
+                oa += i * out[3 * j + 1];
+                ob += i * out[3 * j + 2];
+                rest = q;
+            }
         }
         T acc = S::template zero<T>();
         int winner = -1;
