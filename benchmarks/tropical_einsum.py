@@ -163,6 +163,7 @@ def measure(module: Any, net: Any, args: argparse.Namespace) -> dict[str, Any]: 
     row["program_host_us"] = host_us(lambda: program.run_sync(*arrays), sync, args.repeats)
     row["backtrace_us"] = backtrace_us(with_assignment, args.repeats)
     row["ops"] = program.launches
+    row["program_copies"] = program.copies
     row["chain_floor_ms"] = chain_floor(row["ops"], args.repeats)
     plan = program.plan
     eager = args.repeats // 3 + 1
@@ -361,7 +362,8 @@ def render(rows: Sequence[dict[str, Any]], facts: dict[str, Any]) -> str:
         "launches: the kernels of the program's graph (products, copies; a level's tiny steps "
         "take one), and a graph of as many empty kernels in a chain, replayed.",
         "",
-        "| network | steps | launches (chain of as many empty) | copies (before) | program "
+        "| network | steps | launches (chain of as many empty) | copies (before), in the program "
+        "| program "
         "| with assignment | JAX jit | program / JAX | first call s (JAX) | eager (before) "
         "| PyTorch eager |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -371,6 +373,7 @@ def render(rows: Sequence[dict[str, Any]], facts: dict[str, Any]) -> str:
         jax_first = f"{r['jax_first_s']:.1f}" if "jax_first_s" in r else "-"
         before = f" ({r['baseline_eager_ms']:.1f})" if "baseline_eager_ms" in r else ""
         copies = f" ({r['baseline_copies']})" if "baseline_copies" in r else ""
+        copies += f", {r['program_copies']} launched" if "program_copies" in r else ""
         assignment = r["program_argmax_ms"] / r["program_ms"]
         lines.append(
             f"| {r['network']} | {r['steps']} | {r['ops']} ({r['chain_floor_ms']:.2f}) | "

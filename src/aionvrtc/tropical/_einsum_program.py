@@ -81,7 +81,8 @@ class EinsumProgram:
     pass it as ``out=`` to skip the copy out (it holds the next call's result then). Calls on
     any streams are ordered among themselves (a call waits for the previous one's work), and
     from any threads. ``nbytes`` is the device memory the program holds, ``launches`` the
-    kernels its graph runs (a level's tiny steps take one)."""
+    kernels its graph runs (a level's small steps take one), ``copies`` how many of those copy
+    an operand (a small step reads its operands as they are)."""
 
     def __init__(
         self,
@@ -167,6 +168,11 @@ class EinsumProgram:
         stream = cupy.cuda.Stream(non_blocking=True)
         units = self._units()
         self.launches = sum(len(ops) for ops in units)
+        self.copies = sum(
+            launcher.spec.name_expressions[0].startswith("einsum_copy")
+            for ops in units
+            for launcher, _, _ in ops
+        )
         # Once outside the capture: every kernel's function is looked up, every launch checked.
         for ops in units:
             for launcher, loaded_module, pointers in ops:
