@@ -57,13 +57,16 @@ _POINTER = operator.attrgetter("data.ptr")
 _LANES = 8  # streams a capture forks: the most steps the graph runs side by side on its own
 # The steps of a level that are small run in one launch of tropical_many, each reading its
 # operands as they are: those whose outputs times K is at most _TINY_WORK (a block of 256
-# threads does it in 128 (x) each), and those that would copy an operand first, with K at most
-# _SMALL_K and at most _SMALL outputs (each output's K is summed by one thread: fine where K is
-# short, as along a chain of tensors of few values each). Indices of more than one value, at
-# most _MANY_OUT kept and _MANY_SUMMED summed (EINSUM_OUT, EINSUM_SUMMED).
+# threads does it in 128 (x) each) with K at most _TINY_K, and those that would copy an operand
+# first, with K at most _SMALL_K and at most _SMALL outputs. Each output's K is summed by one
+# thread: fine where K is short, as along a chain of tensors of few values each; measured on an
+# H200, 2^20 outputs over K = 16 took 120 us there, a copy and a tiled product 40. Indices of
+# more than one value, at most _MANY_OUT kept and _MANY_SUMMED summed (EINSUM_OUT,
+# EINSUM_SUMMED).
 _TINY_WORK = 1 << 15
+_TINY_K = 256
 _SMALL_K = 16
-_SMALL = 1 << 20
+_SMALL = 1 << 16
 _MANY_OUT = 24
 _MANY_SUMMED = 8
 
@@ -220,9 +223,8 @@ class EinsumProgram:
             summed = [i for i in step.k if sizes[i] != 1]
             fits = len(wide) <= _MANY_OUT and len(summed) <= _MANY_SUMMED and step.split is None
             copies = len(by_step[number]) > 1
-            return fits and (
-                step.size * k <= _TINY_WORK or (copies and k <= _SMALL_K and step.size <= _SMALL)
-            )
+            tiny = step.size * k <= _TINY_WORK and k <= _TINY_K
+            return fits and (tiny or (copies and k <= _SMALL_K and step.size <= _SMALL))
 
         def launches(number: int) -> list[tuple[_Packed, Module, list[int]]]:
             return [
