@@ -307,6 +307,7 @@ def main() -> None:
     parser.add_argument("--no-torch", dest="torch", action="store_false")
     parser.add_argument("--eager-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--jax-max-steps", type=int, default=1 << 30)
+    parser.add_argument("--baseline-log", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--label", default="")
     parser.add_argument(
         "--combine", type=Path, nargs="*", default=None,
@@ -316,6 +317,13 @@ def main() -> None:
     if args.combine:
         runs = [json.loads(path.read_text()) for path in args.combine]
         facts, rows = runs[0]["facts"], [row for run in runs for row in run["results"]]
+        if args.baseline_log:  # the --eager-only lines of the older aionvrtc's run
+            lines = args.baseline_log.read_text().splitlines()
+            before = {r["network"]: r for r in map(json.loads, lines) if r}
+            for row in rows:
+                if row["network"] in before:
+                    row["baseline_eager_ms"] = before[row["network"]]["eager_ms"]
+                    row["baseline_copies"] = before[row["network"]]["copies"]
         slug = facts["gpu"].replace("NVIDIA ", "")
         write(args.out, "tropical_einsum", label=slug, facts=facts, results=rows,
               table=render(rows, facts))  # fmt: skip
