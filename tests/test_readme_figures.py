@@ -183,37 +183,25 @@ def curve(result: Any, path: str, tasks: int) -> dict[str, Any]:
     return found
 
 
+def einsum_row(result: Any, prefix: str) -> dict[str, Any]:
+    """The einsum benchmark's row of the network whose name starts with ``prefix``."""
+    found = [row for row in result["results"] if row["network"].startswith(prefix)]
+    assert len(found) == 1, f"{prefix}: {len(found)} rows"
+    row: dict[str, Any] = found[0]
+    return row
+
+
+def spread_of(result: Any, ratio: Callable[[dict[str, Any]], float]) -> list[float]:
+    """The least and the greatest of ``ratio`` over the einsum benchmark's networks."""
+    values = [ratio(row) for row in result["results"]]
+    return [min(values), max(values)]
+
+
 def skipped_intermediate(result: Any) -> list[float]:
     """log2 of the largest intermediate of the 3-regular graph of 200 vertices, which was
     skipped (-1 if it ran)."""
     run = network(result, "MIS", "random 3-regular graph", 200)
     return [math.log2(run["largest_intermediate"]) if "skipped" in run else -1]
-
-
-def speedups(result: Any) -> list[float]:
-    """torch-semiring-einsum's time over aionvrtc's, least and greatest, over the networks of
-    100 vertices or more that ran (the table's)."""
-    ran = [row for row in result["rows"] if row["vertices"] >= 100 and "gpu_ms" in row]
-    ratios = [row["tse_ms"] / row["gpu_ms"] for row in ran]
-    return [min(ratios), max(ratios)]
-
-
-def einsum_step_us(path: Path) -> list[Decimal]:
-    """Each network's time outside its product kernels per step, (whole - kernels) / steps, in
-    microseconds: least and greatest."""
-    per_step = [
-        (number(row[3]) - number(row[4])) / number(row[0]) * 1000
-        for name, row in table(path).items()
-        if name.startswith(("MIS", "spin glass"))
-    ]
-    return [min(per_step), max(per_step)]
-
-
-def copied_elements(path: Path) -> list[Decimal]:
-    """The 20 x 20 king's graph's copies and, in millions, the elements they copied."""
-    cell = table(path)[KING_20][2]
-    copies, elements = cell.split(" ", 1)
-    return [number(copies), number(elements) / 1_000_000]
 
 
 def soak_waiters(path: Path) -> list[Decimal]:
@@ -246,22 +234,16 @@ GPU_START = "gpu_start-nvidia-h200.md"
 GEMM = "tropical_gemm-nvidia-h200.md"
 GEMM_JSON = "tropical_gemm-nvidia-h200.json"
 TENSOR = "tensor_network-nvidia-h200.json"
-EINSUM = "tropical_einsum-nvidia-h200.md"
+EINSUM = "tropical_einsum-nvidia-h200.json"
 SOAK = "soak-2-vcpus.md"
 WARM_GPU = "warm_cache-nvidia-h200-gpu.md"
 ARGMAX = ("maxplus float32 {} argmax", "maxplus int32 {} argmax", "maxplus float64 {} argmax")
 HOT_HIT = r"hot hit `await compiler.compile\(spec\)` \| (\d+) ns \(([\d.]+)x"
 F32_8192 = ("maxplus float32 8192", "minplus float32 8192", "maxmul float32 8192")
 I32_8192 = ("maxplus int32 8192", "minplus int32 8192")
-KING_20 = "MIS of the 20x20 king's graph (400 vertices, 1482 edges)"
 
 FIGURES = [
     # The examples and the shortest-paths server
-    Figure(
-        r"\(H200, 20 x 20 king's graph: ([\d,.]+) ms\)",
-        TENSOR,
-        data(lambda r: [network(r, "MIS", "20x20 king's graph", 400)["gpu_ms"]]),
-    ),
     Figure(
         r"One client with JSON bodies gets ([\d,.]+) requests/s, its p50 of ([\d,.]+) ms mostly "
         r"spent parsing 65,536 weights \(([\d,.]+) ms\)",
@@ -527,28 +509,34 @@ FIGURES = [
     # The tropical einsum
     Figure(
         r"the whole GPU suite, ([\d,]+) passed and (\d+) skipped",
-        "test-logs/gpu_tests-einsum-nvidia-h200.log",
+        "test-logs/gpu_tests-einsum-programs-nvidia-h200.log",
         find(r"(\d+) passed, (\d+) skipped", last=True),
     ),
     Figure(
-        r"That is ([\d,.]+) to ([\d,.]+) times faster than torch-semiring-einsum",
-        TENSOR,
-        data(speedups),
+        r"A replay takes ([\d,.]+) to ([\d,.]+) times JAX's time",
+        EINSUM,
+        data(lambda r: spread_of(r, lambda row: row["program_ms"] / row["jax_ms"])),
     ),
     Figure(
-        r"Each step costs ([\d,.]+) to ([\d,.]+) us outside its product kernel",
+        r"one chain of ([\d,]+) launches",
         EINSUM,
-        einsum_step_us,
+        data(lambda r: [einsum_row(r, "MIS of the 15x15 king's graph")["ops"]]),
     ),
     Figure(
-        r"the product kernels take ([\d,.]+) to ([\d,.]+)% of a contraction's time",
+        r"A program's first call takes at most ([\d,.]+) times JAX's",
         EINSUM,
-        spread(5, "MIS*", "spin glass*"),
+        data(lambda r: spread_of(r, lambda row: row["program_first_s"] / row["jax_first_s"])[1:]),
+        bound=True,
     ),
     Figure(
-        r"copies ([\d,.]+) operands \(([\d,.]+) million elements at 20 x 20\)",
+        r"The assignment costs ([\d,.]+) to ([\d,.]+) times the value alone",
         EINSUM,
-        copied_elements,
+        data(lambda r: spread_of(r, lambda row: row["program_argmax_ms"] / row["program_ms"])),
+    ),
+    Figure(
+        r"A replay is ([\d,.]+) to ([\d,.]+) times faster than `einsum_sync`",
+        EINSUM,
+        data(lambda r: spread_of(r, lambda row: row["eager_ms"] / row["program_ms"])),
     ),
     Figure(
         r"needs an intermediate of 2\^(\d+) elements under random-greedy planning and is "
@@ -623,18 +611,18 @@ FIGURES = [
     ),
 ]
 
-# The tensor-network table's rows, by the run they show: (problem, graph, vertices).
-TENSOR_ROWS: list[tuple[str, Callable[[int], tuple[str, str, int]]]] = [
+# The tensor-network table's rows: the einsum benchmark's network each shows, by its name.
+TENSOR_ROWS: list[tuple[str, Callable[[str], str]]] = [
     (
         r"MIS, random 3-regular graph, (\d+) vertices",
-        lambda n: ("MIS", "random 3-regular graph", n),
+        lambda n: f"MIS of the random 3-regular graph ({n} vertices,",
     ),
-    (r"MIS, (\d+) x \1 king's graph", lambda s: ("MIS", f"{s}x{s} king's graph", s * s)),
-    (r"spin glass, (\d+) spins", lambda n: ("spin glass", "random 3-regular graph", n)),
+    (r"MIS, (\d+) x \1 king's graph", lambda s: f"MIS of the {s}x{s} king's graph"),
+    (r"spin glass, (\d+) spins", lambda n: f"spin glass of the random 3-regular graph ({n} "),
 ]
 TENSOR_HEADER = (
-    "| network | steps | largest intermediate | aionvrtc | with the assignment "
-    "| torch-semiring-einsum | NumPy reference |"
+    "| network | steps | compiled program | with the assignment | JAX jit | first call (JAX's) "
+    "| `einsum_sync` | PyTorch eager |"
 )
 # A number with a unit of time, rate or a count of tests: a measured figure, not a size or a
 # setting ("90% of the limit", "256-node graphs").
@@ -733,29 +721,37 @@ def tensor_table_problems(readme: str) -> list[str]:
     """The tensor-network table against its run's JSON, cell by cell."""
     if TENSOR_HEADER not in readme:
         return ["the README's tensor-network table (its header) is not there"]
-    result = json.loads((RESULTS / TENSOR).read_text(encoding="utf-8"))
+    result = json.loads((RESULTS / EINSUM).read_text(encoding="utf-8"))
     body = readme.split(TENSOR_HEADER, 1)[1].split("\n\n", 1)[0].splitlines()[2:]
     problems = [] if body else ["the README's tensor-network table has no rows"]
     for line in body:
         name, *row = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        keys = [
-            make(int(found[1]))
+        prefixes = [
+            make(found[1])
             for pattern, make in TENSOR_ROWS
             if (found := re.fullmatch(pattern, name))
         ]
-        if len(keys) != 1:
+        if len(prefixes) != 1:
             problems.append(f"tensor-network table: which network is {name!r}?")
             continue
-        run = network(result, *keys[0])
-        times = ("gpu_ms", "gpu_argmax_ms", "tse_ms")
+        run = einsum_row(result, prefixes[0])
+
+        def ms(key: str, places: str, run: dict[str, Any] = run) -> str:
+            return f"{rounded(number(run[key]), Decimal(places))} ms"
+
+        first = rounded(number(run["program_first_s"]), Decimal("0.01"))
+        jax_first = rounded(number(run["jax_first_s"]), Decimal("0.1"))
         expected = [
             str(run["steps"]),
-            f"2^{math.log2(run['largest_intermediate']):.0f}",
-            *(f"{rounded(number(run[key]), Decimal('0.1'))} ms" for key in times),
-            f"{rounded(number(run['numpy_s']), Decimal('0.01'))} s" if "numpy_s" in run else "",
+            ms("program_ms", "0.01"),
+            ms("program_argmax_ms", "0.01"),
+            ms("jax_ms", "0.01"),
+            f"{first} s ({jax_first} s)",
+            ms("eager_ms", "0.1"),
+            ms("torch_ms", "0.1"),
         ]
         if row != expected:
-            problems.append(f"tensor-network table, {name}: README {row}, {TENSOR} {expected}")
+            problems.append(f"tensor-network table, {name}: README {row}, {EINSUM} {expected}")
     return problems
 
 
@@ -783,8 +779,8 @@ def test_the_readme_speaks_to_users() -> None:
         # The drifts the checks were written for: figures older than the logs they link.
         pytest.param("1648 passed", "1647 passed", "README says 1647", marks=NEEDS_LOGS),
         pytest.param("1068 passed", "1067 passed", "README says 1067", marks=NEEDS_LOGS),
-        ("| 1881 | 2^21 |", "| 1871 | 2^21 |", "tensor-network table, MIS, 20 x 20"),
-        ("| 2^20 | 41.5 ms |", "| 2^19 | 41.5 ms |", "tensor-network table, MIS, random"),
+        ("| 1036 | 1.45 ms |", "| 1035 | 1.45 ms |", "tensor-network table, MIS, 15 x 15"),
+        ("| 375 | 0.34 ms |", "| 375 | 0.35 ms |", "tensor-network table, MIS, random"),
         # A rounding that goes the wrong way, a bound that does not hold.
         ("p90 2.5 ms", "p90 2.4 ms", "README says 2.4"),
         ("under 4 us an insert", "under 3 us an insert", "README says 3"),
