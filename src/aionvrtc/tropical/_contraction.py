@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,9 +144,11 @@ class EinsumPlan:
     layouts: tuple[tuple[Any, ...], ...] = field(
         default=(), compare=False
     )  # (shape, strides, size)
-    # One number for what the plan does (equal plans, equal keys): what runs key their caches
-    # by, hashed in O(1) where the plan itself hashes in O(steps).
-    key: int = field(default=-1, compare=False)
+    # One name for what the plan does (equal plans, equal keys): what runs key their caches by,
+    # hashed in O(1) where the plan itself hashes in O(steps). A number of this process and the
+    # process's own token: a plan pickled in another process keeps that process's token, so its
+    # number never names a plan of this one.
+    key: tuple[str, int] = field(default=("", -1), compare=False)
 
     @property
     def copies(self) -> int:
@@ -382,16 +385,17 @@ def _plan(subscripts: str, operands: Sequence[Any], optimize: Any) -> EinsumPlan
 _KEYS = 4096
 _keys: dict[Any, int] = {}
 _counter = itertools.count()
+_TOKEN = uuid.uuid4().hex
 
 
-def _intern(planned: EinsumPlan) -> int:
+def _intern(planned: EinsumPlan) -> tuple[str, int]:
     content = (planned.subscripts, planned.path, planned.terms, tuple(planned.sizes.items()))
     found = _keys.get(content)
     if found is None:
         if len(_keys) >= _KEYS:
             _keys.clear()
         found = _keys[content] = next(_counter)
-    return found
+    return _TOKEN, found
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,13 +69,16 @@ async def einsum(
     steps = steps_for(planned, ring, arrays[0].dtype, argmax=argmax, device=device)
     stream = _stream(device, stream)
     if steps is None:
-        return _empty(planned, ring, arrays[0].dtype, argmax=argmax, out=out, device=device)
+        return _empty(planned, ring, arrays[0].dtype, argmax=argmax, out=out, at=(device, stream))
     modules = await fetch_modules(steps, compiler)
     result, arena = _enqueue(steps, modules, arrays, out, stream)
     if not argmax:
         return result
     host = _copy_back(steps, arena, stream)
-    await synchronize(stream)
+    # Shielded: the copy into `host` (from the arena) must land before either is freed.
+    with anyio.CancelScope(shield=True):
+        await synchronize(stream)
+    del arena
     return result, _assignment(steps, host)
 
 
@@ -96,7 +99,7 @@ def einsum_sync(
     steps = steps_for(planned, ring, arrays[0].dtype, argmax=argmax, device=device)
     stream = _stream(device, stream)
     if steps is None:
-        return _empty(planned, ring, arrays[0].dtype, argmax=argmax, out=out, device=device)
+        return _empty(planned, ring, arrays[0].dtype, argmax=argmax, out=out, at=(device, stream))
     modules = [
         loaded(spec, device, compiler) or module_sync(spec, device, compiler)
         for spec in steps.specs
@@ -160,7 +163,9 @@ def _enqueue(
     arena, which holds the assignment)."""
     cupy = cupy_module()
     _check_out(out, steps.dtype, steps.shape, steps.device)
-    with OnDevice(steps.device):
+    # Allocated on the stream the steps run on: CuPy's pool hands memory freed on a stream only
+    # to allocations on the same stream, after the work queued there.
+    with OnDevice(steps.device), stream:
         arena = cupy.cuda.alloc(steps.nbytes) if steps.nbytes else None
         direct = out is not None and out.flags.c_contiguous
         result = out if direct else cupy.ndarray(steps.shape, steps.dtype)
@@ -172,8 +177,7 @@ def _enqueue(
             stream,
         )
         if out is not None and not direct:
-            with stream:
-                cupy.copyto(out, result)
+            cupy.copyto(out, result)
             result = out
     return result, arena
 
@@ -197,7 +201,7 @@ def _assignment(steps: Steps, host: Any) -> dict[str, int]:
 
 
 def _empty(
-    planned: EinsumPlan, ring: Semiring, dtype: Any, *, argmax: bool, out: Any, device: int
+    planned: EinsumPlan, ring: Semiring, dtype: Any, *, argmax: bool, out: Any, at: Any
 ) -> Any:
     """The sum over an index of size 0: the semiring's zero everywhere."""
     if argmax:
@@ -207,8 +211,9 @@ def _empty(
         )
     cupy = cupy_module()
     shape = tuple(planned.sizes[i] for i in planned.output)
+    device, stream = at  # (filled on the stream the caller orders its work on)
     _check_out(out, dtype, shape, device)
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), stream:
         result = out if out is not None else cupy.empty(shape, dtype)
         result.fill(ring.zero(dtype))
     return result

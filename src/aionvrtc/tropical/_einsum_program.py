@@ -10,6 +10,7 @@ per branch and joins them by events), so independent steps run side by side on t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import threading
@@ -18,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 import anyio.to_thread
 import numpy as np
 
@@ -63,6 +65,7 @@ _LANES = 8  # streams a capture forks: the most steps the graph runs side by sid
 # H200, 2^20 outputs over K = 16 took 120 us there, a copy and a tiled product 40. Indices of
 # more than one value, at most _MANY_OUT kept and _MANY_SUMMED summed (EINSUM_OUT,
 # EINSUM_SUMMED).
+_MAX_GRID_Y = 65535
 _TINY_WORK = 1 << 15
 _TINY_K = 256
 _SMALL_K = 16
@@ -140,6 +143,9 @@ class EinsumProgram:
             self._gathers = self._gather_launches(offsets, sizes)
             self._graph = self._capture()
             self._done = cupy.cuda.Event(block=False, disable_timing=True)
+        # The buffers go back to CuPy's pool only once the last call's work is done (a call
+        # does not wait for the GPU; the program may be dropped right after one).
+        weakref.finalize(self, _settle, self._done, [self._memory, self._tables, self._gathers])
         self._last: int | None = None  # the stream of the last call
         self._lock = threading.Lock()
 
@@ -170,6 +176,8 @@ class EinsumProgram:
         cupy = cupy_module()
         stream = cupy.cuda.Stream(non_blocking=True)
         units = self._units()
+        # The tables were written on the current stream; the capture's streams read them.
+        cupy.cuda.get_current_stream().synchronize()
         self.launches = sum(len(ops) for ops in units)
         self.copies = sum(
             launcher.spec.name_expressions[0].startswith("einsum_copy")
@@ -239,7 +247,7 @@ class EinsumProgram:
             here = at_level[level]
             group = [n for n in here if small(n)]
             if group:
-                units.append([self._many(group, inputs, result)])
+                units.append(self._many(group, inputs, result))
                 members.append(group)
             for number in here:
                 if number not in group:
@@ -255,9 +263,9 @@ class EinsumProgram:
 
     def _many(
         self, numbers: Sequence[int], inputs: Sequence[int], result: int
-    ) -> tuple[_Packed, Module, list[int]]:
-        """One launch of ``tropical_many`` for the steps ``numbers``, each read from its
-        operands as they are (no copy), its table kept."""
+    ) -> list[tuple[_Packed, Module, list[int]]]:
+        """Launches of ``tropical_many`` for the steps ``numbers`` (one per 65,535: a grid's
+        rows), each read from its operands as they are (no copy), their tables kept."""
         steps = self._steps
         sizes = steps.plan.sizes
         rows = []
@@ -288,13 +296,18 @@ class EinsumProgram:
                 sum(1 for i in step.k if sizes[i] != 1),
                 *wide, *summed,
             ])  # fmt: skip
-        table = cupy_module().asarray(np.array(rows, np.int64))
-        self._tables.append(table)
         blocks = min(max(-(-steps.plan.steps[n].size // _THREADS) for n in numbers), 1024)
-        launcher = _Packed(
-            self._many_module_spec, self.device, (blocks, len(rows), 1), (_THREADS, 1, 1), [0]
-        )
-        return launcher, self._many_module, [table.data.ptr]
+        launches = []
+        for start in range(0, len(rows), _MAX_GRID_Y):
+            chunk = rows[start : start + _MAX_GRID_Y]
+            table = cupy_module().asarray(np.array(chunk, np.int64))
+            self._tables.append(table)
+            launcher = _Packed(
+                self._many_module_spec, self.device, (blocks, len(chunk), 1), (_THREADS, 1, 1),
+                [0],
+            )  # fmt: skip
+            launches.append((launcher, self._many_module, [table.data.ptr]))
+        return launches
 
     def run_sync(self, *operands: Any, out: Any = None, stream: Any = None) -> Any:
         """Replay the program on ``operands`` (none: ``inputs`` as they are) on ``stream``
@@ -314,7 +327,8 @@ class EinsumProgram:
         result, host = self._enqueue(operands, out, stream)
         if host is None:
             return result
-        await synchronize(stream)
+        with anyio.CancelScope(shield=True):  # the copy into `host` must land before it is freed
+            await synchronize(stream)
         return result, self._assignment(host)
 
     def _assignment(self, host: Any) -> dict[str, int]:
@@ -401,8 +415,8 @@ class EinsumProgram:
         cupy = cupy_module()
         runtime = cupy.cuda.runtime
         handle = stream.ptr
-        if self._last is not None and self._last != handle:
-            stream.wait_event(self._done)  # the previous call's buffers are this one's
+        if self._last is not None:  # the previous call's buffers are this one's (on any
+            stream.wait_event(self._done)  # stream: a new stream may reuse a freed one's handle)
         if sources is not None:
             pointers, _held = sources
             for n, (packed, table) in enumerate(self._gathers):
@@ -422,7 +436,8 @@ class EinsumProgram:
                 cupy.copyto(out, self.output)
             result = out
         else:
-            result = cupy.ndarray(self.shape, self.dtype)
+            with stream:  # (allocated on the stream it is written on)
+                result = cupy.ndarray(self.shape, self.dtype)
             runtime.memcpyAsync(
                 result.data.ptr, self.output.data.ptr, nbytes,
                 runtime.memcpyDeviceToDevice, handle,
@@ -445,6 +460,13 @@ class EinsumProgram:
             f"argmax={self.argmax} on device {self.device}: {len(self.plan.steps)} steps, "
             f"{self.nbytes:,} bytes>"
         )
+
+
+def _settle(done: Any, held: list[Any]) -> None:
+    """Wait for a program's last call before its buffers (``held``) go back to the pool."""
+    with contextlib.suppress(Exception):  # (the process ends, the GPU is lost)
+        done.synchronize()
+    held.clear()
 
 
 class _Lanes:

@@ -12,8 +12,10 @@ compiled program (``_einsum_program``) runs branches concurrently, so nothing is
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +127,9 @@ class Steps:
             for number, step in enumerate(planned.steps):
                 made.step(number, step)
             made.finish()
+            # The vectors of ones and the backtrace's tables were written on the current
+            # stream; the launches read them on any.
+            cupy_module().cuda.get_current_stream().synchronize()
         self.specs = list(made.specs)
         self.ops = tuple(made.ops)
         self.depends = tuple(made.depends)
@@ -132,6 +137,8 @@ class Steps:
         self.assignment = made.assignment
         self.reads, self.writes = tuple(made.reads), tuple(made.writes)
         self._keep = made.keep  # persistent buffers the launches point at
+        # Freed only once the device is done with every launch that may read them.
+        weakref.finalize(self, _drain, device, self._keep)
 
     def enqueue(
         self,
@@ -151,6 +158,14 @@ class Steps:
             op.launcher.run_pointers(
                 modules[op.module], resolve(op.sources, inputs, arena, result), on
             )
+
+
+def _drain(device: int, held: list[Any]) -> None:
+    """Wait for ``device`` before ``held`` goes back to CuPy's pool (eager runs may still read
+    it: they do not wait for the GPU)."""
+    with contextlib.suppress(Exception), OnDevice(device):  # (the process ends, the GPU is lost)
+        cupy_module().cuda.runtime.deviceSynchronize()
+    held.clear()
 
 
 def resolve(sources: Sequence[Source], inputs: Sequence[int], arena: int, result: int) -> list[int]:
