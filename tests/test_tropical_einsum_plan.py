@@ -32,6 +32,7 @@ from aionvrtc.tropical import (
 )
 from aionvrtc.tropical._backtrace import assignment_of, backtrace_code, backtrace_program, follow
 from aionvrtc.tropical._contraction import Step, Term, View
+from aionvrtc.tropical._specs import einsum_spec, many_spec
 
 from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
 from .tropical_data import compile_each_for_sm_90
@@ -1072,6 +1073,7 @@ def test_kernel_specs_name_the_kernels_of_the_steps() -> None:
     assert argmax == [
         tropical.gemm_spec("maxplus", f4, argmax=True, accumulate=False, layout="strided"),
         tropical.kernel_spec(4096, 5, 8, argmax=True),
+        einsum_spec("backtrace"),  # the walk back to the assignment, on the GPU
     ]
     assert argmax[1].name_expressions[0].startswith("tropical_gemm_tiled<float, FastMaxPlus, true,")
     i8 = plan.kernel_specs("minplus", np.int64)
@@ -1081,7 +1083,13 @@ def test_kernel_specs_name_the_kernels_of_the_steps() -> None:
     # Two steps of one kernel name it once.
     square = einsum_plan("ij,jk,kl->il", (64, 64), (64, 64), (64, 64), optimize=[(0, 1), (0, 1)])
     assert square.kernel_specs() == [tropical.kernel_spec(64, 64, 64)]
-    assert einsum_plan("ij->ji", (3, 4)).kernel_specs() == []  # a copy launches no product
+    # A copy launches no product, only the strided copy (of 4-byte elements here).
+    assert einsum_plan("ij->ji", (3, 4)).kernel_specs() == [einsum_spec("copy", 4)]
+    # A compiled program adds its gather and its launch of many small steps.
+    assert square.kernel_specs(program=True)[1:] == [
+        einsum_spec("gather", 4),
+        many_spec(tropical.SEMIRINGS["maxplus"], f4, argmax=False),
+    ]
     with pytest.raises(ValueError, match=r"^dtype is float32; andor takes bool$"):
         plan.kernel_specs("andor", "float32")
     with pytest.raises(
@@ -1094,13 +1102,14 @@ def test_kernel_specs_compile_for_sm_90_through_the_service(cache_dir: Path) -> 
     plan = einsum_plan("ij,jk,lk->il", (4096, 8), (8, 8), (5, 8))
     specs = [
         *plan.kernel_specs(),
-        *plan.kernel_specs(argmax=True),
+        *plan.kernel_specs(argmax=True, program=True),
         *plan.kernel_specs("andor", "bool"),
     ]
     templates = [s.name_expressions[0].partition("<")[0] for s in specs]
     assert templates == ["tropical_gemm", "tropical_gemm_rows", "tropical_gemm",
-                         "tropical_gemm_tiled", "tropical_gemm", "tropical_gemm"]  # fmt: skip
-    assert len(set(specs)) == 6
+                         "tropical_gemm_tiled", "einsum_backtrace", "einsum_gather",
+                         "tropical_many", "tropical_gemm", "tropical_gemm"]  # fmt: skip
+    assert len(set(specs)) == 9
 
     compile_each_for_sm_90(specs, cache_dir)
 

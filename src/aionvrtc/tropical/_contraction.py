@@ -25,6 +25,7 @@ from .._spec import KernelSpec
 from ._planning import choose
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
+from ._specs import einsum_spec, many_spec
 from ._subscripts import check_output, check_size, index_sizes, parse_subscripts
 
 __all__ = [
@@ -176,12 +177,28 @@ class EinsumPlan:
         return sum(s.size * s.first.shape[2] for s in self.steps)
 
     def kernel_specs(
-        self, semiring: str = "maxplus", dtype: Any = "float32", *, argmax: bool = False
+        self,
+        semiring: str = "maxplus",
+        dtype: Any = "float32",
+        *,
+        argmax: bool = False,
+        program: bool = False,
     ) -> list[KernelSpec]:
-        """The kernels the steps launch with the default tiles (``kernel_spec``'s choice): to
-        compile them ahead of use, or for a named arch on a machine without a GPU."""
+        """The kernels a run launches with the default tiles: the steps' products
+        (``kernel_spec``'s choice), the strided copy where the plan copies, the backtrace with
+        ``argmax``, and with ``program`` what a compiled program adds (its gather, its launch of
+        many small steps). To compile them ahead of use, or for a named arch on a machine
+        without a GPU."""
         ring = lookup(semiring)
-        return step_specs(self, ring, ring.check_dtype(dtype), argmax=argmax, table=None)
+        kind = ring.check_dtype(dtype)
+        specs = step_specs(self, ring, kind, argmax=argmax, table=None)
+        if self.copies:
+            specs.append(einsum_spec("copy", kind.itemsize))
+        if argmax:
+            specs.append(einsum_spec("backtrace"))
+        if program:
+            specs += [einsum_spec("gather", kind.itemsize), many_spec(ring, kind, argmax=argmax)]
+        return specs
 
     def planned_for(self, subscripts: str, operands: Sequence[Any]) -> bool:
         """Whether the plan was made for these subscripts and operands' shapes and strides:
