@@ -140,8 +140,11 @@ class EinsumProgram:
             )
             self._dtypes = {self.dtype}
             self._devices = {self.device}
-            self._gathers = self._gather_launches(offsets, sizes)
-            self._graph = self._capture()
+            # The tables are written on the capture's stream, before its first launches.
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                self._gathers = self._gather_launches(offsets, sizes)
+            self._graph = self._capture(stream)
             self._done = cupy.cuda.Event(block=False, disable_timing=True)
         # The buffers go back to CuPy's pool only once the last call's work is done (a call
         # does not wait for the GPU; the program may be dropped right after one).
@@ -172,12 +175,11 @@ class EinsumProgram:
             launches.append((packed, table))
         return launches
 
-    def _capture(self) -> Any:
-        cupy = cupy_module()
-        stream = cupy.cuda.Stream(non_blocking=True)
-        units = self._units()
-        # The tables were written on the current stream; the capture's streams read them.
-        cupy.cuda.get_current_stream().synchronize()
+    def _capture(self, stream: Any) -> Any:
+        """The graph, captured from ``stream`` (and the streams it forks), after one run of
+        every launch on it; the small steps' tables written on it first."""
+        with stream:
+            units = self._units()
         self.launches = sum(len(ops) for ops in units)
         self.copies = sum(
             launcher.spec.name_expressions[0].startswith("einsum_copy")
@@ -637,11 +639,12 @@ async def einsum_program(
     found = _cached(key)
     if found is not None:
         return found
-    steps = _steps(planned, ring.name, kind, argmax, where)
+    steps = await anyio.to_thread.run_sync(_steps, planned, ring.name, kind, argmax, where)
     modules = await fetch_modules(steps, compiler)
     gather = await module(einsum_spec("gather", kind.itemsize), where, compiler)
     many = await module(many_spec(ring, kind, argmax=argmax), where, compiler)
-    program = EinsumProgram(steps, modules, gather, many, ring.name)
+    # Preparing the launches and capturing them takes milliseconds to a second: off the loop.
+    program = await anyio.to_thread.run_sync(EinsumProgram, steps, modules, gather, many, ring.name)
     _keep(key, program)
     return program
 

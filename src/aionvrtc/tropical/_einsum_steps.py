@@ -123,13 +123,16 @@ class Steps:
         self.plan, self.dtype, self.argmax, self.device = planned, np.dtype(dtype), argmax, device
         self.shape = tuple(planned.sizes[i] for i in planned.output)
         with OnDevice(device):
-            made = _Builder(self, ring, table, reuse)
-            for number, step in enumerate(planned.steps):
-                made.step(number, step)
-            made.finish()
-            # The vectors of ones and the backtrace's tables were written on the current
-            # stream; the launches read them on any.
-            cupy_module().cuda.get_current_stream().synchronize()
+            # The vectors of ones and the backtrace's tables are written on a stream of their
+            # own, waited for here (the launches read them on any stream; the caller's current
+            # one may hold long work that they need not wait for).
+            upload = cupy_module().cuda.Stream(non_blocking=True)
+            with upload:
+                made = _Builder(self, ring, table, reuse)
+                for number, step in enumerate(planned.steps):
+                    made.step(number, step)
+                made.finish()
+            upload.synchronize()
         self.specs = list(made.specs)
         self.ops = tuple(made.ops)
         self.depends = tuple(made.depends)
