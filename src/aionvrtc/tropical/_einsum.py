@@ -16,7 +16,7 @@ from .._cuda import Module, synchronize
 from ._backtrace import assignment_of
 from ._classes import tables_version, tuned_tiles
 from ._contraction import EinsumPlan, check_step, einsum_plan, known_plan
-from ._einsum_steps import Steps, prepared
+from ._einsum_steps import Steps, known, prepared
 from ._launching import OnDevice, first_error, loaded, module, module_sync
 from ._planning import cupy_module
 from ._semirings import Semiring
@@ -66,10 +66,15 @@ async def einsum(
     # The steps take their kernels from the tiles of now, those fetched here, even where
     # autotune installs others meanwhile (a kernel missing from `modules` would be fetched on
     # the event loop's thread, blocking it, or raising with a caller's Compiler).
-    steps = steps_for(planned, ring, arrays[0].dtype, argmax=argmax, device=device)
+    dtype = arrays[0].dtype
+    steps = known(planned, ring, dtype, argmax=argmax, device=device)
+    if steps is None:  # a new plan: its launches prepared off the loop (Python, O(steps))
+        steps = await anyio.to_thread.run_sync(
+            functools.partial(steps_for, planned, ring, dtype, argmax=argmax, device=device)
+        )
     stream = _stream(device, stream)
     if steps is None:
-        return _empty(planned, ring, arrays[0].dtype, argmax=argmax, out=out, at=(device, stream))
+        return _empty(planned, ring, dtype, argmax=argmax, out=out, at=(device, stream))
     modules = await fetch_modules(steps, compiler)
     result, arena = _enqueue(steps, modules, arrays, out, stream)
     if not argmax:

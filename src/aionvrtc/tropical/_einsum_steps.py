@@ -32,7 +32,7 @@ from ._planning import cupy_module, plan
 from ._semirings import Semiring
 from ._specs import einsum_spec
 
-__all__ = ["INPUT", "MAX_STEPS", "Op", "Steps", "prepared", "resolve"]
+__all__ = ["INPUT", "MAX_STEPS", "Op", "Steps", "known", "prepared", "resolve"]
 
 # Where an address comes from: an input's, the arena's or the result's plus an offset, or a
 # value of its own (a persistent buffer's address, a count).
@@ -370,10 +370,7 @@ def prepared(
 ) -> Steps:
     """``Steps`` for these, made once (the tiles' ``version``, default now's, is part of the
     key: ``table`` is that version's), after ``check`` (what the run refuses)."""
-    key = (
-        planned.key, ring.name, np.dtype(dtype), argmax, device, reuse,
-        tables_version() if version is None else version,
-    )  # fmt: skip
+    key = _key(planned, ring, dtype, argmax=argmax, device=device, reuse=reuse, version=version)
     found = _prepared.get(key)
     if found is not None:
         return found
@@ -385,3 +382,26 @@ def prepared(
             del _prepared[next(iter(_prepared))]
         _prepared[key] = made
     return made
+
+
+def known(
+    planned: EinsumPlan, ring: Semiring, dtype: Any, *, argmax: bool, device: int
+) -> Steps | None:
+    """``prepared``'s steps (eager, the tiles of now) where made already, else None: a lookup."""
+    return _prepared.get(_key(planned, ring, dtype, argmax=argmax, device=device, reuse=True))
+
+
+def _key(
+    planned: EinsumPlan,
+    ring: Semiring,
+    dtype: Any,
+    *,
+    argmax: bool,
+    device: int,
+    reuse: bool,
+    version: int | None = None,
+) -> Any:
+    return (
+        planned.key, ring.name, np.dtype(dtype), argmax, device, reuse,
+        tables_version() if version is None else version,
+    )  # fmt: skip
