@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._spec import KernelSpec
+from ._bounded import keep
 from ._planning import choose
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
@@ -324,12 +325,7 @@ def einsum_plan(subscripts: str, *operands: Any, optimize: Any = "auto") -> Eins
         return found
     planned = _plan(subscripts, operands, optimize)
     if memo is not None:
-        while len(_plans) >= _KEYS:
-            try:
-                del _plans[next(iter(_plans))]
-            except (KeyError, RuntimeError, StopIteration):  # another thread took it first
-                break
-        _plans[memo] = planned
+        keep(_plans, memo, planned, _KEYS)
     return planned
 
 

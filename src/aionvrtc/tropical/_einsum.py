@@ -13,6 +13,7 @@ import numpy as np
 
 from .._actor import Compiler
 from .._cuda import Module, synchronize
+from .._spec import KernelSpec
 from ._backtrace import assignment_of
 from ._classes import tables_version, tuned_tiles
 from ._contraction import EinsumPlan, check_step, einsum_plan, known_plan
@@ -23,7 +24,7 @@ from ._semirings import Semiring
 from ._semirings import semiring as lookup
 from ._subscripts import check_dtypes, check_output
 
-__all__ = ["einsum", "einsum_sync", "fetch_modules", "steps_for"]
+__all__ = ["einsum", "einsum_sync", "fetch_modules", "fetch_modules_sync", "steps_for"]
 
 # The kernels write a product's argmax as an int32 k, so with argmax=True no product may sum
 # over more than 2**31 values of k. (Everything else they index with 64-bit integers.)
@@ -75,7 +76,7 @@ async def einsum(
     stream = _stream(device, stream)
     if steps is None:
         return _empty(planned, ring, dtype, argmax=argmax, out=out, at=(device, stream))
-    modules = await fetch_modules(steps, compiler)
+    modules = await fetch_modules(steps.specs, device, compiler)
     result, arena = _enqueue(steps, modules, arrays, out, stream)
     if not argmax:
         return result
@@ -105,10 +106,7 @@ def einsum_sync(
     stream = _stream(device, stream)
     if steps is None:
         return _empty(planned, ring, arrays[0].dtype, argmax=argmax, out=out, at=(device, stream))
-    modules = [
-        loaded(spec, device, compiler) or module_sync(spec, device, compiler)
-        for spec in steps.specs
-    ]
+    modules = fetch_modules_sync(steps.specs, device, compiler)
     result, arena = _enqueue(steps, modules, arrays, out, stream)
     if not argmax:
         return result
@@ -140,16 +138,17 @@ def steps_for(
     )  # fmt: skip
 
 
-async def fetch_modules(steps: Steps, compiler: Compiler | None) -> list[Module]:
-    """The modules of ``steps.specs``, from ``compiler`` (default: the process-wide one):
-    loaded ones at once, the others fetched concurrently (compiled where new)."""
-    device = steps.device
-    found: list[Module | None] = [loaded(spec, device, compiler) for spec in steps.specs]
+async def fetch_modules(
+    specs: Sequence[KernelSpec], device: int, compiler: Compiler | None
+) -> list[Module]:
+    """The modules of ``specs`` on ``device``, from ``compiler`` (default: the process-wide
+    one): loaded ones at once, the others fetched concurrently (compiled where new)."""
+    found: list[Module | None] = [loaded(spec, device, compiler) for spec in specs]
     if all(m is not None for m in found):
         return found  # type: ignore[return-value]
 
     async def fetch(at: int) -> None:
-        found[at] = await module(steps.specs[at], device, compiler)
+        found[at] = await module(specs[at], device, compiler)
 
     try:
         async with anyio.create_task_group() as tg:
@@ -159,6 +158,13 @@ async def fetch_modules(steps: Steps, compiler: Compiler | None) -> list[Module]
     except ExceptionGroup as group:
         raise first_error(group) from None
     return found  # type: ignore[return-value]
+
+
+def fetch_modules_sync(
+    specs: Sequence[KernelSpec], device: int, compiler: Compiler | None
+) -> list[Module]:
+    """``fetch_modules`` for code that is not async (one at a time)."""
+    return [module_sync(spec, device, compiler) for spec in specs]
 
 
 def _enqueue(

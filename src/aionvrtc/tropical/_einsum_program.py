@@ -25,13 +25,14 @@ import numpy as np
 
 from .._actor import Compiler
 from .._cuda import Module, synchronize
+from .._spec import KernelSpec
 from ._backtrace import assignment_of
-from ._classes import tables_version
 from ._contraction import EinsumPlan, einsum_plan, known_plan
-from ._einsum import _check_out, _stream, fetch_modules, steps_for
-from ._einsum_steps import MAX_GATHER, Op, Steps, resolve
-from ._launching import OnDevice, _Packed, loaded, module, module_sync
+from ._einsum import _check_out, _stream, fetch_modules, fetch_modules_sync, steps_for
+from ._einsum_steps import MAX_GATHER, Op, Steps, resolve, steps_key
+from ._launching import OnDevice, _Packed
 from ._planning import cupy_module
+from ._semirings import Semiring
 from ._semirings import semiring as lookup
 from ._specs import einsum_spec, many_spec
 
@@ -546,10 +547,6 @@ def clear_programs() -> None:
         _programs.clear()
 
 
-def _key(planned: EinsumPlan, ring: str, dtype: Any, argmax: bool, device: int) -> Any:
-    return (planned.key, ring, np.dtype(dtype), argmax, device, tables_version())
-
-
 def _cached(key: Any) -> EinsumProgram | None:
     with _cache_lock:
         found = _programs.get(key)
@@ -635,14 +632,12 @@ async def einsum_program(
         planned = await anyio.to_thread.run_sync(
             functools.partial(einsum_plan, subscripts, *shapes, optimize=optimize)
         )
-    key = _key(planned, ring.name, kind, argmax, where)
+    key = steps_key(planned, ring, kind, argmax=argmax, device=where, reuse=False)
     found = _cached(key)
     if found is not None:
         return found
     steps = await anyio.to_thread.run_sync(_steps, planned, ring.name, kind, argmax, where)
-    modules = await fetch_modules(steps, compiler)
-    gather = await module(einsum_spec("gather", kind.itemsize), where, compiler)
-    many = await module(many_spec(ring, kind, argmax=argmax), where, compiler)
+    *modules, gather, many = await fetch_modules(_specs(steps, ring), where, compiler)
     # Preparing the launches and capturing them takes milliseconds to a second: off the loop.
     program = await anyio.to_thread.run_sync(EinsumProgram, steps, modules, gather, many, ring.name)
     _keep(key, program)
@@ -664,19 +659,24 @@ def einsum_program_sync(
     shapes, kind, where = _arguments(operands, dtype, device)
     ring.check_dtype(kind)
     planned = einsum_plan(subscripts, *shapes, optimize=optimize)
-    key = _key(planned, ring.name, kind, argmax, where)
+    key = steps_key(planned, ring, kind, argmax=argmax, device=where, reuse=False)
     found = _cached(key)
     if found is not None:
         return found
     steps = _steps(planned, ring.name, kind, argmax, where)
-    modules = [
-        loaded(spec, where, compiler) or module_sync(spec, where, compiler) for spec in steps.specs
-    ]
-    gather = module_sync(einsum_spec("gather", kind.itemsize), where, compiler)
-    many = module_sync(many_spec(ring, kind, argmax=argmax), where, compiler)
+    *modules, gather, many = fetch_modules_sync(_specs(steps, ring), where, compiler)
     program = EinsumProgram(steps, modules, gather, many, ring.name)
     _keep(key, program)
     return program
+
+
+def _specs(steps: Steps, ring: Semiring) -> list[KernelSpec]:
+    """A program's kernels: its steps', then its gather and its launch of many small steps."""
+    return [
+        *steps.specs,
+        einsum_spec("gather", steps.dtype.itemsize),
+        many_spec(ring, steps.dtype, argmax=steps.argmax),
+    ]
 
 
 def _steps(planned: EinsumPlan, ring: str, dtype: Any, argmax: bool, device: int) -> Steps:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import math
-import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import numpy as np
 from .._cuda import Module
 from .._spec import KernelSpec
 from ._backtrace import backtrace_program
+from ._bounded import keep
 from ._classes import tables_version
 from ._contraction import EinsumPlan, Step, Term, contiguous
 from ._launching import Launch, OnDevice, _Packed
@@ -32,7 +32,7 @@ from ._planning import cupy_module, plan
 from ._semirings import Semiring
 from ._specs import einsum_spec
 
-__all__ = ["INPUT", "MAX_STEPS", "Op", "Steps", "known", "prepared", "resolve"]
+__all__ = ["INPUT", "MAX_STEPS", "Op", "Steps", "known", "prepared", "resolve", "steps_key"]
 
 # Where an address comes from: an input's, the arena's or the result's plus an offset, or a
 # value of its own (a persistent buffer's address, a count).
@@ -150,16 +150,12 @@ class Steps:
         arena: int,
         result: int,
         stream: Any,
-        *,
-        lanes: Callable[[int], Any] | None = None,
     ) -> None:
-        """Enqueue every launch on ``stream``, or on the stream ``lanes`` gives for each op's
-        step (a graph's capture: it orders the branches): ``modules`` by ``specs``, the
-        inputs', arena's and result's addresses."""
+        """Enqueue every launch on ``stream``: ``modules`` by ``specs``, the inputs', arena's
+        and result's addresses."""
         for op in self.ops:
-            on = stream if lanes is None else lanes(op.step)
             op.launcher.run_pointers(
-                modules[op.module], resolve(op.sources, inputs, arena, result), on
+                modules[op.module], resolve(op.sources, inputs, arena, result), stream
             )
 
 
@@ -353,7 +349,6 @@ class _Builder:
 
 
 _prepared: dict[Any, Steps] = {}
-_lock = threading.Lock()
 
 
 def prepared(
@@ -370,17 +365,16 @@ def prepared(
 ) -> Steps:
     """``Steps`` for these, made once (the tiles' ``version``, default now's, is part of the
     key: ``table`` is that version's), after ``check`` (what the run refuses)."""
-    key = _key(planned, ring, dtype, argmax=argmax, device=device, reuse=reuse, version=version)
+    key = steps_key(
+        planned, ring, dtype, argmax=argmax, device=device, reuse=reuse, version=version
+    )
     found = _prepared.get(key)
     if found is not None:
         return found
     if check is not None:
         check()
     made = Steps(planned, ring, dtype, argmax=argmax, device=device, table=table, reuse=reuse)
-    with _lock:
-        while len(_prepared) >= MAX_STEPS:
-            del _prepared[next(iter(_prepared))]
-        _prepared[key] = made
+    keep(_prepared, key, made, MAX_STEPS)
     return made
 
 
@@ -388,10 +382,10 @@ def known(
     planned: EinsumPlan, ring: Semiring, dtype: Any, *, argmax: bool, device: int
 ) -> Steps | None:
     """``prepared``'s steps (eager, the tiles of now) where made already, else None: a lookup."""
-    return _prepared.get(_key(planned, ring, dtype, argmax=argmax, device=device, reuse=True))
+    return _prepared.get(steps_key(planned, ring, dtype, argmax=argmax, device=device, reuse=True))
 
 
-def _key(
+def steps_key(
     planned: EinsumPlan,
     ring: Semiring,
     dtype: Any,
@@ -401,6 +395,8 @@ def _key(
     reuse: bool,
     version: int | None = None,
 ) -> Any:
+    """What is prepared for a run of ``planned`` (and a program compiled from it) depends on:
+    the tiles' ``version`` (default: now's) included."""
     return (
         planned.key, ring.name, np.dtype(dtype), argmax, device, reuse,
         tables_version() if version is None else version,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._spec import KernelSpec
+from ._bounded import keep
 from ._classes import tables_version
 from ._launching import BackwardLaunch, Launch, OnDevice
 from ._planning import backward_plan, cupy_module, plan
@@ -129,7 +130,7 @@ def find(
         launch = Launch.of(planned)
     found = Product(launch, fill, planned.c.shape, planned.c.dtype, bool(argmax), planned.device)
     if key is not None:
-        _keep(_products, key, found)
+        keep(_products, key, found, MAX_PLANS)
     return found, (planned.c, planned.index)
 
 
@@ -144,17 +145,8 @@ def backward(grad_c: Any, a: Any, b: Any, argmax: Any, semiring: str) -> Backwar
         key = None
     launch = BackwardLaunch(backward_plan(grad_c, a, b, argmax, semiring))
     if key is not None:  # None: unhashable, or a subclass of cupy.ndarray: not kept
-        _keep(_backwards, key, launch)
+        keep(_backwards, key, launch, MAX_PLANS)
     return launch
-
-
-def _keep(table: dict[Any, Any], key: Any, value: Any) -> None:
-    while len(table) >= MAX_PLANS:
-        try:
-            del table[next(iter(table))]
-        except (KeyError, RuntimeError, StopIteration):  # another thread took it first
-            break
-    table[key] = value
 
 
 def clear() -> None:
