@@ -24,7 +24,15 @@ from ._semirings import Semiring
 from ._semirings import semiring as lookup
 from ._subscripts import check_dtypes, check_output
 
-__all__ = ["einsum", "einsum_sync", "fetch_modules", "fetch_modules_sync", "steps_for"]
+__all__ = [
+    "assignment",
+    "copy_back",
+    "einsum",
+    "einsum_sync",
+    "fetch_modules",
+    "fetch_modules_sync",
+    "steps_for",
+]
 
 # The kernels write a product's argmax as an int32 k, so with argmax=True no product may sum
 # over more than 2**31 values of k. (Everything else they index with 64-bit integers.)
@@ -80,12 +88,12 @@ async def einsum(
     result, arena = _enqueue(steps, modules, arrays, out, stream)
     if not argmax:
         return result
-    host = _copy_back(steps, arena, stream)
+    host = copy_back(steps, arena.ptr, stream)
     # Shielded: the copy into `host` (from the arena) must land before either is freed.
     with anyio.CancelScope(shield=True):
         await synchronize(stream)
     del arena
-    return result, _assignment(steps, host)
+    return result, assignment(steps, host)
 
 
 def einsum_sync(
@@ -110,9 +118,9 @@ def einsum_sync(
     result, arena = _enqueue(steps, modules, arrays, out, stream)
     if not argmax:
         return result
-    host = _copy_back(steps, arena, stream)
+    host = copy_back(steps, arena.ptr, stream)
     stream.synchronize()
-    return result, _assignment(steps, host)
+    return result, assignment(steps, host)
 
 
 def steps_for(
@@ -193,20 +201,22 @@ def _enqueue(
     return result, arena
 
 
-def _copy_back(steps: Steps, arena: Any, stream: Any) -> Any:
-    """Enqueue the copy of the assignment (and the value's bytes) to pinned host memory."""
+def copy_back(steps: Steps, arena: int, stream: Any) -> Any:
+    """Enqueue on ``stream`` the copy of the assignment (and the value's bytes) from the arena
+    at address ``arena`` to pinned host memory, returned (read it with ``assignment``)."""
     cupy = cupy_module()
     count = len(steps.plan.sizes) + 1
     host = cupy.cuda.alloc_pinned_memory(count * 8)
     with OnDevice(steps.device):
         cupy.cuda.runtime.memcpyAsync(
-            host.ptr, arena.ptr + steps.assignment, count * 8,
+            host.ptr, arena + steps.assignment, count * 8,
             cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr,
         )  # fmt: skip
     return host
 
 
-def _assignment(steps: Steps, host: Any) -> dict[str, int]:
+def assignment(steps: Steps, host: Any) -> dict[str, int]:
+    """The assignment ``copy_back`` brought to ``host``, once the copy is done."""
     values = np.frombuffer(host, np.int64, count=len(steps.plan.sizes))
     return assignment_of(steps.plan, values.tolist())
 

@@ -26,9 +26,16 @@ import numpy as np
 from .._actor import Compiler
 from .._cuda import Module, synchronize
 from .._spec import KernelSpec
-from ._backtrace import assignment_of
 from ._contraction import EinsumPlan, einsum_plan, known_plan
-from ._einsum import _check_out, _stream, fetch_modules, fetch_modules_sync, steps_for
+from ._einsum import (
+    _check_out,
+    _stream,
+    assignment,
+    copy_back,
+    fetch_modules,
+    fetch_modules_sync,
+    steps_for,
+)
 from ._einsum_steps import MAX_GATHER, Op, Steps, resolve, steps_key
 from ._launching import OnDevice, _Packed
 from ._planning import cupy_module
@@ -321,7 +328,7 @@ class EinsumProgram:
         if host is None:
             return result
         stream.synchronize()
-        return result, self._assignment(host)
+        return result, assignment(self._steps, host)
 
     async def run(self, *operands: Any, out: Any = None, stream: Any = None) -> Any:
         """``run_sync`` for async code: with argmax=True it waits for the assignment without
@@ -332,11 +339,7 @@ class EinsumProgram:
             return result
         with anyio.CancelScope(shield=True):  # the copy into `host` must land before it is freed
             await synchronize(stream)
-        return result, self._assignment(host)
-
-    def _assignment(self, host: Any) -> dict[str, int]:
-        values = np.frombuffer(host, np.int64, count=len(self.plan.sizes))
-        return assignment_of(self.plan, values.tolist())
+        return result, assignment(self._steps, host)
 
     def _sources(self, operands: Sequence[Any], stream: Any) -> tuple[list[int], list[Any]] | None:
         """The operands' addresses, or None where all are the bound inputs (nothing to
@@ -445,14 +448,7 @@ class EinsumProgram:
                 result.data.ptr, self.output.data.ptr, nbytes,
                 runtime.memcpyDeviceToDevice, handle,
             )  # fmt: skip
-        host = None
-        if self.argmax:
-            count = (len(self.plan.sizes) + 1) * 8
-            host = cupy.cuda.alloc_pinned_memory(count)
-            runtime.memcpyAsync(
-                host.ptr, self._arena + self._steps.assignment, count,
-                runtime.memcpyDeviceToHost, handle,
-            )  # fmt: skip
+        host = copy_back(self._steps, self._arena, stream) if self.argmax else None
         self._done.record(stream)
         self._last = handle
         return result, host
