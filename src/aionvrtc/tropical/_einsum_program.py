@@ -26,7 +26,8 @@ import numpy as np
 from .._actor import Compiler
 from .._cuda import Module, synchronize
 from .._spec import KernelSpec
-from ._contraction import EinsumPlan, einsum_plan, known_plan
+from ._backtrace import backtrace_program
+from ._contraction import EinsumPlan, Term, contiguous, einsum_plan, known_plan
 from ._einsum import (
     _check_out,
     _stream,
@@ -37,6 +38,7 @@ from ._einsum import (
     steps_for,
 )
 from ._einsum_steps import MAX_GATHER, Op, Steps, resolve, steps_key
+from ._fusion import LEAVES, MANY_OUT, MANY_SUMMED, Group, grouped_plan, groups
 from ._launching import OnDevice, _Packed
 from ._planning import cupy_module
 from ._semirings import Semiring
@@ -65,21 +67,19 @@ _DTYPE = operator.attrgetter("dtype")
 _DEVICE = operator.attrgetter("data.device_id")
 _POINTER = operator.attrgetter("data.ptr")
 _LANES = 8  # streams a capture forks: the most steps the graph runs side by side on its own
-# The steps of a level that are small run in one launch of tropical_many, each reading its
-# operands as they are: those whose outputs times K is at most _TINY_WORK (a block of 256
+# The groups of steps of a level that are small run in one launch of tropical_many, each
+# reading its operands as they are: a group of several steps (see _fusion), and a lone step
+# whose outputs times K is at most _TINY_WORK (a block of 256
 # threads does it in 128 (x) each) with K at most _TINY_K, and those that would copy an operand
 # first, with K at most _SMALL_K and at most _SMALL outputs. Each output's K is summed by one
 # thread: fine where K is short, as along a chain of tensors of few values each; measured on an
 # H200, 2^20 outputs over K = 16 took 120 us there, a copy and a tiled product 40. Indices of
-# more than one value, at most _MANY_OUT kept and _MANY_SUMMED summed (EINSUM_OUT,
-# EINSUM_SUMMED).
+# more than one value, at most MANY_OUT kept and MANY_SUMMED summed.
 _MAX_GRID_Y = 65535
 _TINY_WORK = 1 << 15
 _TINY_K = 256
 _SMALL_K = 16
 _SMALL = 1 << 16
-_MANY_OUT = 24
-_MANY_SUMMED = 8
 
 
 def _aligned(nbytes: int) -> int:
@@ -215,98 +215,114 @@ class EinsumProgram:
 
     def _units(self) -> list[list[tuple[_Packed, Module, list[int]]]]:
         """The launches in groups that run in order (a unit: one step's launches, or one
-        launch of many tiny steps), each group after those in ``_depends``; the final
-        reordering and the backtrace last (after every group). Steps are taken level by level
-        (a step's level: one more than its operands' steps'): the tiny steps of a level that
-        read their operands in place (no copy) run in one launch of ``tropical_many``."""
+        launch of many small groups of steps), each after those in ``_depends``; the final
+        reordering and the backtrace last (after every unit). Steps are grouped (_fusion: a
+        chain of small steps contracted as one), and groups taken level by level (a group's
+        level: one more than its operands' groups'): the small groups of a level run in one
+        launch of ``tropical_many``, each reading its operands as they are (no copy)."""
         steps = self._steps
-        count = len(steps.plan.steps)
-        inputs = [x.data.ptr for x in self.inputs]
+        planned = steps.plan
+        count, inputs = len(planned.steps), len(planned.terms)
+        bound = [x.data.ptr for x in self.inputs]
         result = self.output.data.ptr
         by_step: dict[int, list[Op]] = {}
         for op in steps.ops:
             by_step.setdefault(op.step, []).append(op)
-        levels: list[int] = []
-        at_level: dict[int, list[int]] = {}
-        for number in range(count):
-            level = 1 + max((levels[p] for p in steps.depends[number]), default=0)
-            levels.append(level)
-            at_level.setdefault(level, []).append(number)
+        made = groups(planned)
+        levels: dict[int, int] = {}
+        at_level: dict[int, list[Group]] = {}
+        for group in made:
+            made_by = [levels[o - inputs] for o in group.leaves if o >= inputs]
+            levels[group.root] = level = 1 + max(made_by, default=0)
+            at_level.setdefault(level, []).append(group)
 
-        def small(number: int) -> bool:
-            step = steps.plan.steps[number]
-            sizes = steps.plan.sizes
-            k = step.first.shape[2]
-            wide = [i for i in step.result if sizes[i] != 1]
-            summed = [i for i in step.k if sizes[i] != 1]
-            fits = len(wide) <= _MANY_OUT and len(summed) <= _MANY_SUMMED and step.split is None
-            copies = len(by_step[number]) > 1
+        def small(group: Group) -> bool:
+            if len(group.members) > 1:
+                return True
+            step = planned.steps[group.root]
+            wide = sum(planned.sizes[i] != 1 for i in step.result)
+            fits = wide <= MANY_OUT and len(group.summed) <= MANY_SUMMED and step.split is None
+            copies = len(by_step[group.root]) > 1
+            k = group.k
             tiny = step.size * k <= _TINY_WORK and k <= _TINY_K
             return fits and (tiny or (copies and k <= _SMALL_K and step.size <= _SMALL))
 
         def launches(number: int) -> list[tuple[_Packed, Module, list[int]]]:
             return [
                 (op.launcher, self._modules[op.module],
-                 resolve(op.sources, inputs, self._arena, result))
+                 resolve(op.sources, bound, self._arena, result))
                 for op in by_step.get(number, [])
             ]  # fmt: skip
 
         units: list[list[tuple[_Packed, Module, list[int]]]] = []
-        members: list[list[int]] = []
+        members: list[list[Group]] = []
         for level in sorted(at_level):
             here = at_level[level]
-            group = [n for n in here if small(n)]
-            if group:
-                units.append(self._many(group, inputs, result))
-                members.append(group)
-            for number in here:
-                if number not in group:
-                    units.append(launches(number))
-                    members.append([number])
-        unit_of = {n: u for u, group in enumerate(members) for n in group}
+            batch = [group for group in here if small(group)]
+            if batch:
+                units.append(self._many(batch, bound, result))
+                members.append(batch)
+            for group in here:
+                if not small(group):
+                    units.append(launches(group.root))
+                    members.append([group])
+        unit_of = {group.root: u for u, batch in enumerate(members) for group in batch}
         self._depends = [
-            tuple(sorted({unit_of[p] for n in group for p in steps.depends[n]} - {u}))
-            for u, group in enumerate(members)
-        ]
-        units.append(launches(count))  # after the last step: joins every stream
+            tuple(sorted(
+                {unit_of[o - inputs] for group in batch for o in group.leaves if o >= inputs}
+            ))
+            for batch in members
+        ]  # fmt: skip
+        last = launches(count)  # after the last step: joins every stream
+        if self.argmax and len(made) < count:  # the backtrace walks the groups
+            last = [self._backtrace(made, *unit) if _walks(unit[0]) else unit for unit in last]
+        units.append(last)
         return units
 
-    def _many(
-        self, numbers: Sequence[int], inputs: Sequence[int], result: int
-    ) -> list[tuple[_Packed, Module, list[int]]]:
-        """Launches of ``tropical_many`` for the steps ``numbers`` (one per 65,535: a grid's
-        rows), each read from its operands as they are (no copy), their tables kept."""
+    def _backtrace(
+        self, made: list[Group], launcher: _Packed, loaded: Module, pointers: list[int]
+    ) -> tuple[_Packed, Module, list[int]]:
+        """The backtrace launch, walking ``made`` (a grouped step's argmax numbers all that
+        its steps sum) instead of the steps one by one."""
         steps = self._steps
-        sizes = steps.plan.sizes
+        where = [steps.writes[group.root][1][1] for group in made]  # each argmax's offset
+        code, schedule = backtrace_program(grouped_plan(steps.plan, made), where)
+        cupy = cupy_module()
+        tables = [cupy.asarray(np.asarray(x, np.int64)) for x in (code, schedule)]
+        self._tables += tables
+        depths = len(schedule) - len(made) - 1
+        return launcher, loaded, [tables[0].data.ptr, tables[1].data.ptr, depths, *pointers[3:]]
+
+    def _many(
+        self, made: Sequence[Group], inputs: Sequence[int], result: int
+    ) -> list[tuple[_Packed, Module, list[int]]]:
+        """Launches of ``tropical_many`` for the groups ``made`` (one per 65,535: a grid's
+        rows), each reading its leaves as they are (no copy), their tables kept."""
+        steps = self._steps
+        planned = steps.plan
+        sizes, count = planned.sizes, len(planned.terms)
         rows = []
-        for number in numbers:
-            step = steps.plan.steps[number]
-            (a_at, a_term), (b_at, b_term) = steps.reads[number]
-            a, b, c, index = resolve(
-                (a_at, b_at, *steps.writes[number]), inputs, self._arena, result
-            )
-            strides = [
-                dict(zip(t.indices, t.strides, strict=True)) if t is not None else {}
-                for t in (a_term, b_term)
-            ]
-
-            def dims(indices: Sequence[str], count: int, strides: Any = strides) -> list[int]:
-                found = [
-                    (sizes[i], strides[0].get(i, 0), strides[1].get(i, 0))
-                    for i in indices
-                    if sizes[i] != 1
-                ]
-                return [x for d in found for x in d] + [0] * (3 * (count - len(found)))
-
-            wide = dims(step.result, _MANY_OUT)
-            summed = dims(step.k, _MANY_SUMMED)
+        for group in made:
+            step = planned.steps[group.root]
+            leaves: list[tuple[int, Term]] = []
+            for o in group.leaves:
+                if o < count:
+                    leaves.append((inputs[o], planned.terms[o]))
+                else:
+                    made_by = planned.steps[o - count]
+                    (at,) = resolve((steps.writes[o - count][0],), inputs, self._arena, result)
+                    term = Term(made_by.result, contiguous([sizes[i] for i in made_by.result]))
+                    leaves.append((at, term))
+            c, index = resolve(steps.writes[group.root], inputs, self._arena, result)
+            strides = [dict(zip(t.indices, t.strides, strict=True)) for _, t in leaves]
+            wide = [i for i in step.result if sizes[i] != 1]
             rows.append([
-                a, b, c, index, step.size, step.first.shape[2],
-                sum(1 for i in step.result if sizes[i] != 1),
-                sum(1 for i in step.k if sizes[i] != 1),
-                *wide, *summed,
+                c, index, step.size, group.k, len(wide), len(group.summed), len(leaves), 0,
+                *(at for at, _ in leaves), *[0] * (LEAVES - len(leaves)),
+                *_dims(wide, sizes, strides, MANY_OUT),
+                *_dims(group.summed, sizes, strides, MANY_SUMMED),
             ])  # fmt: skip
-        blocks = min(max(-(-steps.plan.steps[n].size // _THREADS) for n in numbers), 1024)
+        blocks = min(max(-(-planned.steps[g.root].size // _THREADS) for g in made), 1024)
         launches = []
         for start in range(0, len(rows), _MAX_GRID_Y):
             chunk = rows[start : start + _MAX_GRID_Y]
@@ -459,6 +475,24 @@ class EinsumProgram:
             f"argmax={self.argmax} on device {self.device}: {len(self.plan.steps)} steps, "
             f"{self.nbytes:,} bytes>"
         )
+
+
+def _dims(
+    indices: Sequence[str], sizes: Any, strides: Sequence[dict[str, int]], count: int
+) -> list[int]:
+    """A tropical_many row's ``count`` indices: the size of each of ``indices`` and each
+    leaf's stride along it (0 where it lacks it), then zeros."""
+    width = 1 + LEAVES
+    row = []
+    for i in indices:
+        row += [sizes[i], *(s.get(i, 0) for s in strides)]
+        row += [0] * (width - 1 - len(strides))
+    return row + [0] * (width * count - len(row))
+
+
+def _walks(launcher: _Packed) -> bool:
+    """Whether ``launcher`` is the backtrace's."""
+    return launcher.spec == einsum_spec("backtrace")
 
 
 def _settle(done: Any, held: list[Any]) -> None:

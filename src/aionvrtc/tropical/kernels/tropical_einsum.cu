@@ -113,68 +113,84 @@ __global__ void einsum_backtrace(const long long* __restrict__ code,
     for (long long b = 0; b < 8; ++b) bytes[b] = b < itemsize ? value[b] : 0;
 }
 
-// Small products, many in one launch: blockIdx.y takes the product `table` describes in row
-// blockIdx.y (EINSUM_ROW entries), its outputs spread over blockIdx.x. Each operand is read
-// through its own strides along every index (as a tensor, not a 3-D view), so an operand that
-// no view can read needs no copy first: pointers A, B, C, I (argmax, or null), then the
-// outputs, K, the output indices and the summed indices counted, then (size, A's stride, B's
-// stride) for each output index (C is contiguous over them), then for each summed index (the
-// argmax numbers k in C order over them). A compiled contraction's independent small steps (see
-// _einsum_program) take one launch instead of one each, and copies none.
+// Small contractions, many in one launch: blockIdx.y takes the one `table` describes in row
+// blockIdx.y (EINSUM_ROW entries), its outputs spread over blockIdx.x. A row is a group of
+// steps (see _fusion.py: a chain, one step or more) contracted as one: each output is the sum
+// over every summed index of the product of the group's tensors (its leaves), folded in the
+// row's order, which is the order in which the steps apart multiply them. Each tensor is read
+// through its own strides along every index (as a tensor, not a 3-D view), so one that no view
+// can read needs no copy first. A row: C, I (argmax, or null), the outputs, K (the summed
+// values per output), the output indices and the summed indices counted, the leaves counted,
+// then each leaf's address, then for each output index its size and each leaf's stride along
+// it (C is contiguous over them), then the same for each summed index (the argmax numbers K in
+// C order over them). A compiled contraction's independent small groups (see _einsum_program)
+// take one launch instead of one each, and copies none.
 #define EINSUM_OUT 24
 #define EINSUM_SUMMED 8
-#define EINSUM_ROW (8 + 3 * (EINSUM_OUT + EINSUM_SUMMED))
+#define EINSUM_LEAVES 8
+#define EINSUM_WIDTH (1 + EINSUM_LEAVES)
+#define EINSUM_ROW (8 + EINSUM_LEAVES + EINSUM_WIDTH * (EINSUM_OUT + EINSUM_SUMMED))
 
 template <typename T, typename S, bool ARGMAX>
 __global__ void __launch_bounds__(256) tropical_many(const long long* __restrict__ table) {
     const long long* d = table + EINSUM_ROW * (long long)blockIdx.y;
-    const T* A = reinterpret_cast<const T*>(d[0]);
-    const T* B = reinterpret_cast<const T*>(d[1]);
-    T* C = reinterpret_cast<T*>(d[2]);
-    int* I = reinterpret_cast<int*>(d[3]);
-    const long long total = d[4], K = d[5];
-    const int outs = (int)d[6], sums = (int)d[7];
-    const long long* out = d + 8;
-    const long long* kd = d + 8 + 3 * EINSUM_OUT;
+    T* C = reinterpret_cast<T*>(d[0]);
+    int* I = reinterpret_cast<int*>(d[1]);
+    const long long total = d[2], K = d[3];
+    const int outs = (int)d[4], sums = (int)d[5], leaves = (int)d[6];
+    const long long* from = d + 8;
+    const long long* out = from + EINSUM_LEAVES;
+    const long long* kd = out + EINSUM_WIDTH * EINSUM_OUT;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
          t += (long long)gridDim.x * blockDim.x) {
-        long long oa = 0, ob = 0;
+        long long at[EINSUM_LEAVES];
+#pragma unroll
+        for (int l = 0; l < EINSUM_LEAVES; ++l) at[l] = 0;
         if (total <= 0xffffffffLL) {  // 32-bit division, far cheaper, where the outputs allow
             unsigned rest = (unsigned)t;
             for (int j = outs - 1; j >= 0; --j) {
-                const unsigned size = (unsigned)out[3 * j], q = rest / size;
+                const long long* o = out + EINSUM_WIDTH * j;
+                const unsigned size = (unsigned)o[0], q = rest / size;
                 const long long i = rest - q * size;
-                oa += i * out[3 * j + 1];
-                ob += i * out[3 * j + 2];
+#pragma unroll
+                for (int l = 0; l < EINSUM_LEAVES; ++l)
+                    if (l < leaves) at[l] += i * o[1 + l];
                 rest = q;
             }
         } else {
             long long rest = t;
             for (int j = outs - 1; j >= 0; --j) {
-                const long long q = rest / out[3 * j], i = rest - q * out[3 * j];
-                oa += i * out[3 * j + 1];
-                ob += i * out[3 * j + 2];
+                const long long* o = out + EINSUM_WIDTH * j;
+                const long long q = rest / o[0], i = rest - q * o[0];
+#pragma unroll
+                for (int l = 0; l < EINSUM_LEAVES; ++l)
+                    if (l < leaves) at[l] += i * o[1 + l];
                 rest = q;
             }
         }
         T acc = S::template zero<T>();
         int winner = -1;
-        long long at[EINSUM_SUMMED] = {0};
-        long long ka = 0, kb = 0;
+        int digit[EINSUM_SUMMED] = {0};
         for (long long k = 0; k < K; ++k) {
-            const T p = S::mul(A[oa + ka], B[ob + kb]);
+            T p = reinterpret_cast<const T*>(from[0])[at[0]];
+#pragma unroll
+            for (int l = 1; l < EINSUM_LEAVES; ++l)
+                if (l < leaves) p = S::mul(p, reinterpret_cast<const T*>(from[l])[at[l]]);
             if (S::better(p, acc)) {
                 acc = p;
                 winner = (int)k;
             }
             for (int j = sums - 1; j >= 0; --j) {  // the next k: the last index fastest
-                ++at[j];
-                ka += kd[3 * j + 1];
-                kb += kd[3 * j + 2];
-                if (at[j] < kd[3 * j]) break;
-                ka -= at[j] * kd[3 * j + 1];
-                kb -= at[j] * kd[3 * j + 2];
-                at[j] = 0;
+                const long long* s = kd + EINSUM_WIDTH * j;
+                ++digit[j];
+#pragma unroll
+                for (int l = 0; l < EINSUM_LEAVES; ++l)
+                    if (l < leaves) at[l] += s[1 + l];
+                if (digit[j] < s[0]) break;
+#pragma unroll
+                for (int l = 0; l < EINSUM_LEAVES; ++l)
+                    if (l < leaves) at[l] -= digit[j] * s[1 + l];
+                digit[j] = 0;
             }
         }
         write_output<S, ARGMAX, false>(C + t, ARGMAX ? I + t : nullptr, acc, winner);

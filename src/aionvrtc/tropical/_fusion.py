@@ -1,0 +1,125 @@
+"""Which of a compiled contraction's steps run as one launch: a step and the steps that made its
+operands (a subtree of the contraction tree, ``Group``) are one contraction of every tensor the
+subtree reads, summed over every index its steps sum, since (x) distributes over (+) in every
+semiring. A group's outputs are its last step's; each thread of ``tropical_many`` computes
+one, over the product of the group's summed sizes, reading each tensor through its own strides.
+
+A chain of steps that each absorb a small tensor into a large one (a king's graph contracted
+row by row: 225 dependent steps) is latency bound: each launch on the chain costs about 5 us on
+an H200 however little it computes, where a group of four such steps of 2^16 outputs and K = 2
+reads 16 elements of each tensor per output, in one launch. The intermediates inside a group
+are never written.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ._contraction import EinsumPlan, Step
+
+__all__ = ["LEAVES", "MANY_OUT", "MANY_SUMMED", "Group", "grouped_plan", "groups"]
+
+# What one row of tropical_many takes (EINSUM_LEAVES, EINSUM_OUT, EINSUM_SUMMED): the tensors a
+# group reads, its output indices and its summed indices (those of more than one value).
+LEAVES = 8
+MANY_OUT = 24
+MANY_SUMMED = 8
+# A group's summed values per output (one thread runs over them all) and its outputs times
+# those: a step is taken into its reader's group only within both, and only where the group
+# does at most twice the work of the two apart (the intermediate between them then need not be
+# written and read, and a launch goes).
+FUSE_K = 16
+FUSE_WORK = 1 << 20
+_GROWTH = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Steps contracted as one: ``root`` writes the result, ``members`` are its steps in order,
+    ``leaves`` the operands it reads (numbered as Step.operands: inputs, then steps' results),
+    ``summed`` its summed indices of more than one value, last fastest in the kernel's order
+    (its argmax numbers their values in C order over them), ``k`` their sizes' product."""
+
+    root: int
+    members: tuple[int, ...]
+    leaves: tuple[int, ...]
+    summed: tuple[str, ...]
+    k: int
+
+
+def groups(plan: EinsumPlan) -> list[Group]:
+    """The plan's steps in groups, each step in one, ordered by root (a group's operands are
+    made by groups before it). A group is a chain: each of its steps takes in at most one
+    group that made an operand of it (the one of most work that fits), while the whole fits
+    one row of tropical_many and the limits above; a step whose K is cut in parts (``split``)
+    stays on its own.
+
+    Only chains, so that one fold computes every product exactly as the steps apart would:
+    the leaves are the deepest step's operands, then each later step's other operand, and
+    (x) taken along them in that order associates as the steps do ((x) commutes exactly in
+    every semiring; it does not associate exactly in floating point). (+) moves past (x)
+    exactly: a (x) max(y) = max(a (x) y) where (x) a is monotone, as rounding is."""
+    inputs = len(plan.terms)
+    sizes = plan.sizes
+    found: dict[int, Group] = {}
+    for number, step in enumerate(plan.steps):
+        group = Group(number, (number,), step.operands, _wide(plan, step.k), _k(plan, step))
+        if step.split is None and sum(sizes[i] != 1 for i in step.result) <= MANY_OUT:
+            children = [found[o - inputs] for o in step.operands if o >= inputs]
+            children.sort(key=lambda child: -plan.steps[child.root].size * child.k)
+            for child in children:
+                if plan.steps[child.root].split is not None:
+                    continue
+                others = tuple(o for o in step.operands if o != inputs + child.root)
+                merged = Group(
+                    number,
+                    (*child.members, number),
+                    child.leaves + others,
+                    child.summed + group.summed,
+                    child.k * group.k,
+                )
+                work = step.size * merged.k
+                apart = step.size * group.k + plan.steps[child.root].size * child.k
+                if (
+                    len(merged.leaves) <= LEAVES
+                    and len(merged.summed) <= MANY_SUMMED
+                    and merged.k <= FUSE_K
+                    and work <= FUSE_WORK
+                    and work <= _GROWTH * apart
+                ):
+                    del found[child.root]
+                    group = merged
+                    break
+        found[number] = group
+    return [found[root] for root in sorted(found)]
+
+
+def grouped_plan(plan: EinsumPlan, made: list[Group]) -> EinsumPlan:
+    """``plan`` with each group as one step (its root's, summing the group's ``summed`` with no
+    split unless it is a lone step's): what the backtrace walks where groups ran as one. Its
+    steps' operands are renumbered: inputs, then the groups' results."""
+    inputs = len(plan.terms)
+    number = {group.root: n for n, group in enumerate(made)}
+    steps: list[Step] = []
+    for n, group in enumerate(made):
+        root = plan.steps[group.root]
+        operands = tuple(o if o < inputs else inputs + number[o - inputs] for o in group.leaves)
+        if len(group.members) == 1:
+            steps.append(replace(root, operands=operands, number=inputs + n))
+        else:
+            steps.append(
+                replace(root, operands=operands, number=inputs + n, k=group.summed, split=None)
+            )
+    return replace(plan, steps=tuple(steps))
+
+
+def _wide(plan: EinsumPlan, indices: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(i for i in indices if plan.sizes[i] != 1)
+
+
+def _k(plan: EinsumPlan, step: Step) -> int:
+    """The values a step sums per output (a split step's: per part)."""
+    return (
+        step.first.shape[2] if step.split is not None else math.prod(plan.sizes[i] for i in step.k)
+    )
