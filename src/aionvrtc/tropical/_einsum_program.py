@@ -76,6 +76,7 @@ _LANES = 8  # streams a capture forks: the most steps the graph runs side by sid
 # H200, 2^20 outputs over K = 16 took 120 us there, a copy and a tiled product 40. Indices of
 # more than one value, at most MANY_OUT kept and MANY_SUMMED summed.
 _MAX_GRID_Y = 65535
+_MAX_BLOCKS = 4096  # of a tropical_many launch (its threads stride over the rest)
 _TINY_WORK = 1 << 15
 _TINY_K = 256
 _SMALL_K = 16
@@ -317,12 +318,14 @@ class EinsumProgram:
             strides = [dict(zip(t.indices, t.strides, strict=True)) for _, t in leaves]
             wide = [i for i in step.result if sizes[i] != 1]
             rows.append([
-                c, index, step.size, group.k, len(wide), len(group.summed), len(leaves), 0,
+                c, index, step.size, group.k, len(wide), len(group.summed), len(leaves),
+                _lanes(group.k),
                 *(at for at, _ in leaves), *[0] * (LEAVES - len(leaves)),
                 *_dims(wide, sizes, strides, MANY_OUT),
                 *_dims(group.summed, sizes, strides, MANY_SUMMED),
             ])  # fmt: skip
-        blocks = min(max(-(-planned.steps[g.root].size // _THREADS) for g in made), 1024)
+        threads = max(planned.steps[g.root].size * _lanes(g.k) for g in made)
+        blocks = min(-(-threads // _THREADS), _MAX_BLOCKS)
         launches = []
         for start in range(0, len(rows), _MAX_GRID_Y):
             chunk = rows[start : start + _MAX_GRID_Y]
@@ -488,6 +491,12 @@ def _dims(
         row += [sizes[i], *(s.get(i, 0) for s in strides)]
         row += [0] * (width - 1 - len(strides))
     return row + [0] * (width * count - len(row))
+
+
+def _lanes(k: int) -> int:
+    """The threads of tropical_many that share an output's K: a power of 2, at most 32 (a
+    warp) and at most K."""
+    return 1 << min(max(k, 1).bit_length() - 1, 5)
 
 
 def _walks(launcher: _Packed) -> bool:

@@ -120,79 +120,122 @@ __global__ void einsum_backtrace(const long long* __restrict__ code,
 // row's order, which is the order in which the steps apart multiply them. Each tensor is read
 // through its own strides along every index (as a tensor, not a 3-D view), so one that no view
 // can read needs no copy first. A row: C, I (argmax, or null), the outputs, K (the summed
-// values per output), the output indices and the summed indices counted, the leaves counted,
-// then each leaf's address, then for each output index its size and each leaf's stride along
-// it (C is contiguous over them), then the same for each summed index (the argmax numbers K in
-// C order over them). A compiled contraction's independent small groups (see _einsum_program)
-// take one launch instead of one each, and copies none.
+// values per output), the output indices, the summed indices and the leaves counted, the
+// threads per output (see below), each leaf's address, then for each output index its size
+// and each leaf's stride along it (C is contiguous over them), then the same for each summed
+// index (the argmax numbers K in C order over them). A compiled contraction's independent
+// small groups (see _einsum_program) take one launch instead of one each, and copy nothing.
 #define EINSUM_OUT 24
 #define EINSUM_SUMMED 8
 #define EINSUM_LEAVES 8
 #define EINSUM_WIDTH (1 + EINSUM_LEAVES)
 #define EINSUM_ROW (8 + EINSUM_LEAVES + EINSUM_WIDTH * (EINSUM_OUT + EINSUM_SUMMED))
 
+template <typename T>
+__device__ __forceinline__ T team_shuffle(T v, int offset, int width) {
+    return __shfl_xor_sync(0xffffffffu, v, offset, width);
+}
+template <>
+__device__ __forceinline__ bool team_shuffle<bool>(bool v, int offset, int width) {
+    return __shfl_xor_sync(0xffffffffu, (int)v, offset, width) != 0;
+}
+
+// Each output is computed by a team of `lanes` threads of one warp (a power of 2 up to 32, in
+// the row), each over its own run of K, then the team's best is taken by shuffles: a thread's
+// chain of dependent loads is K / lanes long, not K (a chain of small contractions is bound by
+// that latency, with too few outputs to hide it). Ties go to the smallest k, as one thread
+// taking K in order would find. Every thread of a block runs the same passes (the shuffles
+// need the whole warp); those past the outputs take part with the zero.
 template <typename T, typename S, bool ARGMAX>
 __global__ void __launch_bounds__(256) tropical_many(const long long* __restrict__ table) {
     const long long* d = table + EINSUM_ROW * (long long)blockIdx.y;
     T* C = reinterpret_cast<T*>(d[0]);
     int* I = reinterpret_cast<int*>(d[1]);
     const long long total = d[2], K = d[3];
-    const int outs = (int)d[4], sums = (int)d[5], leaves = (int)d[6];
+    const int outs = (int)d[4], sums = (int)d[5], leaves = (int)d[6], lanes = (int)d[7];
+    const int shift = __ffs(lanes) - 1;
     const long long* from = d + 8;
     const long long* out = from + EINSUM_LEAVES;
     const long long* kd = out + EINSUM_WIDTH * EINSUM_OUT;
-    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
-         t += (long long)gridDim.x * blockDim.x) {
-        long long at[EINSUM_LEAVES];
-#pragma unroll
-        for (int l = 0; l < EINSUM_LEAVES; ++l) at[l] = 0;
-        if (total <= 0xffffffffLL) {  // 32-bit division, far cheaper, where the outputs allow
-            unsigned rest = (unsigned)t;
-            for (int j = outs - 1; j >= 0; --j) {
-                const long long* o = out + EINSUM_WIDTH * j;
-                const unsigned size = (unsigned)o[0], q = rest / size;
-                const long long i = rest - q * size;
-#pragma unroll
-                for (int l = 0; l < EINSUM_LEAVES; ++l)
-                    if (l < leaves) at[l] += i * o[1 + l];
-                rest = q;
-            }
-        } else {
-            long long rest = t;
-            for (int j = outs - 1; j >= 0; --j) {
-                const long long* o = out + EINSUM_WIDTH * j;
-                const long long q = rest / o[0], i = rest - q * o[0];
-#pragma unroll
-                for (int l = 0; l < EINSUM_LEAVES; ++l)
-                    if (l < leaves) at[l] += i * o[1 + l];
-                rest = q;
-            }
-        }
+    const long long threads = total << shift, per = (K + lanes - 1) >> shift;
+    for (long long base = (long long)blockIdx.x * blockDim.x; base < threads;
+         base += (long long)gridDim.x * blockDim.x) {
+        const long long u = base + threadIdx.x, t = u >> shift;
+        const int lane = (int)(u & (lanes - 1));
         T acc = S::template zero<T>();
         int winner = -1;
-        int digit[EINSUM_SUMMED] = {0};
-        for (long long k = 0; k < K; ++k) {
-            T p = reinterpret_cast<const T*>(from[0])[at[0]];
+        long long k = lane * per;
+        const long long end = min(K, k + per);
+        if (u < threads && k < end) {
+            long long at[EINSUM_LEAVES];
 #pragma unroll
-            for (int l = 1; l < EINSUM_LEAVES; ++l)
-                if (l < leaves) p = S::mul(p, reinterpret_cast<const T*>(from[l])[at[l]]);
-            if (S::better(p, acc)) {
-                acc = p;
-                winner = (int)k;
+            for (int l = 0; l < EINSUM_LEAVES; ++l) at[l] = 0;
+            if (total <= 0xffffffffLL) {  // 32-bit division, far cheaper, where the outputs allow
+                unsigned rest = (unsigned)t;
+                for (int j = outs - 1; j >= 0; --j) {
+                    const long long* o = out + EINSUM_WIDTH * j;
+                    const unsigned size = (unsigned)o[0], q = rest / size;
+                    const long long i = rest - q * size;
+#pragma unroll
+                    for (int l = 0; l < EINSUM_LEAVES; ++l)
+                        if (l < leaves) at[l] += i * o[1 + l];
+                    rest = q;
+                }
+            } else {
+                long long rest = t;
+                for (int j = outs - 1; j >= 0; --j) {
+                    const long long* o = out + EINSUM_WIDTH * j;
+                    const long long q = rest / o[0], i = rest - q * o[0];
+#pragma unroll
+                    for (int l = 0; l < EINSUM_LEAVES; ++l)
+                        if (l < leaves) at[l] += i * o[1 + l];
+                    rest = q;
+                }
             }
-            for (int j = sums - 1; j >= 0; --j) {  // the next k: the last index fastest
+            int digit[EINSUM_SUMMED];
+            long long rest = k;  // the digits of this thread's first k, the last index fastest
+            for (int j = sums - 1; j >= 0; --j) {
                 const long long* s = kd + EINSUM_WIDTH * j;
-                ++digit[j];
+                digit[j] = (int)(rest % s[0]);
+                rest /= s[0];
 #pragma unroll
                 for (int l = 0; l < EINSUM_LEAVES; ++l)
-                    if (l < leaves) at[l] += s[1 + l];
-                if (digit[j] < s[0]) break;
+                    if (l < leaves) at[l] += digit[j] * s[1 + l];
+            }
+            for (; k < end; ++k) {
+                T p = reinterpret_cast<const T*>(from[0])[at[0]];
 #pragma unroll
-                for (int l = 0; l < EINSUM_LEAVES; ++l)
-                    if (l < leaves) at[l] -= digit[j] * s[1 + l];
-                digit[j] = 0;
+                for (int l = 1; l < EINSUM_LEAVES; ++l)
+                    if (l < leaves) p = S::mul(p, reinterpret_cast<const T*>(from[l])[at[l]]);
+                if (S::better(p, acc)) {
+                    acc = p;
+                    winner = (int)k;
+                }
+                for (int j = sums - 1; j >= 0; --j) {  // the next k
+                    const long long* s = kd + EINSUM_WIDTH * j;
+                    ++digit[j];
+#pragma unroll
+                    for (int l = 0; l < EINSUM_LEAVES; ++l)
+                        if (l < leaves) at[l] += s[1 + l];
+                    if (digit[j] < s[0]) break;
+#pragma unroll
+                    for (int l = 0; l < EINSUM_LEAVES; ++l)
+                        if (l < leaves) at[l] -= digit[j] * s[1 + l];
+                    digit[j] = 0;
+                }
             }
         }
-        write_output<S, ARGMAX, false>(C + t, ARGMAX ? I + t : nullptr, acc, winner);
+        for (int offset = lanes >> 1; offset > 0; offset >>= 1) {
+            const T other = team_shuffle(acc, offset, lanes);
+            const int won = __shfl_xor_sync(0xffffffffu, winner, offset, lanes);
+            // (values never NaN: only a better product replaces the zero; equal values
+            // both have a winner, or neither)
+            if (S::better(other, acc) || (!S::better(acc, other) && won >= 0 && won < winner)) {
+                acc = other;
+                winner = won;
+            }
+        }
+        if (u < threads && lane == 0)
+            write_output<S, ARGMAX, false>(C + t, ARGMAX ? I + t : nullptr, acc, winner);
     }
 }
