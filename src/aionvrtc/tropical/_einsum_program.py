@@ -259,8 +259,12 @@ class EinsumProgram:
         members: list[list[Group]] = []
         for level in sorted(at_level):
             here = at_level[level]
-            batch = [group for group in here if small(group)]
-            if batch:
+            # The small groups in one launch per size class (a launch's grid is its largest
+            # group's: a tiny group beside a large one would take as many blocks, idle).
+            classes: dict[int, list[Group]] = {}
+            for group in filter(small, here):
+                classes.setdefault(self._blocks(group).bit_length(), []).append(group)
+            for _, batch in sorted(classes.items()):
                 units.append(self._many(batch, bound, result))
                 members.append(batch)
             for group in here:
@@ -294,6 +298,11 @@ class EinsumProgram:
         depths = len(schedule) - len(made) - 1
         return launcher, loaded, [tables[0].data.ptr, tables[1].data.ptr, depths, *pointers[3:]]
 
+    def _blocks(self, group: Group) -> int:
+        """The blocks of tropical_many that ``group`` fills."""
+        threads = self._steps.plan.steps[group.root].size * _lanes(group.k)
+        return min(-(-threads // _THREADS), _MAX_BLOCKS)
+
     def _many(
         self, made: Sequence[Group], inputs: Sequence[int], result: int
     ) -> list[tuple[_Packed, Module, list[int]]]:
@@ -324,8 +333,7 @@ class EinsumProgram:
                 *_dims(wide, sizes, strides, MANY_OUT),
                 *_dims(group.summed, sizes, strides, MANY_SUMMED),
             ])  # fmt: skip
-        threads = max(planned.steps[g.root].size * _lanes(g.k) for g in made)
-        blocks = min(-(-threads // _THREADS), _MAX_BLOCKS)
+        blocks = max(map(self._blocks, made))
         launches = []
         for start in range(0, len(rows), _MAX_GRID_Y):
             chunk = rows[start : start + _MAX_GRID_Y]
