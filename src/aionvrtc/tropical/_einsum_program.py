@@ -77,6 +77,7 @@ _LANES = 8  # streams a capture forks: the most steps the graph runs side by sid
 # more than one value, at most MANY_OUT kept and MANY_SUMMED summed.
 _MAX_GRID_Y = 65535
 _MAX_BLOCKS = 4096  # of a tropical_many launch (its threads stride over the rest)
+_TEAMED = 1 << 16  # threads up to which the outputs' K is shared by teams (see _lanes)
 _TINY_WORK = 1 << 15
 _TINY_K = 256
 _SMALL_K = 16
@@ -300,7 +301,8 @@ class EinsumProgram:
 
     def _blocks(self, group: Group) -> int:
         """The blocks of tropical_many that ``group`` fills."""
-        threads = self._steps.plan.steps[group.root].size * _lanes(group.k)
+        outputs = self._steps.plan.steps[group.root].size
+        threads = outputs * _lanes(group.k, outputs)
         return min(-(-threads // _THREADS), _MAX_BLOCKS)
 
     def _many(
@@ -328,7 +330,7 @@ class EinsumProgram:
             wide = [i for i in step.result if sizes[i] != 1]
             rows.append([
                 c, index, step.size, group.k, len(wide), len(group.summed), len(leaves),
-                _lanes(group.k),
+                _lanes(group.k, step.size),
                 *(at for at, _ in leaves), *[0] * (LEAVES - len(leaves)),
                 *_dims(wide, sizes, strides, MANY_OUT),
                 *_dims(group.summed, sizes, strides, MANY_SUMMED),
@@ -501,10 +503,12 @@ def _dims(
     return row + [0] * (width * count - len(row))
 
 
-def _lanes(k: int) -> int:
+def _lanes(k: int, outputs: int) -> int:
     """The threads of tropical_many that share an output's K: a power of 2, at most 32 (a
-    warp) and at most K."""
-    return 1 << min(max(k, 1).bit_length() - 1, 5)
+    warp), at most K, and no more than bring the launch to _TEAMED threads (each thread
+    decodes its output's position itself: past a full GPU, more threads only add that)."""
+    room = max(_TEAMED // max(outputs, 1), 1)
+    return 1 << min(max(k, 1).bit_length() - 1, 5, room.bit_length() - 1)
 
 
 def _walks(launcher: _Packed) -> bool:

@@ -193,11 +193,12 @@ __global__ void __launch_bounds__(256) tropical_many(const long long* __restrict
                 }
             }
             int digit[EINSUM_SUMMED];
-            long long rest = k;  // the digits of this thread's first k, the last index fastest
-            for (int j = sums - 1; j >= 0; --j) {
+            unsigned rest = (unsigned)k;  // this thread's first k's digits, the last fastest
+            for (int j = sums - 1; j >= 0; --j) {  // (K is below 2^31: winner is an int)
                 const long long* s = kd + EINSUM_WIDTH * j;
-                digit[j] = (int)(rest % s[0]);
-                rest /= s[0];
+                const unsigned size = (unsigned)s[0], q = rest / size;
+                digit[j] = (int)(rest - q * size);
+                rest = q;
 #pragma unroll
                 for (int l = 0; l < EINSUM_LEAVES; ++l)
                     if (l < leaves) at[l] += digit[j] * s[1 + l];
