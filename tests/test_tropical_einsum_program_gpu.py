@@ -16,6 +16,7 @@ import pytest
 from aionvrtc import Compiler, tropical
 from aionvrtc.tropical import _einsum_program, reference
 
+from .test_tropical_einsum_fusion import kings_graph
 from .test_tropical_einsum_gpu import SPIN, assert_same, tensors
 from .test_tropical_einsum_plan import (
     ARGMAX_CASES,
@@ -211,6 +212,37 @@ def test_the_assignment_found_on_the_device_attains_the_value(
         subscripts, *map(gpu, operands), semiring=ring, argmax=True
     )
     check_assignment(subscripts, operands, ring, host(value), assignment)
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_chains_of_steps_run_as_one_launch(
+    ring: str, dtype: Any, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A king's graph row by row: chains of steps contracted as one (the products folded as
+    the steps apart take them: the same values to the bit, floats with infinities included),
+    and again with 64-bit offsets into the tensors (taken where a tensor's elements are
+    numbered past 2^31: forced here, as no such tensor fits a test)."""
+    subscripts, shapes, path = kings_graph(5)
+    for wide in (False, True):
+        if wide:
+            monkeypatch.setattr(_einsum_program, "_NARROW", 0)
+            tropical.clear_programs()
+        program = tropical.einsum_program_sync(
+            subscripts, *shapes, dtype=dtype, semiring=ring, optimize=path
+        )
+        assert program.launches * 2 < len(program.plan.steps)
+        for _ in range(2):
+            operands = tensors(rng, ring, dtype, shapes)
+            got = program.run_sync(*map(gpu, operands))
+            assert_same(got, want(subscripts, operands, ring, program), f"{ring} wide={wide}")
+        if (ring, str(np.dtype(dtype))) in ARGMAX_CASES:
+            found = tropical.einsum_program_sync(
+                subscripts, *shapes, dtype=dtype, semiring=ring, optimize=path, argmax=True
+            )
+            operands = network_values(rng, ring, dtype, shapes)
+            value, assignment = found.run_sync(*map(gpu, operands))
+            assert_same(value, want(subscripts, operands, ring, found), f"{ring} argmax")
+            check_assignment(subscripts, operands, ring, host(value), assignment)
 
 
 @pytest.mark.anyio

@@ -77,6 +77,7 @@ _LANES = 8  # streams a capture forks: the most steps the graph runs side by sid
 # more than one value, at most MANY_OUT kept and MANY_SUMMED summed.
 _MAX_GRID_Y = 65535
 _MAX_BLOCKS = 4096  # of a tropical_many launch (its threads stride over the rest)
+_NARROW = 1 << 31  # offsets into a tropical_many leaf below which 32 bits do
 _TEAMED = 1 << 16  # threads up to which the outputs' K is shared by teams (see _lanes)
 _TINY_WORK = 1 << 15
 _TINY_K = 256
@@ -328,9 +329,11 @@ class EinsumProgram:
             c, index = resolve(steps.writes[group.root], inputs, self._arena, result)
             strides = [dict(zip(t.indices, t.strides, strict=True)) for _, t in leaves]
             wide = [i for i in step.result if sizes[i] != 1]
+            # Offsets in 32 bits where every leaf's elements are numbered below 2^31.
+            reach = max(sum((sizes[i] - 1) * abs(n) for i, n in d.items()) for d in strides)
             rows.append([
                 c, index, step.size, group.k, len(wide), len(group.summed), len(leaves),
-                _lanes(group.k, step.size),
+                _lanes(group.k, step.size) + (256 if reach >= _NARROW else 0),
                 *(at for at, _ in leaves), *[0] * (LEAVES - len(leaves)),
                 *_dims(wide, sizes, strides, MANY_OUT),
                 *_dims(group.summed, sizes, strides, MANY_SUMMED),

@@ -29,8 +29,8 @@ MANY_SUMMED = 8
 # those: a step is taken into its reader's group only within both, and only where the group
 # does at most twice the work of the two apart (the intermediate between them then need not be
 # written and read, and a launch goes).
-FUSE_K = 16
-FUSE_WORK = 1 << 20
+FUSE_K = 32
+FUSE_WORK = 1 << 19
 _GROWTH = 2
 
 

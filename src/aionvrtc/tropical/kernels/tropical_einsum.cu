@@ -121,9 +121,10 @@ __global__ void einsum_backtrace(const long long* __restrict__ code,
 // through its own strides along every index (as a tensor, not a 3-D view), so one that no view
 // can read needs no copy first. A row: C, I (argmax, or null), the outputs, K (the summed
 // values per output), the output indices, the summed indices and the leaves counted, the
-// threads per output (see below), each leaf's address, then for each output index its size
-// and each leaf's stride along it (C is contiguous over them), then the same for each summed
-// index (the argmax numbers K in C order over them). A compiled contraction's independent
+// threads per output (see below; plus 256 where some leaf's offsets need 64 bits), each
+// leaf's address, then for each output index its size and each leaf's stride along it (C is
+// contiguous over them), then the same for each summed index (the argmax numbers K in C order
+// over them). A compiled contraction's independent
 // small groups (see _einsum_program) take one launch instead of one each, and copy nothing.
 #define EINSUM_OUT 24
 #define EINSUM_SUMMED 8
@@ -140,92 +141,110 @@ __device__ __forceinline__ bool team_shuffle<bool>(bool v, int offset, int width
     return __shfl_xor_sync(0xffffffffu, (int)v, offset, width) != 0;
 }
 
+// One pass of the threads over a row's outputs: thread u of the pass takes output u / lanes
+// and its own run of K. Offsets into the leaves are of type O: int where every leaf's
+// elements are numbered below 2^31 (the row says so), far cheaper than 64-bit arithmetic
+// over up to 8 leaves and 32 indices per output.
+template <typename T, typename S, typename O>
+__device__ __forceinline__ void many_pass(const long long* row, long long u, T& acc, int& winner) {
+    const long long total = row[2], K = row[3];
+    const int outs = (int)row[4], sums = (int)row[5], leaves = (int)row[6];
+    const int lanes = (int)(row[7] & 0xff), shift = __ffs(lanes) - 1;
+    const long long* from = row + 8;
+    const long long* out = from + EINSUM_LEAVES;
+    const long long* kd = out + EINSUM_WIDTH * EINSUM_OUT;
+    const long long t = u >> shift, per = (K + lanes - 1) >> shift;
+    long long k = (long long)(u & (lanes - 1)) * per;
+    const long long end = min(K, k + per);
+    if (t >= total || k >= end) return;
+    O at[EINSUM_LEAVES];
+#pragma unroll
+    for (int l = 0; l < EINSUM_LEAVES; ++l) at[l] = 0;
+    if (total <= 0xffffffffLL) {  // 32-bit division, far cheaper, where the outputs allow
+        unsigned rest = (unsigned)t;
+        for (int j = outs - 1; j >= 0; --j) {
+            const long long* o = out + EINSUM_WIDTH * j;
+            const unsigned size = (unsigned)o[0], q = rest / size;
+            const O i = (O)(rest - q * size);
+#pragma unroll
+            for (int l = 0; l < EINSUM_LEAVES; ++l)
+                if (l < leaves) at[l] += i * (O)o[1 + l];
+            rest = q;
+        }
+    } else {
+        long long rest = t;
+        for (int j = outs - 1; j >= 0; --j) {
+            const long long* o = out + EINSUM_WIDTH * j;
+            const long long q = rest / o[0];
+            const O i = (O)(rest - q * o[0]);
+#pragma unroll
+            for (int l = 0; l < EINSUM_LEAVES; ++l)
+                if (l < leaves) at[l] += i * (O)o[1 + l];
+            rest = q;
+        }
+    }
+    int digit[EINSUM_SUMMED];
+    unsigned rest = (unsigned)k;  // this thread's first k's digits, the last fastest (K is
+    for (int j = sums - 1; j >= 0; --j) {  // below 2^31: the winner is an int)
+        const long long* s = kd + EINSUM_WIDTH * j;
+        const unsigned size = (unsigned)s[0], q = rest / size;
+        digit[j] = (int)(rest - q * size);
+        rest = q;
+#pragma unroll
+        for (int l = 0; l < EINSUM_LEAVES; ++l)
+            if (l < leaves) at[l] += (O)digit[j] * (O)s[1 + l];
+    }
+    for (; k < end; ++k) {
+        T p = reinterpret_cast<const T*>(from[0])[at[0]];
+#pragma unroll
+        for (int l = 1; l < EINSUM_LEAVES; ++l)
+            if (l < leaves) p = S::mul(p, reinterpret_cast<const T*>(from[l])[at[l]]);
+        if (S::better(p, acc)) {
+            acc = p;
+            winner = (int)k;
+        }
+        for (int j = sums - 1; j >= 0; --j) {  // the next k
+            const long long* s = kd + EINSUM_WIDTH * j;
+            ++digit[j];
+#pragma unroll
+            for (int l = 0; l < EINSUM_LEAVES; ++l)
+                if (l < leaves) at[l] += (O)s[1 + l];
+            if (digit[j] < s[0]) break;
+#pragma unroll
+            for (int l = 0; l < EINSUM_LEAVES; ++l)
+                if (l < leaves) at[l] -= (O)digit[j] * (O)s[1 + l];
+            digit[j] = 0;
+        }
+    }
+}
+
 // Each output is computed by a team of `lanes` threads of one warp (a power of 2 up to 32, in
 // the row), each over its own run of K, then the team's best is taken by shuffles: a thread's
 // chain of dependent loads is K / lanes long, not K (a chain of small contractions is bound by
 // that latency, with too few outputs to hide it). Ties go to the smallest k, as one thread
 // taking K in order would find. Every thread of a block runs the same passes (the shuffles
-// need the whole warp); those past the outputs take part with the zero.
+// need the whole warp); those past the outputs take part with the zero. The row is read from
+// shared memory, where each block puts it first (every thread reads all of it).
 template <typename T, typename S, bool ARGMAX>
 __global__ void __launch_bounds__(256) tropical_many(const long long* __restrict__ table) {
+    __shared__ long long row[EINSUM_ROW];
     const long long* d = table + EINSUM_ROW * (long long)blockIdx.y;
-    T* C = reinterpret_cast<T*>(d[0]);
-    int* I = reinterpret_cast<int*>(d[1]);
-    const long long total = d[2], K = d[3];
-    const int outs = (int)d[4], sums = (int)d[5], leaves = (int)d[6], lanes = (int)d[7];
-    const int shift = __ffs(lanes) - 1;
-    const long long* from = d + 8;
-    const long long* out = from + EINSUM_LEAVES;
-    const long long* kd = out + EINSUM_WIDTH * EINSUM_OUT;
-    const long long threads = total << shift, per = (K + lanes - 1) >> shift;
+    for (int i = threadIdx.x; i < EINSUM_ROW; i += blockDim.x) row[i] = d[i];
+    __syncthreads();
+    T* C = reinterpret_cast<T*>(row[0]);
+    int* I = reinterpret_cast<int*>(row[1]);
+    const int lanes = (int)(row[7] & 0xff), shift = __ffs(lanes) - 1;
+    const bool wide = (row[7] >> 8) != 0;  // some leaf's offsets need 64 bits
+    const long long threads = row[2] << shift;
     for (long long base = (long long)blockIdx.x * blockDim.x; base < threads;
          base += (long long)gridDim.x * blockDim.x) {
-        const long long u = base + threadIdx.x, t = u >> shift;
-        const int lane = (int)(u & (lanes - 1));
+        const long long u = base + threadIdx.x;
         T acc = S::template zero<T>();
         int winner = -1;
-        long long k = lane * per;
-        const long long end = min(K, k + per);
-        if (u < threads && k < end) {
-            long long at[EINSUM_LEAVES];
-#pragma unroll
-            for (int l = 0; l < EINSUM_LEAVES; ++l) at[l] = 0;
-            if (total <= 0xffffffffLL) {  // 32-bit division, far cheaper, where the outputs allow
-                unsigned rest = (unsigned)t;
-                for (int j = outs - 1; j >= 0; --j) {
-                    const long long* o = out + EINSUM_WIDTH * j;
-                    const unsigned size = (unsigned)o[0], q = rest / size;
-                    const long long i = rest - q * size;
-#pragma unroll
-                    for (int l = 0; l < EINSUM_LEAVES; ++l)
-                        if (l < leaves) at[l] += i * o[1 + l];
-                    rest = q;
-                }
-            } else {
-                long long rest = t;
-                for (int j = outs - 1; j >= 0; --j) {
-                    const long long* o = out + EINSUM_WIDTH * j;
-                    const long long q = rest / o[0], i = rest - q * o[0];
-#pragma unroll
-                    for (int l = 0; l < EINSUM_LEAVES; ++l)
-                        if (l < leaves) at[l] += i * o[1 + l];
-                    rest = q;
-                }
-            }
-            int digit[EINSUM_SUMMED];
-            unsigned rest = (unsigned)k;  // this thread's first k's digits, the last fastest
-            for (int j = sums - 1; j >= 0; --j) {  // (K is below 2^31: winner is an int)
-                const long long* s = kd + EINSUM_WIDTH * j;
-                const unsigned size = (unsigned)s[0], q = rest / size;
-                digit[j] = (int)(rest - q * size);
-                rest = q;
-#pragma unroll
-                for (int l = 0; l < EINSUM_LEAVES; ++l)
-                    if (l < leaves) at[l] += digit[j] * s[1 + l];
-            }
-            for (; k < end; ++k) {
-                T p = reinterpret_cast<const T*>(from[0])[at[0]];
-#pragma unroll
-                for (int l = 1; l < EINSUM_LEAVES; ++l)
-                    if (l < leaves) p = S::mul(p, reinterpret_cast<const T*>(from[l])[at[l]]);
-                if (S::better(p, acc)) {
-                    acc = p;
-                    winner = (int)k;
-                }
-                for (int j = sums - 1; j >= 0; --j) {  // the next k
-                    const long long* s = kd + EINSUM_WIDTH * j;
-                    ++digit[j];
-#pragma unroll
-                    for (int l = 0; l < EINSUM_LEAVES; ++l)
-                        if (l < leaves) at[l] += s[1 + l];
-                    if (digit[j] < s[0]) break;
-#pragma unroll
-                    for (int l = 0; l < EINSUM_LEAVES; ++l)
-                        if (l < leaves) at[l] -= digit[j] * s[1 + l];
-                    digit[j] = 0;
-                }
-            }
-        }
+        if (wide)
+            many_pass<T, S, long long>(row, u, acc, winner);
+        else
+            many_pass<T, S, int>(row, u, acc, winner);
         for (int offset = lanes >> 1; offset > 0; offset >>= 1) {
             const T other = team_shuffle(acc, offset, lanes);
             const int won = __shfl_xor_sync(0xffffffffu, winner, offset, lanes);
@@ -236,7 +255,8 @@ __global__ void __launch_bounds__(256) tropical_many(const long long* __restrict
                 winner = won;
             }
         }
-        if (u < threads && lane == 0)
-            write_output<S, ARGMAX, false>(C + t, ARGMAX ? I + t : nullptr, acc, winner);
+        if (u < threads && (u & (lanes - 1)) == 0)
+            write_output<S, ARGMAX, false>(C + (u >> shift), ARGMAX ? I + (u >> shift) : nullptr,
+                                           acc, winner);
     }
 }
