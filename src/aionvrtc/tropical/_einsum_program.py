@@ -11,6 +11,7 @@ per branch and joins them by events), so independent steps run side by side on t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import operator
 import threading
@@ -26,7 +27,6 @@ import numpy as np
 from .._actor import Compiler
 from .._cuda import Module, synchronize
 from .._spec import KernelSpec
-from ._backtrace import backtrace_program
 from ._contraction import EinsumPlan, Term, contiguous, einsum_plan, known_plan
 from ._einsum import (
     _check_out,
@@ -37,7 +37,7 @@ from ._einsum import (
     fetch_modules_sync,
     steps_for,
 )
-from ._einsum_steps import MAX_GATHER, Op, Steps, resolve, steps_key
+from ._einsum_steps import MAX_GATHER, Op, Steps, backtrace_launch, resolve, steps_key
 from ._fusion import LEAVES, MANY_OUT, MANY_SUMMED, Group, grouped_plan, groups
 from ._launching import OnDevice, _Packed
 from ._planning import cupy_module
@@ -280,25 +280,24 @@ class EinsumProgram:
             ))
             for batch in members
         ]  # fmt: skip
-        last = launches(count)  # after the last step: joins every stream
+        ends = by_step.get(count, [])  # after the last step: joins every stream
         if self.argmax and len(made) < count:  # the backtrace walks the groups
-            last = [self._backtrace(made, *unit) if _walks(unit[0]) else unit for unit in last]
-        units.append(last)
+            ends = [self._backtrace(made, op) if _walks(op.launcher) else op for op in ends]
+        by_step[count] = ends
+        units.append(launches(count))
         return units
 
-    def _backtrace(
-        self, made: list[Group], launcher: _Packed, loaded: Module, pointers: list[int]
-    ) -> tuple[_Packed, Module, list[int]]:
-        """The backtrace launch, walking ``made`` (a grouped step's argmax numbers all that
-        its steps sum) instead of the steps one by one."""
+    def _backtrace(self, made: list[Group], op: Op) -> Op:
+        """The backtrace's launch ``op``, walking ``made`` instead of the steps one by one (a
+        grouped step's argmax numbers all that its steps sum)."""
         steps = self._steps
         where = [steps.writes[group.root][1][1] for group in made]  # each argmax's offset
-        code, schedule = backtrace_program(grouped_plan(steps.plan, made), where)
-        cupy = cupy_module()
-        tables = [cupy.asarray(np.asarray(x, np.int64)) for x in (code, schedule)]
+        launcher, sources, tables = backtrace_launch(
+            grouped_plan(steps.plan, made), where, self.device, steps.assignment,
+            self.dtype.itemsize,
+        )  # fmt: skip
         self._tables += tables
-        depths = len(schedule) - len(made) - 1
-        return launcher, loaded, [tables[0].data.ptr, tables[1].data.ptr, depths, *pointers[3:]]
+        return dataclasses.replace(op, launcher=launcher, sources=sources)
 
     def _blocks(self, group: Group) -> int:
         """The blocks of tropical_many that ``group`` fills."""

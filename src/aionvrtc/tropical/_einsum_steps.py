@@ -32,7 +32,17 @@ from ._planning import cupy_module, plan
 from ._semirings import Semiring
 from ._specs import einsum_spec
 
-__all__ = ["INPUT", "MAX_STEPS", "Op", "Steps", "known", "prepared", "resolve", "steps_key"]
+__all__ = [
+    "INPUT",
+    "MAX_STEPS",
+    "Op",
+    "Steps",
+    "backtrace_launch",
+    "known",
+    "prepared",
+    "resolve",
+    "steps_key",
+]
 
 # Where an address comes from: an input's, the arena's or the result's plus an offset, or a
 # value of its own (a persistent buffer's address, a count).
@@ -43,7 +53,8 @@ _ALIGN = 256
 _THREADS = 256
 _MAX_DIMS = 32  # EINSUM_MAX_DIMS
 MAX_GATHER = 448  # EINSUM_MAX_GATHER
-_SHARED = 48 * 1024  # the backtrace's values in dynamic shared memory: any launch may ask this
+# The backtrace's values (and its code) in dynamic shared memory: any launch may ask this.
+_SHARED = 48 * 1024
 
 # Prepared steps kept, oldest dropped first: each holds packed launches (a few hundred bytes a
 # step), a vector of ones per reduction and the backtrace's program, no intermediate.
@@ -330,22 +341,38 @@ class _Builder:
         if self.steps.argmax:
             indices = len(planned.sizes)
             self.assignment = self.arena.take((indices + 1) * 8)
-            program, schedule = backtrace_program(planned, self.where)
-            code = cupy_module().asarray(np.asarray(program, np.int64))
-            order = cupy_module().asarray(np.asarray(schedule, np.int64))
-            depths = (len(schedule) - len(planned.steps)) - 1
-            self.keep += [code, order]
-            spec = einsum_spec("backtrace")
-            backtrace = _Packed(spec, self.steps.device, (1, 1, 1), (_THREADS, 1, 1), [0] * 9)
-            shared = indices * 4 <= _SHARED  # the values in shared memory, else in the output's
-            backtrace.shared = indices * 4 if shared else 0
-            sources = (
-                (VALUE, code.data.ptr), (VALUE, order.data.ptr), (VALUE, depths), (ARENA, 0),
-                (ARENA, self.assignment), (VALUE, indices), (RESULT, 0),
-                (VALUE, self.steps.dtype.itemsize), (VALUE, int(shared)),
-            )  # fmt: skip
-            self.ops.append(Op(backtrace, self.module(spec), sources, end))
+            backtrace, sources, tables = backtrace_launch(
+                planned, self.where, self.steps.device, self.assignment, self.steps.dtype.itemsize
+            )
+            self.keep += tables
+            self.ops.append(Op(backtrace, self.module(backtrace.spec), sources, end))
         del self.scratch
+
+
+def backtrace_launch(
+    planned: EinsumPlan, where: Sequence[int], device: int, assignment: int, itemsize: int
+) -> tuple[_Packed, tuple[Source, ...], list[Any]]:
+    """The backtrace of ``planned``'s argmaxes (each step's at the arena offset in ``where``)
+    into the arena at ``assignment``: its launch, sources and tables (to keep while it may
+    run). The values go in shared memory where they fit, and the code and schedule too, as
+    int32, where all of them fit (see einsum_backtrace)."""
+    cupy = cupy_module()
+    indices = len(planned.sizes)
+    program, schedule = backtrace_program(planned, where)
+    depths = len(schedule) - len(planned.steps) - 1
+    words = len(program) + len(schedule)
+    compact = max(map(abs, program), default=0) < 1 << 31 and (indices + words) * 4 <= _SHARED
+    kind = np.int32 if compact else np.int64
+    code, order = (cupy.asarray(np.asarray(x, kind)) for x in (program, schedule))
+    flags = 3 if compact else int(indices * 4 <= _SHARED)
+    launcher = _Packed(einsum_spec("backtrace"), device, (1, 1, 1), (_THREADS, 1, 1), [0] * 11)
+    launcher.shared = 4 * (indices + words if compact else indices if flags else 0)
+    sources = (
+        (VALUE, code.data.ptr), (VALUE, order.data.ptr), (VALUE, depths), (ARENA, 0),
+        (ARENA, assignment), (VALUE, indices), (RESULT, 0), (VALUE, itemsize), (VALUE, flags),
+        (VALUE, len(program)), (VALUE, len(schedule)),
+    )  # fmt: skip
+    return launcher, sources, [code, order]
 
 
 _prepared: dict[Any, Steps] = {}

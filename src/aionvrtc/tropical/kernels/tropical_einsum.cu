@@ -58,19 +58,23 @@ __global__ void einsum_gather(const long long* __restrict__ to, long long count,
 // start, then each product's code's offset, by depth), those of one depth by threads of their
 // own (each index is summed by one product: no two write one value). The values are kept as
 // int32 (each is below its index's size, at most 2^31: an argmax's K) in shared memory where
-// they fit (`shared`: dynamic shared memory of 4 * indices bytes), else in the output's own
+// they fit (`flags` & 1: dynamic shared memory of 4 * indices bytes), else in the output's own
 // memory; then widened to the int64 output, followed by the value's bytes, so that one copy
-// brings both back.
-__device__ __forceinline__ void backtrace_step(const long long* __restrict__ c,
+// brings both back. With `flags` & 2 the code and schedule are int32 (C), copied into shared
+// memory after the values first, by every thread at once: walked from global memory, each
+// depth waited on a chain of reads from DRAM, about 5 us a depth (the arena's traffic had
+// evicted the code from L2).
+template <typename C>
+__device__ __forceinline__ void backtrace_step(const C* __restrict__ c,
                                                const char* __restrict__ base, int* a) {
-    const int* argmax = reinterpret_cast<const int*>(base + c[0]);
+    const int* argmax = reinterpret_cast<const int*>(base + (long long)c[0]);
     const long long known = c[1];
     long long at = 0;
-    for (long long j = 0; j < known; ++j) at += (long long)a[c[2 + 2 * j]] * c[3 + 2 * j];
+    for (long long j = 0; j < known; ++j) at += (long long)a[c[2 + 2 * j]] * (long long)c[3 + 2 * j];
     long long won = argmax[at];
     if (won < 0) won = 0;  // the semiring's zero: every assignment attains it
-    const long long* d = c + 2 + 2 * known;
-    if (d[0] >= 0) won += (long long)a[d[0]] * d[1];  // the part of a split K
+    const C* d = c + 2 + 2 * known;
+    if (d[0] >= 0) won += (long long)a[d[0]] * (long long)d[1];  // the part of a split K
     const long long summed = d[2];
     for (long long j = 0; j < summed; ++j) {
         const long long index = d[3 + 2 * j], size = d[4 + 2 * j];
@@ -85,23 +89,43 @@ __device__ __forceinline__ void backtrace_step(const long long* __restrict__ c,
     }
 }
 
-__global__ void einsum_backtrace(const long long* __restrict__ code,
-                                 const long long* __restrict__ schedule, long long depths,
-                                 const char* __restrict__ base, long long* assignment,
-                                 long long indices, const unsigned char* __restrict__ value,
-                                 long long itemsize, int shared) {
-    extern __shared__ int fast[];
-    if (blockIdx.x != 0) return;
-    int* a = shared ? fast : reinterpret_cast<int*>(assignment);
-    for (long long i = threadIdx.x; i < indices; i += blockDim.x) a[i] = 0;
-    __syncthreads();
-    const long long* offsets = schedule + depths + 1;
+template <typename C>
+__device__ __forceinline__ void backtrace_walk(const C* code, const C* schedule, long long depths,
+                                               const char* base, int* a) {
+    const C* offsets = schedule + depths + 1;
     for (long long depth = 0; depth < depths; ++depth) {
         for (long long t = schedule[depth] + threadIdx.x; t < schedule[depth + 1]; t += blockDim.x)
             backtrace_step(code + offsets[t], base, a);
         __syncthreads();
     }
-    if (shared) {
+}
+
+__global__ void einsum_backtrace(const void* __restrict__ code, const void* __restrict__ schedule,
+                                 long long depths, const char* __restrict__ base,
+                                 long long* assignment, long long indices,
+                                 const unsigned char* __restrict__ value, long long itemsize,
+                                 int flags, long long code_words, long long schedule_words) {
+    extern __shared__ int fast[];
+    if (blockIdx.x != 0) return;
+    int* a = (flags & 1) ? fast : reinterpret_cast<int*>(assignment);
+    for (long long i = threadIdx.x; i < indices; i += blockDim.x) a[i] = 0;
+    if (flags & 2) {
+        int* staged_code = fast + indices;
+        int* staged_schedule = staged_code + code_words;
+        const int* from_code = static_cast<const int*>(code);
+        const int* from_schedule = static_cast<const int*>(schedule);
+        for (long long i = threadIdx.x; i < code_words; i += blockDim.x)
+            staged_code[i] = from_code[i];
+        for (long long i = threadIdx.x; i < schedule_words; i += blockDim.x)
+            staged_schedule[i] = from_schedule[i];
+        __syncthreads();
+        backtrace_walk<int>(staged_code, staged_schedule, depths, base, a);
+    } else {
+        __syncthreads();
+        backtrace_walk<long long>(static_cast<const long long*>(code),
+                                  static_cast<const long long*>(schedule), depths, base, a);
+    }
+    if (flags & 1) {
         for (long long i = threadIdx.x; i < indices; i += blockDim.x) assignment[i] = a[i];
     } else if (threadIdx.x == 0) {
         // Widened in place from the last: a[i] is read before assignment[i] overwrites
