@@ -219,21 +219,21 @@ def host_us(call: Callable[[], Any], sync: Callable[[], Any], repeats: int) -> f
 
 
 def backtrace_us(program: Any, repeats: int) -> float:
-    """The GPU time of an argmax program's backtrace kernel alone (us, CUDA events)."""
+    """The GPU time of an argmax program's backtrace kernel alone (us, CUDA events): the launch
+    its graph ends with (which walks the program's groups of steps, not the steps one by one)."""
     import cupy
 
-    from aionvrtc.tropical._einsum_steps import resolve
+    from aionvrtc.tropical._specs import einsum_spec
 
-    steps = program._steps
-    op = steps.ops[-1]
-    inputs = [x.data.ptr for x in program.inputs]
-    pointers = resolve(op.sources, inputs, program._arena, program.output.data.ptr)
+    ((launcher, module, pointers),) = [
+        launch for launch in program._units()[-1] if launch[0].spec == einsum_spec("backtrace")
+    ]
     stream = cupy.cuda.Stream(non_blocking=True)
     times = []
     for _ in range(repeats):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record(stream)
-        op.launcher.run_pointers(program._modules[op.module], pointers, stream)
+        launcher.run_pointers(module, pointers, stream)
         end.record(stream)
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
@@ -368,8 +368,9 @@ def render(rows: Sequence[dict[str, Any]], facts: dict[str, Any]) -> str:
         "planning the path's steps, preparing, capturing, one replay, kernels compiled before. "
         "JAX: `jax.jit` of the pairwise steps (first call: trace and compile). eager: "
         "`einsum_sync`; before: the eager call of the aionvrtc before compiled programs. "
-        "launches: the kernels of the program's graph (products, copies; a level's tiny steps "
-        "take one), and a graph of as many empty kernels in a chain, replayed.",
+        "launches: the kernels of the program's graph (products, copies; a chain of small steps "
+        "is contracted in one, and a level's small groups of steps share one per size), and a "
+        "graph of as many empty kernels in a chain, replayed.",
         "",
         "| network | steps | launches (chain of as many empty) | copies (before), in the program "
         "| program "
