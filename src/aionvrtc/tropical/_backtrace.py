@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from ._contraction import EinsumPlan, contiguous
 
-__all__ = ["assignment_of", "backtrace_code", "backtrace_program", "follow"]
+__all__ = ["assignment_of", "assignment_order", "backtrace_code", "backtrace_program", "follow"]
 
 
 def backtrace_code(plan: EinsumPlan, where: Sequence[int]) -> list[int]:
@@ -94,5 +94,14 @@ def follow(
 def assignment_of(plan: EinsumPlan, values: Sequence[int]) -> dict[str, int]:
     """The assignment of the inputs' indices, from every index's value (numbered as ``sizes``).
     Every index of an input was summed by some product: a scalar contraction outputs none."""
+    names, numbers = assignment_order(plan)
+    return dict(zip(names, (int(values[n]) for n in numbers), strict=True))
+
+
+def assignment_order(plan: EinsumPlan) -> tuple[tuple[str, ...], list[int]]:
+    """The inputs' indices, as ``assignment_of`` names them, and each one's number: made once
+    per plan by what reads assignments again and again (the 15x15 king's graph's 225 indices
+    took 0.1-0.2 ms to name per call, a fifth of the contraction)."""
     number = {index: n for n, index in enumerate(plan.sizes)}
-    return {i: int(values[number[i]]) for i in dict.fromkeys("".join(plan.inputs))}
+    names = tuple(dict.fromkeys("".join(plan.inputs)))
+    return names, [number[i] for i in names]

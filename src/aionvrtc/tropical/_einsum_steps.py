@@ -23,7 +23,7 @@ import numpy as np
 
 from .._cuda import Module
 from .._spec import KernelSpec
-from ._backtrace import backtrace_program
+from ._backtrace import assignment_order, backtrace_program
 from ._bounded import keep
 from ._classes import tables_version
 from ._contraction import EinsumPlan, Step, Term, contiguous
@@ -149,6 +149,8 @@ class Steps:
         self.depends = tuple(made.depends)
         self.nbytes = made.arena.size
         self.assignment = made.assignment
+        names, numbers = assignment_order(planned)  # (what reading an assignment needs, once)
+        self.named = (names, np.array(numbers, np.intp))
         self.reads, self.writes = tuple(made.reads), tuple(made.writes)
         self._keep = made.keep  # persistent buffers the launches point at
         # Freed only once the device is done with every launch that may read them.
