@@ -235,6 +235,7 @@ GEMM = "tropical_gemm-nvidia-h200.md"
 GEMM_JSON = "tropical_gemm-nvidia-h200.json"
 TENSOR = "tensor_network-nvidia-h200.json"
 EINSUM = "tropical_einsum-nvidia-h200.json"
+EINSUM_16 = "tropical_einsum-nvidia-h200-16-cpus.json"
 SOAK = "soak-2-vcpus.md"
 WARM_GPU = "warm_cache-nvidia-h200-gpu.md"
 ARGMAX = ("maxplus float32 {} argmax", "maxplus int32 {} argmax", "maxplus float64 {} argmax")
@@ -547,6 +548,17 @@ FIGURES = [
         r"A replay is ([\d,.]+) to ([\d,.]+) times faster than `einsum_sync`",
         EINSUM,
         data(lambda r: spread_of(r, lambda row: row["eager_ms"] / row["program_ms"])),
+    ),
+    Figure(
+        r"a replay took ([\d,.]+) to ([\d,.]+) times JAX's time and the assignment "
+        r"([\d,.]+) to ([\d,.]+) times the value",
+        EINSUM_16,
+        data(
+            lambda r: [
+                *spread_of(r, lambda row: row["program_ms"] / row["jax_ms"]),
+                *spread_of(r, lambda row: row["program_argmax_ms"] / row["program_ms"]),
+            ]
+        ),
     ),
     Figure(
         r"needs an intermediate of 2\^(\d+) elements under random-greedy planning and is "
