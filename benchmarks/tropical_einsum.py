@@ -228,6 +228,7 @@ def backtrace_us(program: Any, repeats: int) -> float:
     ((launcher, module, pointers),) = [
         launch for launch in program._units()[-1] if launch[0].spec == einsum_spec("backtrace")
     ]
+    cupy.cuda.Device().synchronize()  # (the units' tables are uploaded on the current stream)
     stream = cupy.cuda.Stream(non_blocking=True)
     times = []
     for _ in range(repeats):

@@ -67,14 +67,14 @@ _DTYPE = operator.attrgetter("dtype")
 _DEVICE = operator.attrgetter("data.device_id")
 _POINTER = operator.attrgetter("data.ptr")
 _LANES = 8  # streams a capture forks: the most steps the graph runs side by side on its own
-# The groups of steps of a level that are small run in one launch of tropical_many, each
-# reading its operands as they are: a group of several steps (see _fusion), and a lone step
-# whose outputs times K is at most _TINY_WORK (a block of 256
-# threads does it in 128 (x) each) with K at most _TINY_K, and those that would copy an operand
-# first, with K at most _SMALL_K and at most _SMALL outputs. Each output's K is summed by one
-# thread: fine where K is short, as along a chain of tensors of few values each; measured on an
-# H200, 2^20 outputs over K = 16 took 120 us there, a copy and a tiled product 40. Indices of
-# more than one value, at most MANY_OUT kept and MANY_SUMMED summed.
+# The groups of steps of a level that are small run in one launch of tropical_many (one per
+# size class), each reading its operands as they are: a group of several steps (see _fusion),
+# a lone step whose outputs times K is at most _TINY_WORK with K at most _TINY_K, and one that
+# would copy an operand first, with K at most _SMALL_K and at most _SMALL outputs. Each
+# output's K is summed by at most a warp's team of threads (see _lanes): fine where K is
+# short, as along a chain of tensors of few values each; measured on an H200, 2^20 outputs
+# over K = 16 took 120 us there (one thread an output), a copy and a tiled product 40. Indices
+# of more than one value, at most MANY_OUT kept and MANY_SUMMED summed.
 _MAX_GRID_Y = 65535
 _MAX_BLOCKS = 4096  # of a tropical_many launch (its threads stride over the rest)
 _NARROW = 1 << 31  # offsets into a tropical_many leaf below which 32 bits do
@@ -98,8 +98,9 @@ class EinsumProgram:
     pass it as ``out=`` to skip the copy out (it holds the next call's result then). Calls on
     any streams are ordered among themselves (a call waits for the previous one's work), and
     from any threads. ``nbytes`` is the device memory the program holds, ``launches`` the
-    kernels its graph runs (a level's small steps take one), ``copies`` how many of those copy
-    an operand (a small step reads its operands as they are)."""
+    kernels its graph runs (a chain of small steps takes one, and a level's small groups share
+    one per size), ``copies`` how many of those copy an operand (a small step reads its
+    operands as they are)."""
 
     def __init__(
         self,
@@ -329,7 +330,9 @@ class EinsumProgram:
             strides = [dict(zip(t.indices, t.strides, strict=True)) for _, t in leaves]
             wide = [i for i in step.result if sizes[i] != 1]
             # Offsets in 32 bits where every leaf's elements are numbered below 2^31.
-            reach = max(sum((sizes[i] - 1) * abs(n) for i, n in d.items()) for d in strides)
+            # (Each index's whole size times its stride: the odometer steps one past the last
+            # value before it wraps.)
+            reach = max(sum(sizes[i] * abs(n) for i, n in d.items()) for d in strides)
             rows.append([
                 c, index, step.size, group.k, len(wide), len(group.summed), len(leaves),
                 _lanes(group.k, step.size) + (256 if reach >= _NARROW else 0),

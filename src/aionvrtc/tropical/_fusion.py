@@ -65,7 +65,8 @@ def groups(plan: EinsumPlan) -> list[Group]:
     sizes = plan.sizes
     found: dict[int, Group] = {}
     for number, step in enumerate(plan.steps):
-        group = Group(number, (number,), step.operands, _wide(plan, step.k), _k(plan, step))
+        summed = _wide(plan, step.k)
+        group = Group(number, (number,), step.operands, summed, _product(plan, summed))
         if step.split is None and sum(sizes[i] != 1 for i in step.result) <= MANY_OUT:
             children = [found[o - inputs] for o in step.operands if o >= inputs]
             children.sort(key=lambda child: -plan.steps[child.root].size * child.k)
@@ -112,15 +113,15 @@ def grouped_plan(plan: EinsumPlan, made: list[Group]) -> EinsumPlan:
             steps.append(
                 replace(root, operands=operands, number=inputs + n, k=group.summed, split=None)
             )
-    return replace(plan, steps=tuple(steps))
+    # (Not a plan to run or cache: no key, so that nothing keyed by the plan's takes it.)
+    return replace(plan, steps=tuple(steps), key=("", -1))
 
 
 def _wide(plan: EinsumPlan, indices: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(i for i in indices if plan.sizes[i] != 1)
 
 
-def _k(plan: EinsumPlan, step: Step) -> int:
-    """The values a step sums per output (a split step's: per part)."""
-    return (
-        step.first.shape[2] if step.split is not None else math.prod(plan.sizes[i] for i in step.k)
-    )
+def _product(plan: EinsumPlan, indices: tuple[str, ...]) -> int:
+    """The values a group sums per output (a step whose K is cut in parts sums a part's, but
+    stays alone and never runs in tropical_many)."""
+    return math.prod(plan.sizes[i] for i in indices)
