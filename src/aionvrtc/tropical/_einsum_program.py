@@ -27,7 +27,7 @@ import numpy as np
 from .._actor import Compiler
 from .._cuda import Module, synchronize
 from .._spec import KernelSpec
-from ._contraction import EinsumPlan, Term, contiguous, einsum_plan, known_plan
+from ._contraction import EinsumPlan, einsum_plan, known_plan
 from ._einsum import (
     _check_out,
     _stream,
@@ -38,7 +38,16 @@ from ._einsum import (
     steps_for,
 )
 from ._einsum_steps import MAX_GATHER, Op, Steps, backtrace_launch, resolve, steps_key
-from ._fusion import LEAVES, MANY_OUT, MANY_SUMMED, Group, grouped_plan, groups
+from ._fusion import (
+    LEAVES,
+    MANY_OUT,
+    MANY_SUMMED,
+    Group,
+    fits,
+    grouped_plan,
+    groups,
+    wide_indices,
+)
 from ._launching import OnDevice, _Packed
 from ._planning import cupy_module
 from ._semirings import Semiring
@@ -244,12 +253,11 @@ class EinsumProgram:
             if len(group.members) > 1:
                 return True
             step = planned.steps[group.root]
-            wide = sum(planned.sizes[i] != 1 for i in step.result)
-            fits = wide <= MANY_OUT and len(group.summed) <= MANY_SUMMED and step.split is None
             copies = len(by_step[group.root]) > 1
             k = group.k
             tiny = step.size * k <= _TINY_WORK and k <= _TINY_K
-            return fits and (tiny or (copies and k <= _SMALL_K and step.size <= _SMALL))
+            small_step = copies and k <= _SMALL_K and step.size <= _SMALL
+            return fits(planned, group) and (tiny or small_step)
 
         def launches(number: int) -> list[tuple[_Packed, Module, list[int]]]:
             return [
@@ -313,22 +321,15 @@ class EinsumProgram:
         rows), each reading its leaves as they are (no copy), their tables kept."""
         steps = self._steps
         planned = steps.plan
-        sizes, count = planned.sizes, len(planned.terms)
+        sizes = planned.sizes
         rows = []
         for group in made:
             step = planned.steps[group.root]
-            leaves: list[tuple[int, Term]] = []
-            for o in group.leaves:
-                if o < count:
-                    leaves.append((inputs[o], planned.terms[o]))
-                else:
-                    made_by = planned.steps[o - count]
-                    (at,) = resolve((steps.writes[o - count][0],), inputs, self._arena, result)
-                    term = Term(made_by.result, contiguous([sizes[i] for i in made_by.result]))
-                    leaves.append((at, term))
+            leaves = [steps.operands[o] for o in group.leaves]
+            addresses = resolve([at for at, _ in leaves], inputs, self._arena, result)
             c, index = resolve(steps.writes[group.root], inputs, self._arena, result)
             strides = [dict(zip(t.indices, t.strides, strict=True)) for _, t in leaves]
-            wide = [i for i in step.result if sizes[i] != 1]
+            wide = wide_indices(planned, step.result)
             # Offsets in 32 bits where every leaf's elements are numbered below 2^31.
             # (Each index's whole size times its stride: the odometer steps one past the last
             # value before it wraps.)
@@ -336,7 +337,7 @@ class EinsumProgram:
             rows.append([
                 c, index, step.size, group.k, len(wide), len(group.summed), len(leaves),
                 _lanes(group.k, step.size) + (256 if reach >= _NARROW else 0),
-                *(at for at, _ in leaves), *[0] * (LEAVES - len(leaves)),
+                *addresses, *[0] * (LEAVES - len(leaves)),
                 *_dims(wide, sizes, strides, MANY_OUT),
                 *_dims(group.summed, sizes, strides, MANY_SUMMED),
             ])  # fmt: skip

@@ -115,8 +115,8 @@ class _Arena:
 class Steps:
     """``planned`` ready to launch for inputs laid out as it was planned (``planned.terms``):
     ``specs`` the kernels to fetch, ``ops`` the launches in order, ``nbytes`` the arena's size,
-    ``depends`` each step's steps before it (for a graph's branches), ``reads`` and ``writes``
-    each step's operands before any copy and its outputs. With ``argmax`` the last
+    ``operands`` where each operand lies and how (numbered as Step.operands: the inputs, then
+    each step's result), ``writes`` each step's result and argmax. With ``argmax`` the last
     op writes every index's value at ``assignment`` in the arena (int64 each, numbered as the
     plan's ``sizes``), then the value's bytes."""
 
@@ -146,12 +146,11 @@ class Steps:
             upload.synchronize()
         self.specs = list(made.specs)
         self.ops = tuple(made.ops)
-        self.depends = tuple(made.depends)
         self.nbytes = made.arena.size
         self.assignment = made.assignment
         names, numbers = assignment_order(planned)  # (what reading an assignment needs, once)
         self.named = (names, np.array(numbers, np.intp))
-        self.reads, self.writes = tuple(made.reads), tuple(made.writes)
+        self.operands, self.writes = tuple(made.operands), tuple(made.writes)
         self._keep = made.keep  # persistent buffers the launches point at
         # Freed only once the device is done with every launch that may read them.
         weakref.finalize(self, _drain, device, self._keep)
@@ -204,12 +203,14 @@ class _Builder:
         self.arena = _Arena(reuse)
         self.specs: dict[KernelSpec, int] = {}
         self.ops: list[Op] = []
-        self.depends: list[tuple[int, ...]] = []
         self.keep: list[Any] = []
         self.where: list[int] = []  # each step's argmax, by offset
-        # Each step's operands as read before any copy (a vector of ones for a reduction's
-        # second, of no indices), and where its result and argmax go.
-        self.reads: list[tuple[tuple[Source, Term | None], tuple[Source, Term | None]]] = []
+        # Every operand by number, where it lies and its layout (a step's result: where the
+        # step wrote it, contiguous over its indices), and where each step's result and argmax
+        # go.
+        self.operands: list[tuple[Source, Term]] = [
+            ((INPUT, i), term) for i, term in enumerate(planned.terms)
+        ]
         self.writes: list[tuple[Source, Source]] = []
         self.assignment = -1
         self.ones: dict[int, Any] = {}
@@ -217,9 +218,7 @@ class _Builder:
         # shapes and strides only, and each run writes the real addresses.
         self.scratch = cupy.empty(_ALIGN, np.uint8)
         self.inputs = len(planned.terms)
-        self.live: dict[int, tuple[Source, Term]] = {
-            i: ((INPUT, i), term) for i, term in enumerate(planned.terms)
-        }
+        self.live: dict[int, tuple[Source, Term]] = dict(enumerate(self.operands))
         self.owned: dict[int, tuple[int, int]] = {}  # operand -> its result's (offset, bytes)
         self.last_read: dict[int, int] = {}
         for number, step in enumerate(planned.steps):
@@ -246,11 +245,9 @@ class _Builder:
 
     def step(self, number: int, step: Step) -> None:
         planned, item = self.steps.plan, self.steps.dtype.itemsize
-        self.depends.append(tuple(o - self.inputs for o in step.operands if o >= self.inputs))
         chosen = [self.live.pop(o) for o in step.operands]
         if step.swapped:
             chosen = chosen[::-1]
-        reads: list[tuple[Source, Term | None]] = list(chosen)
         temporary: list[tuple[int, int]] = []
         pointers: list[Source] = []
         arrays: list[Any] = []
@@ -270,8 +267,6 @@ class _Builder:
             ones = (VALUE, self.ones_of(k))
             pointers.append(ones)
             arrays.append(self.view((1, k, 1), (0, 1, 1)))
-            reads.append((ones, None))  # (read at stride 0)
-        self.reads.append((reads[0], reads[1]))
         c_at, index_at, out = self.outputs(number, step, arrays[1].shape[2])
         product = plan(
             arrays[0], arrays[1], self.ring.name, argmax=self.steps.argmax, out=out,
@@ -286,6 +281,7 @@ class _Builder:
             if self.last_read.get(operand) == number and operand in self.owned:
                 self.arena.give(*self.owned.pop(operand))
         result = Term(step.result, contiguous([planned.sizes[i] for i in step.result]))
+        self.operands.append((c_at, result))
         self.live[step.number] = (c_at, result)
 
     def outputs(self, number: int, step: Step, n: int) -> tuple[Source, Source, Any]:

@@ -18,7 +18,16 @@ from dataclasses import dataclass, replace
 
 from ._contraction import EinsumPlan, Step
 
-__all__ = ["LEAVES", "MANY_OUT", "MANY_SUMMED", "Group", "grouped_plan", "groups"]
+__all__ = [
+    "LEAVES",
+    "MANY_OUT",
+    "MANY_SUMMED",
+    "Group",
+    "fits",
+    "grouped_plan",
+    "groups",
+    "wide_indices",
+]
 
 # What one row of tropical_many takes (EINSUM_LEAVES, EINSUM_OUT, EINSUM_SUMMED): the tensors a
 # group reads, its output indices and its summed indices (those of more than one value).
@@ -62,39 +71,45 @@ def groups(plan: EinsumPlan) -> list[Group]:
     every semiring; it does not associate exactly in floating point). (+) moves past (x)
     exactly: a (x) max(y) = max(a (x) y) where (x) a is monotone, as rounding is."""
     inputs = len(plan.terms)
-    sizes = plan.sizes
     found: dict[int, Group] = {}
     for number, step in enumerate(plan.steps):
-        summed = _wide(plan, step.k)
+        summed = wide_indices(plan, step.k)
         group = Group(number, (number,), step.operands, summed, _product(plan, summed))
-        if step.split is None and sum(sizes[i] != 1 for i in step.result) <= MANY_OUT:
-            children = [found[o - inputs] for o in step.operands if o >= inputs]
-            children.sort(key=lambda child: -plan.steps[child.root].size * child.k)
-            for child in children:
-                if plan.steps[child.root].split is not None:
-                    continue
-                others = tuple(o for o in step.operands if o != inputs + child.root)
-                merged = Group(
-                    number,
-                    (*child.members, number),
-                    child.leaves + others,
-                    child.summed + group.summed,
-                    child.k * group.k,
-                )
-                work = step.size * merged.k
-                apart = step.size * group.k + plan.steps[child.root].size * child.k
-                if (
-                    len(merged.leaves) <= LEAVES
-                    and len(merged.summed) <= MANY_SUMMED
-                    and merged.k <= FUSE_K
-                    and work <= FUSE_WORK
-                    and work <= _GROWTH * apart
-                ):
-                    del found[child.root]
-                    group = merged
-                    break
+        children = [found[o - inputs] for o in step.operands if o >= inputs]
+        children.sort(key=lambda child: -plan.steps[child.root].size * child.k)
+        for child in children:
+            others = tuple(o for o in step.operands if o != inputs + child.root)
+            merged = Group(
+                number,
+                (*child.members, number),
+                child.leaves + others,
+                child.summed + group.summed,
+                child.k * group.k,
+            )
+            work = step.size * merged.k
+            apart = step.size * group.k + plan.steps[child.root].size * child.k
+            if (
+                fits(plan, merged)
+                and merged.k <= FUSE_K
+                and work <= FUSE_WORK
+                and work <= _GROWTH * apart
+            ):
+                del found[child.root]
+                group = merged
+                break
         found[number] = group
     return [found[root] for root in sorted(found)]
+
+
+def fits(plan: EinsumPlan, group: Group) -> bool:
+    """Whether ``group`` fits one row of tropical_many: its leaves, output and summed indices
+    within the row's, and no step whose K is cut in parts (its argmax numbers a part's k)."""
+    return (
+        len(group.leaves) <= LEAVES
+        and len(group.summed) <= MANY_SUMMED
+        and len(wide_indices(plan, plan.steps[group.root].result)) <= MANY_OUT
+        and all(plan.steps[n].split is None for n in group.members)
+    )
 
 
 def grouped_plan(plan: EinsumPlan, made: list[Group]) -> EinsumPlan:
@@ -117,7 +132,9 @@ def grouped_plan(plan: EinsumPlan, made: list[Group]) -> EinsumPlan:
     return replace(plan, steps=tuple(steps), key=("", -1))
 
 
-def _wide(plan: EinsumPlan, indices: tuple[str, ...]) -> tuple[str, ...]:
+def wide_indices(plan: EinsumPlan, indices: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``indices`` of more than one value (an index of one is no dimension of a
+    tropical_many row)."""
     return tuple(i for i in indices if plan.sizes[i] != 1)
 
 
