@@ -60,6 +60,22 @@ def median_ms(call: Callable[[], Any], sync: Callable[[], Any], repeats: int) ->
     return statistics.median(times) * 1e3
 
 
+def paired_ms(
+    first: Callable[[], Any], second: Callable[[], Any], sync: Callable[[], Any], repeats: int
+) -> tuple[float, float]:
+    """``median_ms`` of two calls taken in turn, ``repeats`` of each: a ratio of the two free
+    of what drifts meanwhile (clocks, the host's other work)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for n in range(repeats + 1):
+        for call, kept in ((first, times[0]), (second, times[1])):
+            began = time.perf_counter()
+            call()
+            sync()
+            if n:  # (the first of each: a warm-up)
+                kept.append(time.perf_counter() - began)
+    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+
+
 def pairwise(
     plan: tropical.EinsumPlan, xp: Any, reduce: Callable[[Any, tuple[int, ...]], Any]
 ) -> Callable[..., Any]:
@@ -148,18 +164,22 @@ def measure(module: Any, net: Any, args: argparse.Namespace) -> dict[str, Any]: 
     assert first == value, (first, value)
     row["program_bytes"] = program.nbytes
     sync = stream.synchronize
-    row["program_ms"] = median_ms(lambda: program.run_sync(*arrays), sync, args.repeats)
-    row["program_bound_ms"] = median_ms(program.run_sync, sync, args.repeats)  # read in place
     with_assignment = tropical.einsum_program_sync(
         net.subscripts, *arrays, semiring=ring, optimize=path, argmax=True
     )
     got, assignment = with_assignment.run_sync(*arrays)
     assert float(got) == value
     row["assignment"] = module.check(net, value, assignment)
-    row["program_argmax_ms"] = median_ms(
-        lambda: with_assignment.run_sync(*arrays), stream.synchronize, args.repeats
+    # The value alone and with the assignment in turn (their ratio is a goal); then each
+    # reading its inputs in place (no gather): the GPU's part and the host's.
+    repeats = args.repeats * 4
+    row["program_ms"], row["program_argmax_ms"] = paired_ms(
+        lambda: program.run_sync(*arrays), lambda: with_assignment.run_sync(*arrays), sync,
+        repeats,
+    )  # fmt: skip
+    row["program_bound_ms"], row["program_argmax_bound_ms"] = paired_ms(
+        program.run_sync, with_assignment.run_sync, sync, repeats
     )
-    row["program_argmax_bound_ms"] = median_ms(with_assignment.run_sync, sync, args.repeats)
     row["program_host_us"] = host_us(lambda: program.run_sync(*arrays), sync, args.repeats)
     row["backtrace_us"] = backtrace_us(with_assignment, args.repeats)
     row["ops"] = program.launches
@@ -223,10 +243,10 @@ def backtrace_us(program: Any, repeats: int) -> float:
     its graph ends with (which walks the program's groups of steps, not the steps one by one)."""
     import cupy
 
-    from aionvrtc.tropical._specs import einsum_spec
+    from aionvrtc.tropical._einsum_program import _walks
 
     ((launcher, module, pointers),) = [
-        launch for launch in program._units()[-1] if launch[0].spec == einsum_spec("backtrace")
+        launch for launch in program._units()[-1] if _walks(launch[0])
     ]
     cupy.cuda.Device().synchronize()  # (the units' tables are uploaded on the current stream)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -366,7 +386,8 @@ def render(rows: Sequence[dict[str, Any]], facts: dict[str, Any]) -> str:
         "0; random-greedy 64 trials, king's graphs row by row), every engine on the same "
         "pairwise path. Wall time per call to the synchronised result, medians (ms). program: "
         "`einsum_program(...).run_sync(*operands)`, a CUDA-graph replay; its first call (s): "
-        "planning the path's steps, preparing, capturing, one replay, kernels compiled before. "
+        "planning the path's steps, preparing, capturing, one replay, kernels compiled before; "
+        "with assignment: `argmax=True`, its calls taken in turn with the value's. "
         "JAX: `jax.jit` of the pairwise steps (first call: trace and compile). eager: "
         "`einsum_sync`; before: the eager call of the aionvrtc before compiled programs. "
         "launches: the kernels of the program's graph (products, copies; a chain of small steps "

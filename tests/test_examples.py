@@ -324,7 +324,8 @@ def test_tensor_network_plans_compiles_and_says_what_it_would_run(
     assert all(k.startswith(("  tropical_gemm", "  einsum_")) for k in kernels)
     assert all(k.endswith("(cubin)") for k in kernels)
     # The products', the copy's (king's graphs copy) and the backtrace's (argmax=True).
-    assert "  einsum_backtrace (cubin)" in kernels
+    assert "  einsum_backtrace<float, MaxPlus> (cubin)" in kernels
+    assert "  einsum_backtrace<float, MinPlus> (cubin)" in kernels
     assert any(k.startswith("  einsum_copy<") for k in kernels)
     # Max-plus for the sets, min-plus for the spin glass, each with and without argmax.
     assert any("MaxPlus, true" in k for k in kernels)

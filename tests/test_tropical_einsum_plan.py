@@ -30,9 +30,16 @@ from aionvrtc.tropical import (
     einsum_plan,
     reference,
 )
-from aionvrtc.tropical._backtrace import assignment_of, backtrace_code, backtrace_program, follow
+from aionvrtc.tropical._backtrace import (
+    Scan,
+    assignment_of,
+    backtrace_code,
+    backtrace_program,
+    follow,
+)
 from aionvrtc.tropical._contraction import Step, Term, View
-from aionvrtc.tropical._specs import einsum_spec, many_spec
+from aionvrtc.tropical._semirings import semiring as lookup
+from aionvrtc.tropical._specs import backtrace_spec, einsum_spec, many_spec
 
 from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
 from .tropical_data import compile_each_for_sm_90
@@ -124,13 +131,13 @@ def run_plan(
     plan: EinsumPlan,
     ring: str,
     arrays: Sequence[Array],
-    trace: list[tuple[Step, Array]] | None = None,
+    trace: list[tuple[Step, Array, Array, Array]] | None = None,
 ) -> Array:
     """``plan`` run as the GPU runs it, step by step on the steps' strided 3-D views (copied
     first where the plan copies), each product by ``reference.matmul``: a plan that reads the
     wrong elements anywhere gives a wrong result. With ``trace``, each step's argmax (the
     kernels' rule: the smallest k attaining the value, -1 for the zero) is appended to it, as
-    the GPU einsum records it for ``backtrace``."""
+    the GPU einsum records it for ``backtrace``, with the step's two 3-D operands."""
     semiring = SEMIRINGS[ring]
     dtype = arrays[0].dtype
     sizes = dict(plan.sizes)
@@ -165,7 +172,7 @@ def run_plan(
             c = reference.matmul(first, second, ring)
         else:
             c, index = reference.matmul(first, second, ring, argmax=True)
-            trace.append((step, index))
+            trace.append((step, index, first, second))
         c = np.ascontiguousarray(c)
         result = c.reshape([sizes[i] for i in step.result])
         strides = tuple(s // result.itemsize for s in result.strides)
@@ -865,7 +872,10 @@ def test_every_plan_reads_what_its_steps_say(ring: str, dtype: Any, data: st.Dat
 # -- the argmax's backtrace, on the host ------------------------------------------------------
 
 
-def _follow(plan: EinsumPlan, trace: list[tuple[Step, Array]]) -> dict[str, int]:
+Trace = list[tuple[Step, Array, Array, Array]]
+
+
+def _follow(plan: EinsumPlan, trace: Trace, ring: str) -> dict[str, int]:
     """tropical's backtrace program (the one its kernel follows), followed on the host over a
     trace of NumPy argmaxes (run_plan's), each step's located by its place in the trace."""
     code = backtrace_code(plan, range(len(trace)))
@@ -875,14 +885,17 @@ def _follow(plan: EinsumPlan, trace: list[tuple[Step, Array]]) -> dict[str, int]
     return assignment_of(plan, values)
 
 
-def _follow_by_depth(plan: EinsumPlan, trace: list[tuple[Step, Array]]) -> dict[str, int]:
+def _follow_by_depth(plan: EinsumPlan, trace: Trace, ring: str) -> dict[str, int]:
     """``_follow``, the steps taken in the kernel's schedule: depth by depth in the tree."""
     code, schedule = backtrace_program(plan, range(len(trace)))
     steps = len(plan.steps)
-    depths = len(schedule) - steps - 1
-    starts, offsets = schedule[: depths + 1], schedule[depths + 1 :]
+    depths = (len(schedule) - steps - 1) // 2
+    starts, scans, offsets = (
+        schedule[: depths + 1], schedule[depths + 1 : 2 * depths + 1], schedule[2 * depths + 1 :]
+    )  # fmt: skip
     assert starts[0] == 0
     assert starts[-1] == steps
+    assert scans == [0] * depths  # (every argmax kept)
     assert sorted(offsets) == sorted(set(offsets))  # each step once
     ends = dict(itertools.pairwise([*sorted(offsets), len(code)]))
     ordered = [x for offset in offsets for x in code[offset : ends[offset]]]
@@ -892,9 +905,43 @@ def _follow_by_depth(plan: EinsumPlan, trace: list[tuple[Step, Array]]) -> dict[
     return assignment_of(plan, values)
 
 
-@pytest.fixture(params=["in order", "by depth"])
+def _follow_scanning(plan: EinsumPlan, trace: Trace, ring: str) -> dict[str, int]:
+    """``_follow`` with every product's argmax found again at the position reached, as a
+    compiled program's backtrace finds a large product's (a ``Scan``): its K scanned there for
+    the first best k (in NumPy, by reference.matmul of that row and column)."""
+    where: list[int | Scan] = [
+        Scan(n, n, first.shape[1], second.shape[2], first.shape[2], strides(first), strides(second))
+        if step.second is not None
+        else n
+        for n, (step, _, first, second) in enumerate(trace)
+    ]
+
+    def scan(product: Scan, at: int) -> int:
+        _, _, first, second = trace[product.a]
+        b, rest = divmod(at, product.m * product.n)
+        m, n = divmod(rest, product.n)
+        row, column = first[b : b + 1, m : m + 1], second[b : b + 1, :, n : n + 1]
+        _, index = reference.matmul(row, column, ring, argmax=True)
+        return int(index.reshape(-1)[0])
+
+    code = backtrace_code(plan, where)
+    values = follow(
+        code, len(trace), len(plan.sizes),
+        lambda where, at: int(trace[where][1].reshape(-1)[at]), scan,
+    )  # fmt: skip
+    return assignment_of(plan, values)
+
+
+def strides(x: Array) -> tuple[int, int, int]:
+    a, b, c = (s // x.itemsize for s in x.strides)
+    return a, b, c
+
+
+@pytest.fixture(params=["in order", "by depth", "scanning"])
 def host_backtrace(request: pytest.FixtureRequest) -> Callable[..., dict[str, int]]:
-    return _follow if request.param == "in order" else _follow_by_depth
+    return {"in order": _follow, "by depth": _follow_by_depth, "scanning": _follow_scanning}[
+        request.param
+    ]
 
 
 def _value_and_assignment(
@@ -905,11 +952,11 @@ def _value_and_assignment(
     optimize: Any = "auto",
 ) -> tuple[Array, dict[str, int]]:
     plan = einsum_plan(subscripts, *operands, optimize=optimize)
-    trace: list[tuple[Step, Array]] = []
+    trace: Trace = []
     value = run_plan(plan, ring, operands, trace)
-    assert [step for step, _ in trace] == list(plan.steps)
+    assert [step for step, *_ in trace] == list(plan.steps)
     np.testing.assert_array_equal(value, reference.einsum(subscripts, *operands, semiring=ring))
-    assignment = backtrace(plan, trace)
+    assignment = backtrace(plan, trace, ring)
     check_assignment(subscripts, operands, ring, value, assignment)
     return value, assignment
 
@@ -1073,7 +1120,7 @@ def test_kernel_specs_name_the_kernels_of_the_steps() -> None:
     assert argmax == [
         tropical.gemm_spec("maxplus", f4, argmax=True, accumulate=False, layout="strided"),
         tropical.kernel_spec(4096, 5, 8, argmax=True),
-        einsum_spec("backtrace"),  # the walk back to the assignment, on the GPU
+        backtrace_spec(lookup("maxplus"), f4),  # the walk back to the assignment, on the GPU
     ]
     assert argmax[1].name_expressions[0].startswith("tropical_gemm_tiled<float, FastMaxPlus, true,")
     i8 = plan.kernel_specs("minplus", np.int64)

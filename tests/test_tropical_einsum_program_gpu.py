@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from aionvrtc import Compiler, tropical
-from aionvrtc.tropical import _einsum_program, reference
+from aionvrtc.tropical import _contraction, _einsum_program, _einsum_steps, reference
+from aionvrtc.tropical._backtrace import Scan
 
 from .test_tropical_einsum_fusion import kings_graph
 from .test_tropical_einsum_gpu import SPIN, assert_same, tensors
@@ -211,6 +212,47 @@ def test_the_assignment_found_on_the_device_attains_the_value(
     value, assignment = tropical.einsum_sync(
         subscripts, *map(gpu, operands), semiring=ring, argmax=True
     )
+    check_assignment(subscripts, operands, ring, host(value), assignment)
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_large_products_are_scanned_again_by_the_backtrace(
+    ring: str, dtype: str, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program's large products keep no argmax: its backtrace scans their K again at the
+    position it reaches. Forced here for every product of two operands the program keeps
+    (SCAN_WORK 0): the value as the program that keeps every argmax, and an assignment that
+    attains it."""
+    scans = 0
+    for _ in range(3):
+        subscripts, shapes = random_network(rng, int(rng.integers(8, 13)), int(rng.integers(7, 11)))
+        kept = tropical.einsum_program_sync(
+            subscripts, *shapes, dtype=dtype, semiring=ring, argmax=True
+        )
+        with monkeypatch.context() as patched:
+            patched.setattr(_contraction, "SCAN_WORK", 0)
+            patched.setattr(_einsum_steps, "_prepared", {})
+            tropical.clear_programs()
+            scanning = tropical.einsum_program_sync(
+                subscripts, *shapes, dtype=dtype, semiring=ring, optimize=kept.plan, argmax=True
+            )
+        scans += sum(isinstance(w, Scan) for w in scanning._steps.argmaxes)
+        for _ in range(2):  # replayed on new values
+            operands = network_values(rng, ring, dtype, shapes)
+            value, assignment = scanning.run_sync(*map(gpu, operands))
+            assert_same(value, host(kept.run_sync(*map(gpu, operands))[0]), subscripts)
+            check_assignment(subscripts, operands, ring, host(value), assignment)
+    assert scans >= 3
+    # Many ties: a maximum independent set of the Petersen graph.
+    subscripts, operands = independent_sets(10, PETERSEN, ring, dtype)
+    with monkeypatch.context() as patched:
+        patched.setattr(_contraction, "SCAN_WORK", 0)
+        patched.setattr(_einsum_steps, "_prepared", {})
+        program = tropical.einsum_program_sync(
+            subscripts, *map(gpu, operands), semiring=ring, argmax=True
+        )
+    value, assignment = program.run_sync(*map(gpu, operands))
+    assert host(value).item() == (4 if ring == "maxplus" else -4)
     check_assignment(subscripts, operands, ring, host(value), assignment)
 
 

@@ -1,5 +1,5 @@
 """The backtrace of a scalar contraction's argmaxes to an assignment of every index, as a program
-of 64-bit integers that one GPU thread follows (``einsum_backtrace`` in kernels/
+of 64-bit integers that one GPU block follows (``einsum_backtrace`` in kernels/
 tropical_einsum.cu) and ``follow`` follows on the host, for tests without a GPU.
 
 From the last product back, the indices a product keeps are known (a later product summed
@@ -13,26 +13,68 @@ takes); the argmax's position is the sum of the known indices' values times thei
 (it is C-contiguous over the product's result); a K that was cut in parts (``split``, else -1)
 adds the winning part times ``part``; the digits of the winner, last index first, are the
 summed indices' values. Indices are numbered in the order of the plan's ``sizes``.
+
+A product whose argmax was not kept (``Scan``: where a large product's argmax costs more than
+finding it again at the one position the walk asks) has ``where`` -1, and after its digits the
+``Scan``'s fields: the winner is found by scanning its K again at that position.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ._contraction import EinsumPlan, contiguous
 
-__all__ = ["assignment_of", "assignment_order", "backtrace_code", "backtrace_program", "follow"]
+__all__ = [
+    "Scan",
+    "assignment_of",
+    "assignment_order",
+    "backtrace_code",
+    "backtrace_program",
+    "follow",
+]
 
 
-def backtrace_code(plan: EinsumPlan, where: Sequence[int]) -> list[int]:
-    """The program for ``plan``, each step's argmax located by ``where`` (one per step)."""
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """A product (+)_k A[b, m, k] (x) B[b, k, n] whose argmax the backtrace finds by scanning k
+    at the position it reaches (the first best k, as the products' argmaxes): A and B at byte
+    offsets ``a`` and ``b`` from the walk's base, with these element strides, its result C
+    contiguous over (b, m, n)."""
+
+    a: int
+    b: int
+    m: int
+    n: int
+    k: int
+    a_strides: tuple[int, int, int]
+    b_strides: tuple[int, int, int]
+
+    def words(self) -> list[int]:
+        return [self.a, self.b, self.m, self.n, self.k, *self.a_strides, *self.b_strides]
+
+    @classmethod
+    def of(cls, words: Sequence[int]) -> Scan:
+        a, b, m, n, k, *strides = words
+        return cls(a, b, m, n, k, (strides[0], strides[1], strides[2]),
+                   (strides[3], strides[4], strides[5]))  # fmt: skip
+
+
+_SCAN_WORDS = 11  # Scan.words()
+
+
+def backtrace_code(plan: EinsumPlan, where: Sequence[int | Scan]) -> list[int]:
+    """The program for ``plan``, each step's argmax located by ``where`` (one per step), or
+    found again by its ``Scan``."""
     return backtrace_program(plan, where)[0]
 
 
-def backtrace_program(plan: EinsumPlan, where: Sequence[int]) -> tuple[list[int], list[int]]:
+def backtrace_program(plan: EinsumPlan, where: Sequence[int | Scan]) -> tuple[list[int], list[int]]:
     """``backtrace_code``, and the kernel's schedule: the steps by depth in the contraction
     tree (the last step's 0, a step's one more than its reader's), as the offsets at which each
-    depth's steps start in the list that follows them, then each step's offset in the code."""
+    depth's steps start in the list that follows them, how many of each depth's are scanned
+    (they come first), then each step's offset in the code."""
     number = {index: n for n, index in enumerate(plan.sizes)}
     code: list[int] = []
     offsets = [0] * len(plan.steps)
@@ -41,7 +83,7 @@ def backtrace_program(plan: EinsumPlan, where: Sequence[int]) -> tuple[list[int]
     ):
         offsets[position] = len(code)
         strides = contiguous([plan.sizes[i] for i in step.result])
-        code += [at, len(step.result)]
+        code += [-1 if isinstance(at, Scan) else at, len(step.result)]
         for index, stride in zip(step.result, strides, strict=True):
             code += [number[index], stride]
         if step.split is not None:
@@ -51,6 +93,8 @@ def backtrace_program(plan: EinsumPlan, where: Sequence[int]) -> tuple[list[int]
         code.append(len(step.k))
         for index in reversed(step.k):
             code += [number[index], plan.sizes[index]]
+        if isinstance(at, Scan):
+            code += at.words()
     inputs = len(plan.terms)
     depth = [0] * len(plan.steps)
     for position in reversed(range(len(plan.steps))):
@@ -59,18 +103,25 @@ def backtrace_program(plan: EinsumPlan, where: Sequence[int]) -> tuple[list[int]
                 depth[operand - inputs] = depth[position] + 1
     by_depth: list[list[int]] = [[] for _ in range(max(depth, default=-1) + 1)]
     for position, d in enumerate(depth):
-        by_depth[d].append(offsets[position])
-    starts = [0]
-    for group in by_depth:
+        by_depth[d].append(position)
+    starts, scans, order = [0], [], []
+    for group in by_depth:  # each depth's Scans first (the block takes them one by one)
+        group.sort(key=lambda position: not isinstance(where[position], Scan))
         starts.append(starts[-1] + len(group))
-    return code, starts + [offset for group in by_depth for offset in group]
+        scans.append(sum(isinstance(where[position], Scan) for position in group))
+        order += [offsets[position] for position in group]
+    return code, starts + scans + order
 
 
 def follow(
-    code: Sequence[int], steps: int, indices: int, read: Callable[[int, int], int]
+    code: Sequence[int],
+    steps: int,
+    indices: int,
+    read: Callable[[int, int], int],
+    scan: Callable[[Scan, int], int] | None = None,
 ) -> list[int]:
     """The walk the kernel makes: each index's value, ``read(where, position)`` giving an
-    argmax."""
+    argmax, and ``scan(product, position)`` a ``Scan``'s."""
     assignment = [0] * indices
     c = 0
     for _ in range(steps):
@@ -80,14 +131,20 @@ def follow(
         for _ in range(known):
             at += assignment[code[c]] * code[c + 1]
             c += 2
-        won = max(read(where, at), 0)  # -1: the semiring's zero, which every assignment attains
-        if code[c] >= 0:
-            won += assignment[code[c]] * code[c + 1]
-        summed = code[c + 2]
-        c += 3
-        for _ in range(summed):
-            won, assignment[code[c]] = divmod(won, code[c + 1])
-            c += 2
+        split, part, summed = code[c : c + 3]
+        end = c + 3 + 2 * summed
+        if where >= 0:
+            won = read(where, at)
+        else:
+            assert scan is not None
+            won = scan(Scan.of(code[end : end + _SCAN_WORDS]), at)
+            end += _SCAN_WORDS
+        won = max(won, 0)  # -1: the semiring's zero, which every assignment attains
+        if split >= 0:
+            won += assignment[split] * part
+        for d in range(c + 3, c + 3 + 2 * summed, 2):
+            won, assignment[code[d]] = divmod(won, code[d + 1])
+        c = end
     return assignment
 
 

@@ -300,10 +300,10 @@ class EinsumProgram:
         """The backtrace's launch ``op``, walking ``made`` instead of the steps one by one (a
         grouped step's argmax numbers all that its steps sum)."""
         steps = self._steps
-        where = [steps.writes[group.root][1][1] for group in made]  # each argmax's offset
+        where = [steps.argmaxes[group.root] for group in made]
         launcher, sources, tables = backtrace_launch(
             grouped_plan(steps.plan, made), where, self.device, steps.assignment,
-            self.dtype.itemsize,
+            ring=lookup(self.semiring), dtype=self.dtype,
         )  # fmt: skip
         self._tables += tables
         return dataclasses.replace(op, launcher=launcher, sources=sources)
@@ -519,7 +519,7 @@ def _lanes(k: int, outputs: int) -> int:
 
 def _walks(launcher: _Packed) -> bool:
     """Whether ``launcher`` is the backtrace's."""
-    return launcher.spec == einsum_spec("backtrace")
+    return launcher.spec.name_expressions[0].startswith("einsum_backtrace<")
 
 
 def _settle(done: Any, held: list[Any]) -> None:

@@ -23,14 +23,14 @@ import numpy as np
 
 from .._cuda import Module
 from .._spec import KernelSpec
-from ._backtrace import assignment_order, backtrace_program
+from ._backtrace import Scan, assignment_order, backtrace_program
 from ._bounded import keep
 from ._classes import tables_version
-from ._contraction import EinsumPlan, Step, Term, contiguous
+from ._contraction import EinsumPlan, Step, Term, contiguous, scanned
 from ._launching import Launch, OnDevice, _Packed
 from ._planning import cupy_module, plan
 from ._semirings import Semiring
-from ._specs import einsum_spec
+from ._specs import backtrace_spec, einsum_spec
 
 __all__ = [
     "INPUT",
@@ -55,6 +55,9 @@ _MAX_DIMS = 32  # EINSUM_MAX_DIMS
 MAX_GATHER = 448  # EINSUM_MAX_GATHER
 # The backtrace's values (and its code) in dynamic shared memory: any launch may ask this.
 _SHARED = 48 * 1024
+# The backtrace's block (EINSUM_BACKTRACE_THREADS): a thread a product of one depth, and all of
+# them to scan one again.
+_BACKTRACE_THREADS = 256
 
 # Prepared steps kept, oldest dropped first: each holds packed launches (a few hundred bytes a
 # step), a vector of ones per reduction and the backtrace's program, no intermediate.
@@ -80,7 +83,7 @@ class _Arena:
         self.end = 0  # the top of what is taken now
         self.size = 0  # the most it reached: the allocation's size
         self._free: list[tuple[int, int]] = []  # (offset, bytes), by offset
-        self._reuse = reuse
+        self.reuses = reuse
 
     def take(self, nbytes: int) -> int:
         size = -(-max(nbytes, 1) // _ALIGN) * _ALIGN
@@ -96,7 +99,7 @@ class _Arena:
         return offset
 
     def give(self, offset: int, nbytes: int) -> None:
-        if not self._reuse:
+        if not self.reuses:
             return
         size = -(-max(nbytes, 1) // _ALIGN) * _ALIGN
         at = bisect.bisect(self._free, (offset, size))
@@ -118,7 +121,8 @@ class Steps:
     ``operands`` where each operand lies and how (numbered as Step.operands: the inputs, then
     each step's result), ``writes`` each step's result and argmax. With ``argmax`` the last
     op writes every index's value at ``assignment`` in the arena (int64 each, numbered as the
-    plan's ``sizes``), then the value's bytes."""
+    plan's ``sizes``), then the value's bytes; ``argmaxes`` are each step's argmax offset in
+    the arena, or the ``Scan`` the backtrace makes instead (a program's large products)."""
 
     def __init__(
         self,
@@ -150,7 +154,9 @@ class Steps:
         self.assignment = made.assignment
         names, numbers = assignment_order(planned)  # (what reading an assignment needs, once)
         self.named = (names, np.array(numbers, np.intp))
+        self.hosts: list[Any] = []  # pinned buffers an assignment was copied into, free again
         self.operands, self.writes = tuple(made.operands), tuple(made.writes)
+        self.argmaxes = tuple(made.where)
         self._keep = made.keep  # persistent buffers the launches point at
         # Freed only once the device is done with every launch that may read them.
         weakref.finalize(self, _drain, device, self._keep)
@@ -204,7 +210,7 @@ class _Builder:
         self.specs: dict[KernelSpec, int] = {}
         self.ops: list[Op] = []
         self.keep: list[Any] = []
-        self.where: list[int] = []  # each step's argmax, by offset
+        self.where: list[int | Scan] = []  # each step's argmax (its offset), or its Scan
         # Every operand by number, where it lies and its layout (a step's result: where the
         # step wrote it, contiguous over its indices), and where each step's result and argmax
         # go.
@@ -267,10 +273,14 @@ class _Builder:
             ones = (VALUE, self.ones_of(k))
             pointers.append(ones)
             arrays.append(self.view((1, k, 1), (0, 1, 1)))
-        c_at, index_at, out = self.outputs(number, step, arrays[1].shape[2])
+        scan = self.scan(step, pointers)
+        argmax = self.steps.argmax and scan is None
+        c_at, index_at, out = self.outputs(number, step, arrays[1].shape[2], argmax)
+        if scan is not None:
+            self.where.append(scan)
         product = plan(
-            arrays[0], arrays[1], self.ring.name, argmax=self.steps.argmax, out=out,
-            accumulate=False, table=self.table,
+            arrays[0], arrays[1], self.ring.name, argmax=argmax, out=out, accumulate=False,
+            table=self.table,
         )  # fmt: skip
         launch = Launch.of(product)
         self.ops.append(Op(launch, self.module(launch.spec), (*pointers, c_at, index_at), number))
@@ -284,7 +294,20 @@ class _Builder:
         self.operands.append((c_at, result))
         self.live[step.number] = (c_at, result)
 
-    def outputs(self, number: int, step: Step, n: int) -> tuple[Source, Source, Any]:
+    def scan(self, step: Step, pointers: Sequence[Source]) -> Scan | None:
+        """The ``Scan`` of a step whose argmax the backtrace finds again (a compiled program's
+        large product: see ``scanned``; eager runs reuse the space of what it reads)."""
+        if not self.steps.argmax or self.arena.reuses or not scanned(self.steps.plan, step):
+            return None
+        assert step.second is not None
+        (a_kind, a), (b_kind, b) = pointers[:2]
+        assert a_kind == b_kind == ARENA, pointers  # (what scanned() asks)
+        _, m, k = step.first.shape
+        f, s = step.first.strides, step.second.strides
+        return Scan(a, b, m, step.second.shape[2], k, (f[0], f[1], f[2]),
+                    (s[0], s[1], s[2]))  # fmt: skip
+
+    def outputs(self, number: int, step: Step, n: int, argmax: bool) -> tuple[Source, Source, Any]:
         """Where step ``number``'s result and argmax go, and the views plan() takes of them."""
         planned, item = self.steps.plan, self.steps.dtype.itemsize
         b, m, _ = step.first.shape
@@ -295,7 +318,7 @@ class _Builder:
             self.owned[step.number] = (offset, b * m * n * item)
             c_at = (ARENA, offset)
         c = self.view((b, m, n), (m * n, n, 1))
-        if not self.steps.argmax:
+        if not argmax:
             return c_at, (VALUE, 0), c
         offset = self.arena.take(b * m * n * 4)  # kept for the backtrace
         self.where.append(offset)
@@ -340,34 +363,45 @@ class _Builder:
             indices = len(planned.sizes)
             self.assignment = self.arena.take((indices + 1) * 8)
             backtrace, sources, tables = backtrace_launch(
-                planned, self.where, self.steps.device, self.assignment, self.steps.dtype.itemsize
-            )
+                planned, self.where, self.steps.device, self.assignment, ring=self.ring,
+                dtype=self.steps.dtype,
+            )  # fmt: skip
             self.keep += tables
             self.ops.append(Op(backtrace, self.module(backtrace.spec), sources, end))
         del self.scratch
 
 
 def backtrace_launch(
-    planned: EinsumPlan, where: Sequence[int], device: int, assignment: int, itemsize: int
+    planned: EinsumPlan,
+    where: Sequence[int | Scan],
+    device: int,
+    assignment: int,
+    *,
+    ring: Semiring,
+    dtype: Any,
 ) -> tuple[_Packed, tuple[Source, ...], list[Any]]:
-    """The backtrace of ``planned``'s argmaxes (each step's at the arena offset in ``where``)
-    into the arena at ``assignment``: its launch, sources and tables (to keep while it may
-    run). The values go in shared memory where they fit, and the code and schedule too, as
-    int32, where all of them fit (see einsum_backtrace)."""
+    """The backtrace of ``planned``'s argmaxes (each step's at the arena offset in ``where``,
+    or found again by its ``Scan``) into the arena at ``assignment``: its launch, sources and
+    tables (to keep while it may run). The values go in shared memory where they fit, and the
+    code and schedule too, as int32, where all of them fit (see einsum_backtrace)."""
     cupy = cupy_module()
     indices = len(planned.sizes)
     program, schedule = backtrace_program(planned, where)
-    depths = len(schedule) - len(planned.steps) - 1
+    depths = (len(schedule) - len(planned.steps) - 1) // 2
     words = len(program) + len(schedule)
     compact = max(map(abs, program), default=0) < 1 << 31 and (indices + words) * 4 <= _SHARED
     kind = np.int32 if compact else np.int64
     code, order = (cupy.asarray(np.asarray(x, kind)) for x in (program, schedule))
     flags = 3 if compact else int(indices * 4 <= _SHARED)
-    launcher = _Packed(einsum_spec("backtrace"), device, (1, 1, 1), (_THREADS, 1, 1), [0] * 11)
+    launcher = _Packed(
+        backtrace_spec(ring, np.dtype(dtype)), device, (1, 1, 1), (_BACKTRACE_THREADS, 1, 1),
+        [0] * 11,
+    )  # fmt: skip
     launcher.shared = 4 * (indices + words if compact else indices if flags else 0)
     sources = (
         (VALUE, code.data.ptr), (VALUE, order.data.ptr), (VALUE, depths), (ARENA, 0),
-        (ARENA, assignment), (VALUE, indices), (RESULT, 0), (VALUE, itemsize), (VALUE, flags),
+        (ARENA, assignment), (VALUE, indices), (RESULT, 0), (VALUE, np.dtype(dtype).itemsize),
+        (VALUE, flags),
         (VALUE, len(program)), (VALUE, len(schedule)),
     )  # fmt: skip
     return launcher, sources, [code, order]

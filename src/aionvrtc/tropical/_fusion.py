@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ._contraction import EinsumPlan, Step
+from ._contraction import EinsumPlan, Step, scanned
 
 __all__ = [
     "LEAVES",
@@ -103,12 +103,15 @@ def groups(plan: EinsumPlan) -> list[Group]:
 
 def fits(plan: EinsumPlan, group: Group) -> bool:
     """Whether ``group`` fits one row of tropical_many: its leaves, output and summed indices
-    within the row's, and no step whose K is cut in parts (its argmax numbers a part's k)."""
+    within the row's, and no step whose K is cut in parts (its argmax numbers a part's k) or
+    that a program's backtrace scans again (it keeps no argmax: see ``scanned``)."""
     return (
         len(group.leaves) <= LEAVES
         and len(group.summed) <= MANY_SUMMED
         and len(wide_indices(plan, plan.steps[group.root].result)) <= MANY_OUT
-        and all(plan.steps[n].split is None for n in group.members)
+        and all(
+            plan.steps[n].split is None and not scanned(plan, plan.steps[n]) for n in group.members
+        )
     )
 
 

@@ -19,6 +19,7 @@ from ._semirings import DTYPES, SEMIRINGS, Semiring, as_dtype, semiring
 __all__ = [
     "LAYOUTS",
     "all_specs",
+    "backtrace_spec",
     "backward_spec",
     "einsum_spec",
     "gemm_spec",
@@ -93,12 +94,17 @@ _MOVED = {1: "unsigned char", 4: "unsigned int", 8: "unsigned long long"}
 
 
 @functools.cache
-def einsum_spec(kernel: Literal["copy", "gather", "backtrace"], itemsize: int = 0) -> KernelSpec:
+def backtrace_spec(ring: Semiring, dtype: np.dtype[np.generic]) -> KernelSpec:
+    """The spec of the kernel that walks an einsum's argmaxes back to an assignment (it scans
+    again the products whose argmax was not kept: the element type and semiring's)."""
+    ring.check_dtype(dtype)
+    return _spec("einsum", f"einsum_backtrace<{DTYPES[np.dtype(dtype)]}, {ring.cpp}>")
+
+
+@functools.cache
+def einsum_spec(kernel: Literal["copy", "gather"], itemsize: int) -> KernelSpec:
     """The spec of one of the small kernels around an einsum's products (kernels/
-    tropical_einsum.cu): the strided copy or the gather of elements of ``itemsize`` bytes, or
-    the backtrace (no element type)."""
-    if kernel == "backtrace":
-        return _spec("einsum", "einsum_backtrace")
+    tropical_einsum.cu): the strided copy or the gather of elements of ``itemsize`` bytes."""
     if itemsize not in _MOVED:
         raise ValueError(f"no einsum {kernel} kernel for {itemsize}-byte elements")
     return _spec("einsum", f"einsum_{kernel}<{_MOVED[itemsize]}>")

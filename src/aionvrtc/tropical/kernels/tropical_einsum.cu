@@ -2,7 +2,8 @@
 // product can read, the result to the output's order), the gather of a compiled contraction's
 // operands into its bound inputs, and the backtrace of the products' argmaxes to an assignment.
 // The copy and the gather take T, an unsigned type of the element's size: they move elements,
-// never compute. And the small products of a compiled contraction's steps, many in one launch.
+// never compute; the backtrace takes the element type and semiring (it may scan a product
+// again). And the small products of a compiled contraction's steps, many in one launch.
 #include "tropical_common.cuh"
 
 #define EINSUM_MAX_DIMS 32
@@ -48,93 +49,6 @@ __global__ void einsum_gather(const long long* __restrict__ to, long long count,
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         dst[i] = src[i];
-}
-
-// The walk of `code` (see _backtrace.py, whose `follow` is the same walk on the host, one
-// product after another from the last back): for each product, the position of the known
-// indices in its argmax, the argmax read there, and its digits assigned to the indices it
-// summed. A product's known indices are assigned by the products that read its result, so the
-// products are taken by depth in the contraction tree (`schedule`: where each depth's products
-// start, then each product's code's offset, by depth), those of one depth by threads of their
-// own (each index is summed by one product: no two write one value). The values are kept as
-// int32 (each is below its index's size, at most 2^31: an argmax's K) in shared memory where
-// they fit (`flags` & 1: dynamic shared memory of 4 * indices bytes), else in the output's own
-// memory; then widened to the int64 output, followed by the value's bytes, so that one copy
-// brings both back. With `flags` & 2 the code and schedule are int32 (C), copied into shared
-// memory after the values first, by every thread at once: walked from global memory, each
-// depth waited on a chain of reads from DRAM, about 5 us a depth (the arena's traffic had
-// evicted the code from L2).
-template <typename C>
-__device__ __forceinline__ void backtrace_step(const C* __restrict__ c,
-                                               const char* __restrict__ base, int* a) {
-    const int* argmax = reinterpret_cast<const int*>(base + (long long)c[0]);
-    const long long known = c[1];
-    long long at = 0;
-    for (long long j = 0; j < known; ++j) at += (long long)a[c[2 + 2 * j]] * (long long)c[3 + 2 * j];
-    long long won = argmax[at];
-    if (won < 0) won = 0;  // the semiring's zero: every assignment attains it
-    const C* d = c + 2 + 2 * known;
-    if (d[0] >= 0) won += (long long)a[d[0]] * (long long)d[1];  // the part of a split K
-    const long long summed = d[2];
-    for (long long j = 0; j < summed; ++j) {
-        const long long index = d[3 + 2 * j], size = d[4 + 2 * j];
-        if (won < 0x7fffffffLL && size < 0x7fffffffLL) {  // 32-bit division: far cheaper
-            const unsigned w = (unsigned)won, n = (unsigned)size;
-            a[index] = (int)(w % n);
-            won = w / n;
-        } else {
-            a[index] = (int)(won % size);
-            won /= size;
-        }
-    }
-}
-
-template <typename C>
-__device__ __forceinline__ void backtrace_walk(const C* code, const C* schedule, long long depths,
-                                               const char* base, int* a) {
-    const C* offsets = schedule + depths + 1;
-    for (long long depth = 0; depth < depths; ++depth) {
-        for (long long t = schedule[depth] + threadIdx.x; t < schedule[depth + 1]; t += blockDim.x)
-            backtrace_step(code + offsets[t], base, a);
-        __syncthreads();
-    }
-}
-
-__global__ void einsum_backtrace(const void* __restrict__ code, const void* __restrict__ schedule,
-                                 long long depths, const char* __restrict__ base,
-                                 long long* assignment, long long indices,
-                                 const unsigned char* __restrict__ value, long long itemsize,
-                                 int flags, long long code_words, long long schedule_words) {
-    extern __shared__ int fast[];
-    if (blockIdx.x != 0) return;
-    int* a = (flags & 1) ? fast : reinterpret_cast<int*>(assignment);
-    for (long long i = threadIdx.x; i < indices; i += blockDim.x) a[i] = 0;
-    if (flags & 2) {
-        int* staged_code = fast + indices;
-        int* staged_schedule = staged_code + code_words;
-        const int* from_code = static_cast<const int*>(code);
-        const int* from_schedule = static_cast<const int*>(schedule);
-        for (long long i = threadIdx.x; i < code_words; i += blockDim.x)
-            staged_code[i] = from_code[i];
-        for (long long i = threadIdx.x; i < schedule_words; i += blockDim.x)
-            staged_schedule[i] = from_schedule[i];
-        __syncthreads();
-        backtrace_walk<int>(staged_code, staged_schedule, depths, base, a);
-    } else {
-        __syncthreads();
-        backtrace_walk<long long>(static_cast<const long long*>(code),
-                                  static_cast<const long long*>(schedule), depths, base, a);
-    }
-    if (flags & 1) {
-        for (long long i = threadIdx.x; i < indices; i += blockDim.x) assignment[i] = a[i];
-    } else if (threadIdx.x == 0) {
-        // Widened in place from the last: a[i] is read before assignment[i] overwrites
-        // a[i..2i+1].
-        for (long long i = indices - 1; i >= 0; --i) assignment[i] = a[i];
-    }
-    if (threadIdx.x != 0) return;
-    unsigned char* bytes = reinterpret_cast<unsigned char*>(assignment + indices);
-    for (long long b = 0; b < 8; ++b) bytes[b] = b < itemsize ? value[b] : 0;
 }
 
 // Small contractions, many in one launch: blockIdx.y takes the one `table` describes in row
@@ -283,4 +197,164 @@ __global__ void __launch_bounds__(256) tropical_many(const long long* __restrict
             write_output<S, ARGMAX, false>(C + (u >> shift), ARGMAX ? I + (u >> shift) : nullptr,
                                            acc, winner);
     }
+}
+
+// The walk of `code` (see _backtrace.py, whose `follow` is the same walk on the host, one
+// product after another from the last back): for each product, the position of the known
+// indices in its argmax, the argmax read there, and its digits assigned to the indices it
+// summed. A product's known indices are assigned by the products that read its result, so the
+// products are taken by depth in the contraction tree, those of one depth by threads of their
+// own (each index is summed by one product: no two write one value). (A warp a product, its
+// lanes sharing the known indices and the digits, was slower on an H200: 123 us against 105
+// for the 15x15 king's graph's 75 depths, its shuffles costing more than the reads they
+// spread.) A product whose argmax was not kept (`where` -1: a large product, whose argmax
+// costs more in its kernel than a scan here) is taken by the whole block: its K scanned again
+// at the position, for the first best k, as its kernel would have kept.
+//
+// The values are kept as int32 (each is below its index's size, at most 2^31: an argmax's K)
+// in shared memory where they fit (`flags` & 1: dynamic shared memory of 4 * indices bytes),
+// else in the output's own memory; then widened to the int64 output, followed by the value's
+// bytes, so that one copy brings both back. With `flags` & 2 the code and schedule are int32
+// (C), copied into shared memory after the values first, by every thread at once: walked from
+// global memory, each depth waited on a chain of reads from DRAM, about 5 us a depth (the
+// arena's traffic had evicted the code from L2).
+#define EINSUM_BACKTRACE_THREADS 256
+
+// The position of a product's known indices in its result.
+template <typename C>
+__device__ __forceinline__ long long backtrace_position(const C* __restrict__ c, const int* a) {
+    const long long known = c[1];
+    long long at = 0;
+#pragma unroll 4  // (the reads of several indices in flight: each is two dependent reads)
+    for (long long j = 0; j < known; ++j) at += (long long)a[c[2 + 2 * j]] * (long long)c[3 + 2 * j];
+    return at;
+}
+
+// The winner's digits assigned (`d`: the code after the known indices).
+template <typename C>
+__device__ __forceinline__ void backtrace_digits(const C* __restrict__ d, long long won, int* a) {
+    if (won < 0) won = 0;  // the semiring's zero: every assignment attains it
+    if (d[0] >= 0) won += (long long)a[d[0]] * (long long)d[1];  // the part of a split K
+    const long long summed = d[2];
+    for (long long j = 0; j < summed; ++j) {
+        const long long index = d[3 + 2 * j], size = d[4 + 2 * j];
+        if (won < 0x7fffffffLL && size < 0x7fffffffLL) {  // 32-bit division: far cheaper
+            const unsigned w = (unsigned)won, n = (unsigned)size;
+            a[index] = (int)(w % n);
+            won = w / n;
+        } else {
+            a[index] = (int)(won % size);
+            won /= size;
+        }
+    }
+}
+
+// (best, k) and (other, k2): whether the second wins (the better value, else the smaller k).
+template <typename T, typename S>
+__device__ __forceinline__ bool scan_takes(T best, long long k, T other, long long k2) {
+    if (k2 < 0) return false;
+    return k < 0 || S::better(other, best) || (!S::better(best, other) && k2 < k);
+}
+
+template <typename T, typename S>
+__device__ __forceinline__ void scan_reduce(T& best, long long& k) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const T other = team_shuffle(best, o, 32);
+        const long long k2 = __shfl_xor_sync(0xffffffffu, k, o);
+        if (scan_takes<T, S>(best, k, other, k2)) best = other, k = k2;
+    }
+}
+
+// A product's argmax found again by the block: its K at the position, the first best k.
+template <typename T, typename S, typename C>
+__device__ __forceinline__ void backtrace_scan(const C* __restrict__ c,
+                                               const char* __restrict__ base, int* a) {
+    __shared__ T bests[32];
+    __shared__ long long ks[32];
+    const long long at = backtrace_position(c, a);
+    const C* d = c + 2 + 2 * c[1];
+    const C* s = d + 3 + 2 * d[2];
+    const long long m = s[2], n = s[3], K = s[4], mn = m * n;
+    const long long b = at / mn, mi = (at - b * mn) / n, ni = at - b * mn - mi * n;
+    const T* A = reinterpret_cast<const T*>(base + (long long)s[0]) + b * s[5] + mi * s[6];
+    const T* B = reinterpret_cast<const T*>(base + (long long)s[1]) + b * s[8] + ni * s[10];
+    const long long ak = s[7], bk = s[9];
+    T best = S::template zero<T>();
+    long long won = -1;
+    for (long long k = threadIdx.x; k < K; k += blockDim.x) {
+        const T v = S::mul(A[k * ak], B[k * bk]);
+        if (S::better(v, best)) best = v, won = k;  // (a thread's k ascend: the first wins)
+    }
+    scan_reduce<T, S>(best, won);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) bests[warp] = best, ks[warp] = won;
+    __syncthreads();
+    if (warp == 0) {
+        const bool mine = lane < (int)(blockDim.x >> 5);
+        best = mine ? bests[lane] : S::template zero<T>();
+        won = mine ? ks[lane] : -1;
+        scan_reduce<T, S>(best, won);
+        if (lane == 0) backtrace_digits(d, won, a);
+    }
+    __syncthreads();  // (bests and ks are the next scan's)
+}
+
+// `schedule`: where each depth's products start, how many of each depth's are scanned (they
+// come first), then each product's code's offset, by depth.
+template <typename T, typename S, typename C>
+__device__ __forceinline__ void backtrace_walk(const C* code, const C* schedule, long long depths,
+                                               const char* base, int* a) {
+    const C* scans = schedule + depths + 1;
+    const C* offsets = scans + depths;
+    for (long long depth = 0; depth < depths; ++depth) {
+        const long long first = schedule[depth], kept = first + scans[depth];
+        for (long long t = kept + threadIdx.x; t < schedule[depth + 1]; t += blockDim.x) {
+            const C* c = code + offsets[t];
+            const int* argmax = reinterpret_cast<const int*>(base + (long long)c[0]);
+            backtrace_digits(c + 2 + 2 * c[1], argmax[backtrace_position(c, a)], a);
+        }
+        for (long long t = first; t < kept; ++t)
+            backtrace_scan<T, S>(code + offsets[t], base, a);
+        __syncthreads();
+    }
+}
+
+template <typename T, typename S>
+__global__ void __launch_bounds__(EINSUM_BACKTRACE_THREADS)
+    einsum_backtrace(const void* __restrict__ code, const void* __restrict__ schedule,
+                     long long depths, const char* __restrict__ base, long long* assignment,
+                     long long indices, const unsigned char* __restrict__ value,
+                     long long itemsize, int flags, long long code_words,
+                     long long schedule_words) {
+    extern __shared__ int fast[];
+    if (blockIdx.x != 0) return;
+    int* a = (flags & 1) ? fast : reinterpret_cast<int*>(assignment);
+    for (long long i = threadIdx.x; i < indices; i += blockDim.x) a[i] = 0;
+    if (flags & 2) {
+        int* staged_code = fast + indices;
+        int* staged_schedule = staged_code + code_words;
+        const int* from_code = static_cast<const int*>(code);
+        const int* from_schedule = static_cast<const int*>(schedule);
+        for (long long i = threadIdx.x; i < code_words; i += blockDim.x)
+            staged_code[i] = from_code[i];
+        for (long long i = threadIdx.x; i < schedule_words; i += blockDim.x)
+            staged_schedule[i] = from_schedule[i];
+        __syncthreads();
+        backtrace_walk<T, S, int>(staged_code, staged_schedule, depths, base, a);
+    } else {
+        __syncthreads();
+        backtrace_walk<T, S, long long>(static_cast<const long long*>(code),
+                                        static_cast<const long long*>(schedule), depths, base,
+                                        a);
+    }
+    if (flags & 1) {
+        for (long long i = threadIdx.x; i < indices; i += blockDim.x) assignment[i] = a[i];
+    } else if (threadIdx.x == 0) {
+        // Widened in place from the last: a[i] is read before assignment[i] overwrites
+        // a[i..2i+1].
+        for (long long i = indices - 1; i >= 0; --i) assignment[i] = a[i];
+    }
+    if (threadIdx.x != 0) return;
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(assignment + indices);
+    for (long long b = 0; b < 8; ++b) bytes[b] = b < itemsize ? value[b] : 0;
 }
