@@ -321,9 +321,11 @@ def test_tensor_network_plans_compiles_and_says_what_it_would_run(
     assert lines[compiled].endswith(" kernel(s) for sm_90:")
     kernels = lines[compiled + 1 : -1]
     assert len(kernels) == int(lines[compiled].split()[1]) >= 4
-    assert all(k.startswith(("  tropical_gemm", "  einsum_")) for k in kernels)
+    assert all(k.startswith(("  tropical_gemm", "  tropical_many", "  einsum_")) for k in kernels)
     assert all(k.endswith("(cubin)") for k in kernels)
-    # The products', the copy's (king's graphs copy) and the backtrace's (argmax=True).
+    # The products', the copy's (king's graphs copy), the small products' (a short sum that
+    # would copy reads its operands in place) and the backtrace's (argmax=True).
+    assert any(k.startswith("  tropical_many<float, MaxPlus, true>") for k in kernels)
     assert "  einsum_backtrace<float, MaxPlus> (cubin)" in kernels
     assert "  einsum_backtrace<float, MinPlus> (cubin)" in kernels
     assert any(k.startswith("  einsum_copy<") for k in kernels)

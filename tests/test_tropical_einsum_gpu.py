@@ -439,21 +439,31 @@ def test_einsum_sync(rng: np.random.Generator) -> None:
 
 
 @pytest.mark.parametrize(
-    ("subscripts", "shapes", "copies"),
+    ("subscripts", "shapes", "copies", "in_place"),
     [
-        ("abc,cba->b", [(2, 3, 4), (4, 3, 2)], 2),
-        ("abcd,dcba->ad", [(2, 3, 2, 3), (3, 2, 3, 2)], None),
-        ("ab,bc,cd,de,ea->", [(2, 3), (3, 4), (4, 2), (2, 3), (3, 2)], 1),
-        ("ijk->ki", [(3, 4, 5)], 1),
-        ("ij->ji", [(5, 7)], 1),
+        ("abc,cba->b", [(4, 3, 8), (8, 3, 4)], 2, 0),
+        ("abcd,dcba->ad", [(2, 5, 4, 3), (3, 4, 5, 2)], None, 0),
+        ("ab,bc,cd,de,ea->", [(6, 6), (6, 6), (6, 6), (6, 6), (6, 6)], 1, 0),
+        ("ijk->ki", [(3, 20, 5)], 1, 0),
+        ("ij->ji", [(5, 7)], 1, 0),
+        # Short sums that would copy read their operands in place (tropical_many).
+        ("abc,cba->b", [(2, 3, 4), (4, 3, 2)], 0, 1),
+        ("abcd,dcba->ad", [(2, 3, 2, 3), (3, 2, 3, 2)], 0, 1),
+        ("ab,bc,cd,de,ea->", [(2, 3), (3, 4), (4, 2), (2, 3), (3, 2)], 0, 1),
+        ("ijk->ki", [(3, 4, 5)], 0, 1),
     ],
 )
 def test_plans_with_copies(
-    subscripts: str, shapes: list[tuple[int, ...]], copies: int | None, rng: np.random.Generator
+    subscripts: str,
+    shapes: list[tuple[int, ...]],
+    copies: int | None,
+    in_place: int,
+    rng: np.random.Generator,
 ) -> None:
     for ring, dtype in CASES:
         operands = tensors(rng, ring, dtype, shapes)
         plan = run_and_check(subscripts, operands, ring)
+        assert len(plan.in_place) == in_place, str(plan)
         if copies is None:
             assert plan.copies > 0, str(plan)
         else:

@@ -395,20 +395,32 @@ def test_the_views_of_a_hadamard_product_a_diagonal_and_a_private_sum() -> None:
 
 
 def test_operands_no_view_reads_are_copied() -> None:
-    # abc (2, 3, 4) and cba (4, 3, 2) contract a and c, keeping b: in cba, b sits between c and
+    # abc (4, 3, 8) and cba (8, 3, 4) contract a and c, keeping b: in cba, b sits between c and
     # a, in abc between a and c, so neither reads (a, c) as one dimension.
-    plan = einsum_plan("abc,cba->b", (2, 3, 4), (4, 3, 2))
+    plan = einsum_plan("abc,cba->b", (4, 3, 8), (8, 3, 4))
     assert plan.copies == 2
-    assert plan.copied_elements == 24 + 24
+    assert plan.copied_elements == 96 + 96
     assert not plan.final_copy
     (step,) = plan.steps
     assert (step.batch, step.m, step.k, step.n) == (("b",), (), ("a", "c"), ())
-    assert _dims(step.first) == (("b", "a", "c"), (3, 1, 8), (8, None, 1))
-    assert _dims(step.second) == (("b", "a", "c"), (3, 8, 1), (8, 1, None))
+    assert _dims(step.first) == (("b", "a", "c"), (3, 1, 32), (32, None, 1))
+    assert _dims(step.second) == (("b", "a", "c"), (3, 32, 1), (32, 1, None))
+    assert str(plan) == (
+        "einsum abc,cba->b: 1 step(s), largest intermediate 3 elements, 96 products, "
+        "2 copies (192 elements)\n  (0, 1) abc,cba->b: batch 3 x 1 x 1 over 32, 2 copied"
+    )
+    # A short sum (K = 8) over few outputs reads them as they lie instead: one row of the
+    # kernel of small products, each operand through its own strides.
+    plan = einsum_plan("abc,cba->b", (2, 3, 4), (4, 3, 2))
+    assert (plan.copies, plan.copied_elements, plan.in_place) == (0, 0, frozenset({0}))
+    (step,) = plan.steps
+    assert _dims(step.first) == (("b", "a", "c"), (3, 1, 8), (8, None, 1))  # (as a product)
     assert str(plan) == (
         "einsum abc,cba->b: 1 step(s), largest intermediate 3 elements, 24 products, "
-        "2 copies (48 elements)\n  (0, 1) abc,cba->b: batch 3 x 1 x 1 over 8, 2 copied"
+        "0 copies (0 elements)\n  (0, 1) abc,cba->b: batch 3 x 1 x 1 over 8, read in place"
     )
+    specs = [s.name_expressions[0] for s in plan.kernel_specs()]
+    assert specs == ["tropical_many<float, MaxPlus, false>"]
     # Nothing to contract: the result is a new array, one copy in the output's order.
     for subscripts, shape, elements in (("ij->ji", (3, 4), 12), ("ii->i", (3, 3), 3),
                                         ("ij->ij", (3, 4), 12), ("ji", (3, 4), 12)):  # fmt: skip
@@ -425,11 +437,12 @@ def test_operands_no_view_reads_are_copied() -> None:
 @pytest.mark.parametrize("seed", range(3))
 def test_plans_with_copies_compute_the_contraction(seed: int) -> None:
     rng = np.random.default_rng(seed)
+    # (Sums over more than 16 values: a shorter one reads its operands in place.)
     cases: list[tuple[str, list[tuple[int, ...]], int | None]] = [
-        ("abc,cba->b", [(2, 3, 4), (4, 3, 2)], 2),
-        ("ab,bc,cd,de,ea->", [(2, 3), (3, 4), (4, 2), (2, 3), (3, 2)], 1),
+        ("abc,cba->b", [(4, 3, 8), (8, 3, 4)], 2),
+        ("ab,bc,cd,de,ea->", [(6, 6), (6, 6), (6, 6), (6, 6), (6, 6)], 1),
         ("ij->ji", [(3, 4)], 1),
-        ("abcd,dcba->ad", [(2, 3, 2, 3), (3, 2, 3, 2)], None),
+        ("abcd,dcba->ad", [(2, 5, 4, 3), (3, 4, 5, 2)], None),
     ]
     for subscripts, shapes, copies in cases:
         operands = random_operands(rng, "maxplus", np.int32, shapes)

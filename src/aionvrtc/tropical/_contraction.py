@@ -155,10 +155,14 @@ class EinsumPlan:
 
     @property
     def copies(self) -> int:
-        """Operands copied before a product (no strided view could read them), plus the final
-        reordering if any: the statistic to keep at zero."""
+        """Operands copied before a product (no strided view could read them; a small step
+        reads them as they lie instead: ``in_place``), plus the final reordering if any: the
+        statistic to keep at zero."""
         each = sum(
-            v is not None and v.copy is not None for s in self.steps for v in (s.first, s.second)
+            v is not None and v.copy is not None
+            for n, s in enumerate(self.steps)
+            if n not in self.in_place
+            for v in (s.first, s.second)
         )
         return each + self.final_copy
 
@@ -166,7 +170,22 @@ class EinsumPlan:
     def copied_elements(self) -> int:
         """Elements those copies write."""
         final = math.prod(self.sizes[i] for i in self.output) if self.final_copy else 0
-        return final + sum(v.copied for s in self.steps for v in (s.first, s.second) if v)
+        return final + sum(
+            v.copied
+            for n, s in enumerate(self.steps)
+            if n not in self.in_place
+            for v in (s.first, s.second)
+            if v
+        )
+
+    @property
+    def in_place(self) -> frozenset[int]:
+        """The steps whose product would copy an operand and that run instead as a row of the
+        kernel of small products (``tropical_many``), reading their operands as they lie: a
+        short sum over few outputs."""
+        from ._fusion import read_in_place  # (it plans rows of this plan's steps)
+
+        return frozenset(n for n in range(len(self.steps)) if read_in_place(self, n))
 
     @property
     def largest_intermediate(self) -> int:
@@ -199,7 +218,9 @@ class EinsumPlan:
         if argmax:
             specs.append(backtrace_spec(ring, kind))
         if program:
-            specs += [einsum_spec("gather", kind.itemsize), many_spec(ring, kind, argmax=argmax)]
+            specs.append(einsum_spec("gather", kind.itemsize))
+        if program or self.in_place:
+            specs.append(many_spec(ring, kind, argmax=argmax))
         return specs
 
     def planned_for(self, subscripts: str, operands: Sequence[Any]) -> bool:
@@ -225,13 +246,15 @@ class EinsumPlan:
             f"{self.largest_intermediate:,} elements, {self.products:,} products, "
             f"{self.copies} copies ({self.copied_elements:,} elements)"
         ]
-        for step in self.steps:
+        in_place = self.in_place
+        for number, step in enumerate(self.steps):
             b, m, k = step.first.shape  # a split K: its parts as the batch, one part's length
             n = step.second.shape[2] if step.second is not None else 1
             copied = sum(v is not None and v.copy is not None for v in (step.first, step.second))
             lines.append(
                 f"  {step.operands} {step.subscripts}: batch {b} x {m} x {n} over {k}"
-                + (f", {copied} copied" if copied else "")
+                + (", read in place" if number in in_place else "")
+                + (f", {copied} copied" if copied and number not in in_place else "")
             )
         return "\n".join(lines)
 
@@ -255,10 +278,12 @@ def step_specs(
 ) -> list[KernelSpec]:
     """The distinct kernels of ``plan``'s steps, with ``table``'s tiles (None: the defaults),
     as a compiled program runs them where ``program`` (its scanned steps keep no argmax)."""
+    rows = plan.in_place
     found = {
         step_spec(s, ring, dtype, argmax=argmax and not (program and scanned(plan, s)),
                   table=table): None
-        for s in plan.steps
+        for n, s in enumerate(plan.steps)
+        if n not in rows
     }  # fmt: skip
     return list(found)
 

@@ -39,14 +39,14 @@ from ._einsum import (
 )
 from ._einsum_steps import MAX_GATHER, Op, Steps, backtrace_launch, resolve, steps_key
 from ._fusion import (
-    LEAVES,
-    MANY_OUT,
-    MANY_SUMMED,
+    THREADS,
     Group,
-    fits,
     grouped_plan,
     groups,
-    wide_indices,
+    many_blocks,
+    many_row,
+    read_in_place,
+    tiny,
 )
 from ._launching import OnDevice, _Packed
 from ._planning import cupy_module
@@ -78,20 +78,8 @@ _POINTER = operator.attrgetter("data.ptr")
 _LANES = 8  # streams a capture forks: the most steps the graph runs side by side on its own
 # The groups of steps of a level that are small run in one launch of tropical_many (one per
 # size class), each reading its operands as they are: a group of several steps (see _fusion),
-# a lone step whose outputs times K is at most _TINY_WORK with K at most _TINY_K, and one that
-# would copy an operand first, with K at most _SMALL_K and at most _SMALL outputs. Each
-# output's K is summed by at most a warp's team of threads (see _lanes): fine where K is
-# short, as along a chain of tensors of few values each; measured on an H200, 2^20 outputs
-# over K = 16 took 120 us there (one thread an output), a copy and a tiled product 40. Indices
-# of more than one value, at most MANY_OUT kept and MANY_SUMMED summed.
+# a tiny lone step, and one that would copy an operand first (_fusion.read_in_place).
 _MAX_GRID_Y = 65535
-_MAX_BLOCKS = 4096  # of a tropical_many launch (its threads stride over the rest)
-_NARROW = 1 << 31  # offsets into a tropical_many leaf below which 32 bits do
-_TEAMED = 1 << 16  # threads up to which the outputs' K is shared by teams (see _lanes)
-_TINY_WORK = 1 << 15
-_TINY_K = 256
-_SMALL_K = 16
-_SMALL = 1 << 16
 
 
 def _aligned(nbytes: int) -> int:
@@ -250,14 +238,9 @@ class EinsumProgram:
             at_level.setdefault(level, []).append(group)
 
         def small(group: Group) -> bool:
-            if len(group.members) > 1:
-                return True
-            step = planned.steps[group.root]
-            copies = len(by_step[group.root]) > 1
-            k = group.k
-            tiny = step.size * k <= _TINY_WORK and k <= _TINY_K
-            small_step = copies and k <= _SMALL_K and step.size <= _SMALL
-            return fits(planned, group) and (tiny or small_step)
+            return (
+                len(group.members) > 1 or tiny(planned, group) or read_in_place(planned, group.root)
+            )
 
         def launches(number: int) -> list[tuple[_Packed, Module, list[int]]]:
             return [
@@ -274,7 +257,7 @@ class EinsumProgram:
             # group's: a tiny group beside a large one would take as many blocks, idle).
             classes: dict[int, list[Group]] = {}
             for group in filter(small, here):
-                classes.setdefault(self._blocks(group).bit_length(), []).append(group)
+                classes.setdefault(many_blocks(planned, group).bit_length(), []).append(group)
             for _, batch in sorted(classes.items()):
                 units.append(self._many(batch, bound, result))
                 members.append(batch)
@@ -308,12 +291,6 @@ class EinsumProgram:
         self._tables += tables
         return dataclasses.replace(op, launcher=launcher, sources=sources)
 
-    def _blocks(self, group: Group) -> int:
-        """The blocks of tropical_many that ``group`` fills."""
-        outputs = self._steps.plan.steps[group.root].size
-        threads = outputs * _lanes(group.k, outputs)
-        return min(-(-threads // _THREADS), _MAX_BLOCKS)
-
     def _many(
         self, made: Sequence[Group], inputs: Sequence[int], result: int
     ) -> list[tuple[_Packed, Module, list[int]]]:
@@ -321,34 +298,25 @@ class EinsumProgram:
         rows), each reading its leaves as they are (no copy), their tables kept."""
         steps = self._steps
         planned = steps.plan
-        sizes = planned.sizes
         rows = []
         for group in made:
-            step = planned.steps[group.root]
             leaves = [steps.operands[o] for o in group.leaves]
             addresses = resolve([at for at, _ in leaves], inputs, self._arena, result)
             c, index = resolve(steps.writes[group.root], inputs, self._arena, result)
-            strides = [dict(zip(t.indices, t.strides, strict=True)) for _, t in leaves]
-            wide = wide_indices(planned, step.result)
-            # Offsets in 32 bits where every leaf's elements are numbered below 2^31.
-            # (Each index's whole size times its stride: the odometer steps one past the last
-            # value before it wraps.)
-            reach = max(sum(sizes[i] * abs(n) for i, n in d.items()) for d in strides)
-            rows.append([
-                c, index, step.size, group.k, len(wide), len(group.summed), len(leaves),
-                _lanes(group.k, step.size) + (256 if reach >= _NARROW else 0),
-                *addresses, *[0] * (LEAVES - len(leaves)),
-                *_dims(wide, sizes, strides, MANY_OUT),
-                *_dims(group.summed, sizes, strides, MANY_SUMMED),
-            ])  # fmt: skip
-        blocks = max(map(self._blocks, made))
+            rows.append(
+                many_row(
+                    planned, group, [(a, t) for a, (_, t) in zip(addresses, leaves, strict=True)],
+                    c, index,
+                )
+            )  # fmt: skip
+        blocks = max(many_blocks(planned, group) for group in made)
         launches = []
         for start in range(0, len(rows), _MAX_GRID_Y):
             chunk = rows[start : start + _MAX_GRID_Y]
             table = cupy_module().asarray(np.array(chunk, np.int64))
             self._tables.append(table)
             launcher = _Packed(
-                self._many_module_spec, self.device, (blocks, len(chunk), 1), (_THREADS, 1, 1),
+                self._many_module_spec, self.device, (blocks, len(chunk), 1), (THREADS, 1, 1),
                 [0],
             )  # fmt: skip
             launches.append((launcher, self._many_module, [table.data.ptr]))
@@ -494,27 +462,6 @@ class EinsumProgram:
             f"argmax={self.argmax} on device {self.device}: {len(self.plan.steps)} steps, "
             f"{self.nbytes:,} bytes>"
         )
-
-
-def _dims(
-    indices: Sequence[str], sizes: Any, strides: Sequence[dict[str, int]], count: int
-) -> list[int]:
-    """A tropical_many row's ``count`` indices: the size of each of ``indices`` and each
-    leaf's stride along it (0 where it lacks it), then zeros."""
-    width = 1 + LEAVES
-    row = []
-    for i in indices:
-        row += [sizes[i], *(s.get(i, 0) for s in strides)]
-        row += [0] * (width - 1 - len(strides))
-    return row + [0] * (width * count - len(row))
-
-
-def _lanes(k: int, outputs: int) -> int:
-    """The threads of tropical_many that share an output's K: a power of 2, at most 32 (a
-    warp), at most K, and no more than bring the launch to _TEAMED threads (each thread
-    decodes its output's position itself: past a full GPU, more threads only add that)."""
-    room = max(_TEAMED // max(outputs, 1), 1)
-    return 1 << min(max(k, 1).bit_length() - 1, 5, room.bit_length() - 1)
 
 
 def _walks(launcher: _Packed) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import math
 import weakref
 from collections.abc import Callable, Sequence
@@ -27,10 +28,11 @@ from ._backtrace import Scan, assignment_order, backtrace_program
 from ._bounded import keep
 from ._classes import tables_version
 from ._contraction import EinsumPlan, Step, Term, contiguous, scanned
+from ._fusion import ROW_WORDS, THREADS, lone, many_blocks, many_row, read_in_place
 from ._launching import Launch, OnDevice, _Packed
 from ._planning import cupy_module, plan
 from ._semirings import Semiring
-from ._specs import backtrace_spec, einsum_spec
+from ._specs import backtrace_spec, einsum_spec, many_spec
 
 __all__ = [
     "INPUT",
@@ -46,7 +48,8 @@ __all__ = [
 
 # Where an address comes from: an input's, the arena's or the result's plus an offset, or a
 # value of its own (a persistent buffer's address, a count).
-INPUT, ARENA, RESULT, VALUE = range(4)
+# (ROW: a row of the table of tropical_many's rows, while the steps are built.)
+INPUT, ARENA, RESULT, VALUE, ROW = range(5)
 Source = tuple[int, int]
 
 _ALIGN = 256
@@ -96,6 +99,13 @@ class _Arena:
                 return offset
         offset, self.end = self.end, self.end + size
         self.size = max(self.size, self.end)
+        return offset
+
+    def reserve(self, nbytes: int) -> int:
+        """Space no take() ever had nor will have (above the most taken)."""
+        offset = self.size
+        self.size += -(-nbytes // _ALIGN) * _ALIGN
+        self.end = self.size
         return offset
 
     def give(self, offset: int, nbytes: int) -> None:
@@ -150,6 +160,13 @@ class Steps:
             upload.synchronize()
         self.specs = list(made.specs)
         self.ops = tuple(made.ops)
+        # The rows of tropical_many, their addresses written per run (see enqueue).
+        self._rows = np.array(made.rows, np.int64).reshape(-1, ROW_WORDS)
+        self._rows_at = made.rows_at
+        fixups = np.array(made.fixups, np.int64).reshape(-1, 4)
+        self._at = (fixups[:, 0], fixups[:, 1])
+        self._values = fixups[:, 3]
+        self._kinds = tuple(fixups[:, 2] == kind for kind in (INPUT, ARENA, RESULT))
         self.nbytes = made.arena.size
         self.assignment = made.assignment
         names, numbers = assignment_order(planned)  # (what reading an assignment needs, once)
@@ -170,7 +187,21 @@ class Steps:
         stream: Any,
     ) -> None:
         """Enqueue every launch on ``stream``: ``modules`` by ``specs``, the inputs', arena's
-        and result's addresses."""
+        and result's addresses; first the rows of tropical_many, with this run's addresses."""
+        if len(self._rows):
+            table = self._rows.copy()
+            at_input, at_arena, at_result = self._kinds
+            addresses = self._values.copy()
+            addresses[at_input] = np.asarray(inputs, np.int64)[self._values[at_input]]
+            addresses[at_arena] += arena
+            addresses[at_result] += result
+            table[self._at] = addresses
+            runtime = cupy_module().cuda.runtime
+            # (From pageable memory: staged before the call returns, so `table` may go.)
+            runtime.memcpyAsync(
+                arena + self._rows_at, table.ctypes.data, table.nbytes,
+                runtime.memcpyHostToDevice, stream.ptr,
+            )  # fmt: skip
         for op in self.ops:
             op.launcher.run_pointers(
                 modules[op.module], resolve(op.sources, inputs, arena, result), stream
@@ -218,6 +249,10 @@ class _Builder:
             ((INPUT, i), term) for i, term in enumerate(planned.terms)
         ]
         self.writes: list[tuple[Source, Source]] = []
+        # The rows of tropical_many (read_in_place), their addresses as (row, column, kind,
+        # value): a run writes them, its own addresses resolved, into the arena at rows_at.
+        self.rows: list[list[int]] = []
+        self.fixups: list[tuple[int, int, int, int]] = []
         self.assignment = -1
         self.ones: dict[int, Any] = {}
         # Products are planned on views of a small allocation: plan() and Launch.of read
@@ -252,6 +287,9 @@ class _Builder:
     def step(self, number: int, step: Step) -> None:
         planned, item = self.steps.plan, self.steps.dtype.itemsize
         chosen = [self.live.pop(o) for o in step.operands]
+        if read_in_place(planned, number):
+            self.row(number, step, chosen)
+            return
         if step.swapped:
             chosen = chosen[::-1]
         temporary: list[tuple[int, int]] = []
@@ -287,12 +325,36 @@ class _Builder:
         self.writes.append((c_at, index_at))
         for offset, nbytes in temporary:
             self.arena.give(offset, nbytes)
+        self.done(number, step, c_at)
+
+    def done(self, number: int, step: Step, c_at: Source) -> None:
+        """Step ``number`` launched, its result at ``c_at``: what it read last given back."""
         for operand in step.operands:
             if self.last_read.get(operand) == number and operand in self.owned:
                 self.arena.give(*self.owned.pop(operand))
-        result = Term(step.result, contiguous([planned.sizes[i] for i in step.result]))
+        result = Term(step.result, contiguous([self.steps.plan.sizes[i] for i in step.result]))
         self.operands.append((c_at, result))
         self.live[step.number] = (c_at, result)
+
+    def row(self, number: int, step: Step, chosen: Sequence[tuple[Source, Term]]) -> None:
+        """Step ``number`` as one row of tropical_many, reading ``chosen`` (its operands in
+        path order) as they lie: a row of the table each run writes into the arena (its
+        addresses are the run's), taken by a launch of its own."""
+        planned = self.steps.plan
+        n = step.second.shape[2] if step.second is not None else 1
+        c_at, index_at, _ = self.outputs(number, step, n, self.steps.argmax)
+        group = lone(planned, number)
+        at = len(self.rows)
+        self.rows.append(many_row(planned, group, [(0, t) for _, t in chosen], 0, 0))
+        for column, source in ((0, c_at), (1, index_at), *enumerate((s for s, _ in chosen), 8)):
+            self.fixups.append((at, column, *source))
+        spec = many_spec(self.ring, self.steps.dtype, argmax=self.steps.argmax)
+        launcher = _Packed(
+            spec, self.steps.device, (many_blocks(planned, group), 1, 1), (THREADS, 1, 1), [0]
+        )
+        self.ops.append(Op(launcher, self.module(spec), ((ROW, at),), number))
+        self.writes.append((c_at, index_at))
+        self.done(number, step, c_at)
 
     def scan(self, step: Step, pointers: Sequence[Source]) -> Scan | None:
         """The ``Scan`` of a step whose argmax the backtrace finds again (a compiled program's
@@ -353,8 +415,17 @@ class _Builder:
         self.ops.append(Op(launcher, self.module(spec), (source, target), step))
 
     def finish(self) -> None:
-        """The final reordering and the backtrace, after the last step."""
+        """The final reordering and the backtrace, after the last step; the rows' table past
+        all else in the arena (it is written before the first launch)."""
         planned = self.steps.plan
+        self.rows_at = self.arena.reserve(len(self.rows) * ROW_WORDS * 8)
+        row_bytes = ROW_WORDS * 8
+        self.ops = [
+            dataclasses.replace(op, sources=((ARENA, self.rows_at + op.sources[0][1] * row_bytes),))
+            if op.sources and op.sources[0][0] == ROW
+            else op
+            for op in self.ops
+        ]
         ((source, term),) = self.live.values()
         end = len(planned.steps)
         if planned.final_copy:

@@ -14,18 +14,27 @@ K = 2 in one: 8 values per output). The intermediates inside a group are never w
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-from ._contraction import EinsumPlan, Step, scanned
+from ._contraction import EinsumPlan, Step, Term, scanned
 
 __all__ = [
     "LEAVES",
     "MANY_OUT",
     "MANY_SUMMED",
+    "ROW_WORDS",
+    "THREADS",
     "Group",
     "fits",
     "grouped_plan",
     "groups",
+    "lone",
+    "many_blocks",
+    "many_row",
+    "read_in_place",
+    "tiny",
     "wide_indices",
 ]
 
@@ -34,6 +43,7 @@ __all__ = [
 LEAVES = 8
 MANY_OUT = 24
 MANY_SUMMED = 8
+ROW_WORDS = 8 + LEAVES + (1 + LEAVES) * (MANY_OUT + MANY_SUMMED)  # EINSUM_ROW
 # A group's summed values per output and its outputs times those: a step is taken into its
 # reader's group only within both, and only where the group does at most twice the work of the
 # two apart (the intermediate between them then need not be written and read, and a launch
@@ -42,6 +52,20 @@ MANY_SUMMED = 8
 FUSE_K = 32
 FUSE_WORK = 1 << 19
 _GROWTH = 2
+# A lone step runs in tropical_many where its product would copy an operand first, with K at
+# most SMALL_K and at most SMALL outputs (read_in_place: eager runs and programs alike), and in
+# a program where its outputs times K are at most TINY_WORK with K at most TINY_K (``tiny``:
+# there a level's small steps share a launch). Each output's K is summed by at most a warp's
+# team of threads (see lanes): fine where K is short; measured on an H200, 2^20 outputs over
+# K = 16 took 120 us there (one thread an output), a copy and a tiled product 40.
+SMALL_K = 16
+SMALL = 1 << 16
+TINY_WORK = 1 << 15
+TINY_K = 256
+THREADS = 256  # a tropical_many block's
+MAX_BLOCKS = 4096  # of a tropical_many launch (its threads stride over the rest)
+NARROW = 1 << 31  # offsets into a tropical_many leaf below which 32 bits do
+TEAMED = 1 << 16  # threads up to which the outputs' K is shared by teams (see lanes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +123,79 @@ def groups(plan: EinsumPlan) -> list[Group]:
                 break
         found[number] = group
     return [found[root] for root in sorted(found)]
+
+
+def lone(plan: EinsumPlan, number: int) -> Group:
+    """Step ``number`` as a group of its own."""
+    step = plan.steps[number]
+    summed = wide_indices(plan, step.k)
+    return Group(number, (number,), step.operands, summed, _product(plan, summed))
+
+
+def read_in_place(plan: EinsumPlan, number: int) -> bool:
+    """Whether step ``number``, whose product would copy an operand first, runs instead as one
+    row of tropical_many, reading its operands as they lie: a short sum over few outputs that
+    fits a row (see SMALL_K). Its result is laid out as the product's."""
+    step = plan.steps[number]
+    if not any(read is not None and read.copy is not None for read in (step.first, step.second)):
+        return False
+    group = lone(plan, number)
+    return group.k <= SMALL_K and step.size <= SMALL and fits(plan, group)
+
+
+def tiny(plan: EinsumPlan, group: Group) -> bool:
+    """Whether a lone step's outputs times K are few enough for tropical_many (see SMALL_K)."""
+    k = group.k
+    return plan.steps[group.root].size * k <= TINY_WORK and k <= TINY_K and fits(plan, group)
+
+
+def many_row(
+    plan: EinsumPlan, group: Group, leaves: Sequence[tuple[int, Term]], c: int, index: int
+) -> list[int]:
+    """``group``'s row of tropical_many (EINSUM_ROW): its result at address ``c`` and argmax at
+    ``index`` (0: none), ``leaves`` its operands' addresses and layouts in its leaves' order."""
+    step = plan.steps[group.root]
+    sizes = plan.sizes
+    strides = [dict(zip(t.indices, t.strides, strict=True)) for _, t in leaves]
+    wide = wide_indices(plan, step.result)
+    # Offsets in 32 bits where every leaf's elements are numbered below 2^31. (Each index's
+    # whole size times its stride: the odometer steps one past the last value before it wraps.)
+    reach = max(sum(sizes[i] * abs(n) for i, n in d.items()) for d in strides)
+    return [
+        c, index, step.size, group.k, len(wide), len(group.summed), len(leaves),
+        lanes(group.k, step.size) + (256 if reach >= NARROW else 0),
+        *(at for at, _ in leaves), *[0] * (LEAVES - len(leaves)),
+        *_dims(wide, sizes, strides, MANY_OUT),
+        *_dims(group.summed, sizes, strides, MANY_SUMMED),
+    ]  # fmt: skip
+
+
+def many_blocks(plan: EinsumPlan, group: Group) -> int:
+    """The blocks of tropical_many that ``group`` fills."""
+    outputs = plan.steps[group.root].size
+    threads = outputs * lanes(group.k, outputs)
+    return min(-(-threads // THREADS), MAX_BLOCKS)
+
+
+def lanes(k: int, outputs: int) -> int:
+    """The threads of tropical_many that share an output's K: a power of 2, at most 32 (a
+    warp), at most K, and no more than bring the launch to TEAMED threads (each thread
+    decodes its output's position itself: past a full GPU, more threads only add that)."""
+    room = max(TEAMED // max(outputs, 1), 1)
+    return 1 << min(max(k, 1).bit_length() - 1, 5, room.bit_length() - 1)
+
+
+def _dims(
+    indices: Sequence[str], sizes: Any, strides: Sequence[dict[str, int]], count: int
+) -> list[int]:
+    """A tropical_many row's ``count`` indices: the size of each of ``indices`` and each
+    leaf's stride along it (0 where it lacks it), then zeros."""
+    width = 1 + LEAVES
+    row = []
+    for i in indices:
+        row += [sizes[i], *(s.get(i, 0) for s in strides)]
+        row += [0] * (width - 1 - len(strides))
+    return row + [0] * (width * count - len(row))
 
 
 def fits(plan: EinsumPlan, group: Group) -> bool:
