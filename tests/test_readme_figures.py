@@ -510,7 +510,7 @@ FIGURES = [
     # The tropical einsum
     Figure(
         r"the whole GPU suite, ([\d,]+) passed and (\d+) skipped",
-        "test-logs/gpu_tests-einsum-fusion-two-nvidia-h200.log",
+        "test-logs/gpu_tests-in-place-two-nvidia-h200.log",
         find(r"(\d+) passed, (\d+) skipped", last=True),
     ),
     Figure(
