@@ -23,13 +23,14 @@ from typing import Any
 
 import anyio
 import numpy as np
+import opt_einsum
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import aionvrtc
 from aionvrtc import Compiler, tropical
-from aionvrtc.tropical import SEMIRINGS, reference
+from aionvrtc.tropical import SEMIRINGS, _einsum_steps, reference
 
 from .test_tropical_einsum_plan import (
     ARGMAX_CASES,
@@ -480,6 +481,32 @@ def argmax_and_check(subscripts: str, operands: Sequence[Array], ring: str) -> A
     assert_same(value, want, f"{ring} {subscripts}")
     check_assignment(subscripts, operands, ring, host(value), assignment)
     return value, assignment
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_backtrace_at_the_edge_of_shared_memory(dtype: str, rng: np.random.Generator) -> None:
+    """The backtrace's values and code go in shared memory up to what a launch may ask beside
+    the kernel's own (its scan's reduction, 2 KiB at most): a chain of 2 x 2 tensors whose walk
+    just fits, and one just past it (its code read from global memory). Past 48 KiB in all, a
+    launch fails."""
+    for n, in_shared in ((903, True), (920, False)):
+        symbols = [opt_einsum.get_symbol(i) for i in range(n + 1)]
+        subscripts = ",".join(symbols[i] + symbols[i + 1] for i in range(n)) + "->"
+        operands = network_values(rng, "maxplus", dtype, [(2, 2)] * n)
+        path = [(0, 1)] * (n - 1)
+        value, assignment = tropical.einsum_sync(
+            subscripts, *map(gpu, operands), optimize=path, argmax=True
+        )
+        check_assignment(subscripts, operands, "maxplus", host(value), assignment)
+        plan = tropical.einsum_plan(subscripts, *operands, optimize=path)
+        steps = _einsum_steps.known(
+            plan, SEMIRINGS["maxplus"], np.dtype(dtype), argmax=True, device=0
+        )
+        assert steps is not None
+        walk = steps.ops[-1].launcher
+        assert walk.spec.name_expressions[0].startswith("einsum_backtrace<")
+        assert (walk.shared > 4 * len(plan.sizes)) is in_shared, walk.shared
+        assert walk.shared <= 46 * 1024
 
 
 @pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)

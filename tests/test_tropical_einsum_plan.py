@@ -37,7 +37,7 @@ from aionvrtc.tropical._backtrace import (
     backtrace_program,
     follow,
 )
-from aionvrtc.tropical._contraction import Step, Term, View
+from aionvrtc.tropical._contraction import Step, Term, View, contiguous
 from aionvrtc.tropical._semirings import semiring as lookup
 from aionvrtc.tropical._specs import backtrace_spec, einsum_spec, many_spec
 
@@ -920,21 +920,39 @@ def _follow_by_depth(plan: EinsumPlan, trace: Trace, ring: str) -> dict[str, int
 
 def _follow_scanning(plan: EinsumPlan, trace: Trace, ring: str) -> dict[str, int]:
     """``_follow`` with every product's argmax found again at the position reached, as a
-    compiled program's backtrace finds a large product's (a ``Scan``): its K scanned there for
-    the first best k (in NumPy, by reference.matmul of that row and column)."""
-    where: list[int | Scan] = [
-        Scan(n, n, first.shape[1], second.shape[2], first.shape[2], strides(first), strides(second))
-        if step.second is not None
-        else n
-        for n, (step, _, first, second) in enumerate(trace)
-    ]
+    compiled program's backtrace finds a large product's (a ``Scan``): each product's operands
+    laid in one flat buffer (the arena) at the Scan's byte offsets, read through its strides as
+    the kernel reads them, its K scanned for the first best k (by reference.matmul)."""
+    pieces: list[Array] = []
+    where: list[int | Scan] = []
+    size = 0
+
+    def place(x: Array) -> tuple[int, tuple[int, int, int]]:
+        nonlocal size
+        pieces.append(np.ascontiguousarray(x).reshape(-1))
+        at, size = size, size + x.size
+        b, m, k = contiguous(x.shape)
+        return at * x.itemsize, (b if x.shape[0] > 1 else 0, m, k)
+
+    for n, (step, _, first, second) in enumerate(trace):
+        if step.second is None:
+            where.append(n)
+            continue
+        (a, a_strides), (b, b_strides) = place(first), place(second)
+        where.append(Scan(a, b, first.shape[1], second.shape[2], first.shape[2], a_strides,
+                          b_strides))  # fmt: skip
+    arena = np.concatenate(pieces) if pieces else np.zeros(0)
 
     def scan(product: Scan, at: int) -> int:
-        _, _, first, second = trace[product.a]
+        item = arena.itemsize
         b, rest = divmod(at, product.m * product.n)
         m, n = divmod(rest, product.n)
-        row, column = first[b : b + 1, m : m + 1], second[b : b + 1, :, n : n + 1]
-        _, index = reference.matmul(row, column, ring, argmax=True)
+        (ab, am, ak), (bb, bk, bn) = product.a_strides, product.b_strides
+        k = np.arange(product.k)
+        row = arena[product.a // item + b * ab + m * am + k * ak]
+        column = arena[product.b // item + b * bb + n * bn + k * bk]
+        _, index = reference.matmul(row.reshape(1, 1, -1), column.reshape(1, -1, 1), ring,
+                                    argmax=True)  # fmt: skip
         return int(index.reshape(-1)[0])
 
     code = backtrace_code(plan, where)
@@ -943,11 +961,6 @@ def _follow_scanning(plan: EinsumPlan, trace: Trace, ring: str) -> dict[str, int
         lambda where, at: int(trace[where][1].reshape(-1)[at]), scan,
     )  # fmt: skip
     return assignment_of(plan, values)
-
-
-def strides(x: Array) -> tuple[int, int, int]:
-    a, b, c = (s // x.itemsize for s in x.strides)
-    return a, b, c
 
 
 @pytest.fixture(params=["in order", "by depth", "scanning"])

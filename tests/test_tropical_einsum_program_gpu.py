@@ -251,6 +251,7 @@ def test_large_products_are_scanned_again_by_the_backtrace(
         program = tropical.einsum_program_sync(
             subscripts, *map(gpu, operands), semiring=ring, argmax=True
         )
+    assert any(isinstance(w, Scan) for w in program._steps.argmaxes)
     value, assignment = program.run_sync(*map(gpu, operands))
     assert host(value).item() == (4 if ring == "maxplus" else -4)
     check_assignment(subscripts, operands, ring, host(value), assignment)

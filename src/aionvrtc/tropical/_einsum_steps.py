@@ -56,8 +56,10 @@ _ALIGN = 256
 _THREADS = 256
 _MAX_DIMS = 32  # EINSUM_MAX_DIMS
 MAX_GATHER = 448  # EINSUM_MAX_GATHER
-# The backtrace's values (and its code) in dynamic shared memory: any launch may ask this.
-_SHARED = 48 * 1024
+# The backtrace's values (and its code) in dynamic shared memory: what any launch may ask (48
+# KiB with the kernel's static shared memory, the scan's reduction: 32 values and their k, at
+# most 2 KiB; a launch asking for more fails).
+_SHARED = 48 * 1024 - 2 * 1024
 # The backtrace's block (EINSUM_BACKTRACE_THREADS): a thread a product of one depth, and all of
 # them to scan one again.
 _BACKTRACE_THREADS = 256
@@ -103,6 +105,8 @@ class _Arena:
 
     def reserve(self, nbytes: int) -> int:
         """Space no take() ever had nor will have (above the most taken)."""
+        if not nbytes:
+            return self.size
         offset = self.size
         self.size += -(-nbytes // _ALIGN) * _ALIGN
         self.end = self.size

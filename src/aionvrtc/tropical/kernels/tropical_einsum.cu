@@ -269,6 +269,7 @@ __device__ __forceinline__ void scan_reduce(T& best, long long& k) {
 template <typename T, typename S, typename C>
 __device__ __forceinline__ void backtrace_scan(const C* __restrict__ c,
                                                const char* __restrict__ base, int* a) {
+    // (Static shared memory beside the dynamic: _einsum_steps._SHARED leaves room for it.)
     __shared__ T bests[32];
     __shared__ long long ks[32];
     const long long at = backtrace_position(c, a);
