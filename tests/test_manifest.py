@@ -24,7 +24,8 @@ from aionvrtc import (
     ManifestRead,
     read_manifests,
 )
-from aionvrtc._manifest import ENV_MANIFEST, spec_line
+from aionvrtc._config import ENV_MANIFEST
+from aionvrtc._manifest import spec_line
 
 from .conftest import ENTRIES, ROOT, make_spec
 

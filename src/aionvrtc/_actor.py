@@ -36,14 +36,15 @@ import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
 
-from . import _cuda
+from . import _config, _cuda
 from ._artifact import Artifact
 from ._cache import DEFAULT_MEMORY_LIMIT, ArchStats, Claim, KernelCache, Origin
+from ._config import ENV_MANIFEST
 from ._cuda import Module
 from ._cuda_errors import IMAGE_REFUSED
 from ._exceptions import AionvrtcError, CompileError, CompilerClosed, ModuleLoadError
 from ._failures import Failures
-from ._manifest import ENV_MANIFEST, Manifest
+from ._manifest import Manifest
 from ._spec import KernelSpec
 from ._store import DiskStats
 from ._store.memory import MemoryStats
@@ -244,7 +245,7 @@ class Compiler:
         # The fleet's shared tier: ``remote``, else one from $AIONVRTC_REMOTE_URL if set.
         self.remote = remote if remote is not None else RedisTier.from_environment()
         if manifest is None:
-            manifest = os.environ.get(ENV_MANIFEST) or False
+            manifest = _config.text(ENV_MANIFEST) or False
         if manifest is not False and not isinstance(manifest, str | os.PathLike):
             raise TypeError(f"manifest must be a path or False, not {type(manifest).__name__}")
         if manifest is not False and not os.fspath(manifest):

@@ -29,11 +29,11 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
+from ._config import ENV_ARCH, ENV_CACHE_DIR, ENV_DISK_LIMIT, ENV_MANIFEST, ENV_REMOTE_SECRET
 from ._cuda_errors import map_cuda_errors
 from ._exceptions import AionvrtcError, NoDeviceError
 from ._spec import FORMAT_VERSION, KernelSpec
 from ._store.disk import (
-    ENV_CACHE_DIR,
     PROBE_KEY,
     Damage,
     DiskTier,
@@ -904,7 +904,6 @@ def _manifest_keys(
 def _export(args: argparse.Namespace, console: Any) -> Result:
     from ._artifact import encode
     from ._store.bundle import environment_secret, write_bundle
-    from ._store.remote import ENV_REMOTE_SECRET
 
     tier, _ = _cache_dir(args, reading=True)
     archs = list(dict.fromkeys(args.arch)) if args.arch else None
@@ -963,7 +962,6 @@ def _export(args: argparse.Namespace, console: Any) -> Result:
 def _import(args: argparse.Namespace, console: Any) -> Result:
     from ._artifact import encode
     from ._store.bundle import environment_secret, verify_bundle
-    from ._store.disk import ENV_DISK_LIMIT
 
     secret = environment_secret()
     # Every entry is checked before any is added: a bundle that fails adds nothing. It is held
@@ -1037,7 +1035,7 @@ def _say_warmed(console: Any, data: dict[str, Any], what: str) -> None:
 
 
 def _warm_manifest(args: argparse.Namespace, console: Any) -> Result:
-    from ._manifest import ENV_MANIFEST, read_manifests
+    from ._manifest import read_manifests
 
     targets = _warm_targets(args)
     read = read_manifests(args.paths)
@@ -1083,7 +1081,7 @@ def _warm_targets(args: argparse.Namespace) -> list[Target]:
     """The targets of a warm command: each ``--arch`` once, else ``$AIONVRTC_ARCH`` or this
     machine's GPU; each checked against this NVRTC before anything is compiled."""
     from . import _nvrtc
-    from ._target import ENV_ARCH, resolve_target
+    from ._target import resolve_target
 
     if args.arch:
         # An arch named twice is one set of kernels: compiled once.

@@ -26,6 +26,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from ._config import ENV_MANIFEST
 from ._exceptions import ManifestError
 from ._spec import KernelSpec
 from ._store import _locks
@@ -37,7 +38,6 @@ except ImportError:  # not POSIX: appends without a lock (see _append)
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "ENV_MANIFEST",
     "MANIFEST_VERSION",
     "Manifest",
     "ManifestRead",
@@ -45,7 +45,6 @@ __all__ = [
     "spec_line",
 ]
 
-ENV_MANIFEST = "AIONVRTC_MANIFEST"
 # Bump when a line's fields change what spec it rebuilds: a reader skips lines of another
 # version rather than rebuild a different spec from them.
 MANIFEST_VERSION = 1

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
-import os
 import re
 from dataclasses import dataclass, field
 
+from . import _config
+from ._config import ENV_ARCH
 from ._cuda_errors import map_cuda_errors
 from ._cuda_versions import CHOOSE_EXTRA
 from ._exceptions import NoDeviceError
@@ -15,7 +16,6 @@ __all__ = ["ENV_ARCH", "Target", "TargetLike", "as_target", "device_target", "re
 
 # The target when none is named: for compiling on a machine without a GPU (CI, a Docker build),
 # or for another GPU than this one.
-ENV_ARCH = "AIONVRTC_ARCH"
 
 # sm_90, sm_90a (arch-specific features such as wgmma), sm_100f (family-portable).
 _ARCH = re.compile(r"sm_(?P<number>[1-9][0-9]{1,2})(?P<suffix>[af]?)")
@@ -79,7 +79,7 @@ def resolve_target(arch: TargetLike | None = None, *, default: TargetLike | None
     """
     if arch is not None:
         return as_target(arch)
-    named = os.environ.get(ENV_ARCH)
+    named = _config.text(ENV_ARCH)
     if named:  # set but empty counts as unset, so that a script can clear it
         try:
             return _named(named)

@@ -48,13 +48,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .. import _config
 from .._artifact import _KEY, Artifact, _bounded_int, decode, encode
+from .._config import ENV_REMOTE_SECRET
 from .._exceptions import BundleError, CacheCorruptError
 from .._spec import FORMAT_VERSION
 from ._fs import kind_of
 from ._fs import stat_or_none as _lstat
 from .disk import MAX_ENTRY_BYTES, Damage, Policy, default_shared_cache
-from .remote import ENV_REMOTE_SECRET
 from .tier import LayerStats
 
 __all__ = [
@@ -123,7 +124,7 @@ class BundleInfo:
 
 def environment_secret() -> bytes | None:
     """``$AIONVRTC_REMOTE_SECRET`` as bytes, or None when it is unset or empty."""
-    value = os.environ.get(ENV_REMOTE_SECRET)
+    value = _config.text(ENV_REMOTE_SECRET)
     return value.encode() if value else None
 
 

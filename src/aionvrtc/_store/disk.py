@@ -36,10 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
+from .. import _config
 from .._artifact import _KEY, Artifact, decode, encode, read_header
+from .._config import ENV_CACHE_DIR, ENV_DISK_LIMIT, ENV_SHARED_CACHE
 from .._exceptions import CacheCorruptError
 from .._spec import FORMAT_VERSION
-from .._units import env_flag, parse_size
 from ._fs import (
     ASIDE,
     DIR_FLAGS,
@@ -90,9 +91,6 @@ __all__ = [
 
 logger = logging.getLogger("aionvrtc")
 
-ENV_CACHE_DIR = "AIONVRTC_CACHE_DIR"
-ENV_DISK_LIMIT = "AIONVRTC_DISK_LIMIT"
-ENV_SHARED_CACHE = "AIONVRTC_SHARED_CACHE"
 DEFAULT_DISK_LIMIT = 1 << 30  # bytes (1 GiB)
 # Eviction frees down to this fraction of the limit, so a full cache is not walked again on the
 # next write.
@@ -138,7 +136,7 @@ _LAST_USED = operator.itemgetter(2)
 
 def default_cache_dir() -> Path:
     """``$AIONVRTC_CACHE_DIR`` if set, else the platform's user cache dir for aionvrtc."""
-    configured = os.environ.get(ENV_CACHE_DIR)
+    configured = _config.text(ENV_CACHE_DIR)
     if configured:
         return Path(configured).expanduser()
     import platformdirs
@@ -148,18 +146,12 @@ def default_cache_dir() -> Path:
 
 def default_disk_limit() -> int:
     """``$AIONVRTC_DISK_LIMIT`` ("2G", "500MiB", bytes) if set, else 1 GiB."""
-    configured = os.environ.get(ENV_DISK_LIMIT)
-    if not configured:
-        return DEFAULT_DISK_LIMIT
-    try:
-        return parse_size(configured)
-    except ValueError as exc:
-        raise ValueError(f"${ENV_DISK_LIMIT}: {exc}") from None
+    return _config.size(ENV_DISK_LIMIT, DEFAULT_DISK_LIMIT)
 
 
 def default_shared_cache() -> bool:
     """``$AIONVRTC_SHARED_CACHE`` (1/0, true/false, yes/no, on/off), else False."""
-    return env_flag(ENV_SHARED_CACHE)
+    return _config.flag(ENV_SHARED_CACHE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,15 +15,16 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from .. import _config
 from .._artifact import Artifact
+from .._config import ENV_CACHE_LAYERS
 from .._exceptions import AionvrtcError
 from .bundle import BundleTier, environment_secret
 from .disk import DiskTier
 from .tier import LayerStats
 
-__all__ = ["ENV_LAYERS", "DirLayer", "Layer", "open_layers"]
+__all__ = ["DirLayer", "Layer", "open_layers"]
 
-ENV_LAYERS = "AIONVRTC_CACHE_LAYERS"  # paths separated by os.pathsep
 
 logger = logging.getLogger("aionvrtc")
 
@@ -77,7 +78,7 @@ def open_layers(
     replace is code others can run). One that cannot be opened or is not trusted is left out,
     with a warning saying why."""
     if paths is None:
-        paths = [part for part in os.environ.get(ENV_LAYERS, "").split(os.pathsep) if part]
+        paths = _config.paths(ENV_CACHE_LAYERS)
     elif isinstance(paths, str | os.PathLike):
         raise TypeError("layers must be a list of paths, such as ['/opt/cache.bundle']")
     if secret is None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import re
 import secrets
 import time
@@ -46,23 +45,18 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from .. import _config
 from .._artifact import Artifact, decode, encode
+from .._config import ENV_REMOTE_ALLOW_UNSIGNED, ENV_REMOTE_SECRET, ENV_REMOTE_URL
 from .._exceptions import CacheCorruptError
-from .._units import env_flag
 
 __all__ = [
     "DEFAULT_MAX_ENTRY_BYTES",
-    "ENV_REMOTE_ALLOW_UNSIGNED",
-    "ENV_REMOTE_SECRET",
-    "ENV_REMOTE_URL",
     "RedisTier",
 ]
 
 logger = logging.getLogger("aionvrtc")
 
-ENV_REMOTE_URL = "AIONVRTC_REMOTE_URL"
-ENV_REMOTE_SECRET = "AIONVRTC_REMOTE_SECRET"
-ENV_REMOTE_ALLOW_UNSIGNED = "AIONVRTC_REMOTE_ALLOW_UNSIGNED"  # "1": run without a secret
 MAGIC = b"AIONVRTC-R1"  # remote value: MAGIC, a flag byte (1: signed), [32-byte HMAC], entry
 MAX_BACKOFF = 30.0  # seconds between tries while Redis is unreachable
 # bytes of a remote value (MAGIC, signature and entry). The tropical cubins are 26 to 70 KiB
@@ -216,13 +210,13 @@ class RedisTier:
     def from_environment(cls) -> RedisTier | None:
         """A tier from ``$AIONVRTC_REMOTE_URL``, ``$AIONVRTC_REMOTE_SECRET`` and
         ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED``, or None without a URL."""
-        url = os.environ.get(ENV_REMOTE_URL)
-        if not url:
+        url = _config.text(ENV_REMOTE_URL)
+        if url is None:
             return None
         return cls(
             url,
-            secret=os.environ.get(ENV_REMOTE_SECRET) or None,
-            allow_unsigned=env_flag(ENV_REMOTE_ALLOW_UNSIGNED),
+            secret=_config.text(ENV_REMOTE_SECRET),
+            allow_unsigned=_config.flag(ENV_REMOTE_ALLOW_UNSIGNED),
         )
 
     # -- lifecycle (the Compiler's) ------------------------------------------------------------

@@ -1,0 +1,79 @@
+"""Every setting aionvrtc reads from the environment: its variable, what it takes and what holds
+without it (``SETTINGS``, which the README's settings table is checked against), and how each
+kind is read. A variable is read when it is needed, never at import: a program or a test may
+set one at any time. Set but empty counts as unset, so that a script can clear one.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._units import env_flag, parse_size
+
+__all__ = [
+    "ENV_ARCH",
+    "ENV_CACHE_DIR",
+    "ENV_CACHE_LAYERS",
+    "ENV_DISK_LIMIT",
+    "ENV_MANIFEST",
+    "ENV_REMOTE_ALLOW_UNSIGNED",
+    "ENV_REMOTE_SECRET",
+    "ENV_REMOTE_URL",
+    "ENV_SHARED_CACHE",
+    "SETTINGS",
+    "flag",
+    "paths",
+    "size",
+    "text",
+]
+
+ENV_CACHE_DIR = "AIONVRTC_CACHE_DIR"
+ENV_DISK_LIMIT = "AIONVRTC_DISK_LIMIT"
+ENV_SHARED_CACHE = "AIONVRTC_SHARED_CACHE"
+ENV_ARCH = "AIONVRTC_ARCH"
+ENV_CACHE_LAYERS = "AIONVRTC_CACHE_LAYERS"
+ENV_MANIFEST = "AIONVRTC_MANIFEST"
+ENV_REMOTE_URL = "AIONVRTC_REMOTE_URL"
+ENV_REMOTE_SECRET = "AIONVRTC_REMOTE_SECRET"
+ENV_REMOTE_ALLOW_UNSIGNED = "AIONVRTC_REMOTE_ALLOW_UNSIGNED"
+
+# Each variable: (what it takes, what holds without it).
+SETTINGS: dict[str, tuple[str, str]] = {
+    ENV_CACHE_DIR: ("a folder", "the platform's user cache dir (~/.cache/aionvrtc on Linux)"),
+    ENV_DISK_LIMIT: ("a size: bytes, 500MiB, 2G", "1 GiB"),
+    ENV_SHARED_CACHE: ("a switch: 1/0, true/false, yes/no, on/off", "off"),
+    ENV_ARCH: ("an arch, such as sm_90", "the current GPU's"),
+    ENV_CACHE_LAYERS: ("cache dirs and bundle files, separated by os.pathsep", "none"),
+    ENV_MANIFEST: ("a file to record each distinct spec in", "none"),
+    ENV_REMOTE_URL: ("a Redis URL", "no shared tier"),
+    ENV_REMOTE_SECRET: ("the secret that signs entries and bundles", "none"),
+    ENV_REMOTE_ALLOW_UNSIGNED: ("a switch: run the Redis tier without a secret", "off"),
+}
+
+
+def text(name: str) -> str | None:
+    """Variable ``name``, or None where it is unset or empty."""
+    return os.environ.get(name) or None
+
+
+def flag(name: str) -> bool:
+    """Switch ``name`` (1/0, true/false, yes/no, on/off; unset: off). Raises ValueError naming
+    the variable for anything else."""
+    return env_flag(name)
+
+
+def size(name: str, default: int) -> int:
+    """Bytes in ``name`` ("2G", "500MiB", bytes), else ``default``. Raises ValueError naming
+    the variable."""
+    value = text(name)
+    if value is None:
+        return default
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ValueError(f"${name}: {exc}") from None
+
+
+def paths(name: str) -> list[str]:
+    """The paths in ``name``, separated by os.pathsep (empty parts dropped)."""
+    return [part for part in (text(name) or "").split(os.pathsep) if part]
