@@ -279,10 +279,10 @@ def chain_floor(count: int, repeats: int) -> float:
 
 
 def clear_plans() -> None:
-    from aionvrtc.tropical import _contraction, _einsum_steps
+    from aionvrtc.tropical import _einsum_plan, _einsum_steps
 
-    _contraction._plans.clear()
-    _contraction._cached_path.cache_clear()
+    _einsum_plan._plans.clear()
+    _einsum_plan._cached_path.cache_clear()
     _einsum_steps._prepared.clear()
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import aionvrtc
 from aionvrtc import tropical
-from aionvrtc.tropical import _classes, _plan_cache, reference
+from aionvrtc.tropical import _plan_cache, _shape_classes, reference
 
 from .tropical_data import host, numpy_backward, operands
 
@@ -125,11 +125,11 @@ def test_installed_tiles_take_effect_on_the_next_call(rng: np.random.Generator) 
     assert before.launch is not None
     assert before.launch.grid[0] > 0
     kind = tropical.shape_class(300, 260, 70)
-    table = {name: dict(variants) for name, variants in _classes.TILES.items()}
+    table = {name: dict(variants) for name, variants in _shape_classes.TILES.items()}
     table[kind]["f4"] = (32, 32, 8, 2, 2, 1)
     device = a.device.id
     try:
-        _classes.install(device, table)
+        _shape_classes.install(device, table)
         after, _ = _plan_cache.find(a, b, "maxplus", argmax=False, out=None, accumulate=False)
         assert after is not before
         assert after.spec != before.spec
@@ -137,7 +137,7 @@ def test_installed_tiles_take_effect_on_the_next_call(rng: np.random.Generator) 
         assert "32, 32, 8, 2, 2, 1>" in after.launch.spec.name_expressions[0]
         assert_product(tropical.matmul_sync(a, b, "maxplus"), a, b, "maxplus", False)
     finally:
-        _classes.install(device, _classes.TILES)  # the built-in tiles again
+        _shape_classes.install(device, _shape_classes.TILES)  # the built-in tiles again
     again, _ = _plan_cache.find(a, b, "maxplus", argmax=False, out=None, accumulate=False)
     assert again.spec == before.spec
 

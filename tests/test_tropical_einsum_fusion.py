@@ -15,7 +15,7 @@ import pytest
 
 from aionvrtc.tropical import SEMIRINGS, einsum_plan, reference
 from aionvrtc.tropical._backtrace import assignment_of, backtrace_code, follow
-from aionvrtc.tropical._contraction import EinsumPlan
+from aionvrtc.tropical._einsum_plan import EinsumPlan
 from aionvrtc.tropical._fusion import (
     FUSE_K,
     FUSE_WORK,

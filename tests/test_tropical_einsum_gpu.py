@@ -343,7 +343,7 @@ async def test_the_kernels_fetched_serve_when_autotune_installs_others_meanwhile
     """Tiles installed (by autotune on another task) after einsum fetched its kernels and
     before it runs: the run uses the kernels it fetched. It used to fetch the new tiles' kernel
     on the event loop's thread, which with a caller's Compiler raised."""
-    from aionvrtc.tropical import _classes, _einsum, _launching
+    from aionvrtc.tropical import _einsum, _launching, _shape_classes
 
     operands = tensors(rng, "maxplus", np.float32, [(300, 70), (70, 260)])
     arrays = [gpu(x) for x in operands]
@@ -354,7 +354,7 @@ async def test_the_kernels_fetched_serve_when_autotune_installs_others_meanwhile
 
     async def fetch_then_retune(spec: Any, device: int, compiler: Any) -> Any:
         found = await fetch(spec, device, compiler)
-        _classes.install(device, table)
+        _shape_classes.install(device, table)
         return found
 
     monkeypatch.setattr(_einsum, "module", fetch_then_retune)
@@ -364,7 +364,7 @@ async def test_the_kernels_fetched_serve_when_autotune_installs_others_meanwhile
             assert compiler.stats().compiles == 1  # the kernel fetched, nothing else
         assert tropical.tuned_tiles(device) is table  # installed meanwhile, as autotune does
     finally:
-        _classes.install(device, tropical.TILES)
+        _shape_classes.install(device, tropical.TILES)
     assert_same(got, reference.einsum("ij,jk->ik", *operands), "with tiles installed meanwhile")
 
 

@@ -25,8 +25,8 @@ from aionvrtc import tropical
 from aionvrtc.tropical import (
     SEMIRINGS,
     EinsumPlan,
-    _contraction,
     _einsum,
+    _einsum_plan,
     einsum_plan,
     reference,
 )
@@ -37,7 +37,7 @@ from aionvrtc.tropical._backtrace import (
     backtrace_program,
     follow,
 )
-from aionvrtc.tropical._contraction import Step, Term, View, contiguous
+from aionvrtc.tropical._einsum_plan import Step, Term, View, contiguous
 from aionvrtc.tropical._semirings import semiring as lookup
 from aionvrtc.tropical._specs import backtrace_spec, einsum_spec, many_spec
 
@@ -653,7 +653,7 @@ def test_subscripts_of_more_dimensions_than_an_array_are_refused_before_shapes_a
 ) -> None:
     # 1,000,000 letters of one operand built strides of up to a million bits each: 15 s, then
     # MemoryError. The grammar refuses them in one pass over the string, before any shape.
-    monkeypatch.setattr(_contraction._Shaped, "of", _never)
+    monkeypatch.setattr(_einsum_plan._Shaped, "of", _never)
     started = time.perf_counter()
     with pytest.raises(ValueError, match=_exactly(
         "einsum operand 0's subscripts name 1,000,000 indices, more than the 64 dimensions an "
@@ -703,7 +703,7 @@ def _chain(count: int) -> tuple[str, list[tuple[int, int]]]:
     return subscripts + "->" + symbols[0] + symbols[count], [(2, 2)] * count
 
 
-@pytest.mark.parametrize(("optimize", "limit"), list(_contraction.SEARCH_LIMITS.items()))
+@pytest.mark.parametrize(("optimize", "limit"), list(_einsum_plan.SEARCH_LIMITS.items()))
 def test_exhaustive_searches_past_their_operand_count_are_refused_before_searching(
     optimize: str, limit: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -727,9 +727,9 @@ def test_optimal_on_60_operands_is_refused_and_an_optimizer_object_runs_as_given
         einsum_plan(subscripts, *shapes, optimize="optimal")
     assert len(einsum_plan(subscripts, *shapes, optimize="auto-hq").steps) == 59
     # An object is the caller's to judge: dynamic programming over a chain is quick.
-    subscripts, shapes = _chain(_contraction.SEARCH_LIMITS["dp"] + 1)
+    subscripts, shapes = _chain(_einsum_plan.SEARCH_LIMITS["dp"] + 1)
     plan = einsum_plan(subscripts, *shapes, optimize=opt_einsum.DynamicProgramming())
-    assert len(plan.steps) == _contraction.SEARCH_LIMITS["dp"]
+    assert len(plan.steps) == _einsum_plan.SEARCH_LIMITS["dp"]
 
 
 # What einsum checks on the GPU once it has planned, before anything is allocated: here with

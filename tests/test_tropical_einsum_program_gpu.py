@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from aionvrtc import Compiler, tropical
-from aionvrtc.tropical import _contraction, _einsum_program, _einsum_steps, _fusion, reference
+from aionvrtc.tropical import _einsum_plan, _einsum_program, _einsum_steps, _fusion, reference
 from aionvrtc.tropical._backtrace import Scan
 
 from .test_tropical_einsum_fusion import kings_graph
@@ -230,7 +230,7 @@ def test_large_products_are_scanned_again_by_the_backtrace(
             subscripts, *shapes, dtype=dtype, semiring=ring, argmax=True
         )
         with monkeypatch.context() as patched:
-            patched.setattr(_contraction, "SCAN_WORK", 0)
+            patched.setattr(_einsum_plan, "SCAN_WORK", 0)
             patched.setattr(_einsum_steps, "_prepared", {})
             tropical.clear_programs()
             scanning = tropical.einsum_program_sync(
@@ -246,7 +246,7 @@ def test_large_products_are_scanned_again_by_the_backtrace(
     # Many ties: a maximum independent set of the Petersen graph.
     subscripts, operands = independent_sets(10, PETERSEN, ring, dtype)
     with monkeypatch.context() as patched:
-        patched.setattr(_contraction, "SCAN_WORK", 0)
+        patched.setattr(_einsum_plan, "SCAN_WORK", 0)
         patched.setattr(_einsum_steps, "_prepared", {})
         program = tropical.einsum_program_sync(
             subscripts, *map(gpu, operands), semiring=ring, argmax=True

@@ -421,8 +421,8 @@ def test_torch_gradients_match_finite_differences(ring: str) -> None:
 
 
 def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path) -> None:
-    # _classes: its table of installed tiles, emptied as a new process would start.
-    from aionvrtc.tropical import _classes
+    # _shape_classes: its table of installed tiles, emptied as a new process would start.
+    from aionvrtc.tropical import _shape_classes
     from aionvrtc.tropical.tuning import tile_fits
 
     reports: list[dict[str, Any]] = []
@@ -434,7 +434,7 @@ def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path
                 repeats=2, report=reports.append,
             )  # fmt: skip
             in_use = tropical.tuned_tiles(0)["small"]["f4"]
-            _classes._installed.clear()  # as a new process would start
+            _shape_classes._installed.clear()  # as a new process would start
             again = await tropical.autotune(
                 ["float32"], kinds=["small"], argmax=[False], compiler=compiler,
                 report=reports.append,
@@ -444,7 +444,7 @@ def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path
     try:
         first, in_use, again = anyio.run(main)
     finally:
-        _classes._installed.clear()
+        _shape_classes._installed.clear()
     # Every candidate that fits was checked and timed once; the second run read the record.
     candidates = [t for t in tropical.tuning.CANDIDATES["small"] if tile_fits(t, 4)]
     assert [tuple(r["tile"]) for r in reports] == candidates

@@ -9,12 +9,12 @@ saturates. ``reference`` holds a NumPy implementation with the same semantics.
 from . import reference, tuning
 from ._api import backward, backward_sync, matmul, matmul_sync, warm
 from ._batching import Batcher, BatcherStats
-from ._classes import TILES, VARIANTS, shape_class, tuned_tiles
-from ._contraction import EinsumPlan, einsum_plan
 from ._einsum import einsum, einsum_sync
+from ._einsum_plan import EinsumPlan, einsum_plan
 from ._einsum_program import EinsumProgram, clear_programs, einsum_program, einsum_program_sync
-from ._planning import kernel_spec
+from ._product_plan import kernel_spec
 from ._semirings import SEMIRINGS, Semiring
+from ._shape_classes import TILES, VARIANTS, shape_class, tuned_tiles
 from ._specs import LAYOUTS, all_specs, backward_spec, gemm_spec
 from ._tune import autotune
 

@@ -1,4 +1,4 @@
-"""tropical.matmul and friends: a plan (_planning) launched (_launching) with a compiled kernel."""
+"""tropical.matmul and friends: a plan (_product_plan) launched (_launching), a compiled kernel."""
 
 from __future__ import annotations
 

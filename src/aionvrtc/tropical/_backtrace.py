@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ._contraction import EinsumPlan, contiguous
+from ._einsum_plan import EinsumPlan, contiguous
 
 __all__ = [
     "Scan",

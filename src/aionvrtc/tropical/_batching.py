@@ -26,7 +26,7 @@ from .._exceptions import AionvrtcError
 from . import _plan_cache
 from ._api import matmul
 from ._launching import loaded, module
-from ._planning import cupy_module
+from ._product_plan import cupy_module
 
 __all__ = ["Batcher", "BatcherStats"]
 

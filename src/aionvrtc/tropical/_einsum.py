@@ -1,4 +1,4 @@
-"""tropical.einsum: a planned contraction (_contraction) run as batched tropical products over
+"""tropical.einsum: a planned contraction (_einsum_plan) run as batched tropical products over
 one arena (_einsum_steps), and the backtrace of its argmaxes to an assignment, on the GPU."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import numpy as np
 from .._actor import Compiler
 from .._cuda import Module, synchronize
 from .._spec import KernelSpec
-from ._classes import tables_version, tuned_tiles
-from ._contraction import EinsumPlan, check_step, einsum_plan, known_plan
+from ._einsum_plan import EinsumPlan, check_step, einsum_plan, known_plan
 from ._einsum_steps import Steps, known, prepared
 from ._launching import OnDevice, first_error, loaded, module, module_sync
-from ._planning import cupy_module
+from ._product_plan import cupy_module
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
+from ._shape_classes import tables_version, tuned_tiles
 from ._subscripts import check_dtypes, check_output
 
 __all__ = [

@@ -27,7 +27,6 @@ import numpy as np
 from .._actor import Compiler
 from .._cuda import Module, synchronize
 from .._spec import KernelSpec
-from ._contraction import EinsumPlan, einsum_plan, known_plan
 from ._einsum import (
     _check_out,
     _stream,
@@ -37,6 +36,7 @@ from ._einsum import (
     fetch_modules_sync,
     steps_for,
 )
+from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
 from ._einsum_steps import MAX_GATHER, Op, Steps, backtrace_launch, resolve, steps_key
 from ._fusion import (
     THREADS,
@@ -49,7 +49,7 @@ from ._fusion import (
     tiny,
 )
 from ._launching import OnDevice, _Packed
-from ._planning import cupy_module
+from ._product_plan import cupy_module
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
 from ._specs import einsum_spec, many_spec

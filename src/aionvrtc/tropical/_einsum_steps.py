@@ -26,12 +26,12 @@ from .._cuda import Module
 from .._spec import KernelSpec
 from ._backtrace import Scan, assignment_order, backtrace_program
 from ._bounded import keep
-from ._classes import tables_version
-from ._contraction import EinsumPlan, Step, Term, contiguous, scanned
+from ._einsum_plan import EinsumPlan, Step, Term, contiguous, scanned
 from ._fusion import ROW_WORDS, THREADS, lone, many_blocks, many_row, read_in_place
 from ._launching import Launch, OnDevice, _Packed
-from ._planning import cupy_module, plan
+from ._product_plan import cupy_module, plan
 from ._semirings import Semiring
+from ._shape_classes import tables_version
 from ._specs import backtrace_spec, einsum_spec, many_spec
 
 __all__ = [

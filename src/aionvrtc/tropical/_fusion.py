@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ._contraction import EinsumPlan, Step, Term, scanned
+from ._einsum_plan import EinsumPlan, Step, Term, scanned
 
 __all__ = [
     "LEAVES",

@@ -17,7 +17,7 @@ from .._actor import Compiler
 from .._cuda import Module
 from .._spec import KernelSpec
 from .._sync import default_compiler
-from ._planning import BackwardPlan, Plan, cupy_module, strides
+from ._product_plan import BackwardPlan, Plan, cupy_module, strides
 
 __all__ = [
     "BackwardLaunch",

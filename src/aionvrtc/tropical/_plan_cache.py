@@ -15,9 +15,9 @@ from typing import Any
 
 from .._spec import KernelSpec
 from ._bounded import keep
-from ._classes import tables_version
 from ._launching import BackwardLaunch, Launch, OnDevice
-from ._planning import backward_plan, cupy_module, plan
+from ._product_plan import backward_plan, cupy_module, plan
+from ._shape_classes import tables_version
 
 __all__ = ["MAX_PLANS", "Product", "backward", "clear", "find", "product"]
 

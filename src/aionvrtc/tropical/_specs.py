@@ -13,8 +13,8 @@ from typing import Any, Literal
 import numpy as np
 
 from .._spec import KernelSpec
-from ._classes import ROWS_KMAX, TILES, Tile, tile_variant
 from ._semirings import DTYPES, SEMIRINGS, Semiring, as_dtype, semiring
+from ._shape_classes import ROWS_KMAX, TILES, Tile, tile_variant
 
 __all__ = [
     "LAYOUTS",

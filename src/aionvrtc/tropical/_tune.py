@@ -22,10 +22,19 @@ from .._actor import Compiler
 from .._exceptions import CompileError
 from .._sync import default_compiler
 from . import reference
-from ._classes import CANDIDATES, SHAPES, TILES, Tile, install, tile_fits, tile_variant, tuned_tiles
 from ._launching import launch
-from ._planning import plan
+from ._product_plan import plan
 from ._semirings import SEMIRINGS, numpy_dtype
+from ._shape_classes import (
+    CANDIDATES,
+    SHAPES,
+    TILES,
+    Tile,
+    install,
+    tile_fits,
+    tile_variant,
+    tuned_tiles,
+)
 from ._specs import family_digest, tiled_spec
 
 __all__ = ["autotune", "random_operands", "timed"]

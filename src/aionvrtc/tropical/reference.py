@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ._contraction import input_terms
+from ._einsum_plan import input_terms
 from ._semirings import Semiring, semiring
 from ._shapes import check_operands
 from ._subscripts import (

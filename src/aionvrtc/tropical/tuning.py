@@ -3,10 +3,10 @@
 shapes and candidate tiles, the checks a tile must pass, planning a product and launching it
 with a tile of one's choosing, and timing GPU work."""
 
-from ._classes import ARGMAX_MAX_TILES, CANDIDATES, ROWS_KMAX, SHAPES, tile_fits, tile_variant
 from ._launching import launch
-from ._planning import Plan, plan
+from ._product_plan import Plan, plan
 from ._semirings import DTYPES
+from ._shape_classes import ARGMAX_MAX_TILES, CANDIDATES, ROWS_KMAX, SHAPES, tile_fits, tile_variant
 from ._specs import tiled_supported
 from ._tune import random_operands, timed
 

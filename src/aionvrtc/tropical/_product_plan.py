@@ -10,8 +10,8 @@ import numpy as np
 
 from .._spec import KernelSpec
 from . import _semirings
-from ._classes import ARGMAX_MAX_TILES, TILES, Tile, classify, tile_variant, tuned_tiles
 from ._semirings import Semiring, semiring
+from ._shape_classes import ARGMAX_MAX_TILES, TILES, Tile, classify, tile_variant, tuned_tiles
 from ._shapes import Shapes, check_operands
 from ._specs import Layout, backward_spec, gemm_spec, rows_spec, tiled_spec, tiled_supported
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .._spec import KernelSpec
 from ._bounded import keep
-from ._planning import choose
+from ._product_plan import choose
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
 from ._specs import backtrace_spec, einsum_spec, many_spec
