@@ -47,3 +47,21 @@ def test_every_public_name_is_there() -> None:
     assert set(aionvrtc.__all__) <= set(names)
     with pytest.raises(AttributeError, match="module 'aionvrtc' has no attribute 'Compilr'"):
         aionvrtc.Compilr  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_every_stats_type_a_compiler_reports_is_public() -> None:
+    """What ``Compiler.stats()`` holds, each of its parts' types importable by name (to type a
+    function that reads one, or to build one in a test)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(aionvrtc.CompilerStats)
+    for field in dataclasses.fields(aionvrtc.CompilerStats):
+        kinds = [hints[field.name], *typing.get_args(hints[field.name])]
+        for kind in kinds:
+            if isinstance(kind, type) and kind.__name__.endswith("Stats"):
+                assert getattr(aionvrtc, kind.__name__) is kind, field.name
+                assert kind.__name__ in aionvrtc.__all__
+    assert {"MemoryStats", "DiskStats", "RemoteStats", "LayerStats", "ArchStats"} <= set(
+        aionvrtc.__all__
+    )

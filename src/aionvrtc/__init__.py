@@ -22,17 +22,21 @@ _WHERE = {
     "Compiler": "._actor",
     "CompilerClosed": "._exceptions",
     "CompilerStats": "._actor",
+    "DiskStats": "._store.disk",
     "GPUOutOfMemoryError": "._exceptions",
     "KernelCache": "._cache",
     "KernelSpec": "._spec",
+    "LayerStats": "._store.tier",
     "Manifest": "._manifest",
     "ManifestError": "._exceptions",
     "ManifestRead": "._manifest",
+    "MemoryStats": "._store.memory",
     "Module": "._cuda",
     "ModuleLoadError": "._exceptions",
     "NoDeviceError": "._exceptions",
     "NvrtcError": "._exceptions",
     "RedisTier": "._store.remote",
+    "RemoteStats": "._store.remote",
     "Target": "._target",
     "close_default_compiler": "._sync",
     "compile_sync": "._sync",
@@ -57,17 +61,21 @@ __all__ = [
     "Compiler",
     "CompilerClosed",
     "CompilerStats",
+    "DiskStats",
     "GPUOutOfMemoryError",
     "KernelCache",
     "KernelSpec",
+    "LayerStats",
     "Manifest",
     "ManifestError",
     "ManifestRead",
+    "MemoryStats",
     "Module",
     "ModuleLoadError",
     "NoDeviceError",
     "NvrtcError",
     "RedisTier",
+    "RemoteStats",
     "Target",
     "__version__",
     "close_default_compiler",
@@ -101,7 +109,10 @@ if TYPE_CHECKING:
     from ._manifest import Manifest, ManifestRead, read_manifests
     from ._spec import FORMAT_VERSION, KernelSpec
     from ._store import default_cache_dir
-    from ._store.remote import RedisTier
+    from ._store.disk import DiskStats
+    from ._store.memory import MemoryStats
+    from ._store.remote import RedisTier, RemoteStats
+    from ._store.tier import LayerStats
     from ._sync import close_default_compiler, compile_sync, default_compiler, get_sync
     from ._target import Target, resolve_target
 else:
