@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from ._units import env_flag, parse_size
+from ._units import parse_size
 
 __all__ = [
     "ENV_ARCH",
@@ -37,6 +37,9 @@ ENV_REMOTE_URL = "AIONVRTC_REMOTE_URL"
 ENV_REMOTE_SECRET = "AIONVRTC_REMOTE_SECRET"
 ENV_REMOTE_ALLOW_UNSIGNED = "AIONVRTC_REMOTE_ALLOW_UNSIGNED"
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
 # Each variable: (what it takes, what holds without it).
 SETTINGS: dict[str, tuple[str, str]] = {
     ENV_CACHE_DIR: ("a folder", "the platform's user cache dir (~/.cache/aionvrtc on Linux)"),
@@ -59,7 +62,10 @@ def text(name: str) -> str | None:
 def flag(name: str) -> bool:
     """Switch ``name`` (1/0, true/false, yes/no, on/off; unset: off). Raises ValueError naming
     the variable for anything else."""
-    return env_flag(name)
+    value = os.environ.get(name, "").strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise ValueError(f"${name} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
+    return value in _TRUE
 
 
 def size(name: str, default: int) -> int:

@@ -1,18 +1,15 @@
-"""Sizes, ages and switches as people write them: "500M", "2GiB", "30d", "1"/"off" (the CLI,
-environment variables)."""
+"""Sizes and ages as people write them: "500M", "2GiB", "30d" (the CLI, environment variables;
+switches are _config's)."""
 
 from __future__ import annotations
 
-import os
 import re
 
-__all__ = ["env_flag", "format_size", "parse_age", "parse_size"]
+__all__ = ["format_size", "parse_age", "parse_size"]
 
 # Binary multiples, as `du -h` and `ls -h` print them: K, KB and KiB all mean 1024.
 _SIZE = re.compile(r"\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[kmgt]?)(?:i?b)?\s*", re.I)
 _AGE = re.compile(r"\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhdw]?)\s*", re.I)
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -41,11 +38,3 @@ def format_size(size: float) -> str:
         size /= 1024
     raise AssertionError("unreachable")
 
-
-def env_flag(name: str) -> bool:
-    """The switch in environment variable ``name`` (1/0, true/false, yes/no, on/off; unset or
-    empty: off). Raises ValueError naming the variable for anything else."""
-    value = os.environ.get(name, "").strip().lower()
-    if value not in _TRUE | _FALSE:
-        raise ValueError(f"${name} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
-    return value in _TRUE

@@ -97,8 +97,7 @@ def groups(plan: EinsumPlan) -> list[Group]:
     inputs = len(plan.terms)
     found: dict[int, Group] = {}
     for number, step in enumerate(plan.steps):
-        summed = wide_indices(plan, step.k)
-        group = Group(number, (number,), step.operands, summed, _product(plan, summed))
+        group = lone(plan, number)
         children = [found[o - inputs] for o in step.operands if o >= inputs]
         children.sort(key=lambda child: -plan.steps[child.root].size * child.k)
         for child in children:
