@@ -13,15 +13,17 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from aionvrtc import Compiler, RedisTier, kernel_key
+from aionvrtc import Compiler, KernelCache, RedisTier, kernel_key
 from aionvrtc._store.remote import MAGIC
 
 from .conftest import ENTRIES, FakeDriver, make_slow_spec, make_spec
@@ -31,7 +33,9 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 def anyio_backend() -> str:
-    return "asyncio"  # redis-py's async client runs on asyncio only (see the trio test below)
+    # The Compiler tests here run once, under asyncio; the tier is blocking and serves trio and
+    # plain threads alike (the tests that say so below, and one host of the fleet's).
+    return "asyncio"
 
 
 class RedisServer:
@@ -103,7 +107,7 @@ import json, sys, time
 import anyio
 from aionvrtc import Compiler, KernelSpec, RedisTier
 
-source, cache_dir, url, prefix, start = sys.argv[1:6]
+source, cache_dir, url, prefix, start, backend = sys.argv[1:7]
 
 async def main():
     remote = RedisTier(url, prefix=prefix, secret="fleet secret")
@@ -115,7 +119,7 @@ async def main():
                           "lock_waits": s.remote.lock_waits, "errors": s.remote.errors,
                           "size": len(artifact.image)}))
 
-anyio.run(main)
+anyio.run(main, backend=backend)
 """
 
 
@@ -136,12 +140,13 @@ def test_three_hosts_with_separate_disks_compile_a_kernel_once(
                 redis_server.url,
                 prefix,
                 str(start),
+                backend,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for i in range(3)
+        for i, backend in enumerate(["asyncio", "trio", "asyncio"])
     ]
     outputs = [host.communicate(timeout=120) for host in hosts]
     assert all(host.returncode == 0 for host in hosts), [err for _, err in outputs]
@@ -249,15 +254,56 @@ async def test_configured_from_the_environment(
         RedisTier(redis_server.url, ttl=0)
 
 
-def test_under_trio_the_remote_tier_says_it_needs_asyncio(tmp_path: Path) -> None:
-    remote = RedisTier("redis://127.0.0.1:1/0", secret="s")  # never reached
+def test_two_compilers_under_trio_share_the_fleets_entry(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    prefix = f"trio{time.time_ns()}"
+    spec = make_spec()
+    seen: list[tuple[int, int, int]] = []
 
-    async def main() -> None:
-        async with Compiler(arch="sm_90", cache_dir=tmp_path, remote=remote):
-            pass
+    async def host(name: str) -> bytes:
+        remote = tier(redis_server, prefix=prefix)
+        async with Compiler(arch="sm_90", cache_dir=tmp_path / name, remote=remote) as compiler:
+            artifact = await compiler.compile(spec)
+            stats = compiler.stats()
+        seen.append((stats.compiles, stats.remote.hits, stats.remote.errors))
+        return artifact.image
 
-    with pytest.raises(RuntimeError, match="RedisTier\\) needs asyncio"):
-        anyio.run(main, backend="trio")
+    async def main() -> list[bytes]:
+        return [await host("a"), await host("b")]
+
+    first, second = anyio.run(main, backend="trio")
+    assert first == second
+    assert seen == [(1, 0, 0), (0, 1, 0)]
+    key = kernel_key(spec, "sm_90")
+    assert redis_server.client().exists(f"{prefix}:entry:{key}") == 1
+
+
+def test_a_kernel_cache_with_a_remote_tier_serves_plain_threads(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # Eight threads of one host ask for one kernel at once: one compile, stored in Redis; a
+    # second host's cache (its own disk) then reads it from there, from threads too.
+    prefix = f"threads{time.time_ns()}"
+    spec = make_slow_spec(40)
+    first = KernelCache("sm_90", cache_dir=tmp_path / "a", remote=tier(redis_server, prefix=prefix))
+    with ThreadPoolExecutor(8) as pool:
+        images = list(pool.map(lambda _: first.get_or_compile(spec).image, range(8)))
+    assert len(set(images)) == 1
+    stats = first.stats()
+    assert (stats.compiles, stats.requests, stats.joined) == (1, 8, 7)
+    second = KernelCache(
+        "sm_90", cache_dir=tmp_path / "b", remote=tier(redis_server, prefix=prefix)
+    )
+    with ThreadPoolExecutor(4) as pool:
+        again = list(pool.map(lambda _: second.get_or_compile(spec).image, range(4)))
+    assert set(again) == set(images)
+    assert second.stats().compiles == 0
+    assert second.remote is not None
+    assert second.remote.stats().hits == 1
+    for cache in (first, second):
+        assert cache.remote is not None
+        cache.remote.close()
 
 
 async def test_the_compile_lock_is_renewed_while_the_compile_runs(
@@ -388,7 +434,7 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
     key = kernel_key(spec, "sm_90")
     client = redis_server.client()
     holder = tier(redis_server, prefix=prefix)
-    claimed = await holder.claim(key, "sm_90")
+    claimed = holder.claim(key, "sm_90")
     assert claimed is not None
     token, _ = claimed
     assert token is not None
@@ -406,12 +452,12 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
             await anyio.sleep(2.0)  # about 100 polls
             during = net_output_bytes(redis_server) - before
             waiting = compiler.stats()
-            await holder.release(key, token)
+            holder.release(key, token)
         stats = compiler.stats()
         closing = time.monotonic()
     closed_in = time.monotonic() - closing
     total = net_output_bytes(redis_server) - before
-    await holder.aclose()
+    holder.close()
     assert (waiting.remote.lock_waits, waiting.compiles, waiting.remote.rejected) == (1, 0, 1)
     assert during < 1.5 * len(bad), during  # one read, before the lock was found taken
     assert total < 2.5 * len(bad), total  # and one more once the lock was ours
@@ -420,35 +466,60 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
     assert closed_in < 10.0, closed_in  # generous for a loaded CI box; the wait is 30 s
 
 
-async def test_aclose_stops_a_claim_waiting_on_a_lock(redis_server: RedisServer) -> None:
+def test_close_stops_a_claim_waiting_on_a_lock(redis_server: RedisServer) -> None:
     prefix = f"close{time.time_ns()}"
     key = "ab" * 32
     holder = tier(redis_server, prefix=prefix)
-    taken = await holder.claim(key, "sm_90")
+    taken = holder.claim(key, "sm_90")
     assert taken is not None
     token, _ = taken
     assert token is not None
     redis_server.client().set(f"{prefix}:entry:{key}", MAGIC + b"\1" + b"x" * (8 << 20))
     waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02)
-    claimed: list[tuple[str | None, object] | None] = []
-
-    async def claim() -> None:
-        claimed.append(await waiter.claim(key, "sm_90"))
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(claim)
-        await anyio.sleep(0.5)
+    with ThreadPoolExecutor(1) as pool:
+        claimed = pool.submit(waiter.claim, key, "sm_90")
+        time.sleep(0.5)
+        assert not claimed.done()
         started = time.monotonic()
-        await waiter.aclose()
-        closed_in = time.monotonic() - started
-    waited = time.monotonic() - started
-    await holder.release(key, token)
-    await holder.aclose()
-    # Generous bounds for a loaded CI box: a claim that kept waiting would take 30 s.
-    assert closed_in < 10.0, closed_in
-    assert waited < 10.0, waited  # the claim stopped at its next look
-    assert claimed == [(None, None)]
+        waiter.close()
+        result = claimed.result(timeout=10)
+        waited = time.monotonic() - started
+    holder.release(key, token)
+    holder.close()
+    # Generous for a loaded CI box: a claim that kept waiting would take 30 s.
+    assert waited < 5.0, waited  # the claim stopped at once
+    assert result == (None, None)
     assert (waiter.errors, waiter.lock_waits) == (0, 1)
+
+
+def test_cancel_ends_a_claims_wait_and_release_stops_the_renewal(
+    redis_server: RedisServer,
+) -> None:
+    prefix = f"cancel{time.time_ns()}"
+    key = "cd" * 32
+    holder = tier(redis_server, prefix=prefix, lock_ttl=0.3)
+    taken = holder.claim(key, "sm_90")
+    assert taken is not None
+    assert taken[0] is not None
+    lock = f"{prefix}:lock:{key}"
+    time.sleep(0.8)  # renewed by the holder's thread every 0.1 s: still there
+    assert redis_server.client().exists(lock) == 1
+    waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02)
+    assert waiter.claim(key, "sm_90", wait=False) is None  # genuine, held: the caller waits
+    cancel = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        claimed = pool.submit(waiter.claim, key, "sm_90", cancel=cancel)
+        time.sleep(0.3)
+        cancel.set()
+        assert claimed.result(timeout=10) == (None, None)
+    renewers = [t for t in threading.enumerate() if t.name == "aionvrtc-redis-lock"]
+    assert len(renewers) == 1, renewers  # the holder's; the waiter took no lock
+    holder.release(key, taken[0])
+    assert redis_server.client().exists(lock) == 0
+    renewers[0].join(timeout=5)  # woken by release(), not by its next period
+    assert not renewers[0].is_alive()
+    for remote in (holder, waiter):
+        remote.close()
 
 
 async def test_an_entry_over_max_entry_bytes_is_refused_unread(
@@ -563,7 +634,7 @@ async def test_an_image_the_driver_refuses_from_the_remote_tier_is_compiled_and_
         bad = dataclasses.replace(good, image=b"\x7fELF" + bytes(range(256)) * 4)
         remote = first._cache.remote
         assert remote is not None
-        assert await remote.write(bad)
+        assert remote.write(bad)
     gpu.refused[bad.image] = "CUDA_ERROR_INVALID_IMAGE"
     # A new host: an empty disk, the remote tier's refused image. Dropping it must not send the
     # compile back to the remote tier for the same image.
@@ -576,6 +647,6 @@ async def test_an_image_the_driver_refuses_from_the_remote_tier_is_compiled_and_
         assert gpu.loaded == [good.image]
         remote = second._cache.remote
         assert remote is not None
-        again = await remote.read(good.key, arch="sm_90")
+        again = remote.read(good.key, arch="sm_90")
         assert again is not None
         assert again.image == good.image  # the fleet's entry replaced by the new image

@@ -321,8 +321,6 @@ class Compiler:
     async def __aenter__(self) -> Self:
         if self._state is not _State.NEW:
             raise RuntimeError(f"a Compiler can be opened once; this one is {self._state.value}")
-        if self.remote is not None:
-            self.remote.check_backend()
         self._limiter = anyio.CapacityLimiter(self.concurrency)
         self._io = anyio.CapacityLimiter(IO_LANE)
         self._waits = anyio.CapacityLimiter(WAIT_LANE)
@@ -345,14 +343,12 @@ class Compiler:
 
     async def _host(self, opened: list[BaseException | None], started: anyio.Event) -> None:
         """The Compiler's own task, outside the opener's task tree: it holds the task group
-        that the actor, the lanes and the remote tier's lock renewals run in. So aclose() never
+        that the actor and the lanes run in. So aclose() never
         has to leave a task group, and works from any task under any cancel scope."""
         assert self._stopped is not None
         try:
             async with anyio.create_task_group() as task_group:
                 self._task_group = task_group
-                if self.remote is not None:
-                    self.remote.bind(task_group)
                 if self.manifest is not None:
                     self.manifest.bind(task_group)
                 # Open before the actor runs: it stops as soon as it sees a state other than
@@ -379,8 +375,7 @@ class Compiler:
             self._stopped.set()
             started.set()
             if self.remote is not None:
-                with anyio.CancelScope(shield=True):
-                    await self.remote.aclose()
+                self.remote.close()  # closes sockets: no wait
 
     async def __aexit__(
         self,

@@ -5,7 +5,6 @@ The async Compiler drives the same pieces; this is the form for threads and scri
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -13,8 +12,6 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
-
-from anyio import from_thread
 
 from . import _nvrtc
 from ._artifact import Artifact
@@ -174,8 +171,7 @@ class KernelCache:
         # Keys dropped (forget, a refused image) that the layers or the remote tier may still
         # hold: from now on they are compiled, as dropping them promised, not served from there.
         self._shadowed: set[str] = set()
-        # The fleet's tier. Its calls need the event loop it is bound to: resolve() and
-        # lookup() must then run in a worker thread of that loop (the Compiler's).
+        # The fleet's tier: blocking, as the others, and safe from any thread.
         self.remote = remote
         self._build = _nvrtc.build()
         # This cache for each target it serves, this one included (shared by them all).
@@ -256,8 +252,7 @@ class KernelCache:
     ) -> tuple[Artifact, Origin] | None:
         """Disk, then the layers (with ``disk``), then the remote tier (those not turned off
         here), published to memory; None if none has ``key``. Never compiles and never waits
-        on a lock: the Compiler's I/O lane, which serves a hit while compiles run. Blocking;
-        with a remote tier, from a worker thread of its event loop."""
+        on a lock: the Compiler's I/O lane, which serves a hit while compiles run. Blocking."""
         cached = self._from_disk(key) if disk else None
         if cached is not None:
             return cached, "disk"
@@ -268,18 +263,14 @@ class KernelCache:
                     self.memory.write(cached)  # served in place: not copied to the disk
                     return cached, "layer"
         if remote and self.remote is not None and key not in self._shadowed:
-            cached = from_thread.run(
-                functools.partial(self.remote.read, key, arch=self.target.arch)
-            )
+            cached = self.remote.read(key, arch=self.target.arch)
             if cached is not None:
                 return self._keep(cached), "remote"
         return None
 
     def resolve(self, spec: KernelSpec, key: str) -> tuple[Artifact, Origin]:
         """Disk, the layers, then the remote tier (``lookup``), then NVRTC (writing the result
-        to disk and remote); publishes to memory.
-        Blocking; with a remote tier, it must run in a worker thread of the event loop that
-        owns the tier (the Compiler's).
+        to disk and remote); publishes to memory. Blocking.
 
         The compile runs under the key's file lock with the disk checked again inside it, so
         processes cold on the same kernel compile it once and the others read it from disk;
@@ -321,8 +312,8 @@ class KernelCache:
         ``found`` when another process or host stored the key meanwhile (its locks let go),
         ``ready`` to compile, or, with ``wait=False``, neither: another holds a lock now, and
         ``claim(..., wait=True, claim=that)`` waits for it (the Compiler waits outside its
-        compile lane). ``cancel`` ends a wait for the file lock early (going on unlocked).
-        Blocking; with a remote tier, from a worker thread of its event loop."""
+        compile lane). ``cancel`` ends a wait for a lock early (going on without it).
+        Blocking."""
         claim = claim if claim is not None else Claim(key)
         try:
             return self._claim(claim, wait, cancel)
@@ -347,9 +338,7 @@ class KernelCache:
                     return claim
         if not claim.fleet:
             if remote is not None:
-                taken = from_thread.run(
-                    functools.partial(remote.claim, key, self.target.arch, wait=wait)
-                )
+                taken = remote.claim(key, self.target.arch, wait=wait, cancel=cancel)
                 if taken is None:
                     return claim  # another host compiles it now (this host's lock kept)
                 claim.token, cached = taken
@@ -370,7 +359,7 @@ class KernelCache:
             if self.disk is not None:
                 self.disk.write(artifact)
             if self.remote is not None:
-                from_thread.run(self.remote.write, artifact)
+                self.remote.write(artifact)
         finally:
             self.release(claim)
         self.memory.write(artifact)
@@ -382,7 +371,7 @@ class KernelCache:
         try:
             if token is not None:
                 assert self.remote is not None
-                from_thread.run(self.remote.release, claim.key, token)
+                self.remote.release(claim.key, token)
         finally:
             if claim.lock is not None:
                 claim.lock.release()

@@ -26,9 +26,10 @@ Redis being down, slow or restarted never fails a request: every call has a shor
 failure is counted and warned about once, and the tier is skipped for a backoff (doubling up to
 ``MAX_BACKOFF``) before it is tried again; redis-py reconnects by itself.
 
-It runs under asyncio only (redis-py's async client). Calls come from the compile worker
-threads (``KernelCache.resolve``) through ``anyio.from_thread.run`` into the event loop that
-owns the async client.
+It is blocking (redis-py's client, thread-safe through its connection pool), as every tier
+is: the Compiler calls it from its lanes' worker threads, so it serves under asyncio and trio
+alike, and ``KernelCache(remote=...)`` from any thread. A compile lock is renewed by a daemon
+thread while its compile runs.
 """
 
 from __future__ import annotations
@@ -38,12 +39,10 @@ import hmac
 import logging
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-
-import anyio
-import anyio.abc
 
 from .. import _config
 from .._artifact import Artifact, decode, encode
@@ -145,7 +144,7 @@ class RedisTier:
         max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
     ) -> None:
         try:
-            import redis.asyncio
+            import redis
         except ImportError as exc:
             raise ImportError(
                 "the remote tier needs the redis package: pip install 'aionvrtc[redis]'"
@@ -178,7 +177,7 @@ class RedisTier:
         self.max_entry_bytes = max_entry_bytes
         self.allow_unsigned = allow_unsigned
         self._secret = secret.encode() if isinstance(secret, str) else secret
-        self._client: Any = redis.asyncio.Redis.from_url(
+        self._client: Any = redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout
         )
         # Registered once: each call sends the script's SHA1, not its text (redis-py loads it
@@ -187,8 +186,9 @@ class RedisTier:
         self._get_bounded: Any = self._client.register_script(_GET_BOUNDED)
         self._release_lock: Any = self._client.register_script(_RELEASE)
         self._renew_lock: Any = self._client.register_script(_RENEW)
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._closed = False
+        self._closed = threading.Event()  # set by close(): every call is skipped from then on
+        # Counters and the backoff are updated from the lanes' threads at once.
+        self._lock = threading.Lock()
         self._down_until = 0.0
         self._backoff = 0.0
         self._warned = False
@@ -204,7 +204,7 @@ class RedisTier:
         # secret or lock_ttl); an operator acts on each differently.
         self.foreign_locks = 0
         self.writes = 0
-        self._renewing: dict[tuple[str, str], anyio.Event] = {}
+        self._renewing: dict[tuple[str, str], threading.Event] = {}
 
     @classmethod
     def from_environment(cls) -> RedisTier | None:
@@ -219,36 +219,31 @@ class RedisTier:
             allow_unsigned=_config.flag(ENV_REMOTE_ALLOW_UNSIGNED),
         )
 
-    # -- lifecycle (the Compiler's) ------------------------------------------------------------
-
-    @staticmethod
-    def check_backend() -> None:
-        """Raise RuntimeError outside asyncio: redis-py's async client runs on asyncio only."""
-        import asyncio
-
-        try:
-            asyncio.get_running_loop()  # what redis-py needs; under trio there is none
-        except RuntimeError:
-            raise RuntimeError(
-                "the remote tier (RedisTier) needs asyncio: redis-py's async client does not "
-                "run under trio; open this Compiler under asyncio, or without remote="
-            ) from None
+    # -- lifecycle ---------------------------------------------------------------------------
 
     def stats(self) -> RemoteStats:
-        return RemoteStats(
-            self.hits, self.misses, self.rejected, self.errors, self.lock_waits, self.foreign_locks
-        )
+        with self._lock:
+            return RemoteStats(
+                self.hits, self.misses, self.rejected, self.errors, self.lock_waits,
+                self.foreign_locks,
+            )  # fmt: skip
 
-    def bind(self, task_group: anyio.abc.TaskGroup) -> None:
-        """Where lock renewals run: the Compiler's task group, while it is open."""
-        self._task_group = task_group
+    def close(self) -> None:
+        """Let go of the connections and stop renewing locks (a lock still held lapses by its
+        expiry). A claim still waiting on a lock stops at once; every call after this one is
+        skipped, as if Redis were down, without counting an error. The Compiler given this
+        tier closes it when it closes."""
+        self._closed.set()
+        with self._lock:
+            stops = list(self._renewing.values())
+            self._renewing.clear()
+        for stop in stops:
+            stop.set()
+        self._client.close()
 
-    async def aclose(self) -> None:
-        """Close the client. A claim still waiting on a lock stops at its next look (every
-        call after this one is skipped, as if Redis were down, without counting an error)."""
-        self._task_group = None
-        self._closed = True
-        await self._client.aclose()
+    def _add(self, counter: str) -> None:
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + 1)
 
     # -- entries ---------------------------------------------------------------------------------
 
@@ -289,19 +284,19 @@ class RedisTier:
             body = body[32:]  # signed by a fleet with a secret; verified below as an entry only
         return decode(body, expected_key=key, expected_arch=arch)
 
-    async def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
+    def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
         """The verified entry for ``key``, or None (a miss, a refused entry or Redis down).
         A value over ``max_entry_bytes`` is refused on the server, without being sent."""
-        value = await self._call(
+        value = self._call(
             self._get_bounded, keys=[self._entry_key(key)], args=[self.max_entry_bytes]
         )
         if value is _DOWN:
             return None
         if value is None:
-            self.misses += 1
+            self._add("misses")
             return None
         if isinstance(value, list):  # [b"size", n] or [b"type", name]: left on the server
-            self.rejected += 1
+            self._add("rejected")
             what, detail = value[0], value[1]
             if what == b"size":
                 self._warn_key(
@@ -317,13 +312,13 @@ class RedisTier:
         try:
             artifact = self.unpack(key, value, arch)
         except CacheCorruptError as exc:
-            self.rejected += 1
+            self._add("rejected")
             logger.warning("refusing remote entry %s: %s", key[:16], exc)
             return None
-        self.hits += 1
+        self._add("hits")
         return artifact
 
-    async def write(self, artifact: Artifact) -> bool:
+    def write(self, artifact: Artifact) -> bool:
         """Upload ``artifact``; False if Redis is down or it is over ``max_entry_bytes`` (no
         host would read it)."""
         value = self.pack(artifact)
@@ -334,8 +329,9 @@ class RedisTier:
             )  # fmt: skip
             return False
         ttl_ms = None if self.ttl is None else int(self.ttl * 1000)
-        done = await self._call(self._client.set, self._entry_key(artifact.key), value, px=ttl_ms)
-        self.writes += bool(done)
+        done = self._call(self._client.set, self._entry_key(artifact.key), value, px=ttl_ms)
+        if done:
+            self._add("writes")
         return bool(done)
 
     def _warn_key(self, key: str, message: str, *args: object) -> None:
@@ -381,14 +377,15 @@ class RedisTier:
             return "it is not signed with this secret"
         return None
 
-    async def claim(
-        self, key: str, arch: str, *, wait: bool = True
+    def claim(
+        self, key: str, arch: str, *, wait: bool = True, cancel: threading.Event | None = None
     ) -> tuple[str | None, Artifact | None] | None:
         """Before compiling ``key``: (token, None) if this host holds the compile lock (renewed
         until release()), (None, artifact) if another host's compile arrived meanwhile, (None,
         None) if this host should compile without the lock (Redis down, a foreign lock, or the
         wait timed out). With ``wait=False``, None when another host holds a genuine lock now:
-        the caller waits for it (``wait=True``) where waiting holds no compile slot.
+        the caller waits for it (``wait=True``) where waiting holds no compile slot. Setting
+        ``cancel`` (or closing the tier) ends a wait at once, as (None, None).
 
         While another host holds a genuine lock, only the lock is polled (a small SET NX that
         reads the lock back when taken); the entry is read once, when the lock is ours again.
@@ -400,16 +397,14 @@ class RedisTier:
         deadline = time.monotonic() + self.wait_timeout
         waited = False
         while True:
-            reply = await self._call(
-                self._take_lock, keys=[lock], args=[token, ttl_ms, MAX_LOCK_BYTES]
-            )
+            reply = self._call(self._take_lock, keys=[lock], args=[token, ttl_ms, MAX_LOCK_BYTES])
             if reply is _DOWN:
                 return None, None
             if reply == 1:
                 if waited:  # the holder stored it (or died) and let go
-                    artifact = await self.read(key, arch=arch)
+                    artifact = self.read(key, arch=arch)
                     if artifact is not None:
-                        await self.release(key, token)  # (renewal never started)
+                        self.release(key, token)  # (renewal never started)
                         return None, artifact
                 self._renew_soon(key, token)
                 return token, None
@@ -420,7 +415,7 @@ class RedisTier:
             if not wait:
                 return None
             if not waited:
-                self.lock_waits += 1
+                self._add("lock_waits")
                 waited = True
             if time.monotonic() > deadline:
                 logger.warning(
@@ -428,10 +423,11 @@ class RedisTier:
                     self.wait_timeout, key[:16],
                 )  # fmt: skip
                 return None, None
-            await anyio.sleep(self.poll)
+            if self._closed.wait(self.poll) or (cancel is not None and cancel.is_set()):
+                return None, None
 
     def _note_foreign(self, key: str, why: str) -> None:
-        self.foreign_locks += 1
+        self._add("foreign_locks")
         if self._warned_foreign:
             logger.debug("ignoring the compile lock on %s: %s", key[:16], why)
             return
@@ -445,56 +441,61 @@ class RedisTier:
             "" if self._secret is None else " and are signed with the secret",
         )  # fmt: skip
 
-    async def release(self, key: str, token: str) -> None:
-        stop = self._renewing.pop((key, token), None)
+    def release(self, key: str, token: str) -> None:
+        with self._lock:
+            stop = self._renewing.pop((key, token), None)
         if stop is not None:
             stop.set()
-        await self._call(self._release_lock, keys=[self._lock_key(key)], args=[token])
+        self._call(self._release_lock, keys=[self._lock_key(key)], args=[token])
 
     def _renew_soon(self, key: str, token: str) -> None:
-        stop = self._renewing[(key, token)] = anyio.Event()
-        if self._task_group is not None:
-            self._task_group.start_soon(self._renew, key, token, stop)
+        """Renew the lock from a daemon thread until release() (or close()), as the file locks
+        wait in one: the compile that holds it runs in a worker thread that cannot do both."""
+        stop = threading.Event()
+        with self._lock:
+            self._renewing[(key, token)] = stop
+        threading.Thread(
+            target=self._renew, args=(key, token, stop), name="aionvrtc-redis-lock", daemon=True
+        ).start()
 
-    async def _renew(self, key: str, token: str, stop: anyio.Event) -> None:
+    def _renew(self, key: str, token: str, stop: threading.Event) -> None:
         # Renewed at a third of its expiry, so a live compile keeps it and a dead host's lapses;
         # always to lock_ttl, never beyond, which waiters check.
-        while not stop.is_set():
-            with anyio.move_on_after(self.lock_ttl / 3):
-                await stop.wait()
-            if stop.is_set():
-                return
-            await self._call(
+        while not stop.wait(self.lock_ttl / 3):
+            self._call(
                 self._renew_lock, keys=[self._lock_key(key)],
                 args=[token, int(self.lock_ttl * 1000)],
             )  # fmt: skip
 
     # -- failures ----------------------------------------------------------------------------------
 
-    async def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         """``method(*args, **kwargs)``, or _DOWN (counted, warned about once, backed off)."""
         from redis.exceptions import RedisError
 
-        if self._closed or time.monotonic() < self._down_until:
+        if self._closed.is_set() or time.monotonic() < self._down_until:
             return _DOWN
         try:
-            result = await method(*args, **kwargs)
+            result = method(*args, **kwargs)
         except (RedisError, OSError, TimeoutError) as exc:
-            if self._closed:  # a call in flight when aclose() closed the client: not a failure
+            if self._closed.is_set():  # in flight when close() closed the client: no failure
                 return _DOWN
-            self.errors += 1
-            self._backoff = min(MAX_BACKOFF, max(0.5, self._backoff * 2))
-            self._down_until = time.monotonic() + self._backoff
-            if not self._warned:
-                self._warned = True
+            with self._lock:
+                self.errors += 1
+                self._backoff = min(MAX_BACKOFF, max(0.5, self._backoff * 2))
+                self._down_until = time.monotonic() + self._backoff
+                warn, self._warned = not self._warned, True
+            if warn:
                 logger.warning(
                     "remote cache %s unreachable (%s); serving from local tiers, retrying with "
                     "backoff", self.url, exc,
                 )  # fmt: skip
             return _DOWN
         if self._backoff:
-            logger.info("remote cache %s reachable again", self.url)
-            self._backoff, self._warned = 0.0, False
+            with self._lock:
+                back, self._backoff, self._warned = self._backoff, 0.0, False
+            if back:
+                logger.info("remote cache %s reachable again", self.url)
         return result
 
 

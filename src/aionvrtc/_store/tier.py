@@ -1,5 +1,5 @@
-"""The verbs every tier speaks: memory and disk here, the remote tier as coroutines (its client
-is async), and the next tiers (read-only layers) the same.
+"""The verbs every tier speaks: memory, disk, the read-only layers and the remote tier, all
+blocking and safe from any thread (the Compiler calls them from its lanes' worker threads).
 
 What a tier stores is an Artifact, encoded and verified by the tier as it needs (the memory
 tier keeps the object, disk and remote its checksummed encoding): a tier never compiles, and a
