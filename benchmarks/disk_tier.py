@@ -101,10 +101,15 @@ def seconds(call: Callable[..., object], *args: Any, **kwargs: Any) -> float:
 
 
 def before() -> tuple[ModuleType, ModuleType] | None:
-    """git HEAD's disk.py and _cli.py, loaded as aionvrtc._store._disk_before and
-    aionvrtc._cli_before (the CLI made to use the old tier); None if git has no HEAD."""
+    """git HEAD's disk.py, its index and _cli.py, loaded as aionvrtc._store._disk_before (with
+    aionvrtc._store._index_before) and aionvrtc._cli_before (the CLI made to use the old
+    tier); None if git has no HEAD."""
     try:
-        disk = _load("aionvrtc._store._disk_before", "src/aionvrtc/_store/disk.py", {})
+        _load("aionvrtc._store._index_before", "src/aionvrtc/_store/_index.py", {})
+        disk = _load(
+            "aionvrtc._store._disk_before", "src/aionvrtc/_store/disk.py",
+            {"from ._index import": "from ._index_before import"},
+        )  # fmt: skip
         cli = _load(
             "aionvrtc._cli_before", "src/aionvrtc/_cli.py",
             {"from ._store.disk import": "from ._store._disk_before import"},

@@ -47,7 +47,7 @@ from ._failures import Failures
 from ._manifest import Manifest
 from ._spec import KernelSpec
 from ._store import DiskStats
-from ._store.memory import MemoryStats
+from ._store.memory import Entry, MemoryStats
 from ._store.remote import RedisTier, RemoteStats
 from ._store.tier import LayerStats
 from ._target import Target, TargetLike, device_target
@@ -268,7 +268,6 @@ class Compiler:
         self._target: Target | None = self._cache.target if self._cache.no_target is None else None
         self._memory = self._cache.memory
         self._entries, self._clock = self._memory.entries, self._memory.clock
-        self._touch = self._memory.touch
         # The memo key under which specs keep their key for this target and NVRTC build (the
         # cache's), held here so the hot path does one dict lookup; without a target, one that
         # no spec holds, so that a request naming no arch takes the slow path, which raises.
@@ -280,7 +279,7 @@ class Compiler:
         self._device_memos: dict[int, str] = {}
         self._hot_memo = self._key_id  # the only GPU's memo key (see get())
         self._state = _State.NEW
-        self._hot: dict[str, Artifact] = {}  # see _enter() and compile()
+        self._hot: dict[str, Entry] = {}  # see _enter() and compile()
         self._inflight: dict[str, _Job] = {}
         self._failures = Failures()
         # Keys whose image get() dropped and compiled again in the last _refusal_window seconds.
@@ -445,13 +444,11 @@ class Compiler:
         """The compiled artifact for ``spec`` and target ``arch`` (default: the Compiler's
         ``arch``): memory, else disk, else NVRTC. Needs no GPU."""
         try:
-            key = spec._keys[self._key_id if arch is None else self._arch_memos[arch]]
-            artifact = self._hot[key]
-            self._touch(key)  # recency; KeyError if evicted this instant: then a miss
+            entry = self._hot[spec._keys[self._key_id if arch is None else self._arch_memos[arch]]]
         except (KeyError, AttributeError, TypeError):
             return await self._compile(spec, arch)
-        next(self._clock)  # the hit count
-        return artifact
+        entry.used = next(self._clock)  # the hit count and its recency (see MemoryTier)
+        return entry.artifact
 
     async def _compile(self, spec: KernelSpec, arch: TargetLike | None) -> Artifact:
         if self._state is not _State.OPEN:
@@ -1006,14 +1003,12 @@ class Compiler:
         # A memory hit is served in the caller's thread, as compile() serves it on the loop:
         # the memory tier's readers take no lock, and a hop to the loop costs about 150 us.
         try:
-            key = spec._keys[self._key_id if arch is None else self._arch_memos[arch]]
-            artifact = self._hot[key]
-            self._touch(key)
+            entry = self._hot[spec._keys[self._key_id if arch is None else self._arch_memos[arch]]]
         except (KeyError, AttributeError, TypeError):
             pass
         else:
-            next(self._clock)
-            return artifact
+            entry.used = next(self._clock)
+            return entry.artifact
         compile = functools.partial(self.compile, spec, arch=arch)
         if self._portal is not None:
             return self._portal.call(compile)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .._artifact import Artifact
 
-__all__ = ["MemoryStats", "MemoryTier"]
+__all__ = ["Entry", "MemoryStats", "MemoryTier"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,15 +23,30 @@ class MemoryStats:
     archs: dict[str, int]  # entries by the arch they were compiled for
 
 
-class MemoryTier:
-    """Artifacts by key, bounded in bytes, least recently used evicted first; every operation
-    is O(1).
+class Entry:
+    """An artifact in the memory tier. ``used`` is the clock tick of its last hit since it was
+    placed at the back of the ring, 0 if none: a hit stores a tick there, and that one store
+    is its hit count and its recency."""
 
-    ``entries`` is kept in recency order, least recent first: a read moves its key to the end
-    (``touch``, one C call, atomic under the GIL) and takes no lock, and an insert at the limit
-    evicts from the front. Writers serialise on a lock among themselves. A read that races an
-    eviction of its key finds it gone (KeyError) and is a miss. ``entries``, ``touch`` and
-    ``clock`` are never rebound, so hot paths may hold them.
+    __slots__ = ("artifact", "used")
+
+    def __init__(self, artifact: Artifact) -> None:
+        self.artifact = artifact
+        self.used = 0
+
+
+class MemoryTier:
+    """Artifacts by key, bounded in bytes, evicted by second chance (CLOCK, the page caches'
+    approximation of least recently used); every operation is O(1), an eviction amortised.
+
+    ``entries`` is a ring in the order entries were placed, oldest first. A read stores the
+    clock's next tick in its entry's ``used`` and takes no lock. An insert at the limit takes
+    entries from the front: one hit since it was placed goes to the back with ``used`` reset
+    (its second chance), one not hit is evicted. So an entry read since the ring last came
+    round is kept over one that was not, as least recently used would keep it, at the cost of
+    one attribute store per hit (a reordering of the ring per hit cost hot paths a fifth more).
+    Writers serialise on a lock among themselves. ``entries`` and ``clock`` are never rebound,
+    so hot paths may hold them.
 
     The clock is the hit counter, so a hit does no other bookkeeping: every tick is taken by a
     hit or a ``hits()`` call, and the latter are counted.
@@ -41,8 +56,7 @@ class MemoryTier:
         if limit < 0:
             raise ValueError(f"memory_limit must be >= 0 bytes, got {limit}")
         self.limit = limit
-        self.entries: OrderedDict[str, Artifact] = OrderedDict()
-        self.touch = self.entries.move_to_end
+        self.entries: OrderedDict[str, Entry] = OrderedDict()
         self.clock = itertools.count(1)
         self._sizes: dict[str, int] = {}  # what each entry is charged (Artifact.size, once)
         self._archs: Counter[str] = Counter()  # entries by arch
@@ -52,13 +66,11 @@ class MemoryTier:
         self.evictions = 0
 
     def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
-        try:
-            artifact = self.entries[key]
-            self.touch(key)
-        except KeyError:
+        entry = self.entries.get(key)
+        if entry is None:
             return None
-        next(self.clock)
-        return artifact
+        entry.used = next(self.clock)
+        return entry.artifact
 
     def hits(self) -> int:
         """Reads that found their key (through ``read`` or a hot path holding the clock)."""
@@ -81,18 +93,21 @@ class MemoryTier:
             entries, sizes, archs = self.entries, self._sizes, self._archs
             self.bytes += size - sizes.get(key, 0)
             sizes[key] = size
-            replaced = entries.get(key)
+            replaced = entries.pop(key, None)
             if replaced is not None:
-                archs[replaced.arch] -= 1
+                archs[replaced.artifact.arch] -= 1
             archs[artifact.arch] += 1
-            entries[key] = artifact
-            entries.move_to_end(key)
+            entries[key] = Entry(artifact)
             while self.bytes > self.limit:
-                # One call, atomic against readers' touches. The least recent goes, and ``key``
-                # last of all (it fits alone, so the loop ends before that).
-                oldest, evicted = entries.popitem(last=False)
+                # One call, atomic against readers. ``key`` itself never goes: it fits alone,
+                # so the loop ends before only it is left.
+                oldest, entry = entries.popitem(last=False)
+                if entry.used or oldest == key:
+                    entry.used = 0  # a second chance: placed again at the back
+                    entries[oldest] = entry
+                    continue
                 self.bytes -= sizes.pop(oldest)
-                archs[evicted.arch] -= 1
+                archs[entry.artifact.arch] -= 1
                 self.evictions += 1
         return True
 
@@ -102,7 +117,7 @@ class MemoryTier:
             if dropped is None:
                 return False
             self.bytes -= self._sizes.pop(key)
-            self._archs[dropped.arch] -= 1
+            self._archs[dropped.artifact.arch] -= 1
             return True
 
     def clear(self) -> None:
