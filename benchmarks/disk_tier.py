@@ -10,8 +10,8 @@ limit (and the eviction behind it, and the longest read hit while it ran), a rea
 `aionvrtc cache ls --json`, `cache info --json` and `cache prune` (the CLI's main() in this
 process, stdout to /dev/null; `ls --json` also as a process of its own), and the handoff of a
 key's lock from one process to another (release there -> held here, over --handoffs rounds).
-"before": the same with the disk tier and CLI of git HEAD, loaded side by side (--no-before
-skips it). The cyclic garbage collector is on, as it is in services. Writes
+"before": the same with the disk tier and CLI of git HEAD (or --before REV), side by side
+(--no-before skips it). The cyclic garbage collector is on, as it is in services. Writes
 benchmarks/results/disk_tier-<machine slug>.{json,md}.
 """
 
@@ -100,28 +100,28 @@ def seconds(call: Callable[..., object], *args: Any, **kwargs: Any) -> float:
 # -- the code before: git HEAD's disk tier and CLI, as modules beside the current ones -------
 
 
-def before() -> tuple[ModuleType, ModuleType] | None:
+def before(rev: str = "HEAD") -> tuple[ModuleType, ModuleType] | None:
     """git HEAD's disk.py, its index and _cli.py, loaded as aionvrtc._store._disk_before (with
     aionvrtc._store._index_before) and aionvrtc._cli_before (the CLI made to use the old
     tier); None if git has no HEAD."""
     try:
-        _load("aionvrtc._store._index_before", "src/aionvrtc/_store/_index.py", {})
+        _load("aionvrtc._store._index_before", "src/aionvrtc/_store/_index.py", {}, rev)
         disk = _load(
             "aionvrtc._store._disk_before", "src/aionvrtc/_store/disk.py",
-            {"from ._index import": "from ._index_before import"},
+            {"from ._index import": "from ._index_before import"}, rev,
         )  # fmt: skip
         cli = _load(
             "aionvrtc._cli_before", "src/aionvrtc/_cli.py",
-            {"from ._store.disk import": "from ._store._disk_before import"},
+            {"from ._store.disk import": "from ._store._disk_before import"}, rev,
         )  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return None
     return disk, cli
 
 
-def _load(name: str, path: str, edits: dict[str, str]) -> ModuleType:
+def _load(name: str, path: str, edits: dict[str, str], rev: str) -> ModuleType:
     source = subprocess.run(
-        ["git", "show", f"HEAD:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     for old, new in edits.items():
         source = source.replace(old, new)
@@ -130,7 +130,7 @@ def _load(name: str, path: str, edits: dict[str, str]) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     module.__package__ = name.rpartition(".")[0]
     sys.modules[name] = module
-    exec(compile(source, f"HEAD:{path}", "exec"), module.__dict__)
+    exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)
     return module
 
 
@@ -359,8 +359,8 @@ def markdown(facts: dict[str, Any], results: list[dict[str, Any]]) -> str:
         f"{facts['cpus']} CPUs, Python {facts['python']} (garbage collector on), aionvrtc "
         f"{facts['aionvrtc']}, {facts['date']}; entries of {facts['entry_bytes']} bytes written "
         f"through the tier, in the page cache. Medians of {facts['runs']} runs; the handoff "
-        f'over {facts["handoffs"]} rounds. "before": git HEAD\'s disk tier and CLI, side by '
-        "side in the same process.",
+        f'over {facts["handoffs"]} rounds. "before": {facts["before"]}\'s disk tier and CLI, '
+        "side by side in the same process.",
         "",
         "| " + " | ".join(head) + " |",
         "| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |",
@@ -381,11 +381,12 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 50_000])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--handoffs", type=int, default=60)
-    parser.add_argument("--no-before", action="store_true", help="skip git HEAD's code")
+    parser.add_argument("--no-before", action="store_true", help="skip the code before")
+    parser.add_argument("--before", default="HEAD", help="the git revision measured as before")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     assert gc.isenabled()
-    old = None if args.no_before else before()
+    old = None if args.no_before else before(args.before)
     results = [measure(size, args.runs, args.handoffs, old) for size in args.sizes]
     facts = {
         "machine": args.machine,
@@ -397,7 +398,7 @@ def main() -> None:
         "runs": args.runs,
         "handoffs": args.handoffs,
         "entry_bytes": len(encode(artifact(0))),
-        "before": None if old is None else "git HEAD",
+        "before": None if old is None else f"git {args.before}",
     }
     write(args.out, "disk_tier", label=args.machine, facts=facts, results=results,
           table=markdown(facts, results))  # fmt: skip
