@@ -657,7 +657,7 @@ async def test_closing_while_starting_or_while_a_key_is_derived_closes_cleanly(
         gate.set()
     assert len(raised) == 1
     assert isinstance(raised[0], CompilerClosed)
-    assert other._inflight == {}
+    assert other._scheduler.inflight == {}
 
 
 def test_a_failed_claim_lets_go_of_the_file_lock(
@@ -858,12 +858,12 @@ async def test_a_second_refusal_within_the_window_raises_instead_of_compiling_ag
 async def test_after_the_window_or_forget_a_refused_image_is_replaced_again(
     cache_dir: Path, gpu: FakeDriver
 ) -> None:
-    from aionvrtc._actor import REFUSAL_WINDOW
+    from aionvrtc._modules import REFUSAL_WINDOW
 
     spec = make_spec()
     gpu.fault = "CUDA_ERROR_INVALID_IMAGE"
     async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
-        assert compiler._refusal_window == REFUSAL_WINDOW == 3600.0
+        assert compiler._loaded.refusal_window == REFUSAL_WINDOW == 3600.0
 
         async def compiles_after_a_refusal() -> int:
             with pytest.raises(ModuleLoadError, match="refused the image as invalid"):
@@ -872,9 +872,9 @@ async def test_after_the_window_or_forget_a_refused_image_is_replaced_again(
 
         assert await compiles_after_a_refusal() == 2  # cold: compiled, refused, compiled again
         assert await compiles_after_a_refusal() == 2
-        compiler._refusal_window = 0.0  # the window has passed: replaced once more
+        compiler._loaded.refusal_window = 0.0  # the window has passed: replaced once more
         assert await compiles_after_a_refusal() == 3
-        compiler._refusal_window = REFUSAL_WINDOW
+        compiler._loaded.refusal_window = REFUSAL_WINDOW
         assert await compiles_after_a_refusal() == 3
         await compiler.forget(spec)  # at once: compiled (forgotten), refused, compiled again
         assert await compiles_after_a_refusal() == 5

@@ -63,7 +63,7 @@ def test_cupy_error_classes_are_the_ones_the_boundary_catches() -> None:
 def test_module_load_error_lives_with_the_others() -> None:
     assert ModuleLoadError.__module__ == "aionvrtc._exceptions"
     assert issubclass(ModuleLoadError, AionvrtcError)
-    assert _cuda.ModuleLoadError is ModuleLoadError  # _actor catches it under this name
+    assert _cuda.ModuleLoadError is ModuleLoadError  # _compiler catches it under this name
 
 
 def compile_error(message: str) -> CompileError:

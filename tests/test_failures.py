@@ -26,14 +26,14 @@ async def test_failures_are_bounded_in_count_and_least_recently_used_go_first(
     cache_dir: Path,
 ) -> None:
     async with Compiler(arch="sm_90", cache_dir=cache_dir, disk=False) as compiler:
-        compiler._failures.limit = 4
+        compiler._scheduler.failures.limit = 4
         specs = [failing_spec(i) for i in range(6)]
         for spec in specs:
             with pytest.raises(CompileError, match=r"undefined_\d"):
                 await compiler.compile(spec)
         assert compiler.stats().compiles == 0
-        assert len(compiler._failures) == 4
-        assert compiler._failures.dropped == 2
+        assert len(compiler._scheduler.failures) == 4
+        assert compiler._scheduler.failures.dropped == 2
         # specs[2] is remembered: it fails fast (no NVRTC run); using it makes it most recent.
         errors = compiler._cache.stats().compile_errors
         with pytest.raises(CompileError, match="undefined_2"):
@@ -44,8 +44,8 @@ async def test_failures_are_bounded_in_count_and_least_recently_used_go_first(
             await compiler.compile(specs[0])
         assert compiler._cache.stats().compile_errors == errors + 1
         # That pushed out the least recently used: specs[3], not specs[2].
-        assert compiler._failures.get(kernel_key(specs[3], "sm_90")) is None
-        assert compiler._failures.get(kernel_key(specs[2], "sm_90")) is not None
+        assert compiler._scheduler.failures.get(kernel_key(specs[3], "sm_90")) is None
+        assert compiler._scheduler.failures.get(kernel_key(specs[2], "sm_90")) is not None
 
 
 async def test_remembered_failures_keep_no_source_alive(
@@ -69,7 +69,7 @@ async def test_remembered_failures_keep_no_source_alive(
             kept = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()
-        assert len(compiler._failures) == count
+        assert len(compiler._scheduler.failures) == count
     # Before: each failure's traceback held its frames, and so the 64 KiB spec (about 48 KiB
     # per failure measured). Now a failure keeps its message, log and options: about 1 KiB.
     per_failure = kept / count

@@ -19,9 +19,9 @@ _WHERE = {
     "CacheCorruptError": "._exceptions",
     "CacheStats": "._cache",
     "CompileError": "._exceptions",
-    "Compiler": "._actor",
+    "Compiler": "._compiler",
     "CompilerClosed": "._exceptions",
-    "CompilerStats": "._actor",
+    "CompilerStats": "._compiler",
     "DiskStats": "._store.disk",
     "GPUOutOfMemoryError": "._exceptions",
     "KernelCache": "._cache",
@@ -90,9 +90,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ._actor import Compiler, CompilerStats
     from ._artifact import Artifact
     from ._cache import ArchStats, CacheStats, KernelCache, kernel_key
+    from ._compiler import Compiler, CompilerStats
     from ._cuda import Module, synchronize
     from ._exceptions import (
         AionvrtcError,

@@ -216,6 +216,12 @@ class KernelCache:
         """``spec``'s cache key for this cache's target (see ``kernel_key``)."""
         return keyed(spec, self.target, self._build, self.memo)
 
+    def known_key(self, spec: KernelSpec) -> str | None:
+        """``spec``'s key for this cache's target if it was derived already, else None (never
+        derives: for callers that must not read include directories' files here). The hot
+        paths of the Compiler read the same memo, ``spec._keys[memo]``, inline."""
+        return spec._keys.get(self.memo)
+
     def get_or_compile(self, spec: KernelSpec) -> Artifact:
         """The artifact for ``spec``: from memory, else disk, else compiled (and stored)."""
         key = self.key(spec)

@@ -22,7 +22,7 @@ from ._exceptions import ModuleLoadError, NoDeviceError
 
 __all__ = [
     "Module",
-    "ModuleLoadError",  # from _exceptions; _actor catches it as _cuda.ModuleLoadError
+    "ModuleLoadError",  # from _exceptions; _compiler catches it as _cuda.ModuleLoadError
     "check_device",
     "current_device",
     "init_device",

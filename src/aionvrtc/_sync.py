@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import anyio.from_thread
 
-from ._actor import Compiler
+from ._compiler import Compiler
 
 if TYPE_CHECKING:
     from ._artifact import Artifact
@@ -55,7 +55,7 @@ def _serve(compiler: Compiler) -> tuple[anyio.from_thread.BlockingPortal, thread
 
     async def serve() -> None:
         async with anyio.from_thread.BlockingPortal() as portal, compiler:
-            compiler._portal = portal
+            compiler.use_portal(portal)
             opened.set_result(portal)
             await portal.sleep_until_stopped()
 

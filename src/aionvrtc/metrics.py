@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from ._actor import Compiler, CompilerStats
+from ._compiler import Compiler, CompilerStats
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry

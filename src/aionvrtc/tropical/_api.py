@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from .._actor import Compiler
+from .._compiler import Compiler
 from .._spec import KernelSpec
 from .._target import Target, TargetLike, as_target, resolve_target
 from . import _plan_cache

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from .._actor import Compiler
+from .._compiler import Compiler
 from .._exceptions import AionvrtcError
 from . import _plan_cache
 from ._api import matmul

@@ -11,7 +11,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
-from .._actor import Compiler
+from .._compiler import Compiler
 from .._cuda import Module, synchronize
 from .._spec import KernelSpec
 from ._einsum_plan import EinsumPlan, check_step, einsum_plan, known_plan

@@ -24,7 +24,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
-from .._actor import Compiler
+from .._compiler import Compiler
 from .._cuda import Module, synchronize
 from .._spec import KernelSpec
 from ._einsum import (

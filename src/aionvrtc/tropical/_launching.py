@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from .._actor import Compiler
+from .._compiler import Compiler
 from .._cuda import Module
 from .._spec import KernelSpec
 from .._sync import default_compiler

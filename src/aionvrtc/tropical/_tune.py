@@ -18,7 +18,7 @@ from typing import Any
 import anyio.to_thread
 import numpy as np
 
-from .._actor import Compiler
+from .._compiler import Compiler
 from .._exceptions import CompileError
 from .._sync import default_compiler
 from . import reference

@@ -1,35 +1,22 @@
-"""Compiler: the async compilation service.
+"""Compiler: the async compilation service, the object users hold.
 
-One actor task per Compiler owns the queues, the in-flight map and the remembered failures. A
-miss joins the in-flight job for its key or starts one, which goes through three lanes:
-
-- the I/O lane (up to IO_LANE worker threads, batches of up to IO_BATCH keys a hop): disk and
-  remote lookups, so a hit is served whatever NVRTC is doing;
-- the compile lane (``concurrency`` slots, default 1): the key's locks taken without waiting,
-  the disk checked again, NVRTC, the writes, all in one worker-thread hop;
-- the wait lane (no slot): a job whose key another process or host is compiling waits there for
-  its lock, then reads what it stored, or compiles with the locks as the next job of the lane.
-
-Live requests overtake warm-up (prefetch) work in the I/O and compile lanes. Requests never
-block the event loop: a memory hit returns without suspending.
+It owns its lifecycle (its own task, outside the opener's), the request API (``compile``,
+``get``, ``prefetch`` and their blocking forms), management and stats. A memory hit is served in
+the caller's task without suspending; a miss is the Scheduler's (``_scheduler``: the lanes and
+jobs), a loaded module the Modules registry's (``_modules``: per device).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import enum
 import functools
-import heapq
-import itertools
 import logging
 import os
-import threading
-import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self
 
 import anyio
 import anyio.abc
@@ -38,48 +25,24 @@ import anyio.to_thread
 
 from . import _config, _cuda
 from ._artifact import Artifact
-from ._cache import DEFAULT_MEMORY_LIMIT, ArchStats, Claim, KernelCache, Origin
+from ._cache import DEFAULT_MEMORY_LIMIT, ArchStats, KernelCache
 from ._config import ENV_MANIFEST
 from ._cuda import Module
 from ._cuda_errors import IMAGE_REFUSED
-from ._exceptions import AionvrtcError, CompileError, CompilerClosed, ModuleLoadError
-from ._failures import Failures
+from ._exceptions import CompilerClosed, ModuleLoadError
 from ._manifest import Manifest
+from ._modules import Modules
+from ._scheduler import LIVE, PREFETCH, Job, Scheduler, fresh
 from ._spec import KernelSpec
 from ._store import DiskStats
 from ._store.memory import Entry, MemoryStats
 from ._store.remote import RedisTier, RemoteStats
 from ._store.tier import LayerStats
-from ._target import Target, TargetLike, device_target
+from ._target import Target, TargetLike
 
 __all__ = ["Compiler", "CompilerStats"]
 
-_T = TypeVar("_T")
-
 logger = logging.getLogger("aionvrtc")
-
-# Lower runs first: live requests overtake warm-up work queued before them, and a job holding
-# its key's locks (others wait on them) runs before both.
-CLAIMED = -1
-LIVE = 0
-PREFETCH = 1
-# Worker threads for the I/O lane: each holds one for reads and verifications of well under a
-# millisecond each, so a few serve many requests.
-IO_LANE = 2
-# Keys looked up per thread hop: a hop costs about as much as a disk hit, so a burst of misses
-# is read in batches; a lone request is a batch of one.
-IO_BATCH = 32
-# Worker threads waiting on other processes' key locks (each blocks until its lock is free).
-WAIT_LANE = 64
-# An image the driver refuses as invalid is dropped and compiled again once per key in this
-# window; a refusal of the replacement within it raises instead. NVRTC and the driver, all a
-# recompile depends on beside the key, do not change under a running process, so a second
-# refusal would repeat at every try, each costing seconds of NVRTC (a compile slot that, at
-# the default concurrency of 1, every other key waits for). An hour caps that at one compile
-# per key per hour, a fraction of a percent of one CPU even for a 10 s program, while a
-# long-running server still tries again now and then (another host may have replaced the
-# remote tier's entry meanwhile); forget() lets it try at once.
-REFUSAL_WINDOW = 3600.0  # seconds
 
 
 class _State(enum.Enum):
@@ -110,52 +73,6 @@ class CompilerStats:
     archs: dict[str, ArchStats]  # by arch: the memory tier's entries, compiles, their time
 
 
-class _Stage(enum.Enum):
-    """Where a job is: each stage has one owner, which moves it on."""
-
-    LOOKUP = "queued for the I/O lane"
-    READING = "read by the I/O lane"
-    QUEUED = "queued for the compile lane"
-    RUNNING = "in the compile lane"
-    WAITING = "waiting for another process's or host's lock"
-    DONE = "done"
-
-
-class _Replacement:
-    """A key whose image the driver refused as invalid: when, which image, and the one that
-    replaced it (None until compiled, or if compiling it failed)."""
-
-    __slots__ = ("at", "done", "fresh", "refused")
-
-    def __init__(self, refused: Artifact, at: float) -> None:
-        self.refused = refused
-        self.at = at  # time.monotonic()
-        self.fresh: Artifact | None = None
-        self.done = anyio.Event()  # set once the replacement is compiled, or failed
-
-
-class _Job:
-    """One key's work, shared by every request for that key while it runs."""
-
-    __slots__ = (
-        "cache", "claim", "done", "error", "key", "priority", "result", "scope", "spec", "stage",
-        "waiters",
-    )  # fmt: skip
-
-    def __init__(self, key: str, spec: KernelSpec, priority: int, cache: KernelCache) -> None:
-        self.key = key
-        self.spec = spec
-        self.cache = cache  # the cache's view for the job's target
-        self.priority = priority
-        self.stage = _Stage.LOOKUP
-        self.claim: Claim | None = None  # the locks it holds, or waits for
-        self.scope: anyio.CancelScope | None = None  # of its wait: closing cancels it
-        self.done = anyio.Event()
-        self.result: Artifact | None = None
-        self.error: BaseException | None = None
-        self.waiters = 0  # requests awaiting it now: its error is raised to each of them
-
-
 # The tasks _spawn started, referenced until done (asyncio keeps only weak references).
 _spawned: set[asyncio.Task[None]] = set()
 
@@ -173,33 +90,6 @@ def _spawn(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
         task = loop.create_task(run())
         _spawned.add(task)
         task.add_done_callback(_spawned.discard)
-
-
-def _fresh(error: BaseException) -> BaseException:
-    """A copy of a shared error for one waiter: raising one instance in many tasks would chain
-    every waiter's traceback onto it."""
-    try:
-        clone = copy.copy(error)
-    except Exception:
-        return error
-    clone.__cause__ = error.__cause__
-    clone.__traceback__ = None
-    return clone
-
-
-def _lookup_many(
-    lookups: list[tuple[KernelCache, str]], *, disk: bool, remote: bool
-) -> list[tuple[Artifact, Origin] | Exception | None]:
-    """Each (cache view, key)'s ``lookup``, in one call (one thread hop for a batch, whatever
-    targets it mixes); a lookup that raised has its exception in its place, and the others are
-    looked up all the same."""
-    found: list[tuple[Artifact, Origin] | Exception | None] = []
-    for cache, key in lookups:
-        try:
-            found.append(cache.lookup(key, disk=disk, remote=remote))
-        except Exception as exc:
-            found.append(exc)
-    return found
 
 
 class Compiler:
@@ -274,35 +164,18 @@ class Compiler:
         self._key_id = self._cache.memo if self._target is not None else ""
         # The same for compile(arch=...): by the arch as given (a str or a Target).
         self._arch_memos: dict[object, str] = {}
-        # Each device's target (see target_for) and memo key, once get() has served it.
-        self._device_caches: dict[int, KernelCache] = {}
-        self._device_memos: dict[int, str] = {}
-        self._hot_memo = self._key_id  # the only GPU's memo key (see get())
+        # Loaded modules per device, and each device's target (see target_for and get()).
+        self._loaded = Modules(self._cache, self._target, self._key_id)
+        self._scheduler = Scheduler(self._cache, concurrency, self._succeeded)
         self._state = _State.NEW
         self._hot: dict[str, Entry] = {}  # see _enter() and compile()
-        self._inflight: dict[str, _Job] = {}
-        self._failures = Failures()
-        # Keys whose image get() dropped and compiled again in the last _refusal_window seconds.
-        self._replacements: dict[str, _Replacement] = {}
-        self._refusal_window = REFUSAL_WINDOW
-        self._queue: list[tuple[int, int, _Job]] = []  # the compile lane's
-        self._lookups: list[tuple[int, int, _Job]] = []  # the I/O lane's
-        self._seq = itertools.count()
-        self._wakeup: anyio.Event | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stopped: anyio.Event | None = None
         self._started: anyio.Event | None = None  # set once opening succeeded or failed
         self._portal: anyio.from_thread.BlockingPortal | None = None
-        # Loaded modules by device and key, for the Compiler's life (or until forget/clear):
-        # a module is small, and reloading one that is in use would waste a load.
-        self._modules: dict[int, dict[str, Module]] = {}
-        self._hot_modules: dict[str, Module] = {}  # see get()
         # Prefetched specs whose keys are being derived, with the memo key of their target.
         self._deriving: set[tuple[KernelSpec, str]] = set()
-        self._lookers = 0  # I/O lane tasks running
-        self._running = 0
         self._misses = 0
-        self._joined = 0
         self._errors = 0
         self._prefetched = 0
 
@@ -315,15 +188,11 @@ class Compiler:
         self._state = state
         self._hot = self._entries if state is _State.OPEN else {}
         if state is not _State.OPEN:
-            self._modules, self._hot_modules = {}, {}
+            self._loaded.close()
 
     async def __aenter__(self) -> Self:
         if self._state is not _State.NEW:
             raise RuntimeError(f"a Compiler can be opened once; this one is {self._state.value}")
-        self._limiter = anyio.CapacityLimiter(self.concurrency)
-        self._io = anyio.CapacityLimiter(IO_LANE)
-        self._waits = anyio.CapacityLimiter(WAIT_LANE)
-        self._slots = anyio.Semaphore(self.concurrency)
         self._stopped = anyio.Event()  # set once the actor and its lanes have stopped
         opened: list[BaseException | None] = []
         started = self._started = anyio.Event()
@@ -363,6 +232,7 @@ class Compiler:
                 logger.exception("the Compiler stopped on an error")
         finally:
             self._task_group = None
+            self._scheduler.detach()
             self._enter(_State.CLOSED)
             if self.manifest is not None:
                 # Before aclose() returns: the lines of every request made while open are in
@@ -407,22 +277,10 @@ class Compiler:
             raise
 
     def _begin_close(self) -> None:
-        """Fail the jobs no lane has taken yet (letting go of locks they hold), cancel the
-        waits for other processes' locks, and wake the actor, which stops once the running
-        compiles have finished. Lookups being read finish on their own."""
+        """Closing: the scheduler fails what no lane has taken and stops once the running
+        compiles have finished."""
         self._enter(_State.CLOSING)
-        closed = CompilerClosed("the Compiler closed before this job started")
-        assert self._task_group is not None
-        for job in list(self._inflight.values()):
-            if job.stage in (_Stage.LOOKUP, _Stage.QUEUED):
-                self._finish(job, error=closed)
-                if job.claim is not None:
-                    self._task_group.start_soon(self._release, job.claim)
-            elif job.stage is _Stage.WAITING and job.scope is not None:
-                job.scope.cancel()
-        self._lookups.clear()
-        self._queue.clear()
-        self._wake()
+        self._scheduler.close()
 
     @property
     def closed(self) -> bool:
@@ -463,20 +321,12 @@ class Compiler:
         if self._state is not _State.OPEN:  # closed while the key was derived in a thread
             raise self._not_open()
         self._misses += 1
-        job = self._submit(spec, key, LIVE, cache)
-        if not job.done.is_set():
-            # A waiter's cancellation ends only this wait: the job runs on in the actor's task
-            # group and is cached for the next request.
-            job.waiters += 1
-            try:
-                await job.done.wait()
-            finally:
-                job.waiters -= 1
-        if job.error is None:
-            assert job.result is not None
-            return job.result
-        self._errors += 1
-        raise _fresh(job.error)
+        job = self._scheduler.submit(spec, key, LIVE, cache)
+        try:
+            return await job.outcome()
+        except Exception:
+            self._errors += 1
+            raise
 
     def key(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> str:
         """``spec``'s cache key for target ``arch`` (default: the Compiler's; see
@@ -496,7 +346,7 @@ class Compiler:
         compile()'s hot path. NvrtcError for an arch this NVRTC cannot compile for."""
         if arch is None:
             if self._cache.no_target is not None:
-                raise _fresh(self._cache.no_target)
+                raise fresh(self._cache.no_target)
             return self._cache
         cache = self._cache.for_arch(arch)
         if isinstance(arch, str | Target):
@@ -504,7 +354,7 @@ class Compiler:
         return cache
 
     async def _key(self, spec: KernelSpec, cache: KernelCache) -> str:
-        key = spec._keys.get(cache.memo)
+        key = cache.known_key(spec)
         if key is not None:
             return key
         if spec.reads_host_files:
@@ -518,15 +368,7 @@ class Compiler:
         (``sm_90`` for compute capability 9.0), or the Compiler's ``arch`` when that names the
         same GPU with a feature suffix (``sm_90a``) or a family that covers it (``sm_100f`` for
         a 10.3 GPU). NoDeviceError without a GPU; ValueError for a device that is not there."""
-        return self._device_cache(device).target
-
-    def _device_cache(self, device: int) -> KernelCache:
-        capability = _cuda.check_device(device)  # validates it (cached: a dict lookup)
-        cache = self._device_caches.get(device)
-        if cache is None:
-            target = device_target(capability, self._target)
-            cache = self._device_caches[device] = self._cache.for_arch(target)
-        return cache
+        return self._loaded.cache_for(device).target
 
     async def get(self, spec: KernelSpec, *, device: int | None = None) -> Module:
         """``spec`` compiled for ``device`` (default: CuPy's current device) and loaded there:
@@ -541,12 +383,13 @@ class Compiler:
         kernel without compiling it.
         """
         try:
+            loaded = self._loaded
             if device is None:
                 # The only GPU's modules when the process sees one GPU, else empty (the slow
                 # path asks CUDA for the current device).
-                module = self._hot_modules[spec._keys[self._hot_memo]]
+                module = loaded.hot[spec._keys[loaded.hot_memo]]
             else:
-                module = self._modules[device][spec._keys[self._device_memos[device]]]
+                module = loaded.by_device[device][spec._keys[loaded.memos[device]]]
         except (KeyError, AttributeError, TypeError):
             return await self._get(spec, device)
         next(self._clock)  # counts the memory hit
@@ -557,13 +400,10 @@ class Compiler:
             raise self._not_open()
         if device is None:
             device = _cuda.current_device()
-        cache = self._device_cache(device)
+        cache = self._loaded.cache_for(device)
         if not _cuda.device_ready(device):
             await anyio.to_thread.run_sync(_cuda.init_device, device)
-        modules = self._modules.setdefault(device, {})
-        self._device_memos[device] = cache.memo
-        if _cuda.device_count() == 1:
-            self._hot_modules, self._hot_memo = modules, cache.memo
+        modules = self._loaded.of(device, cache.memo)
         artifact = await self.compile(spec, arch=cache.target)
         # Requests that were waiting for the same compile load the module once.
         module = modules.get(artifact.key)
@@ -574,62 +414,11 @@ class Compiler:
         except ModuleLoadError as exc:
             if exc.status not in IMAGE_REFUSED:
                 raise  # not the image's fault (a full GPU, another arch...): the entry stays
-            module = await self._replace(spec, cache.target, device, artifact, exc)
+            recompile = functools.partial(self.compile, spec, arch=cache.target)
+            module = await self._loaded.replace(artifact, exc, device, self._drop, recompile)
         if self._state is _State.OPEN:
             modules[artifact.key] = module
         return module
-
-    async def _replace(
-        self, spec: KernelSpec, target: Target, device: int, refused: Artifact, exc: ModuleLoadError
-    ) -> Module:
-        """Drop ``refused``, an image the driver refused as invalid, compile it again and load
-        the new image: once per key in ``_refusal_window`` seconds. Within the window, a
-        refusal of any image but the one replaced raises, keeping what is cached: compiling
-        again would make the same image (see REFUSAL_WINDOW)."""
-        key = refused.key
-        now = time.monotonic()
-        for old in [k for k, r in self._replacements.items() if self._expired(r, now)]:
-            del self._replacements[old]
-        replacement = self._replacements.get(key)
-        if replacement is None:
-            replacement = self._replacements[key] = _Replacement(refused, now)
-            logger.warning("%s; dropping it and compiling again", exc)
-            try:
-                await self._drop(key)  # this image only: other archs' stay
-                replacement.fresh = await self.compile(spec, arch=target)
-            finally:
-                replacement.done.set()
-                # Not replaced (the compile failed or was cancelled): nothing to guard, unless
-                # forget() or clear() let go of it meanwhile.
-                if replacement.fresh is None and self._replacements.get(key) is replacement:
-                    del self._replacements[key]
-            fresh = replacement.fresh
-        else:
-            await replacement.done.wait()
-            if refused is not replacement.refused:
-                raise self._refused_again(exc, replacement) from exc.__cause__
-            # Loaded before another request replaced it: that request's image, or its error.
-            fresh = replacement.fresh or await self.compile(spec, arch=target)
-        try:
-            return _cuda.load(fresh, device)
-        except ModuleLoadError as again:
-            if again.status not in IMAGE_REFUSED:
-                raise
-            # From the driver's error, as every load error is: the message holds the rest.
-            raise self._refused_again(again, replacement) from again.__cause__
-
-    def _expired(self, replacement: _Replacement, now: float) -> bool:
-        return replacement.done.is_set() and now - replacement.at >= self._refusal_window
-
-    def _refused_again(self, exc: ModuleLoadError, replacement: _Replacement) -> ModuleLoadError:
-        ago = time.monotonic() - replacement.at
-        return ModuleLoadError(
-            f"{exc}; it was dropped and replaced {ago:.0f} s ago after the same refusal, so it "
-            f"is kept now and not replaced again for {max(0.0, self._refusal_window - ago):.0f} s "
-            "(compiling it again would make the same image; `await compiler.forget(spec)` "
-            "retries at once)",
-            status=exc.status,
-        )
 
     def prefetch(self, specs: Iterable[KernelSpec], *, arch: TargetLike | None = None) -> int:
         """Queue low-priority background compiles (warm-up) for target ``arch`` (default: the
@@ -647,7 +436,7 @@ class Compiler:
         for spec in specs:
             if not isinstance(spec, KernelSpec):
                 raise TypeError(f"prefetch takes KernelSpecs, not {type(spec).__name__}")
-            key = spec._keys.get(cache.memo)
+            key = cache.known_key(spec)
             if key is None:
                 if (spec, cache.memo) not in self._deriving:  # deriving here would stall
                     self._deriving.add((spec, cache.memo))
@@ -662,9 +451,10 @@ class Compiler:
         return queued
 
     def _prefetch_one(self, spec: KernelSpec, key: str, cache: KernelCache) -> bool:
-        if key in self._memory or key in self._inflight or key in self._failures:
+        scheduler = self._scheduler
+        if key in self._memory or key in scheduler.inflight or key in scheduler.failures:
             return False
-        self._submit(spec, key, PREFETCH, cache)
+        scheduler.submit(spec, key, PREFETCH, cache)
         return True
 
     async def _prefetch_later(self, specs: list[KernelSpec], cache: KernelCache) -> None:
@@ -686,254 +476,21 @@ class Compiler:
                 return
             self._prefetch_one(spec, key, cache)
 
-    def _submit(self, spec: KernelSpec, key: str, priority: int, cache: KernelCache) -> _Job:
-        failure = self._failures.get(key)
-        if failure is not None:
-            job = _Job(key, spec, priority, cache)
-            job.error = failure
-            job.stage = _Stage.DONE
-            job.done.set()
-            return job
-        shared = self._inflight.get(key)
-        if shared is not None:
-            self._joined += 1
-            if priority < shared.priority:
-                # Promoted: its old heap item is skipped when popped. A job being read keeps
-                # the new priority for the compile lane.
-                shared.priority = priority
-                if shared.stage is _Stage.LOOKUP:
-                    self._look_up(shared)
-                elif shared.stage is _Stage.QUEUED:
-                    self._push(shared)
-            return shared
-        job = self._inflight[key] = _Job(key, spec, priority, cache)
-        self._look_up(job)  # a hit is served from the I/O lane; a miss goes on to compile
-        return job
-
-    def _finish(
-        self, job: _Job, *, result: Artifact | None = None, error: BaseException | None = None
-    ) -> None:
-        job.result, job.error, job.stage = result, error, _Stage.DONE
-        if self._inflight.get(job.key) is job:
-            del self._inflight[job.key]
-        if result is not None and self.manifest is not None:
-            # Every job is a miss of the memory tier, live or prefetched (whose requests will
-            # be hits, which never record); one that failed is not worth replaying.
+    def _succeeded(self, job: Job) -> None:
+        """A job's artifact is in: its spec goes to the manifest. Every job is a miss of the
+        memory tier, live or prefetched (whose requests will be hits, which never record); one
+        that failed is not worth replaying."""
+        if self.manifest is not None:
             self.manifest.record(job.spec)
-        job.done.set()
-
-    async def _hop(self, call: Callable[[], _T], limiter: anyio.CapacityLimiter) -> _T:
-        """``call()`` in a worker thread. If the waiting task is cancelled, it returns at once
-        and the thread runs on alone (NVRTC cannot be interrupted; what it compiles is still
-        stored), and locks the call returns are let go, as nobody will use them."""
-        guard = threading.Lock()
-        # The thread's result, or the waiter's leaving: whichever side comes second lets go of
-        # a Claim (a cancellation can land after the thread returned, before the task resumes).
-        handoff: list[object] = []
-
-        def run() -> _T:
-            result = call()
-            with guard:
-                left = bool(handoff)
-                handoff.append(result)
-            if left and isinstance(result, Claim):
-                self._cache.release(result)
-            return result
-
-        try:
-            return await anyio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
-        except anyio.get_cancelled_exc_class():
-            with guard:
-                done = handoff[0] if handoff else None
-                handoff.append(None)
-            if isinstance(done, Claim):
-                self._release_soon(done)
-            raise
-
-    # -- the I/O lane ------------------------------------------------------------------------
-
-    def _look_up(self, job: _Job) -> None:
-        job.stage = _Stage.LOOKUP
-        heapq.heappush(self._lookups, (job.priority, next(self._seq), job))
-        if self._lookers < IO_LANE:
-            assert self._task_group is not None
-            self._lookers += 1
-            self._task_group.start_soon(self._io_lane)
-
-    def _take_lookups(self) -> list[_Job]:
-        batch: list[_Job] = []
-        while self._lookups and len(batch) < IO_BATCH:
-            priority, _, job = heapq.heappop(self._lookups)
-            if priority == job.priority and job.stage is _Stage.LOOKUP:
-                job.stage = _Stage.READING
-                batch.append(job)
-        return batch
-
-    async def _io_lane(self) -> None:
-        """Disk and remote reads in batches, not limited by ``concurrency``: a hit never
-        waits behind a compile of another key."""
-        try:
-            while batch := self._take_lookups():
-                # The disk first, for the whole batch, then the remote tier for its misses
-                # only: a disk hit never waits behind Redis round trips.
-                misses = await self._read(batch, remote=False)
-                if misses and self.remote is not None:
-                    await self._read(misses, disk=False)
-        finally:
-            self._lookers -= 1
-
-    async def _read(
-        self, batch: list[_Job], *, disk: bool = True, remote: bool = True
-    ) -> list[_Job]:
-        """Look ``batch`` up in one hop; finish the hits (and, reading the last tier, the
-        misses, which go on to compile). Returns the misses."""
-        read = functools.partial(
-            _lookup_many, [(job.cache, job.key) for job in batch], disk=disk, remote=remote
-        )
-        try:
-            found = await self._hop(read, self._io)
-        except BaseException:
-            error = CompilerClosed("the Compiler was cancelled")
-            for job in batch:
-                self._finish(job, error=error)
-            raise
-        misses = []
-        last = remote or self.remote is None
-        for job, outcome in zip(batch, found, strict=True):
-            if outcome is None and not last:
-                misses.append(job)
-            else:
-                self._looked_up(job, outcome)
-        return misses
-
-    def _looked_up(self, job: _Job, outcome: tuple[Artifact, str] | Exception | None) -> None:
-        if isinstance(outcome, Exception):
-            logger.error("looking up %s failed; compiling it", job.key[:16], exc_info=outcome)
-            outcome = None
-        if outcome is not None:
-            self._finish(job, result=outcome[0])
-        elif self._state is _State.OPEN:
-            self._push(job)
-        else:
-            self._finish(job, error=CompilerClosed("the Compiler closed before this job started"))
-
-    # -- the compile lane ------------------------------------------------------------------
-
-    def _push(self, job: _Job) -> None:
-        job.stage = _Stage.QUEUED
-        heapq.heappush(self._queue, (job.priority, next(self._seq), job))
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._wakeup is not None:
-            self._wakeup.set()
 
     async def _actor(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        assert self._task_group is not None
         try:
-            async with anyio.create_task_group() as workers:
-                task_status.started()
-                while True:
-                    await self._slots.acquire()
-                    job = await self._next_job()
-                    if job is None:
-                        self._slots.release()
-                        break
-                    job.stage = _Stage.RUNNING
-                    self._running += 1
-                    workers.start_soon(self._run_job, job)
-                # Leaving the task group waits for the running jobs: they finish and are cached.
+            await self._scheduler.run(self._task_group, task_status=task_status)
         finally:
             # Closed (or cancelled): requests raise from now on; the host's task group waits
             # for the lanes to finish before aclose() returns.
             self._enter(_State.CLOSED)
-
-    async def _next_job(self) -> _Job | None:
-        while True:
-            while self._queue:
-                priority, _, job = heapq.heappop(self._queue)
-                if job.stage is _Stage.QUEUED and priority == job.priority:
-                    return job
-            if self._state is not _State.OPEN:
-                return None  # closing: nothing enters the queue any more
-            self._wakeup = anyio.Event()
-            await self._wakeup.wait()
-            self._wakeup = None
-
-    async def _run_job(self, job: _Job) -> None:
-        """A compile slot's work: take the key's locks without waiting (or use those the job
-        holds), check the disk again, compile and store. A key that another process or host is
-        compiling leaves the slot for the wait lane."""
-        resolve = functools.partial(job.cache.try_resolve, job.spec, job.key, job.claim)
-        try:
-            outcome = await self._hop(resolve, self._limiter)
-        except Exception as exc:
-            self._failed(job, exc)
-        except BaseException:
-            self._finish(job, error=CompilerClosed("the Compiler was cancelled while compiling"))
-            raise
-        else:
-            if not isinstance(outcome, Claim):
-                self._finish(job, result=outcome[0])
-            else:
-                job.claim, job.stage = outcome, _Stage.WAITING
-                assert self._task_group is not None
-                self._task_group.start_soon(self._wait, job)
-        finally:
-            self._running -= 1
-            self._slots.release()
-
-    def _failed(self, job: _Job, exc: Exception) -> None:
-        if isinstance(exc, CompileError):
-            self._failures.remember(job.key, exc)  # fail fast until forget() or clear()
-        elif not job.waiters:
-            # Logged only when no request receives it (a prefetch's): a request raises it, and
-            # logged as well it would be said twice.
-            if isinstance(exc, AionvrtcError):  # says what is wrong: no traceback needed
-                logger.warning("job for %s failed: %s", job.key[:16], exc)
-            else:
-                logger.exception("job for %s failed", job.key[:16])
-        self._finish(job, error=exc)
-
-    # -- the wait lane -----------------------------------------------------------------------
-
-    async def _wait(self, job: _Job) -> None:
-        """Wait, holding no compile slot, for the lock that another process or host holds on
-        the job's key; then serve what it stored, or compile, holding the locks, as the next
-        job of the compile lane. Closing cancels the wait."""
-        claim = job.claim
-        assert claim is not None
-        cancel = threading.Event()  # ends a wait for a file lock promptly (see DiskTier)
-        wait = functools.partial(job.cache.claim, job.key, cancel=cancel, claim=claim)
-        with anyio.CancelScope() as job.scope:
-            if self._state is _State.OPEN:
-                try:
-                    claim = await self._hop(wait, self._waits)
-                except Exception as exc:
-                    self._failed(job, exc)
-                    return
-                finally:
-                    cancel.set()
-        job.scope = None
-        if claim.found is not None:
-            self._finish(job, result=claim.found[0])
-        elif claim.ready and self._state is _State.OPEN:
-            job.claim, job.priority = claim, CLAIMED
-            self._push(job)
-        else:
-            self._finish(job, error=CompilerClosed("the Compiler closed while this job waited"))
-            await self._release(claim)
-
-    async def _release(self, claim: Claim) -> None:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._cache.release, claim)
-
-    def _release_soon(self, claim: Claim) -> None:
-        """Let go of ``claim`` from the event loop: in a task of the Compiler's while it has
-        one, else its file lock at once (a fleet lock then lapses by its expiry)."""
-        if self._task_group is not None:
-            self._task_group.start_soon(self._release, claim)
-        elif claim.lock is not None:
-            claim.lock.release()
 
     # -- management --------------------------------------------------------------------------
 
@@ -943,14 +500,12 @@ class Compiler:
         next request compiles it again, reading its include directories' files anew."""
         keys = await anyio.to_thread.run_sync(self._cache.forget, spec)
         for key in keys:
-            self._failures.pop(key)
-            self._replacements.pop(key, None)  # a refused image may be replaced at once
-            for modules in self._modules.values():
-                modules.pop(key, None)
+            self._scheduler.failures.pop(key)
+            self._loaded.drop(key)
 
     async def _drop(self, key: str) -> None:
         """Drop one key's entry from memory and disk, and its loaded modules."""
-        for modules in self._modules.values():
+        for modules in self._loaded.by_device.values():
             modules.pop(key, None)
         await anyio.to_thread.run_sync(self._cache.drop, key)
 
@@ -967,23 +522,21 @@ class Compiler:
 
     async def clear(self) -> None:
         """Empty the memory tier, the remembered failures and this format's disk entries."""
-        self._failures.clear()
-        self._replacements.clear()
-        for modules in self._modules.values():
-            modules.clear()
+        self._scheduler.failures.clear()
+        self._loaded.clear()
         await anyio.to_thread.run_sync(self._cache.clear)
 
     def stats(self) -> CompilerStats:
         cache = self._cache.stats()
-        waiting = sum(job.stage is _Stage.WAITING for job in self._inflight.values())
+        queued, in_flight, waiting = self._scheduler.counts()
         return CompilerStats(
             requests=cache.memory.hits + self._misses,
-            joined=self._joined,
+            joined=self._scheduler.joined,
             errors=self._errors,
             compiles=cache.compiles,
             compile_seconds=cache.compile_seconds,
-            queued=len(self._inflight) - self._running - waiting,
-            in_flight=self._running,
+            queued=queued,
+            in_flight=in_flight,
             waiting=waiting,
             prefetched=self._prefetched,
             memory=cache.memory,
@@ -994,6 +547,11 @@ class Compiler:
         )
 
     # -- blocking facade ---------------------------------------------------------------------
+
+    def use_portal(self, portal: anyio.from_thread.BlockingPortal) -> None:
+        """Serve ``compile_sync`` and ``get_sync`` from any thread through ``portal``, a
+        portal into the event loop this Compiler runs in (as ``default_compiler()`` does)."""
+        self._portal = portal
 
     def compile_sync(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> Artifact:
         """``compile`` for code that is not async: from any thread when this Compiler runs in
@@ -1021,7 +579,8 @@ class Compiler:
         dict lookups of get()'s hot path, for callers that would otherwise hop to the
         Compiler's event loop (or a worker thread) only to find it."""
         try:
-            module = self._modules[device][spec._keys[self._device_memos[device]]]
+            loaded = self._loaded
+            module = loaded.by_device[device][spec._keys[loaded.memos[device]]]
         except (KeyError, AttributeError, TypeError):
             return None
         next(self._clock)  # the hit count
