@@ -100,22 +100,26 @@ def seconds(call: Callable[..., object], *args: Any, **kwargs: Any) -> float:
 # -- the code before: git HEAD's disk tier and CLI, as modules beside the current ones -------
 
 
-def before(rev: str = "HEAD") -> tuple[ModuleType, ModuleType] | None:
-    """git HEAD's disk.py, its index and _cli.py, loaded as aionvrtc._store._disk_before (with
-    aionvrtc._store._index_before) and aionvrtc._cli_before (the CLI made to use the old
-    tier); None if git has no HEAD."""
+def before(rev: str = "HEAD") -> tuple[ModuleType, ModuleType | None] | None:
+    """``rev``'s disk.py, its index and (where the CLI was one module, _cli.py) the CLI, loaded
+    as aionvrtc._store._disk_before (with aionvrtc._store._index_before) and
+    aionvrtc._cli_before (the CLI made to use the old tier); None if git has no ``rev``. A
+    revision whose CLI is a package has no CLI measured before (its rows say "-")."""
     try:
         _load("aionvrtc._store._index_before", "src/aionvrtc/_store/_index.py", {}, rev)
         disk = _load(
             "aionvrtc._store._disk_before", "src/aionvrtc/_store/disk.py",
             {"from ._index import": "from ._index_before import"}, rev,
         )  # fmt: skip
-        cli = _load(
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    try:
+        cli: ModuleType | None = _load(
             "aionvrtc._cli_before", "src/aionvrtc/_cli.py",
             {"from ._store.disk import": "from ._store._disk_before import"}, rev,
         )  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    except subprocess.CalledProcessError:
+        cli = None
     return disk, cli
 
 
@@ -297,7 +301,7 @@ def _holder(root: Path) -> Iterator[tuple[Callable[[str], None], Callable[[], st
 
 
 def measure(
-    size: int, runs: int, handoffs: int, old: tuple[ModuleType, ModuleType] | None
+    size: int, runs: int, handoffs: int, old: tuple[ModuleType, ModuleType | None] | None
 ) -> dict[str, Any]:
     """Every figure at ``size`` entries, of the code now and (``old``) before, on one cache
     dir built once."""
@@ -308,14 +312,17 @@ def measure(
         built = time.perf_counter() - started
         print(f"{size} entries written in {built:.1f} s", flush=True)
         result: dict[str, Any] = {"entries": size, "build_s": built}
-        versions = {"now": (disk_now, cli_now), **({"before": old} if old is not None else {})}
+        versions: dict[str, tuple[ModuleType, ModuleType | None]] = {"now": (disk_now, cli_now)}
+        if old is not None:
+            versions["before"] = old
         for offset, (name, (disk, cli)) in enumerate(versions.items(), start=1):
             serial = 10_000_000 * offset  # keys written by each step come from its own range
             figures: dict[str, Any] = {}
             figures.update(writes(disk, root, runs, serial))
             figures["read_hit_s"] = read_hits(disk, root, keys, runs)
             figures.update(eviction(disk, root, runs, serial + 1_000_000, keys))
-            figures.update(commands(cli, root, runs, serial + 2_000_000))
+            if cli is not None:
+                figures.update(commands(cli, root, runs, serial + 2_000_000))
             if name == "now":
                 figures["ls_json_process_s"] = ls_process(root, runs)
             figures.update(handoff(disk, root / "locks", handoffs))

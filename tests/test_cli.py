@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 from aionvrtc import Compiler, _cli, _cuda_versions, _nvrtc, tropical
+from aionvrtc._cli import _shared as cli_shared
+from aionvrtc._cli import cache as cli_cache
 from aionvrtc._spec import FORMAT_VERSION
 from aionvrtc._store.disk import DiskTier
 
@@ -866,7 +868,7 @@ def test_ctrl_c_in_json_mode_says_so_on_stdout(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_cli, "_contents", interrupted)
+    monkeypatch.setattr(cli_cache, "_contents", interrupted)  # what `cache info` lists with
     assert _cli.main(["cache", "info", "--json", "--cache-dir", str(tmp_path)]) == 130
     out, err = capsys.readouterr()
     assert (json.loads(out), err) == ({"error": "interrupted"}, "")
@@ -879,7 +881,7 @@ def test_a_bug_is_one_line_and_debug_shows_its_traceback(
         logging.getLogger("aionvrtc").exception("a job failed\nwith a long story")
         raise ExceptionGroup("in a task group", [RuntimeError("boom\nsecond line")])
 
-    monkeypatch.setattr(_cli, "_contents", broken)
+    monkeypatch.setattr(cli_cache, "_contents", broken)  # what `cache info` lists with
     argv = ["cache", "info", "--cache-dir", str(tmp_path)]
     assert _cli.main(argv) == 1
     out, err = capsys.readouterr()
@@ -896,14 +898,14 @@ def test_a_bug_is_one_line_and_debug_shows_its_traceback(
 def test_warnings_are_said_once_each_after_the_output(
     warmed: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    contents = _cli._contents
+    contents = cli_shared._contents  # the one `cache info` calls (as cli_cache._contents)
 
     def noisy(*args: Any, **kwargs: Any) -> Any:
         for _ in range(3):
             logging.getLogger("aionvrtc").warning("the disk is %s\n(details)", "odd")
         return contents(*args, **kwargs)
 
-    monkeypatch.setattr(_cli, "_contents", noisy)
+    monkeypatch.setattr(cli_cache, "_contents", noisy)  # what `cache info` lists with
     assert _cli.main(["cache", "info", "--json", "--cache-dir", str(warmed)]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["entries"] == KERNELS

@@ -68,6 +68,7 @@ from ._index import (
 )
 from ._index import summaries as parse_summaries
 from ._locks import NO_LOCK, KeyLock, LockFiles, close_files, let_go, unlock, wait_in_thread
+from ._trust import Policy
 
 try:
     import fcntl
@@ -192,125 +193,6 @@ class Survey:
 
     entries: tuple[EntryInfo, ...]
     damaged: tuple[Damage, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """Whom the cache trusts and the modes it creates.
-
-    Private (the default), ssh's rule for ``~/.ssh``: a folder or file is trusted when this user
-    (euid) or root owns it (root: a cache baked into an image) and neither group nor others can
-    write it. Shared (an explicit opt-in): owned by this user, root or any user of a group this
-    user is in, writable by that group but never by others; folders are made setgid, so files
-    take the folder's group.
-    """
-
-    shared: bool
-    uid: int
-    groups: frozenset[int]
-
-    @classmethod
-    def current(cls, shared: bool) -> Policy:
-        return cls(shared, os.geteuid(), frozenset((os.getegid(), *os.getgroups())))
-
-    @property
-    def dir_mode(self) -> int:
-        return 0o2770 if self.shared else 0o700
-
-    @property
-    def entry_mode(self) -> int:
-        return 0o640 if self.shared else 0o600
-
-    @property
-    def lock_mode(self) -> int:  # lock and event files: every user of the cache writes them
-        return 0o660 if self.shared else 0o600
-
-    def _ours(self, info: os.stat_result) -> bool:
-        return info.st_uid in (self.uid, 0) or (self.shared and info.st_gid in self.groups)
-
-    def _owner_problem(self, info: os.stat_result) -> str:
-        mode = stat.S_IMODE(info.st_mode)
-        return (
-            f"owned by uid {info.st_uid} (mode {mode:04o}), not by this user (uid {self.uid}) "
-            "or root"
-        )
-
-    def problem(self, info: os.stat_result) -> str | None:
-        """Why a folder or file of the cache tree is not trusted (after "is"), or None."""
-        mode = stat.S_IMODE(info.st_mode)
-        if not self._ours(info):
-            return self._owner_problem(info)
-        if mode & 0o002:
-            return f"writable by others (owner uid {info.st_uid}, mode {mode:04o})"
-        if mode & 0o020 and not (self.shared and info.st_gid in self.groups):
-            return f"writable by group {info.st_gid} (owner uid {info.st_uid}, mode {mode:04o})"
-        return None
-
-    def file_problem(self, info: os.stat_result) -> str | None:
-        """Why a file of the cache (an entry, a lock, the event log) is not used, or None."""
-        if not stat.S_ISREG(info.st_mode):
-            return f"{kind_of(info)}, not a regular file"
-        return self.problem(info)
-
-    def ancestor_problem(self, info: os.stat_result) -> str | None:
-        """Why a folder above the cache dir lets others replace it (after "is"), or None: a
-        folder that others can write without the sticky bit (as /tmp has) lets them rename
-        what is inside."""
-        mode = stat.S_IMODE(info.st_mode)
-        if not self._ours(info):
-            return self._owner_problem(info)
-        if mode & 0o002 and not mode & stat.S_ISVTX:
-            return f"writable by others without the sticky bit (mode {mode:04o})"
-        return None
-
-    def link_problem(self, info: os.stat_result) -> str | None:
-        """Why a symbolic link on the way to a file lets others choose what it points at (after
-        "is"), or None: whoever owns a link in a sticky folder (/tmp) may replace it."""
-        if self._ours(info):
-            return None
-        return (
-            f"a symbolic link owned by uid {info.st_uid}, not by this user (uid {self.uid}) or root"
-        )
-
-    def fix(self, path: Path, info: os.stat_result, *, instead: str, ancestor: bool = False) -> str:
-        """A fix that works for ``path`` (``info``: its stat), a folder or file found untrusted:
-        chmod (or chgrp) when it is ours, else ``instead`` (a folder or file of one's own), or
-        the shared opt-in where that would trust it. ``ancestor``: a folder above what is
-        trusted, where only others' writes count (see ``ancestor_problem``)."""
-        mode = stat.S_IMODE(info.st_mode)
-        if info.st_uid == self.uid:
-            foreign = info.st_gid not in self.groups
-            if self.shared and not ancestor and mode & 0o020 and foreign:
-                # chmod o-w leaves a group this user is not in able to write
-                if mode & 0o002:
-                    return f"chmod go-w {path}"
-                return f"chgrp {os.getegid()} {path}, or chmod g-w {path}"
-            bits = "o-w" if self.shared or ancestor else "go-w"
-            fix = f"chmod {bits} {path}"
-            if not self.shared and not ancestor and mode & 0o020 and not mode & 0o002:
-                fix += f", or share it with group {info.st_gid}: {ENV_SHARED_CACHE}=1"
-            return fix
-        fix = instead
-        if not self.shared and info.st_gid in self.groups and not mode & 0o002:
-            fix += (
-                f", or, if you trust every user of group {info.st_gid}, opt in to a shared "
-                f"cache: {ENV_SHARED_CACHE}=1 (shared_cache=True)"
-            )
-        return fix
-
-    def unsafe_ancestor(self, path: Path) -> tuple[Path, os.stat_result, str] | None:
-        """The first folder above ``path`` (by the path given and by the real path, outermost
-        first) that lets others replace what is inside, with its stat and why; None if none."""
-        given = Path(os.path.abspath(path))
-        real = Path(os.path.realpath(path))
-        for folder in sorted({*given.parents, *real.parents}, key=lambda p: len(p.parts)):
-            info = _stat(folder, follow=True)
-            if info is None:
-                continue  # made later, by whoever makes what is below it
-            problem = self.ancestor_problem(info)
-            if problem is not None:
-                return folder, info, problem
-        return None
 
 
 @dataclass(frozen=True, slots=True)
