@@ -30,7 +30,7 @@ def test_importing_the_package_loads_only_its_version() -> None:
     # The first use of a name loads its module (and what that module needs), once.
     loaded = fresh(
         "import json, sys; import aionvrtc; aionvrtc.NvrtcError; "
-        "print(json.dumps([m for m in ('aionvrtc._exceptions', 'aionvrtc._actor') "
+        "print(json.dumps([m for m in ('aionvrtc._exceptions', 'aionvrtc._compiler') "
         "if m in sys.modules]))"
     )
     assert loaded == ["aionvrtc._exceptions"]
