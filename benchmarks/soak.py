@@ -1,4 +1,5 @@
-"""The reliability workloads of tests/reliability at full size, with their figures committed:
+"""The reliability workloads (tests/support/workloads.py, run small by tests/reliability) at full
+size, with their figures committed:
 
     python benchmarks/soak.py --machine "this CPU" [--trials 200] [--processes 8]
         [--requests 1000] [--keys 200] [--waiters 10000] [--hostile 400] [--fuzz 700000]
@@ -36,7 +37,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.reliability.workloads import (
+from tests.support.workloads import (
     crash_trials,
     decoder_fuzz,
     hostile_cache,

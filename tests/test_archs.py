@@ -31,7 +31,7 @@ from aionvrtc._cuda import runnable
 from aionvrtc._cuda_versions import MAJORS, driver_fix, driver_release, extra_for_arch
 from aionvrtc._target import device_target
 
-from .conftest import ENTRIES, make_spec
+from .support import ENTRIES, make_spec
 
 pytestmark = pytest.mark.anyio
 
@@ -329,7 +329,7 @@ def test_a_driver_older_than_cupys_cuda_names_the_extra(monkeypatch: pytest.Monk
 
     from aionvrtc import NoDeviceError, _cuda
 
-    from .test_cuda_errors import runtime_error
+    from .support.gpu import runtime_error
 
     monkeypatch.setattr(_cuda_versions, "cupy_majors", lambda: [13])
     monkeypatch.setattr(_cuda_versions, "driver_cuda", lambda: (12, 8))

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from aionvrtc import FORMAT_VERSION, Artifact, CacheCorruptError, KernelCache
 from aionvrtc._artifact import MAGIC, decode, encode, read_header
 
-from .conftest import make_spec
-from .reliability.workloads import checksummed
+from .support import make_spec
+from .support.workloads import checksummed
 
 KEY = "ab" * 32
 

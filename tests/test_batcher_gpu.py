@@ -20,7 +20,7 @@ import aionvrtc
 from aionvrtc import Compiler, CompilerClosed, tropical
 from aionvrtc.tropical import reference
 
-from .tropical_data import host, operands
+from .support.tropical_data import host, operands
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 

@@ -30,8 +30,8 @@ from aionvrtc._store.disk import DiskTier
 from aionvrtc._store.tier import LayerStats
 from aionvrtc._units import format_size
 
-from .conftest import ENTRIES, NOBODY, as_other_user, as_root, make_spec
-from .test_layers import tree
+from .support import ENTRIES, NOBODY, as_other_user, as_root, make_spec
+from .support.layers import tree
 
 SECRET_ENV = "AIONVRTC_REMOTE_SECRET"
 HEAD = 16 + 8  # magic and index length: where the index starts

@@ -12,9 +12,8 @@ import pytest
 
 from aionvrtc import CompileError, KernelCache, KernelSpec, kernel_key
 from aionvrtc._artifact import encode
-from aionvrtc._store.disk import DiskTier
 
-from .conftest import ENTRIES, make_spec, run_python
+from .support import ENTRIES, make_spec, run_python
 
 
 def test_memory_then_disk_then_compile(cache_dir: Path) -> None:
@@ -48,7 +47,7 @@ def test_round_trip_through_a_new_process(cache_dir: Path) -> None:
         f"""
 import json
 from aionvrtc import KernelCache
-from tests.conftest import make_spec
+from tests.support import make_spec
 cache = KernelCache("sm_90", cache_dir={str(cache_dir)!r})
 art = cache.get_or_compile(make_spec("newproc"))
 s = cache.stats()
@@ -123,23 +122,6 @@ def test_memory_eviction_is_least_recently_used_first() -> None:
     assert stats.memory.bytes <= cache.memory.limit
 
 
-def test_stale_tmp_files_are_removed_fresh_ones_kept(cache_dir: Path) -> None:
-    cache = KernelCache("sm_90", cache_dir=cache_dir)
-    art = cache.get_or_compile(make_spec())
-    shard = cache_dir / ENTRIES / art.key[:2]
-    stale = shard / f".{art.key}.123.dead.tmp"
-    fresh = shard / f".{art.key}.456.live.tmp"
-    for tmp in (stale, fresh):
-        tmp.write_bytes(b"partial")
-    old = time.time() - 3600
-    os.utime(stale, (old, old))
-    # Every walk of the shards tidies them: the maintenance after a write that took the cache
-    # over its limit, `cache ls`, info and prune. A write never walks the shards.
-    assert [e.key for e in DiskTier(cache_dir).survey().entries] == [art.key]
-    assert not stale.exists()
-    assert fresh.exists()
-
-
 def test_clear_and_forget(cache_dir: Path) -> None:
     cache = KernelCache("sm_90", cache_dir=cache_dir)
     one, two = make_spec(), make_spec()
@@ -194,53 +176,6 @@ def test_threads_share_one_compile_per_key(cache_dir: Path) -> None:
         assert KernelCache("sm_90", cache_dir=cache_dir).get_or_compile(spec).key == kernel_key(
             spec, "sm_90"
         )
-
-
-WRITER = """
-import sys
-from aionvrtc import Artifact
-from aionvrtc._store import DiskTier
-tier = DiskTier(sys.argv[1])
-seed = int(sys.argv[2])
-bad = 0
-for round in range(150):
-    for k in range(6):
-        key = f"{k:02x}" * 32
-        art = Artifact(key=key, kind="cubin", image=b"\\x7fELF" + bytes([k]) * (2000 + 500 * k),
-                       arch="sm_90", nvrtc_version="13.5", compile_seconds=seed + round)
-        tier.write(art)
-        got = tier.read(key, arch="sm_90")
-        if got is None or got.image != art.image:
-            bad += 1
-print(bad, tier.corrupt, tier.write_failures)
-"""
-
-
-def test_concurrent_writers_from_processes_leave_only_valid_entries(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    root = tmp_path / "shared"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(root), str(seed)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for seed in range(4)
-    ]
-    outputs = [p.communicate(timeout=120)[0].split() for p in procs]
-    assert all(p.returncode == 0 for p in procs)
-    # Every read, while three other processes replaced the same entries, saw a whole entry.
-    assert outputs == [["0", "0", "0"]] * 4
-    from aionvrtc._store import DiskTier
-
-    tier = DiskTier(root)
-    names = sorted(p.name for p in (root / ENTRIES).glob("*/*"))
-    assert names == [f"{k:02x}" * 32 for k in range(6)]  # no tmp leftovers
-    for name in names:
-        assert tier.read(name) is not None
-    assert tier.corrupt == 0
 
 
 def test_records_live_beside_the_kernels_verified_and_per_target(cache_dir: Path) -> None:
@@ -331,82 +266,3 @@ def test_no_lock_file_is_left_per_key(cache_dir: Path) -> None:
     files = [p for p in (cache_dir / ENTRIES).rglob("*") if p.is_file()]
     files = [p for p in files if p.name not in (".events", ".index")]  # one each per cache dir
     assert sorted(p.name for p in files) == sorted(a.key for a in artifacts)
-
-
-def test_a_waiter_on_a_removed_lock_file_locks_the_new_one(cache_dir: Path) -> None:
-    # The holder removes its lock file as it lets go: a waiter that had opened that file must
-    # not take it as held while another process locks the file made at the name since.
-    import threading
-
-    from aionvrtc._store.disk import DiskTier
-
-    key = "cd" * 32
-    first, second, third = (DiskTier(cache_dir) for _ in range(3))
-    holding: list[str] = []
-    overlaps: list[tuple[str, ...]] = []
-    second_opened = threading.Event()
-
-    def hold(name: str, tier: DiskTier, seconds: float) -> None:
-        with tier.lock(key) as locked:
-            assert locked
-            holding.append(name)
-            if len(holding) > 1:
-                overlaps.append(tuple(holding))
-            time.sleep(seconds)
-            holding.remove(name)
-
-    def second_takes() -> None:
-        second_opened.set()
-        hold("second", second, 0.2)
-
-    with first.lock(key) as locked:
-        assert locked
-        waiter = threading.Thread(target=second_takes)
-        waiter.start()
-        assert second_opened.wait(10)
-        time.sleep(0.1)  # second has opened the file and polls its lock
-    # first let go and removed the file; third makes a new one and holds it for a while
-    holder = threading.Thread(target=hold, args=("third", third, 0.3))
-    holder.start()
-    holder.join(10)
-    waiter.join(10)
-    assert overlaps == []  # never two holders at once
-
-
-def test_background_upkeep_pauses_for_other_threads_and_foreground_work_does_not(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The maintenance thread's walk and index rebuild pause every PACE_STEPS steps, so reads in
-    # the process's other threads take the GIL back at once (see _fs.paced); the same work
-    # asked for in the caller's thread (evict(), the CLI) never pauses. Observed through
-    # time.sleep, by thread, over a real eviction of 3,000 entries.
-    from aionvrtc import Artifact
-    from aionvrtc._store import _fs
-
-    paused: list[str] = []
-    sleep = time.sleep
-
-    def recording(seconds: float) -> None:
-        if seconds == _fs.PAUSE:
-            paused.append(threading.current_thread().name)
-        sleep(seconds)
-
-    def artifact(n: int) -> Artifact:
-        return Artifact(f"{n:064x}", "cubin", b"\x7fELF" + bytes(200), "sm_90", "13.0")
-
-    filler = DiskTier(tmp_path, limit=1 << 40)
-    for n in range(3000):
-        assert filler.write(artifact(n))
-    assert filler.wait_maintenance(60)
-    monkeypatch.setattr(time, "sleep", recording)  # the module _fs calls it through
-    size = sum(entry.size for entry in filler.scan())
-    tier = DiskTier(tmp_path, limit=size)  # the next write is over the limit
-    assert tier.write(artifact(3000))
-    assert tier.wait_maintenance(60)
-    assert tier.stats().evictions > 100
-    pauses = len(paused)
-    assert pauses >= 3000 // _fs.PACE_STEPS, pauses  # at least once per PACE_STEPS entries
-    assert set(paused) == {"aionvrtc-disk-maintenance"}
-    foreground = DiskTier(tmp_path, limit=size // 2)
-    assert foreground.evict() > 100
-    assert len(paused) == pauses  # the caller's own thread went on without a pause

@@ -24,22 +24,10 @@ from aionvrtc._cli import cache as cli_cache
 from aionvrtc._spec import FORMAT_VERSION
 from aionvrtc._store.disk import DiskTier
 
-from .conftest import ENTRIES, make_spec
+from .support import ENTRIES, make_spec
+from .support.cli import WARM, cli
 
-# The and-or semiring on bool has the fewest tropical kernels (the generic kernel's variants).
-WARM = ["warm", "tropical", "--arch", "sm_90", "--semirings", "andor", "--dtypes", "bool"]
 KERNELS = len(tropical.all_specs(["andor"], ["bool"]))
-
-
-def cli(*args: str, cache: Path, status: int = 0, timeout: float = 300) -> Any:
-    """Run ``python -m aionvrtc ARGS --json --cache-dir CACHE``; its JSON output, parsed."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "aionvrtc", *args, "--json", "--cache-dir", str(cache)],
-        capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
-    assert proc.returncode == status, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return json.loads(proc.stdout)
 
 
 @pytest.fixture(scope="module")

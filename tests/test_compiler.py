@@ -40,7 +40,7 @@ from aionvrtc._cache import Claim
 from aionvrtc._cuda_errors import cuda_status, describe
 from aionvrtc._store.disk import DiskTier
 
-from .conftest import ENTRIES, FakeDriver, driver_error, has_gpu, make_slow_spec, make_spec
+from .support import ENTRIES, FakeDriver, driver_error, has_gpu, make_slow_spec, make_spec
 
 _T = TypeVar("_T")
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 
 from aionvrtc import _config
 
-ROOT = Path(__file__).resolve().parent.parent
+from .support import ROOT
+
 SRC = ROOT / "src" / "aionvrtc"
 
 

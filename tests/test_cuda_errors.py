@@ -31,7 +31,8 @@ from aionvrtc._cuda_errors import (
 )
 from aionvrtc._cuda_versions import cupy_majors
 
-from .conftest import driver_error, make_spec
+from .support import driver_error, make_spec
+from .support.gpu import runtime_error
 
 NO_DEVICE = "cudaErrorNoDevice: no CUDA-capable device is detected"
 INVALID_IMAGE = "CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid"
@@ -41,12 +42,6 @@ def nvrtc_error(status: int = 6) -> Exception:
     from cupy.cuda import nvrtc
 
     return nvrtc.NVRTCError(status)  # type: ignore[no-any-return]
-
-
-def runtime_error(status: int = 100) -> Exception:
-    import cupy
-
-    return cupy.cuda.runtime.CUDARuntimeError(status)  # type: ignore[no-any-return]
 
 
 def test_cupy_error_classes_are_the_ones_the_boundary_catches() -> None:

@@ -24,7 +24,7 @@ from aionvrtc import (
     kernel_key,
 )
 
-from .conftest import make_spec
+from .support import make_spec
 
 SM90 = Target("sm_90")
 

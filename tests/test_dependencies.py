@@ -10,7 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from .conftest import ROOT
+from .support import ROOT
 
 PACKAGE = ROOT / "src" / "aionvrtc"
 # Extras that are not the package's: what tests and development need.
@@ -124,3 +124,39 @@ def test_the_extras_name_what_they_add() -> None:
     for extra in ("cu12", "cu13"):  # NVRTC and CUDA's headers of one release, and CuPy
         assert {"cuda-toolkit", f"cupy-cuda{extra[2:]}x"} <= declared[extra]
     assert {"cuda-pathfinder", "numpy", "anyio"} <= declared[""]
+
+
+def _imported_modules(path: Path) -> list[str]:
+    """Every module ``path`` imports, relative imports made absolute (from its package), and
+    those named in the code its child processes run (``from tests.x import y`` in a string)."""
+    text = path.read_text(encoding="utf-8")
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            found.append(".".join(filter(None, [base, node.module or ""])))
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+    found += re.findall(r"from (tests\.[\w.]+) import", text)
+    return found
+
+
+def test_no_test_module_imports_another_and_benchmarks_use_only_tests_support() -> None:
+    # Shared helpers live in tests/support: a test module imported by another runs its module
+    # code twice over and ties the two together; a benchmark that imports a test module
+    # breaks when a test is renamed.
+    offenders = []
+    for path in [
+        *sorted((ROOT / "tests").rglob("*.py")),
+        *sorted((ROOT / "benchmarks").glob("*.py")),
+    ]:
+        for module in _imported_modules(path):
+            parts = module.split(".")
+            if parts[0] == "tests" and (
+                any(part.startswith("test_") or part == "conftest" for part in parts[1:])
+                or (path.parent.name == "benchmarks" and parts[1:2] != ["support"])
+            ):
+                offenders.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not offenders, offenders
+    assert _imported_modules(ROOT / "tests" / "test_readme.py").count("tests.support.redis") == 1

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .test_examples import ROOT, run_example
+from .support import ROOT
+from .support.examples import run_example
 
 pytestmark = pytest.mark.gpu
 

@@ -23,7 +23,8 @@ from aionvrtc import (
 from aionvrtc._artifact import encode
 from aionvrtc._cuda_versions import driver_cuda
 
-from .conftest import ENTRIES, run_python
+from .support import ENTRIES, run_python
+from .support.gpu import run_axpy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -70,19 +71,6 @@ def axpy_spec() -> KernelSpec:
     )
 
 
-def run_axpy(module: Any, expression: str, dtype: Any, n: int = 10_007) -> float:
-    """Launch axpy on fresh random inputs; the largest error against NumPy."""
-    import cupy
-
-    rng = np.random.default_rng()
-    x_host, y_host = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
-    x, y = cupy.asarray(x_host), cupy.asarray(y_host)
-    a = dtype(rng.standard_normal())
-    module.get_function(expression)(((n + 127) // 128,), (128,), (a, x, y, np.int32(n)))
-    want = a.astype(np.float64) * x_host + y_host
-    return float(np.abs(cupy.asnumpy(y).astype(np.float64) - want).max())
-
-
 async def test_a_compiled_kernel_computes_the_right_answer(cache_dir: Path) -> None:
     spec = axpy_spec()
     float_expr, double_expr = spec.name_expressions
@@ -116,7 +104,7 @@ def test_a_second_process_loads_from_disk_without_compiling(cache_dir: Path) -> 
         f"""
 import json, anyio, numpy as np
 from aionvrtc import Compiler, KernelSpec
-from tests.test_gpu import run_axpy
+from tests.support.gpu import run_axpy
 spec = KernelSpec({spec.source!r}, name_expressions={spec.name_expressions!r}, name={spec.name!r})
 async def main():
     async with Compiler(cache_dir={str(cache_dir)!r}) as compiler:

@@ -19,7 +19,7 @@ import aionvrtc
 from aionvrtc import tropical
 from aionvrtc.tropical import _plan_cache, _shape_classes, reference
 
-from .tropical_data import host, numpy_backward, operands
+from .support.tropical_data import host, numpy_backward, operands
 
 pytestmark = pytest.mark.gpu
 

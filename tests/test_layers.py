@@ -14,19 +14,10 @@ import pytest
 
 from aionvrtc import Compiler, KernelCache, KernelSpec
 
-from .conftest import ENTRIES, make_spec
+from .support import ENTRIES, make_spec
+from .support.layers import tree
 
 pytestmark = pytest.mark.anyio
-
-
-def tree(root: Path) -> dict[str, tuple[int, int, bytes]]:
-    """Every file under ``root``: (mode, mtime in ns, bytes), to show nothing was touched."""
-    files = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            info = path.stat()
-            files[str(path.relative_to(root))] = (info.st_mode, info.st_mtime_ns, path.read_bytes())
-    return files
 
 
 def entries_of(root: Path) -> list[Path]:
@@ -165,7 +156,7 @@ def test_a_layer_serves_every_arch_and_each_from_its_own_key(tmp_path: Path) -> 
 async def test_a_layer_hit_is_read_in_the_io_lane_while_another_key_compiles(
     tmp_path: Path,
 ) -> None:
-    from .conftest import make_slow_spec
+    from .support import make_slow_spec
 
     layer, writable = tmp_path / "layer", tmp_path / "writable"
     spec = make_spec()
@@ -193,7 +184,7 @@ def bundle_of(
 
 
 def test_a_fresh_process_whose_only_cache_is_a_bundle_compiles_nothing(tmp_path: Path) -> None:
-    from .conftest import run_python
+    from .support import run_python
 
     spec = make_spec()
     bundle = bundle_of(tmp_path / "staging", tmp_path / "kernels.bundle", [spec, make_spec()])
@@ -285,7 +276,7 @@ def test_warming_with_layers_in_the_environment_still_fills_the_cache_dir(
 ) -> None:
     from aionvrtc import tropical
 
-    from .test_cli import WARM, cli
+    from .support.cli import WARM, cli
 
     staging = tmp_path / "staging"
     assert cli(*WARM, cache=staging)["compiled"] > 0

@@ -27,7 +27,7 @@ from aionvrtc import (
 from aionvrtc._config import ENV_MANIFEST
 from aionvrtc._manifest import spec_line
 
-from .conftest import ENTRIES, ROOT, make_spec
+from .support import ENTRIES, ROOT, make_spec
 
 BROKEN = KernelSpec("__global__ void f() { nope; }", name="bad.cu")
 BROKEN_ERROR = 'bad.cu(1): error: identifier "nope" is undefined'
@@ -103,7 +103,7 @@ def test_a_spec_round_trips_exactly(tmp_path: Path) -> None:
 CHILD = """
 import anyio
 from aionvrtc import Compiler
-from tests.conftest import make_spec
+from tests.support import make_spec
 
 async def main():
     async with Compiler(arch="sm_90", disk=False, manifest={path!r}) as compiler:

@@ -15,7 +15,7 @@ import pytest
 from aionvrtc import CompileError, Compiler, KernelSpec, NvrtcError, Target, _nvrtc, kernel_key
 from aionvrtc._cuda_versions import driver_fix
 
-from .conftest import make_spec, run_python
+from .support import make_spec, run_python
 
 INCLUDING = '#include "val.h"\n__device__ int value = VAL;\n__global__ void k(int* x) { x[0] = 1; }'
 

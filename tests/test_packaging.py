@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from .support import ROOT
 
 # The test extra installs the build backend; an environment without it cannot build.
 pytest.importorskip("hatchling.build", reason="needs hatchling: pip install -e '.[test]'")
@@ -65,6 +65,7 @@ def test_the_sdist_ships_no_logs_plots_or_ci(shipped: list[str]) -> None:
 def test_the_sdist_ships_what_a_user_needs(shipped: list[str]) -> None:
     for needed in ["pyproject.toml", "README.md", "CONTRIBUTING.md", "LICENSE",
                    "src/aionvrtc/__init__.py", "src/aionvrtc/py.typed", "tests/conftest.py",
+                   "tests/support/__init__.py",
                    "examples/quickstart.py", "benchmarks/_results.py"]:  # fmt: skip
         assert needed in shipped
     assert any(name.startswith("src/aionvrtc/tropical/kernels/") for name in shipped)

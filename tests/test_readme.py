@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from .test_remote import RedisServer, free_port
+from .support import ROOT
+from .support.redis import RedisServer, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 
 # The blocks the README holds, by what they need: removing a snippet, or marking one as needing

@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from .support import ROOT
+
 README = ROOT / "README.md"
 RESULTS = ROOT / "benchmarks" / "results"
 # An sdist ships no logs or plots (pyproject.toml); there the figures read from them are not

@@ -12,8 +12,8 @@ import pytest
 
 from aionvrtc import Compiler, KernelCache, KernelSpec, kernel_key
 
-from .conftest import make_spec, run_python
-from .test_cli import cli
+from .support import make_spec, run_python
+from .support.cli import cli
 
 
 async def record(manifest: Path, cache_dir: Path, specs: list[KernelSpec]) -> None:

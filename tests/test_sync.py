@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_python
+from .support import run_python
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 PARENT = r"""
 import json, multiprocessing, os, sys
 import aionvrtc
-from tests.conftest import make_spec
+from tests.support import make_spec
 
 def child_compiles(tag):
     artifact = aionvrtc.compile_sync(make_spec(tag))
@@ -70,7 +70,7 @@ def test_a_memory_hit_from_a_plain_thread_does_not_wait_for_the_event_loop(
 
     import aionvrtc
 
-    from .conftest import make_spec
+    from .support import make_spec
 
     monkeypatch.setenv("AIONVRTC_ARCH", "sm_90")
     monkeypatch.setenv("AIONVRTC_CACHE_DIR", str(tmp_path / "cache"))
@@ -106,7 +106,7 @@ def test_a_memory_hit_from_a_plain_thread_does_not_wait_for_the_event_loop(
 WITHOUT_A_GPU = r"""
 import json
 import aionvrtc
-from tests.conftest import make_spec
+from tests.support import make_spec
 
 named = aionvrtc.compile_sync(make_spec(), arch="sm_90")
 try:

@@ -7,7 +7,7 @@ import pytest
 
 from aionvrtc import NoDeviceError, Target, resolve_target
 
-from .conftest import has_gpu
+from .support import has_gpu
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from aionvrtc import Compiler, KernelSpec, kernel_key, tropical
 from aionvrtc.tropical import reference
 from aionvrtc.tropical.tuning import ROWS_KMAX
 
-from .tropical_data import brute_force, compile_each_for_sm_90, operands
+from .support.tropical_data import brute_force, compile_each_for_sm_90, operands
 
 CASES = [(s, d) for s, ring in tropical.SEMIRINGS.items() for d in ring.dtypes]
 

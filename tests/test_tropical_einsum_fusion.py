@@ -28,45 +28,17 @@ from aionvrtc.tropical._fusion import (
 )
 from aionvrtc.tropical.reference import _combine
 
-from .test_tropical_einsum_plan import (
+from .support.einsum import (
     ARGMAX_CASES,
+    CASES,
+    IDS,
     check_assignment,
+    kings_graph,
     network_values,
     random_network,
 )
-from .test_tropical_einsum_reference import CASES, IDS
 
 Array = np.ndarray[Any, Any]
-
-
-def kings_graph(side: int) -> tuple[str, list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """The MIS network of a side x side king's graph (a tensor per vertex and per edge) and a
-    row-by-row elimination path: the chain of steps the groups shorten."""
-    letters = [chr(0x100 + v) for v in range(side * side)]
-    edges = [
-        (r * side + c, (r + dr) * side + c + dc)
-        for r in range(side)
-        for c in range(side)
-        for dr, dc in ((0, 1), (1, -1), (1, 0), (1, 1))
-        if 0 <= r + dr < side and 0 <= c + dc < side
-    ]
-    terms = letters + [letters[u] + letters[v] for u, v in edges]
-    shapes: list[tuple[int, ...]] = [(2,)] * len(letters) + [(2, 2)] * len(edges)
-    live = list(terms)
-    path: list[tuple[int, ...]] = []
-    for v in letters:  # contract every tensor that holds v, then the next vertex
-        holding = [n for n, t in enumerate(live) if v in t]
-        while len(holding) > 1:
-            a, b = holding[:2]
-            merged = "".join(dict.fromkeys(live[a] + live[b]))
-            path.append((a, b))
-            live = [t for n, t in enumerate(live) if n not in (a, b)] + [merged]
-            holding = [n for n, t in enumerate(live) if v in t]
-        live[holding[0]] = live[holding[0]].replace(v, "")
-    while len(live) > 1:
-        path.append((0, 1))
-        live = [*live[2:], ""]
-    return ",".join(terms) + "->", shapes, path
 
 
 def values(rng: np.random.Generator, ring: str, dtype: Any, shapes: Sequence[Any]) -> list[Array]:

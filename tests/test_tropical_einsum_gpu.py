@@ -14,7 +14,6 @@ the extreme values there).
 
 from __future__ import annotations
 
-import math
 import re
 import string
 from collections.abc import Callable, Sequence
@@ -32,47 +31,27 @@ import aionvrtc
 from aionvrtc import Compiler, tropical
 from aionvrtc.tropical import SEMIRINGS, _einsum_steps, reference
 
-from .test_tropical_einsum_plan import (
+from .support.einsum import (
     ARGMAX_CASES,
+    CASES,
+    CYCLE5,
+    IDS,
+    PETERSEN,
+    SPIN,
+    Array,
+    assert_same,
     check_assignment,
+    expressions,
     independent_sets,
     layouts,
     network_values,
     random_network,
     relayout,
+    tensors,
 )
-from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
-from .tropical_data import gpu, host
-from .tropical_data import operands as operand_pair
+from .support.tropical_data import gpu, host
 
 pytestmark = pytest.mark.gpu
-
-Array = np.ndarray[Any, Any]
-
-
-def tensors(
-    rng: np.random.Generator,
-    ring: str,
-    dtype: Any,
-    shapes: Sequence[tuple[int, ...]],
-    *,
-    infinities: bool = True,
-) -> list[Array]:
-    """Random operands of ``shapes`` (tropical_data's values: the type's infinities sprinkled
-    in unless ``infinities`` is false, non-negative for max-times)."""
-    out = []
-    for shape in shapes:
-        # Drawn flat (tropical_data draws arrays of at least one dimension), then shaped.
-        flat, _ = operand_pair(rng, ring, dtype, (math.prod(shape),), (1,), infinities=infinities)
-        out.append(flat.reshape(shape))
-    return out
-
-
-def assert_same(got: Any, want: Array, what: str) -> None:
-    """Exactly the reference's values, shape and dtype (``got`` on the GPU)."""
-    values = host(got)
-    assert (values.shape, values.dtype) == (want.shape, want.dtype), what
-    np.testing.assert_array_equal(values, want, err_msg=what)
 
 
 def assert_close(got: Any, want: Array, what: str) -> None:
@@ -325,14 +304,6 @@ def test_an_output_larger_than_the_device_is_refused_before_allocating() -> None
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         anyio.run(lambda: tropical.einsum("i,j,k->ijk", v, v, v))
     assert pool.used_bytes() == used
-
-
-SPIN = r"""
-extern "C" __global__ void spin(long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) {}
-}
-"""
 
 
 @pytest.mark.anyio

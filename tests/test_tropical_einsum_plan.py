@@ -41,46 +41,24 @@ from aionvrtc.tropical._einsum_plan import Step, Term, View, contiguous
 from aionvrtc.tropical._semirings import semiring as lookup
 from aionvrtc.tropical._specs import backtrace_spec, einsum_spec, many_spec
 
-from .test_tropical_einsum_reference import CASES, CYCLE5, IDS, PETERSEN, expressions
-from .tropical_data import compile_each_for_sm_90
-
-Array = np.ndarray[Any, Any]
+from .support.einsum import (
+    ARGMAX_CASES,
+    CASES,
+    CYCLE5,
+    IDS,
+    PETERSEN,
+    Array,
+    check_assignment,
+    expressions,
+    independent_sets,
+    layouts,
+    network_values,
+    random_network,
+    relayout,
+)
+from .support.tropical_data import compile_each_for_sm_90
 
 # -- helpers shared with test_tropical_einsum_gpu.py ------------------------------------------
-
-
-def relayout(
-    x: Array,
-    perm: Sequence[int],
-    flip: Sequence[bool],
-    gap: bool,
-    upload: Callable[[Array], Any] = np.asarray,
-) -> Any:
-    """A view holding ``x``'s values in another memory order: its axes stored in the order
-    ``perm``, those marked in ``flip`` reversed (negative strides), and with ``gap`` every
-    other element of the innermost stored axis skipped. ``upload`` moves the stored array to
-    where the view is taken (``cupy.asarray`` for the GPU)."""
-    x = np.asarray(x)
-    if x.ndim == 0:
-        return upload(np.array(x))
-    axes = tuple(slice(None, None, -1) if f else slice(None) for f in flip)
-    stored = np.ascontiguousarray(x[axes].transpose(list(perm)))
-    if gap:
-        padded = np.zeros((*stored.shape[:-1], 2 * stored.shape[-1]), stored.dtype)
-        padded[..., ::2] = stored
-        view = upload(padded)[..., ::2]
-    else:
-        view = upload(stored)
-    inverse = [list(perm).index(axis) for axis in range(x.ndim)]
-    return view.transpose(inverse)[axes]
-
-
-@st.composite
-def layouts(draw: st.DrawFn, ndim: int) -> tuple[list[int], list[bool], bool]:
-    """Arguments of ``relayout`` for an operand of ``ndim`` axes."""
-    perm = draw(st.permutations(range(ndim)))
-    flip = draw(st.lists(st.booleans(), min_size=ndim, max_size=ndim))
-    return list(perm), flip, ndim > 0 and draw(st.booleans())
 
 
 @st.composite
@@ -194,84 +172,6 @@ def random_operands(
 
 
 # -- argmax: networks and the check of an assignment -------------------------------------------
-
-ARGMAX_CASES = [
-    (r, d) for r in ("maxplus", "minplus") for d in ("float32", "float64", "int32", "int64")
-]
-
-
-def network_values(
-    rng: np.random.Generator, ring: str, dtype: Any, shapes: Sequence[tuple[int, ...]]
-) -> list[Array]:
-    """Small integers (any order of sums is exact, floats too), a tenth of them the
-    semiring's zero: entries no assignment may use unless the value is the zero."""
-    zero = SEMIRINGS[ring].zero(np.dtype(dtype))
-    out = []
-    for shape in shapes:
-        x = rng.integers(-20, 21, size=shape).astype(dtype)
-        out.append(np.where(rng.random(shape) < 0.1, zero, x).astype(dtype))
-    return out
-
-
-def check_assignment(
-    subscripts: str, operands: Sequence[Array], ring: str, value: Array, assignment: Any
-) -> None:
-    """``assignment`` names every index within its size, and unless ``value`` is the zero,
-    the operands' entries there are not the zero and sum to ``value`` (exact on the host)."""
-    inputs = subscripts.partition("->")[0].split(",")
-    sizes = {
-        c: n for t, x in zip(inputs, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
-    }
-    assert isinstance(assignment, dict)
-    assert sorted(assignment) == sorted(sizes), assignment
-    for index, at in assignment.items():
-        assert isinstance(at, int), (index, at)
-        assert 0 <= at < sizes[index], (index, at)
-    found = np.asarray(value)
-    assert found.shape == ()
-    zero = SEMIRINGS[ring].zero(found.dtype)
-    if found == zero:
-        return
-    entries = [x[tuple(assignment[c] for c in t)] for t, x in zip(inputs, operands, strict=True)]
-    assert all(e != zero for e in entries), (assignment, entries)
-    if found.dtype.kind == "f":
-        total: float = sum(float(e) for e in entries)
-        assert total == float(found), (assignment, entries)
-    else:
-        assert sum(int(e) for e in entries) == int(found), (assignment, entries)
-
-
-def random_network(
-    rng: np.random.Generator, count: int, indices: int
-) -> tuple[str, list[tuple[int, ...]]]:
-    """A scalar contraction of ``count`` tensors of one to three of ``indices`` indices
-    (sizes 2 or 3), each index in some tensor, the first tensor's first index repeated (a
-    diagonal)."""
-    letters = list(string.ascii_letters[:indices])
-    sizes = {c: int(rng.integers(2, 4)) for c in letters}
-    terms = [
-        "".join(rng.choice(letters, size=int(rng.integers(1, 4)), replace=False))
-        for _ in range(count)
-    ]
-    for c in letters:
-        if not any(c in t for t in terms):
-            terms[int(rng.integers(count))] += c
-    terms[0] = terms[0][0] + terms[0]
-    return ",".join(terms) + "->", [tuple(sizes[c] for c in t) for t in terms]
-
-
-def independent_sets(
-    n: int, edges: Sequence[tuple[int, int]], ring: str, dtype: Any
-) -> tuple[str, list[Array]]:
-    """The tropical network of the maximum independent set (max-plus: a vertex in the set
-    scores 1, an edge forbids both ends), or its negation (min-plus: -1, the minimum)."""
-    names = string.ascii_lowercase[:n]
-    zero = SEMIRINGS[ring].zero(np.dtype(dtype))
-    sign = 1 if ring == "maxplus" else -1
-    vertex = np.array([0, sign], dtype)
-    edge = np.array([[0, 0], [0, zero]], dtype)
-    subscripts = ",".join([*names, *(names[u] + names[v] for u, v in edges)]) + "->"
-    return subscripts, [vertex] * n + [edge] * len(edges)
 
 
 # -- copies, views and statistics worked out by hand --------------------------------------------

@@ -17,17 +17,21 @@ from aionvrtc import Compiler, tropical
 from aionvrtc.tropical import _einsum_plan, _einsum_program, _einsum_steps, _fusion, reference
 from aionvrtc.tropical._backtrace import Scan
 
-from .test_tropical_einsum_fusion import kings_graph
-from .test_tropical_einsum_gpu import SPIN, assert_same, tensors
-from .test_tropical_einsum_plan import (
+from .support.einsum import (
     ARGMAX_CASES,
+    CASES,
+    IDS,
+    PETERSEN,
+    SPIN,
+    assert_same,
     check_assignment,
     independent_sets,
+    kings_graph,
     network_values,
     random_network,
+    tensors,
 )
-from .test_tropical_einsum_reference import CASES, IDS, PETERSEN
-from .tropical_data import gpu, host
+from .support.tropical_data import gpu, host
 
 pytestmark = pytest.mark.gpu
 

@@ -5,7 +5,6 @@ bounds on what it makes."""
 from __future__ import annotations
 
 import itertools
-import math
 import re
 import string
 from collections import Counter
@@ -16,16 +15,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from aionvrtc.tropical import SEMIRINGS, reference
 from aionvrtc.tropical.reference import _combine, einsum
 
-from .tropical_data import operands as random_operands
-
-CASES = [(s, d) for s, ring in SEMIRINGS.items() for d in ring.dtypes]
-IDS = [f"{s}-{d}" for s, d in CASES]
-ALPHABET = "abcD"  # small, so the brute force stays fast; an upper-case letter sorts first
+from .support.einsum import CASES, CYCLE5, IDS, PETERSEN, expressions
+from .support.tropical_data import operands as random_operands
 
 
 def brute_force(subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring: str) -> Any:
@@ -61,41 +56,6 @@ def brute_force(subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring:
         else:
             out[cell] = new if new < old else old
     return out
-
-
-def special_values(ring: str, dtype: np.dtype[Any]) -> list[Any]:
-    """A few ordinary values, the infinities, and values whose (x) overflows or is NaN."""
-    if dtype == np.bool_:
-        return [False, True]
-    if dtype.kind == "f":
-        big = float(np.finfo(dtype).max)
-        if ring == "maxmul":  # defined for non-negative inputs; 0 * inf is NaN
-            return [0.0, 0.5, 1.0, 3.0, big, np.inf]
-        return [-np.inf, -big, -2.5, -1.0, 0.0, 1.0, 3.25, big, np.inf]  # -inf + inf is NaN
-    info = np.iinfo(dtype)
-    lo, hi = int(info.min), int(info.max)
-    if ring == "maxmul":
-        return [0, 1, 2, 7, math.isqrt(hi) + 1, hi // 2 + 1, hi]
-    return [lo, lo + 1, lo // 2, -5, -1, 0, 2, 7, hi // 2 + 1, hi - 1, hi]
-
-
-@st.composite
-def expressions(
-    draw: st.DrawFn, ring: str, dtype: np.dtype[Any]
-) -> tuple[str, list[np.ndarray[Any, Any]]]:
-    terms = [draw(st.text(ALPHABET, max_size=3)) for _ in range(draw(st.integers(1, 3)))]
-    letters = sorted(set("".join(terms)))
-    # Size 0 (an empty sum or an empty result) in a few of them, not in most.
-    sizes = {c: draw(st.sampled_from([2, 3, 1, 2, 3, 1, 0])) for c in letters}
-    subscripts = ",".join(terms)
-    if draw(st.booleans()):
-        output = draw(st.permutations(letters))[: draw(st.integers(0, len(letters)))]
-        subscripts += "->" + "".join(output)
-    elements = st.sampled_from(special_values(ring, dtype))
-    operands = [
-        draw(hnp.arrays(dtype, tuple(sizes[c] for c in t), elements=elements)) for t in terms
-    ]
-    return subscripts, operands
 
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
@@ -230,10 +190,6 @@ def _mis_network(
     edge = np.array([[0, 0], [0, neg]], dtype)
     subscripts = ",".join([*names, *(names[u] + names[v] for u, v in edges)]) + "->"
     return subscripts, [vertex] * n + [edge] * len(edges)
-
-
-CYCLE5 = [(i, (i + 1) % 5) for i in range(5)]
-PETERSEN = [*CYCLE5, *((i, i + 5) for i in range(5)), *((5 + i, 5 + (i + 2) % 5) for i in range(5))]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])

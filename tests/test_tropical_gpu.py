@@ -17,7 +17,7 @@ from aionvrtc import Compiler, tropical
 from aionvrtc.tropical import reference
 from aionvrtc.tropical.tuning import tile_variant, tiled_supported
 
-from .tropical_data import gpu, host, numpy_backward, operands
+from .support.tropical_data import gpu, host, numpy_backward, operands
 
 pytestmark = pytest.mark.gpu
 

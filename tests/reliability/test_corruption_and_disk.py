@@ -16,7 +16,7 @@ from aionvrtc import KernelCache, kernel_key
 from aionvrtc._artifact import encode
 from aionvrtc._spec import FORMAT_VERSION
 
-from ..conftest import ENTRIES, make_spec
+from ..support import ENTRIES, make_spec
 
 
 def test_folders_are_private_and_entries_not_writable_by_others(cache_dir: Path) -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from aionvrtc import kernel_key
 
-from ..conftest import run_python
-from .workloads import (
+from ..support import run_python
+from ..support.workloads import (
     HOSTILE_KINDS,
     crash_trials,
     decoder_fuzz,
@@ -67,7 +67,7 @@ def test_a_hostile_cache_dir_costs_recompiles_never_a_failed_or_hung_request(
     kernels = 2 * len(HOSTILE_KINDS)
     code = (
         "import anyio, json, pathlib\n"
-        "from tests.reliability.workloads import hostile_cache\n"
+        "from tests.support.workloads import hostile_cache\n"
         f"root = pathlib.Path({str(tmp_path / 'cache')!r})\n"
         f"print(json.dumps(anyio.run(hostile_cache, root, {kernels}, 4455)))\n"
     )

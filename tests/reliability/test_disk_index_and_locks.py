@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -31,22 +30,13 @@ from aionvrtc._artifact import encode
 from aionvrtc._cli import main
 from aionvrtc._store import NO_LOCK, DiskStats, DiskTier, KeyLock
 from aionvrtc._store import _index as index_module
-from aionvrtc._store._index import HEADER_SIZE, INDEX_NAME, Totals
+from aionvrtc._store._index import HEADER_SIZE, INDEX_NAME
 from aionvrtc._store.disk import LOW_WATER
 
-from ..conftest import ENTRIES, ROOT, run_python
+from ..support import ENTRIES, ROOT, run_python
+from ..support.disk import KEY, artifact, header, on_disk
 
 HANG = 60  # seconds: only a hang takes this long
-
-
-def artifact(n: int, size: int = 4000) -> Artifact:
-    """A small entry of about ``size`` bytes, its key spread over the shards by ``n``."""
-    key = hashlib.sha256(b"%d" % n).hexdigest()
-    return Artifact(
-        key=key, kind="cubin", image=b"\x7fELF" + bytes([n % 251]) * (size - 400),
-        arch="sm_90", nvrtc_version="13.5", lowered_names={f"k_{n}<float>": f"_Z3k_{n}"},
-        created=1_700_000_000.0 + n,
-    )  # fmt: skip
 
 
 def fill(tier: DiskTier, count: int, start: int = 0) -> list[Artifact]:
@@ -55,21 +45,6 @@ def fill(tier: DiskTier, count: int, start: int = 0) -> list[Artifact]:
         assert tier.write(art)
     assert tier.wait_maintenance(HANG)
     return arts
-
-
-def on_disk(root: Path) -> tuple[int, int]:
-    """Entries and bytes, as a walk of the folders (not the tier) finds them."""
-    files = [p for p in (root / ENTRIES).glob("*/*") if len(p.name) == 64]
-    return len(files), sum(p.stat().st_size for p in files)
-
-
-def header(root: Path) -> Totals | None:
-    """The index header, as a process that uses the cache reads it."""
-    version = os.open(root / ENTRIES, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        return DiskTier(root)._index.totals(version)
-    finally:
-        os.close(version)
 
 
 class Listings:
@@ -196,7 +171,7 @@ def test_stats_snapshot_the_counters_and_the_index(tmp_path: Path) -> None:
 
 WRITER = r"""
 import sys
-from tests.reliability.test_disk_index_and_locks import artifact
+from tests.support.disk import artifact
 from aionvrtc._store.disk import DiskTier
 
 tier = DiskTier(sys.argv[1])
@@ -307,7 +282,7 @@ def test_a_fifo_at_the_index_blocks_no_request(tmp_path: Path) -> None:
     out = run_python(
         "import json, sys\n"
         "from aionvrtc._store.disk import DiskTier\n"
-        "from tests.reliability.test_disk_index_and_locks import artifact\n"
+        "from tests.support.disk import artifact\n"
         f"tier = DiskTier({str(root)!r})\n"
         f"hit = tier.read({arts[0].key!r}) is not None\n"
         "wrote = tier.write(artifact(77))\n"
@@ -323,7 +298,7 @@ def test_a_fifo_at_the_index_blocks_no_request(tmp_path: Path) -> None:
 REMOVER = """
 import sys
 from aionvrtc._store.disk import DiskTier
-from tests.reliability.test_disk_index_and_locks import artifact
+from tests.support.disk import artifact
 tier = DiskTier(sys.argv[1])
 for n in range(0, 40, 4):
     tier.discard(artifact(n).key)
@@ -443,8 +418,6 @@ lock.release()
 print("released", flush=True)
 sys.stdin.readline()
 """
-
-KEY = "ab" * 32
 
 
 @contextlib.contextmanager
@@ -677,7 +650,7 @@ import fcntl, json, os, sys, threading, time
 from pathlib import Path
 from aionvrtc._spec import FORMAT_VERSION
 from aionvrtc._store.disk import DiskTier
-from tests.reliability.test_disk_index_and_locks import KEY, artifact, header, on_disk
+from tests.support.disk import KEY, artifact, header, on_disk
 
 parent = os.getpid()
 inside, go_on = threading.Event(), threading.Event()

@@ -27,7 +27,7 @@ from aionvrtc import Artifact, Compiler, KernelCache, KernelSpec, kernel_key
 from aionvrtc._artifact import encode
 from aionvrtc._store.disk import DiskTier
 
-from ..conftest import ENTRIES, NOBODY, as_other_user, as_root, make_spec, run_python
+from ..support import ENTRIES, NOBODY, as_other_user, as_root, make_spec, run_python
 
 
 def artifact(shard: str, fill: int = 1) -> Artifact:
@@ -102,7 +102,7 @@ FIFO_AT_AN_ENTRY = """
 import json, os, sys
 import anyio
 from aionvrtc import FORMAT_VERSION, Compiler, kernel_key
-from tests.conftest import make_spec
+from tests.support import make_spec
 
 root = sys.argv[1]
 

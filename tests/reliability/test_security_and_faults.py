@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from aionvrtc import AionvrtcError, KernelCache, KernelSpec, Target, kernel_key
 from aionvrtc._nvrtc import compile_program
 
-from ..conftest import ENTRIES, make_spec
+from ..support import ENTRIES, make_spec
 
 
 def test_a_symlink_planted_at_the_tmp_path_is_not_followed(

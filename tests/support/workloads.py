@@ -108,7 +108,7 @@ CLIENT = r"""
 import json, random, sys, time
 import anyio
 from aionvrtc import Compiler
-from tests.reliability.workloads import load_spec
+from tests.support.workloads import load_spec
 
 root, requests, keys, seed, salt, start = sys.argv[1:7]
 rng = random.Random(int(seed))

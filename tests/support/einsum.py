@@ -1,0 +1,248 @@
+"""The tropical einsum tests' cases and checks: expressions and their shapes, the graphs whose
+independent sets they count, random networks, layouts, and whether an assignment attains a value."""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from aionvrtc.tropical import (
+    SEMIRINGS,
+)
+
+from .tropical_data import host
+from .tropical_data import operands as operand_pair
+
+CASES = [(s, d) for s, ring in SEMIRINGS.items() for d in ring.dtypes]
+
+
+IDS = [f"{s}-{d}" for s, d in CASES]
+
+
+ALPHABET = "abcD"  # small, so the brute force stays fast; an upper-case letter sorts first
+
+
+def special_values(ring: str, dtype: np.dtype[Any]) -> list[Any]:
+    """A few ordinary values, the infinities, and values whose (x) overflows or is NaN."""
+    if dtype == np.bool_:
+        return [False, True]
+    if dtype.kind == "f":
+        big = float(np.finfo(dtype).max)
+        if ring == "maxmul":  # defined for non-negative inputs; 0 * inf is NaN
+            return [0.0, 0.5, 1.0, 3.0, big, np.inf]
+        return [-np.inf, -big, -2.5, -1.0, 0.0, 1.0, 3.25, big, np.inf]  # -inf + inf is NaN
+    info = np.iinfo(dtype)
+    lo, hi = int(info.min), int(info.max)
+    if ring == "maxmul":
+        return [0, 1, 2, 7, math.isqrt(hi) + 1, hi // 2 + 1, hi]
+    return [lo, lo + 1, lo // 2, -5, -1, 0, 2, 7, hi // 2 + 1, hi - 1, hi]
+
+
+@st.composite
+def expressions(
+    draw: st.DrawFn, ring: str, dtype: np.dtype[Any]
+) -> tuple[str, list[np.ndarray[Any, Any]]]:
+    terms = [draw(st.text(ALPHABET, max_size=3)) for _ in range(draw(st.integers(1, 3)))]
+    letters = sorted(set("".join(terms)))
+    # Size 0 (an empty sum or an empty result) in a few of them, not in most.
+    sizes = {c: draw(st.sampled_from([2, 3, 1, 2, 3, 1, 0])) for c in letters}
+    subscripts = ",".join(terms)
+    if draw(st.booleans()):
+        output = draw(st.permutations(letters))[: draw(st.integers(0, len(letters)))]
+        subscripts += "->" + "".join(output)
+    elements = st.sampled_from(special_values(ring, dtype))
+    operands = [
+        draw(hnp.arrays(dtype, tuple(sizes[c] for c in t), elements=elements)) for t in terms
+    ]
+    return subscripts, operands
+
+
+CYCLE5 = [(i, (i + 1) % 5) for i in range(5)]
+
+
+PETERSEN = [*CYCLE5, *((i, i + 5) for i in range(5)), *((5 + i, 5 + (i + 2) % 5) for i in range(5))]
+
+
+Array = np.ndarray[Any, Any]
+
+
+def relayout(
+    x: Array,
+    perm: Sequence[int],
+    flip: Sequence[bool],
+    gap: bool,
+    upload: Callable[[Array], Any] = np.asarray,
+) -> Any:
+    """A view holding ``x``'s values in another memory order: its axes stored in the order
+    ``perm``, those marked in ``flip`` reversed (negative strides), and with ``gap`` every
+    other element of the innermost stored axis skipped. ``upload`` moves the stored array to
+    where the view is taken (``cupy.asarray`` for the GPU)."""
+    x = np.asarray(x)
+    if x.ndim == 0:
+        return upload(np.array(x))
+    axes = tuple(slice(None, None, -1) if f else slice(None) for f in flip)
+    stored = np.ascontiguousarray(x[axes].transpose(list(perm)))
+    if gap:
+        padded = np.zeros((*stored.shape[:-1], 2 * stored.shape[-1]), stored.dtype)
+        padded[..., ::2] = stored
+        view = upload(padded)[..., ::2]
+    else:
+        view = upload(stored)
+    inverse = [list(perm).index(axis) for axis in range(x.ndim)]
+    return view.transpose(inverse)[axes]
+
+
+@st.composite
+def layouts(draw: st.DrawFn, ndim: int) -> tuple[list[int], list[bool], bool]:
+    """Arguments of ``relayout`` for an operand of ``ndim`` axes."""
+    perm = draw(st.permutations(range(ndim)))
+    flip = draw(st.lists(st.booleans(), min_size=ndim, max_size=ndim))
+    return list(perm), flip, ndim > 0 and draw(st.booleans())
+
+
+ARGMAX_CASES = [
+    (r, d) for r in ("maxplus", "minplus") for d in ("float32", "float64", "int32", "int64")
+]
+
+
+def network_values(
+    rng: np.random.Generator, ring: str, dtype: Any, shapes: Sequence[tuple[int, ...]]
+) -> list[Array]:
+    """Small integers (any order of sums is exact, floats too), a tenth of them the
+    semiring's zero: entries no assignment may use unless the value is the zero."""
+    zero = SEMIRINGS[ring].zero(np.dtype(dtype))
+    out = []
+    for shape in shapes:
+        x = rng.integers(-20, 21, size=shape).astype(dtype)
+        out.append(np.where(rng.random(shape) < 0.1, zero, x).astype(dtype))
+    return out
+
+
+def check_assignment(
+    subscripts: str, operands: Sequence[Array], ring: str, value: Array, assignment: Any
+) -> None:
+    """``assignment`` names every index within its size, and unless ``value`` is the zero,
+    the operands' entries there are not the zero and sum to ``value`` (exact on the host)."""
+    inputs = subscripts.partition("->")[0].split(",")
+    sizes = {
+        c: n for t, x in zip(inputs, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
+    }
+    assert isinstance(assignment, dict)
+    assert sorted(assignment) == sorted(sizes), assignment
+    for index, at in assignment.items():
+        assert isinstance(at, int), (index, at)
+        assert 0 <= at < sizes[index], (index, at)
+    found = np.asarray(value)
+    assert found.shape == ()
+    zero = SEMIRINGS[ring].zero(found.dtype)
+    if found == zero:
+        return
+    entries = [x[tuple(assignment[c] for c in t)] for t, x in zip(inputs, operands, strict=True)]
+    assert all(e != zero for e in entries), (assignment, entries)
+    if found.dtype.kind == "f":
+        total: float = sum(float(e) for e in entries)
+        assert total == float(found), (assignment, entries)
+    else:
+        assert sum(int(e) for e in entries) == int(found), (assignment, entries)
+
+
+def random_network(
+    rng: np.random.Generator, count: int, indices: int
+) -> tuple[str, list[tuple[int, ...]]]:
+    """A scalar contraction of ``count`` tensors of one to three of ``indices`` indices
+    (sizes 2 or 3), each index in some tensor, the first tensor's first index repeated (a
+    diagonal)."""
+    letters = list(string.ascii_letters[:indices])
+    sizes = {c: int(rng.integers(2, 4)) for c in letters}
+    terms = [
+        "".join(rng.choice(letters, size=int(rng.integers(1, 4)), replace=False))
+        for _ in range(count)
+    ]
+    for c in letters:
+        if not any(c in t for t in terms):
+            terms[int(rng.integers(count))] += c
+    terms[0] = terms[0][0] + terms[0]
+    return ",".join(terms) + "->", [tuple(sizes[c] for c in t) for t in terms]
+
+
+def independent_sets(
+    n: int, edges: Sequence[tuple[int, int]], ring: str, dtype: Any
+) -> tuple[str, list[Array]]:
+    """The tropical network of the maximum independent set (max-plus: a vertex in the set
+    scores 1, an edge forbids both ends), or its negation (min-plus: -1, the minimum)."""
+    names = string.ascii_lowercase[:n]
+    zero = SEMIRINGS[ring].zero(np.dtype(dtype))
+    sign = 1 if ring == "maxplus" else -1
+    vertex = np.array([0, sign], dtype)
+    edge = np.array([[0, 0], [0, zero]], dtype)
+    subscripts = ",".join([*names, *(names[u] + names[v] for u, v in edges)]) + "->"
+    return subscripts, [vertex] * n + [edge] * len(edges)
+
+
+def kings_graph(side: int) -> tuple[str, list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The MIS network of a side x side king's graph (a tensor per vertex and per edge) and a
+    row-by-row elimination path: the chain of steps the groups shorten."""
+    letters = [chr(0x100 + v) for v in range(side * side)]
+    edges = [
+        (r * side + c, (r + dr) * side + c + dc)
+        for r in range(side)
+        for c in range(side)
+        for dr, dc in ((0, 1), (1, -1), (1, 0), (1, 1))
+        if 0 <= r + dr < side and 0 <= c + dc < side
+    ]
+    terms = letters + [letters[u] + letters[v] for u, v in edges]
+    shapes: list[tuple[int, ...]] = [(2,)] * len(letters) + [(2, 2)] * len(edges)
+    live = list(terms)
+    path: list[tuple[int, ...]] = []
+    for v in letters:  # contract every tensor that holds v, then the next vertex
+        holding = [n for n, t in enumerate(live) if v in t]
+        while len(holding) > 1:
+            a, b = holding[:2]
+            merged = "".join(dict.fromkeys(live[a] + live[b]))
+            path.append((a, b))
+            live = [t for n, t in enumerate(live) if n not in (a, b)] + [merged]
+            holding = [n for n, t in enumerate(live) if v in t]
+        live[holding[0]] = live[holding[0]].replace(v, "")
+    while len(live) > 1:
+        path.append((0, 1))
+        live = [*live[2:], ""]
+    return ",".join(terms) + "->", shapes, path
+
+
+def tensors(
+    rng: np.random.Generator,
+    ring: str,
+    dtype: Any,
+    shapes: Sequence[tuple[int, ...]],
+    *,
+    infinities: bool = True,
+) -> list[Array]:
+    """Random operands of ``shapes`` (tropical_data's values: the type's infinities sprinkled
+    in unless ``infinities`` is false, non-negative for max-times)."""
+    out = []
+    for shape in shapes:
+        # Drawn flat (tropical_data draws arrays of at least one dimension), then shaped.
+        flat, _ = operand_pair(rng, ring, dtype, (math.prod(shape),), (1,), infinities=infinities)
+        out.append(flat.reshape(shape))
+    return out
+
+
+def assert_same(got: Any, want: Array, what: str) -> None:
+    """Exactly the reference's values, shape and dtype (``got`` on the GPU)."""
+    values = host(got)
+    assert (values.shape, values.dtype) == (want.shape, want.dtype), what
+    np.testing.assert_array_equal(values, want, err_msg=what)
+
+
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+"""
