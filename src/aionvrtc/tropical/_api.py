@@ -13,8 +13,9 @@ from .._compiler import Compiler
 from .._spec import KernelSpec
 from .._target import Target, TargetLike, as_target, resolve_target
 from . import _plan_cache
-from ._launching import first_error, loaded, module, module_sync
+from ._launching import first_error, loaded
 from ._specs import all_specs
+from ._twins import Fetch, Work, run_async, run_sync
 
 if TYPE_CHECKING:
     import cupy
@@ -46,18 +47,18 @@ async def matmul(
     A call with the layout of an earlier one (shapes, strides, dtypes, devices, semiring, flags)
     reuses its launch, checked and computed once, and only writes the new pointers.
     """
-    product, c, index = _plan_cache.product(
-        a, b, semiring, argmax=argmax, out=out, accumulate=accumulate
+    return await run_async(
+        _matmul(
+            a,
+            b,
+            semiring,
+            argmax=argmax,
+            out=out,
+            accumulate=accumulate,
+            stream=stream,
+            compiler=compiler,
+        )
     )
-    launch = product.launch
-    if launch is not None:
-        found = loaded(launch.spec, launch.device, compiler)
-        if found is None:
-            found = await module(launch.spec, launch.device, compiler)
-        launch.run(found, (a, b, c, index), stream)
-    else:
-        product.fill_outputs(c, index, stream)
-    return (c, index) if argmax else c
 
 
 def matmul_sync(
@@ -74,6 +75,32 @@ def matmul_sync(
     """``matmul`` for code that is not async (scripts, PyTorch autograd functions). Like
     ``matmul`` it only enqueues the work; ``compiler``, if given, must run in a portal or this
     must be a worker thread of its event loop."""
+    return run_sync(
+        _matmul(
+            a,
+            b,
+            semiring,
+            argmax=argmax,
+            out=out,
+            accumulate=accumulate,
+            stream=stream,
+            compiler=compiler,
+        )
+    )
+
+
+def _matmul(
+    a: Any,
+    b: Any,
+    semiring: str,
+    *,
+    argmax: bool,
+    out: Any,
+    accumulate: bool,
+    stream: Any,
+    compiler: Compiler | None,
+) -> Work[Any]:
+    """The body of ``matmul`` and ``matmul_sync`` (see _twins)."""
     product, c, index = _plan_cache.product(
         a, b, semiring, argmax=argmax, out=out, accumulate=accumulate
     )
@@ -81,7 +108,7 @@ def matmul_sync(
     if launch is not None:
         found = loaded(launch.spec, launch.device, compiler)
         if found is None:
-            found = module_sync(launch.spec, launch.device, compiler)
+            [found] = yield Fetch((launch.spec,), launch.device, compiler)
         launch.run(found, (a, b, c, index), stream)
     else:
         product.fill_outputs(c, index, stream)
@@ -109,14 +136,9 @@ async def backward(
     CuPy's current stream), the gradients zeroed there first; planned once per layout as
     ``matmul`` is.
     """
-    launch = _plan_cache.backward(grad_c, a, b, argmax, semiring)
-    grads = launch.gradients(stream)
-    if not launch.empty:
-        found = loaded(launch.spec, launch.device, compiler)
-        if found is None:
-            found = await module(launch.spec, launch.device, compiler)
-        launch.run(found, (grad_c, argmax, a, b, *grads), stream)
-    return grads
+    return await run_async(
+        _backward(grad_c, a, b, argmax, semiring, stream=stream, compiler=compiler)
+    )
 
 
 def backward_sync(
@@ -130,12 +152,26 @@ def backward_sync(
     compiler: Compiler | None = None,
 ) -> tuple[Any, Any]:
     """``backward`` for code that is not async."""
+    return run_sync(_backward(grad_c, a, b, argmax, semiring, stream=stream, compiler=compiler))
+
+
+def _backward(
+    grad_c: Any,
+    a: Any,
+    b: Any,
+    argmax: Any,
+    semiring: str,
+    *,
+    stream: Any,
+    compiler: Compiler | None,
+) -> Work[tuple[Any, Any]]:
+    """The body of ``backward`` and ``backward_sync`` (see _twins)."""
     launch = _plan_cache.backward(grad_c, a, b, argmax, semiring)
     grads = launch.gradients(stream)
     if not launch.empty:
         found = loaded(launch.spec, launch.device, compiler)
         if found is None:
-            found = module_sync(launch.spec, launch.device, compiler)
+            [found] = yield Fetch((launch.spec,), launch.device, compiler)
         launch.run(found, (grad_c, argmax, a, b, *grads), stream)
     return grads
 

@@ -7,29 +7,25 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import numpy as np
 
 from .._compiler import Compiler
-from .._cuda import Module, synchronize
-from .._spec import KernelSpec
+from .._cuda import Module
 from ._einsum_plan import EinsumPlan, check_step, einsum_plan, known_plan
 from ._einsum_steps import Steps, known, prepared
-from ._launching import OnDevice, first_error, loaded, module, module_sync
+from ._launching import OnDevice
 from ._product_plan import cupy_module
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
 from ._shape_classes import tables_version, tuned_tiles
 from ._subscripts import check_dtypes, check_output
+from ._twins import Fetch, Offload, Wait, Work, run_async, run_sync
 
 __all__ = [
     "assignment",
     "copy_back",
     "einsum",
     "einsum_sync",
-    "fetch_modules",
-    "fetch_modules_sync",
     "steps_for",
 ]
 
@@ -65,34 +61,18 @@ async def einsum(
     intermediate larger than the device's memory, and with ``argmax=True`` a product over
     more than 2**31 values of k (its argmax is an int32), are refused with a ValueError
     before anything is allocated."""
-    ring, arrays, device = _check(operands, semiring)
-    planned = known_plan(subscripts, arrays, optimize)
-    if planned is None:
-        planned = await anyio.to_thread.run_sync(
-            functools.partial(einsum_plan, subscripts, *arrays, optimize=optimize)
+    return await run_async(
+        _einsum(
+            subscripts,
+            operands,
+            semiring=semiring,
+            argmax=argmax,
+            optimize=optimize,
+            out=out,
+            stream=stream,
+            compiler=compiler,
         )
-    # The steps take their kernels from the tiles of now, those fetched here, even where
-    # autotune installs others meanwhile (a kernel missing from `modules` would be fetched on
-    # the event loop's thread, blocking it, or raising with a caller's Compiler).
-    dtype = arrays[0].dtype
-    steps = known(planned, ring, dtype, argmax=argmax, device=device)
-    if steps is None:  # a new plan: its launches prepared off the loop (Python, O(steps))
-        steps = await anyio.to_thread.run_sync(
-            functools.partial(steps_for, planned, ring, dtype, argmax=argmax, device=device)
-        )
-    stream = _stream(device, stream)
-    if steps is None:
-        return _empty(planned, ring, dtype, argmax=argmax, out=out, at=(device, stream))
-    modules = await fetch_modules(steps.specs, device, compiler)
-    result, arena = _enqueue(steps, modules, arrays, out, stream)
-    if not argmax:
-        return result
-    host = copy_back(steps, arena.ptr, stream)
-    # Shielded: the copy into `host` (from the arena) must land before either is freed.
-    with anyio.CancelScope(shield=True):
-        await synchronize(stream)
-    del arena
-    return result, assignment(steps, host)
+    )
 
 
 def einsum_sync(
@@ -107,18 +87,57 @@ def einsum_sync(
 ) -> Any:
     """``einsum`` for code that is not async; ``compiler``, if given, must run in a portal or
     this must be a worker thread of its event loop. With ``argmax=True`` it waits for the GPU."""
+    return run_sync(
+        _einsum(
+            subscripts,
+            operands,
+            semiring=semiring,
+            argmax=argmax,
+            optimize=optimize,
+            out=out,
+            stream=stream,
+            compiler=compiler,
+        )
+    )
+
+
+def _einsum(
+    subscripts: str,
+    operands: Sequence[Any],
+    *,
+    semiring: str,
+    argmax: bool,
+    optimize: Any,
+    out: Any,
+    stream: Any,
+    compiler: Compiler | None,
+) -> Work[Any]:
+    """The body of ``einsum`` and ``einsum_sync`` (see _twins)."""
     ring, arrays, device = _check(operands, semiring)
-    planned = einsum_plan(subscripts, *arrays, optimize=optimize)
-    steps = steps_for(planned, ring, arrays[0].dtype, argmax=argmax, device=device)
+    planned = known_plan(subscripts, arrays, optimize)
+    if planned is None:
+        planned = yield Offload(
+            functools.partial(einsum_plan, subscripts, *arrays, optimize=optimize)
+        )
+    # The steps take their kernels from the tiles of now, those fetched here, even where
+    # autotune installs others meanwhile (a kernel missing from `modules` would be fetched on
+    # the event loop's thread, blocking it, or raising with a caller's Compiler).
+    dtype = arrays[0].dtype
+    steps = known(planned, ring, dtype, argmax=argmax, device=device)
+    if steps is None:  # a new plan: its launches prepared off the loop (Python, O(steps))
+        steps = yield Offload(
+            functools.partial(steps_for, planned, ring, dtype, argmax=argmax, device=device)
+        )
     stream = _stream(device, stream)
     if steps is None:
-        return _empty(planned, ring, arrays[0].dtype, argmax=argmax, out=out, at=(device, stream))
-    modules = fetch_modules_sync(steps.specs, device, compiler)
+        return _empty(planned, ring, dtype, argmax=argmax, out=out, at=(device, stream))
+    modules = yield Fetch(steps.specs, device, compiler)
     result, arena = _enqueue(steps, modules, arrays, out, stream)
     if not argmax:
         return result
     host = copy_back(steps, arena.ptr, stream)
-    stream.synchronize()
+    yield Wait(stream)  # the copy into `host` (from the arena) lands before either is freed
+    del arena
     return result, assignment(steps, host)
 
 
@@ -143,35 +162,6 @@ def steps_for(
         planned, ring, dtype, argmax=argmax, device=device, table=tuned_tiles(device),
         version=version, reuse=reuse, check=check,
     )  # fmt: skip
-
-
-async def fetch_modules(
-    specs: Sequence[KernelSpec], device: int, compiler: Compiler | None
-) -> list[Module]:
-    """The modules of ``specs`` on ``device``, from ``compiler`` (default: the process-wide
-    one): loaded ones at once, the others fetched concurrently (compiled where new)."""
-    found: list[Module | None] = [loaded(spec, device, compiler) for spec in specs]
-    if all(m is not None for m in found):
-        return found  # type: ignore[return-value]
-
-    async def fetch(at: int) -> None:
-        found[at] = await module(specs[at], device, compiler)
-
-    try:
-        async with anyio.create_task_group() as tg:
-            for at, got in enumerate(found):
-                if got is None:
-                    tg.start_soon(fetch, at)
-    except ExceptionGroup as group:
-        raise first_error(group) from None
-    return found  # type: ignore[return-value]
-
-
-def fetch_modules_sync(
-    specs: Sequence[KernelSpec], device: int, compiler: Compiler | None
-) -> list[Module]:
-    """``fetch_modules`` for code that is not async (one at a time)."""
-    return [module_sync(spec, device, compiler) for spec in specs]
 
 
 def _enqueue(

@@ -32,8 +32,6 @@ from ._einsum import (
     _stream,
     assignment,
     copy_back,
-    fetch_modules,
-    fetch_modules_sync,
     steps_for,
 )
 from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
@@ -53,6 +51,7 @@ from ._product_plan import cupy_module
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
 from ._specs import einsum_spec, many_spec
+from ._twins import Fetch, Offload, Work, run_async, run_sync
 
 __all__ = [
     "MAX_PROGRAMS",
@@ -628,24 +627,18 @@ async def einsum_program(
     to MAX_PROGRAMS and MAX_PROGRAM_BYTES of device memory, least recently used dropped first:
     asking again returns the same program. It pays where a network is contracted more than a
     few times: a replay launches once where ``einsum`` launches every step."""
-    ring = lookup(semiring)
-    shapes, kind, where = _arguments(operands, dtype, device)
-    ring.check_dtype(kind)
-    planned = known_plan(subscripts, shapes, optimize)
-    if planned is None:
-        planned = await anyio.to_thread.run_sync(
-            functools.partial(einsum_plan, subscripts, *shapes, optimize=optimize)
+    return await run_async(
+        _einsum_program(
+            subscripts,
+            operands,
+            semiring=semiring,
+            argmax=argmax,
+            optimize=optimize,
+            dtype=dtype,
+            device=device,
+            compiler=compiler,
         )
-    key = steps_key(planned, ring, kind, argmax=argmax, device=where, reuse=False)
-    found = _cached(key)
-    if found is not None:
-        return found
-    steps = await anyio.to_thread.run_sync(_steps, planned, ring.name, kind, argmax, where)
-    *modules, gather, many = await fetch_modules(_specs(steps, ring), where, compiler)
-    # Preparing the launches and capturing them takes milliseconds to a second: off the loop.
-    program = await anyio.to_thread.run_sync(EinsumProgram, steps, modules, gather, many, ring.name)
-    _keep(key, program)
-    return program
+    )
 
 
 def einsum_program_sync(
@@ -659,19 +652,52 @@ def einsum_program_sync(
     compiler: Compiler | None = None,
 ) -> EinsumProgram:
     """``einsum_program`` for code that is not async."""
+    return run_sync(
+        _einsum_program(
+            subscripts,
+            operands,
+            semiring=semiring,
+            argmax=argmax,
+            optimize=optimize,
+            dtype=dtype,
+            device=device,
+            compiler=compiler,
+        )
+    )
+
+
+def _einsum_program(
+    subscripts: str,
+    operands: Sequence[Any],
+    *,
+    semiring: str,
+    argmax: bool,
+    optimize: Any,
+    dtype: Any,
+    device: int | None,
+    compiler: Compiler | None,
+) -> Work[EinsumProgram]:
+    """The body of ``einsum_program`` and ``einsum_program_sync`` (see _twins)."""
     ring = lookup(semiring)
     shapes, kind, where = _arguments(operands, dtype, device)
     ring.check_dtype(kind)
-    planned = einsum_plan(subscripts, *shapes, optimize=optimize)
+    planned = known_plan(subscripts, shapes, optimize)
+    if planned is None:
+        planned = yield Offload(
+            functools.partial(einsum_plan, subscripts, *shapes, optimize=optimize)
+        )
     key = steps_key(planned, ring, kind, argmax=argmax, device=where, reuse=False)
     found = _cached(key)
     if found is not None:
         return found
-    steps = _steps(planned, ring.name, kind, argmax, where)
-    *modules, gather, many = fetch_modules_sync(_specs(steps, ring), where, compiler)
-    program = EinsumProgram(steps, modules, gather, many, ring.name)
+    steps = yield Offload(functools.partial(_steps, planned, ring.name, kind, argmax, where))
+    *modules, gather, many = yield Fetch(_specs(steps, ring), where, compiler)
+    # Preparing the launches and capturing them takes milliseconds to a second: off the loop.
+    program = yield Offload(
+        functools.partial(EinsumProgram, steps, modules, gather, many, ring.name)
+    )
     _keep(key, program)
-    return program
+    return program  # type: ignore[no-any-return]
 
 
 def _specs(steps: Steps, ring: Semiring) -> list[KernelSpec]:
