@@ -314,21 +314,21 @@ async def test_the_kernels_fetched_serve_when_autotune_installs_others_meanwhile
     """Tiles installed (by autotune on another task) after einsum fetched its kernels and
     before it runs: the run uses the kernels it fetched. It used to fetch the new tiles' kernel
     on the event loop's thread, which with a caller's Compiler raised."""
-    from aionvrtc.tropical import _einsum, _launching, _shape_classes
+    from aionvrtc.tropical import _launching, _shape_classes, _twins
 
     operands = tensors(rng, "maxplus", np.float32, [(300, 70), (70, 260)])
     arrays = [gpu(x) for x in operands]
     device = arrays[0].device.id
     table = {name: dict(variants) for name, variants in tropical.TILES.items()}
     table[tropical.shape_class(300, 260, 70)]["f4"] = (32, 32, 8, 2, 2, 1)
-    fetch = _launching.module  # what einsum fetches its kernels with
+    fetch = _launching.module  # what einsum fetches its kernels with (through _twins)
 
     async def fetch_then_retune(spec: Any, device: int, compiler: Any) -> Any:
         found = await fetch(spec, device, compiler)
         _shape_classes.install(device, table)
         return found
 
-    monkeypatch.setattr(_einsum, "module", fetch_then_retune)
+    monkeypatch.setattr(_twins, "module", fetch_then_retune)
     try:
         async with Compiler(cache_dir=tmp_path) as compiler:
             got = await tropical.einsum("ij,jk->ik", *arrays, compiler=compiler)
