@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MEMORY_LIMIT",
-    "NO_DISK",
     "ArchStats",
     "CacheStats",
     "KernelCache",
@@ -104,7 +103,7 @@ class CacheStats:
     """A snapshot of a cache's counters since it was created (every target's together), with
     each tier's own and each target's share (``archs``, by arch such as ``"sm_90"``)."""
 
-    requests: int
+    requests: int  # memory hits and the requests memory did not serve, each counted once
     joined: int  # requests that waited for another thread's work on the same key
     compiles: int
     compile_errors: int
@@ -115,11 +114,18 @@ class CacheStats:
     layers: tuple[LayerStats, ...]  # the read-only layers', in the order they are read
 
 
-# The disk stats of a cache that has no disk tier.
-NO_DISK = DiskStats(
-    hits=0, misses=0, writes=0, corrupt_dropped=0, evictions=0, write_failures=0,
-    read_failures=0, writable=False, trusted=False, entries=None, bytes=None,
-)  # fmt: skip
+class _Count:
+    """A count that every view of a cache shares, safe from any thread."""
+
+    __slots__ = ("_lock", "value")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.value = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.value += 1
 
 
 class KernelCache:
@@ -171,6 +177,9 @@ class KernelCache:
         # Keys dropped (forget, a refused image) that the layers or the remote tier may still
         # hold: from now on they are compiled, as dropping them promised, not served from there.
         self._shadowed: set[str] = set()
+        # Requests that memory did not serve, get_or_compile's and a Compiler's (``missed``),
+        # every target's: requests are the memory tier's hits and these, counted once each.
+        self._misses = _Count()
         # The fleet's tier: blocking, as the others, and safe from any thread.
         self.remote = remote
         self._build = _nvrtc.build()
@@ -190,7 +199,6 @@ class KernelCache:
         self.memo = memo_id(target.arch, self._build)
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
-        self._requests = 0
         self._joined = 0
         self._compiles = 0
         self._compile_errors = 0
@@ -226,10 +234,10 @@ class KernelCache:
         """The artifact for ``spec``: from memory, else disk, else compiled (and stored)."""
         key = self.key(spec)
         artifact = self.memory.read(key)
+        if artifact is not None:
+            return artifact
+        self._misses.add()
         with self._lock:
-            self._requests += 1
-            if artifact is not None:
-                return artifact
             shared = self._inflight.get(key)
             if shared is None:
                 mine: Future[Artifact] = Future()
@@ -484,31 +492,34 @@ class KernelCache:
     def stats(self) -> CacheStats:
         """The whole cache's counters: every target's together, and each one's in ``archs``."""
         memory = self.memory.stats()
-        disk = self.disk.stats() if self.disk is not None else NO_DISK
+        disk = self.disk.stats() if self.disk is not None else DiskStats()
         views = list(self._views.values())
         counts = [view._counts() for view in views]
         archs = {
-            view.target.arch: ArchStats(memory.archs.get(view.target.arch, 0), *count[2:])
+            view.target.arch: ArchStats(memory.archs.get(view.target.arch, 0), *count[1:])
             for view, count in zip(views, counts, strict=True)
         }
         for arch, entries in memory.archs.items():  # entries of a target no view served
             archs.setdefault(arch, ArchStats(entries, 0, 0, 0.0))
         return CacheStats(
-            requests=sum(count[0] for count in counts),
-            joined=sum(count[1] for count in counts),
-            compiles=sum(count[2] for count in counts),
-            compile_errors=sum(count[3] for count in counts),
-            compile_seconds=sum(count[4] for count in counts),
+            requests=memory.hits + self._misses.value,
+            joined=sum(count[0] for count in counts),
+            compiles=sum(count[1] for count in counts),
+            compile_errors=sum(count[2] for count in counts),
+            compile_seconds=sum(count[3] for count in counts),
             memory=memory,
             disk=disk,
             archs=dict(sorted(archs.items())),
             layers=tuple(layer.stats() for layer in self.layers),
         )
 
-    def _counts(self) -> tuple[int, int, int, int, float]:
+    def missed(self) -> None:
+        """Count a request that the memory tier did not serve (see ``stats().requests``)."""
+        self._misses.add()
+
+    def _counts(self) -> tuple[int, int, int, float]:
         with self._lock:
             return (
-                self._requests,
                 self._joined,
                 self._compiles,
                 self._compile_errors,

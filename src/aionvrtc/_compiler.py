@@ -175,7 +175,6 @@ class Compiler:
         self._portal: anyio.from_thread.BlockingPortal | None = None
         # Prefetched specs whose keys are being derived, with the memo key of their target.
         self._deriving: set[tuple[KernelSpec, str]] = set()
-        self._misses = 0
         self._errors = 0
         self._prefetched = 0
 
@@ -320,7 +319,7 @@ class Compiler:
             return artifact
         if self._state is not _State.OPEN:  # closed while the key was derived in a thread
             raise self._not_open()
-        self._misses += 1
+        cache.missed()
         job = self._scheduler.submit(spec, key, LIVE, cache)
         try:
             return await job.outcome()
@@ -530,7 +529,7 @@ class Compiler:
         cache = self._cache.stats()
         queued, in_flight, waiting = self._scheduler.counts()
         return CompilerStats(
-            requests=cache.memory.hits + self._misses,
+            requests=cache.requests,
             joined=self._scheduler.joined,
             errors=self._errors,
             compiles=cache.compiles,

@@ -231,19 +231,21 @@ class DiskStats:
     same key share its lookup, so one cold request, or many at once for one key, is one miss.
     The second look that a compile takes under the key's lock is not another miss; if it finds
     the entry (another process compiled it meanwhile), that is a hit: ``hits`` counts the
-    lookups that served an entry from disk."""
+    lookups that served an entry from disk. ``DiskStats()``, all zero and neither writable nor
+    trusted, is what a cache without a disk tier reports (as ``RemoteStats()`` is for one
+    without a remote tier)."""
 
-    hits: int
-    misses: int
-    writes: int
-    corrupt_dropped: int  # entries that failed verification and were deleted
-    evictions: int
-    write_failures: int
-    read_failures: int
-    writable: bool
-    trusted: bool  # False: the cache dir failed the ownership checks and is not used
-    entries: int | None
-    bytes: int | None
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    corrupt_dropped: int = 0  # entries that failed verification and were deleted
+    evictions: int = 0
+    write_failures: int = 0
+    read_failures: int = 0
+    writable: bool = False
+    trusted: bool = False  # False: the cache dir failed the ownership checks and is not used
+    entries: int | None = None
+    bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
