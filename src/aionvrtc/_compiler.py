@@ -8,15 +8,15 @@ jobs), a loaded module the Modules registry's (``_modules``: per device).
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import functools
 import logging
 import os
+import sys
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 import anyio.abc
@@ -39,6 +39,9 @@ from ._store.memory import Entry, MemoryStats
 from ._store.remote import RedisTier, RemoteStats
 from ._store.tier import LayerStats
 from ._target import Target, TargetLike
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["Compiler", "CompilerStats"]
 
@@ -80,9 +83,14 @@ _spawned: set[asyncio.Task[None]] = set()
 def _spawn(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Start ``run()`` as a task of its own, outside the caller's task tree and cancel scopes:
     a system task under trio, a plain task under asyncio. It must handle its own errors."""
+    # asyncio is looked up, not imported (25 ms at the first Compiler): a running asyncio loop
+    # has imported it, and without one this runs under trio.
+    asyncio = sys.modules.get("asyncio")
     try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio: trio
+        loop = asyncio.get_running_loop() if asyncio is not None else None
+    except RuntimeError:
+        loop = None
+    if loop is None:  # not asyncio: trio
         import trio
 
         trio.lowlevel.spawn_system_task(run)
