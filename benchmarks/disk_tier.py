@@ -100,23 +100,33 @@ def seconds(call: Callable[..., object], *args: Any, **kwargs: Any) -> float:
 # -- the code before: git HEAD's disk tier and CLI, as modules beside the current ones -------
 
 
+# The disk tier's modules, each before those that import it.
+_DISK_MODULES = ("_index", "_trust", "_disk_base", "_survey", "_upkeep", "disk")
+
+
 def before(rev: str = "HEAD") -> tuple[ModuleType, ModuleType | None] | None:
-    """``rev``'s disk.py, its index and (where the CLI was one module, _cli.py) the CLI, loaded
-    as aionvrtc._store._disk_before (with aionvrtc._store._index_before) and
-    aionvrtc._cli_before (the CLI made to use the old tier); None if git has no ``rev``. A
-    revision whose CLI is a package has no CLI measured before (its rows say "-")."""
-    try:
-        _load("aionvrtc._store._index_before", "src/aionvrtc/_store/_index.py", {}, rev)
-        disk = _load(
-            "aionvrtc._store._disk_before", "src/aionvrtc/_store/disk.py",
-            {"from ._index import": "from ._index_before import"}, rev,
-        )  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    """``rev``'s disk tier (each of its modules that ``rev`` has, as
+    aionvrtc._store.<module>_before, importing each other's copies) and, where the CLI was one
+    module, its CLI (aionvrtc._cli_before, made to use the old tier); None if git has no
+    ``rev``. A revision whose CLI is a package has no CLI measured before (its rows say "-")."""
+    loaded: list[str] = []
+    disk: ModuleType | None = None
+    for name in _DISK_MODULES:
+        edits = {f"from .{other} import": f"from .{other}_before import" for other in loaded}
+        try:
+            module = _load(f"aionvrtc._store.{name}_before", f"src/aionvrtc/_store/{name}.py",
+                           edits, rev)  # fmt: skip
+        except (OSError, subprocess.CalledProcessError):
+            if name == "disk":
+                return None  # no such revision, or no git
+            continue  # a module that revision did not have
+        loaded.append(name)
+        disk = module
+    assert disk is not None
     try:
         cli: ModuleType | None = _load(
             "aionvrtc._cli_before", "src/aionvrtc/_cli.py",
-            {"from ._store.disk import": "from ._store._disk_before import"}, rev,
+            {"from ._store.disk import": "from ._store.disk_before import"}, rev,
         )  # fmt: skip
     except subprocess.CalledProcessError:
         cli = None

@@ -329,11 +329,20 @@ class Compiler:
             raise self._not_open()
         cache.missed()
         job = self._scheduler.submit(spec, key, LIVE, cache)
-        try:
-            return await job.outcome()
-        except Exception:
-            self._errors += 1
-            raise
+        if not job.done.is_set():
+            # A waiter's cancellation ends only this wait: the job runs on in the Compiler's
+            # task group and is cached for the next request. (Written out here, not a method
+            # of the job: a coroutine per waiter cost 10,000 waiters 0.8 us each.)
+            job.waiters += 1
+            try:
+                await job.done.wait()
+            finally:
+                job.waiters -= 1
+        if job.error is None:
+            assert job.result is not None
+            return job.result
+        self._errors += 1
+        raise fresh(job.error)
 
     def key(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> str:
         """``spec``'s cache key for target ``arch`` (default: the Compiler's; see

@@ -89,21 +89,6 @@ class Job:
         self.error: BaseException | None = None
         self.waiters = 0  # requests awaiting it now: its error is raised to each of them
 
-    async def outcome(self) -> Artifact:
-        """Wait for the job (a waiter's cancellation ends only this wait: the job runs on in
-        the Compiler's task group and is cached for the next request); its artifact, or a
-        copy of its error."""
-        if not self.done.is_set():
-            self.waiters += 1
-            try:
-                await self.done.wait()
-            finally:
-                self.waiters -= 1
-        if self.error is not None:
-            raise fresh(self.error)
-        assert self.result is not None
-        return self.result
-
 
 def fresh(error: BaseException) -> BaseException:
     """A copy of a shared error for one waiter: raising one instance in many tasks would chain
