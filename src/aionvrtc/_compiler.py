@@ -226,8 +226,9 @@ class Compiler:
                 self._task_group = task_group
                 if self.manifest is not None:
                     self.manifest.bind(task_group)
-                # Open before the actor runs: it stops as soon as it sees a state other than
-                # OPEN. (aclose() while starting waits for this, then closes.)
+                # The scheduler takes jobs from attach() on, before anyone can submit one, and
+                # its dispatcher stops once closed. (aclose() while starting waits for this.)
+                self._scheduler.attach(task_group)
                 self._enter(_State.OPEN)
                 await task_group.start(self._actor)
                 opened.append(None)
@@ -502,7 +503,7 @@ class Compiler:
     async def _actor(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self._task_group is not None
         try:
-            await self._scheduler.run(self._task_group, task_status=task_status)
+            await self._scheduler.run(task_status=task_status)
         finally:
             # Closed (or cancelled): requests raise from now on; the host's task group waits
             # for the lanes to finish before aclose() returns.

@@ -143,17 +143,19 @@ class Scheduler:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def run(
-        self, task_group: anyio.abc.TaskGroup, *, task_status: anyio.abc.TaskStatus[None]
-    ) -> None:
-        """The compile lane's dispatcher, in ``task_group`` (where the lanes run too), until
-        ``close`` and the running compiles have finished."""
+    def attach(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Take jobs from now on, running the lanes in ``task_group``: before anyone can submit
+        (the Compiler opens after this), so a job never finds no task group to run in."""
         self._task_group = task_group
         self._limiter = anyio.CapacityLimiter(self.concurrency)
         self._io = anyio.CapacityLimiter(IO_LANE)
         self._waits = anyio.CapacityLimiter(WAIT_LANE)
-        slots = anyio.Semaphore(self.concurrency)
         self.open = True
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """The compile lane's dispatcher (in the task group ``attach`` named), until ``close``
+        and the running compiles have finished."""
+        slots = anyio.Semaphore(self.concurrency)
         try:
             async with anyio.create_task_group() as workers:
                 task_status.started()

@@ -25,6 +25,7 @@ __all__ = [
     "remove_at",
     "same_file",
     "stat_or_none",
+    "unpaced",
 ]
 
 # Python work between two pauses of a paced thread, in loop steps (about a millisecond), and the
@@ -46,6 +47,18 @@ def paced() -> Iterator[None]:
         yield
     finally:
         _pace.on = False
+
+
+@contextlib.contextmanager
+def unpaced() -> Iterator[None]:
+    """Within it, ``breathe()`` does not pause, paced thread or not: for work that holds a lock
+    other processes wait on (the index's), which must be let go as soon as it can be."""
+    was = getattr(_pace, "on", False)
+    _pace.on = False
+    try:
+        yield
+    finally:
+        _pace.on = was
 
 
 def breathe(step: int) -> None:

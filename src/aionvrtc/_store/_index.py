@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._fs import FILE_FLAGS, breathe, closing, remove_at, same_file
+from ._fs import FILE_FLAGS, breathe, closing, remove_at, same_file, unpaced
 from ._locks import flocked
 
 __all__ = [
@@ -328,9 +328,10 @@ class Index:
                 if (info.st_dev, info.st_ino) != mark.file:
                     return None
                 with flocked(fd, LOCK_WAIT) as held:  # held until the new file is in place
-                    if held:
+                    if not held:
+                        return None
+                    with unpaced():  # appends from every process wait for this lock
                         return self._install_locked(version, fd, mark, records, body)
-                    return None
         except OSError:
             return None
 

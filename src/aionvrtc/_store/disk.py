@@ -28,7 +28,6 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from .._artifact import Artifact, decode, encode
 from .._config import ENV_CACHE_DIR
@@ -55,7 +54,6 @@ except ImportError:  # not POSIX: no cross-process single flight
 from ._disk_base import (
     _DENIED,
     _FILE_SYSTEM_REFUSES,
-    _TIERS,
     _TMP_SUFFIX,
     _VERSION,
     EVENT_KINDS,
@@ -111,10 +109,6 @@ class DiskTier(Upkeep):
     ``shared_cache`` (default ``$AIONVRTC_SHARED_CACHE``, else False) trusts a tree that a group
     shares and makes new folders and files group-writable; see ``Policy``.
     """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _TIERS.add(self)
 
     def read(self, key: str, *, arch: str | None = None, again: bool = False) -> Artifact | None:
         """The verified entry for ``key``, or None. A bad entry is deleted and counted; a

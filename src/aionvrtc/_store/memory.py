@@ -93,19 +93,24 @@ class MemoryTier:
             entries, sizes, archs = self.entries, self._sizes, self._archs
             self.bytes += size - sizes.get(key, 0)
             sizes[key] = size
-            replaced = entries.pop(key, None)
+            replaced = entries.get(key)
             if replaced is not None:
                 archs[replaced.artifact.arch] -= 1
             archs[artifact.arch] += 1
+            # Each change below is one call, atomic against readers, and a key that stays is
+            # never out of the map, not even for an instant (a reader would take it for a miss).
             entries[key] = Entry(artifact)
+            entries.move_to_end(key)
             while self.bytes > self.limit:
-                # One call, atomic against readers. ``key`` itself never goes: it fits alone,
-                # so the loop ends before only it is left.
-                oldest, entry = entries.popitem(last=False)
+                # ``key`` itself never goes: it fits alone, so the loop ends before only it is
+                # left.
+                oldest = next(iter(entries))
+                entry = entries[oldest]
                 if entry.used or oldest == key:
                     entry.used = 0  # a second chance: placed again at the back
-                    entries[oldest] = entry
+                    entries.move_to_end(oldest)
                     continue
+                del entries[oldest]
                 self.bytes -= sizes.pop(oldest)
                 archs[entry.artifact.arch] -= 1
                 self.evictions += 1

@@ -37,10 +37,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import re
 import secrets
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,6 +207,7 @@ class RedisTier:
         self.foreign_locks = 0
         self.writes = 0
         self._renewing: dict[tuple[str, str], threading.Event] = {}
+        _TIERS.add(self)
 
     @classmethod
     def from_environment(cls) -> RedisTier | None:
@@ -450,13 +453,22 @@ class RedisTier:
 
     def _renew_soon(self, key: str, token: str) -> None:
         """Renew the lock from a daemon thread until release() (or close()), as the file locks
-        wait in one: the compile that holds it runs in a worker thread that cannot do both."""
+        wait in one: the compile that holds it runs in a worker thread that cannot do both. A
+        lock taken as the tier closes, or whose thread cannot start (the interpreter shutting
+        down), is not renewed: it lapses within lock_ttl, as a dead host's does."""
         stop = threading.Event()
         with self._lock:
+            if self._closed.is_set():
+                return
             self._renewing[(key, token)] = stop
-        threading.Thread(
+        renewer = threading.Thread(
             target=self._renew, args=(key, token, stop), name="aionvrtc-redis-lock", daemon=True
-        ).start()
+        )
+        try:
+            renewer.start()
+        except RuntimeError:
+            with self._lock:
+                self._renewing.pop((key, token), None)
 
     def _renew(self, key: str, token: str, stop: threading.Event) -> None:
         # Renewed at a third of its expiry, so a live compile keeps it and a dead host's lapses;
@@ -497,6 +509,21 @@ class RedisTier:
             if back:
                 logger.info("remote cache %s reachable again", self.url)
         return result
+
+
+# Every live tier, for a forked child to reset: its lock may have been held by a thread of the
+# parent that the child does not have, and no renewal thread runs in the child.
+_TIERS: weakref.WeakSet[RedisTier] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for tier in list(_TIERS):
+        tier._lock = threading.Lock()
+        tier._renewing = {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Down:

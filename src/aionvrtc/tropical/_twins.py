@@ -112,7 +112,11 @@ async def fetch_modules(
     """The modules of ``specs`` on ``device``, from ``compiler`` (default: the process-wide
     one): loaded ones at once, the others fetched concurrently (compiled where new)."""
     found: list[Module | None] = [loaded(spec, device, compiler) for spec in specs]
-    if all(m is not None for m in found):
+    missing = [at for at, got in enumerate(found) if got is None]
+    if not missing:
+        return found  # type: ignore[return-value]
+    if len(missing) == 1:  # awaited here: its error raised as it is (a task group wraps it)
+        found[missing[0]] = await module(specs[missing[0]], device, compiler)
         return found  # type: ignore[return-value]
 
     async def fetch(at: int) -> None:
@@ -120,9 +124,8 @@ async def fetch_modules(
 
     try:
         async with anyio.create_task_group() as tg:
-            for at, got in enumerate(found):
-                if got is None:
-                    tg.start_soon(fetch, at)
+            for at in missing:
+                tg.start_soon(fetch, at)
     except ExceptionGroup as group:
         raise first_error(group) from None
     return found  # type: ignore[return-value]
