@@ -6,6 +6,7 @@ every poll) or poison (no secret without an explicit opt-in) the fleet."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -445,6 +446,38 @@ def test_close_stops_a_claim_waiting_on_a_lock(redis_server: RedisServer) -> Non
     assert waited < 5.0, waited  # the claim stopped at once
     assert result == (None, None)
     assert (waiter.errors, waiter.lock_waits) == (0, 1)
+
+
+def test_close_under_a_call_in_flight_fails_nothing(redis_server: RedisServer) -> None:
+    # close() closes the connection that another thread is reading a reply from (the server is
+    # busy with a slow script, so the waiter's poll is in flight): that call is skipped, as
+    # every call after close() is, and the claim ends without an error. It raised "I/O
+    # operation on closed file" from redis-py's reader.
+    prefix = f"inflight{time.time_ns()}"
+    key = "ef" * 32
+    holder = tier(redis_server, prefix=prefix)
+    taken = holder.claim(key, "sm_90")
+    assert taken is not None
+    assert taken[0] is not None
+    waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02, timeout=10.0)
+
+    def busy() -> None:
+        slow = "local i = 0 while i < 40000000 do i = i + 1 end return i"
+        with contextlib.suppress(Exception):  # its own reply may time out: not what is tested
+            redis_server.client().eval(slow, 0)
+
+    server_busy = threading.Thread(target=busy)
+    with ThreadPoolExecutor(1) as pool:
+        claimed = pool.submit(waiter.claim, key, "sm_90")
+        time.sleep(0.3)  # waiting on the holder's lock, polling it
+        server_busy.start()
+        time.sleep(0.2)  # the next poll now waits for the server
+        waiter.close()
+        assert claimed.result(timeout=20) == (None, None)
+    server_busy.join()
+    holder.release(key, taken[0])
+    holder.close()
+    assert waiter.errors == 0
 
 
 def test_cancel_ends_a_claims_wait_and_release_stops_the_renewal(

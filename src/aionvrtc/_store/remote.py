@@ -489,9 +489,14 @@ class RedisTier:
             return _DOWN
         try:
             result = method(*args, **kwargs)
-        except (RedisError, OSError, TimeoutError) as exc:
-            if self._closed.is_set():  # in flight when close() closed the client: no failure
+        except Exception as exc:
+            if self._closed.is_set():
+                # In flight when close() closed its connection under it (redis-py then raises
+                # what the socket does, a ValueError of a closed file among others): skipped,
+                # as every call after close() is, and not a failure.
                 return _DOWN
+            if not isinstance(exc, RedisError | OSError | TimeoutError):
+                raise
             with self._lock:
                 self.errors += 1
                 self._backoff = min(MAX_BACKOFF, max(0.5, self._backoff * 2))
