@@ -9,6 +9,7 @@ side by side in the one run; times are medians of repeated batches.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -19,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -340,6 +341,60 @@ async def warm_keys_at_once(cache_dir: str, count: int = 1000, runs: int = 5) ->
             "verified_reads_alone_s": statistics.median(verified)}  # fmt: skip
 
 
+async def _all_at_once(
+    call: Callable[[KernelSpec], Coroutine[Any, Any, Any]], specs: list[KernelSpec]
+) -> None:
+    """``call(spec)`` for every spec, each in a task of its own, all started at once."""
+    async with anyio.create_task_group() as group:
+        for spec in specs:
+            group.start_soon(call, spec)
+
+
+async def burst_lag(cache_dir: str, count: int = 1000, runs: int = 3) -> dict[str, Any]:
+    """The event loop while ``count`` disk-warm keys are requested at once (memory empty): the
+    largest lateness of a 1 ms ticker, worst of ``runs`` (each on a new Compiler and new keys),
+    against the same while as many tasks that await a trivial coroutine are spawned."""
+    root = Path(cache_dir) / "burst"
+    async with Compiler(arch="sm_90", cache_dir=root, disk=False) as donor:
+        image = await donor.compile(kernel(4))
+    ours, bare = [], []
+    for _ in range(runs):
+        specs, _ = _warm_entries(root, count, image)
+        spawn = functools.partial(_all_at_once, trivial_coroutine, specs)
+        bare.append((await max_lag(spawn))["max_lag_ms"])
+        async with Compiler(arch="sm_90", cache_dir=root) as compiler:
+            burst = functools.partial(_all_at_once, compiler.compile, specs)
+            ours.append((await max_lag(burst))["max_lag_ms"])
+    return {"keys": count, "runs": runs, "max_lag_ms": max(ours),
+            "bare_spawn_max_lag_ms": max(bare), "ratio": max(ours) / max(bare)}  # fmt: skip
+
+
+async def cold_during_prefetch(
+    cache_dir: str, prefetched: int = 8, live: int = 4, alone: int = 3
+) -> dict[str, Any]:
+    """Cold live requests, one at a time, made while ``prefetched`` kernels are prefetched into
+    a Compiler of concurrency 1, against a cold compile of the same size alone (median of
+    ``alone``): a live request overtakes the queued prefetches, but waits for the one compiling."""
+    solo = []
+    for _ in range(alone):
+        async with Compiler(arch="sm_90", cache_dir=cache_dir, disk=False) as compiler:
+            started = time.perf_counter()
+            await compiler.compile(kernel())
+            solo.append(time.perf_counter() - started)
+    took = []
+    async with Compiler(arch="sm_90", cache_dir=cache_dir, disk=False) as compiler:
+        compiler.prefetch([kernel() for _ in range(prefetched)])
+        for _ in range(live):
+            await anyio.sleep(0.1)  # a prefetched compile is running now
+            started = time.perf_counter()
+            await compiler.compile(kernel())
+            took.append(time.perf_counter() - started)
+    one = statistics.median(solo)
+    return {"prefetched": prefetched, "live": live, "one_compile_s": one,
+            "live_p50_s": statistics.median(took), "live_max_s": max(took),
+            "max_ratio": max(took) / one}  # fmt: skip
+
+
 async def equal_spec_hit(cache_dir: str, size: int = 34_000) -> dict[str, Any]:
     """A memory hit with a KernelSpec built anew for each request from the same source string
     (construction included), against a hit with the one spec object; a ``size``-byte source."""
@@ -481,6 +536,8 @@ async def run_all(kernels: int) -> dict[str, Any]:
             "warm_up": await warm_up(cache_dir, kernels),
             "lanes": await disk_hits_during_compiles(cache_dir),
             "at_once": await warm_keys_at_once(cache_dir),
+            "burst": await burst_lag(cache_dir),
+            "prefetching": await cold_during_prefetch(cache_dir),
             "equal_spec": await equal_spec_hit(cache_dir),
             "blocking": blocking_hot_path(cache_dir),
             "memory_inserts": memory_inserts(),
@@ -496,6 +553,7 @@ def _rows(results: dict[str, Any]) -> list[str]:
     at_once, equal, blocking, inserts = (
         results[k] for k in ("at_once", "equal_spec", "blocking", "memory_inserts")
     )
+    burst, pre = results["burst"], results["prefetching"]
     cpus = warm["cpus"]
     return [
         f"| hot hit `await compiler.compile(spec)` | {hot['hot_hit_ns']:.0f} ns "
@@ -530,6 +588,16 @@ def _rows(results: dict[str, Any]) -> list[str]:
         f"({at_once['tasks_alone_s'] / at_once['plain_loop_s']:.2f}x the plain loop); "
         f"{at_once['verified_reads_alone_s']:.3f} s "
         f"({at_once['verified_reads_alone_s'] / at_once['plain_loop_s']:.2f}x) | |",
+        f"| the event loop while {burst['keys']} disk-warm keys are requested at once: the "
+        f"largest lateness of a 1 ms ticker, worst of {burst['runs']} | "
+        f"{burst['max_lag_ms']:.1f} ms (a bare spawn of as many tasks: "
+        f"{burst['bare_spawn_max_lag_ms']:.1f} ms; {burst['ratio']:.2f}x) "
+        "| at most 2x a bare spawn |",
+        f"| {pre['live']} cold live requests, one at a time, while {pre['prefetched']} "
+        "prefetched kernels compile (concurrency 1) | "
+        f"p50 {pre['live_p50_s']:.2f} s, max {pre['live_max_s']:.2f} s; one compile alone "
+        f"{pre['one_compile_s']:.2f} s (max {pre['max_ratio']:.2f}x) "
+        "| no slower than one compile each |",
         f"| hit with a new but equal KernelSpec per request ({equal['source_bytes']} B source, "
         f"construction included), against a hit with the same object | "
         f"{equal['new_equal_spec_ns']:.0f} ns against {equal['same_object_ns']:.0f} ns "
