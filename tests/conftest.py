@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import subprocess
 import tempfile
@@ -14,6 +13,7 @@ import pytest
 from aionvrtc import KernelSpec
 
 from .support import FakeDriver, has_gpu, make_spec
+from .support.seeds import seeded
 
 
 @pytest.fixture
@@ -126,6 +126,4 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
 @pytest.fixture
 def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     """A generator from a fresh seed, printed (or from TROPICAL_TEST_SEED, to repeat a run)."""
-    seed = int(os.environ.get("TROPICAL_TEST_SEED") or random.SystemRandom().randrange(1 << 63))
-    print(f"{request.node.nodeid}: seed {seed} (TROPICAL_TEST_SEED={seed} draws it again)")
-    return np.random.default_rng(seed)
+    return seeded(request.node.nodeid)

@@ -6,7 +6,8 @@ test module, so no test imports another. ``tests/conftest.py`` holds the fixture
 - ``gpu``: the driver's errors as CuPy raises them, whether a GPU is here, a fake driver;
 - ``redis``, ``cli``, ``layers``, ``examples``, ``disk``: a real redis-server, the command line in
   a process, a cache tree's contents, an example run, disk-tier entries and totals;
-- ``tropical_data``, ``einsum``: operands, networks and checks of the tropical tests;
+- ``tropical_data``, ``einsum``, ``seeds``: operands, networks, checks and printed seeds of the
+  tropical tests;
 - ``workloads``: the reliability workloads (also run by ``benchmarks/soak.py``).
 """
 

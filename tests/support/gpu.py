@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from .seeds import seeded
+
 # What CuPy's CUDADriverError says for the statuses the tests raise: cuGetErrorString's words
 # after the status's name. Those of 2, 200, 209, 218, 222 and 700 are what cuModuleLoadData
 # returned on an H100 (driver 580, CuPy 14.2) for a full GPU, a damaged cubin, a cubin for
@@ -87,7 +89,7 @@ def run_axpy(module: Any, expression: str, dtype: Any, n: int = 10_007) -> float
     """Launch axpy on fresh random inputs; the largest error against NumPy."""
     import cupy
 
-    rng = np.random.default_rng()
+    rng = seeded(f"axpy of {expression}")
     x_host, y_host = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
     x, y = cupy.asarray(x_host), cupy.asarray(y_host)
     a = dtype(rng.standard_normal())

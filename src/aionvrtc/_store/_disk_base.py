@@ -14,7 +14,6 @@ import re
 import stat
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from .. import _config
 from .._artifact import _KEY, Artifact
 from .._config import ENV_CACHE_DIR, ENV_DISK_LIMIT, ENV_SHARED_CACHE
 from .._spec import FORMAT_VERSION
+from ._fork import reset_in_forked_child
 from ._fs import (
     DIR_FLAGS,
     FILE_FLAGS,
@@ -382,7 +382,7 @@ class DiskBase:
         self._quiet_until = 0.0  # time.monotonic() before which no pass starts (a failed one)
         # The version folder that a maintenance pass holds the maintenance lock of, open.
         self._maintaining: int | None = None
-        _TIERS.add(self)
+        reset_in_forked_child(self)  # see _after_fork_in_child
         # Why the cache dir is not trusted (then it is neither read nor written), or None.
         self.trust_problem: Damage | None = None
         self._distrust(self.check_tree())
@@ -658,16 +658,3 @@ class DiskBase:
 
     def _after_fork_in_child(self) -> None:
         """What a forked child resets of this tier (the upkeep's state): nothing here."""
-
-
-# Every live tier, for a forked child to reset (DiskTier._after_fork_in_child).
-_TIERS: weakref.WeakSet[DiskBase] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for tier in list(_TIERS):
-        tier._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

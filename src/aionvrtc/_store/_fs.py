@@ -9,7 +9,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 __all__ = [
     "ASIDE",
@@ -21,6 +21,7 @@ __all__ = [
     "file_id",
     "kind_of",
     "paced",
+    "paced_total",
     "read_up_to",
     "remove_at",
     "same_file",
@@ -59,6 +60,15 @@ def unpaced() -> Iterator[None]:
         yield
     finally:
         _pace.on = was
+
+
+def paced_total(sizes: Iterable[int]) -> int:
+    """The sum of ``sizes``, breathing at each step (see ``paced``): a walk's 50,000 entries."""
+    total = 0
+    for step, size in enumerate(sizes):
+        breathe(step)
+        total += size
+    return total
 
 
 def breathe(step: int) -> None:

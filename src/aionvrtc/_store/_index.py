@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._fs import FILE_FLAGS, breathe, closing, remove_at, same_file, unpaced
+from ._fs import FILE_FLAGS, breathe, closing, paced_total, remove_at, same_file, unpaced
 from ._locks import flocked
 
 __all__ = [
@@ -354,7 +354,7 @@ class Index:
         if end > MAX_INDEX_BYTES:
             return None
         rebuilt = Totals(
-            len(records), _bytes(records), lines, end,
+            len(records), paced_total(size for _, size, _ in records.values()), lines, end,
             time.time(), _generation(),
         )  # fmt: skip
 
@@ -407,14 +407,6 @@ def _records_of(body: bytes) -> list[_Op] | None:
         if (op == b"+") != bool(size):
             return None
     return ops
-
-
-def _bytes(records: dict[str, Record]) -> int:
-    total = 0
-    for step, record in enumerate(records.values()):
-        breathe(step)
-        total += record[1]
-    return total
 
 
 def _lines(records: dict[str, Record]) -> Iterator[bytes]:

@@ -14,6 +14,7 @@ from ._fs import (
     breathe,
     closing,
     paced,
+    paced_total,
     read_up_to,
     remove_at,
 )
@@ -49,17 +50,7 @@ from ._survey import Surveying
 
 
 def _bytes(found: list[_Found]) -> int:
-    """The bytes of ``found``: a sum that pauses in a paced thread (see _fs.paced)."""
-    total = 0
-    for step, entry in enumerate(found):
-        breathe(step)
-        total += entry[1]
-    return total
-
-
-def _kept(step: int) -> bool:
-    breathe(step)
-    return True
+    return paced_total(entry[1] for entry in found)
 
 
 def _least_recent(
@@ -297,7 +288,13 @@ class Upkeep(Surveying):
             found = self._walk(version, damaged)
             removed = self._remove_found(version, choose(found))
             gone = {entry[0] for entry in removed}
-            kept = [e for step, e in enumerate(found) if e[0] not in gone and _kept(step)]
+            kept = found
+            if gone:
+                kept = []
+                for step, entry in enumerate(found):
+                    breathe(step)
+                    if entry[0] not in gone:
+                        kept.append(entry)
             index = None
             if mark is not None:
                 snapshot = self._index.read(version)

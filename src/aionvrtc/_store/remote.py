@@ -37,12 +37,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import re
 import secrets
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +48,7 @@ from .. import _config
 from .._artifact import Artifact, decode, encode
 from .._config import ENV_REMOTE_ALLOW_UNSIGNED, ENV_REMOTE_SECRET, ENV_REMOTE_URL
 from .._exceptions import CacheCorruptError
+from ._fork import reset_in_forked_child
 
 __all__ = [
     "DEFAULT_MAX_ENTRY_BYTES",
@@ -207,7 +206,7 @@ class RedisTier:
         self.foreign_locks = 0
         self.writes = 0
         self._renewing: dict[tuple[str, str], threading.Event] = {}
-        _TIERS.add(self)
+        reset_in_forked_child(self)  # see _after_fork_in_child
 
     @classmethod
     def from_environment(cls) -> RedisTier | None:
@@ -243,6 +242,12 @@ class RedisTier:
         for stop in stops:
             stop.set()
         self._client.close()
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: the lock may have been held by a thread of the parent that the
+        child does not have, and no renewal thread runs there."""
+        self._lock = threading.Lock()
+        self._renewing = {}
 
     def _add(self, counter: str) -> None:
         with self._lock:
@@ -514,21 +519,6 @@ class RedisTier:
             if back:
                 logger.info("remote cache %s reachable again", self.url)
         return result
-
-
-# Every live tier, for a forked child to reset: its lock may have been held by a thread of the
-# parent that the child does not have, and no renewal thread runs in the child.
-_TIERS: weakref.WeakSet[RedisTier] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for tier in list(_TIERS):
-        tier._lock = threading.Lock()
-        tier._renewing = {}
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Down:
