@@ -669,10 +669,11 @@ def test_a_failed_claim_lets_go_of_the_file_lock(
     cache = KernelCache("sm_90", cache_dir=cache_dir)
     key = cache.key(make_spec())
 
-    def broken(key: str, *, again: bool = False) -> None:
+    def broken(key: str, *, arch: str | None = None, again: bool = False) -> None:
         raise OSError("injected: the disk re-check failed")
 
-    monkeypatch.setattr(cache, "_from_disk", broken)  # after the lock is taken
+    assert cache.disk is not None
+    monkeypatch.setattr(cache.disk, "read", broken)  # read again once the lock is taken
     with pytest.raises(OSError, match="injected"):
         cache.claim(key, wait=False)
     lock = DiskTier(cache_dir).try_lock(key)  # another process can take it at once

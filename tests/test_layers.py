@@ -308,17 +308,18 @@ async def test_closing_the_compiler_lets_go_of_its_bundles(tmp_path: Path) -> No
     assert maps() == before
 
 
-def test_layers_speak_the_tier_interface(tmp_path: Path) -> None:
-    # Checked by mypy: a layer is a Tier (read, write, discard, clear, stats), as the core's.
-    from aionvrtc._store.tier import Tier
+def test_the_cache_reads_its_tiers_in_order_and_locks_those_that_lock(tmp_path: Path) -> None:
+    # Checked by mypy too: every tier is a Tier, as the core reads them.
+    from aionvrtc import Artifact
+    from aionvrtc._store.tier import Locking, Tier
 
     bundle = bundle_of(tmp_path / "staging", tmp_path / "k.bundle", [make_spec()])
     cache = KernelCache("sm_90", cache_dir=tmp_path / "w", layers=[tmp_path / "staging", bundle])
-    tiers: list[Tier] = list(cache.layers)
-    from aionvrtc import Artifact
-
+    tiers: list[Tier] = list(cache.tiers)
+    assert [(t.origin, t.local, isinstance(t, Locking)) for t in tiers] == [
+        ("disk", True, True),
+        ("layer", True, False),
+        ("layer", True, False),
+    ]
     artifact = Artifact("0" * 64, "cubin", b"\x7fELF", "sm_90", "13.0")
-    assert [(t.write(artifact), t.discard("0" * 64), t.clear()) for t in tiers] == [
-        (False, False, None),
-        (False, False, None),
-    ]  # never written
+    assert [t.write(artifact) for t in tiers[1:]] == [False, False]  # a layer is never written

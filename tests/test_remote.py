@@ -24,6 +24,7 @@ import pytest
 
 from aionvrtc import Compiler, KernelCache, RedisTier, kernel_key
 from aionvrtc._store.remote import MAGIC
+from aionvrtc._store.tier import Hold, Locking
 
 from .support import ENTRIES, FakeDriver, make_slow_spec, make_spec
 from .support.redis import RedisServer, free_port
@@ -257,6 +258,11 @@ def test_a_kernel_cache_with_a_remote_tier_serves_plain_threads(
     assert second.stats().compiles == 0
     assert second.remote is not None
     assert second.remote.stats().hits == 1
+    # The fleet's tier is read after the disk, and its lock is taken after the disk's.
+    assert [(t.origin, t.local, isinstance(t, Locking)) for t in second.tiers] == [
+        ("disk", True, True),
+        ("remote", False, True),
+    ]
     for cache in (first, second):
         assert cache.remote is not None
         cache.remote.close()
@@ -390,13 +396,12 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
     key = kernel_key(spec, "sm_90")
     client = redis_server.client()
     holder = tier(redis_server, prefix=prefix)
-    claimed = holder.claim(key, "sm_90")
+    claimed = holder.hold(key, "sm_90")
     assert claimed is not None
-    token, _ = claimed
-    assert token is not None
-    assert LOCK_TOKEN.fullmatch(token), token
+    assert (claimed.held, claimed.found, claimed.local) == (True, None, False)
     lock = f"{prefix}:lock:{key}"
-    assert client.get(lock) == token.encode()
+    token = client.get(lock).decode()
+    assert LOCK_TOKEN.fullmatch(token), token
     assert 0 < client.pttl(lock) <= 30_000  # ours are set to lock_ttl, never beyond
     bad = MAGIC + b"\1" + bytes(32) + b"x" * (8 << 20)  # under max_entry_bytes: it is read
     client.set(f"{prefix}:entry:{key}", bad)
@@ -408,7 +413,7 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
             await anyio.sleep(2.0)  # about 100 polls
             during = net_output_bytes(redis_server) - before
             waiting = compiler.stats()
-            holder.release(key, token)
+            claimed.release()
         stats = compiler.stats()
         closing = time.monotonic()
     closed_in = time.monotonic() - closing
@@ -426,25 +431,24 @@ def test_close_stops_a_claim_waiting_on_a_lock(redis_server: RedisServer) -> Non
     prefix = f"close{time.time_ns()}"
     key = "ab" * 32
     holder = tier(redis_server, prefix=prefix)
-    taken = holder.claim(key, "sm_90")
+    taken = holder.hold(key, "sm_90")
     assert taken is not None
-    token, _ = taken
-    assert token is not None
+    assert taken.held
     redis_server.client().set(f"{prefix}:entry:{key}", MAGIC + b"\1" + b"x" * (8 << 20))
     waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02)
     with ThreadPoolExecutor(1) as pool:
-        claimed = pool.submit(waiter.claim, key, "sm_90")
+        claimed = pool.submit(waiter.hold, key, "sm_90")
         time.sleep(0.5)
         assert not claimed.done()
         started = time.monotonic()
         waiter.close()
         result = claimed.result(timeout=10)
         waited = time.monotonic() - started
-    holder.release(key, token)
+    taken.release()
     holder.close()
     # Generous for a loaded CI box: a claim that kept waiting would take 30 s.
     assert waited < 5.0, waited  # the claim stopped at once
-    assert result == (None, None)
+    assert result == Hold(local=False)  # holding nothing: compile without the lock
     assert (waiter.errors, waiter.lock_waits) == (0, 1)
 
 
@@ -456,9 +460,9 @@ def test_close_under_a_call_in_flight_fails_nothing(redis_server: RedisServer) -
     prefix = f"inflight{time.time_ns()}"
     key = "ef" * 32
     holder = tier(redis_server, prefix=prefix)
-    taken = holder.claim(key, "sm_90")
+    taken = holder.hold(key, "sm_90")
     assert taken is not None
-    assert taken[0] is not None
+    assert taken.held
     waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02, timeout=10.0)
 
     def busy() -> None:
@@ -468,14 +472,14 @@ def test_close_under_a_call_in_flight_fails_nothing(redis_server: RedisServer) -
 
     server_busy = threading.Thread(target=busy)
     with ThreadPoolExecutor(1) as pool:
-        claimed = pool.submit(waiter.claim, key, "sm_90")
+        claimed = pool.submit(waiter.hold, key, "sm_90")
         time.sleep(0.3)  # waiting on the holder's lock, polling it
         server_busy.start()
         time.sleep(0.2)  # the next poll now waits for the server
         waiter.close()
-        assert claimed.result(timeout=20) == (None, None)
+        assert claimed.result(timeout=20) == Hold(local=False)
     server_busy.join()
-    holder.release(key, taken[0])
+    taken.release()
     holder.close()
     assert waiter.errors == 0
 
@@ -487,25 +491,25 @@ def test_cancel_ends_a_claims_wait_and_release_stops_the_renewal(
     key = "cd" * 32
     holder = tier(redis_server, prefix=prefix, lock_ttl=0.3)
     earlier = {t for t in threading.enumerate() if t.name == "aionvrtc-redis-lock"}
-    taken = holder.claim(key, "sm_90")
+    taken = holder.hold(key, "sm_90")
     assert taken is not None
-    assert taken[0] is not None
+    assert taken.held
     lock = f"{prefix}:lock:{key}"
     time.sleep(0.8)  # renewed by the holder's thread every 0.1 s: still there
     assert redis_server.client().exists(lock) == 1
     waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02)
-    assert waiter.claim(key, "sm_90", wait=False) is None  # genuine, held: the caller waits
+    assert waiter.hold(key, "sm_90", wait=False) is None  # genuine, held: the caller waits
     cancel = threading.Event()
     with ThreadPoolExecutor(1) as pool:
-        claimed = pool.submit(waiter.claim, key, "sm_90", cancel=cancel)
+        claimed = pool.submit(waiter.hold, key, "sm_90", cancel=cancel)
         time.sleep(0.3)
         cancel.set()
-        assert claimed.result(timeout=10) == (None, None)
+        assert claimed.result(timeout=10) == Hold(local=False)
     renewers = [
         t for t in threading.enumerate() if t.name == "aionvrtc-redis-lock" and t not in earlier
     ]
     assert len(renewers) == 1, renewers  # the holder's; the waiter took no lock
-    holder.release(key, taken[0])
+    taken.release()
     assert redis_server.client().exists(lock) == 0
     renewers[0].join(timeout=5)  # woken by release(), not by its next period
     assert not renewers[0].is_alive()

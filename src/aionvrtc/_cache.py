@@ -10,17 +10,17 @@ import os
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from . import _nvrtc
 from ._artifact import Artifact
 from ._exceptions import NoDeviceError
 from ._spec import KernelSpec, derive_key, memo_id, record_key
-from ._store import NO_LOCK, DiskStats, DiskTier, KeyLock, MemoryTier
+from ._store import DiskStats, DiskTier, MemoryTier
 from ._store.layers import open_layers
 from ._store.memory import MemoryStats
-from ._store.tier import LayerStats
+from ._store.tier import Hold, LayerStats, Locking, Origin, Tier
 from ._target import Target, TargetLike, as_target, resolve_target
 
 if TYPE_CHECKING:
@@ -40,27 +40,36 @@ logger = logging.getLogger("aionvrtc")
 
 _AIMING = threading.Lock()  # see KernelCache.for_arch
 
-Origin = Literal["disk", "layer", "remote", "compile"]
-
 
 @dataclass(slots=True)
 class Claim:
-    """The locks that compiling one key takes, as far as they are taken (see KernelCache.claim).
-
-    ``lock`` is this host's file lock (None: not taken yet); ``fleet`` says the remote tier's
-    lock is settled (``token`` held, or going on without one); ``found`` is the entry another
-    process or host stored meanwhile, when there is one.
-    """
+    """The locks that compiling one key takes, as far as they are taken (see KernelCache.claim):
+    ``holds``, one per locking tier in order (this host's file lock, then the fleet's), of the
+    ``needed``; ``found`` is the entry another process or host stored meanwhile, if any."""
 
     key: str
-    lock: KeyLock | None = None
-    fleet: bool = False
-    token: str | None = None
+    needed: int
+    holds: list[Hold] = field(default_factory=list)
     found: tuple[Artifact, Origin] | None = None
 
     @property
     def ready(self) -> bool:
-        return self.found is None and self.lock is not None and self.fleet
+        return self.found is None and len(self.holds) == self.needed
+
+    def release(self, *, local_only: bool = False) -> None:
+        """Let go of the locks held, the last taken first (the fleet's, then this host's);
+        idempotent. ``local_only``: only those let go without a round trip (from an event
+        loop; a fleet lock left so lapses by its expiry)."""
+        holds, self.holds = self.holds, []
+        try:
+            while holds:
+                hold = holds.pop()
+                if hold.local or not local_only:
+                    hold.release()
+        finally:
+            for hold in reversed(holds):  # a release that raised: the rest still let go
+                if hold.local or not local_only:
+                    hold.release()
 
 
 def kernel_key(spec: KernelSpec, arch: TargetLike | None = None) -> str:
@@ -182,6 +191,15 @@ class KernelCache:
         self._misses = _Count()
         # The fleet's tier: blocking, as the others, and safe from any thread.
         self.remote = remote
+        # The tiers behind memory, in the order they are read: the local ones (the disk, then
+        # the layers), then the fleet's. A compile takes the lock of each that has one, in the
+        # same order (this host's processes, then the fleet's hosts).
+        self.tiers: tuple[Tier, ...] = (
+            *((self.disk,) if self.disk is not None else ()),
+            *self.layers,
+            *((remote,) if remote is not None else ()),
+        )
+        self._locking = tuple(tier for tier in self.tiers if isinstance(tier, Locking))
         self._build = _nvrtc.build()
         # This cache for each target it serves, this one included (shared by them all).
         self._views: dict[str, KernelCache] = {}
@@ -262,33 +280,40 @@ class KernelCache:
                 mine.exception()
 
     def lookup(
-        self, key: str, *, disk: bool = True, remote: bool = True
+        self, key: str, *, local: bool = True, remote: bool = True
     ) -> tuple[Artifact, Origin] | None:
-        """Disk, then the layers (with ``disk``), then the remote tier (those not turned off
-        here), published to memory; None if none has ``key``. Never compiles and never waits
-        on a lock: the Compiler's I/O lane, which serves a hit while compiles run. Blocking."""
-        cached = self._from_disk(key) if disk else None
-        if cached is not None:
-            return cached, "disk"
-        if disk and key not in self._shadowed:  # local too: read with the disk, first
-            for layer in self.layers:
-                cached = layer.read(key, arch=self.target.arch)
+        """The tiers in order (the ``local`` ones: disk and layers; then the ``remote`` ones,
+        unless turned off here), the first hit published to memory; None if none has ``key``.
+        Never compiles and never waits on a lock: the Compiler's I/O lane, which serves a hit
+        while compiles run. Blocking."""
+        arch = self.target.arch
+        for tier in self.tiers:
+            if (local if tier.local else remote) and self._serves(tier, key):
+                cached = tier.read(key, arch=arch)
                 if cached is not None:
-                    self.memory.write(cached)  # served in place: not copied to the disk
-                    return cached, "layer"
-        if remote and self.remote is not None and key not in self._shadowed:
-            cached = self.remote.read(key, arch=self.target.arch)
-            if cached is not None:
-                return self._keep(cached), "remote"
+                    return self._publish(tier, cached), tier.origin
         return None
 
-    def resolve(self, spec: KernelSpec, key: str) -> tuple[Artifact, Origin]:
-        """Disk, the layers, then the remote tier (``lookup``), then NVRTC (writing the result
-        to disk and remote); publishes to memory. Blocking.
+    def _serves(self, tier: Tier, key: str) -> bool:
+        """Whether ``tier`` may serve ``key``: not one this cache dropped (``drop``), unless it
+        is the disk, from which the drop removed it."""
+        return tier is self.disk or key not in self._shadowed
 
-        The compile runs under the key's file lock with the disk checked again inside it, so
-        processes cold on the same kernel compile it once and the others read it from disk;
-        across hosts, the remote tier's lock does the same.
+    def _publish(self, tier: Tier, artifact: Artifact) -> Artifact:
+        """A hit from ``tier`` put in memory, and kept on the local disk when it came from
+        another host (a layer's is served in place)."""
+        if not tier.local and self.disk is not None:
+            self.disk.write(artifact)
+        self.memory.write(artifact)
+        return artifact
+
+    def resolve(self, spec: KernelSpec, key: str) -> tuple[Artifact, Origin]:
+        """The tiers (``lookup``), then NVRTC (writing the result to disk and remote);
+        publishes to memory. Blocking.
+
+        The compile runs under the locking tiers' locks with each checked again once its lock
+        is taken, so processes cold on the same kernel compile it once and the others read it
+        from disk; across hosts, the remote tier's lock does the same.
         """
         found = self.lookup(key)
         if found is not None:
@@ -302,7 +327,7 @@ class KernelCache:
         self, spec: KernelSpec, key: str, claim: Claim | None = None
     ) -> tuple[Artifact, Origin] | Claim:
         """The Compiler's compile lane, after a lookup missed: the key's locks taken without
-        waiting (or those ``claim`` holds), the disk checked again, then NVRTC. Returns the
+        waiting (or those ``claim`` holds), each tier checked again, then NVRTC. Returns the
         claim instead when another process or host holds a lock now: wait for it with
         ``claim(..., claim=that)``, which holds no compile slot, then call this again."""
         if claim is None or not claim.ready:
@@ -321,88 +346,39 @@ class KernelCache:
         cancel: threading.Event | None = None,
         claim: Claim | None = None,
     ) -> Claim:
-        """Take the locks for compiling ``key`` (or go on taking those ``claim`` lacks): this
-        host's file lock, then, with the disk checked again, the fleet's. The claim comes back
-        ``found`` when another process or host stored the key meanwhile (its locks let go),
-        ``ready`` to compile, or, with ``wait=False``, neither: another holds a lock now, and
-        ``claim(..., wait=True, claim=that)`` waits for it (the Compiler waits outside its
-        compile lane). ``cancel`` ends a wait for a lock early (going on without it).
-        Blocking."""
-        claim = claim if claim is not None else Claim(key)
+        """Take the locks for compiling ``key`` (or go on taking those ``claim`` lacks): each
+        locking tier's in order (this host's file lock, then the fleet's), each tier read again
+        once its lock is held. The claim comes back ``found`` when another process or host
+        stored the key meanwhile (its locks let go), ``ready`` to compile, or, with
+        ``wait=False``, neither: another holds a lock now, and ``claim(..., wait=True,
+        claim=that)`` waits for it (the Compiler waits outside its compile lane). ``cancel``
+        ends a wait for a lock early (going on without it). Blocking."""
+        claim = claim if claim is not None else Claim(key, len(self._locking))
+        arch = self.target.arch
         try:
-            return self._claim(claim, wait, cancel)
+            for tier in self._locking[len(claim.holds) :]:
+                hold = tier.hold(key, arch, wait=wait, cancel=cancel)
+                if hold is None:
+                    return claim  # another process or host compiles it now (our locks kept)
+                claim.holds.append(hold)
+                if hold.found is not None and self._serves(tier, key):
+                    claim.release()
+                    claim.found = (self._publish(tier, hold.found), tier.origin)
+                    return claim
         except BaseException:
-            self.release(claim)  # what was taken before the failure
+            claim.release()  # what was taken before the failure
             raise
-
-    def _claim(self, claim: Claim, wait: bool, cancel: threading.Event | None) -> Claim:
-        key, disk, remote = claim.key, self.disk, self.remote
-        if claim.lock is None:
-            if disk is None:
-                claim.lock = NO_LOCK
-            else:
-                lock = disk.wait_lock(key, cancel=cancel) if wait else disk.try_lock(key)
-                if lock is None:
-                    return claim  # another process compiles it now
-                claim.lock = lock
-                cached = self._from_disk(key, again=True)  # written while we waited?
-                if cached is not None:
-                    self.release(claim)
-                    claim.found = (cached, "disk")
-                    return claim
-        if not claim.fleet:
-            if remote is not None:
-                taken = remote.claim(key, self.target.arch, wait=wait, cancel=cancel)
-                if taken is None:
-                    return claim  # another host compiles it now (this host's lock kept)
-                claim.token, cached = taken
-                if key in self._shadowed:
-                    cached = None  # the image dropped here: compile, and replace it there
-                if cached is not None:  # another host compiled it while this one waited
-                    self.release(claim)
-                    claim.found = (self._keep(cached), "remote")
-                    return claim
-            claim.fleet = True
         return claim
 
     def build(self, spec: KernelSpec, claim: Claim) -> Artifact:
-        """Compile ``claim``'s key (its locks ``ready``), write it to disk and the remote tier,
-        publish it to memory; the locks are let go whatever happens."""
+        """Compile ``claim``'s key (its locks ``ready``), write it to every tier that takes
+        writes (disk, remote), publish it to memory; the locks are let go whatever happens."""
         try:
             artifact = self._compile(spec, claim.key)
-            if self.disk is not None:
-                self.disk.write(artifact)
-            if self.remote is not None:
-                self.remote.write(artifact)
+            for tier in self.tiers:
+                tier.write(artifact)
         finally:
-            self.release(claim)
-        self.memory.write(artifact)
-        return artifact
-
-    def release(self, claim: Claim) -> None:
-        """Let go of ``claim``'s locks (the fleet's, then this host's); idempotent."""
-        token, claim.token = claim.token, None
-        try:
-            if token is not None:
-                assert self.remote is not None
-                self.remote.release(claim.key, token)
-        finally:
-            if claim.lock is not None:
-                claim.lock.release()
-
-    def _from_disk(self, key: str, *, again: bool = False) -> Artifact | None:
-        """The disk's verified entry for ``key``, published to memory, or None (``again``: see
-        ``DiskTier.read``)."""
-        disk = self.disk
-        cached = disk.read(key, arch=self.target.arch, again=again) if disk is not None else None
-        if cached is not None:
-            self.memory.write(cached)
-        return cached
-
-    def _keep(self, artifact: Artifact) -> Artifact:
-        """A remote hit: written to the local disk and memory."""
-        if self.disk is not None:
-            self.disk.write(artifact)
+            claim.release()
         self.memory.write(artifact)
         return artifact
 

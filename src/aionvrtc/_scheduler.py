@@ -31,10 +31,11 @@ import anyio.abc
 import anyio.to_thread
 
 from ._artifact import Artifact
-from ._cache import Claim, KernelCache, Origin
+from ._cache import Claim, KernelCache
 from ._exceptions import AionvrtcError, CompileError, CompilerClosed
 from ._failures import Failures
 from ._spec import KernelSpec
+from ._store.tier import Origin
 
 __all__ = ["CLAIMED", "LIVE", "PREFETCH", "Job", "Scheduler", "fresh"]
 
@@ -103,7 +104,7 @@ def fresh(error: BaseException) -> BaseException:
 
 
 def _lookup_many(
-    lookups: list[tuple[KernelCache, str]], *, disk: bool, remote: bool
+    lookups: list[tuple[KernelCache, str]], *, local: bool, remote: bool
 ) -> list[tuple[Artifact, Origin] | Exception | None]:
     """Each (cache view, key)'s ``lookup``, in one call (one thread hop for a batch, whatever
     targets it mixes); a lookup that raised has its exception in its place, and the others are
@@ -111,7 +112,7 @@ def _lookup_many(
     found: list[tuple[Artifact, Origin] | Exception | None] = []
     for cache, key in lookups:
         try:
-            found.append(cache.lookup(key, disk=disk, remote=remote))
+            found.append(cache.lookup(key, local=local, remote=remote))
         except Exception as exc:
             found.append(exc)
     return found
@@ -252,7 +253,7 @@ class Scheduler:
                 left = bool(handoff)
                 handoff.append(result)
             if left and isinstance(result, Claim):
-                self._cache.release(result)
+                result.release()
             return result
 
         try:
@@ -289,19 +290,21 @@ class Scheduler:
         waits behind a compile of another key."""
         try:
             while batch := self._take_lookups():
-                # The disk first, for the whole batch, then the remote tier for its misses
-                # only: a disk hit never waits behind Redis round trips.
+                # The local tiers first, for the whole batch, then the remote tier for its
+                # misses only: a disk hit never waits behind Redis round trips.
                 misses = await self._read(batch, remote=False)
                 if misses and self._cache.remote is not None:
-                    await self._read(misses, disk=False)
+                    await self._read(misses, local=False)
         finally:
             self._lookers -= 1
 
-    async def _read(self, batch: list[Job], *, disk: bool = True, remote: bool = True) -> list[Job]:
+    async def _read(
+        self, batch: list[Job], *, local: bool = True, remote: bool = True
+    ) -> list[Job]:
         """Look ``batch`` up in one hop; finish the hits (and, reading the last tier, the
         misses, which go on to compile). Returns the misses."""
         read = functools.partial(
-            _lookup_many, [(job.cache, job.key) for job in batch], disk=disk, remote=remote
+            _lookup_many, [(job.cache, job.key) for job in batch], local=local, remote=remote
         )
         try:
             found = await self._hop(read, self._io)
@@ -419,12 +422,12 @@ class Scheduler:
 
     async def _release(self, claim: Claim) -> None:
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._cache.release, claim)
+            await anyio.to_thread.run_sync(claim.release)
 
     def _release_soon(self, claim: Claim) -> None:
         """Let go of ``claim`` from the event loop: in a task of the Compiler's while it has
         one, else its file lock at once (a fleet lock then lapses by its expiry)."""
         if self._task_group is not None:
             self._task_group.start_soon(self._release, claim)
-        elif claim.lock is not None:
-            claim.lock.release()
+        else:
+            claim.release(local_only=True)

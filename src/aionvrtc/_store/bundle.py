@@ -56,7 +56,7 @@ from .._spec import FORMAT_VERSION
 from ._fs import kind_of
 from ._fs import stat_or_none as _lstat
 from .disk import MAX_ENTRY_BYTES, Damage, Policy, default_shared_cache
-from .tier import LayerStats
+from .tier import LayerStats, Origin
 
 __all__ = [
     "MAGIC",
@@ -511,6 +511,9 @@ class BundleTier:
     cache dir would be (``shared_cache``: default ``$AIONVRTC_SHARED_CACHE``, see ``Policy``).
     """
 
+    origin: Origin = "layer"
+    local = True
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -578,12 +581,6 @@ class BundleTier:
 
     def write(self, artifact: Artifact) -> bool:
         return False  # read-only
-
-    def discard(self, key: str) -> bool:
-        return False
-
-    def clear(self) -> None:
-        return None
 
     def stats(self) -> LayerStats:
         with self._lock:

@@ -46,6 +46,7 @@ from ._index import (
 )
 from ._locks import NO_LOCK, KeyLock, LockFiles, close_files, let_go, wait_in_thread
 from ._trust import Policy
+from .tier import Hold, Origin
 
 try:
     import fcntl
@@ -109,6 +110,9 @@ class DiskTier(Upkeep):
     ``shared_cache`` (default ``$AIONVRTC_SHARED_CACHE``, else False) trusts a tree that a group
     shares and makes new folders and files group-writable; see ``Policy``.
     """
+
+    origin: Origin = "disk"
+    local = True
 
     def read(self, key: str, *, arch: str | None = None, again: bool = False) -> Artifact | None:
         """The verified entry for ``key``, or None. A bad entry is deleted and counted; a
@@ -337,6 +341,24 @@ class DiskTier(Upkeep):
                 "waited %.0f s for another process to compile %s; compiling here", timeout, key[:16]
             )
         return KeyLock()
+
+    def hold(
+        self, key: str, arch: str, *, wait: bool, cancel: threading.Event | None = None
+    ) -> Hold | None:
+        """The key's file lock (``wait_lock``, or with ``wait=False`` ``try_lock``), then the
+        entry read again (``again``), so processes on this host compile a key once: see
+        ``tier.Locking``."""
+        lock = self.wait_lock(key, cancel=cancel) if wait else self.try_lock(key)
+        if lock is None:
+            return None
+        try:
+            found = self.read(key, arch=arch, again=True)  # written while we waited?
+        except BaseException:
+            lock.release()
+            raise
+        if found is not None:
+            lock.release()
+        return Hold(lock.release, found, held=lock.held and found is None)
 
     def _lock_now(self, key: str) -> KeyLock | LockFiles:
         """The key's lock if it is free (held), a KeyLock that is not held if this cache

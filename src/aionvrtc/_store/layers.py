@@ -21,7 +21,7 @@ from .._config import ENV_CACHE_LAYERS
 from .._exceptions import AionvrtcError
 from .bundle import BundleTier, environment_secret
 from .disk import DiskTier
-from .tier import LayerStats
+from .tier import LayerStats, Origin
 
 __all__ = ["DirLayer", "Layer", "open_layers"]
 
@@ -32,6 +32,9 @@ logger = logging.getLogger("aionvrtc")
 class DirLayer:
     """A cache dir read as a layer: the disk tier's reads and trust checks, read-only."""
 
+    origin: Origin = "layer"
+    local = True
+
     def __init__(self, path: str | os.PathLike[str], *, shared_cache: bool | None = None) -> None:
         self.path = Path(path)
         self._tier = DiskTier(self.path, read_only=True, shared_cache=shared_cache)
@@ -41,12 +44,6 @@ class DirLayer:
 
     def write(self, artifact: Artifact) -> bool:
         return False  # a layer is never written
-
-    def discard(self, key: str) -> bool:
-        return False
-
-    def clear(self) -> None:
-        return None
 
     def close(self) -> None:
         return None  # holds no file open between reads

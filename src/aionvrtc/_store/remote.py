@@ -34,6 +34,7 @@ thread while its compile runs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
@@ -49,6 +50,7 @@ from .._artifact import Artifact, decode, encode
 from .._config import ENV_REMOTE_ALLOW_UNSIGNED, ENV_REMOTE_SECRET, ENV_REMOTE_URL
 from .._exceptions import CacheCorruptError
 from ._fork import reset_in_forked_child
+from .tier import Hold, Origin
 
 __all__ = [
     "DEFAULT_MAX_ENTRY_BYTES",
@@ -129,6 +131,9 @@ class RedisTier:
     ``$AIONVRTC_REMOTE_SECRET`` or ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED=1``) for Compilers made
     without one.
     """
+
+    origin: Origin = "remote"
+    local = False
 
     def __init__(
         self,
@@ -385,15 +390,16 @@ class RedisTier:
             return "it is not signed with this secret"
         return None
 
-    def claim(
+    def hold(
         self, key: str, arch: str, *, wait: bool = True, cancel: threading.Event | None = None
-    ) -> tuple[str | None, Artifact | None] | None:
-        """Before compiling ``key``: (token, None) if this host holds the compile lock (renewed
-        until release()), (None, artifact) if another host's compile arrived meanwhile, (None,
-        None) if this host should compile without the lock (Redis down, a foreign lock, or the
-        wait timed out). With ``wait=False``, None when another host holds a genuine lock now:
-        the caller waits for it (``wait=True``) where waiting holds no compile slot. Setting
-        ``cancel`` (or closing the tier) ends a wait at once, as (None, None).
+    ) -> Hold | None:
+        """Before compiling ``key`` (see ``tier.Locking``): a Hold that ``held`` the fleet's
+        compile lock (renewed until its release), one that ``found`` another host's compile
+        stored meanwhile, or one that holds nothing: compile without the lock (Redis down, a
+        foreign lock, or the wait timed out). With ``wait=False``, None when another host holds
+        a genuine lock now: the caller waits for it (``wait=True``) where waiting holds no
+        compile slot. Setting ``cancel`` (or closing the tier) ends a wait at once, holding
+        nothing.
 
         While another host holds a genuine lock, only the lock is polled (a small SET NX that
         reads the lock back when taken); the entry is read once, when the lock is ours again.
@@ -407,19 +413,19 @@ class RedisTier:
         while True:
             reply = self._call(self._take_lock, keys=[lock], args=[token, ttl_ms, MAX_LOCK_BYTES])
             if reply is _DOWN:
-                return None, None
+                return Hold(local=False)
             if reply == 1:
                 if waited:  # the holder stored it (or died) and let go
                     artifact = self.read(key, arch=arch)
                     if artifact is not None:
                         self.release(key, token)  # (renewal never started)
-                        return None, artifact
+                        return Hold(found=artifact, local=False)
                 self._renew_soon(key, token)
-                return token, None
+                return Hold(functools.partial(self.release, key, token), held=True, local=False)
             why = self._foreign(key, int(reply[0]), reply[1] if len(reply) > 1 else None)
             if why is not None:
                 self._note_foreign(key, why)
-                return None, None
+                return Hold(local=False)
             if not wait:
                 return None
             if not waited:
@@ -430,9 +436,9 @@ class RedisTier:
                     "waited %.0f s for another host to compile %s; compiling here",
                     self.wait_timeout, key[:16],
                 )  # fmt: skip
-                return None, None
+                return Hold(local=False)
             if self._closed.wait(self.poll) or (cancel is not None and cancel.is_set()):
-                return None, None
+                return Hold(local=False)
 
     def _note_foreign(self, key: str, why: str) -> None:
         self._add("foreign_locks")
