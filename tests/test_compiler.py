@@ -506,6 +506,30 @@ async def test_a_disk_hit_is_served_while_another_key_compiles(cache_dir: Path) 
     assert (after.compiles, after.in_flight) == (1, 0)
 
 
+async def test_a_cold_live_request_takes_a_slot_of_its_own_while_prefetches_compile(
+    cache_dir: Path,
+) -> None:
+    # At concurrency=1 a cold live request waited for the prefetched compile holding the only
+    # slot (NVRTC cannot be interrupted): up to twice one compile. Prefetched jobs now take
+    # only the slots live work leaves free, and a live job takes one of its own.
+    warm = [make_slow_spec(depth=120) for _ in range(3)]  # over a second of NVRTC each
+    live = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir, concurrency=1) as compiler:
+        assert compiler.prefetch(warm) == 3
+        with anyio.fail_after(30):
+            while compiler.stats().in_flight == 0:
+                await anyio.sleep(0.001)
+        await anyio.sleep(0.05)  # the other two looked up and queued by now
+        before = compiler.stats()
+        artifact = await compiler.compile(live)
+        during = compiler.stats()
+    assert artifact.key == kernel_key(live, "sm_90")
+    # One prefetched compile at a time, as concurrency says; the others wait for a slot.
+    assert (before.in_flight, before.queued, before.compiles) == (1, 2, 0)
+    # The live compile ran beside it and finished while the prefetched one still ran.
+    assert (during.compiles, during.in_flight, during.queued) == (1, 1, 2)
+
+
 async def test_aclose_under_a_deadline_from_the_opener_cancels_what_is_left(
     cache_dir: Path,
 ) -> None:

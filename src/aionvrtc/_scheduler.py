@@ -7,7 +7,10 @@ A miss joins the in-flight job for its key or starts one, which goes through thr
 - the I/O lane (up to IO_LANE worker threads, batches of up to IO_BATCH keys a hop): disk,
   layer and remote lookups, so a hit is served whatever NVRTC is doing;
 - the compile lane (``concurrency`` slots, default 1): the key's locks taken without waiting,
-  the disk checked again, NVRTC, the writes, all in one worker-thread hop;
+  the disk checked again, NVRTC, the writes, all in one worker-thread hop. Prefetched jobs take
+  only slots that no live job is using, and a live job never waits for a prefetched one to
+  finish (NVRTC cannot be interrupted): it takes a slot of its own, so while prefetched
+  compiles run, up to twice ``concurrency`` compiles may run at once;
 - the wait lane (no slot): a job whose key another process or host is compiling waits there for
   its lock, then reads what it stored, or compiles with the locks as the next job of the lane.
 
@@ -140,6 +143,7 @@ class Scheduler:
         self._task_group: anyio.abc.TaskGroup | None = None
         self._lookers = 0  # I/O lane tasks running
         self.running = 0  # jobs holding a compile slot
+        self._live = 0  # of them, those live (or holding their locks) when they started
         self.joined = 0  # submissions that joined a job in flight
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -148,7 +152,8 @@ class Scheduler:
         """Take jobs from now on, running the lanes in ``task_group``: before anyone can submit
         (the Compiler opens after this), so a job never finds no task group to run in."""
         self._task_group = task_group
-        self._limiter = anyio.CapacityLimiter(self.concurrency)
+        # The dispatcher keeps to ``concurrency`` slots for each kind of job (see _next_job).
+        self._limiter = anyio.CapacityLimiter(2 * self.concurrency)
         self._io = anyio.CapacityLimiter(IO_LANE)
         self._waits = anyio.CapacityLimiter(WAIT_LANE)
         self.open = True
@@ -156,19 +161,15 @@ class Scheduler:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         """The compile lane's dispatcher (in the task group ``attach`` named), until ``close``
         and the running compiles have finished."""
-        slots = anyio.Semaphore(self.concurrency)
         try:
             async with anyio.create_task_group() as workers:
                 task_status.started()
-                while True:
-                    await slots.acquire()
-                    job = await self._next_job()
-                    if job is None:
-                        slots.release()
-                        break
+                while (job := await self._next_job()) is not None:
+                    live = job.priority < PREFETCH
                     job.stage = Stage.RUNNING
                     self.running += 1
-                    workers.start_soon(self._run_job, job, slots)
+                    self._live += live
+                    workers.start_soon(self._run_job, job, live)
                 # Leaving the task group waits for the running jobs: they finish and are cached.
         finally:
             self.open = False
@@ -345,18 +346,28 @@ class Scheduler:
             self._wakeup.set()
 
     async def _next_job(self) -> Job | None:
+        """The first queued job that a slot is free for: a live one (or one holding its
+        locks) while fewer than ``concurrency`` live jobs run, a prefetched one while fewer
+        than ``concurrency`` jobs run in all. None once closed."""
+        queue = self._queue
         while True:
-            while self._queue:
-                priority, _, job = heapq.heappop(self._queue)
-                if job.stage is Stage.QUEUED and priority == job.priority:
-                    return job
+            while queue:
+                priority, _, job = queue[0]
+                if job.stage is not Stage.QUEUED or priority != job.priority:
+                    heapq.heappop(queue)  # promoted since, or taken by close()
+                    continue
+                taken = self._live if priority < PREFETCH else self.running
+                if taken >= self.concurrency:
+                    break  # live jobs come first in the heap: nothing behind it can run
+                heapq.heappop(queue)
+                return job
             if not self.open:
                 return None  # closing: nothing enters the queue any more
             self._wakeup = anyio.Event()
             await self._wakeup.wait()
             self._wakeup = None
 
-    async def _run_job(self, job: Job, slots: anyio.Semaphore) -> None:
+    async def _run_job(self, job: Job, live: bool) -> None:
         """A compile slot's work: take the key's locks without waiting (or use those the job
         holds), check the disk again, compile and store. A key that another process or host is
         compiling leaves the slot for the wait lane."""
@@ -377,7 +388,8 @@ class Scheduler:
                 self._task_group.start_soon(self._wait, job)
         finally:
             self.running -= 1
-            slots.release()
+            self._live -= live
+            self._wake()
 
     def _failed(self, job: Job, exc: Exception) -> None:
         if isinstance(exc, CompileError):
