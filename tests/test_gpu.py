@@ -115,7 +115,8 @@ async def main():
 anyio.run(main)
 """
     )
-    result = json.loads(out)
+    # The last line: the axpy's seed is printed before it.
+    result = json.loads(out.splitlines()[-1])
     assert (result["compiles"], result["disk_hits"]) == (0, 1)
     assert result["error"] < 1e-5
 
