@@ -157,3 +157,37 @@ def test_background_upkeep_pauses_for_other_threads_and_foreground_work_does_not
     foreground = DiskTier(tmp_path, limit=size // 2)
     assert foreground.evict() > 100
     assert len(paused) == pauses  # the caller's own thread went on without a pause
+
+
+def test_a_paced_thread_frees_large_containers_a_slice_at_a_time() -> None:
+    # The last reference to 50,000 entries dropped at once holds the GIL while they are freed;
+    # a paced thread empties them with pauses between slices, other threads not at all.
+    from aionvrtc._store import _fs
+
+    rows = [(f"{n:064x}", n) for n in range(3000)]
+    table = dict(rows)
+    _fs.let_go_of(rows)
+    _fs.let_go_of(table)
+    assert (len(rows), len(table)) == (3000, 3000)  # not paced: left to be freed as it is
+    with _fs.paced():
+        _fs.let_go_of(rows)
+        _fs.let_go_of(table)
+    assert (rows, table) == ([], {})
+
+
+def test_the_index_is_parsed_a_slice_at_a_time_and_refused_whole_for_one_bad_record() -> None:
+    from aionvrtc._store import _index
+
+    record = b"+ %064x 7 4096 null\n"
+    body = b"".join(record % n for n in range(5000))  # about 8 slices of PARSE_CHUNK
+    assert len(body) > 6 * _index.PARSE_CHUNK
+    slices = list(_index._parsed(body))
+    assert len(slices) > 6
+    assert sum(len(ops) for ops in slices if ops is not None) == 5000
+    ops = _index._records_of(body)
+    assert ops is not None
+    assert [op[1] for op in ops[:2]] == [b"%064x" % 0, b"%064x" % 1]
+    for bad in (b"+ nonsense\n", b"- %064x 7 4096 null\n" % 1):  # not a record; a - with a size
+        damaged = body + bad + record % 5001
+        assert _index._records_of(damaged) is None
+        assert list(_index._parsed(damaged))[-1] is None  # and nothing after it

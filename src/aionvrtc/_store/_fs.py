@@ -10,6 +10,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 __all__ = [
     "ASIDE",
@@ -20,6 +21,7 @@ __all__ = [
     "closing",
     "file_id",
     "kind_of",
+    "let_go_of",
     "paced",
     "paced_total",
     "read_up_to",
@@ -69,6 +71,22 @@ def paced_total(sizes: Iterable[int]) -> int:
         breathe(step)
         total += size
     return total
+
+
+def let_go_of(items: list[Any] | dict[Any, Any]) -> None:
+    """Empty ``items`` in a paced thread a slice at a time, breathing between: the last
+    reference to 50,000 entries dropped at once holds the GIL while they are freed (about 3 ms).
+    Elsewhere it is left to be freed as it is."""
+    if not getattr(_pace, "on", False):
+        return
+    if isinstance(items, dict):
+        for step in range(len(items)):
+            breathe(step)
+            items.popitem()
+    else:
+        while items:
+            del items[-PACE_STEPS:]
+            breathe(0)
 
 
 def breathe(step: int) -> None:

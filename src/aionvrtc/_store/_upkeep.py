@@ -13,6 +13,7 @@ from collections.abc import Callable
 from ._fs import (
     breathe,
     closing,
+    let_go_of,
     paced,
     paced_total,
     read_up_to,
@@ -189,6 +190,7 @@ class Upkeep(Surveying):
                 unlock(version)
             # Writes made meanwhile may make another pass due: they ask for it (_again).
             left = _bytes(swept.kept)
+            let_go_of(swept.kept)
             return left <= self.limit and self._index.totals(version) is not None
 
     def _after_fork_in_child(self) -> None:
@@ -303,6 +305,9 @@ class Upkeep(Surveying):
                     index = self._index.install(version, mark, records)
                 elif snapshot is not None:
                     index = snapshot.totals  # in order: nothing to rebuild
+                let_go_of(records)
+                if snapshot is not None:
+                    let_go_of(snapshot.records)
             if index is None and removed and self.writable:  # another rebuild came first
                 index = self._index.remove(version, [(entry[0], entry[1]) for entry in removed])
             if index is not None:
