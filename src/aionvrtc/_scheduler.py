@@ -4,8 +4,8 @@ in-flight map, the queues, the remembered failures) is touched from that loop on
 
 A miss joins the in-flight job for its key or starts one, which goes through three lanes:
 
-- the I/O lane (up to IO_LANE worker threads, batches of up to IO_BATCH keys a hop): disk,
-  layer and remote lookups, so a hit is served whatever NVRTC is doing;
+- the I/O lane (batches of up to IO_BATCH keys a hop): disk and layer lookups in one worker
+  thread, remote lookups in up to IO_LANE, so a hit is served whatever NVRTC is doing;
 - the compile lane (``concurrency`` slots, default 1): the key's locks taken without waiting,
   the disk checked again, NVRTC, the writes, all in one worker-thread hop. Prefetched jobs take
   only slots that no live job is using, and a live job never waits for a prefetched one to
@@ -51,8 +51,11 @@ logger = logging.getLogger("aionvrtc")
 CLAIMED = -1
 LIVE = 0
 PREFETCH = 1
-# Worker threads for the I/O lane: each holds one for reads and verifications of well under a
-# millisecond each, so a few serve many requests.
+# Tasks of the I/O lane, and its worker threads for the remote tier (a round trip waits on the
+# network, and the other task's local reads go on meanwhile). Local reads take one thread: a
+# verified read holds the GIL for most of its 70 us, and two threads reading at once each wait
+# for the other's GIL at every system call: 1,000 disk-warm keys at once took 190-340 us of
+# thread time each with two, 72-90 us with one (2 vCPUs).
 IO_LANE = 2
 # Keys looked up per thread hop: a hop costs about as much as a disk hit, so a burst of misses
 # is read in batches; a lone request is a batch of one.
@@ -154,7 +157,8 @@ class Scheduler:
         self._task_group = task_group
         # The dispatcher keeps to ``concurrency`` slots for each kind of job (see _next_job).
         self._limiter = anyio.CapacityLimiter(2 * self.concurrency)
-        self._io = anyio.CapacityLimiter(IO_LANE)
+        self._io = anyio.CapacityLimiter(1)  # local reads (see IO_LANE)
+        self._remote_io = anyio.CapacityLimiter(IO_LANE)
         self._waits = anyio.CapacityLimiter(WAIT_LANE)
         self.open = True
 
@@ -308,7 +312,7 @@ class Scheduler:
             _lookup_many, [(job.cache, job.key) for job in batch], local=local, remote=remote
         )
         try:
-            found = await self._hop(read, self._io)
+            found = await self._hop(read, self._io if local else self._remote_io)
         except BaseException:
             error = CompilerClosed("the Compiler was cancelled")
             for job in batch:
