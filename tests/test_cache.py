@@ -266,3 +266,40 @@ def test_no_lock_file_is_left_per_key(cache_dir: Path) -> None:
     files = [p for p in (cache_dir / ENTRIES).rglob("*") if p.is_file()]
     files = [p for p in files if p.name not in (".events", ".index")]  # one each per cache dir
     assert sorted(p.name for p in files) == sorted(a.key for a in artifacts)
+
+
+def test_a_claim_lets_go_last_taken_first_and_from_a_loop_only_what_needs_no_round_trip() -> None:
+    from aionvrtc._cache import Claim
+    from aionvrtc._store.tier import Hold
+
+    let_go: list[str] = []
+    claim = Claim("ab" * 32, needed=2)
+    claim.holds += [
+        Hold(release=lambda: let_go.append("file"), held=True, local=True),
+        Hold(release=lambda: let_go.append("fleet"), held=True, local=False),
+    ]
+    assert claim.ready
+    claim.release(local_only=True)  # from an event loop: the fleet's lock is kept for later
+    assert (let_go, [hold.local for hold in claim.holds]) == (["file"], [False])
+    claim.release()
+    claim.release()  # idempotent
+    assert (let_go, claim.holds) == (["file", "fleet"], [])
+
+
+def test_a_failed_release_still_lets_go_of_the_rest() -> None:
+    from aionvrtc._cache import Claim
+    from aionvrtc._store.tier import Hold
+
+    let_go: list[str] = []
+
+    def broken() -> None:
+        raise OSError("injected: the fleet's release failed")
+
+    claim = Claim("ab" * 32, needed=2)
+    claim.holds += [
+        Hold(release=lambda: let_go.append("file"), held=True, local=True),
+        Hold(release=broken, held=True, local=False),
+    ]
+    with pytest.raises(OSError, match="injected"):
+        claim.release()
+    assert (let_go, claim.holds) == (["file"], [])

@@ -22,7 +22,8 @@ from typing import Any
 import anyio
 import pytest
 
-from aionvrtc import Compiler, KernelCache, RedisTier, kernel_key
+from aionvrtc import Artifact, Compiler, KernelCache, RedisTier, kernel_key
+from aionvrtc._store import DiskTier
 from aionvrtc._store.remote import MAGIC
 from aionvrtc._store.tier import Hold, Locking
 
@@ -425,6 +426,47 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
     assert (stats.compiles, stats.remote.rejected, stats.remote.hits) == (1, 2, 0)
     assert waiter.foreign_locks == 0
     assert closed_in < 10.0, closed_in  # generous for a loaded CI box; the wait is 30 s
+
+
+def test_an_entry_found_after_waiting_is_on_disk_before_this_hosts_lock_is_let_go(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another host compiles while this one waits for the fleet lock, holding its file lock. A
+    # process of this host waiting for that file lock must find the entry on disk once it gets
+    # the lock: were the lock let go first, it would take the then free fleet lock and compile.
+    prefix = f"order{time.time_ns()}"
+    spec = make_spec()
+    artifact = KernelCache("sm_90", cache_dir=tmp_path / "other").get_or_compile(spec)
+    holder = tier(redis_server, prefix=prefix)
+    held = holder.hold(artifact.key, "sm_90")
+    assert held is not None
+    assert held.held
+    cache = KernelCache(
+        "sm_90", cache_dir=tmp_path / "here", remote=tier(redis_server, prefix=prefix, poll=0.02)
+    )
+    assert cache.disk is not None
+    written = cache.disk.write
+    locked_while_written: list[bool] = []
+
+    def watched(entry: Artifact) -> bool:
+        probe = DiskTier(tmp_path / "here").try_lock(entry.key)  # another open of the dir
+        locked_while_written.append(probe is None)
+        if probe is not None:
+            probe.release()
+        return written(entry)
+
+    monkeypatch.setattr(cache.disk, "write", watched)  # observed, then written as it was
+    with ThreadPoolExecutor(1) as pool:
+        claimed = pool.submit(cache.claim, artifact.key)
+        time.sleep(0.3)  # holding the file lock, waiting for the fleet's
+        assert holder.write(artifact)
+        held.release()
+        claim = claimed.result(timeout=10)
+    assert claim.found == (artifact, "remote")
+    assert locked_while_written == [True]
+    after = DiskTier(tmp_path / "here").try_lock(artifact.key)  # let go after
+    assert after is not None
+    after.release()
 
 
 def test_close_stops_a_claim_waiting_on_a_lock(redis_server: RedisServer) -> None:

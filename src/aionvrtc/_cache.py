@@ -59,8 +59,9 @@ class Claim:
     def release(self, *, local_only: bool = False) -> None:
         """Let go of the locks held, the last taken first (the fleet's, then this host's);
         idempotent. ``local_only``: only those let go without a round trip (from an event
-        loop; a fleet lock left so lapses by its expiry)."""
-        holds, self.holds = self.holds, []
+        loop); the others stay held, for a later ``release()`` (or their expiry)."""
+        holds = self.holds
+        self.holds = [hold for hold in holds if local_only and not hold.local]
         try:
             while holds:
                 hold = holds.pop()
@@ -327,7 +328,7 @@ class KernelCache:
         self, spec: KernelSpec, key: str, claim: Claim | None = None
     ) -> tuple[Artifact, Origin] | Claim:
         """The Compiler's compile lane, after a lookup missed: the key's locks taken without
-        waiting (or those ``claim`` holds), each tier checked again, then NVRTC. Returns the
+        waiting (or those ``claim`` holds), as ``claim`` takes them, then NVRTC. Returns the
         claim instead when another process or host holds a lock now: wait for it with
         ``claim(..., claim=that)``, which holds no compile slot, then call this again."""
         if claim is None or not claim.ready:
@@ -347,12 +348,13 @@ class KernelCache:
         claim: Claim | None = None,
     ) -> Claim:
         """Take the locks for compiling ``key`` (or go on taking those ``claim`` lacks): each
-        locking tier's in order (this host's file lock, then the fleet's), each tier read again
-        once its lock is held. The claim comes back ``found`` when another process or host
-        stored the key meanwhile (its locks let go), ``ready`` to compile, or, with
-        ``wait=False``, neither: another holds a lock now, and ``claim(..., wait=True,
-        claim=that)`` waits for it (the Compiler waits outside its compile lane). ``cancel``
-        ends a wait for a lock early (going on without it). Blocking."""
+        locking tier's in order (this host's file lock, then the fleet's), the tier read again
+        under its lock where another may have stored the key meanwhile. The claim comes back
+        ``found`` when another process or host stored the key meanwhile (kept on this host's
+        disk, its locks let go), ``ready`` to compile, or, with ``wait=False``, neither:
+        another holds a lock now, and ``claim(..., wait=True, claim=that)`` waits for it (the
+        Compiler waits outside its compile lane). ``cancel`` ends a wait for a lock early
+        (going on without it). Blocking."""
         claim = claim if claim is not None else Claim(key, len(self._locking))
         arch = self.target.arch
         try:
@@ -362,8 +364,10 @@ class KernelCache:
                     return claim  # another process or host compiles it now (our locks kept)
                 claim.holds.append(hold)
                 if hold.found is not None and self._serves(tier, key):
-                    claim.release()
+                    # Kept on the disk before this host's lock is let go: a process waiting
+                    # for it then finds the entry there, and does not compile it again.
                     claim.found = (self._publish(tier, hold.found), tier.origin)
+                    claim.release()
                     return claim
         except BaseException:
             claim.release()  # what was taken before the failure

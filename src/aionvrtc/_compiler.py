@@ -109,10 +109,10 @@ class Compiler:
     ``compile()`` that names none raises (NoDeviceError). An ``arch`` this NVRTC cannot compile
     for raises NvrtcError here, naming the archs it supports. ``get()`` compiles for the
     device it loads on (``target_for``), so one Compiler serves every GPU of the host;
-    ``concurrency`` (default 1: one NVRTC job at a time) is how many live compiles may run at
-    once in worker threads; prefetched ones take only the slots live ones leave free, and a
-    live one never waits for a prefetched one to finish (so, while prefetches run, up to twice
-    ``concurrency``). A disk or remote hit never waits for them. ``shared_cache`` (default
+    ``concurrency`` (default 1) is how many live compiles may run at once in worker threads;
+    prefetched ones take only the slots live ones leave free, and a live one does not wait for
+    a prefetched one to finish (so, while prefetches run, up to twice ``concurrency`` run). A
+    disk or remote hit never waits for them. ``shared_cache`` (default
     ``$AIONVRTC_SHARED_CACHE``, else False) trusts a cache dir that a group shares; by default
     the disk cache is used only when nobody but this user (or root) can write to it.
     ``layers`` (default ``$AIONVRTC_CACHE_LAYERS``) are read-only cache dirs and bundle files

@@ -55,7 +55,7 @@ PREFETCH = 1
 # network, and the other task's local reads go on meanwhile). Local reads take one thread: a
 # verified read holds the GIL for most of its 70 us, and two threads reading at once each wait
 # for the other's GIL at every system call: 1,000 disk-warm keys at once took 190-340 us of
-# thread time each with two, 72-90 us with one (2 vCPUs).
+# thread time each with two, 63-90 us with one (2 vCPUs).
 IO_LANE = 2
 # Keys looked up per thread hop: a hop costs about as much as a disk hit, so a burst of misses
 # is read in batches; a lone request is a batch of one.
@@ -134,6 +134,7 @@ class Scheduler:
         self, cache: KernelCache, concurrency: int, on_result: Callable[[Job], None]
     ) -> None:
         self._cache = cache
+        self._remote = any(not tier.local for tier in cache.tiers)  # a tier off this host
         self._on_result = on_result
         self.concurrency = concurrency
         self.open = False
@@ -298,7 +299,7 @@ class Scheduler:
                 # The local tiers first, for the whole batch, then the remote tier for its
                 # misses only: a disk hit never waits behind Redis round trips.
                 misses = await self._read(batch, remote=False)
-                if misses and self._cache.remote is not None:
+                if misses and self._remote:
                     await self._read(misses, local=False)
         finally:
             self._lookers -= 1
@@ -319,7 +320,7 @@ class Scheduler:
                 self._finish(job, error=error)
             raise
         misses = []
-        last = remote or self._cache.remote is None
+        last = remote or not self._remote
         for job, outcome in zip(batch, found, strict=True):
             if outcome is None and not last:
                 misses.append(job)

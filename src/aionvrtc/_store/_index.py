@@ -392,9 +392,10 @@ _Op = tuple[bytes, bytes, bytes, bytes, bytes]  # "+" or "-", key, inode, size, 
 
 def _parsed(body: bytes) -> Iterator[list[_Op] | None]:
     """The records of ``body``, a slice of about PARSE_CHUNK bytes at a time, each checked;
-    None, and nothing after it, for a slice that is not all records. A slice at a time, as a
-    paced thread must: one ``findall`` over 50,000 records holds the GIL for 40 ms, and freeing
-    the list it makes about 5 ms more."""
+    None, and nothing after it, for a slice that is not all records. A slice at a time, so a
+    paced consumer can pause between them (``_replay`` does at its first step): one
+    ``findall`` over 50,000 records holds the GIL for 40 ms, and freeing the list it makes
+    about 5 ms more."""
     if body and not body.endswith(b"\n"):
         yield None
         return
@@ -405,14 +406,12 @@ def _parsed(body: bytes) -> Iterator[list[_Op] | None]:
         if len(ops) != body.count(b"\n", start, end):
             yield None
             return
-        for step, (op, _, _, size, _) in enumerate(ops):
-            breathe(step)
+        for op, _, _, size, _ in ops:
             if (op == b"+") != bool(size):
                 yield None
                 return
         yield ops
         start = end
-        breathe(0)
 
 
 def _records_of(body: bytes) -> list[_Op] | None:

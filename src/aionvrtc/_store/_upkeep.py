@@ -20,6 +20,7 @@ from ._fs import (
     remove_at,
 )
 from ._index import (
+    Record,
     Totals,
 )
 from ._locks import unlock
@@ -285,6 +286,7 @@ class Upkeep(Surveying):
         files) and logged as ``event``, and the index is rebuilt from what is left unless it
         holds just that already. One at a time in a tier: an eviction the caller asks for
         walks after the background one, not beside it."""
+        spent: list[dict[str, Record]] = []  # freed once _walking is let go (see let_go_of)
         with self._walking:
             mark = self._index.start(version) if self.writable else None
             found = self._walk(version, damaged)
@@ -305,16 +307,18 @@ class Upkeep(Surveying):
                     index = self._index.install(version, mark, records)
                 elif snapshot is not None:
                     index = snapshot.totals  # in order: nothing to rebuild
-                let_go_of(records)
+                spent.append(records)
                 if snapshot is not None:
-                    let_go_of(snapshot.records)
+                    spent.append(snapshot.records)
             if index is None and removed and self.writable:  # another rebuild came first
                 index = self._index.remove(version, [(entry[0], entry[1]) for entry in removed])
             if index is not None:
                 self._known = index
             if removed and event is not None:
                 self._log_event(event, len(removed))
-            return _Swept(kept, removed, index)
+        for records in spent:
+            let_go_of(records)
+        return _Swept(kept, removed, index)
 
     def _remove_found(self, version: int, victims: list[_Found]) -> list[_Found]:
         """Remove ``victims`` (each only if it is still the file found) and their lock files,

@@ -358,7 +358,7 @@ class DiskTier(Upkeep):
             raise
         if found is not None:
             lock.release()
-        return Hold(lock.release, found, held=lock.held and found is None)
+        return Hold(release=lock.release, found=found, held=lock.held and found is None, local=True)
 
     def _lock_now(self, key: str) -> KeyLock | LockFiles:
         """The key's lock if it is free (held), a KeyLock that is not held if this cache

@@ -104,7 +104,7 @@ return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"""
 class RemoteStats:
     """A snapshot of the remote tier: entries read, not there, refused (unsigned, badly
     signed, corrupt or too large), failed calls, compiles that waited for another host's, and
-    compile locks ignored as not another aionvrtc host's (see RedisTier.claim)."""
+    compile locks ignored as not another aionvrtc host's (see RedisTier.hold)."""
 
     hits: int = 0
     misses: int = 0
@@ -421,7 +421,8 @@ class RedisTier:
                         self.release(key, token)  # (renewal never started)
                         return Hold(found=artifact, local=False)
                 self._renew_soon(key, token)
-                return Hold(functools.partial(self.release, key, token), held=True, local=False)
+                release = functools.partial(self.release, key, token)
+                return Hold(release=release, held=True, local=False)
             why = self._foreign(key, int(reply[0]), reply[1] if len(reply) > 1 else None)
             if why is not None:
                 self._note_foreign(key, why)

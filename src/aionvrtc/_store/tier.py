@@ -52,7 +52,7 @@ def nothing_to_let_go() -> None:
     """The release of a Hold that holds no lock."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Hold:
     """A tier's answer to a request for the compile lock on one key: ``release()`` lets go of
     what it holds (``held``: the lock; else nothing, and the caller goes on without it);
@@ -60,10 +60,10 @@ class Hold:
     host's compile, stored while this one waited: the lock is then already let go). ``local``:
     let go without a round trip (a file lock), so it may be let go from an event loop."""
 
+    local: bool  # said by every tier: a round trip on an event loop would stall it
     release: Callable[[], None] = nothing_to_let_go
     found: Artifact | None = None
     held: bool = False
-    local: bool = True
 
 
 @runtime_checkable
@@ -74,10 +74,11 @@ class Locking(Tier, Protocol):
     def hold(
         self, key: str, arch: str, *, wait: bool, cancel: threading.Event | None = None
     ) -> Hold | None:
-        """Take ``key``'s lock, then read the key again. None, with ``wait=False``, while
-        another holds it now. A lock that cannot be had (the tier cannot lock, a wait timed
-        out or was cancelled) is a Hold that holds nothing: the caller goes on without it, a
-        duplicate compile at worst, never a failed request."""
+        """Take ``key``'s lock, and read the key again if another may have stored it meanwhile
+        (``found``). None, with ``wait=False``, while another holds it now. A lock that cannot
+        be had (the tier cannot lock, a wait timed out or was cancelled) is a Hold that holds
+        nothing: the caller goes on without it, a duplicate compile at worst, never a failed
+        request."""
         ...
 
 
