@@ -191,6 +191,50 @@ def eviction(
     return {name: statistics.median(values) for name, values in out.items()}
 
 
+# Reads hits on the cache dir argv[1] of the keys on stdin's first line until a second line
+# comes, then prints the longest read in seconds: a reader that shares no GIL with the eviction.
+READER = r"""
+import select, sys, time
+from aionvrtc._store.disk import DiskTier
+tier = DiskTier(sys.argv[1])
+keys = sys.stdin.readline().split()
+print("reading", flush=True)
+longest = 0.0
+while not select.select([sys.stdin], [], [], 0)[0]:
+    for key in keys:
+        started = time.perf_counter()
+        assert tier.read(key) is not None
+        longest = max(longest, time.perf_counter() - started)
+print(longest, flush=True)
+"""
+
+
+def eviction_floor(root: Path, runs: int, start: int, keys: list[str]) -> float:
+    """The longest read hit during the eviction of ``eviction`` (the code now), by a reader in
+    another process, which shares no GIL with it: what the file system and the machine alone
+    cost a read meanwhile. Median of ``runs``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *sys.path])}
+    longest = []
+    for run in range(runs):
+        count = len(disk_now.DiskTier(root).scan())
+        tier = disk_now.DiskTier(root, limit=on_disk(root))
+        reader = subprocess.Popen(
+            [sys.executable, "-c", READER, str(root)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        assert reader.stdin is not None
+        assert reader.stdout is not None
+        reader.stdin.write(" ".join(keys[-20:]) + "\n")
+        reader.stdin.flush()
+        assert reader.stdout.readline().strip() == "reading"
+        assert tier.write(artifact(start + run))
+        _settle(tier)
+        out, _ = reader.communicate("stop\n", timeout=60)
+        longest.append(float(out))
+        keys += fill(root, count + 1 - len(disk_now.DiskTier(root).scan()), start + 1000 * run)
+    return statistics.median(longest)
+
+
 def _read_loop(tier: Any, keys: list[str], took: list[float], stop: threading.Event) -> None:
     """Read hits on ``tier`` (the writer's: one tier serves a process's threads) until
     ``stop``."""
@@ -373,6 +417,8 @@ def measure(
                 figures.update(commands(cli, root, runs, serial + 2_000_000))
             if name == "now":
                 figures["ls_json_process_s"] = ls_process(root, runs)
+                floor_keys = serial + 3_000_000
+                figures["read_max_other_process_s"] = eviction_floor(root, runs, floor_keys, keys)
             figures.update(handoff(disk, root / "locks", handoffs))
             result[name] = figures
             print(f"{size} {name}: {figures}", flush=True)
@@ -385,6 +431,7 @@ ROWS = [
     ("the write that takes it over the limit", "evicting_write_s"),
     ("... until evicted to the low water", "evicted_by_s"),
     ("longest read hit during that eviction", "read_max_s"),
+    ("... by a reader in another process (no GIL shared)", "read_max_other_process_s"),
     ("a read hit", "read_hit_s"),
     ("`cache ls --json` (main() in-process)", "ls_json_s"),
     ("`cache ls --json` (a process: start included)", "ls_json_process_s"),
