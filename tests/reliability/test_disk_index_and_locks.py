@@ -911,3 +911,33 @@ def test_a_header_read_while_an_append_lands_is_read_whole(tmp_path: Path) -> No
         assert snapshot.totals.entries == 4
     finally:
         os.close(version)
+
+
+def test_a_rebuild_counts_what_was_written_and_removed_while_it_ran(tmp_path: Path) -> None:
+    # The rebuild sums its records' bytes before it takes the index's lock; under the lock it
+    # adds only what the records appended since its start change: an entry written, one
+    # removed, and one written again at another size.
+    root = tmp_path / "cache"
+    tier = DiskTier(root, limit=1 << 40)
+    fill(tier, 4)
+    version = os.open(root / ENTRIES, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        mark = tier._index.start(version)
+        assert mark is not None
+        snapshot = tier._index.read(version)
+        assert snapshot is not None
+        records = dict(snapshot.records)  # what the rebuild's walk found
+        assert tier.write(artifact(4))
+        assert tier.discard(artifact(0).key)
+        assert tier.discard(artifact(1).key)
+        assert tier.write(artifact(1, size=9000))
+        totals = tier._index.install(version, mark, records)
+        after = tier._index.read(version)
+    finally:
+        os.close(version)
+    assert totals is not None
+    assert after is not None
+    sizes = {key: record[1] for key, record in after.records.items()}
+    assert sorted(sizes) == sorted(artifact(n).key for n in (1, 2, 3, 4))
+    assert (totals.entries, totals.bytes) == (4, sum(sizes.values()))
+    assert (totals.entries, totals.bytes) == on_disk(root)

@@ -321,6 +321,8 @@ class Index:
         appended to it since ``mark``. None, and nothing changed, if the index is no longer the
         one marked (another rebuild came first) or is busy for longer than LOCK_WAIT."""
         body = b"".join(_lines(records))
+        # Summed here, paced: under the lock below only the records appended since are added.
+        size = paced_total(record[1] for record in records.values())
         try:
             opened = self._open(version, os.O_RDWR, 0)
             if opened is None:
@@ -333,14 +335,23 @@ class Index:
                     if not held:
                         return None
                     with unpaced():  # appends from every process wait for this lock
-                        return self._install_locked(version, fd, mark, records, body)
+                        return self._install_locked(version, fd, mark, records, body, size=size)
         except OSError:
             return None
 
     def _install_locked(
-        self, version: int, fd: int, mark: Mark, records: dict[str, Record], body: bytes
+        self,
+        version: int,
+        fd: int,
+        mark: Mark,
+        records: dict[str, Record],
+        body: bytes,
+        *,
+        size: int,
     ) -> Totals | None:
-        """``install``, holding the lock of the index open as ``fd``."""
+        """``install``, holding the lock of the index open as ``fd``; ``size``: the bytes of
+        ``records``. Nothing here walks every record: it holds the lock (and, as the
+        maintenance thread may, the GIL) for as little as it can."""
         totals = _unpack(os.pread(fd, HEADER_SIZE, 0), os.fstat(fd).st_size)
         if totals is None or totals.generation != mark.generation:
             return None  # another index at the same inode (see Totals.generation)
@@ -351,17 +362,17 @@ class Index:
         if ops is None:
             ops, tail = [], b""  # not records: dropped (the rebuild saw most of them)
         lines = len(records) + len(ops)
-        _replay(ops, records)
+        size += _replay(ops, records)
         end = HEADER_SIZE + len(body) + len(tail)
         if end > MAX_INDEX_BYTES:
             return None
-        rebuilt = Totals(
-            len(records), paced_total(size for _, size, _ in records.values()), lines, end,
-            time.time(), _generation(),
-        )  # fmt: skip
+        rebuilt = Totals(len(records), size, lines, end, time.time(), _generation())
 
         def fill(new: int) -> None:
-            _pwrite_all(new, _pack(rebuilt) + body + tail, 0)
+            # In three writes, not one of the three joined: a copy of megabytes holds the GIL.
+            _pwrite_all(new, _pack(rebuilt), 0)
+            _pwrite_all(new, body, HEADER_SIZE)
+            _pwrite_all(new, tail, HEADER_SIZE + len(body))
 
         self._swap_in(version, fill)
         return rebuilt
@@ -430,13 +441,21 @@ def _lines(records: dict[str, Record]) -> Iterator[bytes]:
         yield added(key, record)
 
 
-def _replay(ops: list[_Op], records: dict[str, Record]) -> None:
-    for step, (_, key, ino, size, text) in enumerate(ops):
+def _replay(ops: list[_Op], records: dict[str, Record]) -> int:
+    """Apply ``ops`` to ``records``; by how many bytes their total changed."""
+    change = 0
+    for step, (_, raw, ino, size, text) in enumerate(ops):
         breathe(step)
+        key = raw.decode()
+        old = records.get(key)
+        if old is not None:
+            change -= old[1]
         if size:
-            records[key.decode()] = (int(ino), int(size), text)
-        else:
-            records.pop(key.decode(), None)
+            records[key] = (int(ino), int(size), text)
+            change += int(size)
+        elif old is not None:
+            del records[key]
+    return change
 
 
 def _generation() -> int:
