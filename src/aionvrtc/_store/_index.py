@@ -320,7 +320,11 @@ class Index:
         """Replace the index with ``records`` (a rebuild's; updated in place) and the records
         appended to it since ``mark``. None, and nothing changed, if the index is no longer the
         one marked (another rebuild came first) or is busy for longer than LOCK_WAIT."""
-        body = b"".join(_lines(records))
+        # Grown a line at a time: a join makes a list of every line, and copying then freeing it
+        # holds the GIL for milliseconds in one go.
+        body = bytearray()
+        for line in _lines(records):
+            body += line
         # Summed here, paced: under the lock below only the records appended since are added.
         size = paced_total(record[1] for record in records.values())
         try:
@@ -345,7 +349,7 @@ class Index:
         fd: int,
         mark: Mark,
         records: dict[str, Record],
-        body: bytes,
+        body: bytearray,
         *,
         size: int,
     ) -> Totals | None:
@@ -500,7 +504,7 @@ def _size_after(fd: int) -> int:
     return os.fstat(fd).st_size
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)

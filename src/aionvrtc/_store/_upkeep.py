@@ -328,7 +328,8 @@ class Upkeep(Surveying):
             shards.setdefault(entry[0][:2], []).append(entry)
         removed: list[_Found] = []
         for shard, name in self._named_shards(version, shards):
-            for entry in shards[name]:
+            for step, entry in enumerate(shards[name]):
+                breathe(step)
                 key, _, _, dev, ino = entry
                 if remove_at(shard, key, (dev, ino)) is not None:
                     removed.append(entry)
