@@ -5,6 +5,7 @@ The async Compiler drives the same pieces; this is the form for threads and scri
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -62,15 +63,11 @@ class Claim:
         loop); the others stay held, for a later ``release()`` (or their expiry)."""
         holds = self.holds
         self.holds = [hold for hold in holds if local_only and not hold.local]
-        try:
-            while holds:
-                hold = holds.pop()
+        # An ExitStack calls them last first, and every one of them even when one raises.
+        with contextlib.ExitStack() as releases:
+            for hold in holds:
                 if hold.local or not local_only:
-                    hold.release()
-        finally:
-            for hold in reversed(holds):  # a release that raised: the rest still let go
-                if hold.local or not local_only:
-                    hold.release()
+                    releases.callback(hold.release)
 
 
 def kernel_key(spec: KernelSpec, arch: TargetLike | None = None) -> str:
