@@ -55,6 +55,14 @@ def tier(server: RedisServer, **kwargs: Any) -> RedisTier:
     return RedisTier(server.url, **kwargs)
 
 
+def fleet_lock(holder: RedisTier, key: str) -> Hold:
+    """``key``'s fleet lock, taken on ``holder`` as another host's compile holds it."""
+    taken = holder.hold(key, "sm_90")
+    assert taken is not None
+    assert taken.held
+    return taken
+
+
 def net_output_bytes(server: RedisServer) -> int:
     """Bytes the server has sent to all its clients since it started."""
     return int(server.client().info("stats")["total_net_output_bytes"])
@@ -397,9 +405,8 @@ async def test_a_genuine_lock_is_waited_on_and_a_refused_entry_is_read_once(
     key = kernel_key(spec, "sm_90")
     client = redis_server.client()
     holder = tier(redis_server, prefix=prefix)
-    claimed = holder.hold(key, "sm_90")
-    assert claimed is not None
-    assert (claimed.held, claimed.found, claimed.local) == (True, None, False)
+    claimed = fleet_lock(holder, key)
+    assert (claimed.found, claimed.local) == (None, False)
     lock = f"{prefix}:lock:{key}"
     token = client.get(lock).decode()
     assert LOCK_TOKEN.fullmatch(token), token
@@ -438,9 +445,7 @@ def test_an_entry_found_after_waiting_is_on_disk_before_this_hosts_lock_is_let_g
     spec = make_spec()
     artifact = KernelCache("sm_90", cache_dir=tmp_path / "other").get_or_compile(spec)
     holder = tier(redis_server, prefix=prefix)
-    held = holder.hold(artifact.key, "sm_90")
-    assert held is not None
-    assert held.held
+    held = fleet_lock(holder, artifact.key)
     cache = KernelCache(
         "sm_90", cache_dir=tmp_path / "here", remote=tier(redis_server, prefix=prefix, poll=0.02)
     )
@@ -473,9 +478,7 @@ def test_close_stops_a_claim_waiting_on_a_lock(redis_server: RedisServer) -> Non
     prefix = f"close{time.time_ns()}"
     key = "ab" * 32
     holder = tier(redis_server, prefix=prefix)
-    taken = holder.hold(key, "sm_90")
-    assert taken is not None
-    assert taken.held
+    taken = fleet_lock(holder, key)
     redis_server.client().set(f"{prefix}:entry:{key}", MAGIC + b"\1" + b"x" * (8 << 20))
     waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02)
     with ThreadPoolExecutor(1) as pool:
@@ -502,9 +505,7 @@ def test_close_under_a_call_in_flight_fails_nothing(redis_server: RedisServer) -
     prefix = f"inflight{time.time_ns()}"
     key = "ef" * 32
     holder = tier(redis_server, prefix=prefix)
-    taken = holder.hold(key, "sm_90")
-    assert taken is not None
-    assert taken.held
+    taken = fleet_lock(holder, key)
     waiter = tier(redis_server, prefix=prefix, wait_timeout=30.0, poll=0.02, timeout=10.0)
 
     def busy() -> None:
@@ -533,9 +534,7 @@ def test_cancel_ends_a_claims_wait_and_release_stops_the_renewal(
     key = "cd" * 32
     holder = tier(redis_server, prefix=prefix, lock_ttl=0.3)
     earlier = {t for t in threading.enumerate() if t.name == "aionvrtc-redis-lock"}
-    taken = holder.hold(key, "sm_90")
-    assert taken is not None
-    assert taken.held
+    taken = fleet_lock(holder, key)
     lock = f"{prefix}:lock:{key}"
     time.sleep(0.8)  # renewed by the holder's thread every 0.1 s: still there
     assert redis_server.client().exists(lock) == 1
