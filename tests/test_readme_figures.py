@@ -277,8 +277,8 @@ FIGURES = [
     ),
     # The caches and the compile service, on 2 CPUs
     Figure(
-        r"the longest read hit while it walked 50,000 entries took ([\d,.]+) ms, ([\d,.]+) ms "
-        r"without the pauses",
+        r"the longest read hit while it evicted from 50,000 entries took\s+([\d,.]+) ms, "
+        r"([\d,.]+) ms in a thread of the process without pauses",
         "disk_tier-2-vcpus.md",
         joined(
             cells(4, "longest read hit during that eviction"),
@@ -286,7 +286,7 @@ FIGURES = [
         ),
     ),
     Figure(
-        r"walk the dir once \(([\d,.]+) s, ([\d,.]+) s and ([\d,.]+) s at 50,000 entries",
+        r"walk the dir once\s+\(([\d,.]+) s, ([\d,.]+) s and ([\d,.]+) s at 50,000 entries",
         "disk_tier-2-vcpus.md",
         cells(
             4,

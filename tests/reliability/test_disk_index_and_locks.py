@@ -30,6 +30,7 @@ from aionvrtc._artifact import encode
 from aionvrtc._cli import main
 from aionvrtc._store import NO_LOCK, DiskStats, DiskTier, KeyLock
 from aionvrtc._store import _index as index_module
+from aionvrtc._store import _upkeep as upkeep_module
 from aionvrtc._store._index import HEADER_SIZE, INDEX_NAME
 from aionvrtc._store.disk import LOW_WATER
 
@@ -113,6 +114,76 @@ def test_requests_never_list_a_folder_and_eviction_runs_behind_them(
     kept = {p.name for p in (root / ENTRIES).glob("*/*")}
     assert arts[0].key in kept
     assert {artifact(n).key for n in new} <= kept
+
+
+def _evict_past_limit(root: Path) -> tuple[DiskTier, list[Artifact]]:
+    """A tier whose last write takes 290 entries over its limit, the eviction that follows
+    done; the tier and the entries written before."""
+    new = [1000 + n for n in range(15)]
+    limit = sum(len(encode(artifact(n))) for n in [*range(290), *new[:-1]])
+    arts = fill(DiskTier(root, limit=limit), 290)
+    tier = DiskTier(root, limit=limit)
+    assert tier.read(arts[0].key, arch="sm_90") == arts[0]
+    for n in new:
+        assert tier.write(artifact(n))
+    assert tier.wait_maintenance(HANG)
+    return tier, arts
+
+
+def _evicted_down_to_the_low_water(tier: DiskTier, arts: list[Artifact]) -> None:
+    count, size = on_disk(tier.root)
+    assert size <= LOW_WATER * tier.limit < size + len(encode(arts[0]))
+    stats = tier.stats()
+    assert stats.evictions == 305 - count
+    assert (stats.entries, stats.bytes) == (count, size)
+    assert tier.events()["evicted"] == stats.evictions
+    assert arts[0].key in {p.name for p in (tier.root / ENTRIES).glob("*/*")}  # read: kept
+
+
+def test_a_large_cache_is_maintained_in_a_child_process(
+    tmp_path: Path, listings: Listings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # From AWAY_ENTRIES on, the pass shares no GIL with this process's reads: no thread of
+    # this process lists a folder, and the eviction, its count and the index are as if it had.
+    monkeypatch.setattr(upkeep_module, "AWAY_ENTRIES", 200)
+    tier, arts = _evict_past_limit(tmp_path / "cache")
+    assert listings.calls.get("aionvrtc-disk-maintenance", 0) == 0
+    assert listings.here() == 0
+    _evicted_down_to_the_low_water(tier, arts)
+
+
+@pytest.mark.parametrize("fault", ["frozen", "not python", "no interpreter", "no answer"])
+def test_where_no_child_process_can_make_the_pass_this_process_does(
+    tmp_path: Path,
+    listings: Listings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fault: str,
+) -> None:
+    monkeypatch.setattr(upkeep_module, "AWAY_ENTRIES", 200)
+    ran = tmp_path / "ran"
+    program = tmp_path / ("uwsgi" if fault == "not python" else "python3")
+    # It notes that it ran, then exits at once with status 1 and nothing said.
+    program.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    if fault == "frozen":  # a PyInstaller application: sys.executable is the application
+        monkeypatch.setattr(sys, "frozen", True, raising=False)
+    if fault != "no interpreter":
+        program.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(program))
+    with caplog.at_level(logging.WARNING, logger="aionvrtc"):
+        tier, arts = _evict_past_limit(tmp_path / "cache")
+    assert listings.calls["aionvrtc-disk-maintenance"] > 0  # the walk was made here
+    _evicted_down_to_the_low_water(tier, arts)
+    said = [r.getMessage() for r in caplog.records]
+    if fault == "no answer":
+        assert ran.exists()
+        assert said == [
+            f"the disk cache's maintenance in a child process ({program}) ended with status 1 "
+            "and no answer; it runs in this process instead"
+        ]
+    else:
+        assert not ran.exists()  # never started: an embedding server is not run by its name
+        assert said == []
 
 
 def test_a_read_never_waits_behind_a_walk(tmp_path: Path, listings: Listings) -> None:

@@ -49,6 +49,7 @@ from ._disk_base import (
     logger,
 )
 from ._survey import Surveying
+from ._upkeep_child import AWAY_ENTRIES, maintain_in_child
 
 
 def _bytes(found: list[_Found]) -> int:
@@ -157,9 +158,9 @@ class Upkeep(Surveying):
             self._idle.set()
             return False
 
-    def _maintain_safely(self) -> bool:
+    def _maintain_safely(self, *, here: bool = False) -> bool:
         try:
-            return self._maintain()
+            return self._maintain(here=here)
         except Exception:  # a bug: told once, never the traceback of a dying thread
             if self._first("maintenance"):
                 logger.warning(
@@ -168,10 +169,11 @@ class Upkeep(Surveying):
                 )  # fmt: skip
             return False
 
-    def _maintain(self) -> bool:
+    def _maintain(self, *, here: bool = False) -> bool:
         """One pass: nothing if the index is in order and the cache within its limit, else an
         eviction (which rebuilds the index). False if it could not bring the cache within its
-        limit or leave an index that parses."""
+        limit or leave an index that parses. From AWAY_ENTRIES on, the pass runs in a child
+        process (see _upkeep_child) unless ``here``."""
         try:
             version = self._open(_VERSION)
         except (_Damaged, _RootError):
@@ -179,8 +181,15 @@ class Upkeep(Surveying):
         if version is None:
             return True  # removed, or found untrusted: nothing to keep in order
         with closing(version):
-            if not self._due(self._index.totals(version)) or not _flock_now(version):
-                return True  # in order, or another process (or tier) is at it now
+            totals = self._index.totals(version)
+            if not self._due(totals):
+                return True
+            if not here and totals is not None and totals.entries >= AWAY_ENTRIES:
+                done = self._maintain_in_child(version)
+                if done is not None:
+                    return done
+            if not _flock_now(version):
+                return True  # another process (or tier) is at it now
             self._maintaining = version
             try:
                 swept = self._evict_in(version)
@@ -193,6 +202,20 @@ class Upkeep(Surveying):
             left = _bytes(swept.kept)
             let_go_of(swept.kept)
             return left <= self.limit and self._index.totals(version) is not None
+
+    def _maintain_in_child(self, version: int) -> bool | None:
+        """The pass made by a child process; None if it could not be (make it here)."""
+        with self._walking:  # an eviction or prune asked for here walks after it, as after ours
+            done = maintain_in_child(self.root, self.limit, self.policy.shared)
+        if done is None:
+            return None
+        ok, evicted = done
+        totals = self._index.totals(version)
+        with self._lock:
+            self.evictions += evicted
+            if totals is not None:
+                self._known = totals
+        return ok and totals is not None
 
     def _after_fork_in_child(self) -> None:
         """In a forked child, where none of the parent's threads runs: no maintenance runs

@@ -8,8 +8,9 @@ entries. Every operation here is blocking and meant to run whole in one worker-t
 No request lists a folder: a write learns from the index's 64-byte header whether the cache is
 over its limit, and the work that walks every shard (eviction down to the low-water mark, and
 rebuilding the index when it is missing, damaged, stale or mostly dead records) runs in one
-background daemon thread per tier (``_maintenance``). Recency is each entry's mtime, refreshed
-by a read.
+background daemon thread per tier (``_maintenance``), and from 10,000 entries on in a child
+process that thread waits for (``_upkeep_child``), sharing no GIL with the requests. Recency is
+each entry's mtime, refreshed by a read.
 
 Nothing in the cache dir can fail or hang a request: files are opened without blocking (a FIFO)
 and without following links, checked with fstat before they are read, and every operation below
