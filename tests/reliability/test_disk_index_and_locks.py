@@ -31,6 +31,7 @@ from aionvrtc._cli import main
 from aionvrtc._store import NO_LOCK, DiskStats, DiskTier, KeyLock
 from aionvrtc._store import _index as index_module
 from aionvrtc._store import _upkeep as upkeep_module
+from aionvrtc._store import _upkeep_child as upkeep_child_module
 from aionvrtc._store._index import HEADER_SIZE, INDEX_NAME
 from aionvrtc._store.disk import LOW_WATER
 
@@ -117,8 +118,8 @@ def test_requests_never_list_a_folder_and_eviction_runs_behind_them(
 
 
 def _evict_past_limit(root: Path) -> tuple[DiskTier, list[Artifact]]:
-    """A tier whose last write takes 290 entries over its limit, the eviction that follows
-    done; the tier and the entries written before."""
+    """A tier whose last write takes a cache of 290 entries and 15 new ones over its limit,
+    the eviction that follows done; the tier and the first 290 entries."""
     new = [1000 + n for n in range(15)]
     limit = sum(len(encode(artifact(n))) for n in [*range(290), *new[:-1]])
     arts = fill(DiskTier(root, limit=limit), 290)
@@ -140,49 +141,107 @@ def _evicted_down_to_the_low_water(tier: DiskTier, arts: list[Artifact]) -> None
     assert arts[0].key in {p.name for p in (tier.root / ENTRIES).glob("*/*")}  # read: kept
 
 
+@pytest.fixture
+def away(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passes from 200 entries on in a child process, and no failure remembered from another
+    test (a process stops trying the child path once it failed)."""
+    monkeypatch.setattr(upkeep_module, "AWAY_ENTRIES", 200)
+    monkeypatch.setattr(upkeep_child_module, "_broken", [])
+
+
+def interpreter(tmp_path: Path, name: str, then: str) -> tuple[Path, Path]:
+    """A program called ``name`` that appends its arguments to a file (returned), then does
+    ``then``: what sys.executable is made to be, to see the children started."""
+    runs = tmp_path / "runs"
+    program = tmp_path / name
+    program.write_text(f'#!/bin/sh\necho "$@" >> {runs}\n{then}\n')
+    program.chmod(0o755)
+    return program, runs
+
+
 def test_a_large_cache_is_maintained_in_a_child_process(
-    tmp_path: Path, listings: Listings, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, listings: Listings, monkeypatch: pytest.MonkeyPatch, away: None
 ) -> None:
     # From AWAY_ENTRIES on, the pass shares no GIL with this process's reads: no thread of
     # this process lists a folder, and the eviction, its count and the index are as if it had.
-    monkeypatch.setattr(upkeep_module, "AWAY_ENTRIES", 200)
+    program, runs = interpreter(tmp_path, "python3", f'exec {sys.executable} "$@"')
+    monkeypatch.setattr(sys, "executable", str(program))
     tier, arts = _evict_past_limit(tmp_path / "cache")
     assert listings.calls.get("aionvrtc-disk-maintenance", 0) == 0
     assert listings.here() == 0
     _evicted_down_to_the_low_water(tier, arts)
+    (started,) = runs.read_text().splitlines()  # one child, isolated, for this version
+    assert started.startswith("-I -c import sys; root = ")
+    assert started.endswith(f" {tmp_path / 'cache'} {tier.limit} 0 {ENTRIES}")
 
 
-@pytest.mark.parametrize("fault", ["frozen", "not python", "no interpreter", "no answer"])
+def test_no_child_is_started_while_another_process_maintains_the_dir(
+    tmp_path: Path, listings: Listings, monkeypatch: pytest.MonkeyPatch, away: None
+) -> None:
+    program, runs = interpreter(tmp_path, "python3", f'exec {sys.executable} "$@"')
+    monkeypatch.setattr(sys, "executable", str(program))
+    root = tmp_path / "cache"
+    fill(DiskTier(root, limit=1 << 40), 290)
+    version = os.open(root / ENTRIES, os.O_RDONLY)
+    fcntl.flock(version, fcntl.LOCK_EX)  # another process's pass (an open file of its own)
+    try:
+        tier = DiskTier(root, limit=on_disk(root)[1] - 1)
+        for n in range(5):  # each write over the limit asks for a pass
+            assert tier.write(artifact(1000 + n))
+            assert tier.wait_maintenance(HANG)
+    finally:
+        os.close(version)
+    assert not runs.exists()
+    assert tier.stats().evictions == 0
+    assert tier.write(artifact(2000))  # let go: this write's pass is made, in a child
+    assert tier.wait_maintenance(HANG)
+    assert len(runs.read_text().splitlines()) == 1
+    assert tier.stats().evictions > 0
+    assert listings.calls.get("aionvrtc-disk-maintenance", 0) == 0
+
+
+@pytest.mark.parametrize(
+    "fault", ["frozen", "not python", "not executable", "missing", "no answer"]
+)
 def test_where_no_child_process_can_make_the_pass_this_process_does(
     tmp_path: Path,
     listings: Listings,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    away: None,
     fault: str,
 ) -> None:
-    monkeypatch.setattr(upkeep_module, "AWAY_ENTRIES", 200)
-    ran = tmp_path / "ran"
-    program = tmp_path / ("uwsgi" if fault == "not python" else "python3")
     # It notes that it ran, then exits at once with status 1 and nothing said.
-    program.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    name = "uwsgi" if fault == "not python" else "python3"
+    program, runs = interpreter(tmp_path, name, "exit 1")
     if fault == "frozen":  # a PyInstaller application: sys.executable is the application
         monkeypatch.setattr(sys, "frozen", True, raising=False)
-    if fault != "no interpreter":
-        program.chmod(0o755)
+    elif fault == "not executable":
+        program.chmod(0o644)
+    elif fault == "missing":
+        program.unlink()
     monkeypatch.setattr(sys, "executable", str(program))
     with caplog.at_level(logging.WARNING, logger="aionvrtc"):
         tier, arts = _evict_past_limit(tmp_path / "cache")
-    assert listings.calls["aionvrtc-disk-maintenance"] > 0  # the walk was made here
-    _evicted_down_to_the_low_water(tier, arts)
+        assert listings.calls["aionvrtc-disk-maintenance"] > 0  # the walk was made here
+        _evicted_down_to_the_low_water(tier, arts)
+        # Once failed, the process does not try again: the next pass is made here too.
+        walks = listings.calls["aionvrtc-disk-maintenance"]
+        for n in range(40):
+            assert tier.write(artifact(5000 + n))
+        assert tier.wait_maintenance(HANG)
+        assert listings.calls["aionvrtc-disk-maintenance"] > walks
     said = [r.getMessage() for r in caplog.records]
+    gave_up = "the disk cache's maintenance runs in this process from now on, not in a child "
     if fault == "no answer":
-        assert ran.exists()
-        assert said == [
-            f"the disk cache's maintenance in a child process ({program}) ended with status 1 "
-            "and no answer; it runs in this process instead"
-        ]
-    else:
-        assert not ran.exists()  # never started: an embedding server is not run by its name
+        assert runs.read_text().count("\n") == 1
+        assert said == [f"{gave_up}process: {program} ended with status 1 and no answer"]
+    elif fault in ("not executable", "missing"):
+        assert not runs.exists()
+        (message,) = said
+        assert message.startswith(f"{gave_up}process: cannot start {program}: [Errno ")
+    else:  # never started: an embedding server is not run by its name
+        assert not runs.exists()
         assert said == []
 
 

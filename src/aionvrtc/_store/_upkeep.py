@@ -184,12 +184,15 @@ class Upkeep(Surveying):
             totals = self._index.totals(version)
             if not self._due(totals):
                 return True
+            if not _flock_now(version):
+                return True  # another process (or tier) is at it now
             if not here and totals is not None and totals.entries >= AWAY_ENTRIES:
+                unlock(version)  # the child takes it (another process may first: it then waits)
                 done = self._maintain_in_child(version)
                 if done is not None:
                     return done
-            if not _flock_now(version):
-                return True  # another process (or tier) is at it now
+                if not self._due(self._index.totals(version)) or not _flock_now(version):
+                    return True  # the child did it, or another process is at it
             self._maintaining = version
             try:
                 swept = self._evict_in(version)
@@ -213,9 +216,13 @@ class Upkeep(Surveying):
         totals = self._index.totals(version)
         with self._lock:
             self.evictions += evicted
-            if totals is not None:
-                self._known = totals
-        return ok and totals is not None
+        if totals is not None:
+            self._known = totals
+        # Nothing evicted and still over the limit (another process took the lock between
+        # ours and the child's): failed, so the next pass waits MAINTENANCE_BACKOFF rather
+        # than starting a child at each write.
+        over = totals is None or (not evicted and totals.bytes > self.limit)
+        return ok and not over
 
     def _after_fork_in_child(self) -> None:
         """In a forked child, where none of the parent's threads runs: no maintenance runs

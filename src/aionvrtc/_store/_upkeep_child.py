@@ -8,72 +8,111 @@ another process waits at most about 1 ms during the same pass. So from ``AWAY_EN
 tier's maintenance thread starts this module in a child process and waits for it. The child
 takes the dir's maintenance lock as any other process of the host would.
 
+The child is isolated (``python -I``: no PYTHON* variables, user site or working folder; nothing
+a monitoring agent puts on PYTHONPATH runs in it) and imports this very copy of the package: its
+import root goes on its path before site-packages. It checks that it writes the same format
+version as its parent (a package upgraded in place under a running service would not).
+
 Where no child can be started (a frozen application, no interpreter at ``sys.executable``,
-process limits) or it dies without saying how the pass went, the pass runs in the thread.
+process limits), or one gives no answer (it died, or another copy of the package answered), the
+pass runs in the thread, and so does every later pass of the process: a broken set-up is not
+tried again at each write. A child that runs past ``CHILD_TIMEOUT`` is killed and the pass
+failed (a hung file system would hang the thread too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sys
 from pathlib import Path
 
-from ._disk_base import logger
+from ._disk_base import _VERSION, logger
 
-__all__ = ["AWAY_ENTRIES", "main", "maintain_in_child"]
+__all__ = ["AWAY_ENTRIES", "CHILD_TIMEOUT", "main", "maintain_in_child"]
 
 AWAY_ENTRIES = 10_000  # entries in the index from which a pass runs in a child process
-_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
+CHILD_TIMEOUT = 600.0  # seconds: a pass at 50,000 entries takes 1.5 s on 2 CPUs
+# The folder this copy of the package is imported from (aionvrtc._store._upkeep_child: three
+# levels up; more where the package is vendored as app._vendor.aionvrtc).
+_IMPORT_ROOT = str(Path(__file__).resolve().parents[__name__.count(".")])
 _INTERPRETER = re.compile(r"(python|pypy)[0-9.]*[a-z]?(\.exe)?", re.IGNORECASE)
 # Not ``-m``: the package's own imports load this module before runpy would run it as __main__.
-_RUN = f"import sys; from {__name__} import main; main(sys.argv[1:])"
+_RUN = (
+    "import sys; root = sys.argv[1]; "
+    "at = next((n for n, p in enumerate(sys.path) if p.endswith(('site-packages', "
+    "'dist-packages'))), len(sys.path)); sys.path.insert(at, root); "
+    f"from {__name__} import main; main(sys.argv[2:])"
+)
+_broken: list[str] = []  # why the child path failed in this process, once it has
 
 
 def maintain_in_child(root: Path, limit: int, shared: bool) -> tuple[bool, int] | None:
     """One pass over the cache dir at ``root`` in a child process: whether it left the dir in
     order (within ``limit``, an index that parses) and how many entries it evicted; None if no
-    child could be started or it gave no answer (the caller then makes the pass itself)."""
+    child can make it (the caller then makes the pass itself)."""
     # A frozen application's sys.executable is the application; an embedding server's (uWSGI)
     # can be the server, which the arguments below would start.
     interpreter = Path(sys.executable or ".").name
-    if getattr(sys, "frozen", False) or not _INTERPRETER.fullmatch(interpreter):
+    if _broken or getattr(sys, "frozen", False) or not _INTERPRETER.fullmatch(interpreter):
         return None
     import subprocess  # 6 ms: only a process that keeps a large cache pays it
 
-    # The child imports this package from where this process did, whatever PYTHONPATH and the
-    # working folder hold (-P: the working folder is not put first on its path).
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_PARENT, path]))}
-    command = [sys.executable, "-P", "-c", _RUN, str(root), str(limit), str(int(shared))]
+    command = [
+        sys.executable, "-I", "-c", _RUN, _IMPORT_ROOT, str(root), str(limit), str(int(shared)),
+        _VERSION,
+    ]  # fmt: skip
     try:
         done = subprocess.run(
-            command, stdin=subprocess.DEVNULL, capture_output=True, env=env, check=False,
+            command, stdin=subprocess.DEVNULL, capture_output=True, check=False,
+            timeout=CHILD_TIMEOUT,
             start_new_session=True,  # a Ctrl-C meant for this process does not cut a pass short
         )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        logger.warning(
+            "the disk cache's maintenance at %s ran past %s s in a child process and was "
+            "stopped; it is tried again later", root, CHILD_TIMEOUT,
+        )  # fmt: skip
+        return False, 0
     except (OSError, subprocess.SubprocessError) as exc:
-        logger.info("cannot start the disk cache's maintenance in a child process: %s", exc)
+        _give_up(f"cannot start {command[0]}: {exc}")
         return None
-    # What the child logged (a damaged shard it found, say) is this process's to tell.
-    for line in done.stderr.decode(errors="replace").splitlines()[-20:]:
-        logger.warning("disk cache maintenance (child process %s): %s", command[0], line)
+    said = done.stderr.decode(errors="replace").strip()
     try:
         answer = json.loads(done.stdout.decode().splitlines()[-1])
-        return bool(answer["ok"]), int(answer["evicted"])
+        result = bool(answer["ok"]), int(answer["evicted"])
     except (ValueError, IndexError, KeyError, TypeError):
-        logger.warning(
-            "the disk cache's maintenance in a child process (%s) ended with status %s and no "
-            "answer; it runs in this process instead", command[0], done.returncode,
-        )  # fmt: skip
+        tail = f": {said[-2000:]}" if said else ""
+        _give_up(f"{command[0]} ended with status {done.returncode} and no answer{tail}")
         return None
+    if said:  # what the child logged (a damaged shard it found, say) is this process's to tell
+        logger.warning("disk cache maintenance at %s (in a child process): %s", root, said)
+    return result
+
+
+def _give_up(why: str) -> None:
+    """No child makes this process's passes any more: said once."""
+    if not _broken:
+        _broken.append(why)
+        logger.warning(
+            "the disk cache's maintenance runs in this process from now on, not in a child "
+            "process: %s", why,
+        )  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
-    """In the child, with ``ROOT LIMIT SHARED``: one pass, then a JSON line on stdout."""
+    """In the child, with ``ROOT LIMIT SHARED VERSION``: one pass, then a JSON line on stdout;
+    nothing if this copy of the package writes another format version."""
     from .disk import DiskTier
 
-    root, limit, shared = argv
+    root, limit, shared, version = argv
+    if version != _VERSION:
+        print(f"the package here writes {_VERSION}, its parent {version}", file=sys.stderr)
+        raise SystemExit(3)
+    with contextlib.suppress(OSError):
+        os.nice(10)  # after the process's requests
     tier = DiskTier(root, limit=int(limit), shared_cache=shared == "1")
     ok = tier._maintain_safely(here=True)
     print(json.dumps({"ok": ok, "evicted": tier.evictions}), flush=True)
