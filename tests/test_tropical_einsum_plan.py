@@ -307,7 +307,8 @@ def test_operands_no_view_reads_are_copied() -> None:
     assert _dims(step.second) == (("b", "a", "c"), (3, 32, 1), (32, 1, None))
     assert str(plan) == (
         "einsum abc,cba->b: 1 step(s), largest intermediate 3 elements, 96 products, "
-        "2 copies (192 elements)\n  (0, 1) abc,cba->b: batch 3 x 1 x 1 over 32, 2 copied"
+        "2 copies (192 elements); space complexity 1.58, time complexity 6.58 (log2)\n"
+        "  (0, 1) abc,cba->b: batch 3 x 1 x 1 over 32, 2 copied"
     )
     # A short sum (K = 8) over few outputs reads them as they lie instead: one row of the
     # kernel of small products, each operand through its own strides.
@@ -317,7 +318,8 @@ def test_operands_no_view_reads_are_copied() -> None:
     assert _dims(step.first) == (("b", "a", "c"), (3, 1, 8), (8, None, 1))  # (as a product)
     assert str(plan) == (
         "einsum abc,cba->b: 1 step(s), largest intermediate 3 elements, 24 products, "
-        "0 copies (0 elements)\n  (0, 1) abc,cba->b: batch 3 x 1 x 1 over 8, read in place"
+        "0 copies (0 elements); space complexity 1.58, time complexity 4.58 (log2)\n"
+        "  (0, 1) abc,cba->b: batch 3 x 1 x 1 over 8, read in place"
     )
     specs = [s.name_expressions[0] for s in plan.kernel_specs()]
     assert specs == ["tropical_many<float, MaxPlus, false>"]
@@ -365,7 +367,7 @@ def test_statistics_of_a_chain_along_two_paths() -> None:
     assert right.shapes() == shapes
     assert str(right) == (
         "einsum ij,jk,kl->il: 2 step(s), largest intermediate 24 elements, 192 products, "
-        "0 copies (0 elements)\n"
+        "0 copies (0 elements); space complexity 4.58, time complexity 7.58 (log2)\n"
         "  (1, 2) jk,kl->jl: batch 1 x 4 x 6 over 5\n"
         "  (0, 3) ij,jl->il: batch 1 x 3 x 6 over 4"
     )

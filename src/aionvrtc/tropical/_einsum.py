@@ -18,6 +18,7 @@ from ._product_plan import cupy_module
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
 from ._shape_classes import tables_version, tuned_tiles
+from ._slicing import best_slice, sum_into
 from ._subscripts import check_dtypes, check_output
 from ._twins import Fetch, Offload, Wait, Work, run_async, run_sync
 
@@ -40,6 +41,7 @@ async def einsum(
     semiring: str = "maxplus",
     argmax: bool = False,
     optimize: Any = "auto",
+    memory_limit: float | None = None,
     out: Any = None,
     stream: Any = None,
     compiler: Compiler | None = None,
@@ -60,7 +62,16 @@ async def einsum(
     graph). Planning runs in a worker thread unless the plan is known. An output or
     intermediate larger than the device's memory, and with ``argmax=True`` a product over
     more than 2**31 values of k (its argmax is an int32), are refused with a ValueError
-    before anything is allocated."""
+    before anything is allocated.
+
+    ``memory_limit`` (bytes, or a fraction of the device's free memory such as 0.5) contracts
+    the network in slices, so that no intermediate of a slice holds more: some indices that
+    the output does not keep are fixed to each of their values in turn (``einsum_plan`` says
+    which), each slice is contracted over views of the operands, and the slices' results are
+    summed in the semiring. With ``argmax=True`` the assignment is the first slice's that
+    attains the result (found by contracting that slice once more, with its argmax). A plan
+    with a slicing (``einsum_plan(..., memory_limit=)``, or a cotengra optimizer that sliced)
+    passed as ``optimize`` runs in its slices too."""
     return await run_async(
         _einsum(
             subscripts,
@@ -68,6 +79,7 @@ async def einsum(
             semiring=semiring,
             argmax=argmax,
             optimize=optimize,
+            memory_limit=memory_limit,
             out=out,
             stream=stream,
             compiler=compiler,
@@ -81,6 +93,7 @@ def einsum_sync(
     semiring: str = "maxplus",
     argmax: bool = False,
     optimize: Any = "auto",
+    memory_limit: float | None = None,
     out: Any = None,
     stream: Any = None,
     compiler: Compiler | None = None,
@@ -94,6 +107,7 @@ def einsum_sync(
             semiring=semiring,
             argmax=argmax,
             optimize=optimize,
+            memory_limit=memory_limit,
             out=out,
             stream=stream,
             compiler=compiler,
@@ -108,17 +122,28 @@ def _einsum(
     semiring: str,
     argmax: bool,
     optimize: Any,
+    memory_limit: float | None,
     out: Any,
     stream: Any,
     compiler: Compiler | None,
 ) -> Work[Any]:
     """The body of ``einsum`` and ``einsum_sync`` (see _twins)."""
     ring, arrays, device = _check(operands, semiring)
-    planned = known_plan(subscripts, arrays, optimize)
+    limit = _memory_limit(memory_limit, device)
+    planned = known_plan(subscripts, arrays, optimize) if limit is None else None
     if planned is None:
         planned = yield Offload(
-            functools.partial(einsum_plan, subscripts, *arrays, optimize=optimize)
+            functools.partial(
+                einsum_plan, subscripts, *arrays, optimize=optimize, memory_limit=limit
+            )
         )
+    if planned.slicing is not None:
+        stream = _stream(device, stream)
+        sliced = _in_slices(
+            planned, ring, arrays, device=device, argmax=argmax, out=out, stream=stream,
+            compiler=compiler,
+        )  # fmt: skip
+        return (yield from sliced)
     # The steps take their kernels from the tiles of now, those fetched here, even where
     # autotune installs others meanwhile (a kernel missing from `modules` would be fetched on
     # the event loop's thread, blocking it, or raising with a caller's Compiler).
@@ -139,6 +164,95 @@ def _einsum(
     yield Wait(stream)  # the copy into `host` (from the arena) lands before either is freed
     del arena
     return result, assignment(steps, host)
+
+
+def _in_slices(
+    planned: EinsumPlan,
+    ring: Semiring,
+    arrays: Sequence[Any],
+    *,
+    device: int,
+    argmax: bool,
+    out: Any,
+    stream: Any,
+    compiler: Compiler | None,
+) -> Work[Any]:
+    """``planned``'s slices contracted one after another on ``stream`` and summed into the
+    first's result: each runs the steps of one slice's plan, from the operands' addresses
+    moved to that slice's views (one plan, its launches prepared once)."""
+    slicing = planned.slicing
+    assert slicing is not None
+    if argmax:
+        _check_scalar(planned)
+    views = slicing.views(planned.inputs, arrays, 0)
+    each = known_plan(slicing.subscripts, views, planned.path)
+    if each is None:
+        each = yield Offload(
+            functools.partial(einsum_plan, slicing.subscripts, *views, optimize=planned.path)
+        )
+    dtype = arrays[0].dtype
+    steps = known(each, ring, dtype, argmax=False, device=device)
+    if steps is None:
+        steps = yield Offload(
+            functools.partial(steps_for, each, ring, dtype, argmax=False, device=device)
+        )
+    if steps is None:  # an index of size 0: every slice's result is the zero
+        return _empty(each, ring, dtype, argmax=argmax, out=out, at=(device, stream))
+    modules = yield Fetch(steps.specs, device, compiler)
+    cupy = cupy_module()
+    strides = [tuple(s // x.itemsize for s in x.strides) for x in arrays]
+    offsets = slicing.offsets(planned.inputs, strides) * dtype.itemsize
+    bases = np.array([x.data.ptr for x in arrays], np.int64)
+    total, _ = _enqueue(steps, modules, views, out, stream)
+    with OnDevice(device), stream:
+        scores = cupy.empty(slicing.count, dtype) if argmax else None
+        if scores is not None:
+            scores[0] = total
+        part = cupy.ndarray(steps.shape, dtype)
+        arena = cupy.cuda.alloc(steps.nbytes) if steps.nbytes else None
+        at = arena.ptr if arena is not None else 0
+        for number in range(1, slicing.count):
+            steps.enqueue(modules, (bases + offsets[number]).tolist(), at, part.data.ptr, stream)
+            if scores is not None:
+                scores[number] = part
+            sum_into(ring.add, cupy, total, part)
+        if scores is None:
+            return total
+        values = cupy.asnumpy(scores, stream=stream, blocking=False)
+    yield Wait(stream)
+    best = best_slice(ring.add, values)
+    value, found = yield from _einsum(
+        slicing.subscripts,
+        slicing.views(planned.inputs, arrays, best),
+        semiring=ring.name,
+        argmax=True,
+        optimize=each,
+        memory_limit=None,
+        out=None,
+        stream=stream,
+        compiler=compiler,
+    )
+    del value  # the best slice's, which ``total`` holds as well
+    return total, {**found, **slicing.values(best)}
+
+
+def _memory_limit(memory_limit: float | None, device: int) -> int | None:
+    """``memory_limit`` in bytes: a fraction (0 < f <= 1) of ``device``'s free memory now."""
+    if memory_limit is None:
+        return None
+    if isinstance(memory_limit, float) and 0 < memory_limit <= 1:
+        free, _ = cupy_module().cuda.Device(device).mem_info
+        return max(1, int(free * memory_limit))
+    if (
+        isinstance(memory_limit, bool)
+        or not isinstance(memory_limit, int | np.integer)
+        or memory_limit <= 0
+    ):
+        raise ValueError(
+            f"memory_limit must be bytes (an int > 0) or a fraction of the device's free memory "
+            f"(0 < f <= 1, such as 0.5), got {memory_limit!r}"
+        )
+    return int(memory_limit)
 
 
 def steps_for(
@@ -265,14 +379,19 @@ def _check(operands: Sequence[Any], semiring: str) -> tuple[Semiring, list[Any],
     return ring, arrays, devices[0]
 
 
-def _check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) -> None:
-    """Refuse, before anything is allocated or launched, what the run could not do."""
-    if argmax and planned.output:
+def _check_scalar(planned: EinsumPlan) -> None:
+    if planned.output:
         raise ValueError(
             f"einsum argmax=True backtracks a scalar contraction, and {planned.subscripts!r} "
             f"has output indices {planned.output!r}; give it an output of no indices "
             "('ij,jk->') to find an assignment that attains it"
         )
+
+
+def _check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) -> None:
+    """Refuse, before anything is allocated or launched, what the run could not do."""
+    if argmax:
+        _check_scalar(planned)
     # No array larger than the device's memory can be allocated (one that fits may still
     # meet others in use: CuPy's OutOfMemoryError says so then). With argmax=True each result
     # has an int32 argmax beside it.

@@ -26,6 +26,7 @@ from ._bounded import keep
 from ._product_plan import choose
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
+from ._slicing import Slicing, TooSmall, complexity, slicing_for
 from ._specs import backtrace_spec, einsum_spec, many_spec
 from ._subscripts import check_output, check_size, index_sizes, parse_subscripts
 
@@ -152,6 +153,30 @@ class EinsumPlan:
     # process's own token: a plan pickled in another process keeps that process's token, so its
     # number never names a plan of this one.
     key: tuple[str, int] = field(default=("", -1), compare=False)
+    # Where the contraction runs in slices (memory_limit=, or a planner that sliced): which
+    # indices, and the contraction of one slice. Its steps above are the whole network's.
+    slicing: Slicing | None = None
+
+    @property
+    def space_complexity(self) -> float:
+        """log2 of the elements of the largest intermediate along the path, of one slice where
+        sliced: cotengra's ``contraction_width``, GenericTensorNetworks' ``sc``."""
+        largest, _ = self._complexity()
+        return math.log2(largest) if largest else 0.0
+
+    @property
+    def time_complexity(self) -> float:
+        """log2 of the products (x) of all the path's steps, of every slice: each step's joint
+        index space, as GenericTensorNetworks' ``tc`` counts it (cotengra's
+        ``contraction_cost`` is the same where every index is in two tensors or more; it sums
+        an index of one tensor away before, and counts less)."""
+        _, products = self._complexity()
+        total = products * (self.slicing.count if self.slicing is not None else 1)
+        return math.log2(total) if total else 0.0
+
+    def _complexity(self) -> tuple[int, int]:
+        sliced = self.slicing.indices if self.slicing is not None else ()
+        return complexity(self.inputs, self.output, self.sizes, self.path, sliced)
 
     @property
     def copies(self) -> int:
@@ -244,8 +269,15 @@ class EinsumPlan:
         lines = [
             f"einsum {self.subscripts}: {len(self.steps)} step(s), largest intermediate "
             f"{self.largest_intermediate:,} elements, {self.products:,} products, "
-            f"{self.copies} copies ({self.copied_elements:,} elements)"
+            f"{self.copies} copies ({self.copied_elements:,} elements); space complexity "
+            f"{self.space_complexity:.2f}, time complexity {self.time_complexity:.2f} (log2)"
         ]
+        if self.slicing is not None:
+            sliced = zip(self.slicing.indices, self.slicing.sizes, strict=True)
+            indices = ", ".join(f"{i!r} ({n})" for i, n in sliced)
+            lines.append(
+                f"  in {self.slicing.count:,} slices over {indices}, each {self.slicing.subscripts}"
+            )
         in_place = self.in_place
         for number, step in enumerate(self.steps):
             b, m, k = step.first.shape  # a split K: its parts as the batch, one part's length
@@ -359,29 +391,48 @@ def input_terms(inputs: Sequence[str], strides: Sequence[Strides]) -> list[Term]
     return terms
 
 
-def einsum_plan(subscripts: str, *operands: Any, optimize: Any = "auto") -> EinsumPlan:
+def einsum_plan(
+    subscripts: str, *operands: Any, optimize: Any = "auto", memory_limit: int | None = None
+) -> EinsumPlan:
     """Plan ``einsum(subscripts, *operands)`` without running it: the contraction order, each
-    step's batched product, the copies. ``operands`` are arrays (NumPy, CuPy: their shapes and
-    strides count) or shapes (tuples, taken as C order). ``optimize`` is an opt_einsum strategy
-    name ("auto", "greedy", "random-greedy", "optimal", ...), an opt_einsum PathOptimizer (a
-    cotengra HyperOptimizer is one, for networks of hundreds of tensors), an explicit path
-    (opt_einsum's format, ``[(0, 1), (0, 1)]``), or an EinsumPlan for the same shapes.
+    step's batched product, the copies, and its ``space_complexity`` and ``time_complexity``.
+    ``operands`` are arrays (NumPy, CuPy: their shapes and strides count) or shapes (tuples,
+    taken as C order). ``optimize`` is an opt_einsum strategy name ("auto", "greedy",
+    "random-greedy", "optimal", ...), an opt_einsum PathOptimizer, a cotengra optimizer (a
+    ``HyperOptimizer``: for networks of hundreds of tensors; the indices it slices, with
+    ``slicing_opts``, are sliced), an explicit path (opt_einsum's format, ``[(0, 1), (0, 1)]``),
+    or an EinsumPlan for the same shapes.
+
+    ``memory_limit`` (bytes; arrays count their item size, shapes 8 bytes an element) slices
+    the contraction so that no intermediate of a slice holds more: the plan's ``slicing`` says
+    over which indices (only indices the output does not keep), and ``einsum`` contracts the
+    slices one by one and sums them. A limit no slicing meets is refused with a ValueError
+    naming the smallest that works.
 
     Refused with a ValueError before planning goes far: subscripts naming more indices for an
     operand or the output than an array has dimensions (64), an output or a step's result past
     what 64-bit offsets address (``ADDRESSABLE_BYTES``), and a strategy whose time grows
     exponentially with the operands ('optimal', 'branch-all', 'branch-2', 'dp') on more than
     ``SEARCH_LIMITS`` allows."""
-    if isinstance(optimize, EinsumPlan) and optimize.planned_for(subscripts, operands):
+    if memory_limit is not None and (
+        not isinstance(memory_limit, int | np.integer) or isinstance(memory_limit, bool)
+        or memory_limit <= 0
+    ):  # fmt: skip
+        raise ValueError(f"memory_limit must be a number of bytes > 0, got {memory_limit!r}")
+    if (
+        isinstance(optimize, EinsumPlan)
+        and memory_limit is None
+        and optimize.planned_for(subscripts, operands)
+    ):
         return optimize
-    memo = _memo(subscripts, operands, optimize)
+    memo = _memo(subscripts, operands, optimize, memory_limit)
     try:
         found = _plans.get(memo) if memo is not None else None
     except TypeError:  # something in a layout is not hashable: planned every time
         memo = found = None
     if found is not None:
         return found
-    planned = _plan(subscripts, operands, optimize)
+    planned = _plan(subscripts, operands, optimize, memory_limit)
     if memo is not None:
         keep(_plans, memo, planned, _KEYS)
     return planned
@@ -392,7 +443,7 @@ def known_plan(subscripts: str, operands: Sequence[Any], optimize: Any) -> Einsu
     before for a strategy's name), else None: no planning, O(operands)."""
     if isinstance(optimize, EinsumPlan):
         return optimize if optimize.planned_for(subscripts, operands) else None
-    memo = _memo(subscripts, operands, optimize)
+    memo = _memo(subscripts, operands, optimize, None)
     try:
         return _plans.get(memo) if memo is not None else None
     except TypeError:
@@ -404,8 +455,8 @@ def known_plan(subscripts: str, operands: Sequence[Any], optimize: Any) -> Einsu
 _plans: dict[Any, EinsumPlan] = {}
 
 
-def _memo(subscripts: str, operands: Sequence[Any], optimize: Any) -> Any:
-    if not isinstance(optimize, str):
+def _memo(subscripts: str, operands: Sequence[Any], optimize: Any, memory_limit: Any) -> Any:
+    if not isinstance(optimize, str | tuple):  # a name, or a path as a plan gives it
         return None
     layouts: list[Any] = []
     for x in operands:
@@ -415,10 +466,12 @@ def _memo(subscripts: str, operands: Sequence[Any], optimize: Any) -> Any:
             if not isinstance(x, tuple | list):
                 return None  # einsum_plan says what is wrong with it
             layouts.append(tuple(x))
-    return (subscripts, optimize, *layouts)
+    return (subscripts, optimize, memory_limit, *layouts)
 
 
-def _plan(subscripts: str, operands: Sequence[Any], optimize: Any) -> EinsumPlan:
+def _plan(
+    subscripts: str, operands: Sequence[Any], optimize: Any, memory_limit: int | None
+) -> EinsumPlan:
     inputs, output = parse_subscripts(subscripts, len(operands))
     shaped = [_Shaped.of(x, i) for i, x in enumerate(operands)]
     sizes = index_sizes(inputs, shaped)
@@ -435,14 +488,23 @@ def _plan(subscripts: str, operands: Sequence[Any], optimize: Any) -> EinsumPlan
                 f"optimize is a plan for shapes {optimize.shapes()}, not "
                 f"{[x.shape for x in shaped]}; make one with einsum_plan for these operands"
             )
-        if [t.strides for t in optimize.terms] == [t.strides for t in input_terms(inputs, strides)]:
+        now = input_terms(inputs, strides)
+        if memory_limit is None and [t.strides for t in optimize.terms] == [t.strides for t in now]:
             return optimize
-        path = optimize.path
+        path, given = optimize.path, optimize.slicing.indices if optimize.slicing else ()
     else:
-        path = _path(tuple(inputs), output, tuple(sorted(sizes.items())), optimize)
+        path, given = _path(tuple(inputs), output, tuple(sorted(sizes.items())), optimize)
     planned = _program(
         subscripts, inputs=inputs, output=output, sizes=sizes, strides=strides, path=path
     )
+    itemsize = next((x.itemsize for x in operands if hasattr(x, "itemsize")), _WIDEST)
+    sliced = _sliced(planned, given, memory_limit, itemsize)
+    if sliced:
+        kept = ["".join(i for i in term if i not in sliced) for term in inputs]
+        planned = dataclasses.replace(
+            planned,
+            slicing=Slicing(sliced, tuple(sizes[i] for i in sliced), f"{','.join(kept)}->{output}"),
+        )
     # Arrays' byte strides, as a later run compares them (a shape tuple has none: re-checked).
     layouts = tuple(
         (tuple(x.shape), tuple(x.strides), x.itemsize) if hasattr(x, "strides") else ((), (), 0)
@@ -497,20 +559,60 @@ class _Shaped:
         )
 
 
+def _sliced(
+    planned: EinsumPlan, given: tuple[str, ...], memory_limit: int | None, itemsize: int
+) -> tuple[str, ...]:
+    """The indices to slice ``planned`` over: ``given`` (by its planner), then as many as it
+    takes for ``memory_limit``."""
+    outer = [i for i in given if i in planned.output]
+    if outer:
+        raise ValueError(
+            f"the planner sliced the output's indices {outer}; einsum slices only indices the "
+            "output does not keep (cotengra: slicing_opts={..., 'allow_outer': False})"
+        )
+    if memory_limit is None:
+        return given
+    try:
+        return slicing_for(
+            planned.inputs, planned.output, planned.sizes, planned.path,
+            elements=memory_limit // itemsize, given=given,
+        )  # fmt: skip
+    except TooSmall as small:
+        raise ValueError(
+            f"memory_limit={memory_limit:,} bytes: no slicing of {planned.subscripts!r} along "
+            f"this order fits it; the smallest that does is {small.floor * itemsize:,} bytes "
+            f"({small.floor:,} elements of {itemsize} bytes), or pick an order with smaller "
+            "intermediates (optimize=)"
+        ) from None
+
+
 def _path(
     inputs: tuple[str, ...], output: str, sizes: tuple[tuple[str, int], ...], optimize: Any
-) -> tuple[tuple[int, ...], ...]:
+) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+    """The contraction's path, and the indices its planner sliced (cotengra's)."""
     if isinstance(optimize, str):
-        return _cached_path(inputs, output, sizes, optimize)
+        return _cached_path(inputs, output, sizes, optimize), ()
     if isinstance(optimize, list | tuple):  # an explicit path: _program checks each step
         try:
-            return tuple(tuple(int(i) for i in p) for p in optimize)
+            return tuple(tuple(int(i) for i in p) for p in optimize), ()
         except (TypeError, ValueError):
             raise ValueError(
                 f"optimize: a path is a list of tuples of operand positions, such as "
                 f"[(0, 1), (0, 1)], got {optimize!r}"
             ) from None
-    return _opt_einsum_path(inputs, output, sizes, optimize)
+    if callable(getattr(optimize, "search", None)):  # cotengra's: its tree says what it sliced
+        return _cotengra_path(inputs, output, sizes, optimize)
+    return _opt_einsum_path(inputs, output, sizes, optimize), ()
+
+
+def _cotengra_path(
+    inputs: tuple[str, ...], output: str, sizes: tuple[tuple[str, int], ...], optimize: Any
+) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+    if len(inputs) == 1:
+        return ((0,),), ()
+    tree = optimize.search([tuple(t) for t in inputs], tuple(output), dict(sizes))
+    path = tuple(tuple(int(i) for i in p) for p in tree.get_path())
+    return path, tuple(str(i) for i in getattr(tree, "sliced_inds", ()))
 
 
 @functools.lru_cache(maxsize=256)

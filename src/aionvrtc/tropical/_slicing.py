@@ -1,0 +1,164 @@
+"""Slicing a contraction to a memory budget: some contracted indices fixed to each of their
+values in turn, the network contracted once per slice, the slices' results summed in the
+semiring. A slice's operands are views of the caller's (an index fixed is an offset, the other
+strides unchanged), so every slice has one plan, and one compiled program replays for all.
+
+The indices are chosen greedily along the contraction's path, as cotengra's SliceFinder and
+GenericTensorNetworks' slicer do: each round slices the index that shrinks the largest
+intermediate most (ties: the one that adds least work), until it fits. Only indices the output
+does not keep are sliced, so slices' results have the output's shape and are combined with
+(+): max, min or or. Pure Python: no GPU needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Slicing", "TooSmall", "best_slice", "complexity", "slicing_for", "sum_into"]
+
+
+@dataclass(frozen=True, slots=True)
+class Slicing:
+    """The indices a contraction is sliced over, and the contraction of one slice."""
+
+    indices: tuple[str, ...]
+    sizes: tuple[int, ...]
+    subscripts: str  # one slice's: the sliced indices left out of every operand
+
+    @property
+    def count(self) -> int:
+        """How many slices: the product of the sliced indices' sizes."""
+        return math.prod(self.sizes)
+
+    def values(self, number: int) -> dict[str, int]:
+        """The sliced indices' values in slice ``number`` (the last index varies fastest)."""
+        values = {}
+        for index, size in zip(reversed(self.indices), reversed(self.sizes), strict=True):
+            number, values[index] = divmod(number, size)
+        return {index: values[index] for index in self.indices}
+
+    def views(self, inputs: Sequence[str], operands: Sequence[Any], number: int) -> list[Any]:
+        """The operands of slice ``number``: each one indexed at its sliced axes (a view, for
+        NumPy and CuPy alike)."""
+        values = self.values(number)
+        views = []
+        for letters, x in zip(inputs, operands, strict=True):
+            at = tuple(values.get(letter, slice(None)) for letter in letters)
+            views.append(x[at] if any(letter in values for letter in letters) else x)
+        return views
+
+    def offsets(self, inputs: Sequence[str], strides: Sequence[Sequence[int]]) -> Any:
+        """For each slice (a row) and operand (a column), how far (in the units of
+        ``strides``, each operand's) that slice's view starts from the operand's start."""
+        grid = np.indices(self.sizes).reshape(len(self.sizes), -1).T  # row: a slice's values
+        steps = np.zeros((len(self.indices), len(inputs)), np.int64)
+        for column, (letters, each) in enumerate(zip(inputs, strides, strict=True)):
+            for letter, stride in zip(letters, each, strict=True):
+                if letter in self.indices:
+                    steps[self.indices.index(letter), column] += stride
+        return grid @ steps
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.count))
+
+
+def sum_into(add: str, xp: Any, total: Any, part: Any) -> None:
+    """``total = total (+) part`` in place, (+) the semiring's ``add`` ("max", "min", "or"),
+    with ``xp`` NumPy or CuPy."""
+    ufunc = {"max": xp.maximum, "min": xp.minimum, "or": xp.logical_or}[add]
+    ufunc(total, part, out=total)
+
+
+def best_slice(add: str, values: Any) -> int:
+    """The first slice whose value is the sum of ``values`` (the slices' scalar results, on
+    the host): the one whose assignment attains the whole contraction's value."""
+    found = np.asarray(values)
+    return int(np.argmin(found) if add == "min" else np.argmax(found))
+
+
+def _along(
+    inputs: Sequence[str],
+    output: str,
+    sizes: Mapping[str, int],
+    path: Sequence[Sequence[int]],
+    sliced: frozenset[str],
+) -> tuple[int, int, list[frozenset[str]]]:
+    """(the elements of the largest intermediate, the products of all steps, the largest
+    intermediates' indices) along ``path`` with the ``sliced`` indices fixed: one slice's."""
+    live = [frozenset(term) - sliced for term in inputs]
+    kept = frozenset(output)
+    largest = products = 0
+    widest: list[frozenset[str]] = []
+    for positions in path:
+        chosen = [live[i] for i in positions]
+        live = [term for i, term in enumerate(live) if i not in positions]
+        joint = frozenset().union(*chosen)
+        result = joint & kept.union(*live)
+        live.append(result)
+        size = math.prod(sizes[i] for i in result)
+        if size > largest:
+            largest, widest = size, [result]
+        elif size == largest:
+            widest.append(result)
+        products += math.prod(sizes[i] for i in joint)
+    return largest, products, widest
+
+
+def complexity(
+    inputs: Sequence[str],
+    output: str,
+    sizes: Mapping[str, int],
+    path: Sequence[Sequence[int]],
+    sliced: Sequence[str] = (),
+) -> tuple[int, int]:
+    """(the elements of the largest intermediate, the products of all steps) along ``path``,
+    for one slice when indices are ``sliced``."""
+    largest, products, _ = _along(inputs, output, sizes, path, frozenset(sliced))
+    return largest, products
+
+
+def slicing_for(
+    inputs: Sequence[str],
+    output: str,
+    sizes: Mapping[str, int],
+    path: Sequence[Sequence[int]],
+    *,
+    elements: int,
+    given: Sequence[str] = (),
+) -> tuple[str, ...]:
+    """The indices to slice so that no intermediate along ``path`` holds more than
+    ``elements``, ``given`` first (a planner's choice); () if it fits as it is. Raises
+    ``TooSmall`` with the fewest elements any slicing reaches if none does."""
+    sliced = list(dict.fromkeys(given))
+    contracted = {i for term in inputs for i in term} - set(output)
+    largest, _, widest = _along(inputs, output, sizes, path, frozenset(sliced))
+    while largest > elements:
+        # Only an index of every largest intermediate can shrink the largest.
+        candidates = sorted(frozenset.intersection(*widest) & contracted - set(sliced))
+        if not candidates:  # slice every index that some largest intermediate holds
+            candidates = sorted(frozenset().union(*widest) & contracted - set(sliced))
+        if not candidates:
+            raise TooSmall(largest)
+        best = None
+        for index in candidates:
+            found = _along(inputs, output, sizes, path, frozenset([*sliced, index]))
+            score = (found[0], found[1] * sizes[index])  # the size, then all slices' work
+            if best is None or score < best[0]:
+                best = (score, index, found)
+        assert best is not None
+        _, index, (largest, _, widest) = best
+        sliced.append(index)
+    return tuple(sliced)
+
+
+class TooSmall(ValueError):
+    """No slicing fits: ``floor`` elements is the least the largest intermediate comes to."""
+
+    def __init__(self, floor: int) -> None:
+        super().__init__(floor)
+        self.floor = floor

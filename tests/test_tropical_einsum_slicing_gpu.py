@@ -1,0 +1,142 @@
+"""tropical.einsum in slices (memory_limit=) on the GPU: against the NumPy reference along the
+same path and against the unsliced run, for every semiring and type, with an output, out= and
+views; the argmax's assignment (the winning slice's, its sliced indices included) checked on the
+host; a budget as a fraction of free memory; a sliced plan passed as optimize=.
+
+Each test draws fresh operands from a seed it prints; ``TROPICAL_TEST_SEED=<seed>`` repeats it.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aionvrtc import tropical
+from aionvrtc.tropical import SEMIRINGS, reference
+
+from .support.einsum import (
+    ARGMAX_CASES,
+    CASES,
+    IDS,
+    PETERSEN,
+    assert_same,
+    check_assignment,
+    independent_sets,
+    network_values,
+    random_network,
+    tensors,
+)
+from .support.tropical_data import gpu, host
+
+pytestmark = pytest.mark.gpu
+
+
+def quarter(plan: Any, itemsize: int) -> int:
+    """A budget of a quarter of the plan's largest intermediate (at least one element): one
+    that makes it sliced, unless its largest holds fewer than two."""
+    return max(1, round(2 ** float(plan.space_complexity)) // 4) * itemsize
+
+
+def sliced_network(rng: np.random.Generator) -> tuple[str, list[tuple[int, ...]]]:
+    """A random scalar network whose largest intermediate holds four elements or more."""
+    while True:
+        subscripts, shapes = random_network(rng, int(rng.integers(8, 12)), int(rng.integers(7, 10)))
+        if tropical.einsum_plan(subscripts, *shapes).space_complexity >= 2:
+            return subscripts, shapes
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_slices_summed_on_the_gpu_are_the_whole_contraction(
+    ring: str, dtype: Any, rng: np.random.Generator
+) -> None:
+    for _ in range(3):
+        subscripts, shapes = sliced_network(rng)
+        operands = tensors(rng, ring, dtype, shapes)
+        arrays = [gpu(x) for x in operands]
+        whole = tropical.einsum_plan(subscripts, *arrays)
+        budget = quarter(whole, np.dtype(dtype).itemsize)
+        plan = tropical.einsum_plan(subscripts, *arrays, memory_limit=budget)
+        assert plan.slicing is not None
+        assert plan.slicing.count > 1
+        got = await tropical.einsum(subscripts, *arrays, semiring=ring, memory_limit=budget)
+        want = reference.einsum(subscripts, *operands, semiring=ring, path=plan.path)
+        assert_same(got, want, f"{ring} {subscripts}\n{plan}")
+        unsliced = await tropical.einsum(subscripts, *arrays, semiring=ring)
+        assert_same(unsliced, want, f"unsliced {ring} {subscripts}")
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_an_output_and_out_in_slices(ring: str, dtype: Any, rng: np.random.Generator) -> None:
+    import cupy
+
+    subscripts = "ab,bcd,cde->ae"
+    operands = tensors(rng, ring, dtype, [(40, 50), (50, 30, 20), (30, 20, 60)])
+    # Views: the first operand transposed in memory, the second every other row of a larger one.
+    first = gpu(np.ascontiguousarray(operands[0].T)).T
+    second = gpu(np.repeat(operands[1], 2, axis=0))[::2]
+    arrays = [first, second, gpu(operands[2])]
+    budget = 40 * 60 * np.dtype(dtype).itemsize  # the output itself: every index b, c, d sliced
+    plan = tropical.einsum_plan(subscripts, *arrays, memory_limit=budget)
+    assert plan.slicing is not None
+    assert set(plan.slicing.indices) <= {"b", "c", "d"}
+    want = reference.einsum(subscripts, *operands, semiring=ring, path=plan.path)
+    got = tropical.einsum_sync(subscripts, *arrays, semiring=ring, memory_limit=budget)
+    assert_same(got, want, f"{ring}\n{plan}")
+    out = cupy.empty((60, 40), dtype).T  # not contiguous
+    result = tropical.einsum_sync(subscripts, *arrays, semiring=ring, memory_limit=budget, out=out)
+    assert result is out
+    assert_same(out, want, f"out= {ring}")
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_argmax_in_slices_is_the_winning_slices_assignment(
+    ring: str, dtype: str, rng: np.random.Generator
+) -> None:
+    attained = 0
+    for _ in range(6):
+        subscripts, shapes = sliced_network(rng)
+        operands = network_values(rng, ring, dtype, shapes)
+        arrays = [gpu(x) for x in operands]
+        plan = tropical.einsum_plan(subscripts, *arrays)
+        budget = quarter(plan, np.dtype(dtype).itemsize)
+        value, assignment = tropical.einsum_sync(
+            subscripts, *arrays, semiring=ring, argmax=True, memory_limit=budget
+        )
+        want = reference.einsum(subscripts, *operands, semiring=ring)
+        assert_same(value, want, f"{ring} {subscripts}")
+        check_assignment(subscripts, operands, ring, host(value), assignment)
+        attained += int(host(value) != SEMIRINGS[ring].zero(np.dtype(dtype)))
+    assert attained > 0
+
+
+@pytest.mark.parametrize("ring", ["maxplus", "minplus"])
+def test_a_maximum_independent_set_in_slices(ring: str) -> None:
+    subscripts, operands = independent_sets(10, PETERSEN, ring, "float32")
+    arrays = [gpu(x) for x in operands]
+    plan = tropical.einsum_plan(subscripts, *arrays, memory_limit=8)  # 2 float32s a slice
+    assert plan.slicing is not None
+    value, assignment = tropical.einsum_sync(
+        subscripts, *arrays, semiring=ring, argmax=True, optimize=plan
+    )
+    assert host(value).item() == (4 if ring == "maxplus" else -4)
+    chosen = {v for v in range(10) if assignment[string.ascii_lowercase[v]] == 1}
+    assert len(chosen) == 4
+    assert not any(u in chosen and v in chosen for u, v in PETERSEN)
+
+
+def test_a_fraction_of_free_memory_and_bad_budgets() -> None:
+    subscripts, operands = independent_sets(10, PETERSEN, "maxplus", "float32")
+    arrays = [gpu(x) for x in operands]
+    value = tropical.einsum_sync(subscripts, *arrays, memory_limit=0.5)  # fits: not sliced
+    assert host(value).item() == 4
+    bad: Any
+    for bad in (0, -1, 0.0, 1.5, "1G", True):
+        with pytest.raises(ValueError, match="memory_limit must be"):
+            tropical.einsum_sync(subscripts, *arrays, memory_limit=bad)
+    with pytest.raises(ValueError, match="the smallest that does is 4 bytes"):
+        tropical.einsum_sync(subscripts, *arrays, memory_limit=2)
