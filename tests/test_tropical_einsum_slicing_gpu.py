@@ -140,3 +140,77 @@ def test_a_fraction_of_free_memory_and_bad_budgets() -> None:
             tropical.einsum_sync(subscripts, *arrays, memory_limit=bad)
     with pytest.raises(ValueError, match="the smallest that does is 4 bytes"):
         tropical.einsum_sync(subscripts, *arrays, memory_limit=2)
+
+
+# -- the slices over several GPUs --------------------------------------------------------------
+
+
+def device_count() -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceCount())
+
+
+@pytest.fixture
+def two_gpus() -> None:
+    if device_count() < 2:
+        pytest.skip("needs two GPUs: run it on a machine with two")
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_slices_over_two_devices_are_the_whole_contraction(
+    ring: str, dtype: Any, rng: np.random.Generator, two_gpus: None
+) -> None:
+    import cupy
+
+    for home in (0, 1):
+        subscripts, shapes = sliced_network(rng)
+        operands = tensors(rng, ring, dtype, shapes)
+        with cupy.cuda.Device(home):
+            arrays = [gpu(x) for x in operands]
+        budget = quarter(tropical.einsum_plan(subscripts, *arrays), np.dtype(dtype).itemsize)
+        plan = tropical.einsum_plan(subscripts, *arrays, memory_limit=budget)
+        assert plan.slicing is not None
+        got = tropical.einsum_sync(
+            subscripts, *arrays, semiring=ring, memory_limit=budget, devices=[0, 1]
+        )
+        assert got.device.id == home  # summed where the operands are
+        want = reference.einsum(subscripts, *operands, semiring=ring, path=plan.path)
+        assert_same(got, want, f"{ring} {subscripts} from device {home}\n{plan}")
+    # The operands' device need not run a slice: the result still lands there.
+    got = tropical.einsum_sync(subscripts, *arrays, semiring=ring, memory_limit=budget, devices=[0])
+    assert got.device.id == 1
+    assert_same(got, want, f"{ring} {subscripts} on device 0 alone")
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_argmax_over_two_devices(
+    ring: str, dtype: str, rng: np.random.Generator, two_gpus: None
+) -> None:
+    for _ in range(4):
+        subscripts, shapes = sliced_network(rng)
+        operands = network_values(rng, ring, dtype, shapes)
+        arrays = [gpu(x) for x in operands]
+        budget = quarter(tropical.einsum_plan(subscripts, *arrays), np.dtype(dtype).itemsize)
+        value, assignment = tropical.einsum_sync(
+            subscripts, *arrays, semiring=ring, argmax=True, memory_limit=budget,
+            devices=[0, 1],
+        )  # fmt: skip
+        want = reference.einsum(subscripts, *operands, semiring=ring)
+        assert_same(value, want, f"{ring} {subscripts}")
+        check_assignment(subscripts, operands, ring, host(value), assignment)
+
+
+def test_devices_must_be_distinct_devices_of_the_host() -> None:
+    subscripts, operands = independent_sets(10, PETERSEN, "maxplus", "float32")
+    arrays = [gpu(x) for x in operands]
+    count = device_count()
+    assert host(tropical.einsum_sync(subscripts, *arrays, devices=[0])).item() == 4
+    assert host(tropical.einsum_sync(subscripts, *arrays, memory_limit=8, devices=[0])) == 4
+    bad: Any
+    for bad in ([0, 0], [count], [-1], []):
+        with pytest.raises(ValueError, match=f"distinct devices of the {count} this process"):
+            tropical.einsum_sync(subscripts, *arrays, memory_limit=8, devices=bad)
+    for bad in (0, "0", [0.0], [True]):
+        with pytest.raises(ValueError, match="a list of device numbers such as"):
+            tropical.einsum_sync(subscripts, *arrays, memory_limit=8, devices=bad)

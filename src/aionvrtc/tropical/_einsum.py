@@ -18,7 +18,6 @@ from ._product_plan import cupy_module
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
 from ._shape_classes import tables_version, tuned_tiles
-from ._slicing import best_slice, sum_into
 from ._subscripts import check_dtypes, check_output
 from ._twins import Fetch, Offload, Wait, Work, run_async, run_sync
 
@@ -42,6 +41,7 @@ async def einsum(
     argmax: bool = False,
     optimize: Any = "auto",
     memory_limit: float | None = None,
+    devices: Sequence[int] | None = None,
     out: Any = None,
     stream: Any = None,
     compiler: Compiler | None = None,
@@ -71,7 +71,10 @@ async def einsum(
     summed in the semiring. With ``argmax=True`` the assignment is the first slice's that
     attains the result (found by contracting that slice once more, with its argmax). A plan
     with a slicing (``einsum_plan(..., memory_limit=)``, or a cotengra optimizer that sliced)
-    passed as ``optimize`` runs in its slices too."""
+    passed as ``optimize`` runs in its slices too. ``devices`` (such as ``[0, 1]``) spreads the
+    slices over those GPUs, slice n on the n-th modulo their count, each with a copy of the
+    operands and its own stream; the result is summed on the operands' device. A contraction
+    that is not sliced runs on the operands' device alone."""
     return await run_async(
         _einsum(
             subscripts,
@@ -80,6 +83,7 @@ async def einsum(
             argmax=argmax,
             optimize=optimize,
             memory_limit=memory_limit,
+            devices=devices,
             out=out,
             stream=stream,
             compiler=compiler,
@@ -94,6 +98,7 @@ def einsum_sync(
     argmax: bool = False,
     optimize: Any = "auto",
     memory_limit: float | None = None,
+    devices: Sequence[int] | None = None,
     out: Any = None,
     stream: Any = None,
     compiler: Compiler | None = None,
@@ -108,6 +113,7 @@ def einsum_sync(
             argmax=argmax,
             optimize=optimize,
             memory_limit=memory_limit,
+            devices=devices,
             out=out,
             stream=stream,
             compiler=compiler,
@@ -123,6 +129,7 @@ def _einsum(
     argmax: bool,
     optimize: Any,
     memory_limit: float | None,
+    devices: Sequence[int] | None,
     out: Any,
     stream: Any,
     compiler: Compiler | None,
@@ -137,13 +144,16 @@ def _einsum(
                 einsum_plan, subscripts, *arrays, optimize=optimize, memory_limit=limit
             )
         )
-    if planned.slicing is not None:
-        stream = _stream(device, stream)
-        sliced = _in_slices(
-            planned, ring, arrays, device=device, argmax=argmax, out=out, stream=stream,
-            compiler=compiler,
-        )  # fmt: skip
-        return (yield from sliced)
+    if planned.slicing is not None or devices is not None:
+        from ._einsum_slices import check_devices, in_slices  # (it imports this module)
+
+        places = check_devices(devices, device)
+        if planned.slicing is not None:
+            sliced = in_slices(
+                planned, ring, arrays, device=device, devices=places, argmax=argmax, out=out,
+                stream=_stream(device, stream), compiler=compiler,
+            )  # fmt: skip
+            return (yield from sliced)
     # The steps take their kernels from the tiles of now, those fetched here, even where
     # autotune installs others meanwhile (a kernel missing from `modules` would be fetched on
     # the event loop's thread, blocking it, or raising with a caller's Compiler).
@@ -164,76 +174,6 @@ def _einsum(
     yield Wait(stream)  # the copy into `host` (from the arena) lands before either is freed
     del arena
     return result, assignment(steps, host)
-
-
-def _in_slices(
-    planned: EinsumPlan,
-    ring: Semiring,
-    arrays: Sequence[Any],
-    *,
-    device: int,
-    argmax: bool,
-    out: Any,
-    stream: Any,
-    compiler: Compiler | None,
-) -> Work[Any]:
-    """``planned``'s slices contracted one after another on ``stream`` and summed into the
-    first's result: each runs the steps of one slice's plan, from the operands' addresses
-    moved to that slice's views (one plan, its launches prepared once)."""
-    slicing = planned.slicing
-    assert slicing is not None
-    if argmax:
-        _check_scalar(planned)
-    views = slicing.views(planned.inputs, arrays, 0)
-    each = known_plan(slicing.subscripts, views, planned.path)
-    if each is None:
-        each = yield Offload(
-            functools.partial(einsum_plan, slicing.subscripts, *views, optimize=planned.path)
-        )
-    dtype = arrays[0].dtype
-    steps = known(each, ring, dtype, argmax=False, device=device)
-    if steps is None:
-        steps = yield Offload(
-            functools.partial(steps_for, each, ring, dtype, argmax=False, device=device)
-        )
-    if steps is None:  # an index of size 0: every slice's result is the zero
-        return _empty(each, ring, dtype, argmax=argmax, out=out, at=(device, stream))
-    modules = yield Fetch(steps.specs, device, compiler)
-    cupy = cupy_module()
-    strides = [tuple(s // x.itemsize for s in x.strides) for x in arrays]
-    offsets = slicing.offsets(planned.inputs, strides) * dtype.itemsize
-    bases = np.array([x.data.ptr for x in arrays], np.int64)
-    total, _ = _enqueue(steps, modules, views, out, stream)
-    with OnDevice(device), stream:
-        scores = cupy.empty(slicing.count, dtype) if argmax else None
-        if scores is not None:
-            scores[0] = total
-        part = cupy.ndarray(steps.shape, dtype)
-        arena = cupy.cuda.alloc(steps.nbytes) if steps.nbytes else None
-        at = arena.ptr if arena is not None else 0
-        for number in range(1, slicing.count):
-            steps.enqueue(modules, (bases + offsets[number]).tolist(), at, part.data.ptr, stream)
-            if scores is not None:
-                scores[number] = part
-            sum_into(ring.add, cupy, total, part)
-        if scores is None:
-            return total
-        values = cupy.asnumpy(scores, stream=stream, blocking=False)
-    yield Wait(stream)
-    best = best_slice(ring.add, values)
-    value, found = yield from _einsum(
-        slicing.subscripts,
-        slicing.views(planned.inputs, arrays, best),
-        semiring=ring.name,
-        argmax=True,
-        optimize=each,
-        memory_limit=None,
-        out=None,
-        stream=stream,
-        compiler=compiler,
-    )
-    del value  # the best slice's, which ``total`` holds as well
-    return total, {**found, **slicing.values(best)}
 
 
 def _memory_limit(memory_limit: float | None, device: int) -> int | None:

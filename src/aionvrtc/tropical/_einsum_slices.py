@@ -1,0 +1,215 @@
+"""A sliced tropical einsum on the GPU (``memory_limit=``, ``devices=``): the slices of a plan
+(_slicing) spread over the host's GPUs, each device's slices summed on its own stream into its
+first slice's result, then the devices' sums into the result on the operands' device.
+
+A slice is the steps of one slice's plan run from the operands' addresses moved to that slice's
+views: one plan, its launches prepared once per device, no array made per slice. Other devices
+get a copy of the operands, made on the caller's stream after the work queued there, which
+their streams wait for by an event; the result's stream waits for theirs the same way before
+their sums are copied over, and they wait for those copies before their memory is let go.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .._compiler import Compiler
+from .._cuda import Module
+from ._einsum import _check_scalar, _einsum, _empty, steps_for
+from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
+from ._einsum_steps import Steps, known
+from ._launching import OnDevice
+from ._product_plan import cupy_module
+from ._semirings import Semiring
+from ._slicing import Slicing, best_slice, sum_into
+from ._twins import Fetch, Offload, Wait, Work
+
+__all__ = ["check_devices", "in_slices"]
+
+
+@dataclasses.dataclass
+class _Lane:
+    """One device's share: the operands there, one slice's steps prepared for it, its stream,
+    and the sum of the slices it ran (with argmax, each slice's value at its number)."""
+
+    device: int
+    stream: Any
+    arrays: Sequence[Any]
+    each: EinsumPlan
+    steps: Steps
+    modules: Sequence[Module]
+    total: Any = None
+    scores: Any = None
+
+
+def in_slices(
+    planned: EinsumPlan,
+    ring: Semiring,
+    arrays: Sequence[Any],
+    *,
+    device: int,
+    devices: Sequence[int],
+    argmax: bool,
+    out: Any,
+    stream: Any,
+    compiler: Compiler | None,
+) -> Work[Any]:
+    """``planned``'s slices, slice n on ``devices[n % len(devices)]``, summed into ``out`` (or
+    a new array) on ``device``, the operands' (see the module's docstring); with ``argmax``,
+    the pair (result, the assignment of the first slice that attains it)."""
+    slicing = planned.slicing
+    assert slicing is not None
+    if argmax:
+        _check_scalar(planned)
+    dtype = arrays[0].dtype
+    lanes = []
+    for place in devices[: slicing.count]:  # no device without a slice
+        here, there = (arrays, stream) if place == device else _copied(arrays, place, stream)
+        views = slicing.views(planned.inputs, here, 0)
+        each = known_plan(slicing.subscripts, views, planned.path)
+        if each is None:
+            each = yield Offload(
+                functools.partial(einsum_plan, slicing.subscripts, *views, optimize=planned.path)
+            )
+        steps = known(each, ring, dtype, argmax=False, device=place)
+        if steps is None:
+            steps = yield Offload(
+                functools.partial(steps_for, each, ring, dtype, argmax=False, device=place)
+            )
+        if steps is None:  # an index of size 0: every slice's result is the zero
+            return _empty(each, ring, dtype, argmax=argmax, out=out, at=(device, stream))
+        modules = yield Fetch(steps.specs, place, compiler)
+        lanes.append(_Lane(place, there, here, each, steps, modules))
+    _run(lanes, slicing, planned.inputs, ring, argmax=argmax)
+    result = _gathered(lanes, ring, out=out, device=device, stream=stream)
+    if not argmax:
+        return result
+    cupy = cupy_module()
+    values = []
+    for lane in lanes:
+        with OnDevice(lane.device):
+            values.append(cupy.asnumpy(lane.scores, stream=lane.stream, blocking=False))
+    for lane in lanes:
+        yield Wait(lane.stream)
+    for more in values[1:]:
+        sum_into(ring.add, np, values[0], more)
+    best = best_slice(ring.add, values[0])
+    lane = lanes[best % len(lanes)]
+    _, found = yield from _einsum(
+        slicing.subscripts,
+        slicing.views(planned.inputs, lane.arrays, best),
+        semiring=ring.name,
+        argmax=True,
+        optimize=lane.each,
+        memory_limit=None,
+        devices=None,
+        out=None,
+        stream=lane.stream,
+        compiler=compiler,
+    )
+    return result, {**found, **slicing.values(best)}
+
+
+def _copied(arrays: Sequence[Any], place: int, stream: Any) -> tuple[list[Any], Any]:
+    """The operands copied to device ``place`` (C order), after the work queued on ``stream``
+    (the operands' device's); and a stream of ``place`` that waits for the copies."""
+    cupy = cupy_module()
+    with OnDevice(place):
+        copies = [cupy.empty(x.shape, x.dtype) for x in arrays]
+        there = cupy.cuda.Stream(non_blocking=True)
+    with OnDevice(arrays[0].device.id), stream:
+        for x, y in zip(arrays, copies, strict=True):
+            if x.size:
+                y.data.copy_from_device_async(cupy.ascontiguousarray(x).data, x.nbytes, stream)
+        copied = stream.record()
+    with OnDevice(place):
+        there.wait_event(copied)
+    return copies, there
+
+
+def _run(
+    lanes: Sequence[_Lane], slicing: Slicing, inputs: Sequence[str], ring: Semiring, *, argmax: bool
+) -> None:
+    """Enqueue slice n on ``lanes[n % len(lanes)]``: its first into the lane's total, each
+    later one into a part summed into it; with ``argmax``, each slice's value into the lane's
+    scores (the semiring's zero where another lane ran it)."""
+    cupy = cupy_module()
+    work = []
+    for lane in lanes:
+        dtype = lane.steps.dtype
+        strides = [tuple(s // x.itemsize for s in x.strides) for x in lane.arrays]
+        offsets = slicing.offsets(inputs, strides) * dtype.itemsize
+        bases = np.array([x.data.ptr for x in lane.arrays], np.int64)
+        with OnDevice(lane.device), lane.stream:
+            lane.total = cupy.ndarray(lane.steps.shape, dtype)
+            part = cupy.ndarray(lane.steps.shape, dtype)
+            arena = cupy.cuda.alloc(lane.steps.nbytes) if lane.steps.nbytes else None
+            if argmax:
+                lane.scores = cupy.full(slicing.count, ring.zero(dtype), dtype)
+        work.append((lane, bases, offsets, part, arena.ptr if arena is not None else 0, arena))
+    for number in range(slicing.count):
+        lane, bases, offsets, part, at, _ = work[number % len(work)]
+        first = number < len(work)
+        into = lane.total if first else part
+        with OnDevice(lane.device), lane.stream:
+            lane.steps.enqueue(
+                lane.modules, (bases + offsets[number]).tolist(), at, into.data.ptr, lane.stream
+            )
+            if lane.scores is not None:
+                lane.scores[number] = into
+            if not first:
+                sum_into(ring.add, cupy, lane.total, part)
+
+
+def _gathered(lanes: Sequence[_Lane], ring: Semiring, *, out: Any, device: int, stream: Any) -> Any:
+    """The lanes' totals summed on ``device``'s ``stream`` into ``out`` (or the device's own
+    lane's total, else a new array)."""
+    cupy = cupy_module()
+    home = next((lane for lane in lanes if lane.device == device), None)
+    result = home.total if home is not None else None
+    others = [lane for lane in lanes if lane is not home]
+    with OnDevice(device), stream:
+        for lane in others:
+            with OnDevice(lane.device):
+                summed = lane.stream.record()
+            stream.wait_event(summed)
+            copy = cupy.empty(lane.total.shape, lane.total.dtype)
+            copy.data.copy_from_device_async(lane.total.data, lane.total.nbytes, stream)
+            if result is None:
+                result = copy
+            else:
+                sum_into(ring.add, cupy, result, copy)
+        if others:
+            copied = stream.record()
+            for lane in others:  # their memory goes back to their pools after the copies
+                with OnDevice(lane.device):
+                    lane.stream.wait_event(copied)
+        if out is not None:
+            cupy.copyto(out, result)
+            result = out
+    return result
+
+
+def check_devices(devices: Any, device: int) -> list[int]:
+    """``devices`` (None: the operands' ``device``) as a list of distinct device numbers."""
+    if devices is None:
+        return [device]
+    count = cupy_module().cuda.runtime.getDeviceCount()
+    if isinstance(devices, int | str) or not all(
+        isinstance(d, int | np.integer) and not isinstance(d, bool) for d in devices
+    ):
+        raise ValueError(
+            f"devices must be a list of device numbers such as [0, 1], got {devices!r}"
+        )
+    found = [int(d) for d in devices]
+    if not found or len(set(found)) != len(found) or not all(0 <= d < count for d in found):
+        raise ValueError(
+            f"devices must name distinct devices of the {count} this process sees "
+            f"(0 to {count - 1}), got {devices!r}"
+        )
+    return found
