@@ -214,3 +214,30 @@ def test_devices_must_be_distinct_devices_of_the_host() -> None:
     for bad in (0, "0", [0.0], [True]):
         with pytest.raises(ValueError, match="a list of device numbers such as"):
             tropical.einsum_sync(subscripts, *arrays, memory_limit=8, devices=bad)
+
+
+@pytest.mark.parametrize("ring", ["maxplus", "andor"])
+def test_without_a_program_the_slices_launch_their_steps(
+    ring: str, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A program holds every intermediate at once; where it cannot be allocated the slices run
+    # their prepared steps instead. (The allocation failure is injected: a real one needs a
+    # network that fills the device.)
+    import cupy
+
+    from aionvrtc.tropical import _einsum_slices
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> Any:
+        raise cupy.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)
+        yield  # (a generator, as the real one)
+
+    monkeypatch.setattr(_einsum_slices, "_einsum_program", out_of_memory)
+    dtype = "bool" if ring == "andor" else "float32"
+    subscripts, shapes = sliced_network(rng)
+    operands = tensors(rng, ring, dtype, shapes)
+    arrays = [gpu(x) for x in operands]
+    budget = quarter(tropical.einsum_plan(subscripts, *arrays), np.dtype(dtype).itemsize)
+    plan = tropical.einsum_plan(subscripts, *arrays, memory_limit=budget)
+    got = tropical.einsum_sync(subscripts, *arrays, semiring=ring, memory_limit=budget)
+    want = reference.einsum(subscripts, *operands, semiring=ring, path=plan.path)
+    assert_same(got, want, f"{ring} {subscripts}\n{plan}")

@@ -396,6 +396,13 @@ class EinsumProgram:
             pointers.append(x.data.ptr)
         return (pointers, held) if pointers != self._bound else None
 
+    def replay(self, pointers: list[int], out: Any, stream: Any) -> Any:
+        """Gather from ``pointers`` (C-contiguous operands of the program's shapes, dtype and
+        device, unchecked), replay, copy out into ``out`` (``output``: no copy) on ``stream``:
+        a sliced einsum's slices, each from its operands' addresses."""
+        with OnDevice(self.device), self._lock:
+            return self._launch((pointers, []), out, stream, self.output.nbytes)[0]
+
     def _refuse(self, i: int, x: Any, shape: tuple[int, ...]) -> None:
         cupy = cupy_module()
         if not isinstance(x, cupy.ndarray):

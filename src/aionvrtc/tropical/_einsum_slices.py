@@ -2,8 +2,12 @@
 (_slicing) spread over the host's GPUs, each device's slices summed on its own stream into its
 first slice's result, then the devices' sums into the result on the operands' device.
 
-A slice is the steps of one slice's plan run from the operands' addresses moved to that slice's
-views: one plan, its launches prepared once per device, no array made per slice. Other devices
+A device replays one compiled program (``einsum_program``: the slice's launches captured once
+as a CUDA graph) per slice, gathering that slice's operands by address: the operands that hold
+a sliced index are first laid out once per call as a stack of their slices (each slice's part
+one contiguous run), the others are read as they are. Where no program can be made (it holds
+every intermediate at once: out of memory), the slice's prepared steps are launched one by one
+from the operands' addresses moved to that slice's views instead. Other devices
 get a copy of the operands, made on the caller's stream after the work queued there, which
 their streams wait for by an event; the result's stream waits for theirs the same way before
 their sums are copied over, and they wait for those copies before their memory is let go.
@@ -22,6 +26,7 @@ from .._compiler import Compiler
 from .._cuda import Module
 from ._einsum import _check_scalar, _einsum, _empty, steps_for
 from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
+from ._einsum_program import EinsumProgram, _einsum_program
 from ._einsum_steps import Steps, known
 from ._launching import OnDevice
 from ._product_plan import cupy_module
@@ -41,8 +46,9 @@ class _Lane:
     stream: Any
     arrays: Sequence[Any]
     each: EinsumPlan
-    steps: Steps
+    steps: Steps | None  # without a program
     modules: Sequence[Module]
+    program: EinsumProgram | None = None
     total: Any = None
     scores: Any = None
 
@@ -76,13 +82,24 @@ def in_slices(
             each = yield Offload(
                 functools.partial(einsum_plan, slicing.subscripts, *views, optimize=planned.path)
             )
+        if 0 in each.sizes.values():  # every slice's result is the zero
+            return _empty(each, ring, dtype, argmax=argmax, out=out, at=(device, stream))
+        try:
+            program = yield from _einsum_program(
+                slicing.subscripts, [x.shape for x in views], semiring=ring.name, argmax=False,
+                optimize=planned.path, dtype=dtype, device=place, compiler=compiler,
+            )  # fmt: skip
+        except cupy_module().cuda.memory.OutOfMemoryError:
+            program = None
+        if program is not None:
+            lanes.append(_Lane(place, there, here, each, None, (), program))
+            continue
         steps = known(each, ring, dtype, argmax=False, device=place)
         if steps is None:
             steps = yield Offload(
                 functools.partial(steps_for, each, ring, dtype, argmax=False, device=place)
             )
-        if steps is None:  # an index of size 0: every slice's result is the zero
-            return _empty(each, ring, dtype, argmax=argmax, out=out, at=(device, stream))
+        assert steps is not None  # (no index of size 0)
         modules = yield Fetch(steps.specs, place, compiler)
         lanes.append(_Lane(place, there, here, each, steps, modules))
     _run(lanes, slicing, planned.inputs, ring, argmax=argmax)
@@ -136,34 +153,91 @@ def _run(
     lanes: Sequence[_Lane], slicing: Slicing, inputs: Sequence[str], ring: Semiring, *, argmax: bool
 ) -> None:
     """Enqueue slice n on ``lanes[n % len(lanes)]``: its first into the lane's total, each
-    later one into a part summed into it; with ``argmax``, each slice's value into the lane's
-    scores (the semiring's zero where another lane ran it)."""
+    later one summed into it; with ``argmax``, each slice's value into the lane's scores (the
+    semiring's zero where another lane ran it)."""
     cupy = cupy_module()
-    work = []
+    runs = []
     for lane in lanes:
-        dtype = lane.steps.dtype
-        strides = [tuple(s // x.itemsize for s in x.strides) for x in lane.arrays]
-        offsets = slicing.offsets(inputs, strides) * dtype.itemsize
-        bases = np.array([x.data.ptr for x in lane.arrays], np.int64)
+        dtype = lane.arrays[0].dtype
         with OnDevice(lane.device), lane.stream:
-            lane.total = cupy.ndarray(lane.steps.shape, dtype)
-            part = cupy.ndarray(lane.steps.shape, dtype)
-            arena = cupy.cuda.alloc(lane.steps.nbytes) if lane.steps.nbytes else None
+            made = lane.program if lane.program is not None else lane.steps
+            assert made is not None
+            lane.total = cupy.ndarray(made.shape, dtype)
             if argmax:
                 lane.scores = cupy.full(slicing.count, ring.zero(dtype), dtype)
-        work.append((lane, bases, offsets, part, arena.ptr if arena is not None else 0, arena))
+            if lane.program is not None:
+                runs.append(_replays(lane, slicing, inputs))
+            else:
+                runs.append(_launches(lane, slicing, inputs))
     for number in range(slicing.count):
-        lane, bases, offsets, part, at, _ = work[number % len(work)]
-        first = number < len(work)
-        into = lane.total if first else part
+        lane, run = lanes[number % len(lanes)], runs[number % len(lanes)]
+        first = number < len(lanes)
         with OnDevice(lane.device), lane.stream:
-            lane.steps.enqueue(
-                lane.modules, (bases + offsets[number]).tolist(), at, into.data.ptr, lane.stream
-            )
+            result = run(number, lane.total if first else None)
             if lane.scores is not None:
-                lane.scores[number] = into
+                lane.scores[number] = result
             if not first:
-                sum_into(ring.add, cupy, lane.total, part)
+                sum_into(ring.add, cupy, lane.total, result)
+
+
+def _replays(lane: _Lane, slicing: Slicing, inputs: Sequence[str]) -> Any:
+    """``run(number, into)``: slice ``number`` replayed by the lane's program into ``into``
+    (None: the program's output), which it returns. The operands that hold a sliced index are
+    first stacked on the lane's stream, one contiguous run a slice of them."""
+    cupy = cupy_module()
+    program = lane.program
+    assert program is not None
+    grid = np.indices(slicing.sizes).reshape(len(slicing.sizes), -1).T  # a row per slice
+    addresses = np.empty((slicing.count, len(inputs)), np.int64)
+    stacks = []
+    for column, (letters, x) in enumerate(zip(inputs, lane.arrays, strict=True)):
+        held = [slicing.indices.index(i) for i in dict.fromkeys(letters) if i in slicing.indices]
+        if not held:
+            stack = cupy.ascontiguousarray(x)
+            addresses[:, column] = stack.data.ptr
+        else:
+            # One part for each combination of the values of the sliced indices it holds.
+            parts = []
+            for values in np.ndindex(*(slicing.sizes[n] for n in held)):
+                at = {slicing.indices[n]: v for n, v in zip(held, values, strict=True)}
+                parts.append(x[tuple(at.get(letter, slice(None)) for letter in letters)])
+            stack = cupy.stack(parts)  # (C-contiguous: each part one run)
+            row = np.zeros(slicing.count, np.int64)
+            for n in held:  # the slice's part, numbered in mixed radix
+                row = row * slicing.sizes[n] + grid[:, n]
+            addresses[:, column] = stack.data.ptr + row * (stack.nbytes // len(parts))
+        stacks.append(stack)
+
+    def run(number: int, into: Any) -> Any:
+        assert stacks  # (held until the last replay that reads them is enqueued)
+        out = program.output if into is None else into
+        return program.replay(addresses[number].tolist(), out, lane.stream)
+
+    return run
+
+
+def _launches(lane: _Lane, slicing: Slicing, inputs: Sequence[str]) -> Any:
+    """``run(number, into)``: slice ``number``'s prepared steps launched one by one from the
+    operands' addresses moved to its views, into ``into`` (None: a part reused for each)."""
+    cupy = cupy_module()
+    steps = lane.steps
+    assert steps is not None
+    strides = [tuple(s // x.itemsize for s in x.strides) for x in lane.arrays]
+    offsets = slicing.offsets(inputs, strides) * steps.dtype.itemsize
+    bases = np.array([x.data.ptr for x in lane.arrays], np.int64)
+    part = cupy.ndarray(steps.shape, steps.dtype)
+    arena = cupy.cuda.alloc(steps.nbytes) if steps.nbytes else None
+    at = arena.ptr if arena is not None else 0
+
+    def run(number: int, into: Any) -> Any:
+        assert arena is None or arena.ptr == at  # (held until the last launch is enqueued)
+        result = part if into is None else into
+        steps.enqueue(
+            lane.modules, (bases + offsets[number]).tolist(), at, result.data.ptr, lane.stream
+        )
+        return result
+
+    return run
 
 
 def _gathered(lanes: Sequence[_Lane], ring: Semiring, *, out: Any, device: int, stream: Any) -> Any:

@@ -81,32 +81,33 @@ def best_slice(add: str, values: Any) -> int:
     return int(np.argmin(found) if add == "min" else np.argmax(found))
 
 
-def _along(
-    inputs: Sequence[str],
-    output: str,
-    sizes: Mapping[str, int],
-    path: Sequence[Sequence[int]],
-    sliced: frozenset[str],
-) -> tuple[int, int, list[frozenset[str]]]:
-    """(the elements of the largest intermediate, the products of all steps, the largest
-    intermediates' indices) along ``path`` with the ``sliced`` indices fixed: one slice's."""
-    live = [frozenset(term) - sliced for term in inputs]
+def _sets(
+    inputs: Sequence[str], output: str, path: Sequence[Sequence[int]]
+) -> list[tuple[frozenset[str], frozenset[str]]]:
+    """Each step's (joint indices, result indices) along ``path`` (opt_einsum's format): the
+    result keeps those the output or a later operand holds. Slicing an index removes it from
+    both, so one walk serves every slicing. Linear in the operands' indices: how many live
+    operands hold each index is counted, not looked up."""
+    live = [frozenset(term) for term in inputs]
+    holders: dict[str, int] = {}
+    for term in live:
+        for i in term:
+            holders[i] = holders.get(i, 0) + 1
     kept = frozenset(output)
-    largest = products = 0
-    widest: list[frozenset[str]] = []
+    found = []
     for positions in path:
         chosen = [live[i] for i in positions]
         live = [term for i, term in enumerate(live) if i not in positions]
         joint = frozenset().union(*chosen)
-        result = joint & kept.union(*live)
+        for term in chosen:
+            for i in term:
+                holders[i] -= 1
+        result = frozenset(i for i in joint if i in kept or holders[i])
+        for i in result:
+            holders[i] += 1
         live.append(result)
-        size = math.prod(sizes[i] for i in result)
-        if size > largest:
-            largest, widest = size, [result]
-        elif size == largest:
-            widest.append(result)
-        products += math.prod(sizes[i] for i in joint)
-    return largest, products, widest
+        found.append((joint, result))
+    return found
 
 
 def complexity(
@@ -118,7 +119,11 @@ def complexity(
 ) -> tuple[int, int]:
     """(the elements of the largest intermediate, the products of all steps) along ``path``,
     for one slice when indices are ``sliced``."""
-    largest, products, _ = _along(inputs, output, sizes, path, frozenset(sliced))
+    fixed = frozenset(sliced)
+    largest = products = 0
+    for joint, result in _sets(inputs, output, path):
+        largest = max(largest, math.prod(sizes[i] for i in result - fixed))
+        products += math.prod(sizes[i] for i in joint - fixed)
     return largest, products
 
 
@@ -133,10 +138,32 @@ def slicing_for(
 ) -> tuple[str, ...]:
     """The indices to slice so that no intermediate along ``path`` holds more than
     ``elements``, ``given`` first (a planner's choice); () if it fits as it is. Raises
-    ``TooSmall`` with the fewest elements any slicing reaches if none does."""
+    ``TooSmall`` with the fewest elements any slicing reaches if none does.
+
+    Candidates are scored in log2 over a matrix of the steps' indices (a product per
+    candidate: milliseconds for networks of hundreds of tensors); the sizes compared with
+    ``elements`` are exact."""
     sliced = list(dict.fromkeys(given))
+    if 0 in sizes.values():
+        return tuple(sliced)  # nothing is computed: the result is the zero
+    steps = _sets(inputs, output, path)
+    names = sorted(sizes)
+    column = {name: n for n, name in enumerate(names)}
+    joints = np.zeros((len(steps), len(names)))
+    results = np.zeros((len(steps), len(names)))
+    for row, (joint, result) in enumerate(steps):
+        joints[row, [column[i] for i in joint]] = 1
+        results[row, [column[i] for i in result]] = 1
+    logs = np.log2([sizes[name] for name in names])
     contracted = {i for term in inputs for i in term} - set(output)
-    largest, _, widest = _along(inputs, output, sizes, path, frozenset(sliced))
+
+    def exact() -> tuple[int, list[frozenset[str]]]:
+        fixed = frozenset(sliced)
+        each = [math.prod(sizes[i] for i in result - fixed) for _, result in steps]
+        largest = max(each, default=0)
+        return largest, [steps[n][1] - fixed for n, size in enumerate(each) if size == largest]
+
+    largest, widest = exact()
     while largest > elements:
         # Only an index of every largest intermediate can shrink the largest.
         candidates = sorted(frozenset.intersection(*widest) & contracted - set(sliced))
@@ -144,15 +171,22 @@ def slicing_for(
             candidates = sorted(frozenset().union(*widest) & contracted - set(sliced))
         if not candidates:
             raise TooSmall(largest)
+        base = logs.copy()
+        base[[column[i] for i in sliced]] = 0
         best = None
         for index in candidates:
-            found = _along(inputs, output, sizes, path, frozenset([*sliced, index]))
-            score = (found[0], found[1] * sizes[index])  # the size, then all slices' work
+            trial = base.copy()
+            trial[column[index]] = 0
+            # The largest (log2), then all slices' work: one slice's times the slices.
+            score = (
+                float((results @ trial).max()),
+                float(np.exp2(joints @ trial).sum()) * sizes[index],
+            )
             if best is None or score < best[0]:
-                best = (score, index, found)
+                best = (score, index)
         assert best is not None
-        _, index, (largest, _, widest) = best
-        sliced.append(index)
+        sliced.append(best[1])
+        largest, widest = exact()
     return tuple(sliced)
 
 
