@@ -241,3 +241,39 @@ def test_without_a_program_the_slices_launch_their_steps(
     got = tropical.einsum_sync(subscripts, *arrays, semiring=ring, memory_limit=budget)
     want = reference.einsum(subscripts, *operands, semiring=ring, path=plan.path)
     assert_same(got, want, f"{ring} {subscripts}\n{plan}")
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_a_cluster_workers_shares_of_the_slices(
+    ring: str, dtype: str, rng: np.random.Generator
+) -> None:
+    # What each Ray task of tropical.cluster runs on its GPU (Ray itself is tested with CPU
+    # workers): shares of the slices summed, their values, and the winning slice's assignment.
+    from aionvrtc.tropical._einsum_slices import assignment_sync, partial_sync
+    from aionvrtc.tropical._slicing import best_slice, sum_into
+
+    subscripts, shapes = sliced_network(rng)
+    operands = network_values(rng, ring, dtype, shapes)
+    whole = tropical.einsum_plan(subscripts, *operands)
+    budget = max(1, round(2**whole.space_complexity) // 8) * np.dtype(dtype).itemsize
+    plan = tropical.einsum_plan(subscripts, *operands, memory_limit=budget)
+    assert plan.slicing is not None
+    count = plan.slicing.count
+    shares = [range(0, count // 3), range(count // 3, count)]
+    done = [partial_sync(plan, ring, operands, share, scored=True) for share in shares]
+    total = np.array(done[0][0])
+    for part, _ in done[1:]:
+        sum_into(SEMIRINGS[ring].add, np, total, part)
+    want = reference.einsum(subscripts, *operands, semiring=ring)
+    np.testing.assert_array_equal(total, want)
+    values = np.concatenate([scores for _, scores in done])
+    assert len(values) == count
+    best = best_slice(SEMIRINGS[ring].add, values)
+    assert values[best] == want
+    found = assignment_sync(plan, ring, operands, best)
+    check_assignment(subscripts, operands, ring, want, found)
+    unsliced = tropical.einsum_plan(subscripts, *operands)
+    value, scores = partial_sync(unsliced, ring, operands, range(1), scored=True)
+    np.testing.assert_array_equal(value, want)
+    np.testing.assert_array_equal(scores, [want])
+    check_assignment(subscripts, operands, ring, want, assignment_sync(unsliced, ring, operands, 0))

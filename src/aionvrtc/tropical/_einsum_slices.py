@@ -24,17 +24,18 @@ import numpy as np
 
 from .._compiler import Compiler
 from .._cuda import Module
-from ._einsum import _check_scalar, _einsum, _empty, steps_for
+from ._einsum import _check_scalar, _einsum, _empty, _stream, steps_for
 from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
 from ._einsum_program import EinsumProgram, _einsum_program
 from ._einsum_steps import Steps, known
 from ._launching import OnDevice
 from ._product_plan import cupy_module
 from ._semirings import Semiring
+from ._semirings import semiring as lookup
 from ._slicing import Slicing, best_slice, sum_into
-from ._twins import Fetch, Offload, Wait, Work
+from ._twins import Fetch, Offload, Wait, Work, run_sync
 
-__all__ = ["check_devices", "in_slices"]
+__all__ = ["assignment_sync", "check_devices", "in_slices", "partial_sync"]
 
 
 @dataclasses.dataclass
@@ -72,9 +73,81 @@ def in_slices(
     assert slicing is not None
     if argmax:
         _check_scalar(planned)
+    lanes = yield from _lanes(
+        planned, ring, arrays, device=device, devices=devices[: slicing.count], stream=stream,
+        compiler=compiler,
+    )  # fmt: skip
+    if not lanes:  # an index of size 0: every slice's result is the zero
+        each = einsum_plan(slicing.subscripts, *slicing.views(planned.inputs, arrays, 0))
+        return _empty(each, ring, arrays[0].dtype, argmax=argmax, out=out, at=(device, stream))
+    _run(lanes, slicing, planned.inputs, ring, range(slicing.count), argmax=argmax)
+    result = _gathered(lanes, ring, out=out, device=device, stream=stream)
+    if not argmax:
+        return result
+    cupy = cupy_module()
+    values = []
+    for lane in lanes:
+        with OnDevice(lane.device):
+            values.append(cupy.asnumpy(lane.scores, stream=lane.stream, blocking=False))
+    for lane in lanes:
+        yield Wait(lane.stream)
+    for more in values[1:]:
+        sum_into(ring.add, np, values[0], more)
+    best = best_slice(ring.add, values[0])
+    lane = lanes[best % len(lanes)]
+    found = yield from _assignment(
+        planned, ring, lane.arrays, best, each=lane.each, stream=lane.stream, compiler=compiler
+    )
+    return result, found
+
+
+def _assignment(
+    planned: EinsumPlan,
+    ring: Semiring,
+    arrays: Sequence[Any],
+    best: int,
+    *,
+    each: Any,
+    stream: Any,
+    compiler: Compiler | None,
+) -> Work[dict[str, int]]:
+    """The assignment of slice ``best`` of ``planned`` (its sliced indices included): the
+    slice contracted once more, with its argmax (``each``: its plan, or how to plan it)."""
+    slicing = planned.slicing
+    assert slicing is not None
+    _, found = yield from _einsum(
+        slicing.subscripts,
+        slicing.views(planned.inputs, arrays, best),
+        semiring=ring.name,
+        argmax=True,
+        optimize=each,
+        memory_limit=None,
+        devices=None,
+        out=None,
+        stream=stream,
+        compiler=compiler,
+    )
+    return {**found, **slicing.values(best)}
+
+
+def _lanes(
+    planned: EinsumPlan,
+    ring: Semiring,
+    arrays: Sequence[Any],
+    *,
+    device: int,
+    devices: Sequence[int],
+    stream: Any,
+    compiler: Compiler | None,
+) -> Work[list[_Lane]]:
+    """A lane on each of ``devices``: the operands there (a copy but on ``device``, the
+    operands'), one slice's plan and its program (else its prepared steps); none where an
+    index has size 0."""
+    slicing = planned.slicing
+    assert slicing is not None
     dtype = arrays[0].dtype
-    lanes = []
-    for place in devices[: slicing.count]:  # no device without a slice
+    lanes: list[_Lane] = []
+    for place in devices:
         here, there = (arrays, stream) if place == device else _copied(arrays, place, stream)
         views = slicing.views(planned.inputs, here, 0)
         each = known_plan(slicing.subscripts, views, planned.path)
@@ -82,8 +155,8 @@ def in_slices(
             each = yield Offload(
                 functools.partial(einsum_plan, slicing.subscripts, *views, optimize=planned.path)
             )
-        if 0 in each.sizes.values():  # every slice's result is the zero
-            return _empty(each, ring, dtype, argmax=argmax, out=out, at=(device, stream))
+        if 0 in each.sizes.values():
+            return []
         try:
             program = yield from _einsum_program(
                 slicing.subscripts, [x.shape for x in views], semiring=ring.name, argmax=False,
@@ -102,34 +175,7 @@ def in_slices(
         assert steps is not None  # (no index of size 0)
         modules = yield Fetch(steps.specs, place, compiler)
         lanes.append(_Lane(place, there, here, each, steps, modules))
-    _run(lanes, slicing, planned.inputs, ring, argmax=argmax)
-    result = _gathered(lanes, ring, out=out, device=device, stream=stream)
-    if not argmax:
-        return result
-    cupy = cupy_module()
-    values = []
-    for lane in lanes:
-        with OnDevice(lane.device):
-            values.append(cupy.asnumpy(lane.scores, stream=lane.stream, blocking=False))
-    for lane in lanes:
-        yield Wait(lane.stream)
-    for more in values[1:]:
-        sum_into(ring.add, np, values[0], more)
-    best = best_slice(ring.add, values[0])
-    lane = lanes[best % len(lanes)]
-    _, found = yield from _einsum(
-        slicing.subscripts,
-        slicing.views(planned.inputs, lane.arrays, best),
-        semiring=ring.name,
-        argmax=True,
-        optimize=lane.each,
-        memory_limit=None,
-        devices=None,
-        out=None,
-        stream=lane.stream,
-        compiler=compiler,
-    )
-    return result, {**found, **slicing.values(best)}
+    return lanes
 
 
 def _copied(arrays: Sequence[Any], place: int, stream: Any) -> tuple[list[Any], Any]:
@@ -150,11 +196,17 @@ def _copied(arrays: Sequence[Any], place: int, stream: Any) -> tuple[list[Any], 
 
 
 def _run(
-    lanes: Sequence[_Lane], slicing: Slicing, inputs: Sequence[str], ring: Semiring, *, argmax: bool
+    lanes: Sequence[_Lane],
+    slicing: Slicing,
+    inputs: Sequence[str],
+    ring: Semiring,
+    numbers: Sequence[int],
+    *,
+    argmax: bool,
 ) -> None:
-    """Enqueue slice n on ``lanes[n % len(lanes)]``: its first into the lane's total, each
-    later one summed into it; with ``argmax``, each slice's value into the lane's scores (the
-    semiring's zero where another lane ran it)."""
+    """Enqueue the k-th of the slices ``numbers`` on ``lanes[k % len(lanes)]``: a lane's first
+    into its total, each later one summed into it; with ``argmax``, each slice's value into
+    the lane's scores at its number (the semiring's zero where no slice of the lane's ran)."""
     cupy = cupy_module()
     runs = []
     for lane in lanes:
@@ -169,9 +221,9 @@ def _run(
                 runs.append(_replays(lane, slicing, inputs))
             else:
                 runs.append(_launches(lane, slicing, inputs))
-    for number in range(slicing.count):
-        lane, run = lanes[number % len(lanes)], runs[number % len(lanes)]
-        first = number < len(lanes)
+    for k, number in enumerate(numbers):
+        lane, run = lanes[k % len(lanes)], runs[k % len(lanes)]
+        first = k < len(lanes)
         with OnDevice(lane.device), lane.stream:
             result = run(number, lane.total if first else None)
             if lane.scores is not None:
@@ -287,3 +339,76 @@ def check_devices(devices: Any, device: int) -> list[int]:
             f"(0 to {count - 1}), got {devices!r}"
         )
     return found
+
+
+def partial_sync(
+    planned: EinsumPlan, semiring: str, arrays: Sequence[Any], numbers: range, *, scored: bool
+) -> tuple[Any, Any]:
+    """For a worker given a share of the slices (``tropical.cluster``): the NumPy ``arrays``
+    put on this process's current GPU, the sum of the slices ``numbers`` of ``planned`` and
+    (``scored``) each one's value, in order, both on the host; without a slicing, the whole
+    contraction (and its value as the one score)."""
+    cupy = cupy_module()
+    ring = lookup(semiring)
+    device = cupy.cuda.Device().id
+    stream = _stream(device, None)
+    gpu = [cupy.asarray(x) for x in arrays]
+    if planned.slicing is None:
+        value = run_sync(_whole(planned, ring, gpu, argmax=False, stream=stream))
+        host = cupy.asnumpy(value, stream=stream)
+        return host, (host.reshape(1) if scored else None)
+    work = _partial(planned, ring, gpu, numbers, scored=scored, device=device, stream=stream)
+    total, scores = run_sync(work)
+    picked = cupy.asnumpy(scores, stream=stream)[numbers.start : numbers.stop] if scored else None
+    return cupy.asnumpy(total, stream=stream), picked
+
+
+def assignment_sync(
+    planned: EinsumPlan, semiring: str, arrays: Sequence[Any], best: int
+) -> dict[str, int]:
+    """For a worker (``tropical.cluster``): the assignment of slice ``best`` of ``planned``
+    (or of the whole contraction, unsliced), on this process's current GPU."""
+    cupy = cupy_module()
+    ring = lookup(semiring)
+    stream = _stream(cupy.cuda.Device().id, None)
+    gpu = [cupy.asarray(x) for x in arrays]
+    if planned.slicing is None:
+        _, found = run_sync(_whole(planned, ring, gpu, argmax=True, stream=stream))
+        return found  # type: ignore[no-any-return]
+    work = _assignment(planned, ring, gpu, best, each=planned.path, stream=stream, compiler=None)
+    return run_sync(work)
+
+
+def _whole(
+    planned: EinsumPlan, ring: Semiring, arrays: Sequence[Any], *, argmax: bool, stream: Any
+) -> Work[Any]:
+    return _einsum(
+        planned.subscripts, arrays, semiring=ring.name, argmax=argmax, optimize=planned.path,
+        memory_limit=None, devices=None, out=None, stream=stream, compiler=None,
+    )  # fmt: skip
+
+
+def _partial(
+    planned: EinsumPlan,
+    ring: Semiring,
+    arrays: Sequence[Any],
+    numbers: range,
+    *,
+    scored: bool,
+    device: int,
+    stream: Any,
+) -> Work[tuple[Any, Any]]:
+    slicing = planned.slicing
+    assert slicing is not None
+    lanes = yield from _lanes(
+        planned, ring, arrays, device=device, devices=[device], stream=stream, compiler=None
+    )
+    if not lanes:  # an index of size 0: every slice's result is the zero
+        cupy = cupy_module()
+        each = einsum_plan(slicing.subscripts, *slicing.views(planned.inputs, arrays, 0))
+        zero = _empty(each, ring, arrays[0].dtype, argmax=False, out=None, at=(device, stream))
+        with OnDevice(device), stream:
+            return zero, cupy.full(slicing.count, ring.zero(arrays[0].dtype), arrays[0].dtype)
+    _run(lanes, slicing, planned.inputs, ring, numbers, argmax=scored)
+    (lane,) = lanes
+    return lane.total, lane.scores

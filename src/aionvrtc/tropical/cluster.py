@@ -1,0 +1,149 @@
+"""A sliced tropical einsum on a Ray cluster: the slices of a plan as Ray tasks, one GPU each,
+their sums gathered and summed on the caller's machine.
+
+    import ray
+    from aionvrtc import tropical
+    from aionvrtc.tropical import cluster
+
+    ray.init(address="auto")  # an existing cluster (or ray.init() for one on this machine)
+    plan = tropical.einsum_plan(subscripts, *operands, memory_limit=8 << 30)
+    value = cluster.einsum(subscripts, *operands, optimize=plan)
+
+The operands are NumPy arrays, put once in Ray's object store; each task gets a share of the
+slice numbers (as many tasks as the cluster has GPUs, by default), contracts them with
+``tropical.einsum``'s sliced run on its GPU (``backend="cupy"``) or with the NumPy reference
+(``backend="numpy"``: CPU workers, for tests and machines without GPUs), and returns its sum and
+each of its slices' value. Scheduling, retries of a task whose worker died, and moving the
+arrays are Ray's. With ``argmax=True`` (GPUs only) one more task contracts the winning slice
+with its argmax. Needs ``pip install 'aionvrtc[ray]'``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._einsum_plan import EinsumPlan, einsum_plan
+from ._semirings import semiring as lookup
+from ._slicing import best_slice, sum_into
+
+__all__ = ["einsum"]
+
+_BACKENDS = ("cupy", "numpy")
+
+
+def einsum(
+    subscripts: str,
+    *operands: Any,
+    semiring: str = "maxplus",
+    argmax: bool = False,
+    optimize: Any = "auto",
+    memory_limit: int | None = None,
+    tasks: int | None = None,
+    backend: str = "cupy",
+) -> Any:
+    """The tropical einsum of NumPy ``operands`` in slices, as Ray tasks on the cluster that
+    ``ray.init`` connected this process to: ``tropical.einsum``'s semantics and arguments
+    (``optimize``, ``memory_limit`` in bytes), the result a NumPy array (with ``argmax=True``,
+    for a scalar contraction, the pair (value, assignment)). ``tasks`` (default: the cluster's
+    GPUs, or its CPUs with ``backend="numpy"``) splits the slices into that many tasks of
+    consecutive slices; a contraction that is not sliced is one task."""
+    import ray
+
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+    if argmax and backend != "cupy":
+        raise ValueError(
+            "argmax=True finds the assignment on a GPU: use backend='cupy' (the NumPy reference "
+            "has no argmax)"
+        )
+    ring = lookup(semiring)
+    arrays = [np.asarray(x) for x in operands]
+    planned = einsum_plan(subscripts, *arrays, optimize=optimize, memory_limit=memory_limit)
+    if argmax and planned.output:
+        raise ValueError(
+            f"einsum argmax=True backtracks a scalar contraction, and {subscripts!r} has output "
+            f"indices {planned.output!r}; give it an output of no indices"
+        )
+    count = planned.slicing.count if planned.slicing is not None else 1
+    if not ray.is_initialized():
+        raise RuntimeError(
+            "no Ray cluster: call ray.init(address=...) (or ray.init() for one on this machine) "
+            "first"
+        )
+    resource = "GPU" if backend == "cupy" else "CPU"
+    if tasks is None:
+        resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        tasks = max(1, int(resources.get(resource, 1)))
+    if not isinstance(tasks, int) or isinstance(tasks, bool) or tasks < 1:
+        raise ValueError(f"tasks must be an int >= 1, got {tasks!r}")
+    tasks = min(tasks, count)
+    options = {"num_gpus": 1} if backend == "cupy" else {"num_cpus": 1}
+    task = ray.remote(_contract).options(**options)
+    stored = [ray.put(x) for x in arrays]
+    share = math.ceil(count / tasks)
+    shares = [range(start, min(start + share, count)) for start in range(0, count, share)]
+    done = ray.get([
+        task.remote(planned, ring.name, backend, (n.start, n.stop), argmax, *stored)
+        for n in shares
+    ])  # fmt: skip
+    total = np.array(done[0][0])  # (Ray's results are read-only views of its store)
+    for part, _ in done[1:]:
+        sum_into(ring.add, np, total, part)
+    if not argmax:
+        return total
+    values = np.concatenate([scores for _, scores in done])
+    best = best_slice(ring.add, values)
+    found = ray.get(
+        ray.remote(_assignment).options(num_gpus=1).remote(planned, ring.name, best, *stored)
+    )
+    return total, found
+
+
+def _contract(
+    planned: EinsumPlan,
+    semiring: str,
+    backend: str,
+    numbers: tuple[int, int],
+    scored: bool,
+    *arrays: Any,
+) -> tuple[Any, Any]:
+    """In a Ray task: the sum of the slices ``range(*numbers)`` of ``planned`` and each one's
+    value (scalar contractions; else None)."""
+    if backend == "numpy":
+        return _on_cpu(planned, semiring, range(*numbers), arrays, scored)
+    from ._einsum_slices import partial_sync
+
+    return partial_sync(planned, semiring, arrays, range(*numbers), scored=scored)
+
+
+def _on_cpu(
+    planned: EinsumPlan, semiring: str, numbers: range, arrays: Sequence[Any], scored: bool
+) -> tuple[Any, Any]:
+    from . import reference
+
+    ring = lookup(semiring)
+    slicing = planned.slicing
+    if slicing is None:
+        value = reference.einsum(planned.subscripts, *arrays, semiring=semiring, path=planned.path)
+        return value, (np.array([value]) if scored else None)
+    total, scores = None, []
+    for number in numbers:
+        views = slicing.views(planned.inputs, arrays, number)
+        part = reference.einsum(slicing.subscripts, *views, semiring=semiring, path=planned.path)
+        scores.append(part)
+        if total is None:
+            total = np.array(part)
+        else:
+            sum_into(ring.add, np, total, part)
+    return total, (np.array(scores) if scored else None)
+
+
+def _assignment(planned: EinsumPlan, semiring: str, best: int, *arrays: Any) -> dict[str, int]:
+    """In a Ray task on a GPU: the assignment of slice ``best`` (or of the whole contraction)."""
+    from ._einsum_slices import assignment_sync
+
+    return assignment_sync(planned, semiring, arrays, best)

@@ -1,0 +1,106 @@
+"""tropical.cluster on a real local Ray cluster of CPU workers: a sliced contraction's slices as
+Ray tasks running the NumPy reference (backend="numpy"), summed on the caller, against the
+unsliced reference for every semiring; shares of slices, an unsliced contraction, and what is
+refused. Seeded: the networks are the same every run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aionvrtc.tropical import einsum_plan, reference
+
+from .support import ROOT
+from .support.einsum import network_values, random_network
+
+ray = pytest.importorskip("ray", reason="tropical.cluster needs Ray: pip install 'aionvrtc[ray]'")
+
+from aionvrtc.tropical import cluster  # noqa: E402  (after ray, which it needs)
+
+
+@pytest.fixture(scope="module")
+def local_cluster() -> Iterator[None]:
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level="ERROR")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def network(seed: int, ring: str, dtype: str) -> tuple[str, list[Any]]:
+    rng = np.random.default_rng(seed)
+    subscripts, shapes = random_network(rng, 10, 9)
+    operands = network_values(rng, ring, dtype, shapes)
+    if ring == "andor":
+        operands = [x > 0 for x in operands]
+    elif ring == "maxmul":
+        operands = [np.abs(x) for x in operands]
+    return subscripts, operands
+
+
+@pytest.mark.parametrize(
+    ("ring", "dtype"),
+    [("maxplus", "float64"), ("minplus", "int32"), ("maxmul", "int64"), ("andor", "bool")],
+)
+def test_slices_as_ray_tasks_sum_to_the_whole_contraction(
+    local_cluster: None, ring: str, dtype: str
+) -> None:
+    subscripts, operands = network(17, ring, dtype)
+    whole = einsum_plan(subscripts, *operands)
+    budget = max(1, round(2**whole.space_complexity) // 8) * operands[0].itemsize
+    plan = einsum_plan(subscripts, *operands, memory_limit=budget)
+    assert plan.slicing is not None
+    assert plan.slicing.count >= 4
+    want = reference.einsum(subscripts, *operands, semiring=ring, path=whole.path)
+    for tasks in (None, 1, 3, plan.slicing.count + 5):  # more tasks than slices: one each
+        got = cluster.einsum(
+            subscripts, *operands, semiring=ring, optimize=plan, tasks=tasks, backend="numpy"
+        )
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+    got = cluster.einsum(subscripts, *operands, semiring=ring, memory_limit=budget, backend="numpy")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_an_unsliced_contraction_with_an_output_is_one_task(local_cluster: None) -> None:
+    rng = np.random.default_rng(5)
+    a, b = rng.integers(-9, 10, (6, 7)), rng.integers(-9, 10, (7, 5))
+    got = cluster.einsum("ij,jk->ik", a, b, semiring="minplus", backend="numpy")
+    np.testing.assert_array_equal(got, reference.matmul(a, b, "minplus"))
+
+
+def test_what_is_refused(local_cluster: None) -> None:
+    subscripts, operands = network(3, "maxplus", "float32")
+    with pytest.raises(ValueError, match="backend must be one of cupy, numpy, got 'jax'"):
+        cluster.einsum(subscripts, *operands, backend="jax")
+    with pytest.raises(ValueError, match="argmax=True finds the assignment on a GPU"):
+        cluster.einsum(subscripts, *operands, argmax=True, backend="numpy")
+    tasks: Any
+    for tasks in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="tasks must be an int >= 1"):
+            cluster.einsum(subscripts, *operands, tasks=tasks, backend="numpy")
+    with pytest.raises(ValueError, match="the smallest that does is"):
+        cluster.einsum(subscripts, *operands, memory_limit=1, backend="numpy")
+
+
+def test_without_a_cluster_it_says_to_start_one() -> None:
+    code = (
+        "import numpy as np\n"
+        "from aionvrtc.tropical import cluster\n"
+        "try:\n"
+        "    cluster.einsum('ij,jk->', np.ones((2, 2)), np.ones((2, 2)), backend='numpy')\n"
+        "except RuntimeError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+        check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == (
+        "no Ray cluster: call ray.init(address=...) (or ray.init() for one on this machine) first"
+    )
