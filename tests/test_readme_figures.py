@@ -276,15 +276,15 @@ FIGURES = [
         data(lambda r: [r["results"]["cold_start_s"], r["results"]["warm_start_s"]]),
     ),
     Figure(
-        r"took ([\d,.]+) ms unsliced, ([\d,.]+) ms in ([\d,]+) slices\s+of 2\^24 elements on one "
-        r"GPU and ([\d,.]+) ms on two",
-        "einsum_slices-nvidia-h200.md",
-        joined(cells(4, "220"), cells(5, "220"), cells(1, "220"), cells(6, "220")),
+        r"took ([\d,.]+) ms in ([\d,]+) slices of 2\^24 elements on one GPU and ([\d,.]+) ms on "
+        r"two",
+        "einsum_slices-nvidia-h100-80gb-hbm3.md",
+        joined(cells(5, "220"), cells(1, "220"), cells(6, "220")),
     ),
     Figure(
         r"random 3-regular graph of 220 vertices \(space\s+complexity ([\d.]+), planned by "
-        r"cotengra in ([\d.]+) s\)",
-        "einsum_slices-nvidia-h200.md",
+        r"cotengra in ([\d.]+) s:",
+        "einsum_slices-nvidia-h100-80gb-hbm3.md",
         joined(cells(0, "220"), cells(2, "220")),
     ),
     # The caches and the compile service, on 2 CPUs

@@ -86,6 +86,12 @@ def test_what_is_refused(local_cluster: None) -> None:
             cluster.einsum(subscripts, *operands, tasks=tasks, backend="numpy")
     with pytest.raises(ValueError, match="the smallest that does is"):
         cluster.einsum(subscripts, *operands, memory_limit=1, backend="numpy")
+    with pytest.raises(RuntimeError, match="the Ray cluster has no GPU, so no task of"):
+        cluster.einsum(subscripts, *operands)  # backend="cupy" on CPU workers: never runs
+    want = reference.einsum(subscripts, *operands)
+    tasks = np.int64(2)  # a NumPy integer as well
+    got = cluster.einsum(subscripts, *operands, tasks=tasks, backend="numpy")
+    np.testing.assert_array_equal(got, want)
 
 
 def test_without_a_cluster_it_says_to_start_one() -> None:

@@ -120,7 +120,7 @@ def test_a_slicing_numbers_every_combination_of_values_once() -> None:
     for number in slicing:
         (view,) = slicing.views(["adb"], [x], number)
         assert view.shape == (5,)
-        assert view[0] == x.ravel()[offsets[number, 0]]  # the view starts where it says
+        assert view[0] == x.ravel()[(slicing.position(number) @ offsets)[0]]  # where it says
 
 
 def test_the_best_slice_is_the_first_that_attains_the_sum() -> None:

@@ -8,6 +8,7 @@ Each test draws fresh operands from a seed it prints; ``TROPICAL_TEST_SEED=<seed
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
@@ -277,3 +278,74 @@ def test_a_cluster_workers_shares_of_the_slices(
     np.testing.assert_array_equal(value, want)
     np.testing.assert_array_equal(scores, [want])
     check_assignment(subscripts, operands, ring, want, assignment_sync(unsliced, ring, operands, 0))
+
+
+@pytest.mark.parametrize("program", [True, False], ids=["program", "steps"])
+def test_a_sliced_index_repeated_in_an_operand(
+    program: bool, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # i twice in the first operand (its diagonal), j and i sliced: each slice's part of the
+    # first operand is one element of the diagonal's rows.
+    import cupy
+
+    from aionvrtc.tropical import _einsum_slices
+
+    if not program:
+
+        def out_of_memory(*args: Any, **kwargs: Any) -> Any:
+            raise cupy.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)
+            yield
+
+        monkeypatch.setattr(_einsum_slices, "_einsum_program", out_of_memory)
+    subscripts = "iij,jk,ki->"
+    operands = tensors(rng, "maxplus", "float64", [(6, 6, 5), (5, 7), (7, 6)])
+    arrays = [gpu(x) for x in operands]
+    plan = tropical.einsum_plan(subscripts, *arrays, memory_limit=7 * 8)
+    assert plan.slicing is not None
+    assert "i" in plan.slicing.indices
+    got = tropical.einsum_sync(subscripts, *arrays, optimize=plan)
+    want = reference.einsum(subscripts, *operands, path=plan.path)
+    assert_same(got, want, f"{subscripts}\n{plan}")
+
+
+def test_out_of_the_wrong_kind_is_refused_in_slices() -> None:
+    import cupy
+
+    subscripts = "ab,bcd,cde->ae"
+    arrays = [cupy.ones(s, cupy.float32) for s in [(4, 5), (5, 3, 2), (3, 2, 6)]]
+    budget = 4 * 6 * 4
+    for out, what in [
+        (cupy.empty((4, 6), cupy.float64), "float64"),
+        (cupy.empty((1, 4, 6), cupy.float32), "(1, 4, 6)"),
+    ]:
+        wanted = r"out must be float32 of shape \(4, 6\) on device 0, got .*" + re.escape(what)
+        with pytest.raises(ValueError, match=wanted):
+            tropical.einsum_sync(subscripts, *arrays, memory_limit=budget, out=out)
+
+
+def test_calls_queued_back_to_back_on_two_devices_keep_their_results(
+    rng: np.random.Generator, two_gpus: None
+) -> None:
+    # Programs are shared: a call from device 1 replays device 1's program while the call
+    # before (from device 0, over both devices) may still be summing its slices there.
+    import cupy
+
+    subscripts, shapes = sliced_network(rng)
+    first = tensors(rng, "maxplus", "float32", shapes)
+    second = tensors(rng, "maxplus", "float32", shapes)
+    on_0 = [gpu(x) for x in first]
+    with cupy.cuda.Device(1):
+        on_1 = [gpu(x) for x in second]
+    budget = quarter(tropical.einsum_plan(subscripts, *on_0), 4)
+    results = []
+    for _ in range(3):
+        a = tropical.einsum_sync(subscripts, *on_0, memory_limit=budget, devices=[0, 1])
+        with cupy.cuda.Device(1):
+            b = tropical.einsum_sync(subscripts, *on_1, memory_limit=budget, devices=[1])
+        results.append((a, b))
+    plan = tropical.einsum_plan(subscripts, *on_0, memory_limit=budget)
+    want_a = reference.einsum(subscripts, *first, path=plan.path)
+    want_b = reference.einsum(subscripts, *second, path=plan.path)
+    for a, b in results:
+        assert_same(a, want_a, "the call over both devices")
+        assert_same(b, want_b, "the call on device 1")

@@ -570,6 +570,8 @@ def _sliced(
             f"the planner sliced the output's indices {outer}; einsum slices only indices the "
             "output does not keep (cotengra: slicing_opts={..., 'allow_outer': False})"
         )
+    if 0 in planned.sizes.values():
+        return ()  # nothing is computed: the result is the zero
     if memory_limit is None:
         return given
     try:

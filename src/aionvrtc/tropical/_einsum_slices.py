@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from .._compiler import Compiler
 from .._cuda import Module
-from ._einsum import _check_scalar, _einsum, _empty, _stream, steps_for
+from ._einsum import _check_out, _check_scalar, _einsum, _empty, _stream, steps_for
 from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
 from ._einsum_program import EinsumProgram, _einsum_program
 from ._einsum_steps import Steps, known
@@ -73,6 +74,8 @@ def in_slices(
     assert slicing is not None
     if argmax:
         _check_scalar(planned)
+    shape = tuple(planned.sizes[i] for i in planned.output)
+    _check_out(out, arrays[0].dtype, shape, device)
     lanes = yield from _lanes(
         planned, ring, arrays, device=device, devices=devices[: slicing.count], stream=stream,
         compiler=compiler,
@@ -80,7 +83,12 @@ def in_slices(
     if not lanes:  # an index of size 0: every slice's result is the zero
         each = einsum_plan(slicing.subscripts, *slicing.views(planned.inputs, arrays, 0))
         return _empty(each, ring, arrays[0].dtype, argmax=argmax, out=out, at=(device, stream))
-    _run(lanes, slicing, planned.inputs, ring, range(slicing.count), argmax=argmax)
+    # Enqueuing every slice is Python for each: off the event loop's thread (Offload).
+    yield Offload(
+        functools.partial(
+            _run, lanes, slicing, planned.inputs, ring, range(slicing.count), argmax=argmax
+        )
+    )
     result = _gathered(lanes, ring, out=out, device=device, stream=stream)
     if not argmax:
         return result
@@ -180,19 +188,39 @@ def _lanes(
 
 def _copied(arrays: Sequence[Any], place: int, stream: Any) -> tuple[list[Any], Any]:
     """The operands copied to device ``place`` (C order), after the work queued on ``stream``
-    (the operands' device's); and a stream of ``place`` that waits for the copies."""
+    (the operands' device's), and the stream of ``place`` that copied them, on which all of
+    that device's share is allocated and run: memory CuPy's pool hands out again on that
+    stream is reused only after the work queued there."""
     cupy = cupy_module()
-    with OnDevice(place):
+    source = arrays[0].device.id
+    with OnDevice(source), stream:
+        runs = [cupy.ascontiguousarray(x) for x in arrays]  # (the operands themselves, mostly)
+        ready = stream.record()
+    there = _lane_stream(place)
+    with OnDevice(place), there:
+        there.wait_event(ready)
         copies = [cupy.empty(x.shape, x.dtype) for x in arrays]
-        there = cupy.cuda.Stream(non_blocking=True)
-    with OnDevice(arrays[0].device.id), stream:
-        for x, y in zip(arrays, copies, strict=True):
+        for x, y in zip(runs, copies, strict=True):
             if x.size:
-                y.data.copy_from_device_async(cupy.ascontiguousarray(x).data, x.nbytes, stream)
-        copied = stream.record()
-    with OnDevice(place):
-        there.wait_event(copied)
+                y.data.copy_from_device_async(x.data, x.nbytes, there)
+        copied = there.record()
+    with OnDevice(source):
+        stream.wait_event(copied)  # the contiguous runs go back to the pool after the copies
     return copies, there
+
+
+_streams = threading.local()
+
+
+def _lane_stream(device: int) -> Any:
+    """This thread's stream for its share of slices on ``device``: one for the thread's life,
+    not one a call (CuPy's pool keeps memory freed on a stream for that stream)."""
+    found: dict[int, Any] = getattr(_streams, "by_device", None) or {}
+    _streams.by_device = found
+    if device not in found:
+        with OnDevice(device):
+            found[device] = cupy_module().cuda.Stream(non_blocking=True)
+    return found[device]
 
 
 def _run(
@@ -234,19 +262,22 @@ def _run(
 
 def _replays(lane: _Lane, slicing: Slicing, inputs: Sequence[str]) -> Any:
     """``run(number, into)``: slice ``number`` replayed by the lane's program into ``into``
-    (None: the program's output), which it returns. The operands that hold a sliced index are
-    first stacked on the lane's stream, one contiguous run a slice of them."""
+    (None: a part of the lane's, reused), which it returns. The program's own output is copied
+    out within the replay, before its next caller may overwrite it (programs are shared). The
+    operands that hold a sliced index are first stacked on the lane's stream, one contiguous
+    run a slice of them."""
     cupy = cupy_module()
     program = lane.program
     assert program is not None
-    grid = np.indices(slicing.sizes).reshape(len(slicing.sizes), -1).T  # a row per slice
-    addresses = np.empty((slicing.count, len(inputs)), np.int64)
+    part = cupy.ndarray(program.shape, program.dtype)
+    bases = np.empty(len(inputs), np.int64)
+    moves = np.zeros((len(slicing.indices), len(inputs)), np.int64)  # bytes per unit
     stacks = []
     for column, (letters, x) in enumerate(zip(inputs, lane.arrays, strict=True)):
         held = [slicing.indices.index(i) for i in dict.fromkeys(letters) if i in slicing.indices]
         if not held:
             stack = cupy.ascontiguousarray(x)
-            addresses[:, column] = stack.data.ptr
+            bases[column] = stack.data.ptr
         else:
             # One part for each combination of the values of the sliced indices it holds.
             parts = []
@@ -254,16 +285,17 @@ def _replays(lane: _Lane, slicing: Slicing, inputs: Sequence[str]) -> Any:
                 at = {slicing.indices[n]: v for n, v in zip(held, values, strict=True)}
                 parts.append(x[tuple(at.get(letter, slice(None)) for letter in letters)])
             stack = cupy.stack(parts)  # (C-contiguous: each part one run)
-            row = np.zeros(slicing.count, np.int64)
-            for n in held:  # the slice's part, numbered in mixed radix
-                row = row * slicing.sizes[n] + grid[:, n]
-            addresses[:, column] = stack.data.ptr + row * (stack.nbytes // len(parts))
+            bases[column] = stack.data.ptr
+            weight = stack.nbytes // len(parts)
+            for n in reversed(held):  # the slice's part, numbered in mixed radix
+                moves[n, column] = weight
+                weight *= slicing.sizes[n]
         stacks.append(stack)
 
     def run(number: int, into: Any) -> Any:
         assert stacks  # (held until the last replay that reads them is enqueued)
-        out = program.output if into is None else into
-        return program.replay(addresses[number].tolist(), out, lane.stream)
+        addresses = bases + slicing.position(number) @ moves
+        return program.replay(addresses.tolist(), part if into is None else into, lane.stream)
 
     return run
 
@@ -275,7 +307,7 @@ def _launches(lane: _Lane, slicing: Slicing, inputs: Sequence[str]) -> Any:
     steps = lane.steps
     assert steps is not None
     strides = [tuple(s // x.itemsize for s in x.strides) for x in lane.arrays]
-    offsets = slicing.offsets(inputs, strides) * steps.dtype.itemsize
+    moves = slicing.offsets(inputs, strides) * steps.dtype.itemsize
     bases = np.array([x.data.ptr for x in lane.arrays], np.int64)
     part = cupy.ndarray(steps.shape, steps.dtype)
     arena = cupy.cuda.alloc(steps.nbytes) if steps.nbytes else None
@@ -285,7 +317,11 @@ def _launches(lane: _Lane, slicing: Slicing, inputs: Sequence[str]) -> Any:
         assert arena is None or arena.ptr == at  # (held until the last launch is enqueued)
         result = part if into is None else into
         steps.enqueue(
-            lane.modules, (bases + offsets[number]).tolist(), at, result.data.ptr, lane.stream
+            lane.modules,
+            (bases + slicing.position(number) @ moves).tolist(),
+            at,
+            result.data.ptr,
+            lane.stream,
         )
         return result
 
@@ -348,6 +384,8 @@ def partial_sync(
     put on this process's current GPU, the sum of the slices ``numbers`` of ``planned`` and
     (``scored``) each one's value, in order, both on the host; without a slicing, the whole
     contraction (and its value as the one score)."""
+    if not numbers:
+        raise ValueError("partial_sync: no slices to contract (an empty range)")
     cupy = cupy_module()
     ring = lookup(semiring)
     device = cupy.cuda.Device().id

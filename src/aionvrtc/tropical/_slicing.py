@@ -52,16 +52,21 @@ class Slicing:
             views.append(x[at] if any(letter in values for letter in letters) else x)
         return views
 
+    def position(self, number: int) -> Any:
+        """The sliced indices' values in slice ``number``, as a vector (``values``' order)."""
+        return np.array(np.unravel_index(number, self.sizes), np.int64)
+
     def offsets(self, inputs: Sequence[str], strides: Sequence[Sequence[int]]) -> Any:
-        """For each slice (a row) and operand (a column), how far (in the units of
-        ``strides``, each operand's) that slice's view starts from the operand's start."""
-        grid = np.indices(self.sizes).reshape(len(self.sizes), -1).T  # row: a slice's values
+        """How far each operand's view moves (in the units of ``strides``, each operand's) per
+        unit of each sliced index: a matrix (sliced index x operand), so that slice n's views
+        start ``position(n) @ offsets`` from the operands' starts. O(indices x operands): no
+        table of every slice."""
         steps = np.zeros((len(self.indices), len(inputs)), np.int64)
         for column, (letters, each) in enumerate(zip(inputs, strides, strict=True)):
             for letter, stride in zip(letters, each, strict=True):
                 if letter in self.indices:
                     steps[self.indices.index(letter), column] += stride
-        return grid @ steps
+        return steps
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.count))
@@ -70,7 +75,8 @@ class Slicing:
 def sum_into(add: str, xp: Any, total: Any, part: Any) -> None:
     """``total = total (+) part`` in place, (+) the semiring's ``add`` ("max", "min", "or"),
     with ``xp`` NumPy or CuPy."""
-    ufunc = {"max": xp.maximum, "min": xp.minimum, "or": xp.logical_or}[add]
+    # fmax and fmin take the number over a NaN, as the reference does (the kernels make none).
+    ufunc = {"max": xp.fmax, "min": xp.fmin, "or": xp.logical_or}[add]
     ufunc(total, part, out=total)
 
 

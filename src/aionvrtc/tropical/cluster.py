@@ -20,7 +20,7 @@ with its argmax. Needs ``pip install 'aionvrtc[ray]'``.
 
 from __future__ import annotations
 
-import math
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,7 +50,9 @@ def einsum(
     (``optimize``, ``memory_limit`` in bytes), the result a NumPy array (with ``argmax=True``,
     for a scalar contraction, the pair (value, assignment)). ``tasks`` (default: the cluster's
     GPUs, or its CPUs with ``backend="numpy"``) splits the slices into that many tasks of
-    consecutive slices; a contraction that is not sliced is one task."""
+    consecutive slices, as even as they come; a contraction that is not sliced is one task.
+    Refused before any task: a cluster without GPUs for ``backend="cupy"`` (its tasks would
+    wait forever)."""
     import ray
 
     if backend not in _BACKENDS:
@@ -75,20 +77,25 @@ def einsum(
             "first"
         )
     resource = "GPU" if backend == "cupy" else "CPU"
+    available = int(ray.cluster_resources().get(resource, 0))  # type: ignore[no-untyped-call]
+    if backend == "cupy" and available < 1:
+        raise RuntimeError(
+            "the Ray cluster has no GPU, so no task of backend='cupy' could ever run; start "
+            "workers with GPUs, or pass backend='numpy' for CPU workers"
+        )
     if tasks is None:
-        resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
-        tasks = max(1, int(resources.get(resource, 1)))
-    if not isinstance(tasks, int) or isinstance(tasks, bool) or tasks < 1:
+        tasks = max(1, available)
+    if isinstance(tasks, bool) or not isinstance(tasks, int | np.integer) or tasks < 1:
         raise ValueError(f"tasks must be an int >= 1, got {tasks!r}")
-    tasks = min(tasks, count)
     options = {"num_gpus": 1} if backend == "cupy" else {"num_cpus": 1}
     task = ray.remote(_contract).options(**options)
     stored = [ray.put(x) for x in arrays]
-    share = math.ceil(count / tasks)
-    shares = [range(start, min(start + share, count)) for start in range(0, count, share)]
+    plan = ray.put(planned)
+    # At most ``tasks`` shares of consecutive slices, as even as they come.
+    cuts = np.linspace(0, count, min(int(tasks), count) + 1).round().astype(int)
     done = ray.get([
-        task.remote(planned, ring.name, backend, (n.start, n.stop), argmax, *stored)
-        for n in shares
+        task.remote(plan, ring.name, backend, (int(a), int(b)), argmax, *stored)
+        for a, b in itertools.pairwise(cuts)
     ])  # fmt: skip
     total = np.array(done[0][0])  # (Ray's results are read-only views of its store)
     for part, _ in done[1:]:
@@ -98,7 +105,7 @@ def einsum(
     values = np.concatenate([scores for _, scores in done])
     best = best_slice(ring.add, values)
     found = ray.get(
-        ray.remote(_assignment).options(num_gpus=1).remote(planned, ring.name, best, *stored)
+        ray.remote(_assignment).options(num_gpus=1).remote(plan, ring.name, best, *stored)
     )
     return total, found
 
