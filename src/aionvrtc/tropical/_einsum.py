@@ -65,7 +65,8 @@ async def einsum(
     before anything is allocated.
 
     ``memory_limit`` (bytes, or a fraction of the device's free memory such as 0.5) contracts
-    the network in slices, so that no intermediate of a slice holds more: some indices that
+    the network in slices, so that no intermediate of a slice holds more (a run holds more
+    beside its largest intermediate: leave room): some indices that
     the output does not keep are fixed to each of their values in turn (``einsum_plan`` says
     which), each slice is contracted over views of the operands, and the slices' results are
     summed in the semiring. With ``argmax=True`` the assignment is the first slice's that
