@@ -16,10 +16,8 @@ GPUs 0 and 1 (where there are two). Every value is checked against the others.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aionvrtc import tropical
 from benchmarks._results import RESULTS, gpu_facts, write
-from benchmarks.tropical_einsum import example
-
-
-def median_ms(call: Callable[[], Any], sync: Callable[[], Any], repeats: int) -> float:
-    call()
-    sync()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        call()
-        sync()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times) * 1e3
+from benchmarks.tropical_einsum import example, median_ms
 
 
 def measure(n: int, args: argparse.Namespace, net: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from .._compiler import Compiler
 from .._cuda import Module
-from ._einsum import _check_out, _check_scalar, _einsum, _empty, _stream, steps_for
+from ._einsum import _check_out, _check_scalar, _einsum, _stream, steps_for
 from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
 from ._einsum_program import EinsumProgram, _einsum_program
 from ._einsum_steps import Steps, known
@@ -33,7 +33,7 @@ from ._launching import OnDevice
 from ._product_plan import cupy_module
 from ._semirings import Semiring
 from ._semirings import semiring as lookup
-from ._slicing import Slicing, best_slice, sum_into
+from ._slicing import Slicing, best_slice, sum_into, view_at
 from ._twins import Fetch, Offload, Wait, Work, run_sync
 
 __all__ = ["assignment_sync", "check_devices", "in_slices", "partial_sync"]
@@ -80,9 +80,6 @@ def in_slices(
         planned, ring, arrays, device=device, devices=devices[: slicing.count], stream=stream,
         compiler=compiler,
     )  # fmt: skip
-    if not lanes:  # an index of size 0: every slice's result is the zero
-        each = einsum_plan(slicing.subscripts, *slicing.views(planned.inputs, arrays, 0))
-        return _empty(each, ring, arrays[0].dtype, argmax=argmax, out=out, at=(device, stream))
     # Enqueuing every slice is Python for each: off the event loop's thread (Offload).
     yield Offload(
         functools.partial(
@@ -149,8 +146,8 @@ def _lanes(
     compiler: Compiler | None,
 ) -> Work[list[_Lane]]:
     """A lane on each of ``devices``: the operands there (a copy but on ``device``, the
-    operands'), one slice's plan and its program (else its prepared steps); none where an
-    index has size 0."""
+    operands'), one slice's plan and its program (else its prepared steps). (No index of a
+    sliced plan has size 0: einsum_plan slices none that computes nothing.)"""
     slicing = planned.slicing
     assert slicing is not None
     dtype = arrays[0].dtype
@@ -163,8 +160,6 @@ def _lanes(
             each = yield Offload(
                 functools.partial(einsum_plan, slicing.subscripts, *views, optimize=planned.path)
             )
-        if 0 in each.sizes.values():
-            return []
         try:
             program = yield from _einsum_program(
                 slicing.subscripts, [x.shape for x in views], semiring=ring.name, argmax=False,
@@ -283,7 +278,7 @@ def _replays(lane: _Lane, slicing: Slicing, inputs: Sequence[str]) -> Any:
             parts = []
             for values in np.ndindex(*(slicing.sizes[n] for n in held)):
                 at = {slicing.indices[n]: v for n, v in zip(held, values, strict=True)}
-                parts.append(x[tuple(at.get(letter, slice(None)) for letter in letters)])
+                parts.append(view_at(x, letters, at))
             stack = cupy.stack(parts)  # (C-contiguous: each part one run)
             bases[column] = stack.data.ptr
             weight = stack.nbytes // len(parts)
@@ -441,12 +436,6 @@ def _partial(
     lanes = yield from _lanes(
         planned, ring, arrays, device=device, devices=[device], stream=stream, compiler=None
     )
-    if not lanes:  # an index of size 0: every slice's result is the zero
-        cupy = cupy_module()
-        each = einsum_plan(slicing.subscripts, *slicing.views(planned.inputs, arrays, 0))
-        zero = _empty(each, ring, arrays[0].dtype, argmax=False, out=None, at=(device, stream))
-        with OnDevice(device), stream:
-            return zero, cupy.full(slicing.count, ring.zero(arrays[0].dtype), arrays[0].dtype)
     _run(lanes, slicing, planned.inputs, ring, numbers, argmax=scored)
     (lane,) = lanes
     return lane.total, lane.scores

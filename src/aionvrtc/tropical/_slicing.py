@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Slicing", "TooSmall", "best_slice", "complexity", "slicing_for", "sum_into"]
+__all__ = ["Slicing", "TooSmall", "best_slice", "complexity", "slicing_for", "sum_into", "view_at"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,26 +35,20 @@ class Slicing:
         """How many slices: the product of the sliced indices' sizes."""
         return math.prod(self.sizes)
 
+    def position(self, number: int) -> Any:
+        """The sliced indices' values in slice ``number``, as a vector in ``indices``' order
+        (the last index varies fastest)."""
+        return np.array(np.unravel_index(number, self.sizes), np.int64)
+
     def values(self, number: int) -> dict[str, int]:
-        """The sliced indices' values in slice ``number`` (the last index varies fastest)."""
-        values = {}
-        for index, size in zip(reversed(self.indices), reversed(self.sizes), strict=True):
-            number, values[index] = divmod(number, size)
-        return {index: values[index] for index in self.indices}
+        """The sliced indices' values in slice ``number``, by index."""
+        return dict(zip(self.indices, self.position(number).tolist(), strict=True))
 
     def views(self, inputs: Sequence[str], operands: Sequence[Any], number: int) -> list[Any]:
         """The operands of slice ``number``: each one indexed at its sliced axes (a view, for
         NumPy and CuPy alike)."""
         values = self.values(number)
-        views = []
-        for letters, x in zip(inputs, operands, strict=True):
-            at = tuple(values.get(letter, slice(None)) for letter in letters)
-            views.append(x[at] if any(letter in values for letter in letters) else x)
-        return views
-
-    def position(self, number: int) -> Any:
-        """The sliced indices' values in slice ``number``, as a vector (``values``' order)."""
-        return np.array(np.unravel_index(number, self.sizes), np.int64)
+        return [view_at(x, letters, values) for letters, x in zip(inputs, operands, strict=True)]
 
     def offsets(self, inputs: Sequence[str], strides: Sequence[Sequence[int]]) -> Any:
         """How far each operand's view moves (in the units of ``strides``, each operand's) per
@@ -70,6 +64,14 @@ class Slicing:
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.count))
+
+
+def view_at(x: Any, letters: str, values: Mapping[str, int]) -> Any:
+    """``x``, whose axes are ``letters``, at ``values`` of some of them (every axis of a
+    repeated letter: its diagonal); ``x`` itself where it holds none."""
+    if not any(letter in values for letter in letters):
+        return x
+    return x[tuple(values.get(letter, slice(None)) for letter in letters)]
 
 
 def sum_into(add: str, xp: Any, total: Any, part: Any) -> None:
@@ -150,8 +152,6 @@ def slicing_for(
     candidate: milliseconds for networks of hundreds of tensors); the sizes compared with
     ``elements`` are exact."""
     sliced = list(dict.fromkeys(given))
-    if 0 in sizes.values():
-        return tuple(sliced)  # nothing is computed: the result is the zero
     steps = _sets(inputs, output, path)
     names = sorted(sizes)
     column = {name: n for n, name in enumerate(names)}

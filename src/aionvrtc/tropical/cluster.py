@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ._einsum import _check_scalar
 from ._einsum_plan import EinsumPlan, einsum_plan
 from ._semirings import semiring as lookup
 from ._slicing import best_slice, sum_into
@@ -65,11 +66,8 @@ def einsum(
     ring = lookup(semiring)
     arrays = [np.asarray(x) for x in operands]
     planned = einsum_plan(subscripts, *arrays, optimize=optimize, memory_limit=memory_limit)
-    if argmax and planned.output:
-        raise ValueError(
-            f"einsum argmax=True backtracks a scalar contraction, and {subscripts!r} has output "
-            f"indices {planned.output!r}; give it an output of no indices"
-        )
+    if argmax:
+        _check_scalar(planned)
     count = planned.slicing.count if planned.slicing is not None else 1
     if not ray.is_initialized():
         raise RuntimeError(
