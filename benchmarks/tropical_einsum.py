@@ -354,7 +354,7 @@ def main() -> None:
     nets = module.networks(
         argparse.Namespace(
             regular=args.regular, kings=args.kings, spin_glass=args.spin_glass, trials=64,
-            seed=2026,
+            planner="random-greedy", seed=2026,
         )
     )  # fmt: skip
     if args.eager_only:

@@ -87,6 +87,31 @@ def kings_graph(side: int) -> list[Edge]:
     return sorted(edges)
 
 
+def kings_subgraph(side: int, filling: float, rng: np.random.Generator) -> tuple[int, list[Edge]]:
+    """A king's subgraph (GenericTensorNetworks' ``random_diagonal_coupled_graph``): round(filling
+    * side^2) sites of the side x side grid drawn at random, joined as in the king's graph, and
+    numbered 0..n-1 in row order. Returns (n, edges)."""
+    if not 0 < filling <= 1:
+        raise ValueError(f"filling must be in (0, 1], got {filling}")
+    sites = np.sort(rng.choice(side * side, size=round(filling * side * side), replace=False))
+    number = {int(site): v for v, site in enumerate(sites)}
+    edges = [(number[u], number[v]) for u, v in kings_graph(side) if u in number and v in number]
+    return len(sites), edges
+
+
+def square_lattice(side: int) -> list[Edge]:
+    """The side x side square lattice with open boundaries: vertex r * side + c, joined to its
+    right and lower neighbours."""
+    edges = []
+    for r in range(side):
+        for c in range(side):
+            if c + 1 < side:
+                edges.append((r * side + c, r * side + c + 1))
+            if r + 1 < side:
+                edges.append((r * side + c, (r + 1) * side + c))
+    return edges
+
+
 def mis_network(n: int, edges: Sequence[Edge]) -> tuple[str, list[Array]]:
     """The max-plus network whose scalar contraction is the size of a maximum independent set:
     [0, 1] on each vertex, [[0, 0], [0, -inf]] on each edge (float32: small integers are
@@ -186,7 +211,7 @@ class Network:
     subscripts: str
     operands: list[Array]
     semiring: str
-    optimize: Any  # an opt_einsum optimizer or an explicit path
+    optimize: Any  # a strategy name, an optimizer or an explicit path
     planner: str
     couplings: list[int] | None = None
     known: int | None = None  # the value, where a formula gives it
@@ -205,21 +230,50 @@ def random_greedy(repeats: int) -> Any:
     # 2 CPUs for random 3-regular MIS networks of 50/100/150/200 vertices: plain greedy leaves
     # 2^9/2^13/2^23/2^33 elements (0.01-0.1 s), 64 trials 2^8/2^12/2^20/2^29 (0.4/0.9/1.5/2.4 s),
     # 256 trials another 2^1 less in 4x the time; a min-fill elimination order did no better
-    # (2^32 at 200). So 64 trials, under 2 s for 150 vertices; 200 and more stay out of reach.
-    # opt_einsum breaks ties in the order of Python's sets of index characters, which changes
-    # from process to process: set PYTHONHASHSEED (to any number) for the same plans each run.
+    # (2^32 at 200). opt_einsum breaks ties in the order of Python's sets of index characters,
+    # which changes from process to process: set PYTHONHASHSEED (to any number) for the same
+    # plans each run.
     return opt_einsum.RandomGreedy(max_repeats=repeats, minimize="size")
+
+
+def planner(name: str, trials: int, seconds: float = 60.0, seed: int = 0) -> tuple[Any, str]:
+    """--planner's optimizer, and its description. "auto" is tropical.einsum's default: past 64
+    operands, cotengra's random-greedy search (256 trials, seeded) where aionvrtc[cotengra] is
+    installed, else opt_einsum's choice. "hyper" is cotengra's HyperOptimizer for ``seconds``
+    over every CPU, with greedy trials and graph partitions by label propagation, each tree
+    refined by subtree reconfiguration, scored by products and writes together ("combo": a
+    copy costs about what a product does here). On the 38 x 38 king's subgraph it found space
+    complexity 28 and time 39.0 in 356 s of 1 CPU, where random-greedy's 1,024 trials leave 31
+    and 42.0 (benchmarks/results/einsum_planners-2-vcpus.md): a lattice's good orders cut it
+    in parts, which greedy steps do not find. Not seeded: its trials depend on the time."""
+    if name == "hyper":
+        import cotengra
+
+        optimizer = cotengra.HyperOptimizer(
+            methods=["greedy", "labels"], max_time=seconds, max_repeats=1_000_000,
+            minimize="combo", parallel=True, optlib="random", progbar=False,
+        )  # fmt: skip
+        return optimizer, f"cotengra HyperOptimizer (greedy, labels), {seconds:g} s"
+    if name == "random-greedy":
+        return random_greedy(trials), f"opt_einsum random-greedy, {trials} trials"
+    if name == "cotengra":
+        import cotengra
+
+        optimizer = cotengra.RandomGreedyOptimizer(max_repeats=trials, seed=seed, parallel=False)
+        return optimizer, f"cotengra random-greedy, {trials} trials, seed {seed}"
+    return "auto", "auto"
 
 
 def networks(args: argparse.Namespace) -> list[Network]:
     """The instances the flags ask for, each graph drawn from its own seeded generator."""
     found = []
-    order = f"random-greedy, {args.trials} trials"
+    # A planner each: cotengra's optimizers keep what they learnt of one contraction.
+    plan = functools.partial(planner, args.planner, args.trials, getattr(args, "plan_time", 60))
     for n in args.regular:
         edges = random_regular_graph(n, 3, np.random.default_rng([args.seed, n]))
         subscripts, operands = mis_network(n, edges)
         found.append(Network("MIS", "random 3-regular graph", n, edges, subscripts, operands,
-                             "maxplus", random_greedy(args.trials), order))  # fmt: skip
+                             "maxplus", *plan()))  # fmt: skip
     for side in args.kings:
         edges = kings_graph(side)
         subscripts, operands = mis_network(side * side, edges)
@@ -231,15 +285,45 @@ def networks(args: argparse.Namespace) -> list[Network]:
         found.append(Network("MIS", f"{side}x{side} king's graph", side * side, edges, subscripts,
                              operands, "maxplus", path, "row by row",
                              known=((side + 1) // 2) ** 2))  # fmt: skip
+    for side in getattr(args, "kings_subgraph", ()):
+        n, edges = kings_subgraph(side, args.filling, np.random.default_rng([args.seed, side, 2]))
+        subscripts, operands = mis_network(n, edges)
+        # Row by row leaves about 0.8 * (side + 1) vertices open here, but where the rows are
+        # fullest: 2^38 elements for 38 x 38 at filling 0.8, where cotengra finds 2^30.
+        graph = f"{side}x{side} king's subgraph at filling {args.filling:g}"
+        found.append(Network("MIS", graph, n, edges, subscripts, operands, "maxplus",
+                             *plan()))  # fmt: skip
     for n in args.spin_glass:
         rng = np.random.default_rng([args.seed, n, 1])
         edges = random_regular_graph(n, 3, rng)
         couplings = spin_glass_couplings(edges, rng)
         subscripts, operands = spin_glass_network(edges, couplings)
         found.append(Network("spin glass", "random 3-regular graph", n, edges, subscripts,
-                             operands, "minplus", random_greedy(args.trials), order,
+                             operands, "minplus", *plan(),
+                             couplings=couplings))  # fmt: skip
+    for side in getattr(args, "square_spin_glass", ()):
+        edges = square_lattice(side)
+        couplings = spin_glass_couplings(edges, np.random.default_rng([args.seed, side, 3]))
+        subscripts, operands = spin_glass_network(edges, couplings)
+        found.append(Network("spin glass", f"{side}x{side} square lattice", side * side, edges,
+                             subscripts, operands, "minplus", *plan(),
                              couplings=couplings))  # fmt: skip
     return found
+
+
+def second_order(net: Network, memory_limit: int) -> tropical.EinsumPlan:
+    """Another order and slicing of ``net``, for a check where no brute force or NumPy reaches:
+    cotengra's random-greedy seeded otherwise (else opt_einsum's random-greedy), sliced to a
+    quarter of ``memory_limit``."""
+    try:
+        import cotengra
+    except ImportError:
+        optimize = random_greedy(64)
+    else:
+        optimize = cotengra.RandomGreedyOptimizer(max_repeats=64, seed=1, parallel=False)
+    return tropical.einsum_plan(
+        net.subscripts, *net.operands, optimize=optimize, memory_limit=max(4, memory_limit // 4)
+    )
 
 
 def log2(x: int) -> str:
@@ -247,10 +331,16 @@ def log2(x: int) -> str:
 
 
 def summary(plan: tropical.EinsumPlan) -> str:
-    return (
+    line = (
         f"{len(plan.steps)} steps, largest intermediate {log2(plan.largest_intermediate)} "
         f"({plan.largest_intermediate:,}) elements, {log2(plan.products)} products, "
         f"{plan.copies} copies ({plan.copied_elements:,} elements)"
+    )
+    if plan.slicing is None:
+        return line
+    return (
+        f"{line}; in {plan.slicing.count:,} slices over {len(plan.slicing.indices)} indices: "
+        f"space complexity {plan.space_complexity:.0f} a slice, time {plan.time_complexity:.1f}"
     )
 
 
@@ -367,6 +457,34 @@ def tse_contract(
     return x
 
 
+async def references(
+    net: Network, args: argparse.Namespace, contract: Callable[..., Awaitable[Any]]
+) -> dict[str, float]:
+    """What the value must be, by what: brute force for small graphs, else NumPy along the
+    same order, else the GPU along another order in other slices; and the formula, if any."""
+    assert net.plan is not None
+    row, plan = net.row, net.plan
+    wants: dict[str, float] = {}
+    if net.n <= BRUTE_FORCE_VERTICES:
+        wants["brute force"] = brute_force(net)
+    elif plan.slicing is None and plan.products <= args.numpy_products:
+        started = time.perf_counter()
+        wants["NumPy"] = float(tropical.reference.einsum(
+            net.subscripts, *net.operands, semiring=net.semiring, path=plan.path
+        ))  # fmt: skip
+        row["numpy_s"] = time.perf_counter() - started
+    else:
+        started = time.perf_counter()
+        other = second_order(net, args.memory_limit)
+        row["second_planning_s"] = time.perf_counter() - started
+        row["second_space_complexity"] = other.space_complexity
+        row["second_slices"] = other.slicing.count if other.slicing else 1
+        wants["another order"] = float(await contract(optimize=other))
+    if net.known is not None:
+        wants["formula"] = net.known
+    return wants
+
+
 async def solve(compiler: Compiler, net: Network, args: argparse.Namespace, tse: Any) -> None:
     """Contract ``net`` on the GPU with its assignment, check both, time the engines."""
     import cupy
@@ -382,29 +500,29 @@ async def solve(compiler: Compiler, net: Network, args: argparse.Namespace, tse:
     result, assignment = await contract(argmax=True)
     value = row["value"] = float(result)
     what = check(net, value, assignment)
-    wants: dict[str, float] = {}
-    if net.n <= BRUTE_FORCE_VERTICES:
-        wants["brute force"] = brute_force(net)
-    elif plan.products <= args.numpy_products:
-        started = time.perf_counter()
-        wants["NumPy"] = float(tropical.reference.einsum(
-            net.subscripts, *net.operands, semiring=net.semiring, path=plan.path
-        ))  # fmt: skip
-        row["numpy_s"] = time.perf_counter() - started
-    else:
-        print(f"  NumPy skipped: {log2(plan.products)} products, over --numpy-products")
-    if net.known is not None:
-        wants["formula"] = net.known
+    wants = await references(net, args, contract)
     for by, want in wants.items():
         if want != value:
             raise SystemExit(f"{net.name}: the GPU gives {value:g}, {by} {want:g}")
     row["checked"] = " + ".join([*wants, "assignment"])
-    sync = cupy.cuda.get_current_stream().synchronize
+    sync = cupy.cuda.Device().synchronize
     row["gpu_ms"] = await median_ms(contract, sync, args.repeats)
     row["gpu_argmax_ms"] = await median_ms(
         functools.partial(contract, argmax=True), sync, args.repeats
     )
-    if isinstance(tse, tuple):
+    count = cupy.cuda.runtime.getDeviceCount()
+    if plan.slicing is not None and count > 1:  # the slices spread over every GPU of the host
+
+        def every() -> None:
+            for device in range(count):
+                cupy.cuda.Device(device).synchronize()
+
+        spread = functools.partial(contract, devices=list(range(count)))
+        if float(await spread()) != value:
+            raise SystemExit(f"{net.name}: {count} GPUs give {float(await spread()):g}")
+        row["gpus"] = count
+        row["gpus_ms"] = await median_ms(spread, every, args.repeats)
+    if isinstance(tse, tuple) and plan.slicing is None and plan.largest_intermediate <= 1 << 27:
         torch, module = tse
         tensors = [torch.from_numpy(x).cuda() for x in net.operands]
         got = float(tse_contract(plan, tensors, net.semiring, torch, module))
@@ -415,10 +533,12 @@ async def solve(compiler: Compiler, net: Network, args: argparse.Namespace, tse:
             return tse_contract(plan, tensors, net.semiring, torch, module)
 
         row["tse_ms"] = await median_ms(run, torch.cuda.synchronize, args.repeats)
+    cupy.get_default_memory_pool().free_all_blocks()
     print(
         f"  {value:g} (checked: {row['checked']}), the assignment is {what}. "
         f"GPU {row['gpu_ms']:.1f} ms, "
         f"with the assignment {row['gpu_argmax_ms']:.1f} ms"
+        + (f", {row['gpus']} GPUs {row['gpus_ms']:.1f} ms" if "gpus_ms" in row else "")
         + (f", NumPy {row['numpy_s']:.2f} s" if "numpy_s" in row else "")
         + (f", torch-semiring-einsum {row['tse_ms']:.1f} ms" if "tse_ms" in row else "")
     )
@@ -426,8 +546,9 @@ async def solve(compiler: Compiler, net: Network, args: argparse.Namespace, tse:
 
 def table(nets: Sequence[Network]) -> str:
     head = (
-        f"{'problem':<11}{'graph':<25}{'n':>5}{'largest':>9}{'steps':>7}{'value':>7}"
-        f"{'GPU ms':>9}{'argmax ms':>10}{'NumPy s':>9}{'tse ms':>9}  checked"
+        f"{'problem':<11}{'graph':<42}{'n':>5}{'sc':>4}{'tc':>6}{'slices':>7}{'plan s':>7}"
+        f"{'value':>7}{'GPU ms':>9}{'argmax ms':>10}{'GPUs ms':>9}{'NumPy s':>9}{'tse ms':>9}"
+        "  checked"
     )
     lines = [head]
     for net in nets:
@@ -437,11 +558,14 @@ def table(nets: Sequence[Network]) -> str:
             return format(r[key], fmt) if key in r else "-"
 
         assert net.plan is not None
+        slices = net.plan.slicing.count if net.plan.slicing else 1
         lines.append(
-            f"{net.problem:<11}{net.graph:<25}{net.n:>5}{log2(net.plan.largest_intermediate):>9}"
-            f"{len(net.plan.steps):>7}{cell('value', 'g'):>7}{cell('gpu_ms', '.1f'):>9}"
-            f"{cell('gpu_argmax_ms', '.1f'):>10}{cell('numpy_s', '.2f'):>9}"
-            f"{cell('tse_ms', '.1f'):>9}  {r.get('checked', r.get('skipped', '-'))}"
+            f"{net.problem:<11}{net.graph:<42}{net.n:>5}{net.plan.space_complexity:>4.0f}"
+            f"{net.plan.time_complexity:>6.1f}{slices:>7}{net.planning_s:>7.2f}"
+            f"{cell('value', 'g'):>7}{cell('gpu_ms', '.1f'):>9}"
+            f"{cell('gpu_argmax_ms', '.1f'):>10}{cell('gpus_ms', '.1f'):>9}"
+            f"{cell('numpy_s', '.2f'):>9}{cell('tse_ms', '.1f'):>9}"
+            f"  {r.get('checked', '-')}"
         )
     return "\n".join(lines)
 
@@ -451,6 +575,12 @@ def facts(tse: tuple[Any, Any] | str) -> dict[str, Any]:
     import importlib.metadata
 
     import cupy
+
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
 
     import aionvrtc
 
@@ -464,6 +594,7 @@ def facts(tse: tuple[Any, Any] | str) -> dict[str, Any]:
         "cupy": cupy.__version__,
         "aionvrtc": aionvrtc.__version__,
         "opt_einsum": opt_einsum.__version__,
+        **{name: version(name) for name in ("cotengra", "cotengrust")},
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
     try:
@@ -481,13 +612,26 @@ def facts(tse: tuple[Any, Any] | str) -> dict[str, Any]:
     return found
 
 
+def launched(net: Network) -> tropical.EinsumPlan:
+    """The plan whose steps the GPU launches: a slice's, where the plan is sliced."""
+    plan = net.plan
+    assert plan is not None
+    if plan.slicing is None:
+        return plan
+    views = plan.slicing.views(plan.inputs, net.operands, 0)
+    return tropical.einsum_plan(plan.slicing.subscripts, *views, optimize=plan.path)
+
+
 async def main(args: argparse.Namespace) -> None:
     # --arch, else $AIONVRTC_ARCH, else this GPU's; sm_90 on a machine without one.
     target = resolve_target(args.arch, default="sm_90")
-    nets, runnable = networks(args), []
+    nets = runnable = networks(args)
     for net in nets:
+        # Planning time is the order's search and the slicing to --memory-limit together.
         started = time.perf_counter()
-        net.plan = tropical.einsum_plan(net.subscripts, *net.operands, optimize=net.optimize)
+        net.plan = tropical.einsum_plan(
+            net.subscripts, *net.operands, optimize=net.optimize, memory_limit=args.memory_limit
+        )
         net.planning_s = time.perf_counter() - started
         print(f"{net.name}, {net.planner} ({net.planning_s:.2f} s): {summary(net.plan)}")
         net.row = {
@@ -495,20 +639,17 @@ async def main(args: argparse.Namespace) -> None:
             "edges": len(net.edges), "planner": net.planner, "planning_s": net.planning_s,
             "steps": len(net.plan.steps), "largest_intermediate": net.plan.largest_intermediate,
             "products": net.plan.products, "copies": net.plan.copies,
+            "space_complexity": net.plan.space_complexity,
+            "time_complexity": net.plan.time_complexity,
+            "slices": net.plan.slicing.count if net.plan.slicing else 1,
         }  # fmt: skip
-        if net.plan.largest_intermediate > args.max_intermediate:
-            net.row["skipped"] = f"largest intermediate > {log2(args.max_intermediate)}"
-            print(f"  skipped: its largest intermediate is over --max-intermediate "
-                  f"{args.max_intermediate:,} ({log2(args.max_intermediate)})")  # fmt: skip
-        else:
-            runnable.append(net)
     async with Compiler(arch=target) as compiler:
         # Compiled ahead, concurrently: the kernels each plan launches, with and without argmax.
         specs: dict[KernelSpec, None] = {}
         for net in runnable:
-            assert net.plan is not None
+            launches = launched(net)
             for argmax in (False, True):
-                specs.update(dict.fromkeys(net.plan.kernel_specs(net.semiring, argmax=argmax)))
+                specs.update(dict.fromkeys(launches.kernel_specs(net.semiring, argmax=argmax)))
         kinds: dict[KernelSpec, str] = {}
 
         async def compile_one(spec: KernelSpec) -> None:
@@ -521,21 +662,25 @@ async def main(args: argparse.Namespace) -> None:
         for spec in specs:
             print(f"  {spec.name_expressions[0]} ({kinds[spec]})")
         if not specs:
-            raise SystemExit("nothing to run: every network was skipped")
+            raise SystemExit("nothing to run: no network was asked for")
         try:
             await compiler.get(next(iter(specs)))  # compiled for this GPU's arch and loaded
         except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or a driver too old
             small = sum(net.n <= BRUTE_FORCE_VERTICES for net in runnable)
             numpy = sum(
-                net.n > BRUTE_FORCE_VERTICES and net.plan.products <= args.numpy_products
+                net.n > BRUTE_FORCE_VERTICES
+                and net.plan.slicing is None
+                and net.plan.products <= args.numpy_products
                 for net in runnable
                 if net.plan is not None
             )
+            sliced = sum(net.plan.slicing is not None for net in runnable if net.plan is not None)
             print(
                 f"no usable GPU for {target} here ({type(exc).__name__}): would contract "
-                f"{len(runnable)} network(s) with their assignments, check {small} against "
-                f"brute force and {numpy} against NumPy along the same order, and time each "
-                f"over {args.repeats} runs, against torch-semiring-einsum where it is installed"
+                f"{len(runnable)} network(s) ({sliced} in slices) with their assignments, check "
+                f"{small} against brute force, {numpy} against NumPy along the same order and "
+                f"{len(runnable) - small - numpy} against another order, and time each over "
+                f"{args.repeats} runs, against torch-semiring-einsum where it is installed"
             )
             return
         tse = torch_semiring_einsum()
@@ -559,7 +704,7 @@ if __name__ == "__main__":
         "--regular",
         type=int,
         nargs="*",
-        default=[20, 100, 150, 200],
+        default=[20, 100, 150, 200, 220],
         help="MIS of random 3-regular graphs of these many vertices",
     )
     parser.add_argument(
@@ -577,10 +722,35 @@ if __name__ == "__main__":
         help="ground states of +-1 spin glasses on random 3-regular graphs",
     )
     parser.add_argument(
-        "--max-intermediate",
+        "--kings-subgraph",
         type=int,
-        default=1 << 27,
-        help="skip a network whose largest intermediate has more elements",
+        nargs="*",
+        default=[38],
+        help="MIS of king's subgraphs of these sides, --filling of the sites kept",
+    )
+    parser.add_argument("--filling", type=float, default=0.8, help="of the king's subgraphs")
+    parser.add_argument(
+        "--square-spin-glass",
+        type=int,
+        nargs="*",
+        default=[32],
+        help="ground states of +-1 spin glasses on square lattices of these sides",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        type=int,
+        default=1 << 32,
+        help="bytes a slice's largest intermediate may hold: larger networks run in slices",
+    )
+    parser.add_argument(
+        "--planner",
+        choices=["auto", "hyper", "cotengra", "random-greedy"],
+        default="auto",
+        help="the contraction orders' search: einsum's default, cotengra's HyperOptimizer "
+        "(--plan-time), cotengra's random-greedy (seeded) or opt_einsum's (--trials)",
+    )
+    parser.add_argument(
+        "--plan-time", type=float, default=60.0, help="seconds of --planner hyper's search"
     )
     parser.add_argument(
         "--numpy-products",
@@ -588,7 +758,7 @@ if __name__ == "__main__":
         default=1 << 30,
         help="check against NumPy only plans of at most this many products",
     )
-    parser.add_argument("--trials", type=int, default=64, help="random-greedy's trials")
+    parser.add_argument("--trials", type=int, default=256, help="random-greedy's trials")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each engine")
     parser.add_argument("--seed", type=int, default=2026, help="seeds every graph")
     parser.add_argument("--json", help="write the results (and the GPU's facts) to this file")

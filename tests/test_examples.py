@@ -276,30 +276,37 @@ def test_tensor_network_plans_compiles_and_says_what_it_would_run(
 ) -> None:
     if has_gpu():
         pytest.skip("with a GPU the example contracts, checks and times the networks")
-    # opt_einsum breaks ties in set order: a fixed string hash makes the random-greedy plans
-    # the same from run to run (the king's graphs' explicit paths are anyway).
+    # opt_einsum breaks ties in set order: a fixed string hash makes its plans the same from run
+    # to run (cotengra's, seeded, and the king's graphs' explicit paths are anyway).
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     out = run_example(
         "tensor_network.py", cache_dir, "--regular", "20", "60", "--kings", "4", "10",
-        "--spin-glass", "20", "--trials", "8", "--max-intermediate", "1024",
+        "--spin-glass", "20", "--kings-subgraph", "8", "--square-spin-glass", "6",
+        "--planner", "random-greedy", "--trials", "8", "--memory-limit", "1024",
     )  # fmt: skip
     lines = out.splitlines()
     assert lines[0].startswith(
-        "MIS of the random 3-regular graph (20 vertices, 30 edges), random-greedy, 8 trials ("
+        "MIS of the random 3-regular graph (20 vertices, 30 edges), opt_einsum random-greedy, "
+        "8 trials ("
     )
-    assert "MIS of the random 3-regular graph (60 vertices, 90 edges)" in out
+    # 1,024 bytes are 2^8 float32s: the 60-vertex graph's 2^9 run in slices of 2^8 or less.
+    regular60 = next(x for x in lines if x.startswith("MIS of the random 3-regular graph (60"))
+    assert "(60 vertices, 90 edges)" in regular60
+    assert "; in " in regular60 and " slices over " in regular60
+    assert regular60.split("space complexity ")[1].split()[0] in ("7", "8")
     # Row by row, a king's graph of side L leaves at most L + 1 vertices open: 2^(L+1).
     king4 = next(x for x in lines if x.startswith("MIS of the 4x4 king's graph"))
     assert "(16 vertices, 42 edges), row by row (" in king4
     assert "): 57 steps, largest intermediate 2^5 (32) elements" in king4
-    king10 = lines.index(next(x for x in lines if x.startswith("MIS of the 10x10 king's graph")))
-    assert "(100 vertices, 342 edges)" in lines[king10]
-    assert "): 441 steps, largest intermediate 2^11 (2,048) elements" in lines[king10]
-    assert lines[king10 + 1] == (
-        "  skipped: its largest intermediate is over --max-intermediate 1,024 (2^10)"
-    )
-    assert out.count("skipped") == 1
+    assert "slices" not in king4
+    king10 = next(x for x in lines if x.startswith("MIS of the 10x10 king's graph"))
+    assert "(100 vertices, 342 edges)" in king10
+    assert "): 441 steps, largest intermediate 2^11 (2,048) elements" in king10
+    assert "space complexity 8 a slice" in king10
+    # 0.8 of the 8 x 8 grid's 64 sites: 51 vertices.
+    assert "MIS of the 8x8 king's subgraph at filling 0.8 (51 vertices, " in out
     assert "spin glass of the random 3-regular graph (20 vertices, 30 edges)" in out
+    assert "spin glass of the 6x6 square lattice (36 vertices, 60 edges)" in out
     compiled = lines.index(next(x for x in lines if x.startswith("compiled ")))
     assert lines[compiled].endswith(" kernel(s) for sm_90:")
     kernels = lines[compiled + 1 : -1]
@@ -317,9 +324,10 @@ def test_tensor_network_plans_compiles_and_says_what_it_would_run(
     assert any("MinPlus, true" in k for k in kernels)
     assert any("MinPlus, false" in k for k in kernels)
     assert lines[-1] == (
-        "no usable GPU for sm_90 here (NoDeviceError): would contract 4 network(s) with their "
-        "assignments, check 3 against brute force and 1 against NumPy along the same order, "
-        "and time each over 5 runs, against torch-semiring-einsum where it is installed"
+        "no usable GPU for sm_90 here (NoDeviceError): would contract 7 network(s) (2 in "
+        "slices) with their assignments, check 3 against brute force, 2 against NumPy along "
+        "the same order and 2 against another order, and time each over 5 runs, against "
+        "torch-semiring-einsum where it is installed"
     )
 
 
@@ -348,6 +356,43 @@ def test_tensor_network_graphs_are_simple_regular_and_seeded() -> None:
     assert (0, 5) in kings
     assert (3, 6) in kings
     assert (0, 2) not in kings
+
+
+def test_tensor_network_kings_subgraphs_and_square_lattices() -> None:
+    import numpy as np
+
+    from aionvrtc import tropical
+
+    tn = example_module("tensor_network")
+    n, edges = tn.kings_subgraph(10, 0.8, np.random.default_rng(5))
+    assert n == 80
+    again = tn.kings_subgraph(10, 0.8, np.random.default_rng(5))
+    assert again == (n, edges)
+    assert tn.kings_subgraph(10, 0.8, np.random.default_rng(6)) != (n, edges)
+    # The kept sites in row order: an edge joins kept neighbours of the full grid, and every
+    # pair of kept neighbours is joined.
+    sites = np.sort(np.random.default_rng(5).choice(100, size=80, replace=False))
+    full = set(tn.kings_graph(10))
+    assert set(edges) == {
+        (i, j) for i in range(n) for j in range(i + 1, n) if (sites[i], sites[j]) in full
+    }
+    assert tn.kings_subgraph(4, 1.0, np.random.default_rng(1)) == (16, tn.kings_graph(4))
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="filling must be in"):
+            tn.kings_subgraph(4, bad, np.random.default_rng(1))
+    square = tn.square_lattice(4)
+    assert len(square) == 2 * 4 * 3 == 24
+    degrees = np.bincount(np.array(square).ravel(), minlength=16).reshape(4, 4)
+    assert degrees.tolist() == [[2, 3, 3, 2], [3, 4, 4, 3], [3, 4, 4, 3], [2, 3, 3, 2]]
+    assert (0, 1) in square and (0, 4) in square and (0, 5) not in square
+    # Both contract to brute force's answer (NumPy reference along the default order).
+    n, edges = tn.kings_subgraph(5, 0.8, np.random.default_rng(3))
+    subscripts, operands = tn.mis_network(n, edges)
+    assert tropical.reference.einsum(subscripts, *operands) == tn.brute_force_mis(n, edges)
+    couplings = tn.spin_glass_couplings(square, np.random.default_rng(4))
+    subscripts, operands = tn.spin_glass_network(square, couplings)
+    got = tropical.reference.einsum(subscripts, *operands, semiring="minplus")
+    assert got == tn.brute_force_ground_energy(16, square, couplings)
 
 
 def _known_cubic_graphs() -> dict[str, tuple[int, list[tuple[int, int]], int]]:

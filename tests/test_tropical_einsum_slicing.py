@@ -22,6 +22,7 @@ from .support.einsum import (
     IDS,
     PETERSEN,
     independent_sets,
+    kings_graph,
     network_values,
     random_network,
 )
@@ -163,3 +164,28 @@ def test_a_cotengra_hyper_optimizer_plans_and_its_slicing_is_kept() -> None:
     tighter = einsum_plan(subscripts, *operands, optimize=plan, memory_limit=8)
     assert tighter.slicing is not None
     assert tighter.slicing.indices[: len(plan.slicing.indices)] == plan.slicing.indices
+
+
+def test_auto_plans_a_large_network_with_cotengras_seeded_random_greedy() -> None:
+    from aionvrtc.tropical import _einsum_plan
+
+    assert _einsum_plan._large_network_planner()  # cotengra and cotengrust: the test extra
+    vertex = np.array([0, 1], np.float32)
+    edge = np.array([[0, 0], [0, -np.inf]], np.float32)
+    # The 5 x 5 king's graph: 25 vertices and 72 edges, 97 operands, past LARGE_NETWORK.
+    subscripts, shapes, _ = kings_graph(5)
+    operands = [vertex if len(shape) == 1 else edge for shape in shapes]
+    assert len(operands) > _einsum_plan.LARGE_NETWORK
+    auto = einsum_plan(subscripts, *operands)
+    seeded = cotengra.RandomGreedyOptimizer(
+        max_repeats=_einsum_plan.LARGE_NETWORK_TRIALS, seed=0, parallel=False
+    )
+    assert auto.path == einsum_plan(subscripts, *operands, optimize=seeded).path
+    assert auto.path != einsum_plan(subscripts, *operands, optimize="greedy").path
+    assert reference.einsum(subscripts, *operands, path=auto.path) == 9  # ceil(5 / 2)^2
+    # Up to LARGE_NETWORK operands "auto" is opt_einsum's: one greedy order at this count.
+    subscripts, shapes, _ = kings_graph(3)
+    operands = [vertex if len(shape) == 1 else edge for shape in shapes]
+    assert len(operands) <= _einsum_plan.LARGE_NETWORK
+    small = einsum_plan(subscripts, *operands)
+    assert small.path == einsum_plan(subscripts, *operands, optimize="greedy").path

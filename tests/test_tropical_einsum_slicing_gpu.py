@@ -141,6 +141,23 @@ def test_a_fraction_of_free_memory_and_bad_budgets() -> None:
             tropical.einsum_sync(subscripts, *arrays, memory_limit=bad)
     with pytest.raises(ValueError, match="the smallest that does is 4 bytes"):
         tropical.einsum_sync(subscripts, *arrays, memory_limit=2)
+    # A fraction is of the free memory: a GPU's 1e-12 is under one float32, refused as 2 bytes
+    # is; its 1e-10 (some bytes, from a GPU's gigabytes) slices down to what fits.
+    with pytest.raises(ValueError, match="the smallest that does is 4 bytes"):
+        tropical.einsum_sync(subscripts, *arrays, memory_limit=1e-12)
+    assert host(tropical.einsum_sync(subscripts, *arrays, memory_limit=1e-10)).item() == 4
+
+
+def test_a_program_of_a_sliced_plan_is_refused() -> None:
+    subscripts, operands = independent_sets(10, PETERSEN, "maxplus", "float32")
+    arrays = [gpu(x) for x in operands]
+    plan = tropical.einsum_plan(subscripts, *arrays, memory_limit=8)
+    assert plan.slicing is not None
+    with pytest.raises(
+        ValueError,
+        match=rf"the plan is sliced \({plan.slicing.count} slices over .* pass the plan to einsum",
+    ):
+        tropical.einsum_program_sync(subscripts, *arrays, optimize=plan)
 
 
 # -- the slices over several GPUs --------------------------------------------------------------

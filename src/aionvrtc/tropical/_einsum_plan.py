@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import itertools
 import math
 import uuid
@@ -74,6 +75,16 @@ _ORDER_FIX = (
 # warning: 'auto' and 'auto-hq' are opt_einsum's strategies that choose by the count, a named
 # one asks for its search, and a plan found otherwise would be cached and reused as if it
 # were that search's, where a warning is easily missed. An optimizer object runs as given.
+# Past this many operands optimize="auto" plans with cotengra's random-greedy search, seeded
+# (the same plan in every process), where aionvrtc[cotengra] is installed: opt_einsum's "auto"
+# is one greedy order there. Measured on 2 CPUs (benchmarks/einsum_planners.py): for the MIS of
+# random 3-regular graphs of 200 and 220 vertices one greedy order leaves intermediates of 2^33
+# and 2^36 elements, 256 random-greedy trials 2^31 and 2^34 in 0.6-0.7 s; for a 38 x 38 king's
+# subgraph (4,689 tensors) 2^30 in 8.5 s. Without cotengrust cotengra's greedy runs in Python,
+# 290x slower (39 s for one order of the king's subgraph): "auto" stays opt_einsum's then.
+LARGE_NETWORK = 64
+LARGE_NETWORK_TRIALS = 256
+
 SEARCH_LIMITS = {"optimal": 9, "branch-all": 9, "branch-2": 18, "dp": 20, "dynamic-programming": 20}
 
 
@@ -621,7 +632,20 @@ def _cotengra_path(
 def _cached_path(
     inputs: tuple[str, ...], output: str, sizes: tuple[tuple[str, int], ...], optimize: Any
 ) -> tuple[tuple[int, ...], ...]:
+    if optimize == "auto" and len(inputs) > LARGE_NETWORK and _large_network_planner():
+        import cotengra
+
+        planner = cotengra.RandomGreedyOptimizer(
+            max_repeats=LARGE_NETWORK_TRIALS, seed=0, parallel=False
+        )
+        return _cotengra_path(inputs, output, sizes, planner)[0]
     return _opt_einsum_path(inputs, output, sizes, optimize)
+
+
+@functools.cache
+def _large_network_planner() -> bool:
+    """Whether cotengra and its compiled greedy search (cotengrust) are installed."""
+    return all(importlib.util.find_spec(name) is not None for name in ("cotengra", "cotengrust"))
 
 
 def _opt_einsum_path(

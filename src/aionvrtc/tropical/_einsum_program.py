@@ -693,6 +693,13 @@ def _einsum_program(
         planned = yield Offload(
             functools.partial(einsum_plan, subscripts, *shapes, optimize=optimize)
         )
+    if planned.slicing is not None:  # a program holds every intermediate of the whole network
+        raise ValueError(
+            f"einsum_program: the plan is sliced ({planned.slicing.count:,} slices over "
+            f"{', '.join(planned.slicing.indices)}) and a program contracts the whole network "
+            "at once; pass the plan to einsum (optimize=plan), which replays one program per "
+            "slice, or plan without memory_limit= or cotengra's slicing_opts"
+        )
     key = steps_key(planned, ring, kind, argmax=argmax, device=where, reuse=False)
     found = _cached(key)
     if found is not None:

@@ -1,0 +1,119 @@
+"""Contraction orders for large tensor networks: what each planner leaves (space and time
+complexity, log2) and how long it searches, on the published problems of
+examples/tensor_network.py. This is what set ``optimize="auto"``'s choice past 64 operands
+(cotengra's random-greedy, 256 trials, seeded). CPU only.
+
+    python benchmarks/einsum_planners.py [--out DIR] [--machine "2 vCPUs"] [--seed 2026]
+
+Planners: opt_einsum's greedy ("auto" up to 64 operands, and past them without cotengra),
+opt_einsum's random-greedy with 64 trials (minimising size, as the example used to), cotengra's
+random-greedy with 256 trials (what "auto" runs) and with 1,024, and for the lattices the
+row-by-row elimination order. Time is the search alone (``einsum_plan`` of the path after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from aionvrtc import tropical
+from benchmarks._results import RESULTS, write
+from benchmarks.tropical_einsum import example
+
+
+def hyper(module: Any) -> Any:
+    return module.planner("hyper", 0, 120.0)[0]
+
+
+def planners(net: Any, module: Any) -> dict[str, Callable[[], Any]]:
+    import cotengra
+    import opt_einsum
+
+    found: dict[str, Callable[[], Any]] = {
+        "opt_einsum greedy": lambda: "greedy",
+        "opt_einsum random-greedy, 64 trials": lambda: opt_einsum.RandomGreedy(
+            max_repeats=64, minimize="size"
+        ),
+    }
+    found["cotengra HyperOptimizer (greedy, labels), 120 s"] = lambda: hyper(module)
+    for trials in (256, 1024):
+        found[f"cotengra random-greedy, {trials} trials"] = functools.partial(
+            cotengra.RandomGreedyOptimizer, max_repeats=trials, seed=0, parallel=False
+        )
+    if "lattice" in net.graph or "king" in net.graph:
+        inputs = net.subscripts.split("->")[0].split(",")
+        found["row by row"] = lambda: module.elimination_path(
+            inputs, map(module.symbol, range(net.n))
+        )
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--machine", default="2 vCPUs")
+    parser.add_argument("--seed", type=int, default=2026)
+    args = parser.parse_args()
+    import importlib.metadata
+
+    module = example()
+    nets = module.networks(
+        argparse.Namespace(
+            regular=[200, 220], kings=[], kings_subgraph=[38], filling=0.8, spin_glass=[],
+            square_spin_glass=[32], planner="auto", trials=256, seed=args.seed,
+        )
+    )  # fmt: skip
+    rows = []
+    for net in nets:
+        for name, make in planners(net, module).items():
+            started = time.perf_counter()
+            optimize = make()
+            if isinstance(optimize, str) or callable(getattr(optimize, "search", None)):
+                plan = tropical.einsum_plan(net.subscripts, *net.operands, optimize=optimize)
+                path: Any = plan.path
+            else:
+                path = optimize  # (an explicit order, made above)
+            searched = time.perf_counter() - started
+            plan = tropical.einsum_plan(net.subscripts, *net.operands, optimize=path)
+            row = {
+                "network": net.name, "operands": len(net.operands), "planner": name,
+                "space_complexity": plan.space_complexity,
+                "time_complexity": plan.time_complexity, "search_s": searched,
+            }  # fmt: skip
+            print(row, flush=True)
+            rows.append(row)
+    facts = {
+        "machine": args.machine,
+        "python": sys.version.split()[0],
+        **{p: importlib.metadata.version(p) for p in ("cotengra", "cotengrust", "opt_einsum")},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    lines = [
+        f"# Contraction orders of examples/tensor_network.py's published problems, {args.machine}",
+        "",
+        f"Python {facts['python']}, cotengra {facts['cotengra']}, cotengrust "
+        f"{facts['cotengrust']}, opt_einsum {facts['opt_einsum']}, {facts['date']}. Space and "
+        "time complexity are log2 of the largest intermediate's elements and of all products; "
+        "search time is the planner's (einsum_plan included; the rows' order is made by hand).",
+        "",
+        "| network | operands | planner | space | time | search s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['network']} | {r['operands']} | {r['planner']} | {r['space_complexity']:.0f} "
+            f"| {r['time_complexity']:.1f} | {r['search_s']:.2f} |"
+        )
+    write(args.out, "einsum_planners", label=args.machine, facts=facts, results=rows,
+          table="\n".join(lines) + "\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
