@@ -242,10 +242,11 @@ def planner(name: str, trials: int, seconds: float = 60.0, seed: int = 0) -> tup
     installed, else opt_einsum's choice. "hyper" is cotengra's HyperOptimizer for ``seconds``
     over every CPU, with greedy trials and graph partitions by label propagation, each tree
     refined by subtree reconfiguration, scored by products and writes together ("combo": a
-    copy costs about what a product does here). On the 38 x 38 king's subgraph it found space
-    complexity 28 and time 39.0 in 356 s of 1 CPU, where random-greedy's 1,024 trials leave 31
-    and 42.0 (benchmarks/results/einsum_planners-2-vcpus.md): a lattice's good orders cut it
-    in parts, which greedy steps do not find. Not seeded: its trials depend on the time."""
+    copy costs about what a product does here). In 20 s over the 16 CPUs of an H100 host it
+    found space complexity 27 and time 38.3 for the 38 x 38 king's subgraph, where
+    random-greedy's 1,024 trials leave 31 and 42.0 and row by row 36 and 43.3
+    (benchmarks/results/einsum_planners-2-vcpus.md): a lattice's good orders cut it in parts,
+    which greedy steps do not find. Not seeded: its trials depend on the time."""
     if name == "hyper":
         import cotengra
 
@@ -288,8 +289,8 @@ def networks(args: argparse.Namespace) -> list[Network]:
     for side in getattr(args, "kings_subgraph", ()):
         n, edges = kings_subgraph(side, args.filling, np.random.default_rng([args.seed, side, 2]))
         subscripts, operands = mis_network(n, edges)
-        # Row by row leaves about 0.8 * (side + 1) vertices open here, but where the rows are
-        # fullest: 2^38 elements for 38 x 38 at filling 0.8, where cotengra finds 2^30.
+        # Row by row leaves up to side + 1 vertices open where the rows are fullest: 2^36
+        # elements for 38 x 38 at filling 0.8, where cotengra's HyperOptimizer finds 2^27.
         graph = f"{side}x{side} king's subgraph at filling {args.filling:g}"
         found.append(Network("MIS", graph, n, edges, subscripts, operands, "maxplus",
                              *plan()))  # fmt: skip

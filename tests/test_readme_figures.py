@@ -18,7 +18,6 @@ so a figure added beside a link without an entry here fails too."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -198,11 +197,11 @@ def spread_of(result: Any, ratio: Callable[[dict[str, Any]], float]) -> list[flo
     return [min(values), max(values)]
 
 
-def skipped_intermediate(result: Any) -> list[float]:
-    """log2 of the largest intermediate of the 3-regular graph of 200 vertices, which was
-    skipped (-1 if it ran)."""
-    run = network(result, "MIS", "random 3-regular graph", 200)
-    return [math.log2(run["largest_intermediate"]) if "skipped" in run else -1]
+def planned(vertices: int, planner: str, cell: int) -> Read:
+    """A 3-regular graph's row in the planners' table: space (0), time (1) or search s (2)."""
+    edges = vertices * 3 // 2
+    cells = r"(?:[\d.]+) \| " * cell + r"([\d.]+)"
+    return find(rf"\({vertices} vertices, {edges} edges\) \| \d+ \| {planner} \| {cells}")
 
 
 def soak_waiters(path: Path) -> list[Decimal]:
@@ -594,10 +593,46 @@ FIGURES = [
         ),
     ),
     Figure(
-        r"needs an intermediate of 2\^(\d+) elements under random-greedy planning and is "
-        r"skipped",
+        r"the king's graphs' known answer \((\d+) for the 20 x 20 grid\)",
         TENSOR,
-        data(skipped_intermediate),
+        data(lambda r: [network(r, "MIS", "20x20 king's graph", 400)["value"]]),
+    ),
+    Figure(
+        r"one greedy order leaves a largest intermediate of 2\^(\d+) elements and 2\^([\d.]+) "
+        r"and 2\^([\d.]+) products, the seeded search 2\^(\d+) and 2\^(\d+) elements and "
+        r"2\^([\d.]+) and 2\^([\d.]+) products, in ([\d.]+) and ([\d.]+) s on 2 vCPUs",
+        "einsum_planners-2-vcpus.md",
+        joined(
+            *(planned(n, "opt_einsum greedy", cell) for n, cell in ((200, 0), (200, 1), (220, 1))),
+            *(
+                planned(n, "cotengra random-greedy, 256 trials", cell)
+                for cell in (0, 1, 2)
+                for n in (200, 220)
+            ),
+        ),
+    ),
+    Figure(
+        r"at filling 0\.8 \(1155 vertices, seeded; space complexity (\d+), planned in "
+        r"([\d.]+) s\) is (\d+), contracted in ([\d.]+) ms, ([\d.]+) ms with its assignment",
+        "tensor_network_kings_subgraph-nvidia-h100-80gb-hbm3.json",
+        data(
+            lambda r: [
+                r["rows"][0][k]
+                for k in ("space_complexity", "planning_s", "value", "gpu_ms", "gpu_argmax_ms")
+            ]
+        ),
+    ),
+    Figure(
+        r"of 200 and 220 vertices took ([\d.]+) ms and ([\d.]+) ms \(space complexity (\d+) and "
+        r"(\d+), unsliced\), and the king's subgraph ([\d.]+) ms",
+        "tensor_network_published-nvidia-h200.log",
+        joined(
+            find(r"independent set of 89 vertices\. GPU ([\d.]+) ms"),
+            find(r"independent set of 98 vertices\. GPU ([\d.]+) ms"),
+            find(r"\(200 vertices, 300 edges\), cotengra [^:]*: 499 steps, largest [^2]*2\^(\d+)"),
+            find(r"\(220 vertices, 330 edges\), cotengra [^:]*: 549 steps, largest [^2]*2\^(\d+)"),
+            find(r"independent set of 344 vertices\. GPU ([\d.]+) ms"),
+        ),
     ),
     # Reliability
     Figure(

@@ -77,11 +77,12 @@ _ORDER_FIX = (
 # were that search's, where a warning is easily missed. An optimizer object runs as given.
 # Past this many operands optimize="auto" plans with cotengra's random-greedy search, seeded
 # (the same plan in every process), where aionvrtc[cotengra] is installed: opt_einsum's "auto"
-# is one greedy order there. Measured on 2 CPUs (benchmarks/einsum_planners.py): for the MIS of
-# random 3-regular graphs of 200 and 220 vertices one greedy order leaves intermediates of 2^33
-# and 2^36 elements, 256 random-greedy trials 2^31 and 2^34 in 0.6-0.7 s; for a 38 x 38 king's
-# subgraph (4,689 tensors) 2^30 in 8.5 s. Without cotengrust cotengra's greedy runs in Python,
-# 290x slower (39 s for one order of the king's subgraph): "auto" stays opt_einsum's then.
+# is one greedy order there. Measured on 2 CPUs (benchmarks/results/einsum_planners-2-vcpus.md):
+# for the MIS of random 3-regular graphs of 200 and 220 vertices one greedy order leaves
+# intermediates of 2^36 elements, 256 random-greedy trials 2^31 and 2^34 in 0.8-0.9 s. On
+# lattices greedy steps stay poor (the 38 x 38 king's subgraph: 2^33, where a HyperOptimizer's
+# partitions find 2^27): the README says to pass one there. Without cotengrust, cotengra's
+# greedy runs in Python, 290x slower: "auto" stays opt_einsum's then.
 LARGE_NETWORK = 64
 LARGE_NETWORK_TRIALS = 256
 
