@@ -593,6 +593,16 @@ FIGURES = [
         ),
     ),
     Figure(
+        r"swept row by row \(`--planner rows`: one copy, 2\^([\d.]+) products\), its value took "
+        r"more than the (\d+) s the run was given on one H100 .* here ([\d,]+) bytes;",
+        "tensor_network_spin_glass-nvidia-h100-80gb-hbm3.log",
+        joined(
+            find(r"row by row \([\d.]+ s\): 1983 steps, [^)]*\) elements, 2\^([\d.]+) products"),
+            find(r"stopped here by its (\d+) s timeout"),
+            find(r"for the walk back: ([\d,]+) bytes"),
+        ),
+    ),
+    Figure(
         r"the king's graphs' known answer \((\d+) for the 20 x 20 grid\)",
         TENSOR,
         data(lambda r: [network(r, "MIS", "20x20 king's graph", 400)["value"]]),

@@ -660,6 +660,25 @@ def test_einsum_refuses_an_output_or_intermediate_larger_than_the_device(
         _einsum._check_plan(outer, F4, argmax=True, device=3)
 
 
+def test_einsum_with_argmax_refuses_a_plan_whose_argmaxes_together_pass_the_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A ring of five 8 x 8 matrices: three results of 64 elements and a scalar, each step's
+    # 512 bytes (with its argmax) within 600, the argmaxes kept for the walk back 772 bytes.
+    monkeypatch.setattr(_einsum, "_device_bytes", lambda device: 600)
+    ring = einsum_plan("ab,bc,cd,de,ea->", *[(8, 8)] * 5, optimize=[(0, 1)] * 4)
+    assert [step.size for step in ring.steps] == [64, 64, 64, 1]
+    _einsum._check_plan(ring, F4, argmax=False, device=2)
+    with pytest.raises(ValueError, match=_exactly(
+        "einsum with argmax=True keeps an int32 argmax of every step's result for the walk back: "
+        "772 bytes for this plan, more than the 600 bytes of device 2's memory (an int32 "
+        "argmax, 4 bytes, beside each element); contract it in slices (memory_limit=: only the "
+        "winning slice's argmaxes are kept), pick an order with smaller intermediates "
+        "(optimize=), or run without argmax"
+    )):  # fmt: skip
+        _einsum._check_plan(ring, F4, argmax=True, device=2)
+
+
 def test_einsum_with_argmax_refuses_a_product_over_more_k_than_an_int32_numbers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
