@@ -593,8 +593,9 @@ FIGURES = [
         ),
     ),
     Figure(
-        r"swept row by row \(`--planner rows`: one copy, 2\^([\d.]+) products\), its value took "
-        r"more than the (\d+) s the run was given on one H100 .* here ([\d,]+) bytes;",
+        r"swept row by row \(`--planner rows --memory-limit 34359738368`: one copy, 2\^([\d.]+) "
+        r"products\), .* finished in the (\d+) s the run was given on one H100 .* here ([\d,]+) "
+        r"bytes;",
         "tensor_network_spin_glass-nvidia-h100-80gb-hbm3.log",
         joined(
             find(r"row by row \([\d.]+ s\): 1983 steps, [^)]*\) elements, 2\^([\d.]+) products"),

@@ -672,8 +672,8 @@ def test_einsum_with_argmax_refuses_a_plan_whose_argmaxes_together_pass_the_devi
     with pytest.raises(ValueError, match=_exactly(
         "einsum with argmax=True keeps an int32 argmax of every step's result for the walk back: "
         "772 bytes for this plan, more than the 600 bytes of device 2's memory (an int32 "
-        "argmax, 4 bytes, beside each element); contract it in slices (memory_limit=: only the "
-        "winning slice's argmaxes are kept), pick an order with smaller intermediates "
+        "argmax, 4 bytes, beside each element); contract it in (smaller) slices (memory_limit=: "
+        "only the winning slice's argmaxes are kept), pick an order with smaller intermediates "
         "(optimize=), or run without argmax"
     )):  # fmt: skip
         _einsum._check_plan(ring, F4, argmax=True, device=2)

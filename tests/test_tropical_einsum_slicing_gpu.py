@@ -141,11 +141,14 @@ def test_a_fraction_of_free_memory_and_bad_budgets() -> None:
             tropical.einsum_sync(subscripts, *arrays, memory_limit=bad)
     with pytest.raises(ValueError, match="the smallest that does is 4 bytes"):
         tropical.einsum_sync(subscripts, *arrays, memory_limit=2)
-    # A fraction is of the free memory: a GPU's 1e-12 is under one float32, refused as 2 bytes
-    # is; its 1e-10 (some bytes, from a GPU's gigabytes) slices down to what fits.
+    # A fraction is of the free memory: 2 bytes' worth of it is under one float32, refused as 2
+    # bytes are; 12 bytes' worth slices down to what fits.
+    import cupy
+
+    free, _ = cupy.cuda.Device().mem_info
     with pytest.raises(ValueError, match="the smallest that does is 4 bytes"):
-        tropical.einsum_sync(subscripts, *arrays, memory_limit=1e-12)
-    assert host(tropical.einsum_sync(subscripts, *arrays, memory_limit=1e-10)).item() == 4
+        tropical.einsum_sync(subscripts, *arrays, memory_limit=2.5 / free)
+    assert host(tropical.einsum_sync(subscripts, *arrays, memory_limit=12.5 / free)).item() == 4
 
 
 def test_a_program_of_a_sliced_plan_is_refused() -> None:

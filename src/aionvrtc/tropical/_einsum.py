@@ -342,14 +342,6 @@ def _check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) -
     itemsize = dtype.itemsize + (4 if argmax else 0)
     if argmax:
         bound += " (an int32 argmax, 4 bytes, beside each element)"
-    kept = 4 * sum(step.size for step in planned.steps) if argmax else 0
-    if kept > limit:  # the walk back reads every step's argmax: all are kept to the end
-        raise ValueError(
-            f"einsum with argmax=True keeps an int32 argmax of every step's result for the walk "
-            f"back: {kept:,} bytes for this plan, more than {bound}; contract it in slices "
-            "(memory_limit=: only the winning slice's argmaxes are kept), pick an order with "
-            "smaller intermediates (optimize=), or run without argmax"
-        )
     for number, step in enumerate(planned.steps):
         check_step(number, step, itemsize=itemsize, limit=limit, bound=bound)
         if argmax and step.first.shape[2] > ARGMAX_MAX_K:
@@ -360,6 +352,14 @@ def _check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) -
                 "that sums fewer at once (another optimize=), contract the network in slices, "
                 "or run without argmax"
             )
+    kept = 4 * sum(step.size for step in planned.steps) if argmax else 0
+    if kept > limit:  # the walk back reads every step's argmax: all are kept to the end
+        raise ValueError(
+            f"einsum with argmax=True keeps an int32 argmax of every step's result for the walk "
+            f"back: {kept:,} bytes for this plan, more than {bound}; contract it in (smaller) "
+            "slices (memory_limit=: only the winning slice's argmaxes are kept), pick an order "
+            "with smaller intermediates (optimize=), or run without argmax"
+        )
 
 
 @functools.cache

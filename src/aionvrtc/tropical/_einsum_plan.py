@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import itertools
 import math
 import uuid
@@ -633,7 +632,7 @@ def _cotengra_path(
 def _cached_path(
     inputs: tuple[str, ...], output: str, sizes: tuple[tuple[str, int], ...], optimize: Any
 ) -> tuple[tuple[int, ...], ...]:
-    if optimize == "auto" and len(inputs) > LARGE_NETWORK and _large_network_planner():
+    if optimize.lower() == "auto" and len(inputs) > LARGE_NETWORK and _large_network_planner():
         import cotengra
 
         planner = cotengra.RandomGreedyOptimizer(
@@ -645,8 +644,13 @@ def _cached_path(
 
 @functools.cache
 def _large_network_planner() -> bool:
-    """Whether cotengra and its compiled greedy search (cotengrust) are installed."""
-    return all(importlib.util.find_spec(name) is not None for name in ("cotengra", "cotengrust"))
+    """Whether cotengra and its compiled greedy search (cotengrust) import."""
+    try:
+        import cotengra  # noqa: F401
+        import cotengrust  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _opt_einsum_path(

@@ -25,7 +25,7 @@ import numpy as np
 
 from .._compiler import Compiler
 from .._cuda import Module
-from ._einsum import _check_out, _check_scalar, _einsum, _stream, steps_for
+from ._einsum import _check_out, _check_plan, _check_scalar, _einsum, _stream, steps_for
 from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
 from ._einsum_program import EinsumProgram, _einsum_program
 from ._einsum_steps import Steps, known
@@ -80,6 +80,8 @@ def in_slices(
         planned, ring, arrays, device=device, devices=devices[: slicing.count], stream=stream,
         compiler=compiler,
     )  # fmt: skip
+    if argmax:  # the winning slice runs again with argmax: refused now, not after every slice
+        _check_plan(lanes[0].each, arrays[0].dtype, argmax=True, device=lanes[0].device)
     # Enqueuing every slice is Python for each: off the event loop's thread (Offload).
     yield Offload(
         functools.partial(
