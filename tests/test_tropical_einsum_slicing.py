@@ -26,6 +26,7 @@ from .support.einsum import (
     network_values,
     random_network,
 )
+from .support.processes import run_python
 
 
 def sliced_sum(plan: Any, operands: list[Any], semiring: str) -> Any:
@@ -189,3 +190,22 @@ def test_auto_plans_a_large_network_with_cotengras_seeded_random_greedy() -> Non
     assert len(operands) <= _einsum_plan.LARGE_NETWORK
     small = einsum_plan(subscripts, *operands)
     assert small.path == einsum_plan(subscripts, *operands, optimize="greedy").path
+
+
+AUTO_PATH = """
+import numpy as np
+from aionvrtc.tropical import einsum_plan
+from tests.support.einsum import kings_graph
+subscripts, shapes, _ = kings_graph(6)  # 36 vertices, 110 edges: 146 operands
+print(einsum_plan(subscripts, *shapes).path)
+"""
+
+
+def test_auto_plans_a_large_network_alike_in_every_process() -> None:
+    # Python's string hashes order sets differently per process: the seeded search must not
+    # depend on them (opt_einsum's random-greedy does: see the example's comment).
+    paths = {run_python(AUTO_PATH, env={"PYTHONHASHSEED": seed}) for seed in ("1", "2", "3")}
+    subscripts, shapes, _ = kings_graph(6)
+    here = einsum_plan(subscripts, *shapes)
+    assert len(here.path) == 145  # 146 operands: one pair at a time
+    assert paths == {f"{here.path}\n"}
