@@ -354,7 +354,8 @@ def main() -> None:
     nets = module.networks(
         argparse.Namespace(
             regular=args.regular, kings=args.kings, spin_glass=args.spin_glass, trials=64,
-            planner="random-greedy", seed=2026,
+            planner="random-greedy", seed=2026, kings_subgraph=[], filling=0.8,
+            square_spin_glass=[], plan_time=60.0,
         )
     )  # fmt: skip
     if args.eager_only:

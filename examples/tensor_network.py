@@ -282,7 +282,7 @@ def networks(args: argparse.Namespace) -> list[Network]:
     """The instances the flags ask for, each graph drawn from its own seeded generator."""
     found = []
     # A planner each: cotengra's optimizers keep what they learnt of one contraction.
-    plan = functools.partial(planner, args.planner, args.trials, getattr(args, "plan_time", 60))
+    plan = functools.partial(planner, args.planner, args.trials, args.plan_time)
     for n in args.regular:
         edges = random_regular_graph(n, 3, np.random.default_rng([args.seed, n]))
         subscripts, operands = mis_network(n, edges)
@@ -299,7 +299,7 @@ def networks(args: argparse.Namespace) -> list[Network]:
         found.append(Network("MIS", f"{side}x{side} king's graph", side * side, edges, subscripts,
                              operands, "maxplus", path, "row by row",
                              known=((side + 1) // 2) ** 2))  # fmt: skip
-    for side in getattr(args, "kings_subgraph", ()):
+    for side in args.kings_subgraph:
         n, edges = kings_subgraph(side, args.filling, np.random.default_rng([args.seed, side, 2]))
         subscripts, operands = mis_network(n, edges)
         # Row by row leaves up to side + 1 vertices open where the rows are fullest: 2^36
@@ -315,7 +315,7 @@ def networks(args: argparse.Namespace) -> list[Network]:
         found.append(Network("spin glass", "random 3-regular graph", n, edges, subscripts,
                              operands, "minplus", *plan(),
                              couplings=couplings))  # fmt: skip
-    for side in getattr(args, "square_spin_glass", ()):
+    for side in args.square_spin_glass:
         edges = square_lattice(side)
         couplings = spin_glass_couplings(edges, np.random.default_rng([args.seed, side, 3]))
         subscripts, operands = spin_glass_network(edges, couplings)
@@ -346,11 +346,9 @@ def second_order(net: Network, memory_limit: int) -> tropical.EinsumPlan:
             net.subscripts, *net.operands, optimize=net.second, memory_limit=memory_limit
         )
     try:
-        import cotengra
+        optimize, _ = planner("cotengra", 64, seed=1)
     except ImportError:
         optimize = random_greedy(64)
-    else:
-        optimize = cotengra.RandomGreedyOptimizer(max_repeats=64, seed=1, parallel=False)
     return tropical.einsum_plan(
         net.subscripts, *net.operands, optimize=optimize, memory_limit=max(4, memory_limit // 4)
     )

@@ -74,6 +74,8 @@ _ORDER_FIX = (
 # warning: 'auto' and 'auto-hq' are opt_einsum's strategies that choose by the count, a named
 # one asks for its search, and a plan found otherwise would be cached and reused as if it
 # were that search's, where a warning is easily missed. An optimizer object runs as given.
+SEARCH_LIMITS = {"optimal": 9, "branch-all": 9, "branch-2": 18, "dp": 20, "dynamic-programming": 20}
+
 # Past this many operands optimize="auto" plans with cotengra's random-greedy search, seeded
 # (the same plan in every process), where aionvrtc[cotengra] is installed: opt_einsum's "auto"
 # is one greedy order there. Measured on 2 CPUs (benchmarks/results/einsum_planners-2-vcpus.md):
@@ -84,8 +86,6 @@ _ORDER_FIX = (
 # greedy runs in Python, 290x slower: "auto" stays opt_einsum's then.
 LARGE_NETWORK = 64
 LARGE_NETWORK_TRIALS = 256
-
-SEARCH_LIMITS = {"optimal": 9, "branch-all": 9, "branch-2": 18, "dp": 20, "dynamic-programming": 20}
 
 
 @dataclass(frozen=True, slots=True)
