@@ -4,8 +4,8 @@ on the GPU, checked against brute force and NumPy, and timed against torch-semir
     python examples/tensor_network.py [--regular 20 100 150 200] [--kings 4 10 15 20]
         [--kings-subgraph 38] [--filling 0.8] [--spin-glass 20 100 150]
         [--square-spin-glass 32] [--planner auto|hyper|cotengra|random-greedy|rows]
-        [--plan-time 60] [--trials 256] [--memory-limit 4294967296] [--repeats 5]
-        [--json results.json] [--seed 2026] [--arch sm_90]
+        [--plan-time 60] [--trials 256] [--memory-limit 4294967296] [--paths paths.json]
+        [--repeats 5] [--json results.json] [--seed 2026] [--arch sm_90]
 
 The published problems, one H100's worth:
 
@@ -25,7 +25,9 @@ The contraction order sets the cost: its largest intermediate is 2^w elements fo
 width w. A king's graph is contracted row by row through an explicit path (width side + 1), the
 other graphs along --planner's order (see ``planner``). A network whose largest intermediate
 holds more than --memory-limit bytes runs in slices (``memory_limit=``), and on every GPU of the
-host as well as on one.
+host as well as on one. --paths keeps each network's contraction path in a JSON file: a network
+found there is not searched again (the HyperOptimizer's orders change from run to run), and
+every network's path is written back.
 
 Graphs of at most 20 vertices are checked against brute force over all 2^n assignments, larger
 ones against the NumPy reference (tropical.reference.einsum) along the same order where it is
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import math
 import statistics
@@ -647,6 +650,20 @@ def facts(tse: tuple[Any, Any] | str) -> dict[str, Any]:
     return found
 
 
+def path_key(net: Network) -> str:
+    """A network's key in --paths: its subscripts' digest (the couplings change no path)."""
+    return hashlib.sha256(net.subscripts.encode()).hexdigest()[:16]
+
+
+def use_paths(nets: Sequence[Network], kept: dict[str, Any], file: str) -> None:
+    """Each network found in ``kept`` (read from --paths ``file``) takes its path there
+    instead of its planner."""
+    for net in nets:
+        if (entry := kept.get(path_key(net))) is not None:
+            net.optimize = [tuple(pair) for pair in entry["path"]]
+            net.planner = f"{entry['planner']} (path read from {file})"
+
+
 def launched(net: Network) -> tropical.EinsumPlan:
     """The plan whose steps the GPU launches: a slice's, where the plan is sliced."""
     plan = net.plan
@@ -661,6 +678,10 @@ async def main(args: argparse.Namespace) -> None:
     # --arch, else $AIONVRTC_ARCH, else this GPU's; sm_90 on a machine without one.
     target = resolve_target(args.arch, default="sm_90")
     nets = runnable = networks(args)  # (every network runs: the large ones in slices)
+    kept: dict[str, Any] = {}
+    if args.paths and await anyio.Path(args.paths).exists():
+        kept = json.loads(await anyio.Path(args.paths).read_text())
+        use_paths(nets, kept, args.paths)
     for net in nets:
         # Planning time is the order's search and the slicing to --memory-limit together.
         started = time.perf_counter()
@@ -678,6 +699,13 @@ async def main(args: argparse.Namespace) -> None:
             "time_complexity": net.plan.time_complexity,
             "slices": net.plan.slicing.count if net.plan.slicing else 1,
         }  # fmt: skip
+        planner = net.planner.split(" (path read from ")[0]
+        kept[path_key(net)] = {"network": net.name, "planner": planner, "path": net.plan.path}
+    if args.paths:
+        lines = ",\n".join(
+            f" {json.dumps(key)}: {json.dumps(entry)}" for key, entry in kept.items()
+        )
+        await anyio.Path(args.paths).write_text("{\n" + lines + "\n}\n")  # a network a line
     async with Compiler(arch=target) as compiler:
         # Compiled ahead, concurrently: the kernels each plan launches, with and without argmax.
         specs: dict[KernelSpec, None] = {}
@@ -794,6 +822,10 @@ if __name__ == "__main__":
         default=1 << 30,
         help="check against NumPy only plans of at most this many products",
     )
+    parser.add_argument(
+        "--paths", help="a JSON file of contraction paths: read where it holds a network's, "
+        "and written with every network's",
+    )  # fmt: skip
     parser.add_argument("--trials", type=int, default=256, help="random-greedy's trials")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each engine")
     parser.add_argument("--seed", type=int, default=2026, help="seeds every graph")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -330,6 +331,34 @@ def test_tensor_network_plans_compiles_and_says_what_it_would_run(
         "the same order and 2 against another order, and time each over 5 runs, against "
         "torch-semiring-einsum where it is installed"
     )
+
+
+def test_tensor_network_keeps_its_paths(cache_dir: Path, tmp_path: Path) -> None:
+    if has_gpu():
+        pytest.skip("with a GPU the example contracts, checks and times the networks")
+    paths = tmp_path / "paths.json"
+    flags = ["--regular", "30", "--kings", "4", "--spin-glass", "--square-spin-glass", "5",
+             "--planner", "rows", "--paths", str(paths)]  # fmt: skip
+    first = run_example("tensor_network.py", cache_dir, *flags).splitlines()
+    assert first[0].startswith("MIS of the random 3-regular graph (30 vertices, 45 edges), auto (")
+    kept = json.loads(paths.read_text())
+    assert len(paths.read_text().splitlines()) == 2 + 3  # braces, a network a line
+    assert [entry["network"] for entry in kept.values()] == [
+        "MIS of the random 3-regular graph (30 vertices, 45 edges)",
+        "MIS of the 4x4 king's graph (16 vertices, 42 edges)",
+        "spin glass of the 5x5 square lattice (25 vertices, 40 edges)",
+    ]
+    assert [entry["planner"] for entry in kept.values()] == ["auto", "row by row", "row by row"]
+    assert all(len(entry["path"]) in (74, 57, 39) for entry in kept.values())
+    # Changed on disk, a path is used as it stands: the second run plans none of them again.
+    key = next(iter(kept))
+    kept[key]["path"] = [[0, 1]] * len(kept[key]["path"])  # operands in the order given
+    paths.write_text(json.dumps(kept))
+    second = run_example("tensor_network.py", cache_dir, *flags).splitlines()
+    read = [x for x in second if f"(path read from {paths})" in x]
+    assert len(read) == 3
+    assert read[0].startswith("MIS of the random 3-regular graph (30 vertices, 45 edges), auto (")
+    assert json.loads(paths.read_text())[key]["path"] == kept[key]["path"]
 
 
 def test_tensor_network_graphs_are_simple_regular_and_seeded() -> None:

@@ -593,14 +593,46 @@ FIGURES = [
         ),
     ),
     Figure(
-        r"swept row by row \(`--planner rows --memory-limit 34359738368`: one copy, 2\^([\d.]+) "
-        r"products\), .* finished in the (\d+) s the run was given on one H100 .* here ([\d,]+) "
-        r"bytes;",
+        r"row by row \(`--planner rows --memory-limit 34359738368`: a largest intermediate of "
+        r"2\^(\d+) elements, 2\^([\d.]+) products, one copy;.* here ([\d,]+) bytes;",
         "tensor_network_spin_glass-nvidia-h100-80gb-hbm3.log",
         joined(
-            find(r"row by row \([\d.]+ s\): 1983 steps, [^)]*\) elements, 2\^([\d.]+) products"),
-            find(r"stopped here by its (\d+) s timeout"),
+            find(
+                r"row by row \([\d.]+ s\): 1983 steps, largest intermediate 2\^(\d+) .*?, "
+                r"2\^([\d.]+) products, 1 copies"
+            ),
             find(r"for the walk back: ([\d,]+) bytes"),
+        ),
+    ),
+    Figure(
+        r"its energy is (-\d+), contracted in ([\d.]+) s \(planned in ([\d.]+) s\)",
+        "tensor_network_spin_glass-nvidia-h100-80gb-hbm3.json",
+        data(
+            lambda r: [
+                r["rows"][0]["value"],
+                r["rows"][0]["gpu_ms"] / 1e3,
+                r["rows"][0]["planning_s"],
+            ]
+        ),
+    ),
+    Figure(
+        r"in place at (\d+)% of a device-to-device copy's bandwidth \(2\^(\d+) rows, min-plus "
+        r"float32\), where the generic kernel ran them at (\d+)%, and a CuPy or PyTorch "
+        r"broadcast-and-reduce at (\d+)% and (\d+)%",
+        "sweep_steps-nvidia-h100-80gb-hbm3.json",
+        data(
+            lambda r: [
+                100 * r["results"]["steps"]["tall, A strided (sweep)"][way]["of_copy"]
+                if way != "log2_m"
+                else r["facts"]["log2_m"]
+                for way in (
+                    "aionvrtc matmul",
+                    "log2_m",
+                    "generic kernel",
+                    "CuPy broadcast-reduce",
+                    "PyTorch broadcast-reduce",
+                )
+            ]
         ),
     ),
     Figure(

@@ -279,6 +279,30 @@ def test_kernel_spec_names_the_kernel_of_each_shape_class() -> None:
         tropical.kernel_spec(4, 4, 4, "andor", "float32")
 
 
+def test_skinny_kernel_serves_strided_operands() -> None:
+    # A sweep's tall steps read A with k's stride the rest of the tensor: the skinny kernel
+    # (any strides), not the generic kernel's 64 x 64 tiles; other strided products keep the
+    # generic kernel (the tiles want row-major operands).
+    from aionvrtc.tropical._product_plan import choose
+
+    ring, f4 = tropical.SEMIRINGS["minplus"], np.dtype(np.float32)
+
+    def name(m: int, n: int, k: int, *, rowmajor: bool) -> str:
+        spec, *_ = choose(
+            ring, f4, m, n, k, batch=2, argmax=False, accumulate=False, rowmajor=rowmajor,
+            tile="auto", table=None,
+        )  # fmt: skip
+        return spec.name_expressions[0]
+
+    assert name(1 << 30, 2, 2, rowmajor=False) == "tropical_gemm_rows<float, FastMinPlus, false, 4>"
+    assert name(2, 1 << 30, 2, rowmajor=False) == "tropical_gemm_rows<float, FastMinPlus, false, 4>"
+    assert (
+        name(300, 260, 70, rowmajor=False) == "tropical_gemm<float, MinPlus, false, false, false>"
+    )
+    assert name(1 << 20, 16, 40, rowmajor=False).startswith("tropical_gemm<float, MinPlus, false")
+    assert name(1 << 20, 16, 40, rowmajor=True).startswith("tropical_gemm_tiled<float, FastMinPlus")
+
+
 KERNEL_DTYPES = "float32, float64, int32, int64, bool"
 
 

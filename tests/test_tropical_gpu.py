@@ -116,6 +116,41 @@ TILED = [(s, d) for s, d in CASES if tiled_supported(s, np.dtype(d))]
 
 
 @pytest.mark.parametrize(("ring", "dtype"), TILED, ids=[f"{s}-{np.dtype(d)}" for s, d in TILED])
+@pytest.mark.parametrize(
+    "layout", ["sweep tall", "sweep wide", "a transposed", "b transposed", "reversed", "sliced"]
+)
+def test_skinny_kernel_reads_views_in_place(ring: str, dtype: Any, layout: str) -> None:
+    # Tall (wide) products with small K and N (M) take the skinny kernel whatever their
+    # strides: a tensor network's sweep reads A as (batch, m, k) with m's stride 1 and k's
+    # the rest of the tensor ("sweep tall"), or B so ("sweep wide").
+    seed = int(np.random.SeedSequence().entropy % (1 << 32))  # type: ignore[operator]
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    if layout == "sweep tall":
+        x, y = operands(rng, ring, dtype, (2, 2, 5000), (2, 2, 3))  # (k, batch, m), (k, batch, n)
+        a, b = gpu(x).transpose(1, 2, 0), gpu(y).transpose(1, 0, 2)
+    elif layout == "sweep wide":
+        x, y = operands(rng, ring, dtype, (2, 2, 3), (2, 5000, 2))  # (k, batch, m), (k, n, batch)
+        a, b = gpu(x).transpose(1, 2, 0), gpu(y).transpose(2, 0, 1)
+    elif layout == "a transposed":
+        at, y = operands(rng, ring, dtype, (5, 4100), (5, 7))
+        a, b = gpu(at).T, gpu(y)
+    elif layout == "b transposed":
+        x, bt = operands(rng, ring, dtype, (6, 3), (4100, 3))
+        a, b = gpu(x), gpu(bt).T
+    elif layout == "reversed":
+        x, y = operands(rng, ring, dtype, (4100, 9), (9, 5))
+        a, b = gpu(x)[::-1], gpu(y)[:, ::-1]
+    else:
+        x, y = operands(rng, ring, dtype, (8300, 7), (9, 12))
+        a, b = gpu(x)[::2, 1:4], gpu(y)[:3, ::3]
+    assert not (a.flags.c_contiguous and b.flags.c_contiguous)
+    product = tropical.tuning.plan(a, b, ring, argmax=False, out=None, accumulate=False)
+    assert product.spec.name_expressions[0].startswith("tropical_gemm_rows<")
+    check(ring, a, b)
+
+
+@pytest.mark.parametrize(("ring", "dtype"), TILED, ids=[f"{s}-{np.dtype(d)}" for s, d in TILED])
 @pytest.mark.parametrize("argmax", [False, True])
 @pytest.mark.parametrize("infinities", [True, False])
 def test_large_tiles_at_test_sizes(ring: str, dtype: Any, argmax: bool, infinities: bool) -> None:

@@ -141,11 +141,16 @@ def choose(
     rows, transposed = 0, False
     if tile == "auto":
         tile = None
-        if rowmajor and tiled_supported(ring.name, dtype):
+        if tiled_supported(ring.name, dtype):
             kind = classify(m, n, k, argmax=argmax, batch=batch)
+            # The skinny kernel takes any strides (the tiles want row-major operands): a
+            # tensor network's tall steps read A with its row stride 1 and its k stride the
+            # rest of the tensor, which the warp's rows coalesce. The generic kernel's 64 x 64
+            # tiles work 64 columns where N is 2, and ran such steps (2 x 2^30 x 2 x 2, 900 of
+            # a 32 x 32 lattice's) more than ten times below bandwidth.
             if kind.kmax:
                 rows, transposed = kind.kmax, kind.transposed
-            else:
+            elif rowmajor:
                 tile = (table or TILES)[kind.name][tile_variant(dtype, argmax=argmax)]
     if argmax and tile is not None and -(-k // tile[2]) > ARGMAX_MAX_TILES:
         tile = None

@@ -166,7 +166,7 @@ _FAST = {"maxplus": "FastMaxPlus", "minplus": "FastMinPlus", "maxmul": "FastMaxM
 
 
 def tiled_supported(semiring_name: str, dtype: np.dtype[np.generic]) -> bool:
-    """Whether the tuned kernels serve this product (row-major operands assumed)."""
+    """Whether the tuned kernels (tiles, the skinny kernel) serve this semiring and type."""
     return semiring_name in _FAST and np.dtype(dtype).itemsize in (4, 8)
 
 
