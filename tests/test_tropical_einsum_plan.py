@@ -294,6 +294,27 @@ def test_the_views_of_a_hadamard_product_a_diagonal_and_a_private_sum() -> None:
     assert _dims(step.first) == (None, (1, 3, 4), (None, 16, 1))
 
 
+def test_a_plans_statistics_look_at_each_step_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # copies and copied_elements skip the steps read in place: that set is found once, not
+    # once a step (which made them quadratic: minutes for a network of 4,703 steps).
+    from aionvrtc.tropical import _fusion
+
+    calls = []
+    read_in_place = _fusion.read_in_place
+
+    def counted(plan: Any, number: int) -> bool:
+        calls.append(number)
+        return read_in_place(plan, number)
+
+    ring = ",".join(f"{a}{b}" for a, b in itertools.pairwise("abcdefghijklmnopqrstuvwxyza"))
+    plan = einsum_plan(f"{ring}->", *[(4, 4)] * 26)
+    monkeypatch.setattr(_fusion, "read_in_place", counted)
+    for statistic in ("copies", "copied_elements"):
+        calls.clear()
+        getattr(plan, statistic)
+        assert sorted(calls) == list(range(len(plan.steps))), statistic
+
+
 def test_operands_no_view_reads_are_copied() -> None:
     # abc (4, 3, 8) and cba (8, 3, 4) contract a and c, keeping b: in cba, b sits between c and
     # a, in abc between a and c, so neither reads (a, c) as one dimension.
