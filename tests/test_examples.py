@@ -328,7 +328,7 @@ def test_tensor_network_plans_compiles_and_says_what_it_would_run(
     assert lines[-1] == (
         "no usable GPU for sm_90 here (NoDeviceError): would contract 7 network(s) (2 in "
         "slices) with their assignments, check 3 against brute force, 2 against NumPy along "
-        "the same order and 2 against another order, and time each over 5 runs, against "
+        "the same order and 2 against another order or slicing, and time each over 5 runs, against "
         "torch-semiring-einsum where it is installed"
     )
 
