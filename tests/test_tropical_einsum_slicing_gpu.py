@@ -252,7 +252,7 @@ def test_without_a_program_the_slices_launch_their_steps(
         raise cupy.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)
         yield  # (a generator, as the real one)
 
-    monkeypatch.setattr(_einsum_slices, "_einsum_program", out_of_memory)
+    monkeypatch.setattr(_einsum_slices, "_kept_program", out_of_memory)
     dtype = "bool" if ring == "andor" else "float32"
     subscripts, shapes = sliced_network(rng)
     operands = tensors(rng, ring, dtype, shapes)
@@ -262,6 +262,33 @@ def test_without_a_program_the_slices_launch_their_steps(
     got = tropical.einsum_sync(subscripts, *arrays, semiring=ring, memory_limit=budget)
     want = reference.einsum(subscripts, *operands, semiring=ring, path=plan.path)
     assert_same(got, want, f"{ring} {subscripts}\n{plan}")
+
+
+def test_slices_replay_a_program_only_where_the_cache_keeps_it(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slice's program is kept (and replayed by the next call) within MAX_PROGRAM_BYTES; past
+    # it none is made, where one made again for every call would cost its capture each time:
+    # the slices launch their prepared steps.
+    from aionvrtc.tropical import _einsum_program
+
+    subscripts, shapes = sliced_network(rng)
+    operands = tensors(rng, "maxplus", "float32", shapes)
+    arrays = [gpu(x) for x in operands]
+    budget = quarter(tropical.einsum_plan(subscripts, *arrays), 4)
+    plan = tropical.einsum_plan(subscripts, *arrays, memory_limit=budget)
+    assert plan.slicing is not None
+    want = reference.einsum(subscripts, *operands, path=plan.path)
+    tropical.clear_programs()
+    assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
+    (kept,) = _einsum_program._programs.values()
+    assert kept.plan.subscripts == plan.slicing.subscripts
+    assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
+    assert list(_einsum_program._programs.values()) == [kept]  # replayed, not made again
+    tropical.clear_programs()
+    monkeypatch.setattr(_einsum_program, "MAX_PROGRAM_BYTES", kept.nbytes - 1)
+    assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
+    assert not _einsum_program._programs
 
 
 @pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
@@ -316,7 +343,7 @@ def test_a_sliced_index_repeated_in_an_operand(
             raise cupy.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)
             yield
 
-        monkeypatch.setattr(_einsum_slices, "_einsum_program", out_of_memory)
+        monkeypatch.setattr(_einsum_slices, "_kept_program", out_of_memory)
     subscripts = "iij,jk,ki->"
     operands = tensors(rng, "maxplus", "float64", [(6, 6, 5), (5, 7), (7, 6)])
     arrays = [gpu(x) for x in operands]

@@ -85,6 +85,18 @@ def _aligned(nbytes: int) -> int:
     return -(-max(nbytes, 1) // _ALIGN) * _ALIGN
 
 
+def _layout(steps: Steps) -> tuple[list[int], int, int, int]:
+    """Where a program of ``steps`` keeps its inputs (offsets), its result and its arena (of
+    every intermediate at once) in its one allocation, and that allocation's bytes."""
+    item = steps.dtype.itemsize
+    offsets, end = [], 0
+    for shape in steps.plan.shapes():
+        offsets.append(end)
+        end += _aligned(int(np.prod(shape, dtype=np.int64)) * item)
+    arena_at = end + _aligned(int(np.prod(steps.shape, dtype=np.int64)) * item)
+    return offsets, end, arena_at, arena_at + steps.nbytes
+
+
 class EinsumProgram:
     """A tropical einsum compiled for one device: ``run`` (async) or ``run_sync`` with operands
     of the shapes and dtype it was made for, or with none to read ``inputs`` in place.
@@ -118,16 +130,9 @@ class EinsumProgram:
         )
         self._tables: list[Any] = []  # the tiny steps' tables, which the graph reads
         self._depends: list[tuple[int, ...]] = []
-        item = self.dtype.itemsize
         shapes = planned.shapes()
-        sizes = [int(np.prod(s, dtype=np.int64)) * item for s in shapes]
-        offsets, end = [], 0
-        for nbytes in sizes:
-            offsets.append(end)
-            end += _aligned(nbytes)
-        output_at = end
-        arena_at = end + _aligned(int(np.prod(self.shape, dtype=np.int64)) * item)
-        self.nbytes = arena_at + steps.nbytes
+        sizes = [int(np.prod(s, dtype=np.int64)) * self.dtype.itemsize for s in shapes]
+        offsets, output_at, arena_at, self.nbytes = _layout(steps)
         with OnDevice(self.device):
             self._memory = cupy.cuda.alloc(self.nbytes)
             base = self._memory.ptr
@@ -685,6 +690,30 @@ def _einsum_program(
     compiler: Compiler | None,
 ) -> Work[EinsumProgram]:
     """The body of ``einsum_program`` and ``einsum_program_sync`` (see _twins)."""
+    program = yield from _kept_program(
+        subscripts, operands, semiring=semiring, argmax=argmax, optimize=optimize, dtype=dtype,
+        device=device, compiler=compiler, only_kept=False,
+    )  # fmt: skip
+    assert program is not None  # (only_kept=False)
+    return program
+
+
+def _kept_program(
+    subscripts: str,
+    operands: Sequence[Any],
+    *,
+    semiring: str,
+    argmax: bool,
+    optimize: Any,
+    dtype: Any,
+    device: int | None,
+    compiler: Compiler | None,
+    only_kept: bool,
+) -> Work[EinsumProgram | None]:
+    """``_einsum_program``'s program; with ``only_kept``, None where the cache would not keep
+    it (past MAX_PROGRAM_BYTES): a sliced einsum then launches the slices' prepared steps,
+    where a program made again for every call would cost its capture each time (0.3 s for a
+    slice of 4,703 steps) and hold every intermediate at once."""
     ring = lookup(semiring)
     shapes, kind, where = _arguments(operands, dtype, device)
     ring.check_dtype(kind)
@@ -705,6 +734,8 @@ def _einsum_program(
     if found is not None:
         return found
     steps = yield Offload(functools.partial(_steps, planned, ring.name, kind, argmax, where))
+    if only_kept and _layout(steps)[-1] > MAX_PROGRAM_BYTES:
+        return None
     *modules, gather, many = yield Fetch(_specs(steps, ring), where, compiler)
     # Preparing the launches and capturing them takes milliseconds to a second: off the loop.
     program = yield Offload(

@@ -5,9 +5,11 @@ first slice's result, then the devices' sums into the result on the operands' de
 A device replays one compiled program (``einsum_program``: the slice's launches captured once
 as a CUDA graph) per slice, gathering that slice's operands by address: the operands that hold
 a sliced index are first laid out once per call as a stack of their slices (each slice's part
-one contiguous run), the others are read as they are. Where no program can be made (it holds
-every intermediate at once: out of memory), the slice's prepared steps are launched one by one
-from the operands' addresses moved to that slice's views instead. Other devices
+one contiguous run), the others are read as they are. Where the program would not be kept
+(past MAX_PROGRAM_BYTES: it holds every intermediate at once, and made again for every call it
+would cost its capture each time) or cannot be made (out of memory), the slice's prepared steps
+are launched one by one from the operands' addresses moved to that slice's views instead,
+reusing the space of what no later step reads. Other devices
 get a copy of the operands, made on the caller's stream after the work queued there, which
 their streams wait for by an event; the result's stream waits for theirs the same way before
 their sums are copied over, and they wait for those copies before their memory is let go.
@@ -27,7 +29,7 @@ from .._compiler import Compiler
 from .._cuda import Module
 from ._einsum import _check_out, _check_plan, _check_scalar, _einsum, _stream, steps_for
 from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
-from ._einsum_program import EinsumProgram, _einsum_program
+from ._einsum_program import EinsumProgram, _kept_program
 from ._einsum_steps import Steps, known
 from ._launching import OnDevice
 from ._product_plan import cupy_module
@@ -163,9 +165,10 @@ def _lanes(
                 functools.partial(einsum_plan, slicing.subscripts, *views, optimize=planned.path)
             )
         try:
-            program = yield from _einsum_program(
+            program = yield from _kept_program(
                 slicing.subscripts, [x.shape for x in views], semiring=ring.name, argmax=False,
                 optimize=planned.path, dtype=dtype, device=place, compiler=compiler,
+                only_kept=True,
             )  # fmt: skip
         except cupy_module().cuda.memory.OutOfMemoryError:
             program = None
