@@ -5,6 +5,7 @@ program cache and its bounds, and two devices where the host has them."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -375,3 +376,23 @@ def test_programs_on_a_second_device(rng: np.random.Generator) -> None:
     on_zero = tropical.einsum_program_sync(subscripts, *shapes, dtype="int64", semiring="minplus")
     assert on_zero.device == 0
     assert on_zero is not program
+
+
+def test_the_byte_bound_is_each_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Programs of two devices, each within MAX_PROGRAM_BYTES but past it together, are both
+    # kept (a sliced einsum over two GPUs holds one on each); a third on device 0 drops only
+    # device 0's older one.
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs: run it on a machine with two")
+    make = functools.partial(tropical.einsum_program_sync, "ij,jk->ik", dtype="float32")
+    tropical.clear_programs()
+    zero = make((40, 50), (50, 60), device=0)
+    monkeypatch.setattr(_einsum_program, "MAX_PROGRAM_BYTES", zero.nbytes)
+    one = make((40, 50), (50, 60), device=1)
+    assert zero.nbytes + one.nbytes > _einsum_program.MAX_PROGRAM_BYTES
+    assert list(_einsum_program._programs.values()) == [zero, one]
+    assert make((40, 50), (50, 60), device=0) is zero
+    other = make((4, 5), (5, 6), device=0)
+    assert list(_einsum_program._programs.values()) == [one, other]

@@ -62,8 +62,9 @@ __all__ = [
     "einsum_program_sync",
 ]
 
-# Programs kept in the process, the least recently used dropped first past either bound: each
-# holds its buffers (the inputs, every intermediate at once, the result) on its device.
+# Programs kept in the process, the least recently used dropped first past either bound (the
+# bytes: of each device's programs): each holds its buffers (the inputs, every intermediate at
+# once, the result) on its device.
 MAX_PROGRAMS = 64
 MAX_PROGRAM_BYTES = 1 << 30
 
@@ -576,10 +577,17 @@ def _keep(key: Any, program: EinsumProgram) -> None:
     with _cache_lock:
         _programs[key] = program
         _programs.move_to_end(key)
-        while len(_programs) > MAX_PROGRAMS or (
-            sum(p.nbytes for p in _programs.values()) > MAX_PROGRAM_BYTES
-        ):
+        while len(_programs) > MAX_PROGRAMS:
             _programs.popitem(last=False)
+        # The bytes are bounded per device: a program holds its own device's memory alone. (A
+        # bound over all of them made the programs of a sliced einsum over two GPUs, each
+        # within it, evict each other: both made again for every call.)
+        same = [k for k, p in _programs.items() if p.device == program.device]  # oldest first
+        held = sum(_programs[k].nbytes for k in same)
+        for k in same:
+            if held <= MAX_PROGRAM_BYTES:
+                break
+            held -= _programs.pop(k).nbytes
 
 
 def _arguments(
@@ -636,7 +644,8 @@ async def einsum_program(
     captured as a CUDA graph over buffers the program owns. ``operands`` are CuPy arrays (their
     shapes, dtype and device), or shapes with ``dtype=`` (and ``device=``, default the current
     one). Programs are cached in the process per (plan, semiring, dtype, argmax, device), up
-    to MAX_PROGRAMS and MAX_PROGRAM_BYTES of device memory, least recently used dropped first:
+    to MAX_PROGRAMS and MAX_PROGRAM_BYTES of each device's memory, least recently used dropped
+    first:
     asking again returns the same program. It pays where a network is contracted more than a
     few times: a replay launches once where ``einsum`` launches every step."""
     return await run_async(
