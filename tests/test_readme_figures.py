@@ -42,6 +42,7 @@ NEEDS_LOGS = pytest.mark.skipif(
 # Linked for what they show, not for a figure the README quotes from them.
 NO_FIGURES = {
     "tropical_gemm-nvidia-h200.png",
+    "tensor_network_published-paths.json",
     "experiments/tropical_experiments-nvidia-h200.md",
 }
 
@@ -676,6 +677,18 @@ FIGURES = [
             find(r"\(220 vertices, 330 edges\), cotengra [^:]*: 549 steps, largest [^2]*2\^(\d+)"),
             find(r"independent set of 344 vertices\. GPU ([\d.]+) ms"),
         ),
+    ),
+    Figure(
+        r"unsliced on one GPU, ([\d.]+) ms, ([\d.]+) ms and ([\d.]+) ms",
+        "tensor_network_published_unsliced-nvidia-h200.json",
+        data(lambda r: [row["gpu_ms"] for row in r["rows"]]),
+    ),
+    Figure(
+        r"sliced to 2\^27 bytes \(`--memory-limit 134217728`: (\d+), (\d+) and (\d+) slices\), "
+        r"([\d.]+) ms, ([\d.]+) ms and ([\d.]+) ms on one GPU and ([\d.]+) ms, ([\d.]+) ms and "
+        r"([\d.]+) ms over both",
+        "tensor_network_published_sliced-two-nvidia-h200.json",
+        data(lambda r: [row[key] for key in ("slices", "gpu_ms", "gpus_ms") for row in r["rows"]]),
     ),
     # Reliability
     Figure(
