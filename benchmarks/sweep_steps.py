@@ -102,9 +102,12 @@ def measure(
         seconds = timed(call, repeats, graph=graph)
         result = call()
         cupy.cuda.Device().synchronize()
-        if how in ("aionvrtc matmul", "generic kernel"):
+        if how == "aionvrtc matmul":
             check_rows(a, b, out, rng)
             mine = out.copy()
+        elif how == "generic kernel":
+            check_rows(a, b, out, rng)
+            np.testing.assert_array_equal(cupy.asnumpy(out), cupy.asnumpy(mine))
         else:
             np.testing.assert_array_equal(cupy.asnumpy(cupy.asarray(result)), cupy.asnumpy(mine))
         del result

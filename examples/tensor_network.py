@@ -26,8 +26,8 @@ width w. A king's graph is contracted row by row through an explicit path (width
 other graphs along --planner's order (see ``planner``). A network whose largest intermediate
 holds more than --memory-limit bytes runs in slices (``memory_limit=``), and on every GPU of the
 host as well as on one. --paths keeps each network's contraction path in a JSON file: a network
-found there is not searched again (the HyperOptimizer's orders change from run to run), and
-every network's path is written back.
+found there takes its path, whatever --planner says, and is not searched again (the
+HyperOptimizer's orders change from run to run); every network's path is written back.
 
 Graphs of at most 20 vertices are checked against brute force over all 2^n assignments, larger
 ones against the NumPy reference (tropical.reference.einsum) along the same order where it is
@@ -229,6 +229,7 @@ class Network:
     optimize: Any  # a strategy name, an optimizer or an explicit path
     planner: str
     couplings: list[int] | None = None
+    path_from: str | None = None  # the --paths file its path was read from
     known: int | None = None  # the value, where a formula gives it
     second: Any = None  # another order for the check, where one is known to be as good
     plan: tropical.EinsumPlan | None = None
@@ -665,12 +666,20 @@ def path_key(net: Network) -> str:
 
 
 def use_paths(nets: Sequence[Network], kept: dict[str, Any], file: str) -> None:
-    """Each network found in ``kept`` (read from --paths ``file``) takes its path there
-    instead of its planner."""
+    """Each network found in ``kept`` (read from --paths ``file``) takes its path there, and
+    the name of the planner that found it, whatever --planner says."""
     for net in nets:
         if (entry := kept.get(path_key(net))) is not None:
             net.optimize = [tuple(pair) for pair in entry["path"]]
-            net.planner = f"{entry['planner']} (path read from {file})"
+            net.planner, net.path_from = entry["planner"], file
+
+
+async def write_paths(kept: dict[str, Any], file: str) -> None:
+    """``kept`` into --paths ``file``, a network a line, whole or not at all (a new file moved
+    over the old)."""
+    lines = ",\n".join(f" {json.dumps(key)}: {json.dumps(entry)}" for key, entry in kept.items())
+    await anyio.Path(f"{file}.new").write_text("{\n" + lines + "\n}\n")
+    await anyio.Path(f"{file}.new").rename(file)
 
 
 def launched(net: Network) -> tropical.EinsumPlan:
@@ -698,23 +707,20 @@ async def main(args: argparse.Namespace) -> None:
             net.subscripts, *net.operands, optimize=net.optimize, memory_limit=args.memory_limit
         )
         net.planning_s = time.perf_counter() - started
-        print(f"{net.name}, {net.planner} ({net.planning_s:.2f} s): {summary(net.plan)}")
+        planner = net.planner + (f" (path read from {net.path_from})" if net.path_from else "")
+        print(f"{net.name}, {planner} ({net.planning_s:.2f} s): {summary(net.plan)}")
         net.row = {
             "problem": net.problem, "graph": net.graph, "vertices": net.n,
-            "edges": len(net.edges), "planner": net.planner, "planning_s": net.planning_s,
+            "edges": len(net.edges), "planner": planner, "planning_s": net.planning_s,
             "steps": len(net.plan.steps), "largest_intermediate": net.plan.largest_intermediate,
             "products": net.plan.products, "copies": net.plan.copies,
             "space_complexity": net.plan.space_complexity,
             "time_complexity": net.plan.time_complexity,
             "slices": net.plan.slicing.count if net.plan.slicing else 1,
         }  # fmt: skip
-        planner = net.planner.split(" (path read from ")[0]
-        kept[path_key(net)] = {"network": net.name, "planner": planner, "path": net.plan.path}
-    if args.paths:
-        lines = ",\n".join(
-            f" {json.dumps(key)}: {json.dumps(entry)}" for key, entry in kept.items()
-        )
-        await anyio.Path(args.paths).write_text("{\n" + lines + "\n}\n")  # a network a line
+        kept[path_key(net)] = {"network": net.name, "planner": net.planner, "path": net.plan.path}
+        if args.paths:  # after each network: a long search is not lost to a later failure
+            await write_paths(kept, args.paths)
     async with Compiler(arch=target) as compiler:
         # Compiled ahead, concurrently: the kernels each plan launches, with and without argmax.
         specs: dict[KernelSpec, None] = {}

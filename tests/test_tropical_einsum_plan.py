@@ -1141,3 +1141,31 @@ def test_a_reused_plan_is_checked_against_the_item_size_too() -> None:
     again = einsum_plan("ij,jk->ik", a64, b64, optimize=plan)
     assert [t.strides for t in again.terms] == [(4, 1), (5, 1)]
     assert [t.strides for t in plan.terms] == [(8, 2), (10, 2)]
+
+
+def test_the_program_cache_bounds_each_devices_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (Stand-ins for programs: the cache reads their device and bytes alone; the GPU tests
+    # keep real ones.) Two devices' programs past MAX_PROGRAM_BYTES together are both kept; a
+    # newer one on device 0 drops device 0's oldest until that device's fit; past
+    # MAX_PROGRAMS the oldest of any device goes; one larger than the bound is not kept.
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from aionvrtc.tropical import _einsum_program
+
+    monkeypatch.setattr(_einsum_program, "_programs", OrderedDict())
+    monkeypatch.setattr(_einsum_program, "MAX_PROGRAM_BYTES", 100)
+    monkeypatch.setattr(_einsum_program, "MAX_PROGRAMS", 4)
+
+    def kept(key: str, device: int, nbytes: int) -> Any:
+        program = SimpleNamespace(device=device, nbytes=nbytes)
+        _einsum_program._keep(key, program)  # type: ignore[arg-type]
+        return list(_einsum_program._programs)
+
+    assert kept("a0", 0, 60) == ["a0"]
+    assert kept("b1", 1, 60) == ["a0", "b1"]
+    assert kept("c0", 0, 30) == ["a0", "b1", "c0"]
+    assert kept("d0", 0, 50) == ["b1", "c0", "d0"]  # device 0: 60 + 30 + 50 > 100
+    assert kept("e1", 1, 40) == ["b1", "c0", "d0", "e1"]
+    assert kept("f1", 1, 10) == ["c0", "d0", "e1", "f1"]  # five: the oldest goes
+    assert kept("g0", 0, 101) == ["c0", "d0", "e1", "f1"]

@@ -272,6 +272,14 @@ def test_slices_replay_a_program_only_where_the_cache_keeps_it(
     # the slices launch their prepared steps.
     from aionvrtc.tropical import _einsum_program
 
+    made: list[Any] = []
+
+    class Counted(_einsum_program.EinsumProgram):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            made.append(self)
+
+    monkeypatch.setattr(_einsum_program, "EinsumProgram", Counted)
     subscripts, shapes = sliced_network(rng)
     operands = tensors(rng, "maxplus", "float32", shapes)
     arrays = [gpu(x) for x in operands]
@@ -281,13 +289,25 @@ def test_slices_replay_a_program_only_where_the_cache_keeps_it(
     want = reference.einsum(subscripts, *operands, path=plan.path)
     tropical.clear_programs()
     assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
-    (kept,) = _einsum_program._programs.values()
+    (kept,) = made
+    assert list(_einsum_program._programs.values()) == [kept]
     assert kept.plan.subscripts == plan.slicing.subscripts
     assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
-    assert list(_einsum_program._programs.values()) == [kept]  # replayed, not made again
+    assert made == [kept]  # replayed, not made again
     tropical.clear_programs()
     monkeypatch.setattr(_einsum_program, "MAX_PROGRAM_BYTES", kept.nbytes - 1)
-    assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
+    prepared: list[Any] = []
+    steps = _einsum_program._steps
+
+    def counted(*args: Any) -> Any:
+        prepared.append(args)
+        return steps(*args)
+
+    monkeypatch.setattr(_einsum_program, "_steps", counted)
+    for _ in range(2):  # none made, nor its steps prepared: its size is known
+        assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
+    assert made == [kept]
+    assert not prepared
     assert not _einsum_program._programs
 
 

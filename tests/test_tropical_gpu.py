@@ -117,7 +117,17 @@ TILED = [(s, d) for s, d in CASES if tiled_supported(s, np.dtype(d))]
 
 @pytest.mark.parametrize(("ring", "dtype"), TILED, ids=[f"{s}-{np.dtype(d)}" for s, d in TILED])
 @pytest.mark.parametrize(
-    "layout", ["sweep tall", "sweep wide", "a transposed", "b transposed", "reversed", "sliced"]
+    "layout",
+    [
+        "sweep tall",
+        "sweep wide",
+        "a transposed",
+        "b transposed",
+        "reversed",
+        "sliced",
+        "a aligned, b transposed",
+        "a broadcast",
+    ],
 )
 def test_skinny_kernel_reads_views_in_place(ring: str, dtype: Any, layout: str) -> None:
     # Tall (wide) products with small K and N (M) take the skinny kernel whatever their
@@ -141,9 +151,15 @@ def test_skinny_kernel_reads_views_in_place(ring: str, dtype: Any, layout: str) 
     elif layout == "reversed":
         x, y = operands(rng, ring, dtype, (4100, 9), (9, 5))
         a, b = gpu(x)[::-1], gpu(y)[:, ::-1]
-    else:
+    elif layout == "sliced":
         x, y = operands(rng, ring, dtype, (8300, 7), (9, 12))
         a, b = gpu(x)[::2, 1:4], gpu(y)[:3, ::3]
+    elif layout == "a aligned, b transposed":  # A's rows load 16 bytes at a time
+        x, bt = operands(rng, ring, dtype, (4100, 8), (5, 8))
+        a, b = gpu(x), gpu(bt).T
+    else:  # one A for every batch (batch stride 0), read transposed
+        at, y = operands(rng, ring, dtype, (3, 4100), (2, 3, 5))
+        a, b = gpu(at).T, gpu(y)
     assert not (a.flags.c_contiguous and b.flags.c_contiguous)
     product = tropical.tuning.plan(a, b, ring, argmax=False, out=None, accumulate=False)
     assert product.spec.name_expressions[0].startswith("tropical_gemm_rows<")

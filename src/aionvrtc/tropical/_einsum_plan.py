@@ -194,27 +194,24 @@ class EinsumPlan:
         """Operands copied before a product (no strided view could read them; a small step
         reads them as they lie instead: ``in_place``), plus the final reordering if any: the
         statistic to keep at zero."""
-        in_place = self.in_place  # (a property: computed once, not once a step)
-        each = sum(
-            v is not None and v.copy is not None
-            for n, s in enumerate(self.steps)
-            if n not in in_place
-            for v in (s.first, s.second)
-        )
-        return each + self.final_copy
+        return sum(v.copy is not None for v in self._copied_reads()) + self.final_copy
 
     @property
     def copied_elements(self) -> int:
         """Elements those copies write."""
         final = math.prod(self.sizes[i] for i in self.output) if self.final_copy else 0
-        in_place = self.in_place
-        return final + sum(
-            v.copied
+        return final + sum(v.copied for v in self._copied_reads())
+
+    def _copied_reads(self) -> list[View]:
+        """The views of the steps that a product reads (not the steps read in place)."""
+        in_place = self.in_place  # (bound once: the property walks every step)
+        return [
+            v
             for n, s in enumerate(self.steps)
             if n not in in_place
             for v in (s.first, s.second)
-            if v
-        )
+            if v is not None
+        ]
 
     @property
     def in_place(self) -> frozenset[int]:

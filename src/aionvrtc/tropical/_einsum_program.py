@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.to_thread
@@ -27,6 +27,7 @@ import numpy as np
 from .._compiler import Compiler
 from .._cuda import Module, synchronize
 from .._spec import KernelSpec
+from ._bounded import keep
 from ._einsum import (
     _check_out,
     _stream,
@@ -35,7 +36,15 @@ from ._einsum import (
     steps_for,
 )
 from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
-from ._einsum_steps import MAX_GATHER, Op, Steps, backtrace_launch, resolve, steps_key
+from ._einsum_steps import (
+    MAX_GATHER,
+    MAX_STEPS,
+    Op,
+    Steps,
+    backtrace_launch,
+    resolve,
+    steps_key,
+)
 from ._fusion import (
     THREADS,
     Group,
@@ -86,16 +95,27 @@ def _aligned(nbytes: int) -> int:
     return -(-max(nbytes, 1) // _ALIGN) * _ALIGN
 
 
-def _layout(steps: Steps) -> tuple[list[int], int, int, int]:
-    """Where a program of ``steps`` keeps its inputs (offsets), its result and its arena (of
-    every intermediate at once) in its one allocation, and that allocation's bytes."""
+class _Layout(NamedTuple):
+    """Where a program keeps its inputs, its result and its arena (every intermediate at
+    once) in its one allocation of ``nbytes``."""
+
+    sizes: list[int]  # each input's bytes
+    offsets: list[int]  # and where it starts
+    output_at: int
+    arena_at: int
+    nbytes: int
+
+
+def _layout(steps: Steps) -> _Layout:
+    """The layout of a program of ``steps``."""
     item = steps.dtype.itemsize
+    sizes = [int(np.prod(shape, dtype=np.int64)) * item for shape in steps.plan.shapes()]
     offsets, end = [], 0
-    for shape in steps.plan.shapes():
+    for nbytes in sizes:
         offsets.append(end)
-        end += _aligned(int(np.prod(shape, dtype=np.int64)) * item)
+        end += _aligned(nbytes)
     arena_at = end + _aligned(int(np.prod(steps.shape, dtype=np.int64)) * item)
-    return offsets, end, arena_at, arena_at + steps.nbytes
+    return _Layout(sizes, offsets, end, arena_at, arena_at + steps.nbytes)
 
 
 class EinsumProgram:
@@ -132,8 +152,7 @@ class EinsumProgram:
         self._tables: list[Any] = []  # the tiny steps' tables, which the graph reads
         self._depends: list[tuple[int, ...]] = []
         shapes = planned.shapes()
-        sizes = [int(np.prod(s, dtype=np.int64)) * self.dtype.itemsize for s in shapes]
-        offsets, output_at, arena_at, self.nbytes = _layout(steps)
+        sizes, offsets, output_at, arena_at, self.nbytes = _layout(steps)
         with OnDevice(self.device):
             self._memory = cupy.cuda.alloc(self.nbytes)
             base = self._memory.ptr
@@ -554,6 +573,8 @@ class _Lanes:
 # -- making programs, cached -------------------------------------------------------------------
 
 _programs: OrderedDict[Any, EinsumProgram] = OrderedDict()
+# Each program's bytes by its key, made or not: a sliced einsum asks again on every call.
+_sizes: dict[Any, int] = {}
 _cache_lock = threading.Lock()
 
 
@@ -645,8 +666,7 @@ async def einsum_program(
     shapes, dtype and device), or shapes with ``dtype=`` (and ``device=``, default the current
     one). Programs are cached in the process per (plan, semiring, dtype, argmax, device), up
     to MAX_PROGRAMS and MAX_PROGRAM_BYTES of each device's memory, least recently used dropped
-    first:
-    asking again returns the same program. It pays where a network is contracted more than a
+    first: asking again returns the same program. It pays where a network is contracted more than a
     few times: a replay launches once where ``einsum`` launches every step."""
     return await run_async(
         _einsum_program(
@@ -742,8 +762,12 @@ def _kept_program(
     found = _cached(key)
     if found is not None:
         return found
+    if only_kept and _sizes.get(key, 0) > MAX_PROGRAM_BYTES:  # known: without preparing again
+        return None
     steps = yield Offload(functools.partial(_steps, planned, ring.name, kind, argmax, where))
-    if only_kept and _layout(steps)[-1] > MAX_PROGRAM_BYTES:
+    nbytes = _layout(steps).nbytes
+    keep(_sizes, key, nbytes, MAX_STEPS)
+    if only_kept and nbytes > MAX_PROGRAM_BYTES:
         return None
     *modules, gather, many = yield Fetch(_specs(steps, ring), where, compiler)
     # Preparing the launches and capturing them takes milliseconds to a second: off the loop.
