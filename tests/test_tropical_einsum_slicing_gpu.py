@@ -252,7 +252,7 @@ def test_without_a_program_the_slices_launch_their_steps(
         raise cupy.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)
         yield  # (a generator, as the real one)
 
-    monkeypatch.setattr(_einsum_slices, "_kept_program", out_of_memory)
+    monkeypatch.setattr(_einsum_slices, "_einsum_program", out_of_memory)
     dtype = "bool" if ring == "andor" else "float32"
     subscripts, shapes = sliced_network(rng)
     operands = tensors(rng, ring, dtype, shapes)
@@ -363,7 +363,7 @@ def test_a_sliced_index_repeated_in_an_operand(
             raise cupy.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)
             yield
 
-        monkeypatch.setattr(_einsum_slices, "_kept_program", out_of_memory)
+        monkeypatch.setattr(_einsum_slices, "_einsum_program", out_of_memory)
     subscripts = "iij,jk,ki->"
     operands = tensors(rng, "maxplus", "float64", [(6, 6, 5), (5, 7), (7, 6)])
     arrays = [gpu(x) for x in operands]

@@ -666,9 +666,9 @@ async def einsum_program(
     shapes, dtype and device), or shapes with ``dtype=`` (and ``device=``, default the current
     one). Programs are cached in the process per (plan, semiring, dtype, argmax, device), up
     to MAX_PROGRAMS and MAX_PROGRAM_BYTES of each device's memory, least recently used dropped
-    first: asking again returns the same program. It pays where a network is contracted more than a
-    few times: a replay launches once where ``einsum`` launches every step."""
-    return await run_async(
+    first: asking again returns the same program. It pays where a network is contracted more
+    than a few times: a replay launches once where ``einsum`` launches every step."""
+    program = await run_async(
         _einsum_program(
             subscripts,
             operands,
@@ -680,6 +680,8 @@ async def einsum_program(
             compiler=compiler,
         )
     )
+    assert program is not None  # (only_kept=False)
+    return program
 
 
 def einsum_program_sync(
@@ -693,7 +695,7 @@ def einsum_program_sync(
     compiler: Compiler | None = None,
 ) -> EinsumProgram:
     """``einsum_program`` for code that is not async."""
-    return run_sync(
+    program = run_sync(
         _einsum_program(
             subscripts,
             operands,
@@ -705,6 +707,8 @@ def einsum_program_sync(
             compiler=compiler,
         )
     )
+    assert program is not None  # (only_kept=False)
+    return program
 
 
 def _einsum_program(
@@ -717,32 +721,13 @@ def _einsum_program(
     dtype: Any,
     device: int | None,
     compiler: Compiler | None,
-) -> Work[EinsumProgram]:
-    """The body of ``einsum_program`` and ``einsum_program_sync`` (see _twins)."""
-    program = yield from _kept_program(
-        subscripts, operands, semiring=semiring, argmax=argmax, optimize=optimize, dtype=dtype,
-        device=device, compiler=compiler, only_kept=False,
-    )  # fmt: skip
-    assert program is not None  # (only_kept=False)
-    return program
-
-
-def _kept_program(
-    subscripts: str,
-    operands: Sequence[Any],
-    *,
-    semiring: str,
-    argmax: bool,
-    optimize: Any,
-    dtype: Any,
-    device: int | None,
-    compiler: Compiler | None,
-    only_kept: bool,
+    only_kept: bool = False,
 ) -> Work[EinsumProgram | None]:
-    """``_einsum_program``'s program; with ``only_kept``, None where the cache would not keep
-    it (past MAX_PROGRAM_BYTES): a sliced einsum then launches the slices' prepared steps,
-    where a program made again for every call would cost its capture each time (0.3 s for a
-    slice of 4,703 steps) and hold every intermediate at once."""
+    """The body of ``einsum_program`` and ``einsum_program_sync`` (see _twins); with
+    ``only_kept``, None where the cache would not keep the program (past MAX_PROGRAM_BYTES): a
+    sliced einsum then launches the slices' prepared steps, where a program made again for
+    every call would cost its capture each time (0.3 s for a slice of 4,703 steps) and hold
+    every intermediate at once."""
     ring = lookup(semiring)
     shapes, kind, where = _arguments(operands, dtype, device)
     ring.check_dtype(kind)

@@ -29,7 +29,7 @@ from .._compiler import Compiler
 from .._cuda import Module
 from ._einsum import _check_out, _check_plan, _check_scalar, _einsum, _stream, steps_for
 from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
-from ._einsum_program import EinsumProgram, _kept_program
+from ._einsum_program import EinsumProgram, _einsum_program
 from ._einsum_steps import Steps, known
 from ._launching import OnDevice
 from ._product_plan import cupy_module
@@ -165,7 +165,7 @@ def _lanes(
                 functools.partial(einsum_plan, slicing.subscripts, *views, optimize=planned.path)
             )
         try:
-            program = yield from _kept_program(
+            program = yield from _einsum_program(
                 slicing.subscripts, [x.shape for x in views], semiring=ring.name, argmax=False,
                 optimize=planned.path, dtype=dtype, device=place, compiler=compiler,
                 only_kept=True,
