@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aionvrtc.tropical import einsum_plan, reference
+from aionvrtc.tropical import reference
 
 from .support import ROOT
-from .support.einsum import network_values, random_network
+from .support.einsum import in_eighths, network_values, random_network
 
 ray = pytest.importorskip("ray", reason="tropical.cluster needs Ray: pip install 'aionvrtc[ray]'")
 
@@ -51,12 +51,7 @@ def test_slices_as_ray_tasks_sum_to_the_whole_contraction(
     local_cluster: None, ring: str, dtype: str
 ) -> None:
     subscripts, operands = network(17, ring, dtype)
-    whole = einsum_plan(subscripts, *operands)
-    budget = max(1, round(2**whole.space_complexity) // 8) * operands[0].itemsize
-    plan = einsum_plan(subscripts, *operands, memory_limit=budget)
-    assert plan.slicing is not None
-    assert plan.slicing.count >= 4
-    want = reference.einsum(subscripts, *operands, semiring=ring, path=whole.path)
+    budget, plan, want = in_eighths(subscripts, operands, ring)
     for tasks in (None, 1, 3, plan.slicing.count + 5):  # more tasks than slices: one each
         got = cluster.einsum(
             subscripts, *operands, semiring=ring, optimize=plan, tasks=tasks, backend="numpy"

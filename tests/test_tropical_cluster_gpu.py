@@ -9,9 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from aionvrtc.tropical import einsum_plan, reference
-
-from .support.einsum import check_assignment, network_values, random_network
+from .support.einsum import check_assignment, in_eighths, network_values, random_network
 
 pytestmark = pytest.mark.gpu
 
@@ -39,12 +37,7 @@ def test_slices_as_ray_tasks_on_gpus(gpu_cluster: int, ring: str, dtype: str) ->
     rng = np.random.default_rng(seed)
     subscripts, shapes = random_network(rng, 10, 9)
     operands = network_values(rng, ring, dtype, shapes)
-    whole = einsum_plan(subscripts, *operands)
-    budget = max(1, round(2**whole.space_complexity) // 8) * operands[0].itemsize
-    plan = einsum_plan(subscripts, *operands, memory_limit=budget)
-    assert plan.slicing is not None
-    assert plan.slicing.count >= 4
-    want = reference.einsum(subscripts, *operands, semiring=ring, path=whole.path)
+    _, plan, want = in_eighths(subscripts, operands, ring)
     for tasks in (None, 3):
         got = cluster.einsum(subscripts, *operands, semiring=ring, optimize=plan, tasks=tasks)
         np.testing.assert_array_equal(got, want)

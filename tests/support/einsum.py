@@ -14,6 +14,8 @@ from hypothesis.extra import numpy as hnp
 
 from aionvrtc.tropical import (
     SEMIRINGS,
+    einsum_plan,
+    reference,
 )
 
 from .tropical_data import host
@@ -246,3 +248,15 @@ extern "C" __global__ void spin(long long cycles) {
     while (clock64() - start < cycles) {}
 }
 """
+
+
+def in_eighths(subscripts: str, operands: Sequence[Array], ring: str) -> tuple[int, Any, Array]:
+    """A budget of an eighth of ``operands``' largest intermediate, their plan sliced to it (4
+    slices or more), and the unsliced reference's value: what cluster.einsum's tests split
+    into tasks."""
+    whole = einsum_plan(subscripts, *operands)
+    budget = max(1, round(2**whole.space_complexity) // 8) * operands[0].itemsize
+    plan = einsum_plan(subscripts, *operands, memory_limit=budget)
+    assert plan.slicing is not None
+    assert plan.slicing.count >= 4
+    return budget, plan, reference.einsum(subscripts, *operands, semiring=ring, path=whole.path)
