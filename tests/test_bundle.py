@@ -875,6 +875,44 @@ def _link_of_another_user(folder: Path, data: bytes) -> Made:
     )
 
 
+def _chain_through_a_link_of_another_user(folder: Path, data: bytes) -> Made:
+    # A link of this user's (root's) naming another user's link in a sticky folder: the second
+    # link's owner may point it elsewhere, though neither is a part of the path given.
+    theirs, problem = _link_of_another_user(folder, data)
+    link = folder / "chain.bundle"
+    link.symlink_to(theirs)
+    return link, problem
+
+
+def _chain_through_a_folder_others_can_write(folder: Path, data: bytes) -> Made:
+    # This user's links all the way, the second in a folder others can rename in.
+    inner, problem = _link_in_a_folder_others_can_write(folder, data)
+    link = folder / "chain.bundle"
+    link.symlink_to(inner)
+    return link, problem
+
+
+def _chain_through_a_folder_link_of_another_user(folder: Path, data: bytes) -> Made:
+    # A relative link through another user's link to a folder: the bundle's folder is theirs
+    # to choose, though the file at the end is this user's.
+    real = _folder(folder / "real", 0o755)
+    _file(real / "k.bundle", data)
+    drop = _folder(folder / "drop", 0o1777)
+    theirs = drop / "dir"
+
+    def plant() -> dict[str, Any]:
+        os.symlink(real, theirs)
+        return {}
+
+    as_other_user(plant)
+    link = folder / "chain.bundle"
+    link.symlink_to("drop/dir/k.bundle")
+    return link, (
+        f"{theirs} is a symbolic link owned by uid {NOBODY}, not by this user (uid "
+        f"{os.geteuid()}) or root; fix: {OWN_COPY}"
+    )
+
+
 def _yours(folder: Path, data: bytes) -> Made:
     return _file(folder / "k.bundle", data), None
 
@@ -886,6 +924,15 @@ def _in_a_sticky_folder(folder: Path, data: bytes) -> Made:
 def _your_link_to_your_file(folder: Path, data: bytes) -> Made:
     link = folder / "link.bundle"
     link.symlink_to(_file(folder / "k.bundle", data))
+    return link, None
+
+
+def _chain_of_your_links(folder: Path, data: bytes) -> Made:
+    # Links of this user's in a sticky folder and in a folder of its own, relative and absolute.
+    inner = _folder(folder / "drop", 0o1777) / "inner.bundle"
+    inner.symlink_to(_file(folder / "k.bundle", data))
+    link = folder / "chain.bundle"
+    link.symlink_to("drop/../drop/inner.bundle")
     return link, None
 
 
@@ -902,11 +949,17 @@ REFUSED = [
     pytest.param(_link_to_a_file_others_can_write, id="link-to-file-0666"),
     pytest.param(_link_in_a_folder_others_can_write, id="link-in-folder-0777"),
     pytest.param(_link_of_another_user, id="link-owned-by-nobody", marks=as_root),
+    pytest.param(_chain_through_a_link_of_another_user, id="chain-link-by-nobody", marks=as_root),
+    pytest.param(_chain_through_a_folder_others_can_write, id="chain-folder-0777"),
+    pytest.param(
+        _chain_through_a_folder_link_of_another_user, id="chain-dir-link-by-nobody", marks=as_root
+    ),
 ]
 ACCEPTED = [
     pytest.param(_yours, id="file-0644"),
     pytest.param(_in_a_sticky_folder, id="folder-1777"),
     pytest.param(_your_link_to_your_file, id="link-to-file-0644"),
+    pytest.param(_chain_of_your_links, id="chain-of-your-links"),
     pytest.param(_group_can_write_shared, id="file-0664-shared"),
 ]
 

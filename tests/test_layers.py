@@ -118,9 +118,10 @@ def test_layers_from_the_environment_and_a_missing_one(
     monkeypatch.setenv("AIONVRTC_CACHE_LAYERS", os.pathsep.join([str(missing), "", str(layer)]))
     with caplog.at_level(logging.WARNING, logger="aionvrtc"):
         cache = KernelCache("sm_90", cache_dir=tmp_path / "writable")
-    assert f"not reading the cache layer {missing}: layer '{missing}' does not exist" in (
-        caplog.text
-    )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"not reading the cache layer {missing}: layer '{missing}' does not exist (in "
+        "$AIONVRTC_CACHE_LAYERS)"
+    ]
     assert [s.path for s in cache.stats().layers] == [str(layer)]
     cache.get_or_compile(spec)
     assert (cache.stats().compiles, cache.stats().layers[0].hits) == (0, 1)

@@ -120,6 +120,36 @@ def test_reference_errors(call: Any, error: type[Exception], message: str) -> No
         call()
 
 
+def test_reference_matmul_refuses_an_output_past_max_bytes_before_allocating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (2^17 x 1) @ (1 x 2^17) float32: 64 GiB of values and as much of argmax, asked of NumPy
+    # at once before the bound. Refused before anything is allocated: by construction here.
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an output was allocated that the bound should have refused")
+
+    monkeypatch.setattr(np, "empty", never)
+    a, b = np.zeros((1 << 17, 1), np.float32), np.zeros((1, 1 << 17), np.float32)
+    with pytest.raises(ValueError, match="^" + re.escape(
+        "matmul output (1 x 131,072 x 131,072 float32, with its int32 argmax) would hold "
+        "17,179,869,184 elements (137,438,953,472 bytes at 8 each), more than "
+        "max_bytes=1,073,741,824 (raise it where the machine has the memory); compute it in "
+        "blocks of rows (a[i:j]), or on the GPU (tropical.matmul)"
+    ) + "$"):  # fmt: skip
+        reference.matmul(a, b)
+    monkeypatch.undo()
+    # The bound is inclusive and counts every batch: 2 x 4 x 4 float64 and int32 = 384 bytes.
+    a3, b3 = np.arange(32.0).reshape(2, 4, 4), np.ones((4, 4))
+    value = reference.matmul(a3, b3, max_bytes=384)
+    np.testing.assert_array_equal(value, a3.max(axis=2, keepdims=True) + np.ones((1, 1, 4)))
+    with pytest.raises(
+        ValueError, match=re.escape("(384 bytes at 12 each), more than max_bytes=383")
+    ):
+        reference.matmul(a3, b3, max_bytes=383)
+    with pytest.raises(TypeError, match="max_bytes must be an int"):
+        reference.matmul(a3, b3, max_bytes=1e9)  # type: ignore[arg-type]  # the point
+
+
 def test_numpy_input_where_cupy_is_needed_is_named() -> None:
     with pytest.raises(TypeError, match=r"a must be a cupy.ndarray, not numpy.ndarray: move it"):
         tropical.matmul_sync(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))

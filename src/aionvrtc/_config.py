@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from ._units import parse_size
+from ._units import parse_size, quoted
 
 __all__ = [
     "ENV_ARCH",
@@ -23,6 +23,7 @@ __all__ = [
     "SETTINGS",
     "flag",
     "paths",
+    "raw",
     "size",
     "text",
 ]
@@ -59,12 +60,21 @@ def text(name: str) -> str | None:
     return os.environ.get(name) or None
 
 
+def raw(name: str) -> bytes | None:
+    """Variable ``name`` as the bytes the environment holds (os.environb), or None where it is
+    unset or empty: for a secret, which is any bytes, not always text that UTF-8 encodes."""
+    value = text(name)
+    return os.fsencode(value) if value is not None else None
+
+
 def flag(name: str) -> bool:
     """Switch ``name`` (1/0, true/false, yes/no, on/off; unset: off). Raises ValueError naming
     the variable for anything else."""
     value = os.environ.get(name, "").strip().lower()
     if value not in _TRUE | _FALSE:
-        raise ValueError(f"${name} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
+        raise ValueError(
+            f"${name} must be 1 or 0 (true/false, yes/no, on/off), got {quoted(value)}"
+        )
     return value in _TRUE
 
 

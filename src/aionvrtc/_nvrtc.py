@@ -407,11 +407,12 @@ def _temp_root_problem(root: str) -> str | None:
     removed."""
     from pathlib import Path
 
-    from ._store.disk import Policy
+    from ._store._trust import Policy, route
 
-    found = Policy.current(shared=False).unsafe_ancestor(Path(root) / "aionvrtc")
-    if found is not None:
-        return f"{found[0]} is {found[2]}"
+    policy = Policy.current(shared=False)
+    damage = policy.route_problem(route(Path(root) / "aionvrtc"), instead="a TMPDIR of your own")
+    if damage is not None:
+        return f"{damage.path} is {damage.problem}"
     try:
         with os.scandir(root) as listing:
             names = [entry.name for entry in listing if _STALE.match(entry.name)]

@@ -11,6 +11,7 @@ from ._config import ENV_ARCH
 from ._cuda_errors import map_cuda_errors
 from ._cuda_versions import CHOOSE_EXTRA
 from ._exceptions import NoDeviceError
+from ._units import quoted
 
 __all__ = ["ENV_ARCH", "Target", "TargetLike", "as_target", "device_target", "resolve_target"]
 
@@ -37,7 +38,7 @@ class Target:
         match = _ARCH.fullmatch(self.arch)
         if match is None:
             raise ValueError(
-                f"arch must look like 'sm_90', 'sm_90a' or 'sm_100f', got {self.arch!r}"
+                f"arch must look like 'sm_90', 'sm_90a' or 'sm_100f', got {quoted(self.arch)}"
             )
         object.__setattr__(self, "number", int(match["number"]))
 

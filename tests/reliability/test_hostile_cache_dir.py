@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -383,8 +384,6 @@ def _planted_cache(root: Path) -> tuple[KernelSpec, Artifact, bytes]:
     spec, other = make_spec(), make_spec()
     foreign = KernelCache("sm_90", disk=False).get_or_compile(other)
     key = kernel_key(spec, "sm_90")
-    from dataclasses import replace
-
     planted = encode(replace(foreign, key=key))
     shard = root / ENTRIES / key[:2]
     shard.mkdir(parents=True)
@@ -429,6 +428,79 @@ def test_a_cache_dir_others_can_write_is_neither_read_nor_written(
     [warning] = warnings.messages
     assert warning.startswith(f"not using the disk cache at {root}: {culprit} {problem}")
     assert warning.endswith(f"Fix: {fix}")
+
+
+def _link_by_another_user(link: Path, target: Path) -> None:
+    def plant() -> dict[str, Any]:
+        os.symlink(target, link)  # the sticky bit lets its owner replace it, pointed elsewhere
+        return {}
+
+    as_other_user(plant)
+
+
+@as_root
+@pytest.mark.parametrize(
+    "how", ["the dir a link of another user", "a chain through another user's link",
+            "a chain through a folder others write", "a chain through another user's folder link"],
+)  # fmt: skip
+def test_a_cache_dir_or_layer_reached_through_links_others_control_is_not_used(
+    other_users_dir: Path, how: str, warnings: Messages
+) -> None:
+    # Every link the path resolves through, and every folder holding one, is held to the rule
+    # of the path's own folders: not only the links that are parts of the path as given.
+    real = other_users_dir / "own" / "cache"
+    real.mkdir(parents=True, mode=0o700)
+    spec, foreign, _ = _planted_cache(real)
+    drop = other_users_dir / "drop"
+    drop.mkdir()
+    drop.chmod(0o1777)  # as /tmp: anyone may add a link of their own
+    fix = "use a cache dir of your own (AIONVRTC_CACHE_DIR=/a/folder/you/own)"
+    theirs = f"is a symbolic link owned by uid {NOBODY}, not by this user (uid 0) or root"
+    if how == "the dir a link of another user":
+        root = culprit = drop / "cache"
+        _link_by_another_user(root, real)
+        problem = theirs
+    elif how == "a chain through another user's link":
+        culprit = drop / "cache"
+        _link_by_another_user(culprit, real)
+        root = other_users_dir / "cache"
+        root.symlink_to(culprit)  # this user's link, to theirs
+        problem = theirs
+    elif how == "a chain through a folder others write":
+        culprit = other_users_dir / "open"
+        culprit.mkdir()
+        culprit.chmod(0o777)  # without the sticky bit: others rename what is inside
+        (culprit / "cache").symlink_to(real)
+        root = other_users_dir / "cache"
+        root.symlink_to("open/cache")
+        problem, fix = "is writable by others without the sticky bit", f"chmod o-w {culprit}"
+    else:
+        culprit = drop / "own"
+        _link_by_another_user(culprit, real.parent)
+        root = other_users_dir / "cache"
+        root.symlink_to(culprit / "cache")
+        problem = theirs
+    cache = KernelCache("sm_90", cache_dir=root, layers=[])
+    artifact = cache.get_or_compile(spec)
+    assert artifact.image != foreign.image  # compiled, not the planted kernel
+    stats = cache.stats()
+    assert (stats.disk.hits, stats.compiles, stats.disk.trusted, stats.disk.writable) == (
+        0, 1, False, False,
+    )  # fmt: skip
+    [warning] = warnings.messages
+    assert warning.startswith(f"not using the disk cache at {root}: {culprit} {problem}")
+    assert warning.endswith(f"Fix: {fix}")
+    # The same dir as a read-only layer is not read either, with the same warning.
+    layered = KernelCache("sm_90", disk=False, layers=[root])
+    assert layered.get_or_compile(spec).image != foreign.image
+    assert (layered.stats().compiles, layered.stats().layers[0].hits) == (1, 0)
+    assert warnings.messages[1:] == [warning]
+    # Through this user's own links alone, the same dir is trusted and read: the planted entry.
+    mine = other_users_dir / "mine"
+    mine.symlink_to("own/../own/cache")
+    assert KernelCache("sm_90", cache_dir=mine, layers=[]).get_or_compile(spec) == replace(
+        foreign, key=kernel_key(spec, "sm_90")
+    )
 
 
 def test_a_sticky_parent_others_can_write_is_fine(tmp_path: Path) -> None:

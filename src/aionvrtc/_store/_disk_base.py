@@ -38,7 +38,7 @@ from ._index import (
     Snapshot,
     Totals,
 )
-from ._trust import Policy
+from ._trust import Damage, Policy, route
 
 logger = logging.getLogger("aionvrtc")
 
@@ -158,19 +158,6 @@ class EntryInfo:
     def path(self) -> Path:
         # Made when asked for: a Path costs more than the rest of a listing's row.
         return self.directory / self.key[:2] / self.key
-
-
-@dataclass(frozen=True, slots=True)
-class Damage:
-    """Something in the cache dir (or a bundle) that is not used: where, what is wrong, a fix
-    that works."""
-
-    path: Path
-    problem: str  # reads after "<path> is"
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.path} is {self.problem}; fix: {self.fix}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,16 +405,11 @@ class DiskBase:
             )
 
     def check_tree(self) -> Damage | None:
-        """What makes the cache dir untrusted among the folders above it (by the path given
-        and by the real path), or None. The dir and its version folder are checked each time
-        they are opened (``_open``)."""
-        found = self.policy.unsafe_ancestor(self.root)  # missing folders: made at first write
-        if found is None:
-            return None
-        folder, info, problem = found
-        return Damage(
-            folder, problem, self.policy.fix(folder, info, ancestor=True, instead=_OWN_CACHE_DIR)
-        )
+        """What makes the cache dir untrusted on the way to it (a folder others can rename in,
+        a link others own, through every link it resolves through), or None. The dir and its
+        version folder are checked each time they are opened (``_open``)."""
+        # Missing folders: made at first write, by this tier.
+        return self.policy.route_problem(route(self.root), instead=_OWN_CACHE_DIR)
 
     def _shard_fix(self, path: Path, info: os.stat_result | None) -> str:
         if info is not None and stat.S_ISDIR(info.st_mode) and info.st_uid == self.policy.uid:

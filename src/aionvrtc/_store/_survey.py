@@ -16,7 +16,6 @@ from ._disk_base import (
     _TMP_SUFFIX,
     _VERSION,
     STALE_TMP_SECONDS,
-    Damage,
     DiskBase,
     EntryInfo,
     Listing,
@@ -45,6 +44,7 @@ from ._index import (
     summary_fields,
 )
 from ._index import summaries as parse_summaries
+from ._trust import Damage
 
 
 class Surveying(DiskBase):

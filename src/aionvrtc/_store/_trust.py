@@ -14,7 +14,79 @@ from .._config import ENV_SHARED_CACHE
 from ._fs import kind_of
 from ._fs import stat_or_none as _stat
 
-__all__ = ["Policy"]
+__all__ = ["Damage", "Policy", "Route", "route"]
+
+# Links followed before a route is given up on: the kernel's own bound (MAXSYMLINKS), past
+# which opening the path fails with ELOOP anyway.
+_MAX_LINKS = 40
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Something in the cache dir (or a bundle) that is not used: where, what is wrong, a fix
+    that works."""
+
+    path: Path
+    problem: str  # reads after "<path> is"
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.path} is {self.problem}; fix: {self.fix}"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How the kernel resolves a path, name by name: every folder a name is looked up in and
+    every symbolic link followed, in the order met (``steps``: (path, lstat, is a link)), and
+    where it ends (``end``, with its lstat, None where a name on the way does not exist yet)."""
+
+    steps: tuple[tuple[Path, os.stat_result, bool], ...]
+    end: Path
+    end_info: os.stat_result | None
+
+
+def route(path: str | os.PathLike[str]) -> Route:
+    """The route to ``path`` (see ``Route``), resolved as the kernel does: a link's target read
+    and walked in the link's folder (or from / when absolute), ``..`` applied to what is
+    resolved so far. A link's own route counts as much as the path given: whoever can change
+    a link, or rename in a folder that holds one, chooses what the path opens. A missing name
+    ends the walk there (it is made later, by whoever makes what is below it)."""
+    pending = list(reversed(Path(os.path.abspath(path)).parts[1:]))
+    here = Path("/")
+    steps: list[tuple[Path, os.stat_result, bool]] = []
+    looked_in: set[Path] = set()
+    links = 0
+    info = _stat(here)
+    while pending and info is not None:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            here = here.parent
+            info = _stat(here)
+            continue
+        if here not in looked_in:  # the folder the name is looked up in
+            looked_in.add(here)
+            steps.append((here, info, False))
+        there = here / name
+        info = _stat(there)
+        if info is None or not stat.S_ISLNK(info.st_mode):
+            here = there
+            continue
+        steps.append((there, info, True))
+        links += 1
+        try:
+            target = os.readlink(there)
+        except OSError:
+            break
+        if links > _MAX_LINKS:
+            break
+        parts = Path(target).parts
+        if os.path.isabs(target):
+            here, parts = Path("/"), parts[1:]
+        pending.extend(reversed(parts))
+        info = _stat(here)
+    return Route(tuple(steps), here, info)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,16 +193,15 @@ class Policy:
             )
         return fix
 
-    def unsafe_ancestor(self, path: Path) -> tuple[Path, os.stat_result, str] | None:
-        """The first folder above ``path`` (by the path given and by the real path, outermost
-        first) that lets others replace what is inside, with its stat and why; None if none."""
-        given = Path(os.path.abspath(path))
-        real = Path(os.path.realpath(path))
-        for folder in sorted({*given.parents, *real.parents}, key=lambda p: len(p.parts)):
-            info = _stat(folder, follow=True)
-            if info is None:
-                continue  # made later, by whoever makes what is below it
-            problem = self.ancestor_problem(info)
+    def route_problem(self, found: Route, *, instead: str) -> Damage | None:
+        """The first step of ``found`` that lets others choose what its path opens, with a fix
+        that works (``instead``: a folder or file of one's own), or None: a folder a name is
+        looked up in that others can rename in (``ancestor_problem``), or a link that others
+        own (``link_problem``). The end itself is held to ``problem`` by whoever opens it."""
+        for path, info, link in found.steps:
+            problem = self.link_problem(info) if link else self.ancestor_problem(info)
             if problem is not None:
-                return folder, info, problem
+                return Damage(
+                    path, problem, self.fix(path, info, ancestor=not link, instead=instead)
+                )
         return None

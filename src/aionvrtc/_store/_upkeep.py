@@ -38,7 +38,6 @@ from ._disk_base import (
     LOW_WATER,
     MAINTENANCE_BACKOFF,
     SORT_RUN,
-    Damage,
     Pruned,
     _Damaged,
     _Found,
@@ -49,6 +48,7 @@ from ._disk_base import (
     logger,
 )
 from ._survey import Surveying
+from ._trust import Damage
 from ._upkeep_child import AWAY_ENTRIES, maintain_in_child
 
 

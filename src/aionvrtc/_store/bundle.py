@@ -53,9 +53,9 @@ from .._artifact import _KEY, Artifact, _bounded_int, decode, encode
 from .._config import ENV_REMOTE_SECRET
 from .._exceptions import BundleError, CacheCorruptError
 from .._spec import FORMAT_VERSION
-from ._fs import kind_of
-from ._fs import stat_or_none as _lstat
-from .disk import MAX_ENTRY_BYTES, Damage, Policy, default_shared_cache
+from ._fs import file_id, kind_of
+from ._trust import Damage, Policy, route
+from .disk import MAX_ENTRY_BYTES, default_shared_cache
 from .tier import LayerStats, Origin
 
 __all__ = [
@@ -124,8 +124,7 @@ class BundleInfo:
 
 def environment_secret() -> bytes | None:
     """``$AIONVRTC_REMOTE_SECRET`` as bytes, or None when it is unset or empty."""
-    value = _config.text(ENV_REMOTE_SECRET)
-    return value.encode() if value else None
+    return _config.raw(ENV_REMOTE_SECRET)
 
 
 def _as_secret(secret: bytes | str | None) -> bytes | None:
@@ -292,28 +291,24 @@ def _open(path: Path, secret: bytes | None, shared_cache: bool | None) -> _Opene
 def _distrusted(path: Path, info: os.stat_result, policy: Policy) -> Damage | None:
     """What lets someone other than this user or root (or, shared, the group) plant or replace
     the bundle opened at ``path`` (``info``: the open file's fstat), or None. A bundle is code
-    that runs on the GPU, held to a cache dir's rules: the folders above it, by the path given
-    and by the real path, and the file itself; and each link on the way must be ours, since
-    whoever owns a link in a sticky folder (as /tmp is) may point it at another file."""
-    found = policy.unsafe_ancestor(path)
-    if found is not None:
-        folder, folder_info, why = found
+    that runs on the GPU, held to a cache dir's rules: every folder and link on the way to it,
+    through every link it resolves through (whoever owns a link in a sticky folder, as /tmp
+    is, may point it at another file), and the file itself. The route is walked after the
+    open and must end at the file opened, so the file trusted is the file read."""
+    found = route(path)
+    damage = policy.route_problem(found, instead=_OWN_COPY)
+    if damage is not None:
+        return damage
+    if found.end_info is None or file_id(found.end_info) != file_id(info):
         return Damage(
-            folder, why, policy.fix(folder, folder_info, ancestor=True, instead=_OWN_COPY)
+            found.end,
+            "not the file opened: it was replaced while it was opened",
+            "import it again once nothing replaces it",
         )
-    given = Path(os.path.abspath(path))
-    for item in (*reversed(given.parents), given):
-        link = _lstat(item)
-        if link is None or not stat.S_ISLNK(link.st_mode):
-            continue
-        problem = policy.link_problem(link)
-        if problem is not None:
-            return Damage(item, problem, policy.fix(item, link, instead=_OWN_COPY))
     problem = policy.problem(info)
     if problem is None:
         return None
-    real = Path(os.path.realpath(path))
-    return Damage(real, problem, policy.fix(real, info, instead=_OWN_COPY))
+    return Damage(found.end, problem, policy.fix(found.end, info, instead=_OWN_COPY))
 
 
 def _check(mapped: mmap.mmap, where: str, secret: bytes | None) -> _Opened:

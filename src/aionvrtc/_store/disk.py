@@ -46,7 +46,7 @@ from ._index import (
     summary,
 )
 from ._locks import NO_LOCK, KeyLock, LockFiles, close_files, let_go, wait_in_thread
-from ._trust import Policy
+from ._trust import Damage, Policy
 from .tier import Hold, Origin
 
 try:
@@ -64,7 +64,6 @@ from ._disk_base import (
     MAX_ENTRY_BYTES,
     PROBE_KEY,
     STALE_TMP_SECONDS,
-    Damage,
     DiskStats,
     EntryInfo,
     Listing,

@@ -74,8 +74,10 @@ def open_layers(
     when there is one). Either is held to the cache dir's ownership rules (a bundle others can
     replace is code others can run). One that cannot be opened or is not trusted is left out,
     with a warning saying why."""
+    where = ""
     if paths is None:
         paths = _config.paths(ENV_CACHE_LAYERS)
+        where = f" (in ${ENV_CACHE_LAYERS})"
     elif isinstance(paths, str | os.PathLike):
         raise TypeError("layers must be a list of paths, such as ['/opt/cache.bundle']")
     if secret is None:
@@ -90,5 +92,5 @@ def open_layers(
             else:
                 raise AionvrtcError(f"layer {os.fspath(path)!r} does not exist")
         except (AionvrtcError, OSError) as exc:
-            logger.warning("not reading the cache layer %s: %s", os.fspath(path), exc)
+            logger.warning("not reading the cache layer %s: %s%s", os.fspath(path), exc, where)
     return layers

@@ -49,12 +49,14 @@ from .. import _config
 from .._artifact import Artifact, decode, encode
 from .._config import ENV_REMOTE_ALLOW_UNSIGNED, ENV_REMOTE_SECRET, ENV_REMOTE_URL
 from .._exceptions import CacheCorruptError
+from .._units import quoted
 from ._fork import reset_in_forked_child
 from .tier import Hold, Origin
 
 __all__ = [
     "DEFAULT_MAX_ENTRY_BYTES",
     "RedisTier",
+    "check_url",
 ]
 
 logger = logging.getLogger("aionvrtc")
@@ -98,6 +100,22 @@ _RELEASE = """if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('d
 return 0"""
 _RENEW = """if redis.call('get', KEYS[1]) == ARGV[1] then
 return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"""
+
+
+def check_url(url: str) -> None:
+    """Raise ValueError, quoting ``url`` and the forms taken, unless redis-py can parse it: a
+    bad URL is refused where it is given, not on first use by redis-py's own message."""
+    try:
+        from redis.connection import parse_url
+    except ImportError:
+        return  # RedisTier says what to install
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]  # redis-py's, untyped
+    except ValueError as exc:
+        raise ValueError(
+            f"not a Redis URL: {quoted(url)} ({exc}; examples: redis://host:6379/0, "
+            "rediss://user:password@host:6380, unix:///run/redis.sock)"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +182,10 @@ class RedisTier:
             raise ValueError(
                 f"max_entry_bytes must be a positive byte count, got {max_entry_bytes}"
             )
+        try:
+            check_url(url)
+        except ValueError as exc:
+            raise ValueError(f"url: {exc}") from None
         if secret is not None and not secret:
             raise ValueError("secret is empty: pass a long random value, or None")
         if secret is None and not allow_unsigned:
@@ -220,9 +242,13 @@ class RedisTier:
         url = _config.text(ENV_REMOTE_URL)
         if url is None:
             return None
+        try:
+            check_url(url)
+        except ValueError as exc:
+            raise ValueError(f"${ENV_REMOTE_URL}: {exc}") from None
         return cls(
             url,
-            secret=_config.text(ENV_REMOTE_SECRET),
+            secret=_config.raw(ENV_REMOTE_SECRET),
             allow_unsigned=_config.flag(ENV_REMOTE_ALLOW_UNSIGNED),
         )
 

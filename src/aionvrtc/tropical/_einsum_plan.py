@@ -306,7 +306,7 @@ def check_step(number: int, step: Step, *, itemsize: int, limit: int, bound: str
     if step.size * itemsize <= limit:
         return  # without building the message: einsum checks each step of a plan on every run
     check_size(
-        f"intermediate {''.join(step.result)!r} of step {number} ({step.subscripts})",
+        f"einsum intermediate {''.join(step.result)!r} of step {number} ({step.subscripts})",
         step.size,
         itemsize=itemsize,
         limit=limit,

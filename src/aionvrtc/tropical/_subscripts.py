@@ -96,12 +96,13 @@ def check_size(
     what: str, elements: int, *, itemsize: int, limit: int, bound: str, fix: str
 ) -> None:
     """Refuse a result of more than ``limit`` bytes, before anything is allocated: ``what``
-    names it (the output, or a step's intermediate), ``bound`` says what ``limit`` is and
-    ``fix`` what to do. ``elements`` is an exact Python int (math.prod of the sizes: NumPy's
-    int64 would wrap past 2**63 and let a huge result through as a small or negative one)."""
+    names it (einsum's output or a step's intermediate, matmul's output), ``bound`` says what
+    ``limit`` is and ``fix`` what to do. ``elements`` is an exact Python int (math.prod of the
+    sizes: NumPy's int64 would wrap past 2**63 and let a huge result through as a small or
+    negative one)."""
     if elements * itemsize > limit:
         raise ValueError(
-            f"einsum {what} would hold {elements:,} elements ({elements * itemsize:,} bytes at "
+            f"{what} would hold {elements:,} elements ({elements * itemsize:,} bytes at "
             f"{itemsize} each), more than {bound}; {fix}"
         )
 
@@ -111,7 +112,7 @@ def check_output(
 ) -> None:
     """``check_size`` for the output, checked first: no order of contraction helps there."""
     check_size(
-        f"output {output!r}",
+        f"einsum output {output!r}",
         math.prod(sizes[i] for i in output),
         itemsize=itemsize,
         limit=limit,

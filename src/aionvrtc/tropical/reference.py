@@ -36,6 +36,15 @@ __all__ = ["MAX_BYTES", "einsum", "matmul"]
 # products, and the largest joint array over all indices that is contracted in one go.
 CHUNK_ELEMENTS = 1 << 22
 
+# The most bytes one result of ``einsum`` (the output, or an intermediate) or ``matmul`` may hold
+# unless the call says otherwise (``max_bytes=``): 1 GiB. The reference is the tests' oracle and a
+# CPU fallback; at its pace (an outer product of 2**26 float32, 256 MiB, took 1.8 s on 2 CPUs) a
+# result of 1 GiB is a long wait already, and past it memory runs out before an answer comes (40
+# output indices of size 2: 18 s, then NumPy's MemoryError). A keyword rather than only this
+# constant, because the machine and the call decide what is reasonable, and changing a module's
+# constant changes it for every other caller in the process.
+MAX_BYTES = 1 << 30
+
 
 def _combine(ring: Semiring, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> Any:
     """a (x) b elementwise (broadcasting), saturating for integers."""
@@ -66,15 +75,20 @@ def _combine(ring: Semiring, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -
 
 
 def _product(
-    ring: Semiring, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    ring: Semiring,
+    a: np.ndarray[Any, Any],
+    b: np.ndarray[Any, Any],
+    value: np.ndarray[Any, Any],
+    index: np.ndarray[Any, Any],
+) -> None:
+    """value, index = A (x) B and its argmax, written into the (M, N) arrays given."""
     m, k = a.shape
     n = b.shape[1]
     zero = ring.zero(a.dtype)
-    value = np.full((m, n), zero, dtype=a.dtype)
-    index = np.full((m, n), -1, dtype=np.int32)
+    value[...] = zero
+    index[...] = -1
     if k == 0 or m == 0 or n == 0:
-        return value, index
+        return
     rows = max(1, CHUNK_ELEMENTS // max(1, k * n))
     for start in range(0, m, rows):
         block = _combine(ring, a[start : start + rows, :, None], b[None, :, :])  # (r, K, N)
@@ -87,26 +101,37 @@ def _product(
         first = np.argmax(block == best[:, None, :], axis=1).astype(np.int32)
         value[start : start + rows] = best
         index[start : start + rows] = np.where(best == zero, -1, first)
-    return value, index
 
 
-def matmul(a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False) -> Any:
+def matmul(
+    a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False, max_bytes: int = MAX_BYTES
+) -> Any:
     """C = A (x) B over ``semiring`` on NumPy arrays; with ``argmax=True``, (C, argmax).
 
     2-D or 3-D (a leading batch dimension; a batch of 1 broadcasts) operands of one dtype.
+    The result and its argmax (int32, kept with or without ``argmax``) may hold at most
+    ``max_bytes`` together (default ``MAX_BYTES``, 1 GiB, as ``einsum``): a larger product is
+    refused with a ValueError before anything is allocated.
     """
     ring = _semiring(semiring)
     a, b = np.asarray(a), np.asarray(b)
     shapes = check_operands(ring, a, b)
+    _check_max_bytes(max_bytes)
+    batch, m, n = shapes.batch, shapes.m, shapes.n
+    check_size(
+        f"matmul output ({batch} x {m:,} x {n:,} {a.dtype}, with its int32 argmax)",
+        batch * m * n,
+        itemsize=a.dtype.itemsize + 4,
+        limit=max_bytes,
+        bound=_bound(max_bytes),
+        fix="compute it in blocks of rows (a[i:j]), or on the GPU (tropical.matmul)",
+    )
+    value = np.empty((batch, m, n), a.dtype)
+    index = np.empty((batch, m, n), np.int32)
     a3, b3 = (x if x.ndim == 3 else x[None] for x in (a, b))
-    batch = shapes.batch
-    pairs = [
-        _product(ring, a3[i if a3.shape[0] > 1 else 0], b3[i if b3.shape[0] > 1 else 0])
-        for i in range(batch)
-    ]
-    m, n = shapes.m, shapes.n
-    value = np.stack([p[0] for p in pairs]) if pairs else np.empty((0, m, n), a.dtype)
-    index = np.stack([p[1] for p in pairs]) if pairs else np.empty((0, m, n), np.int32)
+    for i in range(batch):
+        _product(ring, a3[i if a3.shape[0] > 1 else 0], b3[i if b3.shape[0] > 1 else 0],
+                 value[i], index[i])  # fmt: skip
     if not shapes.batched:
         value, index = value[0], index[0]
     return (value, index) if argmax else value
@@ -115,14 +140,14 @@ def matmul(a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False) -
 # One operand with its subscripts: an array and one letter per axis.
 _Term = tuple[np.ndarray[Any, Any], str]
 
-# The most bytes one result of ``einsum`` (the output, or an intermediate) may hold unless the
-# call says otherwise (``max_bytes=``): 1 GiB. The reference is the tests' oracle and a CPU
-# fallback; at its pace (an outer product of 2**26 float32, 256 MiB, took 1.8 s on 2 CPUs) a
-# result of 1 GiB is a long wait already, and past it memory runs out before an answer comes
-# (40 output indices of size 2: 18 s, then NumPy's MemoryError). A keyword rather than only
-# this constant, because the machine and the call decide what is reasonable, and changing a
-# module's constant changes it for every other caller in the process.
-MAX_BYTES = 1 << 30
+
+def _check_max_bytes(max_bytes: int) -> None:
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+        raise TypeError(f"max_bytes must be an int (bytes), got {type(max_bytes).__name__}")
+
+
+def _bound(max_bytes: int) -> str:
+    return f"max_bytes={max_bytes:,} (raise it where the machine has the memory)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,13 +203,12 @@ def einsum(
     """
     ring = _semiring(semiring)
     inputs, output = parse_subscripts(subscripts, len(operands))
-    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
-        raise TypeError(f"max_bytes must be an int (bytes), got {type(max_bytes).__name__}")
+    _check_max_bytes(max_bytes)
     arrays = [np.asarray(x) for x in operands]
     check_dtypes(ring, arrays)
     sizes = index_sizes(inputs, arrays)
     itemsize = arrays[0].dtype.itemsize
-    bound = f"max_bytes={max_bytes:,} (raise it where the machine has the memory)"
+    bound = _bound(max_bytes)
     check_output(output, sizes, itemsize=itemsize, limit=max_bytes, bound=bound)
     distinct = ["".join(dict.fromkeys(letters)) for letters in inputs]
     if path is not None:
@@ -208,7 +232,7 @@ def einsum(
                 f"once, more than the {MAX_NDIM} dimensions a NumPy array has; {fix}"
             )
         elements = math.prod(sizes[i] for i in step.keep)
-        what = f"intermediate {step.keep!r} of step {number} ({step.subscripts})"
+        what = f"einsum intermediate {step.keep!r} of step {number} ({step.subscripts})"
         check_size(what, elements, itemsize=itemsize, limit=max_bytes, bound=bound, fix=fix)
     made = dict(
         enumerate(
