@@ -52,7 +52,26 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 
 @dataclass(frozen=True, slots=True)
 class Artifact:
-    """A compiled program: the image to load and what is known about how it was made."""
+    """A compiled program: the image to load and what is known about how it was made.
+
+    Frozen; ``Compiler.compile`` and ``KernelCache.get_or_compile`` return one, and
+    ``Compiler.get`` loads one.
+
+    Attributes:
+        key: The cache key it is stored under (hex SHA-256, see ``kernel_key``).
+        kind: ``"cubin"`` (an ELF image for the exact arch), ``"ptx"`` (for a GPU newer than
+            the NVRTC that made it: the driver compiles it at load) or ``"data"`` (a record,
+            see ``Compiler.save_record``).
+        image: The bytes to load: the cubin or the PTX (a record's data, for ``"data"``).
+        arch: The target it was compiled for, such as ``"sm_90"``.
+        nvrtc_version: The version of the NVRTC that made it, such as ``"13.5"``.
+        lowered_names: Each name expression of the spec to its lowered (mangled) name, held
+            read-only.
+        compile_seconds: Seconds NVRTC took to compile it (0.0 for a record).
+        log: NVRTC's log of the compile (warnings), ``""`` if it said nothing.
+        created: When it was made, in seconds since the epoch (``time.time()``).
+        package_version: The version of aionvrtc that made it.
+    """
 
     key: str
     kind: ArtifactKind

@@ -71,15 +71,30 @@ class Claim:
 
 
 def kernel_key(spec: KernelSpec, arch: TargetLike | None = None) -> str:
-    """The cache key (hex SHA-256) of ``spec`` compiled for ``arch`` (default: the current
-    GPU's) by the NVRTC build in use: what the tiers store its image under. (``arch`` defaults as
-    for ``resolve_target``: ``$AIONVRTC_ARCH``, else the current GPU's.)
+    """The cache key (hex SHA-256) of ``spec`` compiled for ``arch`` by the NVRTC build in use:
+    what the tiers store its image under.
 
     Derived once per spec and target, and remembered on the spec (equal specs are one object,
     see KernelSpec). The files of the include directories are digested at the spec's first key
     and that snapshot is kept for all its keys: a change to them is noticed by the next
     KernelSpec (or process), and a compile refuses to store an image of files that no longer
-    match the snapshot.
+    match the snapshot. Whether this NVRTC can compile for ``arch`` is not checked here.
+
+    Args:
+        spec: The program.
+        arch: The target (``"sm_90"`` or a ``Target``); default, as for ``resolve_target``:
+            ``$AIONVRTC_ARCH``, else the current GPU's.
+
+    Returns:
+        The key: 64 lowercase hex digits.
+
+    Raises:
+        TypeError: ``arch`` is neither a str nor a ``Target``.
+        ValueError: ``arch`` or ``$AIONVRTC_ARCH`` is not an arch such as ``"sm_90"``, or the
+            spec's include directories cannot be covered by its key (one past the size bounds,
+            or an include that reaches a file outside every include directory).
+        NoDeviceError: ``arch`` is None, ``$AIONVRTC_ARCH`` is unset and no GPU is usable.
+        NvrtcError: CuPy or NVRTC cannot be used (the key names the exact NVRTC build).
     """
     target = resolve_target(arch)
     build = _nvrtc.build()
@@ -97,7 +112,14 @@ def keyed(spec: KernelSpec, target: Target, build: str, memo: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ArchStats:
-    """One target's share of a cache: the memory tier's entries for it, and its compiles."""
+    """One target's share of a cache: the memory tier's entries for it, and its compiles.
+
+    Attributes:
+        entries: The memory tier's entries for this target, now.
+        compiles: Successful NVRTC compiles for it.
+        compile_errors: Compiles for it that failed.
+        compile_seconds: Total NVRTC time of its successful compiles, in seconds.
+    """
 
     entries: int
     compiles: int
@@ -108,17 +130,30 @@ class ArchStats:
 @dataclass(frozen=True, slots=True)
 class CacheStats:
     """A snapshot of a cache's counters since it was created (every target's together), with
-    each tier's own and each target's share (``archs``, by arch such as ``"sm_90"``)."""
+    each tier's own and each target's share.
 
-    requests: int  # memory hits and the requests memory did not serve, each counted once
-    joined: int  # requests that waited for another thread's work on the same key
+    Attributes:
+        requests: Memory hits and the requests memory did not serve, each counted once.
+        joined: Requests that waited for another thread's work on the same key.
+        compiles: Successful NVRTC compiles.
+        compile_errors: Compiles that failed.
+        compile_seconds: Total NVRTC time of the successful compiles, in seconds.
+        memory: The memory tier's ``MemoryStats``.
+        disk: The disk tier's ``DiskStats``; all zero (not writable, not trusted) for a cache
+            without a disk tier.
+        archs: Each target's share, ``ArchStats`` by arch such as ``"sm_90"``.
+        layers: The read-only layers' ``LayerStats``, in the order they are read.
+    """
+
+    requests: int
+    joined: int
     compiles: int
     compile_errors: int
-    compile_seconds: float  # total NVRTC time
+    compile_seconds: float
     memory: MemoryStats
-    disk: DiskStats  # all zero (not writable, not trusted) for a cache without a disk tier
+    disk: DiskStats
     archs: dict[str, ArchStats]
-    layers: tuple[LayerStats, ...]  # the read-only layers', in the order they are read
+    layers: tuple[LayerStats, ...]
 
 
 class _Count:
@@ -139,17 +174,46 @@ class KernelCache:
     """Artifacts for one target: memory tier, then disk tier, then the read-only ``layers``,
     then the remote tier, then NVRTC.
 
-    Thread-safe: threads asking for the same key at once share one compile. The disk tier
-    reads only a cache dir that nobody but this user (or root) can write; ``shared_cache=True``
-    (default: ``$AIONVRTC_SHARED_CACHE``) trusts one that a group shares instead.
-    ``layers`` (default: ``$AIONVRTC_CACHE_LAYERS``, paths separated by ``os.pathsep``) are
-    cache dirs and bundle files that are read and never written (see ``_store.layers``).
+    Blocking and thread-safe: threads asking for the same key at once share one compile.
     ``for_arch(arch)`` is the same cache for another target (one cache serves several GPUs).
-    NvrtcError, naming the archs it supports, for a target this NVRTC cannot compile for.
+    Unlike a ``Compiler`` it remembers no failure: each request for a spec that NVRTC
+    rejected compiles it again.
 
-    ``target_required=False`` (the Compiler's: ``compile(arch=...)`` needs no GPU) lets a
-    cache without a GPU and with no arch named have no target of its own: ``no_target`` is
-    then the NoDeviceError that saying none raised, and only ``for_arch`` views serve.
+    Args:
+        arch: The target (``"sm_90"`` or a ``Target``); default: ``$AIONVRTC_ARCH``, else the
+            current GPU's (``resolve_target``).
+        cache_dir: The disk tier's folder; default: ``$AIONVRTC_CACHE_DIR``, else the user
+            cache dir (``default_cache_dir``).
+        memory_limit: Bytes the memory tier holds (default 256 MiB); past it, entries not hit
+            lately are evicted.
+        disk_limit: Bytes the disk tier holds; default: ``$AIONVRTC_DISK_LIMIT``, else 1 GiB.
+            Past it, the least recently used entries are evicted in the background.
+        disk: False for no disk tier: kernels are kept in memory only, and records
+            (``put_record``) are not kept.
+        shared_cache: True trusts a cache dir that a group shares (and makes new folders and
+            files group-writable); default: ``$AIONVRTC_SHARED_CACHE``, else False: the disk
+            tier reads only a cache dir that nobody but this user (or root) can write.
+        remote: A ``RedisTier`` that a fleet of hosts shares, read after the layers and written
+            after each compile; default: none (the environment is not read here, as a
+            ``Compiler`` reads it).
+        layers: Cache dirs and bundle files that are read and never written; default:
+            ``$AIONVRTC_CACHE_LAYERS`` (paths separated by ``os.pathsep``). One that cannot be
+            opened, or that others could change, is left out with a warning.
+        target_required: False (the Compiler's: ``compile(arch=...)`` needs no GPU) lets a
+            cache without a GPU and with no arch named have no target of its own:
+            ``no_target`` is then the NoDeviceError that saying none raised, and only
+            ``for_arch`` views serve (the cache itself has no ``target``).
+
+    Raises:
+        NoDeviceError: No arch is named, ``$AIONVRTC_ARCH`` is unset and no GPU is usable
+            (unless ``target_required=False``).
+        NvrtcError: CuPy or NVRTC cannot be used, or this NVRTC cannot compile for the target
+            (the message names the archs it supports).
+        ValueError: ``arch`` or ``$AIONVRTC_ARCH`` is not an arch such as ``"sm_90"``;
+            ``memory_limit`` or ``disk_limit`` is negative; or ``$AIONVRTC_DISK_LIMIT`` or
+            ``$AIONVRTC_SHARED_CACHE`` is malformed (the message names the variable).
+        TypeError: ``arch`` is neither a str nor a ``Target``, or ``layers`` is one path
+            rather than a list of them.
     """
 
     def __init__(
@@ -223,7 +287,21 @@ class KernelCache:
 
     def for_arch(self, arch: TargetLike) -> KernelCache:
         """This cache (the same tiers, entries and stats) for target ``arch``: what a Compiler
-        uses for each GPU it serves. The same object for the same arch."""
+        uses for each GPU it serves.
+
+        Args:
+            arch: The target (``"sm_90"`` or a ``Target``).
+
+        Returns:
+            The cache's view for ``arch``: the same object for the same arch, this one for its
+            own.
+
+        Raises:
+            TypeError: ``arch`` is neither a str nor a ``Target``.
+            ValueError: ``arch`` is not an arch such as ``"sm_90"``.
+            NvrtcError: This NVRTC cannot compile for ``arch`` (the message names the archs it
+                supports).
+        """
         target = as_target(arch)
         view = self._views.get(target.arch)
         if view is None:
@@ -237,17 +315,59 @@ class KernelCache:
         return view
 
     def key(self, spec: KernelSpec) -> str:
-        """``spec``'s cache key for this cache's target (see ``kernel_key``)."""
+        """``spec``'s cache key for this cache's target (see ``kernel_key``).
+
+        Blocking the first time for a spec with include directories, whose files it digests.
+
+        Args:
+            spec: The program.
+
+        Returns:
+            The key: 64 lowercase hex digits.
+
+        Raises:
+            ValueError: The spec's include directories cannot be covered by its key (one past
+                the size bounds, or an include that reaches a file outside every include
+                directory).
+        """
         return keyed(spec, self.target, self._build, self.memo)
 
     def known_key(self, spec: KernelSpec) -> str | None:
         """``spec``'s key for this cache's target if it was derived already, else None (never
         derives: for callers that must not read include directories' files here). The hot
-        paths of the Compiler read the same memo, ``spec._keys[memo]``, inline."""
+        paths of the Compiler read the same memo, ``spec._keys[memo]``, inline.
+
+        Args:
+            spec: The program.
+
+        Returns:
+            The key, or None if it was not derived yet (``key`` derives it).
+
+        Raises:
+            Nothing: it reads what was derived before, and no file.
+        """
         return spec._keys.get(self.memo)
 
     def get_or_compile(self, spec: KernelSpec) -> Artifact:
-        """The artifact for ``spec``: from memory, else disk, else compiled (and stored)."""
+        """The artifact for ``spec``: from memory, else disk, else compiled (and stored).
+
+        The layers and the remote tier are read after the disk, before NVRTC. Blocking;
+        threads asking for the same key at once share one compile, and its error.
+
+        Args:
+            spec: The program to compile.
+
+        Returns:
+            The ``Artifact``: the image (a cubin, or PTX for a GPU newer than this NVRTC), its
+            lowered names and NVRTC's log.
+
+        Raises:
+            ValueError: The spec's include directories cannot be covered by its key (see
+                ``key``).
+            CompileError: NVRTC rejected the program; its log is in ``log`` and the message.
+            NvrtcError: The temporary folder cannot be used safely (``TMPDIR``), or the files
+                of the spec's include directories changed since its key was derived.
+        """
         key = self.key(spec)
         artifact = self.memory.read(key)
         if artifact is not None:
@@ -283,7 +403,24 @@ class KernelCache:
         """The tiers in order (the ``local`` ones: disk and layers; then the ``remote`` ones,
         unless turned off here), the first hit published to memory; None if none has ``key``.
         Never compiles and never waits on a lock: the Compiler's I/O lane, which serves a hit
-        while compiles run. Blocking."""
+        while compiles run. Blocking.
+
+        A remote hit is kept on the local disk too. Memory is not read here: ``get_or_compile``
+        reads it first.
+
+        Args:
+            key: The cache key (``key(spec)``).
+            local: False skips the local tiers (disk and layers).
+            remote: False skips the remote tier.
+
+        Returns:
+            The artifact and the tier it came from (``"disk"``, ``"layer"`` or ``"remote"``),
+            or None.
+
+        Raises:
+            ValueError: ``key`` is not a cache key (64 lowercase hex digits) and the disk tier
+                or a cache-dir layer reads it.
+        """
         arch = self.target.arch
         for tier in self.tiers:
             if (local if tier.local else remote) and self._serves(tier, key):
@@ -312,6 +449,21 @@ class KernelCache:
         The compile runs under the locking tiers' locks with each checked again once its lock
         is taken, so processes cold on the same kernel compile it once and the others read it
         from disk; across hosts, the remote tier's lock does the same.
+
+        Args:
+            spec: The program.
+            key: Its key for this cache's target (``key(spec)``).
+
+        Returns:
+            The artifact and where it came from: ``"disk"``, ``"layer"``, ``"remote"`` or
+            ``"compile"``.
+
+        Raises:
+            ValueError: ``key`` is not a cache key (64 lowercase hex digits), with a disk tier
+                or a cache-dir layer.
+            CompileError: NVRTC rejected the program.
+            NvrtcError: The temporary folder cannot be used safely (``TMPDIR``), or the files
+                of the spec's include directories changed since its key was derived.
         """
         found = self.lookup(key)
         if found is not None:
@@ -327,7 +479,23 @@ class KernelCache:
         """The Compiler's compile lane, after a lookup missed: the key's locks taken without
         waiting (or those ``claim`` holds), as ``claim`` takes them, then NVRTC. Returns the
         claim instead when another process or host holds a lock now: wait for it with
-        ``claim(..., claim=that)``, which holds no compile slot, then call this again."""
+        ``claim(..., claim=that)``, which holds no compile slot, then call this again.
+
+        Args:
+            spec: The program.
+            key: Its key for this cache's target (``key(spec)``).
+            claim: The claim an earlier call returned, once waited for; default: none yet.
+
+        Returns:
+            The artifact and where it came from (``"compile"``, or the tier another process or
+            host stored it in meanwhile), or the unready claim to wait for.
+
+        Raises:
+            ValueError: ``key`` is not a cache key (64 lowercase hex digits), with a disk tier.
+            CompileError: NVRTC rejected the program.
+            NvrtcError: The temporary folder cannot be used safely (``TMPDIR``), or the files
+                of the spec's include directories changed since its key was derived.
+        """
         if claim is None or not claim.ready:
             claim = self.claim(key, wait=False, claim=claim)
             if claim.found is not None:
@@ -350,8 +518,23 @@ class KernelCache:
         ``found`` when another process or host stored the key meanwhile (kept on this host's
         disk, its locks let go), ``ready`` to compile, or, with ``wait=False``, neither:
         another holds a lock now, and ``claim(..., wait=True, claim=that)`` waits for it (the
-        Compiler waits outside its compile lane). ``cancel`` ends a wait for a lock early
-        (going on without it). Blocking."""
+        Compiler waits outside its compile lane). Blocking. A lock that cannot be had (no file
+        locks on this file system, a wait that timed out) is skipped: a duplicate compile at
+        worst, never a failure.
+
+        Args:
+            key: The cache key to compile (``key(spec)``).
+            wait: False takes only the locks that are free now.
+            cancel: Set, it ends a wait for a lock early (going on without it).
+            claim: A claim returned unready, whose missing locks to take; default: a new one.
+
+        Returns:
+            The claim: ``found``, ``ready``, or (only with ``wait=False``) neither. Pass a
+            ready one to ``build`` (or ``try_resolve``), which lets go of its locks.
+
+        Raises:
+            ValueError: ``key`` is not a cache key (64 lowercase hex digits), with a disk tier.
+        """
         claim = claim if claim is not None else Claim(key, len(self._locking))
         arch = self.target.arch
         try:
@@ -373,7 +556,20 @@ class KernelCache:
 
     def build(self, spec: KernelSpec, claim: Claim) -> Artifact:
         """Compile ``claim``'s key (its locks ``ready``), write it to every tier that takes
-        writes (disk, remote), publish it to memory; the locks are let go whatever happens."""
+        writes (disk, remote), publish it to memory; the locks are let go whatever happens.
+
+        Args:
+            spec: The program whose key ``claim`` holds.
+            claim: A ``ready`` claim from ``claim`` for the spec's key.
+
+        Returns:
+            The new ``Artifact``.
+
+        Raises:
+            CompileError: NVRTC rejected the program.
+            NvrtcError: The temporary folder cannot be used safely (``TMPDIR``), or the files
+                of the spec's include directories changed since its key was derived.
+        """
         try:
             artifact = self._compile(spec, claim.key)
             for tier in self.tiers:
@@ -416,7 +612,18 @@ class KernelCache:
 
     def record(self, name: str) -> bytes | None:
         """The data last stored under ``name`` for this target (see put_record), or None.
-        Records live on disk only: a cache without one keeps none."""
+        Records live on disk only: a cache without one keeps none.
+
+        Args:
+            name: The record's name.
+
+        Returns:
+            The data, or None: nothing stored under ``name`` for this target, no disk tier,
+            or an entry that failed verification (and was dropped).
+
+        Raises:
+            Nothing: a record that is missing, damaged or cannot be read is None.
+        """
         if self.disk is None:
             return None
         artifact = self.disk.read(record_key(name, self.target), arch=self.target.arch)
@@ -424,7 +631,21 @@ class KernelCache:
 
     def put_record(self, name: str, data: bytes) -> bool:
         """Keep ``data`` under ``name`` beside the kernels (written atomically, verified on
-        read, evicted with them). False if there is no disk or it cannot take it."""
+        read, evicted with them).
+
+        Args:
+            name: The record's name; a record stored under it before for this target is
+                replaced.
+            data: The bytes to keep.
+
+        Returns:
+            True once it is stored; False if there is no disk tier or it cannot take it (not
+            trusted, read-only, full, or the data is over its limit).
+
+        Raises:
+            TypeError: ``data`` is not bytes-like (``bytes(data)`` fails: a str, say), with a
+                disk tier.
+        """
         if self.disk is None:
             return False
         artifact = Artifact(
@@ -439,7 +660,19 @@ class KernelCache:
     def forget(self, spec: KernelSpec) -> list[str]:
         """Drop ``spec``'s entries (for every target this cache serves) from memory and disk,
         so the next request compiles it (and reads its include directories' files anew).
-        Returns the keys dropped."""
+
+        As ``drop`` does, its entries in the layers and the remote tier are not served again.
+
+        Args:
+            spec: The program to drop.
+
+        Returns:
+            The keys dropped, one per target this cache serves.
+
+        Raises:
+            ValueError: The spec's include directories cannot be covered by its key (see
+                ``key``), for a spec whose keys were never derived.
+        """
         keys = [view.key(spec) for view in list(self._views.values())]
         for key in keys:
             self.drop(key)
@@ -454,7 +687,14 @@ class KernelCache:
     def drop(self, key: str) -> None:
         """Drop ``key``'s entry from memory and disk, and stop reading it from the layers and
         the remote tier, which may hold the same image: the next compile replaces the remote
-        one (a layer is never written)."""
+        one (a layer is never written).
+
+        Args:
+            key: The cache key to drop.
+
+        Raises:
+            ValueError: ``key`` is not a cache key (64 lowercase hex digits), with a disk tier.
+        """
         self.memory.discard(key)
         if self.disk is not None:
             self.disk.discard(key)
@@ -467,7 +707,11 @@ class KernelCache:
             self.disk.clear()
 
     def stats(self) -> CacheStats:
-        """The whole cache's counters: every target's together, and each one's in ``archs``."""
+        """The whole cache's counters: every target's together, and each one's in ``archs``.
+
+        Returns:
+            A ``CacheStats`` snapshot; taking it reads no file.
+        """
         memory = self.memory.stats()
         disk = self.disk.stats() if self.disk is not None else DiskStats()
         views = list(self._views.values())

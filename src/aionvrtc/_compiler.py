@@ -58,22 +58,46 @@ class _State(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class CompilerStats:
-    """A snapshot of a Compiler's counters since it opened, with each tier's own."""
+    """A snapshot of a Compiler's counters since it opened, with each tier's own.
 
-    requests: int  # compile() and get() calls
-    joined: int  # requests that shared another request's in-flight job
-    errors: int  # requests that raised (fast failures of known-bad specs included)
-    compiles: int  # successful NVRTC compiles
-    compile_seconds: float  # total NVRTC time
-    queued: int  # jobs looking up or queued for a compile slot
-    in_flight: int  # jobs holding a compile slot
-    waiting: int  # jobs waiting for another process's or host's lock (holding no slot)
-    prefetched: int  # jobs queued by prefetch()
+    ``Compiler.stats()`` returns one; the counters cover every target the Compiler served.
+
+    Attributes:
+        requests: ``compile()`` and ``get()`` calls, their blocking forms included, each counted
+            once: the memory tier's hits and the requests it did not serve.
+        joined: Requests that shared another request's in-flight job.
+        errors: Requests whose job failed: a CompileError (fast failures of known-bad specs
+            included), an NvrtcError, or CompilerClosed for a job the closing stopped. Bad
+            arguments, a missing target and failures to load a module are not counted.
+        compiles: Successful NVRTC compiles.
+        compile_seconds: Total NVRTC time of those compiles, in seconds.
+        queued: Jobs looking up or queued for a compile slot, now.
+        in_flight: Jobs holding a compile slot, now.
+        waiting: Jobs waiting for another process's or host's lock (holding no slot), now.
+        prefetched: Specs queued by ``prefetch()`` (the sum of what its calls returned).
+        memory: The memory tier's ``MemoryStats``.
+        disk: The disk tier's ``DiskStats``; all zero for a Compiler without a disk tier.
+        remote: The remote tier's ``RemoteStats``; all zero for a Compiler without a remote
+            tier.
+        layers: Each read-only layer's ``LayerStats``, in the order they are read.
+        archs: ``ArchStats`` by arch (``"sm_90"``): the memory tier's entries for it, its
+            compiles and their time.
+    """
+
+    requests: int
+    joined: int
+    errors: int
+    compiles: int
+    compile_seconds: float
+    queued: int
+    in_flight: int
+    waiting: int
+    prefetched: int
     memory: MemoryStats
-    disk: DiskStats  # all zero for a Compiler without a disk tier
-    remote: RemoteStats  # all zero for a Compiler without a remote tier
-    layers: tuple[LayerStats, ...]  # each read-only layer's, in the order they are read
-    archs: dict[str, ArchStats]  # by arch: the memory tier's entries, compiles, their time
+    disk: DiskStats
+    remote: RemoteStats
+    layers: tuple[LayerStats, ...]
+    archs: dict[str, ArchStats]
 
 
 # The tasks _spawn started, referenced until done (asyncio keeps only weak references).
@@ -104,23 +128,52 @@ class Compiler:
     """The async, actor-style compilation service.
 
     ``async with Compiler(arch="sm_90") as compiler: artifact = await compiler.compile(spec)``.
-    ``arch`` is the target of ``compile()`` when it names none; it defaults to
-    ``$AIONVRTC_ARCH``, else the current GPU's (``resolve_target``); without either, only a
-    ``compile()`` that names none raises (NoDeviceError). An ``arch`` this NVRTC cannot compile
-    for raises NvrtcError here, naming the archs it supports. ``get()`` compiles for the
-    device it loads on (``target_for``), so one Compiler serves every GPU of the host;
-    ``concurrency`` (default 1) is how many live compiles may run at once in worker threads;
-    prefetched ones take only the slots live ones leave free, and a live one does not wait for
-    a prefetched one to finish (so, while prefetches run, up to twice ``concurrency`` run). A
-    disk or remote hit never waits for them. ``shared_cache`` (default
-    ``$AIONVRTC_SHARED_CACHE``, else False) trusts a cache dir that a group shares; by default
-    the disk cache is used only when nobody but this user (or root) can write to it.
-    ``layers`` (default ``$AIONVRTC_CACHE_LAYERS``) are read-only cache dirs and bundle files
-    read after the disk cache, before the remote tier (see ``KernelCache``).
-    ``manifest`` (default ``$AIONVRTC_MANIFEST``; False: none) is a file to which every
-    distinct spec requested or prefetched is appended once per process, when its first job (a
-    miss of the memory tier) succeeds, for ``aionvrtc warm manifest`` to compile for any arch;
-    a manifest that cannot be written is warned about once and never fails a request.
+    A Compiler is opened once (opening it again raises RuntimeError) and runs in a task of its
+    own, so any task may make requests and close it. ``get()`` compiles for the device it
+    loads on (``target_for``), so one Compiler serves every GPU of the host. Live compiles run
+    in worker threads; prefetched ones take only the slots live ones leave free, and a live one
+    does not wait for a prefetched one to finish (so, while prefetches run, up to twice
+    ``concurrency`` run). A disk or remote hit never waits for them.
+
+    Args:
+        arch: The target of ``compile()`` when it names none (``"sm_90"`` or a ``Target``); it
+            defaults to ``$AIONVRTC_ARCH``, else the current GPU's (``resolve_target``);
+            without either, only a ``compile()`` that names none raises (NoDeviceError).
+        cache_dir: The disk cache's folder; default: ``$AIONVRTC_CACHE_DIR``, else the user
+            cache dir (``default_cache_dir``).
+        concurrency: How many live compiles may run at once in worker threads (default 1).
+        memory_limit: Bytes the memory tier holds (default 256 MiB); past it, entries not hit
+            lately are evicted.
+        disk_limit: Bytes the disk cache holds; default: ``$AIONVRTC_DISK_LIMIT``, else 1 GiB.
+            Past it, the least recently used entries are evicted in the background.
+        disk: False for no disk cache: kernels are kept in memory only, and records
+            (``save_record``) are not kept.
+        remote: A ``RedisTier`` that a fleet of hosts shares, read after the layers and
+            written after each compile; default: one from ``$AIONVRTC_REMOTE_URL`` if set,
+            else none. The Compiler closes it when it closes.
+        shared_cache: True trusts a cache dir that a group shares; default:
+            ``$AIONVRTC_SHARED_CACHE``, else False: the disk cache is used only when nobody
+            but this user (or root) can write to it.
+        layers: Read-only cache dirs and bundle files, read after the disk cache, before the
+            remote tier (see ``KernelCache``); default: ``$AIONVRTC_CACHE_LAYERS``.
+        manifest: A file to which every distinct spec requested or prefetched is appended once
+            per process, when its first job (a miss of the memory tier) succeeds, for
+            ``aionvrtc warm manifest`` to compile for any arch; default:
+            ``$AIONVRTC_MANIFEST``; False: none. A manifest that cannot be written is warned
+            about once and never fails a request.
+
+    Raises:
+        ValueError: ``concurrency`` is not a positive int; ``memory_limit`` or ``disk_limit``
+            is negative; ``arch`` is not an arch such as ``"sm_90"``; ``manifest`` is ``""``;
+            or a setting read from the environment is malformed (``$AIONVRTC_ARCH``,
+            ``$AIONVRTC_DISK_LIMIT``, ``$AIONVRTC_SHARED_CACHE``, ``$AIONVRTC_REMOTE_URL``,
+            or a remote tier with neither ``$AIONVRTC_REMOTE_SECRET`` nor
+            ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED``); the message names the variable.
+        TypeError: ``arch`` is neither a str nor a ``Target``, ``layers`` is one path rather
+            than a list of them, or ``manifest`` is neither a path nor False.
+        NvrtcError: CuPy or NVRTC cannot be used, or this NVRTC cannot compile for ``arch``
+            (the message names the archs it supports).
+        ImportError: ``$AIONVRTC_REMOTE_URL`` is set and the redis package is not installed.
     """
 
     def __init__(
@@ -266,10 +319,18 @@ class Compiler:
 
     async def aclose(self) -> None:
         """Close: queued jobs fail with CompilerClosed, running compiles finish and are cached,
-        and it returns once they have. Any task may call it, under any cancel scope (a server's
-        shutdown handler, say). If it is cancelled (a deadline), it cancels what is left and
-        returns at once: a compile still running then finishes in its worker thread and is
-        stored on disk, with nothing waiting for it."""
+        and it returns once they have.
+
+        Any task may call it, under any cancel scope (a server's shutdown handler, say). If it
+        is cancelled (a deadline), it cancels what is left and ends at once: a compile still
+        running then finishes in its worker thread and is stored on disk, with nothing waiting
+        for it.
+
+        Raises:
+            asyncio.CancelledError: Only the cancellation of the caller's own scope, passed on
+                once what was left is cancelled (``trio.Cancelled`` under trio); closing itself
+                never fails.
+        """
         if self._state is _State.NEW:
             self._enter(_State.CLOSED)
             return
@@ -294,6 +355,7 @@ class Compiler:
 
     @property
     def closed(self) -> bool:
+        """Whether the Compiler has closed: False while it is new, open or still closing."""
         return self._state is _State.CLOSED
 
     def _not_open(self) -> Exception:
@@ -309,8 +371,39 @@ class Compiler:
     # otherwise, so a request to a Compiler that is not open takes the slow path, which raises.
 
     async def compile(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> Artifact:
-        """The compiled artifact for ``spec`` and target ``arch`` (default: the Compiler's
-        ``arch``): memory, else disk, else NVRTC. Needs no GPU."""
+        """The compiled artifact for ``spec`` and target ``arch``: memory, else disk, else NVRTC.
+
+        Needs no GPU. A memory hit is served in the caller's task without suspending. Requests
+        for one key at once share one job; a request that is cancelled ends only its own wait,
+        and the job runs on and is cached for the next request. A spec that NVRTC rejected is
+        remembered: asking again raises the same CompileError at once, until ``forget`` or
+        ``clear``.
+
+        Args:
+            spec: The program to compile.
+            arch: The target (``"sm_90"`` or a ``Target``); default: the Compiler's ``arch``
+                (its ``target``).
+
+        Returns:
+            The ``Artifact``: the image (a cubin, or PTX for a GPU newer than this NVRTC), its
+            lowered names and NVRTC's log.
+
+        Raises:
+            TypeError: ``spec`` is not a ``KernelSpec``, or ``arch`` is neither a str nor a
+                ``Target``.
+            ValueError: ``arch`` is not an arch such as ``"sm_90"``, or the spec's include
+                directories cannot be covered by its key (one past the size bounds, or an
+                include that reaches a file outside every include directory).
+            NoDeviceError: ``arch`` is None and the Compiler has no target (no ``arch=``, no
+                ``$AIONVRTC_ARCH``, no GPU).
+            NvrtcError: This NVRTC cannot compile for ``arch`` (the message names the archs it
+                supports); the temporary folder cannot be used safely (``TMPDIR``); or the files
+                of the spec's include directories changed since its key was derived.
+            CompileError: NVRTC rejected the program; its log is in ``log`` and the message.
+            CompilerClosed: The Compiler is closed or closing, or closed before this request's
+                job ran.
+            RuntimeError: The Compiler has not been opened (``async with``).
+        """
         try:
             entry = self._hot[spec._keys[self._key_id if arch is None else self._arch_memos[arch]]]
         except (KeyError, AttributeError, TypeError):
@@ -348,9 +441,25 @@ class Compiler:
         raise fresh(job.error)
 
     def key(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> str:
-        """``spec``'s cache key for target ``arch`` (default: the Compiler's; see
-        ``kernel_key``). Blocking the first time for a spec with include directories, whose
-        files it digests."""
+        """``spec``'s cache key for target ``arch`` (see ``kernel_key``).
+
+        Blocking the first time for a spec with include directories, whose files it digests.
+        Works whether or not the Compiler is open.
+
+        Args:
+            spec: The program.
+            arch: The target (``"sm_90"`` or a ``Target``); default: the Compiler's.
+
+        Returns:
+            The key (hex SHA-256, 64 characters) that the tiers store its image under.
+
+        Raises:
+            TypeError: ``arch`` is neither a str nor a ``Target``.
+            ValueError: ``arch`` is not an arch such as ``"sm_90"``, or the spec's include
+                directories cannot be covered by its key (as ``compile`` raises it).
+            NoDeviceError: ``arch`` is None and the Compiler has no target.
+            NvrtcError: This NVRTC cannot compile for ``arch``.
+        """
         return self._for_arch(arch).key(spec)
 
     @property
@@ -383,15 +492,29 @@ class Compiler:
         return cache.key(spec)
 
     def target_for(self, device: int) -> Target:
-        """The target ``get()`` compiles for on ``device``: the GPU's own architecture
-        (``sm_90`` for compute capability 9.0), or the Compiler's ``arch`` when that names the
-        same GPU with a feature suffix (``sm_90a``) or a family that covers it (``sm_100f`` for
-        a 10.3 GPU). NoDeviceError without a GPU; ValueError for a device that is not there."""
+        """The target ``get()`` compiles for on ``device``.
+
+        Args:
+            device: The CUDA device index.
+
+        Returns:
+            The GPU's own architecture (``sm_90`` for compute capability 9.0), or the
+            Compiler's ``arch`` when that names the same GPU with a feature suffix (``sm_90a``)
+            or a family that covers it (``sm_100f`` for a 10.3 GPU).
+
+        Raises:
+            TypeError: ``device`` is not an int.
+            ValueError: There is no device ``device`` on this host.
+            NoDeviceError: No CUDA GPU is usable here.
+            NvrtcError: This NVRTC cannot compile for that GPU's architecture (the message names
+                the archs it supports).
+        """
         return self._loaded.cache_for(device).target
 
     async def get(self, spec: KernelSpec, *, device: int | None = None) -> Module:
-        """``spec`` compiled for ``device`` (default: CuPy's current device) and loaded there:
-        compiled for that GPU's architecture (``target_for``), so one Compiler serves GPUs of
+        """``spec`` compiled for ``device`` and loaded there.
+
+        Compiled for that GPU's architecture (``target_for``), so one Compiler serves GPUs of
         several architectures, with one compile per kernel and architecture.
 
         A second ``get`` on the same device returns the same Module and loads nothing. An
@@ -400,6 +523,33 @@ class Compiler:
         (REFUSAL_WINDOW). Any other load failure raises and leaves the cache as it was: a full
         GPU raises GPUOutOfMemoryError, and asking again once memory is free loads the cached
         kernel without compiling it.
+
+        Args:
+            spec: The program to compile and load.
+            device: The CUDA device index; default: CuPy's current device in the calling
+                thread.
+
+        Returns:
+            The ``Module`` loaded on ``device``: the same object for every ``get`` of the spec
+            there.
+
+        Raises:
+            TypeError: ``spec`` is not a ``KernelSpec``, or ``device`` is not an int.
+            ValueError: There is no device ``device`` on this host, or the spec's include
+                directories cannot be covered by its key (as ``compile`` raises it).
+            NoDeviceError: No CUDA GPU is usable here, or the device's CUDA context cannot be
+                created.
+            NvrtcError: This NVRTC cannot compile for the device's architecture, or as
+                ``compile`` raises it.
+            CompileError: NVRTC rejected the program.
+            GPUOutOfMemoryError: The GPU has no memory left for the module; the cached kernel
+                is kept.
+            ModuleLoadError: The module cannot be loaded: the image cannot run on this GPU or
+                driver, the device cannot take it now (a CUDA context broken by an earlier
+                fault), or the driver refused its replacement as well within the hour
+                (``status`` names the driver's error).
+            CompilerClosed: The Compiler is closed or closing.
+            RuntimeError: The Compiler has not been opened (``async with``).
         """
         try:
             loaded = self._loaded
@@ -440,12 +590,28 @@ class Compiler:
         return module
 
     def prefetch(self, specs: Iterable[KernelSpec], *, arch: TargetLike | None = None) -> int:
-        """Queue low-priority background compiles (warm-up) for target ``arch`` (default: the
-        Compiler's); returns how many were queued.
+        """Queue low-priority background compiles (warm-up) for target ``arch``.
 
         Live requests overtake them; a live request for a prefetched key promotes its job.
         Failures are logged and remembered, never raised here. Keys not derived yet are
-        derived in a worker thread (a spec among them counts as queued).
+        derived in a worker thread (a spec among them counts as queued). A spec already in
+        memory, compiling or remembered as failed is not queued.
+
+        Args:
+            specs: The programs to compile.
+            arch: The target (``"sm_90"`` or a ``Target``); default: the Compiler's.
+
+        Returns:
+            How many were queued.
+
+        Raises:
+            TypeError: An item of ``specs`` is not a ``KernelSpec``, or ``arch`` is neither a
+                str nor a ``Target``.
+            ValueError: ``arch`` is not an arch such as ``"sm_90"``.
+            NoDeviceError: ``arch`` is None and the Compiler has no target.
+            NvrtcError: This NVRTC cannot compile for ``arch``.
+            CompilerClosed: The Compiler is closed or closing.
+            RuntimeError: The Compiler has not been opened (``async with``).
         """
         if self._state is not _State.OPEN:
             raise self._not_open()
@@ -516,7 +682,19 @@ class Compiler:
     async def forget(self, spec: KernelSpec) -> None:
         """Drop ``spec`` from memory and disk and forget a remembered failure, for every arch
         this Compiler has served (entries of other archs, made by other processes, stay): the
-        next request compiles it again, reading its include directories' files anew."""
+        next request compiles it again, reading its include directories' files anew.
+
+        Its loaded modules are let go too, and its entries in the read-only layers and the
+        remote tier are not served again by this Compiler (the next compile replaces the remote
+        one).
+
+        Args:
+            spec: The program to drop.
+
+        Raises:
+            ValueError: The spec's include directories cannot be covered by its key (as
+                ``compile`` raises it), for a spec whose keys were never derived.
+        """
         keys = await anyio.to_thread.run_sync(self._cache.forget, spec)
         for key in keys:
             self._scheduler.failures.pop(key)
@@ -529,14 +707,48 @@ class Compiler:
         await anyio.to_thread.run_sync(self._cache.drop, key)
 
     async def load_record(self, name: str, *, arch: TargetLike | None = None) -> bytes | None:
-        """Data stored with ``save_record`` under ``name`` for target ``arch`` (default: the
-        Compiler's), in this or an earlier process sharing the cache dir, or None."""
+        """Data stored with ``save_record`` under ``name`` for target ``arch``, in this or an
+        earlier process sharing the cache dir.
+
+        Args:
+            name: The record's name.
+            arch: The target it was stored for (``"sm_90"`` or a ``Target``); default: the
+                Compiler's.
+
+        Returns:
+            The data, or None: nothing stored under ``name`` for that target, no disk cache,
+            or an entry that failed verification (and was dropped).
+
+        Raises:
+            TypeError: ``arch`` is neither a str nor a ``Target``.
+            ValueError: ``arch`` is not an arch such as ``"sm_90"``.
+            NoDeviceError: ``arch`` is None and the Compiler has no target.
+            NvrtcError: This NVRTC cannot compile for ``arch``.
+        """
         return await anyio.to_thread.run_sync(self._for_arch(arch).record, name)
 
     async def save_record(self, name: str, data: bytes, *, arch: TargetLike | None = None) -> bool:
-        """Keep ``data`` (such as tuning results) under ``name`` for target ``arch`` (default:
-        the Compiler's) in the disk cache, beside the kernels; False if there is no writable
-        disk cache."""
+        """Keep ``data`` (such as tuning results) under ``name`` for target ``arch`` in the disk
+        cache, beside the kernels: written atomically, verified on read, evicted with them.
+
+        Args:
+            name: The record's name; a record saved under it before for the same target is
+                replaced.
+            data: The bytes to keep.
+            arch: The target to keep it for (``"sm_90"`` or a ``Target``); default: the
+                Compiler's.
+
+        Returns:
+            True once it is stored; False if there is no writable disk cache (none, not
+            trusted, read-only or full) or the data is over its limit.
+
+        Raises:
+            TypeError: ``data`` is not bytes-like (``bytes(data)`` fails: a str, say), with a
+                disk cache; or ``arch`` is neither a str nor a ``Target``.
+            ValueError: ``arch`` is not an arch such as ``"sm_90"``.
+            NoDeviceError: ``arch`` is None and the Compiler has no target.
+            NvrtcError: This NVRTC cannot compile for ``arch``.
+        """
         return await anyio.to_thread.run_sync(self._for_arch(arch).put_record, name, data)
 
     async def clear(self) -> None:
@@ -546,6 +758,14 @@ class Compiler:
         await anyio.to_thread.run_sync(self._cache.clear)
 
     def stats(self) -> CompilerStats:
+        """A snapshot of the Compiler's counters, every target's, with each tier's own.
+
+        Reads no file and makes no network call: cheap enough for every scrape of a metrics
+        endpoint (see ``aionvrtc.metrics``).
+
+        Returns:
+            The ``CompilerStats`` as they are now.
+        """
         cache = self._cache.stats()
         queued, in_flight, waiting = self._scheduler.counts()
         return CompilerStats(
@@ -568,13 +788,44 @@ class Compiler:
     # -- blocking facade ---------------------------------------------------------------------
 
     def use_portal(self, portal: anyio.from_thread.BlockingPortal) -> None:
-        """Serve ``compile_sync`` and ``get_sync`` from any thread through ``portal``, a
-        portal into the event loop this Compiler runs in (as ``default_compiler()`` does)."""
+        """Serve ``compile_sync`` and ``get_sync`` from any thread through ``portal``.
+
+        Args:
+            portal: A portal into the event loop this Compiler runs in (as
+                ``default_compiler()`` makes one).
+
+        Raises:
+            Nothing: the portal is kept, not checked; one that has stopped makes
+                ``compile_sync`` and ``get_sync`` raise RuntimeError.
+        """
         self._portal = portal
 
     def compile_sync(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> Artifact:
         """``compile`` for code that is not async: from any thread when this Compiler runs in
-        a portal (``default_compiler()``), else from a worker thread of its event loop."""
+        a portal (``default_compiler()``), else from a worker thread of its event loop.
+
+        A memory hit is served in the calling thread, without a hop to the event loop.
+
+        Args:
+            spec: The program to compile.
+            arch: The target (``"sm_90"`` or a ``Target``); default: the Compiler's ``arch``.
+
+        Returns:
+            The ``Artifact``, as ``compile`` returns it.
+
+        Raises:
+            TypeError: ``spec`` is not a ``KernelSpec``, or ``arch`` is neither a str nor a
+                ``Target``.
+            ValueError: ``arch`` is not an arch such as ``"sm_90"``, or the spec's include
+                directories cannot be covered by its key.
+            NoDeviceError: ``arch`` is None and the Compiler has no target.
+            NvrtcError: As ``compile`` raises it.
+            CompileError: NVRTC rejected the program.
+            CompilerClosed: The Compiler is closed or closing.
+            RuntimeError: The Compiler has not been opened; or, without a portal, this is not
+                a worker thread of the Compiler's event loop (the event loop's own thread
+                included); or the portal has stopped.
+        """
         if self._state is not _State.OPEN:
             raise self._not_open()  # the portal itself may be gone
         # A memory hit is served in the caller's thread, as compile() serves it on the loop:
@@ -596,7 +847,19 @@ class Compiler:
         as a request served from memory, as get() counts it), else None: never loading,
         compiling or raising, whatever ``spec`` is. Non-blocking and safe from any thread: the
         dict lookups of get()'s hot path, for callers that would otherwise hop to the
-        Compiler's event loop (or a worker thread) only to find it."""
+        Compiler's event loop (or a worker thread) only to find it.
+
+        Args:
+            spec: The program.
+            device: The CUDA device index.
+
+        Returns:
+            The loaded ``Module``, or None when ``get`` has not loaded ``spec`` on ``device``
+            (or the Compiler is not open).
+
+        Raises:
+            Nothing: whatever ``spec`` and ``device`` are, it answers None rather than raise.
+        """
         try:
             loaded = self._loaded
             module = loaded.by_device[device][spec._keys[loaded.memos[device]]]
@@ -606,7 +869,33 @@ class Compiler:
         return module
 
     def get_sync(self, spec: KernelSpec, *, device: int | None = None) -> Module:
-        """``get`` for code that is not async; see ``compile_sync``."""
+        """``get`` for code that is not async; see ``compile_sync``.
+
+        A module loaded already is served in the calling thread (``loaded``), without a hop to
+        the event loop.
+
+        Args:
+            spec: The program to compile and load.
+            device: The CUDA device index; default: CuPy's current device in the calling
+                thread.
+
+        Returns:
+            The ``Module`` loaded on ``device``, as ``get`` returns it.
+
+        Raises:
+            TypeError: ``spec`` is not a ``KernelSpec``, or ``device`` is not an int.
+            ValueError: There is no device ``device`` on this host, or the spec's include
+                directories cannot be covered by its key.
+            NoDeviceError: No CUDA GPU is usable here, or the device's CUDA context cannot be
+                created.
+            NvrtcError: As ``get`` raises it.
+            CompileError: NVRTC rejected the program.
+            GPUOutOfMemoryError: The GPU has no memory left for the module; the cached kernel
+                is kept.
+            ModuleLoadError: The module cannot be loaded (see ``get``).
+            CompilerClosed: The Compiler is closed or closing.
+            RuntimeError: As ``compile_sync`` raises it.
+        """
         if self._state is not _State.OPEN:
             raise self._not_open()
         if device is None:

@@ -120,7 +120,19 @@ def device_ready(device: int) -> bool:
 
 
 class Module:
-    """An artifact loaded into one device's context; kernels by name or name expression."""
+    """An artifact loaded into one device's context; kernels by name or name expression.
+
+    Made by ``Compiler.get`` (not by hand), which returns the same Module for every ``get`` of
+    a spec on a device.
+
+    Args:
+        artifact: The artifact loaded, kept as ``artifact``.
+        device: The CUDA device index it is loaded on, kept as ``device``.
+        module: CuPy's module holding the loaded image (``cupy.cuda.function.Module``).
+
+    Raises:
+        Nothing: the arguments are kept as given; loading (``Compiler.get``) is what can fail.
+    """
 
     __slots__ = ("__weakref__", "_functions", "_module", "artifact", "device")
 
@@ -131,8 +143,21 @@ class Module:
         self._functions: dict[str, Any] = {}
 
     def get_function(self, name: str) -> Any:
-        """The kernel ``name``: a name expression given in the spec (``"gemm<float>"``) or a
-        plain (extern "C" or mangled) symbol. Returns a ``cupy.cuda.function.Function``."""
+        """The kernel ``name``, looked up once and then kept.
+
+        Args:
+            name: A name expression given in the spec (``"gemm<float>"``) or a plain
+                (extern "C" or mangled) symbol.
+
+        Returns:
+            The kernel as a ``cupy.cuda.function.Function``: the same object for every call
+            with ``name``.
+
+        Raises:
+            KeyError: The module holds no kernel ``name``, or the driver could not look it up
+                (the message lists the name expressions; the cause is CuPy's error).
+            TypeError: ``name`` is not a str.
+        """
         try:
             return self._functions[name]
         except KeyError:
@@ -241,11 +266,20 @@ _waiting: anyio.lowlevel.RunVar[set[_Wait]] = anyio.lowlevel.RunVar("aionvrtc.sy
 async def synchronize(work: Any = None) -> None:
     """Wait until GPU work is done without blocking the event loop.
 
-    ``work`` is a ``cupy.cuda.Stream`` (all work queued on it so far), a ``cupy.cuda.Event``
-    (recorded earlier), or None for CuPy's current stream. Polls the event with a short
-    backoff, so an asyncio or trio server keeps serving while the GPU works; the task that
-    finds its work done wakes every other task of the loop whose work is done too, so that
-    tasks waiting for the same work (a batch) go on together.
+    Polls an event with a short backoff, so an asyncio or trio server keeps serving while the
+    GPU works; the task that finds its work done wakes every other task of the loop whose work
+    is done too, so that tasks waiting for the same work (a batch) go on together.
+
+    Args:
+        work: A ``cupy.cuda.Stream`` or ``cupy.cuda.ExternalStream`` (all work queued on it so
+            far), a ``cupy.cuda.Event`` (recorded earlier), or None for CuPy's current stream.
+
+    Raises:
+        TypeError: ``work`` is none of those.
+        ImportError: CuPy is not installed.
+        cupy.cuda.runtime.CUDARuntimeError: CUDA reported an error for the work or the device
+            (a kernel's fault, such as an illegal address); CuPy's own error, passed on as it
+            is.
     """
     import cupy
 

@@ -123,6 +123,14 @@ class Manifest:
     Not fsynced: a manifest says what to warm, and a power cut that loses its last lines costs
     those kernels one compile at their first request, while an fsync per batch would cost a
     disk flush per burst of misses. A line cut short is skipped by ``read_manifests``.
+
+    Args:
+        path: The manifest file, made absolute now (a later chdir does not move it). It is
+            created at the first write, readable and writable by this user only; an existing
+            file keeps its mode, so a team may share one on purpose.
+
+    Raises:
+        TypeError: ``path`` is neither a str nor an ``os.PathLike``.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -140,7 +148,14 @@ class Manifest:
         return f"Manifest({self.path!r})"
 
     def bind(self, task_group: anyio.abc.TaskGroup) -> None:
-        """Where flushes run: the Compiler's task group, while it is open."""
+        """Where flushes run: the Compiler's task group, while it is open.
+
+        Args:
+            task_group: The task group in which ``record`` starts each flush.
+
+        Raises:
+            Nothing: the task group is kept, not checked.
+        """
         self._task_group = task_group
 
     async def aclose(self) -> None:
@@ -151,7 +166,15 @@ class Manifest:
 
     def record(self, spec: KernelSpec) -> None:
         """Note ``spec`` for the manifest, unless noted before. Cheap, never blocks: the line is
-        written by ``flush``, in a worker thread."""
+        written by ``flush``, in a worker thread.
+
+        Args:
+            spec: The spec to record.
+
+        Raises:
+            Nothing: recording never fails a request; a manifest that cannot be written is
+                warned about once and no longer recorded to.
+        """
         with self._mutex:
             # Equal specs are equal keys (KernelSpec hashes and compares by content); interned
             # ones are one object, and a dict lookup tries identity first.
@@ -252,8 +275,13 @@ def _append(path: str, data: bytes) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ManifestRead:
-    """What ``read_manifests`` found: the distinct specs in the order first seen, how many lines
-    repeated one of them, and the lines skipped, as ``"PATH:LINE: why"``."""
+    """What ``read_manifests`` found.
+
+    Attributes:
+        specs: The distinct specs, in the order first seen (over every file read).
+        duplicates: How many lines repeated a spec seen before.
+        skipped: The lines skipped, each as ``"PATH:LINE: why"``.
+    """
 
     specs: list[KernelSpec]
     duplicates: int
@@ -266,8 +294,22 @@ class _BadLine(Exception):
 
 def read_manifests(paths: Iterable[str | os.PathLike[str]]) -> ManifestRead:
     """The specs of the manifests at ``paths``. Lines that are not manifest lines (a last line
-    cut short by a crash, garbage) are skipped and listed. ManifestError for a path that cannot
-    be read or holds no manifest at all."""
+    cut short by a crash, garbage) are skipped and listed.
+
+    Each file is read as it was when opened: a line being appended meanwhile may be cut short,
+    and skipped.
+
+    Args:
+        paths: The manifest files, read in order (a list, even of one).
+
+    Returns:
+        The distinct specs, how many lines repeated one, and the lines skipped.
+
+    Raises:
+        ManifestError: A path cannot be read (missing, unreadable, not a regular file) or
+            holds no manifest at all (its first line is not a JSON object, or no line is a
+            manifest line).
+    """
     specs: dict[KernelSpec, None] = {}
     duplicates = 0
     skipped: list[str] = []

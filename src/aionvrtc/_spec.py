@@ -167,10 +167,8 @@ def _check_header_folders(headers: Mapping[str, str]) -> None:
 @dataclass(frozen=True, slots=True, eq=True, init=False)  # built in __new__
 class KernelSpec:
     """One NVRTC program: source, in-memory headers, options and the name expressions whose
-    lowered (mangled) names are wanted. Frozen and validated on construction.
-
-    ``name`` is the program's file name; it appears in NVRTC's messages and in ``__FILE__``, so it
-    is part of the cache key.
+    lowered (mangled) names are wanted. Frozen and validated on construction:
+    ``KernelSpec(source, *, name_expressions=(), options=(), headers=None, name="kernel.cu")``.
 
     NVRTC reads no host file that the key does not cover: includes resolve against ``headers``
     and the include folders (``-I<dir>``, then CUDA's own headers where those do not hold a
@@ -184,6 +182,32 @@ class KernelSpec:
     few thousand built), so a spec made per request costs one table lookup and its cache key
     is derived once per process. A spec that reads host headers is always a new object: its
     key covers the files as it first read them (build it once and keep it).
+
+    Attributes:
+        source: The CUDA C++ program.
+        name_expressions: The name expressions whose lowered (mangled) names are wanted
+            (``"gemm<float>"``), duplicates dropped; ``Artifact.lowered_names`` maps each to
+            its name, and ``Module.get_function`` takes it. Given as any iterable of str.
+        options: NVRTC's options, in order (``"-std=c++17"``, ``"-Iinclude"``); never the
+            target, which the compiler gives. Given as any iterable of str.
+        headers: The in-memory headers, name (``"tile.cuh"``, ``"detail/tile.cuh"``) to text,
+            for ``#include "tile.cuh"``; held read-only, sorted by name. Given as any mapping
+            of str to str (default: none).
+        name: The program's file name (default ``"kernel.cu"``); it appears in NVRTC's
+            messages and in ``__FILE__``, so it is part of the cache key.
+
+    Raises:
+        TypeError: ``source``, ``name``, a header's name or text, or an item of
+            ``name_expressions`` or ``options`` is not a str; ``name_expressions`` or
+            ``options`` is a bare str or not iterable; or ``headers`` is not a mapping.
+        ValueError: ``source`` or ``name`` is empty, or a text holds a NUL character or a lone
+            surrogate; an option or name expression is empty; an option has white space around
+            it, names the target (``-arch``), writes host files or produces no loadable image
+            (``-time``, PCH, LTO, OptiX IR, ``-fdevice-syntax-only``, ``--no-source-include``),
+            or is an include directory or pre-include that names none; a header's name is not
+            a plain relative name, or is also the folder of another; a pre-include is not one
+            of ``headers``; an include that the key cannot cover (an absolute path, a path
+            through ``..``, ``#include MACRO``); or ``name`` holds a control character.
     """
 
     source: str

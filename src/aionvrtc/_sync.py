@@ -79,7 +79,21 @@ def default_compiler() -> Compiler:
     ``$AIONVRTC_ARCH`` if set, else the current GPU's (without either, ``compile_sync`` needs
     an ``arch``); its cache dir ``$AIONVRTC_CACHE_DIR`` or the user cache dir. Usable from any
     thread through ``compile_sync``/``get_sync``; after fork(), the child starts its own on
-    first use."""
+    first use. A Compiler that fails to start raises here, and the next call tries again.
+
+    Returns:
+        The open default Compiler: the same one until it closes (``close_default_compiler``,
+        or exit), after which the next call starts another.
+
+    Raises:
+        NvrtcError: CuPy or NVRTC cannot be used, or this NVRTC cannot compile for
+            ``$AIONVRTC_ARCH``.
+        ValueError: A setting it reads is malformed (``$AIONVRTC_ARCH``,
+            ``$AIONVRTC_DISK_LIMIT``, ``$AIONVRTC_SHARED_CACHE``, ``$AIONVRTC_REMOTE_URL``, or
+            a remote tier with neither ``$AIONVRTC_REMOTE_SECRET`` nor
+            ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED``); the message names the variable.
+        ImportError: ``$AIONVRTC_REMOTE_URL`` is set and the redis package is not installed.
+    """
     compiler = _Default.compiler  # the hot path of every tropical call: no lock once started
     if compiler is not None and not compiler.closed:
         return compiler
@@ -107,10 +121,60 @@ def close_default_compiler() -> None:
 
 
 def compile_sync(spec: KernelSpec, *, arch: TargetLike | None = None) -> Artifact:
-    """``await compile(spec, arch=arch)`` on the default Compiler, from blocking code."""
+    """``await compile(spec, arch=arch)`` on the default Compiler, from blocking code.
+
+    From any thread; a memory hit is served in the calling thread. The default Compiler is
+    started on first use (``default_compiler``).
+
+    Args:
+        spec: The program to compile.
+        arch: The target (``"sm_90"`` or a ``Target``); default: ``$AIONVRTC_ARCH``, else the
+            current GPU's.
+
+    Returns:
+        The ``Artifact``, as ``Compiler.compile`` returns it.
+
+    Raises:
+        TypeError: ``spec`` is not a ``KernelSpec``, or ``arch`` is neither a str nor a
+            ``Target``.
+        ValueError: ``arch`` is not an arch such as ``"sm_90"``, a setting is malformed (see
+            ``default_compiler``), or the spec's include directories cannot be covered by its
+            key.
+        NoDeviceError: ``arch`` is None, ``$AIONVRTC_ARCH`` is unset and no GPU is usable.
+        NvrtcError: CuPy or NVRTC cannot be used, or as ``Compiler.compile`` raises it.
+        CompileError: NVRTC rejected the program.
+        ImportError: ``$AIONVRTC_REMOTE_URL`` is set and the redis package is not installed.
+        CompilerClosed: The default Compiler is closing (``close_default_compiler``, or exit).
+    """
     return default_compiler().compile_sync(spec, arch=arch)
 
 
 def get_sync(spec: KernelSpec, *, device: int | None = None) -> Module:
-    """``await get(spec)`` on the default Compiler, from blocking code."""
+    """``await get(spec)`` on the default Compiler, from blocking code.
+
+    From any thread; a module loaded already is served in the calling thread. The default
+    Compiler is started on first use (``default_compiler``).
+
+    Args:
+        spec: The program to compile and load.
+        device: The CUDA device index; default: CuPy's current device in the calling thread.
+
+    Returns:
+        The ``Module`` loaded on ``device``, as ``Compiler.get`` returns it.
+
+    Raises:
+        TypeError: ``spec`` is not a ``KernelSpec``, or ``device`` is not an int.
+        ValueError: There is no device ``device`` on this host, a setting is malformed (see
+            ``default_compiler``), or the spec's include directories cannot be covered by its
+            key.
+        NoDeviceError: No CUDA GPU is usable here, or the device's CUDA context cannot be
+            created.
+        NvrtcError: CuPy or NVRTC cannot be used, or as ``Compiler.get`` raises it.
+        CompileError: NVRTC rejected the program.
+        GPUOutOfMemoryError: The GPU has no memory left for the module; the cached kernel is
+            kept.
+        ModuleLoadError: The module cannot be loaded (see ``Compiler.get``).
+        ImportError: ``$AIONVRTC_REMOTE_URL`` is set and the redis package is not installed.
+        CompilerClosed: The default Compiler is closing (``close_default_compiler``, or exit).
+    """
     return default_compiler().get_sync(spec, device=device)

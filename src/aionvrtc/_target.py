@@ -27,6 +27,16 @@ class Target:
     """A real GPU architecture such as ``Target("sm_90")``; ``Target.current()`` detects it.
 
     Wherever a target is needed an ``arch="sm_90"`` string is accepted too.
+
+    Attributes:
+        arch: The architecture's name: ``"sm_90"``; ``"sm_90a"``, with arch-specific features
+            such as wgmma (for that GPU alone); or ``"sm_100f"``, family-portable.
+        number: Its number without the suffix (90 for ``"sm_90a"``): derived from ``arch``,
+            not passed.
+
+    Raises:
+        TypeError: ``arch`` is not a str.
+        ValueError: ``arch`` does not look like ``"sm_90"``, ``"sm_90a"`` or ``"sm_100f"``.
     """
 
     arch: str
@@ -47,9 +57,18 @@ class Target:
 
     @classmethod
     def current(cls, device: int | None = None) -> Target:
-        """The architecture of ``device`` (default: CuPy's current device).
+        """The architecture of ``device``.
 
-        Raises NoDeviceError when CUDA or the GPU cannot be used.
+        Args:
+            device: The CUDA device index; default: CuPy's current device.
+
+        Returns:
+            The device's own architecture, from its compute capability (``sm_90`` for 9.0),
+            without a suffix.
+
+        Raises:
+            NoDeviceError: CuPy is not installed, or CUDA or the GPU cannot be used (there is
+                no device ``device``, say).
         """
         return _detect(device, hint="pass the target explicitly, for example arch='sm_90'")
 
@@ -75,8 +94,19 @@ def resolve_target(arch: TargetLike | None = None, *, default: TargetLike | None
     """The target to compile for: ``arch`` if given; else ``$AIONVRTC_ARCH`` if set; else the
     current GPU's; else ``default``.
 
-    Raises NoDeviceError when it comes to the GPU, there is none and no ``default`` is given,
-    and ValueError naming ``$AIONVRTC_ARCH`` when that is not an arch such as ``sm_90``.
+    Args:
+        arch: The target asked for (``"sm_90"`` or a ``Target``).
+        default: The target where it comes to the GPU and there is none (``"sm_90"`` or a
+            ``Target``); checked whenever it comes to the GPU, with a GPU too.
+
+    Returns:
+        The ``Target``.
+
+    Raises:
+        NoDeviceError: It comes to the GPU, there is none and no ``default`` is given.
+        ValueError: ``arch`` or ``default`` is not an arch such as ``"sm_90"``, or
+            ``$AIONVRTC_ARCH`` is not (the message names the variable).
+        TypeError: ``arch`` or ``default`` is neither a str nor a ``Target``.
     """
     if arch is not None:
         return as_target(arch)

@@ -56,17 +56,43 @@ _GAUGES = (
 
 class CompilerCollector:
     """A prometheus_client collector of one Compiler: ``aionvrtc_*_total`` counters, gauges of
-    the queue and memory, and ``aionvrtc_hit_ratio`` (hits over requests). ``name`` becomes the
-    ``compiler`` label, to tell several compilers in one process apart."""
+    the queue and memory, and ``aionvrtc_hit_ratio`` (hits over requests).
+
+    ``register`` makes one and registers it; one made directly is registered with
+    ``registry.register(collector)``.
+
+    Args:
+        compiler: The Compiler whose ``stats()`` each scrape reads.
+        name: The value of the ``compiler`` label, to tell several compilers in one process
+            apart.
+
+    Raises:
+        Nothing: nothing is checked or read until a scrape (``collect``).
+    """
 
     def __init__(self, compiler: Compiler, *, name: str = "default") -> None:
         self.compiler = compiler
         self.name = name
 
     def describe(self) -> list[Any]:
+        """The metrics described ahead of a scrape: none, as they are made at collect time.
+
+        Returns:
+            An empty list, so a registry checks no metric names when this is registered.
+        """
         return []  # no fixed description: metrics are made at collect time
 
     def collect(self) -> Iterator[Any]:
+        """The metrics, from one ``compiler.stats()``, as a registry's scrape asks for them.
+
+        Yields:
+            prometheus_client metric families: the counters and gauges, each labelled
+            ``compiler``; ``aionvrtc_arch_compiles`` and ``aionvrtc_arch_memory_entries``,
+            labelled ``compiler`` and ``arch``; then ``aionvrtc_hit_ratio``.
+
+        Raises:
+            ImportError: prometheus_client is not installed.
+        """
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         stats: CompilerStats = self.compiler.stats()
@@ -103,8 +129,25 @@ class CompilerCollector:
 def register(
     compiler: Compiler, *, registry: CollectorRegistry | None = None, name: str = "default"
 ) -> CompilerCollector:
-    """Register a CompilerCollector for ``compiler`` with ``registry`` (default: the global
-    prometheus_client registry) and return it (``registry.unregister(it)`` removes it)."""
+    """Register a CompilerCollector for ``compiler`` with ``registry`` and return it
+    (``registry.unregister(it)`` removes it).
+
+    Two collectors with one ``name`` in one registry are not refused (a scrape would then
+    hold each series twice): give each Compiler a name of its own.
+
+    Args:
+        compiler: The Compiler whose ``stats()`` each scrape reads.
+        registry: The registry to register with; default: the global prometheus_client
+            registry (``prometheus_client.REGISTRY``).
+        name: The value of the ``compiler`` label, to tell several compilers in one process
+            apart.
+
+    Returns:
+        The registered ``CompilerCollector``.
+
+    Raises:
+        ImportError: prometheus_client is not installed (``pip install 'aionvrtc[metrics]'``).
+    """
     try:
         from prometheus_client import REGISTRY
     except ImportError as exc:

@@ -126,7 +126,12 @@ SORT_RUN = 4096  # entries sorted in one call (see _least_recent)
 
 
 def default_cache_dir() -> Path:
-    """``$AIONVRTC_CACHE_DIR`` if set, else the platform's user cache dir for aionvrtc."""
+    """``$AIONVRTC_CACHE_DIR`` if set, else the platform's user cache dir for aionvrtc.
+
+    Returns:
+        The folder (``~`` expanded), such as ``~/.cache/aionvrtc`` on Linux. It may not exist
+        yet: the disk tier makes it at its first write.
+    """
     configured = _config.text(ENV_CACHE_DIR)
     if configured:
         return Path(configured).expanduser()
@@ -200,23 +205,38 @@ class DiskStats:
     """A disk tier's counters since it was created (this process's), and the cache dir's size
     as its index said at this tier's last write, removal or rebuild (None: not known yet).
 
-    ``misses`` counts lookups that found no entry: requests that join one in flight for the
-    same key share its lookup, so one cold request, or many at once for one key, is one miss.
-    The second look that a compile takes under the key's lock is not another miss; if it finds
-    the entry (another process compiled it meanwhile), that is a hit: ``hits`` counts the
-    lookups that served an entry from disk. ``DiskStats()``, all zero and neither writable nor
-    trusted, is what a cache without a disk tier reports (as ``RemoteStats()`` is for one
-    without a remote tier)."""
+    Requests that join one in flight for the same key share its lookup, so one cold request,
+    or many at once for one key, is one miss. The second look that a compile takes under the
+    key's lock is not another miss; if it finds the entry (another process compiled it
+    meanwhile), that is a hit. ``DiskStats()``, all zero and neither writable nor trusted, is
+    what a cache without a disk tier reports (as ``RemoteStats()`` is for one without a remote
+    tier).
+
+    Attributes:
+        hits: Lookups that served an entry from disk.
+        misses: Lookups that found no entry.
+        writes: Entries written.
+        corrupt_dropped: Entries that failed verification and were deleted.
+        evictions: Entries this tier evicted to keep the cache dir within its limit.
+        write_failures: Writes that failed (the kernel is then kept in memory only).
+        read_failures: Lookups that failed on an I/O error (the kernel is then compiled).
+        writable: Whether the tier takes writes: False once the file system refused them
+            (read-only, full).
+        trusted: False: the cache dir failed the ownership checks and is not used.
+        entries: The entries in the cache dir (every process's), as its index said; None: not
+            known yet.
+        bytes: Their total size in bytes, as its index said; None: not known yet.
+    """
 
     hits: int = 0
     misses: int = 0
     writes: int = 0
-    corrupt_dropped: int = 0  # entries that failed verification and were deleted
+    corrupt_dropped: int = 0
     evictions: int = 0
     write_failures: int = 0
     read_failures: int = 0
     writable: bool = False
-    trusted: bool = False  # False: the cache dir failed the ownership checks and is not used
+    trusted: bool = False
     entries: int | None = None
     bytes: int | None = None
 

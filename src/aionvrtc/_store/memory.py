@@ -14,13 +14,22 @@ __all__ = ["Entry", "MemoryStats", "MemoryTier"]
 
 @dataclass(frozen=True, slots=True)
 class MemoryStats:
-    """A snapshot of the memory tier."""
+    """A snapshot of the memory tier.
+
+    Attributes:
+        hits: Reads that found their key: the requests served from memory, ``Compiler.get``'s
+            loaded modules included.
+        entries: The artifacts held now.
+        bytes: The bytes they are charged now (``Artifact.size`` each).
+        evictions: Artifacts evicted to stay within the memory limit.
+        archs: The entries by the arch they were compiled for (archs with none left out).
+    """
 
     hits: int
     entries: int
     bytes: int
     evictions: int
-    archs: dict[str, int]  # entries by the arch they were compiled for
+    archs: dict[str, int]
 
 
 class Entry:

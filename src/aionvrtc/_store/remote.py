@@ -120,9 +120,22 @@ def check_url(url: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RemoteStats:
-    """A snapshot of the remote tier: entries read, not there, refused (unsigned, badly
-    signed, corrupt or too large), failed calls, compiles that waited for another host's, and
-    compile locks ignored as not another aionvrtc host's (see RedisTier.hold)."""
+    """A snapshot of the remote tier's counters since it was made (this process's).
+
+    ``RemoteStats()``, all zero, is what a Compiler without a remote tier reports.
+
+    Attributes:
+        hits: Entries read and served.
+        misses: Lookups that found no entry.
+        rejected: Entries refused: unsigned while a secret is configured, badly signed,
+            corrupt, over ``max_entry_bytes`` or not a string (those two left unread on the
+            server).
+        errors: Redis calls that failed (down, slow, refusing); the tier is then skipped for
+            a backoff.
+        lock_waits: Compiles that waited for another host's compile lock.
+        foreign_locks: Compile locks ignored as not another aionvrtc host's (see
+            ``RedisTier.hold``): this host compiled at once instead.
+    """
 
     hits: int = 0
     misses: int = 0
@@ -133,21 +146,42 @@ class RemoteStats:
 
 
 class RedisTier:
-    """A Redis-backed tier shared by hosts. ``url`` as redis-py takes it (``redis://host:6379/0``);
-    ``prefix`` namespaces the keys (one per fleet or deployment); ``ttl`` (seconds) expires
-    entries, None keeps them; ``secret`` signs and verifies entries and locks (bytes or str).
-    Without a secret the tier refuses to start unless ``allow_unsigned=True``: anyone who can
-    write to the Redis could then plant a kernel image that every host runs.
+    """A Redis-backed tier shared by hosts: read after memory, disk and layers, written after
+    each compile; one host compiles a kernel while the others wait for it.
 
-    ``lock_ttl`` (seconds) is the expiry of a compile lock (renewed while the compile runs;
-    every host of a fleet should use the same one: a longer lock than ours looks foreign);
-    ``wait_timeout`` (seconds) bounds the wait on another host's genuine lock; a foreign one is
-    not waited on. ``max_entry_bytes`` bounds a value read or written. ``timeout`` (seconds)
-    bounds each Redis call; ``poll`` (seconds) is the pause between looks at a held lock.
+    Without a secret the tier refuses to start unless ``allow_unsigned=True``: anyone who can
+    write to the Redis could then plant a kernel image that every host runs. Redis being down,
+    slow or restarted never fails a request: each call has a short timeout, and a failure is
+    counted, warned about once and followed by a backoff. Making one connects to nothing; the
+    first call does.
 
     Pass it to ``Compiler(remote=...)``, or set ``$AIONVRTC_REMOTE_URL`` (and
     ``$AIONVRTC_REMOTE_SECRET`` or ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED=1``) for Compilers made
     without one.
+
+    Args:
+        url: The Redis server, as redis-py takes it (``redis://host:6379/0``,
+            ``rediss://user:password@host:6380``, ``unix:///run/redis.sock``).
+        prefix: Namespaces the keys (one per fleet or deployment).
+        ttl: Seconds after which an entry expires; None keeps them.
+        secret: Signs and verifies entries and locks (HMAC-SHA256; bytes, or a str taken as
+            UTF-8); every host of a fleet uses the same.
+        allow_unsigned: True runs without a secret: only if every party that can write to this
+            Redis is trusted.
+        timeout: Seconds each Redis call (and each connection) may take.
+        lock_ttl: Seconds until a compile lock expires, renewed while the compile runs; every
+            host of a fleet should use the same one: a longer lock than ours looks foreign.
+        wait_timeout: Seconds a compile waits on another host's genuine lock before it
+            compiles itself; a foreign one is not waited on.
+        poll: Seconds between looks at a lock another host holds.
+        max_entry_bytes: Bytes of a value read or written (default 16 MiB): a larger one is
+            refused on the server, unread, and not uploaded.
+
+    Raises:
+        ImportError: The redis package is not installed (``pip install 'aionvrtc[redis]'``).
+        ValueError: ``url`` is not a Redis URL; ``ttl``, ``timeout``, ``lock_ttl``, ``poll``
+            or ``max_entry_bytes`` is not positive; ``secret`` is empty; or there is no secret
+            and ``allow_unsigned`` is False.
     """
 
     origin: Origin = "remote"
@@ -238,7 +272,18 @@ class RedisTier:
     @classmethod
     def from_environment(cls) -> RedisTier | None:
         """A tier from ``$AIONVRTC_REMOTE_URL``, ``$AIONVRTC_REMOTE_SECRET`` and
-        ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED``, or None without a URL."""
+        ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED``, or None without a URL.
+
+        Returns:
+            The tier, with the defaults for its other settings; None where
+            ``$AIONVRTC_REMOTE_URL`` is unset or empty.
+
+        Raises:
+            ValueError: ``$AIONVRTC_REMOTE_URL`` is not a Redis URL,
+                ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED`` is not a switch, or there is no secret and
+                unsigned entries are not allowed; the message names the variable.
+            ImportError: The redis package is not installed.
+        """
         url = _config.text(ENV_REMOTE_URL)
         if url is None:
             return None
@@ -255,6 +300,11 @@ class RedisTier:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def stats(self) -> RemoteStats:
+        """A snapshot of the tier's counters since it was made.
+
+        Returns:
+            The ``RemoteStats`` as they are now; taking it makes no call to Redis.
+        """
         with self._lock:
             return RemoteStats(
                 self.hits, self.misses, self.rejected, self.errors, self.lock_waits,
@@ -303,13 +353,42 @@ class RedisTier:
         return hmac.new(self._secret, key.encode() + b"\0" + entry, hashlib.sha256).digest()
 
     def pack(self, artifact: Artifact) -> bytes:
+        """``artifact`` as this tier stores it: a magic, a flag byte, with a secret the
+        HMAC-SHA256 signature over the key and the entry, then the encoded entry.
+
+        Args:
+            artifact: The artifact to encode.
+
+        Returns:
+            The value to store under the artifact's key (``unpack`` reads it back).
+
+        Raises:
+            Nothing: any Artifact packs; whether it fits ``max_entry_bytes`` is for ``write``
+                to decide.
+        """
         entry = encode(artifact)
         if self._secret is None:
             return MAGIC + b"\0" + entry
         return MAGIC + b"\1" + self._sign(artifact.key, entry) + entry
 
     def unpack(self, key: str, value: bytes, arch: str | None) -> Artifact:
-        """The verified artifact in ``value``; CacheCorruptError says why it is refused."""
+        """The verified artifact in ``value``; CacheCorruptError says why it is refused.
+
+        A tier without a secret reads a signed value too, verifying the entry only.
+
+        Args:
+            key: The cache key the value was stored under (the signature covers it).
+            value: The value as stored (``pack``).
+            arch: The target the entry must be built for; None: any.
+
+        Returns:
+            The ``Artifact`` in it.
+
+        Raises:
+            CacheCorruptError: ``value`` is not an aionvrtc remote value; it is unsigned while
+                a secret is configured, or badly signed; or the entry fails verification
+                (truncated, modified, of another key, arch or format version).
+        """
         if not value.startswith(MAGIC) or len(value) < len(MAGIC) + 1:
             raise CacheCorruptError("remote entry: not an aionvrtc remote value")
         signed, body = value[len(MAGIC)], value[len(MAGIC) + 1 :]
@@ -325,7 +404,19 @@ class RedisTier:
 
     def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
         """The verified entry for ``key``, or None (a miss, a refused entry or Redis down).
-        A value over ``max_entry_bytes`` is refused on the server, without being sent."""
+        A value over ``max_entry_bytes`` is refused on the server, without being sent.
+
+        Args:
+            key: The cache key.
+            arch: The target the entry must be built for; None: any.
+
+        Returns:
+            The ``Artifact``, or None.
+
+        Raises:
+            Nothing: a refused entry is counted (``rejected``) and warned about, and Redis down
+                is a miss, never an error.
+        """
         value = self._call(
             self._get_bounded, keys=[self._entry_key(key)], args=[self.max_entry_bytes]
         )
@@ -359,7 +450,17 @@ class RedisTier:
 
     def write(self, artifact: Artifact) -> bool:
         """Upload ``artifact``; False if Redis is down or it is over ``max_entry_bytes`` (no
-        host would read it)."""
+        host would read it).
+
+        Args:
+            artifact: The artifact to store under its key, expiring after ``ttl`` if set.
+
+        Returns:
+            True once stored; False otherwise (also after ``close``).
+
+        Raises:
+            Nothing: a failed upload is False, counted and warned about, never an error.
+        """
         value = self.pack(artifact)
         if len(value) > self.max_entry_bytes:
             self._warn_key(
@@ -430,6 +531,20 @@ class RedisTier:
         While another host holds a genuine lock, only the lock is polled (a small SET NX that
         reads the lock back when taken); the entry is read once, when the lock is ours again.
         Each look checks the lock anew, so one planted after a genuine holder left is seen.
+
+        Args:
+            key: The cache key about to be compiled.
+            arch: The target it is compiled for: an entry found meanwhile must be built for it.
+            wait: False returns None at once where another host holds a genuine lock.
+            cancel: Set, it ends a wait at once, holding nothing.
+
+        Returns:
+            The hold (let go of it with its ``release()``), or None: with ``wait=False``,
+            another host holds a genuine lock now.
+
+        Raises:
+            Nothing: Redis down, a foreign lock or a wait that ran out is a hold that holds
+                nothing, never an error.
         """
         token = self._lock_token(key)
         lock = self._lock_key(key)
@@ -483,6 +598,17 @@ class RedisTier:
         )  # fmt: skip
 
     def release(self, key: str, token: str) -> None:
+        """Let go of the compile lock on ``key`` that ``token`` took, and stop renewing it; a
+        lock that another token holds now (ours lapsed, another host took it) is left alone.
+
+        Args:
+            key: The cache key whose lock to let go of.
+            token: The lock's value, as ``hold`` took it (a hold's ``release()`` passes it).
+
+        Raises:
+            Nothing: with Redis down or the tier closed, the lock lapses by its expiry
+                (``lock_ttl``).
+        """
         with self._lock:
             stop = self._renewing.pop((key, token), None)
         if stop is not None:

@@ -84,13 +84,21 @@ class Locking(Tier, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class LayerStats:
-    """A read-only layer's counters since it was opened: a cache dir (``kind`` "dir") or a
-    bundle file ("bundle") at ``path``; ``damaged``: entries that failed verification and were
-    skipped; ``entries``: what the layer holds."""
+    """A read-only layer's counters since it was opened.
+
+    Attributes:
+        path: The layer's path.
+        kind: ``"dir"`` for a cache dir, ``"bundle"`` for a bundle file.
+        hits: Lookups that served an entry from it.
+        misses: Lookups that found no entry there.
+        damaged: Entries that failed verification and were skipped (compiled instead).
+        entries: The entries the layer holds; None: not known (a cache dir's are not
+            counted).
+    """
 
     path: str
     kind: str
     hits: int
     misses: int
     damaged: int
-    entries: int | None  # None: not known (a cache dir's are not counted)
+    entries: int | None

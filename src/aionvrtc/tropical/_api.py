@@ -34,18 +34,53 @@ async def matmul(
     stream: Any = None,
     compiler: Compiler | None = None,
 ) -> Any:
-    """C = A (x) B over ``semiring`` on the GPU, enqueued on ``stream`` (default: CuPy's
-    current stream) without synchronising. Returns C, or (C, argmax) with ``argmax=True``:
-    the int32 index of the winning k (the smallest on ties; -1 where C is the semiring's zero).
+    """C = A (x) B over ``semiring`` on the GPU, enqueued on ``stream`` without synchronising.
 
     ``a`` (M, K) and ``b`` (K, N) are CuPy arrays of one dtype, with any strides (transposed
     and sliced views are used in place); 3-D operands carry a leading batch dimension, and a
-    batch of 1 (or a 2-D operand) broadcasts. ``out`` receives C (with ``argmax``, a
-    (C, argmax) pair); ``accumulate=True`` computes C = C (+) A (x) B into ``out``. The kernel is
-    fetched through ``compiler`` (default: aionvrtc's process-wide Compiler), compiled on first use.
+    batch of 1 (or a 2-D operand) broadcasts. The kernel is fetched through ``compiler``,
+    compiled on first use. An empty result launches nothing; a sum over no k (K = 0) leaves the
+    semiring's zero in C, and -1 in the argmax (C unchanged where it accumulates).
 
     A call with the layout of an earlier one (shapes, strides, dtypes, devices, semiring, flags)
     reuses its launch, checked and computed once, and only writes the new pointers.
+
+    Args:
+        a: The left operand: a CuPy array of shape (M, K), or (batch, M, K).
+        b: The right operand: a CuPy array of shape (K, N), or (batch, K, N), of ``a``'s dtype
+            and on ``a``'s device.
+        semiring: ``"maxplus"`` (max over k of a + b), ``"minplus"`` (min over k of a + b) or
+            ``"maxmul"`` (max over k of a * b, for non-negative inputs), on float32, float64,
+            int32 or int64; or ``"andor"`` on bool.
+        argmax: Also compute the int32 index of the winning k: the smallest on ties, -1 where
+            C is the semiring's zero.
+        out: The array that receives C, of C's shape and dtype on the operands' device; with
+            ``argmax``, a (C, argmax) pair of such arrays, the argmax int32. Default: new arrays.
+        accumulate: Compute C = C (+) A (x) B into ``out``, which must then be given.
+        stream: The CuPy stream the work is enqueued on. Default: CuPy's current stream.
+        compiler: The Compiler that fetches the kernel. Default: aionvrtc's process-wide
+            Compiler.
+
+    Returns:
+        C, of shape (M, N), or (batch, M, N) where an operand is 3-D (``out`` where given,
+        else a new array). With ``argmax=True``, the pair (C, argmax).
+
+    Raises:
+        TypeError: ``a``, ``b`` or ``out`` is not a CuPy array; ``a`` and ``b`` differ in
+            dtype, or have one that ``semiring`` does not take; with ``argmax``, ``out`` is not
+            a pair.
+        ValueError: ``semiring`` is not one of the four; an operand is not 2-D or 3-D, ``a``'s
+            columns do not match ``b``'s rows, or the batch sizes differ and neither is 1; the
+            operands or ``out`` are on different devices; ``out`` is not of C's shape and dtype
+            (the argmax not int32); ``accumulate`` without ``out``.
+        cupy.cuda.memory.OutOfMemoryError: C or the argmax does not fit in GPU memory.
+        CompileError: NVRTC refused the kernel. This and the errors below come from the
+            kernel's first use on a device only.
+        NvrtcError: NVRTC cannot be used, or cannot compile for this GPU.
+        ModuleLoadError: The kernel could not be loaded onto the device
+            (``GPUOutOfMemoryError`` where GPU memory is full).
+        CompilerClosed: ``compiler`` is closed.
+        RuntimeError: ``compiler`` has not been opened (``async with``).
     """
     return await run_async(
         _matmul(
@@ -72,9 +107,43 @@ def matmul_sync(
     stream: Any = None,
     compiler: Compiler | None = None,
 ) -> Any:
-    """``matmul`` for code that is not async (scripts, PyTorch autograd functions). Like
-    ``matmul`` it only enqueues the work; ``compiler``, if given, must run in a portal or this
-    must be a worker thread of its event loop."""
+    """``matmul`` for code that is not async (scripts, PyTorch autograd functions).
+
+    Like ``matmul`` it only enqueues the work. The kernel's first use on a device blocks this
+    thread while it is compiled or loaded.
+
+    Args:
+        a: The left operand: a CuPy array of shape (M, K), or (batch, M, K).
+        b: The right operand: a CuPy array of shape (K, N), or (batch, K, N), of ``a``'s dtype
+            and on ``a``'s device.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``, as for
+            ``matmul``.
+        argmax: Also compute the int32 index of the winning k (as ``matmul``).
+        out: The array that receives C; with ``argmax``, a (C, argmax) pair. Default: new
+            arrays.
+        accumulate: Compute C = C (+) A (x) B into ``out``, which must then be given.
+        stream: The CuPy stream the work is enqueued on. Default: CuPy's current stream.
+        compiler: The Compiler that fetches the kernel. Default: aionvrtc's process-wide
+            Compiler, usable from any thread. Another must run in a portal
+            (``Compiler.use_portal``), or this must be a worker thread of its event loop.
+
+    Returns:
+        C, or the pair (C, argmax) with ``argmax=True``, as ``matmul`` returns them.
+
+    Raises:
+        TypeError: ``a``, ``b`` or ``out`` is not a CuPy array, or the dtypes do not fit (as
+            for ``matmul``).
+        ValueError: The semiring, shapes, devices or ``out`` do not fit (as for ``matmul``).
+        cupy.cuda.memory.OutOfMemoryError: C or the argmax does not fit in GPU memory.
+        CompileError: NVRTC refused the kernel. This and the errors below come from the
+            kernel's first use on a device only.
+        NvrtcError: NVRTC cannot be used, or cannot compile for this GPU.
+        ModuleLoadError: The kernel could not be loaded onto the device
+            (``GPUOutOfMemoryError`` where GPU memory is full).
+        CompilerClosed: ``compiler`` is closed.
+        RuntimeError: ``compiler`` has not been opened, or runs in no portal and this is not a
+            worker thread of its event loop.
+    """
     return run_sync(
         _matmul(
             a,
@@ -131,10 +200,40 @@ async def backward(
     """Gradients (grad_a, grad_b) of C = A (x) B given dL/dC and the forward argmax.
 
     The gradient flows through the winning k only: unchanged for max-plus and min-plus, by the
-    product rule for max-times (grad_a[m, k] += g * b[k, n]). A broadcast (batch 1) operand's
-    gradient sums over the batch. float32 and float64 only. Enqueued on ``stream`` (default:
-    CuPy's current stream), the gradients zeroed there first; planned once per layout as
-    ``matmul`` is.
+    product rule for max-times (grad_a[m, k] += g * b[k, n]). Where the argmax is -1 (no k
+    won) nothing flows. A broadcast (batch 1) operand's gradient sums over the batch. float32
+    and float64 only. Enqueued on ``stream`` without synchronising, the gradients zeroed there
+    first; planned once per layout as ``matmul`` is.
+
+    Args:
+        grad_c: dL/dC: a CuPy array of C's shape and of the operands' dtype.
+        a: The forward's left operand, as given to ``matmul``.
+        b: The forward's right operand, as given to ``matmul``.
+        argmax: The forward's argmax (``matmul(..., argmax=True)``): int32, of C's shape.
+        semiring: The forward's semiring: ``"maxplus"``, ``"minplus"`` or ``"maxmul"``.
+        stream: The CuPy stream the work is enqueued on. Default: CuPy's current stream.
+        compiler: The Compiler that fetches the kernel. Default: aionvrtc's process-wide
+            Compiler.
+
+    Returns:
+        The pair (grad_a, grad_b), new C-contiguous arrays of ``a``'s and ``b``'s shapes and
+        dtype on their device (the two share one allocation).
+
+    Raises:
+        TypeError: An input is not a CuPy array; the operands are not float32 or float64, or
+            differ in dtype; ``semiring`` is ``"andor"``.
+        ValueError: ``semiring`` is not one of the four; the operands' dtype is none of the
+            kernels'; ``a`` and ``b`` do not multiply (as for ``matmul``); ``grad_c`` is not
+            of C's shape and the operands' dtype, or ``argmax`` not int32 of C's shape; the
+            inputs are on different devices.
+        cupy.cuda.memory.OutOfMemoryError: The gradients do not fit in GPU memory.
+        CompileError: NVRTC refused the kernel. This and the errors below come from the
+            kernel's first use on a device only.
+        NvrtcError: NVRTC cannot be used, or cannot compile for this GPU.
+        ModuleLoadError: The kernel could not be loaded onto the device
+            (``GPUOutOfMemoryError`` where GPU memory is full).
+        CompilerClosed: ``compiler`` is closed.
+        RuntimeError: ``compiler`` has not been opened (``async with``).
     """
     return await run_async(
         _backward(grad_c, a, b, argmax, semiring, stream=stream, compiler=compiler)
@@ -151,7 +250,39 @@ def backward_sync(
     stream: Any = None,
     compiler: Compiler | None = None,
 ) -> tuple[Any, Any]:
-    """``backward`` for code that is not async."""
+    """``backward`` for code that is not async.
+
+    Like ``backward`` it only enqueues the work. The kernel's first use on a device blocks this
+    thread while it is compiled or loaded.
+
+    Args:
+        grad_c: dL/dC: a CuPy array of C's shape and of the operands' dtype.
+        a: The forward's left operand.
+        b: The forward's right operand.
+        argmax: The forward's argmax: int32, of C's shape.
+        semiring: The forward's semiring: ``"maxplus"``, ``"minplus"`` or ``"maxmul"``.
+        stream: The CuPy stream the work is enqueued on. Default: CuPy's current stream.
+        compiler: The Compiler that fetches the kernel. Default: aionvrtc's process-wide
+            Compiler, usable from any thread. Another must run in a portal
+            (``Compiler.use_portal``), or this must be a worker thread of its event loop.
+
+    Returns:
+        The pair (grad_a, grad_b), as ``backward`` returns it.
+
+    Raises:
+        TypeError: An input is not a CuPy array, or the dtype or semiring has no gradient (as
+            for ``backward``).
+        ValueError: The semiring, shapes, dtypes or devices do not fit (as for ``backward``).
+        cupy.cuda.memory.OutOfMemoryError: The gradients do not fit in GPU memory.
+        CompileError: NVRTC refused the kernel. This and the errors below come from the
+            kernel's first use on a device only.
+        NvrtcError: NVRTC cannot be used, or cannot compile for this GPU.
+        ModuleLoadError: The kernel could not be loaded onto the device
+            (``GPUOutOfMemoryError`` where GPU memory is full).
+        CompilerClosed: ``compiler`` is closed.
+        RuntimeError: ``compiler`` has not been opened, or runs in no portal and this is not a
+            worker thread of its event loop.
+    """
     return run_sync(_backward(grad_c, a, b, argmax, semiring, stream=stream, compiler=compiler))
 
 
@@ -186,19 +317,43 @@ async def warm(
     arch: TargetLike | Iterable[TargetLike] | None = None,
     compiler: Compiler | None = None,
 ) -> int:
-    """Compile every kernel of the named semirings and dtypes (default: all) ahead of use, in
-    parallel, for target ``arch`` or each of several (``arch=["sm_80", "sm_90"]``); returns
-    how many kernels were compiled or found (kernels times targets). Without ``compiler``, a
-    temporary Compiler with one worker per CPU fills the disk cache that later requests read.
-    ``arch`` defaults to the compiler's target, else ``resolve_target``'s: ``$AIONVRTC_ARCH``
-    or the current GPU's.
+    """Compile every kernel of the named semirings and dtypes ahead of use, in parallel.
 
-    ValueError for names that are not semirings or dtypes, and for a semiring asked for with
-    none of the dtypes it takes (``warm(["andor"], ["float32"])``: andor takes bool);
-    NvrtcError, before anything is compiled, for a target this NVRTC cannot compile for.
-    Without ``compiler``, AionvrtcError if kernels it compiled could not be kept on disk (the
-    cache dir is not writable or not trusted): they would be lost with the temporary
-    Compiler."""
+    The kernels are those of ``all_specs(semirings, dtypes)``, compiled for target ``arch`` or
+    each of several (``arch=["sm_80", "sm_90"]``). Without ``compiler``, a temporary Compiler
+    with one worker per CPU fills the disk cache that later requests read. Every target is
+    checked before anything is compiled.
+
+    Args:
+        semirings: The semirings' names, such as ``["maxplus"]``. Default: all four.
+        dtypes: The element types, such as ``["float32", "int64"]``. Default: all that each
+            semiring takes.
+        arch: A target (``"sm_90"`` or a ``Target``) or several. Default: the compiler's
+            target, else ``resolve_target``'s: ``$AIONVRTC_ARCH`` or the current GPU's.
+        compiler: The Compiler that compiles and keeps the kernels. Default: a temporary one
+            that writes them to the disk cache.
+
+    Returns:
+        How many kernels were compiled or found, kernels times targets.
+
+    Raises:
+        TypeError: ``semirings`` or ``dtypes`` is a str, not a list of them; a target is
+            neither a str nor a ``Target``.
+        ValueError: A name is not a semiring or a dtype; a named semiring takes none of the
+            named dtypes (``warm(["andor"], ["float32"])``: andor takes bool), or a named dtype
+            none of the semirings; ``arch`` is an empty list, or names something that is not
+            an arch such as ``sm_90`` (``$AIONVRTC_ARCH`` too).
+        NoDeviceError: No ``arch`` is named, by the argument, the compiler or
+            ``$AIONVRTC_ARCH``, and there is no GPU to detect it from.
+        NvrtcError: NVRTC cannot compile for a target (raised before anything is compiled), or
+            cannot be used at all.
+        CompileError: NVRTC refused a kernel (the first that failed; the others are stopped).
+        AionvrtcError: Without ``compiler``: kernels it compiled could not be kept on disk (the
+            cache dir is not writable or not trusted), and would be lost with the temporary
+            Compiler.
+        CompilerClosed: ``compiler`` is closed.
+        RuntimeError: ``compiler`` has not been opened (``async with``).
+    """
     import os
 
     from .. import _nvrtc

@@ -33,8 +33,16 @@ __all__ = ["Batcher", "BatcherStats"]
 
 @dataclass(frozen=True, slots=True)
 class BatcherStats:
-    """What a Batcher has done: ``requests`` served, ``launches`` made for them (a batch of many
-    requests is one launch), and ``alone``: requests launched at once, no other task asking."""
+    """What a Batcher has done, counted since it was made (``Batcher.stats``).
+
+    Attributes:
+        requests: Products asked for through ``Batcher.matmul``, not counting those refused
+            as invalid.
+        launches: Launches made for them: a batch of many requests is one launch, any other
+            request one.
+        alone: Requests launched at once because no other task had asked since the same
+            task's previous request.
+    """
 
     requests: int
     launches: int
@@ -92,6 +100,19 @@ class Batcher:
     cannot compile) reaches the members of that group. Requests of 3-D operands run as
     ``matmul`` runs them. No background task: usable from any task of one event loop, asyncio
     or trio, without a context manager.
+
+    Args:
+        compiler: The Compiler that fetches the kernels. Default: aionvrtc's process-wide
+            Compiler.
+        max_batch: The most requests one launch serves (1: each launched alone). Kept as the
+            attribute ``max_batch``.
+        max_delay: Seconds a group stays open past one pass of the event loop, waiting for
+            more requests, unless it fills first (0: not at all). Kept, as a float, as the
+            attribute ``max_delay``.
+
+    Raises:
+        ValueError: ``max_batch`` is not a positive int, or ``max_delay`` is not a finite
+            number of seconds >= 0.
     """
 
     def __init__(
@@ -110,13 +131,51 @@ class Batcher:
         self._requests = self._launches = self._alone = 0
 
     def stats(self) -> BatcherStats:
+        """What this Batcher has done so far.
+
+        Returns:
+            The counts of requests, launches and requests launched alone, as of now.
+        """
         return BatcherStats(self._requests, self._launches, self._alone)
 
     async def matmul(
         self, a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False, stream: Any = None
     ) -> Any:
         """C = A (x) B as ``tropical.matmul`` computes it, launched with the products that
-        other tasks ask for at the same moment (see Batcher)."""
+        other tasks ask for at the same moment (see Batcher).
+
+        Args:
+            a: The left operand: a CuPy array of shape (M, K), or (batch, M, K).
+            b: The right operand: a CuPy array of shape (K, N), or (batch, K, N), of ``a``'s
+                dtype and on ``a``'s device.
+            semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``, as for
+                ``tropical.matmul``.
+            argmax: Also compute the int32 index of the winning k (as ``tropical.matmul``).
+            stream: The CuPy stream the work is enqueued on; only requests of one stream share
+                a launch. Default: CuPy's current stream.
+
+        Returns:
+            C, or the pair (C, argmax) with ``argmax=True``, enqueued on ``stream`` without
+            synchronising. A batched request's arrays are views into the group's output.
+
+        Raises:
+            TypeError: An operand is not a CuPy array, or the dtypes do not fit (as for
+                ``tropical.matmul``); raised in this task, before the request joins a group.
+            ValueError: The semiring, shapes or devices do not fit (as for
+                ``tropical.matmul``); raised in this task, before the request joins a group.
+            cupy.cuda.memory.OutOfMemoryError: The outputs (or the stacked operands of a
+                batch) do not fit in GPU memory.
+            CompileError: NVRTC refused the kernel. This and the next four come from the
+                kernel's first use on a device only; in a batch, they reach every member of
+                its group.
+            NvrtcError: NVRTC cannot be used, or cannot compile for this GPU.
+            ModuleLoadError: The kernel could not be loaded onto the device
+                (``GPUOutOfMemoryError`` where GPU memory is full).
+            CompilerClosed: The Batcher's compiler is closed.
+            RuntimeError: The Batcher's compiler has not been opened (``async with``).
+            AionvrtcError: The task that led this request's group was cancelled while the
+                kernel was being fetched, so the batch was not launched: ask again.
+        """
         product, made = _plan_cache.find(a, b, semiring, argmax=argmax, out=None, accumulate=False)
         self._requests += 1
         if product.launch is None or len(product.shape) != 2 or self.max_batch == 1:

@@ -46,36 +46,94 @@ async def einsum(
     stream: Any = None,
     compiler: Compiler | None = None,
 ) -> Any:
-    """The tropical einsum of CuPy arrays on the GPU (``reference.einsum``'s semantics), enqueued
-    on ``stream`` (default: CuPy's current stream). Returns the result, a new array (or
-    ``out``, filled); with ``argmax=True``, for a scalar result (an output of no indices,
-    ``"ij,jk->"``), the pair (result, assignment): a dict giving every index a value at which
-    the product of the operands' entries attains the result, found on the GPU and copied back
-    once (this waits for the GPU without blocking the event loop).
+    """The tropical einsum of CuPy arrays on the GPU, with ``reference.einsum``'s semantics.
 
-    The order of the pairwise contractions comes from ``optimize`` (see ``einsum_plan``: an
-    opt_einsum strategy, optimizer or path, or a plan from ``einsum_plan``, which also says
-    which operands are copied). Each contraction is one batched tropical product over strided
-    views; its kernel is fetched through ``compiler`` (default: aionvrtc's process-wide
-    Compiler), compiled on first use. A network contracted again is neither planned nor
-    prepared again: its launches are kept (see ``einsum_program`` to replay them from a CUDA
-    graph). Planning runs in a worker thread unless the plan is known. An output or
-    intermediate larger than the device's memory, and with ``argmax=True`` a product over
-    more than 2**31 values of k (its argmax is an int32), are refused with a ValueError
-    before anything is allocated.
+    The work is enqueued on ``stream``. With ``argmax=True`` the assignment is found on the GPU
+    and copied back once: the call waits for the GPU then, without blocking the event loop.
 
-    ``memory_limit`` (bytes, or a fraction of the device's free memory such as 0.5) contracts
-    the network in slices, so that no intermediate of a slice holds more (a run holds more
-    beside its largest intermediate: leave room): some indices that
-    the output does not keep are fixed to each of their values in turn (``einsum_plan`` says
-    which), each slice is contracted over views of the operands, and the slices' results are
-    summed in the semiring. With ``argmax=True`` the assignment is the first slice's that
-    attains the result (found by contracting that slice once more, with its argmax). A plan
-    with a slicing (``einsum_plan(..., memory_limit=)``, or a cotengra optimizer that sliced)
-    passed as ``optimize`` runs in its slices too. ``devices`` (such as ``[0, 1]``) spreads the
-    slices over those GPUs, slice n on the n-th modulo their count, each with a copy of the
-    operands and its own stream; the result is summed on the operands' device. A contraction
-    that is not sliced runs on the operands' device alone."""
+    Each pairwise contraction is one batched tropical product over strided views; its kernel is
+    fetched through ``compiler``, compiled on first use. A network contracted again is neither
+    planned nor prepared again: its launches are kept (see ``einsum_program`` to replay them
+    from a CUDA graph). Planning runs in a worker thread unless the plan is known. An output or
+    intermediate larger than the device's memory, and with ``argmax=True`` a product over more
+    than 2**31 values of k (its argmax is an int32), are refused with a ValueError before
+    anything is allocated.
+
+    With ``memory_limit`` the network is contracted in slices, so that no intermediate of a
+    slice holds more (a run holds more beside its largest intermediate: leave room): some
+    indices that the output does not keep are fixed to each of their values in turn
+    (``einsum_plan`` says which), each slice is contracted over views of the operands, and the
+    slices' results are summed in the semiring. With ``argmax=True`` the assignment is the
+    first slice's that attains the result (found by contracting that slice once more, with its
+    argmax). A plan with a slicing (``einsum_plan(..., memory_limit=)``, or a cotengra
+    optimizer that sliced) passed as ``optimize`` runs in its slices too. A contraction that is
+    not sliced runs on the operands' device alone, whatever ``devices`` says.
+
+    Args:
+        subscripts: NumPy's einsum grammar, as ``reference.einsum`` takes it (``"ij,jk->ik"``;
+            without ``->``, NumPy's implicit output).
+        *operands: The tensors, one per operand of ``subscripts``: CuPy arrays of one dtype
+            that ``semiring`` takes, on one device. Their strides are read: an operand that no
+            strided view can read is copied first (``einsum_plan`` says which).
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"`` (``SEMIRINGS``).
+        argmax: Also find an assignment that attains the result. For a scalar contraction
+            only: an output of no indices, such as ``"ij,jk->"``.
+        optimize: The order of the pairwise contractions, as ``einsum_plan`` takes it: an
+            opt_einsum strategy name, an opt_einsum optimizer, a cotengra optimizer, an
+            explicit path, or an ``EinsumPlan`` from ``einsum_plan`` (which also says which
+            operands are copied). A plan skips planning: pass one on a hot path.
+        memory_limit: Contract in slices so that no intermediate of a slice holds more than
+            this: bytes (an int), or a fraction of the device's free memory now (a float,
+            ``0 < f <= 1``, such as ``0.5``). None: in slices only where ``optimize`` is a
+            plan with a slicing.
+        devices: The device numbers (such as ``[0, 1]``) that a sliced contraction spreads its
+            slices over, slice n on the n-th modulo their count, each with a copy of the
+            operands and its own stream; the result is summed on the operands' device. None:
+            the operands' device.
+        out: A CuPy array to receive the result: of the result's dtype and shape, on the
+            operands' device, of any strides. None: a new array.
+        stream: The CuPy stream to enqueue the work on (default: CuPy's current stream of the
+            operands' device).
+        compiler: The Compiler that fetches the kernels (default: aionvrtc's process-wide
+            Compiler).
+
+    Returns:
+        The result, a new CuPy array (or ``out``, filled) with one axis per output index (0-d
+        for a scalar). With ``argmax=True`` the pair (result, assignment): the assignment is a
+        dict giving every index of ``subscripts`` a value at which the product of the
+        operands' entries attains the result.
+
+    Raises:
+        TypeError: ``subscripts`` is not a str; an operand is not a ``cupy.ndarray`` (for a
+            NumPy array the message says to move it with ``cupy.asarray``); the operands'
+            dtypes differ, or ``semiring`` does not take theirs; ``out`` is not a
+            ``cupy.ndarray``.
+        ValueError: Bad arguments: no operands, or operands on more than one device;
+            ``semiring`` is not one of ``SEMIRINGS``; ``memory_limit`` is neither bytes
+            (an int > 0) nor a fraction (0 < f <= 1); ``devices`` is not a list of distinct
+            numbers of the devices this process sees; ``out`` has another dtype, shape or
+            device than the result's.
+        ValueError: What ``einsum_plan`` refuses: malformed subscripts (or more than 64
+            indices for an operand or the output), an operand whose dimensions are not the
+            ones its subscripts name, an index of two sizes, an ``optimize`` that is not a
+            strategy, optimizer, path or plan for these operands, an exhaustive search on more
+            operands than ``SEARCH_LIMITS`` allows, a ``memory_limit`` that no slicing meets
+            (the message names the smallest that does), a planner that sliced an index the
+            output keeps.
+        ValueError: What the device cannot run: an output or intermediate larger than its
+            memory; an operand copy of more than 32 axes that no view merges (pick another
+            order). With ``argmax=True``: an output with indices, an index of size 0, a product
+            over more than 2**31 values of k, or the argmaxes that the walk back keeps (every
+            step's, of one slice where sliced) larger than the device's memory.
+        cupy.cuda.memory.OutOfMemoryError: The memory in use on the device leaves too little
+            for the result, the intermediates or the operands' copies (the bounds above count
+            the device's whole memory).
+        RuntimeError: ``compiler`` is not open yet (``async with Compiler(...)``).
+        aionvrtc.AionvrtcError: A kernel could not be fetched: ``compiler`` is closed
+            (``CompilerClosed``), NVRTC cannot be used (``NvrtcError``) or failed
+            (``CompileError``), or the module cannot be loaded on the device
+            (``ModuleLoadError``; ``GPUOutOfMemoryError`` where the GPU is full).
+    """
     return await run_async(
         _einsum(
             subscripts,
@@ -104,8 +162,41 @@ def einsum_sync(
     stream: Any = None,
     compiler: Compiler | None = None,
 ) -> Any:
-    """``einsum`` for code that is not async; ``compiler``, if given, must run in a portal or
-    this must be a worker thread of its event loop. With ``argmax=True`` it waits for the GPU."""
+    """``einsum`` for code that is not async: the same contraction, run in this thread.
+
+    ``compiler``, if given, must run in a portal or this must be a worker thread of its event
+    loop. With ``argmax=True`` it waits for the GPU. See ``einsum`` for the whole story.
+
+    Args:
+        subscripts: NumPy's einsum grammar, as ``einsum`` takes it.
+        *operands: The tensors: CuPy arrays of one dtype, on one device.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+        argmax: Also find an assignment that attains the result (a scalar contraction only).
+        optimize: The order, as ``einsum_plan`` takes it (a plan skips planning).
+        memory_limit: Contract in slices of at most this much in an intermediate: bytes, or a
+            fraction of the device's free memory (``0 < f <= 1``).
+        devices: The device numbers that a sliced contraction spreads its slices over.
+        out: A CuPy array to receive the result (None: a new array).
+        stream: The CuPy stream to enqueue on (default: CuPy's current stream of the
+            operands' device).
+        compiler: The Compiler that fetches the kernels (default: aionvrtc's process-wide
+            Compiler).
+
+    Returns:
+        As ``einsum``: the result, or with ``argmax=True`` the pair (result, assignment).
+
+    Raises:
+        TypeError: As ``einsum``: ``subscripts`` is not a str, an operand or ``out`` is not a
+            ``cupy.ndarray``, or the operands' dtypes differ or are not the semiring's.
+        ValueError: As ``einsum``: bad arguments, what ``einsum_plan`` refuses, and what the
+            device cannot run.
+        cupy.cuda.memory.OutOfMemoryError: As ``einsum``: the memory in use on the device
+            leaves too little for the contraction.
+        RuntimeError: ``compiler`` is not open yet, or a kernel must be fetched through a
+            ``compiler`` without a portal (``Compiler.use_portal``) from a thread that is not
+            a worker thread of its event loop.
+        aionvrtc.AionvrtcError: As ``einsum``: a kernel could not be fetched.
+    """
     return run_sync(
         _einsum(
             subscripts,

@@ -145,7 +145,46 @@ class Step:
 @dataclass(frozen=True, slots=True)
 class EinsumPlan:
     """A planned tropical einsum, from ``einsum_plan``: pass it as ``optimize=`` to run it on
-    operands of the same shapes (other strides are re-planned along the same path)."""
+    operands of the same shapes (other strides are re-planned along the same path).
+
+    ``print(plan)`` shows the order, each step as a batched product, the largest intermediate
+    and the copies. Plans are frozen, and equal where they do the same.
+
+    Attributes:
+        subscripts: The subscripts it was planned for, as given.
+        inputs: Each operand's indices, one character per axis, in order.
+        output: The output's indices (NumPy's implicit output where ``subscripts`` has no
+            ``->``).
+        sizes: Each index's size, by index. A long sum over few outputs that is cut in parts
+            adds an index of its own for them: a private-use character (U+E000 on) that no
+            operand names.
+        path: The contraction order, in opt_einsum's format: each entry the positions, in the
+            list of operands left, of the one or two it contracts; they leave the list and
+            their result joins its end.
+        terms: The inputs as planned, each with its distinct ``indices`` (a repeated index is
+            its diagonal, whose stride is the sum of its axes') and their element ``strides``.
+        steps: The steps, in order, each one batched product C[b, m, n] = (+)_k A[b, m, k] (x)
+            B[b, k, n]: ``operands`` (the numbers of the one or two it contracts: the inputs 0
+            to n-1, then each step's result in turn), ``subscripts`` (in the caller's
+            indices), ``batch``, ``m``, ``k`` and ``n`` (its groups of indices), ``first`` and
+            ``second`` (its operands as 3-D views, each with its ``shape``, its element
+            ``strides`` and ``copy``, the order of a copy made first, or None; ``second`` is
+            None for a sum within one operand) and ``size`` (the elements of its result). A
+            path entry may take two steps: a sum within one operand first, or a long sum cut
+            in parts, then their sum.
+        final_copy: Whether the last result is copied once more at the end: its order is not
+            the output's, or it is still an input (``einsum`` returns a new array, never a
+            view of an operand).
+        layouts: The operands' (shape, byte strides, item size) it was planned for,
+            ``((), (), 0)`` for a shape. Not compared: plans that do the same are equal.
+        key: One name for what the plan does (equal plans, equal keys), which what runs it
+            keys its caches by: the planning process's token and a number in that process.
+            Not compared.
+        slicing: Where the contraction runs in slices (``memory_limit=``, or a planner that
+            sliced): its ``indices``, their ``sizes``, ``count`` (the slices) and
+            ``subscripts`` (one slice's contraction: the sliced indices left out of every
+            operand). None where it is not sliced. ``steps`` are the whole network's even then.
+    """
 
     subscripts: str
     inputs: tuple[str, ...]
@@ -240,11 +279,28 @@ class EinsumPlan:
         argmax: bool = False,
         program: bool = False,
     ) -> list[KernelSpec]:
-        """The kernels a run launches with the default tiles: the steps' products
-        (``kernel_spec``'s choice), the strided copy where the plan copies, the backtrace with
-        ``argmax``, and with ``program`` what a compiled program adds (its gather, its launch of
-        many small steps). To compile them ahead of use, or for a named arch on a machine
-        without a GPU."""
+        """The kernels that a run of this plan launches with the default tiles.
+
+        The steps' products (``kernel_spec``'s choice), the strided copy where the plan copies,
+        the backtrace with ``argmax``, and with ``program`` what a compiled program adds (its
+        gather, its launch of many small steps). To compile them ahead of use, or for a named
+        arch on a machine without a GPU. A device whose tiles ``autotune`` tuned runs
+        products of its own tiles instead.
+
+        Args:
+            semiring: The semiring's name: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or
+                ``"andor"``.
+            dtype: The operands' dtype: a name such as ``"float32"``, or a NumPy type or dtype.
+            argmax: The kernels of a run with ``argmax=True``.
+            program: The kernels of ``einsum_program``'s compiled program of this plan.
+
+        Returns:
+            The kernels' specs, each once, to pass to ``Compiler.compile`` or ``Compiler.get``.
+
+        Raises:
+            ValueError: ``semiring`` is not one of ``SEMIRINGS``, or ``dtype`` is not a dtype
+                that it takes.
+        """
         ring = lookup(semiring)
         kind = ring.check_dtype(dtype)
         specs = step_specs(self, ring, kind, argmax=argmax, table=None, program=program)
@@ -259,8 +315,23 @@ class EinsumPlan:
         return specs
 
     def planned_for(self, subscripts: str, operands: Sequence[Any]) -> bool:
-        """Whether the plan was made for these subscripts and operands' shapes and strides:
-        a check in O(operands) for each run of a reused plan (re-planning is O(indices))."""
+        """Whether the plan was made for these subscripts and operands' shapes and strides.
+
+        A check in O(operands) for each run of a reused plan (re-planning is O(indices)). A
+        plan made from shapes was made for no arrays: it says False.
+
+        Args:
+            subscripts: The subscripts of the run.
+            operands: The run's operands, in order.
+
+        Returns:
+            True where ``subscripts`` is the plan's, as given, and every operand has the shape,
+            byte strides and item size that the plan was made for.
+
+        Raises:
+            TypeError: ``operands`` has no length (an iterator), where ``subscripts`` is the
+                plan's.
+        """
         if subscripts != self.subscripts or len(operands) != len(self.layouts):
             return False
         # Byte strides and the item size: element strides are what the steps read with.
@@ -272,7 +343,11 @@ class EinsumPlan:
         )
 
     def shapes(self) -> list[tuple[int, ...]]:
-        """The input shapes the plan is for."""
+        """The input shapes the plan is for.
+
+        Returns:
+            Each operand's shape, in order, from ``sizes``.
+        """
         return [tuple(self.sizes[i] for i in letters) for letters in self.inputs]
 
     def __str__(self) -> str:
@@ -404,26 +479,57 @@ def input_terms(inputs: Sequence[str], strides: Sequence[Strides]) -> list[Term]
 def einsum_plan(
     subscripts: str, *operands: Any, optimize: Any = "auto", memory_limit: int | None = None
 ) -> EinsumPlan:
-    """Plan ``einsum(subscripts, *operands)`` without running it: the contraction order, each
-    step's batched product, the copies, and its ``space_complexity`` and ``time_complexity``.
-    ``operands`` are arrays (NumPy, CuPy: their shapes and strides count) or shapes (tuples,
-    taken as C order). ``optimize`` is an opt_einsum strategy name ("auto", "greedy",
-    "random-greedy", "optimal", ...), an opt_einsum PathOptimizer, a cotengra optimizer (a
-    ``HyperOptimizer``: for networks of hundreds of tensors; the indices it slices, with
-    ``slicing_opts``, are sliced), an explicit path (opt_einsum's format, ``[(0, 1), (0, 1)]``),
-    or an EinsumPlan for the same shapes.
+    """Plan ``einsum(subscripts, *operands)`` without running it, and without a GPU.
 
-    ``memory_limit`` (bytes; arrays count their item size, shapes 8 bytes an element) slices
-    the contraction so that no intermediate of a slice holds more: the plan's ``slicing`` says
-    over which indices (only indices the output does not keep), and ``einsum`` contracts the
-    slices one by one and sums them. A limit no slicing meets is refused with a ValueError
-    naming the smallest that works.
+    The plan holds the contraction order, each step's batched product, the copies, and its
+    ``space_complexity`` and ``time_complexity``. Plans are kept: asking again with the same
+    strategy name (or a path as a tuple of tuples, as ``EinsumPlan.path`` holds it) for
+    operands of the same layouts returns the same plan.
 
     Refused with a ValueError before planning goes far: subscripts naming more indices for an
     operand or the output than an array has dimensions (64), an output or a step's result past
     what 64-bit offsets address (``ADDRESSABLE_BYTES``), and a strategy whose time grows
     exponentially with the operands ('optimal', 'branch-all', 'branch-2', 'dp') on more than
-    ``SEARCH_LIMITS`` allows."""
+    ``SEARCH_LIMITS`` allows.
+
+    Args:
+        subscripts: NumPy's einsum grammar, as ``einsum`` takes it.
+        *operands: Arrays (NumPy, CuPy: their shapes and strides count) or shapes (tuples of
+            ints, taken as C order), one per operand of ``subscripts``.
+        optimize: An opt_einsum strategy name ("auto", "greedy", "random-greedy", "optimal",
+            ...), an opt_einsum PathOptimizer, a cotengra optimizer (a ``HyperOptimizer``: for
+            networks of hundreds of tensors; the indices it slices, with ``slicing_opts``, are
+            sliced), an explicit path (opt_einsum's format, ``[(0, 1), (0, 1)]``), or an
+            EinsumPlan for the same shapes (returned as it is where it was made for these
+            operands and no ``memory_limit`` is given).
+            ``"auto"`` plans a network of more than 64 operands with cotengra's random-greedy
+            search (256 trials, seeded: the same plan in every process) where
+            ``aionvrtc[cotengra]`` is installed with cotengrust.
+        memory_limit: Bytes (arrays count their item size, shapes 8 bytes an element): slice
+            the contraction so that no intermediate of a slice holds more. The plan's
+            ``slicing`` says over which indices (only indices the output does not keep), and
+            ``einsum`` contracts the slices one by one and sums them. None: sliced only where
+            the planner (or the plan given as ``optimize``) sliced.
+
+    Returns:
+        The plan, to pass as ``optimize=``.
+
+    Raises:
+        TypeError: ``subscripts`` is not a str, or an operand is neither an array nor a shape.
+        ValueError: ``memory_limit`` is not an int > 0, or no slicing meets it (the message
+            names the smallest that does).
+        ValueError: The subscripts are malformed (an ellipsis, more than one ``->``, a
+            character that is not an index, an output index repeated or in no operand, another
+            count of operands than given) or name more than 64 indices for an operand or the
+            output; an operand's dimensions are not the ones its subscripts name; an index has
+            two sizes; a shape has a negative size.
+        ValueError: An output or a step's result past ``ADDRESSABLE_BYTES``.
+        ValueError: ``optimize`` is not an opt_einsum strategy, optimizer or path for these
+            operands (a path entry that does not name one or two of the operands left, a path
+            that leaves more than one), a plan for other subscripts or shapes, or a search
+            whose time grows exponentially on more operands than ``SEARCH_LIMITS`` allows; or
+            its planner sliced an index the output keeps.
+    """
     if memory_limit is not None and (
         not isinstance(memory_limit, int | np.integer) or isinstance(memory_limit, bool)
         or memory_limit <= 0

@@ -119,17 +119,52 @@ def _layout(steps: Steps) -> _Layout:
 
 
 class EinsumProgram:
-    """A tropical einsum compiled for one device: ``run`` (async) or ``run_sync`` with operands
-    of the shapes and dtype it was made for, or with none to read ``inputs`` in place.
+    """A tropical einsum compiled for one device, from ``einsum_program``.
+
+    ``run`` (async) or ``run_sync`` with operands of the shapes and dtype it was made for, or
+    with none to read ``inputs`` in place. A call gathers the operands into ``inputs`` with one
+    launch, replays the graph of the contraction's launches, and copies the result out.
 
     ``inputs`` are the bound input buffers (C-contiguous CuPy arrays the program owns): write
     into them and call without operands to skip the gather. ``output`` is the bound result;
     pass it as ``out=`` to skip the copy out (it holds the next call's result then). Calls on
     any streams are ordered among themselves (a call waits for the previous one's work), and
-    from any threads. ``nbytes`` is the device memory the program holds, ``launches`` the
-    kernels its graph runs (a chain of small steps takes one, and a level's small groups share
-    one per size), ``copies`` how many of those copy an operand (a small step reads its
-    operands as they are)."""
+    from any threads.
+
+    Made by ``einsum_program``, which caches programs; the constructor's arguments are what it
+    prepared and fetched.
+
+    Args:
+        steps: The contraction's prepared launches, for one plan, semiring, dtype, argmax and
+            device.
+        modules: The loaded modules of the kernels of ``steps``, in the order of its specs.
+        gather: The loaded module of the gather kernel, which copies the operands into
+            ``inputs``.
+        many: The loaded module of ``tropical_many``, the kernel that runs many small steps in
+            one launch.
+        semiring: The semiring's name.
+
+    Attributes:
+        plan: The ``EinsumPlan`` it runs.
+        semiring: The semiring's name.
+        argmax: Whether a call also returns an assignment that attains the result.
+        dtype: The NumPy dtype of the operands and the result.
+        device: The number of the device it runs on.
+        shape: The result's shape.
+        inputs: The bound input buffers, one per operand: C-contiguous CuPy arrays the program
+            owns.
+        output: The bound result, a CuPy array the program owns, which every call overwrites.
+        nbytes: The device memory the program holds, in bytes: its inputs, its result and every
+            intermediate at once.
+        launches: The kernels its graph runs (a chain of small steps takes one, and a level's
+            small groups share one per size).
+        copies: How many of those launches copy an operand (a small step reads its operands as
+            they are).
+
+    Raises:
+        cupy.cuda.memory.OutOfMemoryError: The device has not ``nbytes`` free for the
+            program's buffers.
+    """
 
     def __init__(
         self,
@@ -347,9 +382,31 @@ class EinsumProgram:
         return launches
 
     def run_sync(self, *operands: Any, out: Any = None, stream: Any = None) -> Any:
-        """Replay the program on ``operands`` (none: ``inputs`` as they are) on ``stream``
-        (default: CuPy's current stream of the program's device). Returns the result, a new
-        array or ``out``; with argmax=True the pair (result, assignment), waiting for it."""
+        """Replay the program on ``operands``, or on ``inputs`` as they are.
+
+        With ``argmax=True`` it waits for the GPU to copy the assignment back.
+
+        Args:
+            *operands: CuPy arrays of the program's shapes, dtype and device, one per operand
+                (one that is not C-contiguous is copied first). With none, ``inputs`` are
+                read as they are.
+            out: A CuPy array to receive the result, of the result's dtype and shape on the
+                program's device; ``output`` itself skips the copy out. None: a new array.
+            stream: The CuPy stream to enqueue on (default: CuPy's current stream of the
+                program's device).
+
+        Returns:
+            The result, a new array or ``out``; with ``argmax=True`` the pair (result,
+            assignment), the assignment a dict giving every index of the subscripts a value at
+            which the product of the operands' entries attains the result.
+
+        Raises:
+            TypeError: An operand, or ``out``, is not a ``cupy.ndarray``.
+            ValueError: The operands are not as many as the program's inputs, or one of them,
+                or ``out``, has another dtype, shape or device than the program's.
+            cupy.cuda.memory.OutOfMemoryError: The device has no memory left for a new result
+                or for the contiguous copy of an operand.
+        """
         stream = _stream(self.device, stream)
         result, host = self._enqueue(operands, out, stream)
         if host is None:
@@ -358,8 +415,29 @@ class EinsumProgram:
         return result, assignment(self._steps, host)
 
     async def run(self, *operands: Any, out: Any = None, stream: Any = None) -> Any:
-        """``run_sync`` for async code: with argmax=True it waits for the assignment without
-        blocking the event loop."""
+        """``run_sync`` for async code: replay the program on ``operands``, or on ``inputs``.
+
+        With ``argmax=True`` it waits for the assignment without blocking the event loop,
+        shielded from cancellation: the copy back must land before its buffer is let go.
+
+        Args:
+            *operands: CuPy arrays of the program's shapes, dtype and device, one per operand.
+                With none, ``inputs`` are read as they are.
+            out: A CuPy array to receive the result (``output``: no copy out). None: a new
+                array.
+            stream: The CuPy stream to enqueue on (default: CuPy's current stream of the
+                program's device).
+
+        Returns:
+            As ``run_sync``: the result, or with ``argmax=True`` the pair (result, assignment).
+
+        Raises:
+            TypeError: As ``run_sync``: an operand, or ``out``, is not a ``cupy.ndarray``.
+            ValueError: As ``run_sync``: the operands' count, or an operand's or ``out``'s
+                dtype, shape or device, is not the program's.
+            cupy.cuda.memory.OutOfMemoryError: As ``run_sync``: no memory left on the device
+                for a new result or an operand's contiguous copy.
+        """
         stream = _stream(self.device, stream)
         result, host = self._enqueue(operands, out, stream)
         if host is None:
@@ -422,9 +500,26 @@ class EinsumProgram:
         return (pointers, held) if pointers != self._bound else None
 
     def replay(self, pointers: list[int], out: Any, stream: Any) -> Any:
-        """Gather from ``pointers`` (C-contiguous operands of the program's shapes, dtype and
-        device, unchecked), replay, copy out into ``out`` (``output``: no copy) on ``stream``:
-        a sliced einsum's slices, each from its operands' addresses."""
+        """Replay the program on operands given by their addresses, unchecked.
+
+        Gather from ``pointers``, replay, copy out into ``out`` on ``stream``, after the
+        previous call's work: a sliced einsum's slices, each from its operands' addresses.
+        Nothing is checked, and no assignment is returned, even by a program made with
+        ``argmax=True``.
+
+        Args:
+            pointers: The device addresses of the operands, one per input: C-contiguous
+                arrays of the program's shapes, dtype and device.
+            out: A CuPy array to receive the result (``output``: no copy). None: a new array.
+            stream: The CuPy stream to enqueue on.
+
+        Returns:
+            The result: ``out``, or a new array where ``out`` is None.
+
+        Raises:
+            cupy.cuda.memory.OutOfMemoryError: ``out`` is None and the device has no memory
+                left for a new result.
+        """
         with OnDevice(self.device), self._lock:
             return self._launch((pointers, []), out, stream, self.output.nbytes)[0]
 
@@ -660,14 +755,54 @@ async def einsum_program(
     device: int | None = None,
     compiler: Compiler | None = None,
 ) -> EinsumProgram:
-    """``einsum`` compiled once for operands of these shapes and dtype on one device: the plan
-    (``optimize``, as ``einsum``'s), its kernels fetched through ``compiler``, its launches
-    captured as a CUDA graph over buffers the program owns. ``operands`` are CuPy arrays (their
-    shapes, dtype and device), or shapes with ``dtype=`` (and ``device=``, default the current
-    one). Programs are cached in the process per (plan, semiring, dtype, argmax, device), up
-    to MAX_PROGRAMS and MAX_PROGRAM_BYTES of each device's memory, least recently used dropped
-    first: asking again returns the same program. It pays where a network is contracted more
-    than a few times: a replay launches once where ``einsum`` launches every step."""
+    """``einsum`` compiled once for operands of these shapes and dtype on one device.
+
+    The plan (``optimize``, as ``einsum``'s), its kernels fetched through ``compiler``, its
+    launches captured as a CUDA graph over buffers the program owns. Programs are cached in the
+    process per (plan, semiring, dtype, argmax, device), up to MAX_PROGRAMS and
+    MAX_PROGRAM_BYTES of each device's memory, least recently used dropped first: asking again
+    returns the same program. It pays where a network is contracted more than a few times: a
+    replay launches once where ``einsum`` launches every step.
+
+    Args:
+        subscripts: NumPy's einsum grammar, as ``einsum`` takes it.
+        *operands: CuPy arrays (their shapes, dtype and device; NumPy arrays give their shapes
+            and dtype), or shapes (tuples of ints) with ``dtype=``: one per operand.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+        argmax: Make a program whose calls also return an assignment that attains the result
+            (a scalar contraction only: an output of no indices).
+        optimize: The order, as ``einsum_plan`` takes it. A sliced plan is refused: a program
+            contracts the whole network at once.
+        dtype: The operands' dtype: needed with shapes; with arrays, None or theirs.
+        device: The number of the device to run on (default: the CuPy arrays', else the
+            current device).
+        compiler: The Compiler that fetches the kernels (default: aionvrtc's process-wide
+            Compiler).
+
+    Returns:
+        The program: the cached one where it was asked for before.
+
+    Raises:
+        TypeError: ``subscripts`` is not a str; the operands mix arrays and shapes; shapes
+            without ``dtype=``; an operand neither an array nor a tuple or list of Python ints;
+            ``dtype`` is not a dtype NumPy knows (NumPy's "data type not understood").
+        ValueError: No operands; arrays of more than one dtype, or not of ``dtype``; arrays on
+            more than one device; ``semiring`` is not one of ``SEMIRINGS``, or ``dtype`` is not
+            one it takes; what ``einsum_plan`` refuses (see there).
+        ValueError: The plan is sliced (``memory_limit=``, or cotengra's ``slicing_opts``: pass
+            it to ``einsum`` instead); an index has size 0 (the result is the semiring's zero:
+            call ``einsum``); the output or an intermediate is larger than the device's memory,
+            or an operand copy has more than 32 axes that no view merges. With ``argmax=True``:
+            an output with indices, a product over more than 2**31 values of k, or the
+            argmaxes that the walk back keeps larger than the device's memory.
+        cupy.cuda.memory.OutOfMemoryError: The device has not the program's ``nbytes`` free.
+        cupy.cuda.runtime.CUDARuntimeError: ``device`` is not a device this process sees.
+        RuntimeError: ``compiler`` is not open yet (``async with Compiler(...)``).
+        aionvrtc.AionvrtcError: A kernel could not be fetched: ``compiler`` is closed
+            (``CompilerClosed``), NVRTC cannot be used (``NvrtcError``) or failed
+            (``CompileError``), or the module cannot be loaded on the device
+            (``ModuleLoadError``; ``GPUOutOfMemoryError`` where the GPU is full).
+    """
     program = await run_async(
         _einsum_program(
             subscripts,
@@ -694,7 +829,39 @@ def einsum_program_sync(
     device: int | None = None,
     compiler: Compiler | None = None,
 ) -> EinsumProgram:
-    """``einsum_program`` for code that is not async."""
+    """``einsum_program`` for code that is not async: compile the program in this thread.
+
+    ``compiler``, if given, must run in a portal or this must be a worker thread of its event
+    loop.
+
+    Args:
+        subscripts: NumPy's einsum grammar, as ``einsum`` takes it.
+        *operands: CuPy arrays, or shapes (tuples of ints) with ``dtype=``: one per operand.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+        argmax: Make a program whose calls also return an assignment (a scalar contraction
+            only).
+        optimize: The order, as ``einsum_plan`` takes it (not a sliced plan).
+        dtype: The operands' dtype: needed with shapes.
+        device: The number of the device to run on (default: the CuPy arrays', else the
+            current device).
+        compiler: The Compiler that fetches the kernels (default: aionvrtc's process-wide
+            Compiler).
+
+    Returns:
+        As ``einsum_program``: the program, the cached one where it was asked for before.
+
+    Raises:
+        TypeError: As ``einsum_program``: the subscripts, the operands or ``dtype`` are not of
+            a kind it takes.
+        ValueError: As ``einsum_program``: bad arguments, what ``einsum_plan`` refuses, and
+            what a program cannot run on the device.
+        cupy.cuda.memory.OutOfMemoryError: The device has not the program's ``nbytes`` free.
+        cupy.cuda.runtime.CUDARuntimeError: ``device`` is not a device this process sees.
+        RuntimeError: ``compiler`` is not open yet, or a kernel must be fetched through a
+            ``compiler`` without a portal (``Compiler.use_portal``) from a thread that is not
+            a worker thread of its event loop.
+        aionvrtc.AionvrtcError: As ``einsum_program``: a kernel could not be fetched.
+    """
     program = run_sync(
         _einsum_program(
             subscripts,

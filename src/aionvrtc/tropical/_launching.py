@@ -277,7 +277,24 @@ class Launch(_Packed):
 
 
 def launch(plan: Plan, module: Module, stream: Any) -> None:
-    """Enqueue ``plan``'s kernel (from ``module``) on ``stream``."""
+    """Enqueue ``plan``'s kernel (from ``module``) on ``stream``, writing its outputs.
+
+    The launch is computed from the plan at each call (``matmul`` keeps it per layout) and
+    takes no checks beyond the plan's; the work is not synchronised.
+
+    Args:
+        plan: The product, from ``plan``: operands, outputs and kernel.
+        module: The module that holds ``plan.spec``'s kernel, loaded on the plan's device
+            (``await compiler.get(plan.spec, device=plan.device)``).
+        stream: The CuPy stream to enqueue on. None: CuPy's current stream of the plan's
+            device.
+
+    Raises:
+        KeyError: ``module`` does not hold the plan's kernel (it is another spec's).
+        RuntimeError: The driver refused the launch (CuPy's ``CUDADriverError``): ``module``
+            was loaded on another device, or the product is empty (M, N or the batch 0:
+            ``matmul`` launches nothing for those).
+    """
     Launch.of(plan).run(module, (plan.a, plan.b, plan.c, plan.index), stream)
 
 

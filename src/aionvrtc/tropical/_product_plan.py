@@ -58,7 +58,32 @@ def strides(x: Any) -> Strides:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """One product to launch: its operands and outputs, their element strides, the kernel."""
+    """One product to launch: its operands and outputs, their element strides, the kernel.
+
+    Made by ``plan``, launched by ``launch``.
+
+    Attributes:
+        ring: The semiring, one of ``SEMIRINGS``.
+        spec: The kernel to launch.
+        a: The left operand, as given.
+        b: The right operand, as given.
+        c: The array that receives C: ``out``, or a new one.
+        index: The int32 array that receives the argmax, or None without argmax.
+        a_strides: ``a``'s element strides (batch, rows, columns); the batch stride is 0 for a
+            2-D operand or a batch of 1 (it broadcasts).
+        b_strides: ``b``'s element strides, as ``a_strides``.
+        batch: The result's batch size (1 without a batch dimension).
+        m: Rows of A and C.
+        n: Columns of B and C.
+        k: Columns of A, rows of B: the length of each reduction.
+        device: The CUDA device of the operands and outputs.
+        batched: Whether C has a batch dimension (an operand is 3-D).
+        tile: The tuned kernel's tile (BM, BN, BK, TM, TN, blocks per SM) where it serves,
+            else None.
+        rows: The skinny kernel's bound on K (its KMAX) where it serves, else 0.
+        transposed: Whether the skinny kernel runs the product transposed, C^T = B^T A^T (wide
+            products).
+    """
 
     ring: Semiring
     spec: KernelSpec
@@ -90,10 +115,39 @@ def plan(
     tile: Tile | Literal["auto"] | None = "auto",
     table: dict[str, dict[str, Tile]] | None = None,
 ) -> Plan:
-    """What to launch for C = A (x) B (checks and outputs as ``matmul``'s). ``tile``: "auto"
-    picks the kernel by shape class from ``table`` (default: the device's tuned_tiles now);
-    the autotuner and benchmarks name a tile of the tuned kernel, or None for the generic
-    kernel."""
+    """What to launch for C = A (x) B, with checks and outputs as ``matmul``'s.
+
+    Not cached: each call checks everything and allocates its outputs (where ``out`` is None).
+
+    Args:
+        a: The left operand: a CuPy array of shape (M, K), or (batch, M, K).
+        b: The right operand: a CuPy array of shape (K, N), or (batch, K, N), of ``a``'s dtype
+            and on ``a``'s device.
+        semiring_name: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+        argmax: Also compute the int32 index of the winning k.
+        out: The array that receives C (with ``argmax``, a (C, argmax) pair), or None for new
+            arrays.
+        accumulate: Compute C = C (+) A (x) B into ``out``.
+        tile: ``"auto"`` picks the kernel by shape class from ``table``, as ``matmul`` does; a
+            tile (BM, BN, BK, TM, TN, blocks per SM) names one of the tuned kernel, as the
+            autotuner and benchmarks do (``tile_fits`` says which compile); None, the generic
+            kernel. An argmax over more than ``ARGMAX_MAX_TILES`` k-tiles takes the generic
+            kernel whatever the tile.
+        table: The tiles by shape class then variant, for ``tile="auto"``. Default: the
+            device's ``tuned_tiles`` as they are now.
+
+    Returns:
+        The plan, its outputs made (``c`` and ``index``).
+
+    Raises:
+        TypeError: An operand or ``out`` is not a CuPy array, or the dtypes do not fit (as
+            for ``matmul``).
+        ValueError: The semiring, shapes, devices or ``out`` do not fit (as for ``matmul``);
+            a tile is named for operands that are not row-major (unit stride along k for A and
+            along n for B), or for a semiring and type the tuned kernel does not serve
+            (``tiled_supported``).
+        cupy.cuda.memory.OutOfMemoryError: The outputs do not fit in GPU memory.
+    """
     ring = semiring(semiring_name)
     a = _require_cupy(a, "a")
     b = _require_cupy(b, "b")
@@ -177,7 +231,25 @@ def kernel_spec(
 ) -> KernelSpec:
     """The kernel that ``matmul`` would launch for a ``batch`` x M x N x K product of
     contiguous operands, with the default tiles (TILES): for compiling it ahead of use, or on a
-    machine without a GPU (``await compiler.compile(tropical.kernel_spec(...))``)."""
+    machine without a GPU (``await compiler.compile(tropical.kernel_spec(...))``).
+
+    Args:
+        m: Rows of A and C.
+        n: Columns of B and C.
+        k: Columns of A, rows of B.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+        dtype: The element type: a NumPy dtype, type or name such as ``"float32"``.
+        argmax: The product also computes the argmax.
+        accumulate: The product computes C = C (+) A (x) B.
+        batch: The batch size (1: no batch).
+
+    Returns:
+        The kernel's spec, for ``Compiler.compile`` or ``Compiler.get``.
+
+    Raises:
+        ValueError: ``semiring`` is not one of the four; ``dtype`` is not a dtype, or not one
+            the semiring takes; a size is below 1.
+    """
     ring = _semirings.semiring(semiring)
     dtype = ring.check_dtype(dtype)
     if min(m, n, k, batch) < 1:

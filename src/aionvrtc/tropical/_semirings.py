@@ -21,7 +21,22 @@ _NUMERIC = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.d
 
 @dataclass(frozen=True, slots=True)
 class Semiring:
-    """``add`` reduces over k, ``mul`` combines A[m, k] with B[k, n]."""
+    """A tropical semiring: ``add`` reduces over k, ``mul`` combines A[m, k] with B[k, n].
+
+    The four that the kernels define are in ``SEMIRINGS``, by name; functions that take a
+    semiring take its name or one of these objects, and refuse a Semiring made elsewhere.
+
+    Attributes:
+        name: The name functions take: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or
+            ``"andor"``.
+        cpp: The C++ struct of the kernels that implements it (kernels/tropical_common.cuh).
+        add: The reduction over k: ``"max"``, ``"min"`` or ``"or"``.
+        mul: The combination of A[m, k] and B[k, n]: ``"+"``, ``"*"`` or ``"and"``.
+        dtypes: The element types it is defined on, as NumPy dtypes.
+        maximise: Whether the reduction keeps the largest product (else the smallest; for
+            and-or, any true).
+        description: What it computes, and its zero, in words.
+    """
 
     name: str
     cpp: str  # the struct in kernels/tropical_common.cuh
@@ -32,7 +47,24 @@ class Semiring:
     description: str
 
     def zero(self, dtype: np.dtype[np.generic]) -> np.generic:
-        """The identity of ``add``, absorbing for ``mul``: the result of an empty sum (K = 0)."""
+        """The identity of ``add``, absorbing for ``mul``: the result of an empty sum (K = 0).
+
+        -inf for max-plus and +inf for min-plus on floats (the type's minimum and maximum on
+        integers), 0 for max-times, False for and-or. ``dtype`` is not checked against
+        ``dtypes``.
+
+        Args:
+            dtype: The element type: a NumPy dtype, type or name such as ``"float32"``.
+
+        Returns:
+            The zero as a NumPy scalar of ``dtype`` (``numpy.False_`` for and-or, whatever
+            ``dtype``).
+
+        Raises:
+            TypeError: ``dtype`` is not one NumPy understands.
+            ValueError: For max-plus or min-plus, ``dtype`` is neither a float nor an integer
+                type (NumPy's ``iinfo`` refuses it).
+        """
         dtype = np.dtype(dtype)
         if self.name == "andor":
             return np.bool_(False)
@@ -45,13 +77,39 @@ class Semiring:
 
     def one(self, dtype: np.dtype[np.generic]) -> np.generic:
         """The identity of ``mul``: x (x) one = x (einsum reduces an operand's own indices as
-        a product with a vector of ones)."""
+        a product with a vector of ones).
+
+        0 for max-plus and min-plus, 1 for max-times, True for and-or. ``dtype`` is not checked
+        against ``dtypes``.
+
+        Args:
+            dtype: The element type: a NumPy dtype, type or name such as ``"float32"``.
+
+        Returns:
+            The one as a NumPy scalar of ``dtype``.
+
+        Raises:
+            TypeError: ``dtype`` is not one NumPy understands.
+        """
         dtype = np.dtype(dtype)
         return dtype.type(True if self.name == "andor" else 1 if self.mul == "*" else 0)
 
     def check_dtype(self, dtype: object, array: str | None = None) -> np.dtype[np.generic]:
-        """``dtype`` as a NumPy dtype if this semiring takes it. Else TypeError when it is the
-        dtype of ``array`` (an operand's name), ValueError when a dtype argument gave it."""
+        """``dtype`` as a NumPy dtype, if this semiring takes it.
+
+        Args:
+            dtype: A NumPy dtype, type or name such as ``"float32"``.
+            array: The name of the operand whose dtype this is (``"a"``), for the message; None
+                where a dtype argument gave it.
+
+        Returns:
+            ``dtype`` as a NumPy dtype, one of ``dtypes``.
+
+        Raises:
+            TypeError: With ``array``: this semiring does not take ``dtype``.
+            ValueError: Without ``array``: this semiring does not take ``dtype``. With or
+                without: ``dtype`` is None or not a dtype NumPy understands.
+        """
         found = numpy_dtype(dtype, "dtype")
         if found not in self.dtypes:
             allowed = ", ".join(str(d) for d in self.dtypes)

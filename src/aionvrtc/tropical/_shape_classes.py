@@ -93,14 +93,43 @@ VARIANTS = tuple(TILES["large"])
 
 
 def tile_variant(dtype: np.dtype[np.generic], *, argmax: bool) -> str:
-    """The key of TILES[kind] for ``dtype``: kind and bytes ("f4", "i8"), "-argmax" added."""
+    """The key of TILES[kind] for ``dtype``: kind and bytes ("f4", "i8"), "-argmax" added.
+
+    Args:
+        dtype: The element type: a NumPy dtype, type or name such as ``"float32"``.
+        argmax: The variant that also computes the argmax.
+
+    Returns:
+        The variant's key, one of ``VARIANTS`` for the tuned kernels' types (another type gets
+        a key that no table has, such as ``"b1"`` for bool).
+
+    Raises:
+        TypeError: ``dtype`` is not one NumPy understands.
+    """
     dtype = np.dtype(dtype)
     return f"{dtype.kind}{dtype.itemsize}{'-argmax' if argmax else ''}"
 
 
 def tile_fits(tile: Tile, itemsize: int, *, argmax: bool = False) -> bool:
     """Whether the tuned kernel compiles with ``tile`` (its static_asserts) and fits the 48 KiB
-    of static shared memory (the argmax variant also keeps 2 bytes per output there)."""
+    of static shared memory (the argmax variant also keeps 2 bytes per output there).
+
+    Args:
+        tile: (BM, BN, BK, TM, TN, blocks per SM): a block's BM x BN tile of C, its step of
+            BK along k, each thread's TM x TN tile of C, and how many blocks the compiler must
+            fit on one SM (``__launch_bounds__``).
+        itemsize: Bytes per element (4 or 8).
+        argmax: The variant that also computes the argmax.
+
+    Returns:
+        True if the kernel compiles with ``tile`` and its shared memory fits, else False (a
+        size below 1 included).
+
+    Raises:
+        ValueError: ``tile`` does not have six entries.
+        TypeError: ``tile`` is not a sequence, or an entry of it or ``itemsize`` is not a
+            number.
+    """
     bm, bn, bk, tm, tn, blocks = tile
     if min(tile) < 1 or bm % tm or bn % tn or tm % 2 or tn % 2:
         return False
@@ -170,7 +199,26 @@ def shape_class(m: int, n: int, k: int = 1 << 30, *, argmax: bool = False, batch
     at least TALL_M, N at most 64, K at most 16, no argmax), "cols4/8/16" (the same kernel on
     the transpose: N at least TALL_M, M at most 64), "tall16/32/64" and "wide16/32/64" (tiles
     as wide as N, or as tall as M), "large" (enough 128 x 128 tiles to fill the GPU) or
-    "small"."""
+    "small".
+
+    TALL_M is 4096. The class decides the kernel where the tuned kernels serve the semiring
+    and type (``tiled_supported``); the generic kernel serves the others whatever the class.
+
+    Args:
+        m: Rows of A and C.
+        n: Columns of B and C.
+        k: Columns of A, rows of B. Default: large enough to rule out the skinny kernel.
+        argmax: The product also computes the argmax (which the skinny kernel does not).
+        batch: The batch size (1: no batch); a batch counts towards filling the GPU.
+
+    Returns:
+        The class's name, a key of ``TILES`` or one of the skinny kernel's ``"rows4"``...
+        ``"cols16"``.
+
+    Raises:
+        TypeError: A size is not a number. Sizes are not otherwise checked (``kernel_spec``
+            refuses those below 1).
+    """
     return classify(m, n, k, argmax=argmax, batch=batch).name
 
 
@@ -245,7 +293,20 @@ def tables_version() -> int:
 
 
 def tuned_tiles(device: int) -> dict[str, dict[str, Tile]]:
-    """The tiles matmul uses on ``device``: the autotuner's winners, else the built-in TILES."""
+    """The tiles matmul uses on ``device``: the autotuner's winners, else the built-in TILES.
+
+    Args:
+        device: The CUDA device's index. Not checked: a device with no table installed by
+            ``autotune`` in this process, or none at all, gets TILES.
+
+    Returns:
+        The table in use, by shape class then variant (``tile_variant``) to a tile (BM, BN,
+        BK, TM, TN, blocks per SM). It is the table itself, not a copy: read it, do not change
+        it.
+
+    Raises:
+        TypeError: ``device`` is not hashable (an int is expected).
+    """
     return _installed.get(device, TILES)
 
 

@@ -122,7 +122,31 @@ def gemm_spec(
     accumulate: bool,
     layout: Layout,
 ) -> KernelSpec:
-    """The spec of one forward kernel: the shared source, one instantiation."""
+    """The spec of one forward kernel of the generic family: the shared source, one
+    instantiation.
+
+    ``kernel_spec`` names the kernel that ``matmul`` launches for a product, of whichever
+    family; this builds the generic kernel's, which serves every product of its semiring and
+    type (the tuned kernels are faster where they serve).
+
+    Args:
+        semiring_name: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``, or one of
+            ``SEMIRINGS``.
+        dtype: The element type: a NumPy dtype, type or name such as ``"float32"``.
+        argmax: The variant that also computes the argmax.
+        accumulate: The variant that computes C = C (+) A (x) B.
+        layout: ``"rowmajor"`` (A has unit stride along k and B along n, known at compile
+            time) or ``"strided"`` (any strides).
+
+    Returns:
+        The kernel's spec, for ``Compiler.compile`` or ``Compiler.get``.
+
+    Raises:
+        ValueError: ``semiring_name`` is not one of the four (or is a Semiring made
+            elsewhere); ``dtype`` is not a dtype, or not one the semiring takes; ``layout``
+            is not one of ``LAYOUTS``.
+        TypeError: ``dtype`` is not hashable.
+    """
     return _gemm_spec(
         semiring(semiring_name), dtype, argmax=argmax, accumulate=accumulate, layout=layout
     )
@@ -166,7 +190,22 @@ _FAST = {"maxplus": "FastMaxPlus", "minplus": "FastMinPlus", "maxmul": "FastMaxM
 
 
 def tiled_supported(semiring_name: str, dtype: np.dtype[np.generic]) -> bool:
-    """Whether the tuned kernels (tiles, the skinny kernel) serve this semiring and type."""
+    """Whether the tuned kernels (tiles, the skinny kernel) serve this semiring and type:
+    max-plus, min-plus and max-times on 4- and 8-byte elements.
+
+    Args:
+        semiring_name: The semiring's name, such as ``"maxplus"`` (a Semiring object is not
+            recognised: False).
+        dtype: The element type: a NumPy dtype, type or name such as ``"float32"``. Only its
+            size is looked at.
+
+    Returns:
+        True where the tuned kernels serve, else False (the generic kernel serves).
+
+    Raises:
+        TypeError: ``dtype`` is not one NumPy understands (checked only for a semiring the
+            tuned kernels serve), or ``semiring_name`` is not hashable.
+    """
     return semiring_name in _FAST and np.dtype(dtype).itemsize in (4, 8)
 
 
@@ -193,7 +232,23 @@ def tiled_spec(
 
 
 def backward_spec(semiring_name: str | Semiring, dtype: Any) -> KernelSpec:
-    """The spec of the backward kernel of a product under ``semiring_name``."""
+    """The spec of the backward kernel of a product under ``semiring_name``: the kernel that
+    ``backward`` launches. Max-plus and min-plus share one.
+
+    Args:
+        semiring_name: ``"maxplus"``, ``"minplus"`` or ``"maxmul"``, or one of ``SEMIRINGS``.
+        dtype: The element type: float32 or float64, as a NumPy dtype, type or name.
+
+    Returns:
+        The kernel's spec, for ``Compiler.compile`` or ``Compiler.get``.
+
+    Raises:
+        TypeError: ``semiring_name`` is ``"andor"``, or ``dtype`` is one of the kernels' other
+            types (int32, int64, bool): they have no gradients. Also where ``dtype`` is not
+            hashable.
+        ValueError: ``semiring_name`` is not one of the four (or is a Semiring made
+            elsewhere); ``dtype`` is not one of the kernels' types.
+    """
     return _backward_spec(semiring(semiring_name), dtype)
 
 
@@ -213,9 +268,26 @@ def all_specs(
     semirings: Iterable[str] | None = None, dtypes: Iterable[object] | None = None
 ) -> list[KernelSpec]:
     """Every forward variant and layout (and backward kernel) of the named semirings and
-    dtypes (default: all); combinations a semiring does not define are skipped. ValueError
-    for a named semiring that takes none of the named dtypes, or a named dtype that none of
-    the semirings takes: nothing would be compiled for what was asked."""
+    dtypes: what ``warm`` compiles.
+
+    The generic kernels of each variant (argmax, accumulate) and layout, the tuned ones with
+    each tile of ``TILES`` and the skinny ones where they serve, and the backward kernels of
+    the float types. Combinations a semiring does not define are skipped.
+
+    Args:
+        semirings: The semirings' names, such as ``["maxplus"]``. Default: all four.
+        dtypes: The element types, such as ``["float32"]``. Default: all that each semiring
+            takes.
+
+    Returns:
+        The specs, each once, by semiring then dtype.
+
+    Raises:
+        TypeError: ``semirings`` or ``dtypes`` is a str, not a list of them.
+        ValueError: A name is not a semiring or a dtype; a named semiring takes none of the
+            named dtypes, or a named dtype none of the semirings: nothing would be compiled
+            for what was asked.
+    """
     for given, what in ((semirings, "semirings"), (dtypes, "dtypes")):
         if isinstance(given, str):  # iterating it would name one letter at a time
             raise TypeError(f"{what} must be a list such as [{given!r}], not a str")

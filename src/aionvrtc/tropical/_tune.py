@@ -44,7 +44,24 @@ logger = logging.getLogger("aionvrtc")
 
 def random_operands(shape: tuple[int, ...], dtype: Any, semiring_name: str) -> Any:
     """Fresh random CuPy operands: normal floats, integers in [-1000, 1000); non-negative for
-    max-times."""
+    max-times.
+
+    Floats are drawn in float32 and cast (float64 operands hold float32 values). Made on
+    CuPy's current device, with CuPy's random generator.
+
+    Args:
+        shape: The array's shape, such as (M, K) or (batch, M, K).
+        dtype: The element type: a NumPy dtype, type or name such as ``"float32"``.
+        semiring_name: The semiring the operands are for: ``"maxmul"`` gets their absolute
+            values, any other name the values as drawn.
+
+    Returns:
+        A new CuPy array of ``shape`` and ``dtype``.
+
+    Raises:
+        TypeError: ``dtype`` is not one NumPy understands.
+        cupy.cuda.memory.OutOfMemoryError: The array does not fit in GPU memory.
+    """
     import cupy
 
     if np.dtype(dtype).kind == "f":
@@ -56,9 +73,27 @@ def random_operands(shape: tuple[int, ...], dtype: Any, semiring_name: str) -> A
 
 def timed(call: Callable[..., object], repeats: int, *, graph: bool = True) -> float:
     """Median seconds of one ``call`` (GPU work on the current stream), timed with CUDA events.
+
     With ``graph`` (``call`` must not allocate) the events time replays of a CUDA graph of enough
-    calls to run about 2 ms: launched one by one from Python, kernels of a few microseconds timed
-    the host, not the GPU. Without, each call is timed alone."""
+    calls to run about 2 ms (at most 100): launched one by one from Python, kernels of a few
+    microseconds timed the host, not the GPU. Without, each call is timed alone. ``call`` runs
+    once first, untimed (to compile, load and allocate), and once more to size the graph.
+
+    Args:
+        call: What to time: a function of no arguments that enqueues GPU work on CuPy's
+            current stream, such as ``lambda: launch(plan, module, None)``.
+        repeats: How many timings the median is taken of: replays of the graph with
+            ``graph``, else single calls.
+        graph: Time replays of a CUDA graph of the calls, captured on a stream of its own.
+
+    Returns:
+        The median time of one call, in seconds.
+
+    Raises:
+        statistics.StatisticsError: ``repeats`` is below 1 (a ValueError).
+        RuntimeError: With ``graph``, ``call`` did what a stream capture does not allow, such
+            as synchronising or allocating GPU memory (CuPy's CUDA error).
+    """
     import cupy
 
     call()  # compiles, loads and allocates outside any capture
@@ -144,13 +179,48 @@ async def autotune(
     report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, dict[str, Tile]]:
     """Tune the tiles of the named shape classes for ``dtypes`` (with and without argmax) on
-    ``device``, and use them for matmul on that device from now on. Returns the table in use.
+    ``device``, and use them for matmul on that device from now on.
 
-    The winners are read from ``compiler``'s disk cache (default: the process-wide Compiler)
-    when an earlier run on the same kind of GPU stored them, unless ``retune``; otherwise each
-    candidate is compiled through the compiler, checked, timed (median of ``repeats``) on the
-    class's representative product (SHAPES) and the fastest stored. ``report`` receives one
-    dict per candidate timed (class, variant, tile, seconds, pairs_per_s).
+    The winners are read from ``compiler``'s disk cache when an earlier run on the same kind of
+    GPU stored them, unless ``retune``; otherwise each candidate is compiled through the
+    compiler, checked, timed on the class's representative product (SHAPES) and the fastest
+    stored. A candidate that does not compile, or whose result differs from the generic
+    kernel's, is skipped (and logged); a class none of whose candidates serves keeps its tile.
+    Max-plus stands for the three semirings the tuned kernels serve.
+
+    Args:
+        dtypes: The element types to tune: float32, float64, int32 or int64 (and-or on bool
+            has no tuned kernel).
+        kinds: The shape classes to tune, keys of ``SHAPES``. Default: all.
+        argmax: The variants to tune: without argmax (False), with it (True), or both.
+        device: The CUDA device to tune on and for.
+        retune: Time the candidates even where a stored record has the winners.
+        repeats: How many timings each candidate's median is taken of.
+        compiler: The Compiler that compiles the candidates and keeps the record. Default: the
+            process-wide Compiler.
+        report: A function that receives one dict per candidate timed, with keys ``"class"``,
+            ``"variant"``, ``"tile"`` (a list), ``"seconds"`` and ``"pairs_per_s"``.
+
+    Returns:
+        The table now in use on ``device``, by shape class then variant to a tile (as
+        ``tuned_tiles(device)`` returns it).
+
+    Raises:
+        TypeError: ``dtypes`` is a str or a dtype, not a list of them.
+        ValueError: An entry of ``dtypes`` is not a dtype, or not one that autotune tunes
+            (raised before the GPU is used); a name of ``kinds`` is not a shape class;
+            ``repeats`` is below 1 where a candidate is timed (``statistics.StatisticsError``).
+        AssertionError: The generic kernel's result disagrees with the NumPy reference: the
+            candidates could not be checked, so nothing is tuned.
+        CompileError: NVRTC refused the generic kernel, against which candidates are checked.
+        NvrtcError: NVRTC cannot be used, or cannot compile for this GPU.
+        ModuleLoadError: A kernel could not be loaded onto the device
+            (``GPUOutOfMemoryError`` where GPU memory is full).
+        cupy.cuda.memory.OutOfMemoryError: The representative product's operands and
+            outputs do not fit in GPU memory.
+        CompilerClosed: ``compiler`` is closed.
+        RuntimeError: ``compiler`` has not been opened (``async with``); there is no usable
+            GPU, or ``device`` is not one of this machine's (CuPy's ``CUDARuntimeError``).
     """
     tuned = _tuned_dtypes(dtypes)  # checked before anything needs the GPU
     import cupy

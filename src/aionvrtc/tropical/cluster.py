@@ -1,5 +1,5 @@
 """A sliced tropical einsum on a Ray cluster: the slices of a plan as Ray tasks, one GPU each,
-their sums gathered and summed on the caller's machine.
+their sums gathered and summed on the caller's machine::
 
     import ray
     from aionvrtc import tropical
@@ -46,14 +46,52 @@ def einsum(
     tasks: int | None = None,
     backend: str = "cupy",
 ) -> Any:
-    """The tropical einsum of NumPy ``operands`` in slices, as Ray tasks on the cluster that
-    ``ray.init`` connected this process to: ``tropical.einsum``'s semantics and arguments
-    (``optimize``, ``memory_limit`` in bytes), the result a NumPy array (with ``argmax=True``,
-    for a scalar contraction, the pair (value, assignment)). ``tasks`` (default: the cluster's
-    GPUs, or its CPUs with ``backend="numpy"``) splits the slices into that many tasks of
-    consecutive slices, as even as they come; a contraction that is not sliced is one task.
-    Refused before any task: a cluster without GPUs for ``backend="cupy"`` (its tasks would
-    wait forever)."""
+    """The tropical einsum of NumPy arrays in slices, as Ray tasks on a Ray cluster.
+
+    The cluster is the one that ``ray.init`` connected this process to; the semantics and
+    arguments are ``tropical.einsum``'s (``optimize``, ``memory_limit`` in bytes). The plan is
+    made here (``einsum_plan``), the operands are put once in Ray's object store, each task
+    contracts a share of consecutive slices on one GPU (or CPU, with ``backend="numpy"``), and
+    the tasks' sums are summed here. A contraction that is not sliced is one task. Refused
+    before any task: a cluster without GPUs for ``backend="cupy"`` (its tasks would wait
+    forever).
+
+    Args:
+        subscripts: NumPy's einsum grammar, as ``tropical.einsum`` takes it.
+        *operands: The tensors, one per operand of ``subscripts``: NumPy arrays (or what
+            ``numpy.asarray`` takes) of one dtype that ``semiring`` takes.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+        argmax: Also find an assignment that attains the result, for a scalar contraction
+            (an output of no indices) with ``backend="cupy"``: one more task contracts the
+            winning slice with its argmax.
+        optimize: The order, as ``einsum_plan`` takes it; pass a plan from ``einsum_plan``
+            (``memory_limit=`` there) to plan once.
+        memory_limit: Bytes: slice the contraction so that no intermediate of a slice holds
+            more (as ``einsum_plan`` takes it: no fraction of a device's memory here).
+        tasks: How many tasks to split the slices into, as even as they come (default: the
+            cluster's GPUs, or its CPUs with ``backend="numpy"``); never more than the slices.
+        backend: ``"cupy"``: each task contracts its slices with ``tropical.einsum``'s sliced
+            run on its GPU. ``"numpy"``: with the NumPy reference on a CPU worker, for tests
+            and machines without GPUs.
+
+    Returns:
+        The result, a NumPy array; with ``argmax=True`` the pair (value, assignment), the
+        assignment a dict giving every index of ``subscripts`` a value at which the product
+        of the operands' entries attains the value.
+
+    Raises:
+        ImportError: Ray is not installed (``pip install 'aionvrtc[ray]'``).
+        TypeError: ``subscripts`` is not a str.
+        ValueError: ``backend`` is neither ``"cupy"`` nor ``"numpy"``; ``argmax=True`` with
+            ``backend="numpy"``; ``semiring`` is not one of ``SEMIRINGS``; ``argmax=True`` for
+            an output with indices; ``tasks`` is not an int >= 1; what ``einsum_plan`` refuses
+            (the subscripts, the operands' shapes, ``optimize``, ``memory_limit``).
+        RuntimeError: ``ray.init`` was not called, or the cluster has no GPU for
+            ``backend="cupy"``.
+        ray.exceptions.RayTaskError: A task failed, such as on a dtype that the semiring does
+            not take (the tasks check the dtypes); Ray raises it as an instance of the task's
+            error's class too.
+    """
     import ray
 
     if backend not in _BACKENDS:

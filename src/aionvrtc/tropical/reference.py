@@ -36,13 +36,13 @@ __all__ = ["MAX_BYTES", "einsum", "matmul"]
 # products, and the largest joint array over all indices that is contracted in one go.
 CHUNK_ELEMENTS = 1 << 22
 
-# The most bytes one result of ``einsum`` (the output, or an intermediate) or ``matmul`` may hold
-# unless the call says otherwise (``max_bytes=``): 1 GiB. The reference is the tests' oracle and a
-# CPU fallback; at its pace (an outer product of 2**26 float32, 256 MiB, took 1.8 s on 2 CPUs) a
-# result of 1 GiB is a long wait already, and past it memory runs out before an answer comes (40
-# output indices of size 2: 18 s, then NumPy's MemoryError). A keyword rather than only this
-# constant, because the machine and the call decide what is reasonable, and changing a module's
-# constant changes it for every other caller in the process.
+#: The most bytes one result of ``einsum`` (the output, or an intermediate) or ``matmul`` may hold
+#: unless the call says otherwise (``max_bytes=``): 1 GiB. The reference is the tests' oracle and a
+#: CPU fallback; at its pace (an outer product of 2**26 float32, 256 MiB, took 1.8 s on 2 CPUs) a
+#: result of 1 GiB is a long wait already, and past it memory runs out before an answer comes (40
+#: output indices of size 2: 18 s, then NumPy's MemoryError). A keyword rather than only this
+#: constant, because the machine and the call decide what is reasonable, and changing a module's
+#: constant changes it for every other caller in the process.
 MAX_BYTES = 1 << 30
 
 
@@ -110,8 +110,28 @@ def matmul(
 
     2-D or 3-D (a leading batch dimension; a batch of 1 broadcasts) operands of one dtype.
     The result and its argmax (int32, kept with or without ``argmax``) may hold at most
-    ``max_bytes`` together (default ``MAX_BYTES``, 1 GiB, as ``einsum``): a larger product is
-    refused with a ValueError before anything is allocated.
+    ``max_bytes`` together: a larger product is refused with a ValueError before anything is
+    allocated.
+
+    Args:
+        a: A, (M, K) or (batch, M, K): a NumPy array, or what ``numpy.asarray`` takes.
+        b: B, (K, N) or (batch, K, N), of ``a``'s dtype.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+        argmax: Also return the argmax: for each element of C the smallest k attaining it, or
+            -1 where C is the semiring's zero (K = 0, or no k contributes).
+        max_bytes: The most bytes the result and its argmax may hold together (default
+            ``MAX_BYTES``, 1 GiB, as ``einsum``).
+
+    Returns:
+        C, of the operands' dtype: (M, N), or (batch, M, N) where an operand is 3-D. With
+        ``argmax=True`` the pair (C, argmax), the argmax int32 of C's shape.
+
+    Raises:
+        TypeError: ``a`` and ``b`` have different dtypes, ``semiring`` does not take theirs, or
+            ``max_bytes`` is not an int.
+        ValueError: ``semiring`` is not one of ``SEMIRINGS``; an operand is not 2-D or 3-D;
+            ``a``'s columns do not match ``b``'s rows; the batch sizes differ and neither is 1;
+            the result and its argmax would hold more than ``max_bytes``.
     """
     ring = _semiring(semiring)
     a, b = np.asarray(a), np.asarray(b)
@@ -171,35 +191,57 @@ def einsum(
     path: Sequence[Sequence[int]] | None = None,
     max_bytes: int = MAX_BYTES,
 ) -> np.ndarray[Any, Any]:
-    """The tropical einsum: ``out[o] = zero (+) ... (+) (x_1[...] (x) x_2[...] (x) ... x_n[...])``,
-    the (+)-sum running over every value of the indices that are not in the output.
+    """The tropical einsum of NumPy arrays: the oracle of ``tropical.einsum``, and a CPU fallback.
 
-    ``subscripts`` is NumPy's grammar over the letters a-z, A-Z and any non-ASCII character
-    (``opt_einsum.get_symbol(i)`` names the i-th, for networks of many indices):
-    ``"ij,jk->ik"`` (matmul), ``"ii->i"`` (a diagonal), ``"ii->"`` (the trace), ``"ij->i"`` (a
-    sum within one operand), ``"i,j->ij"`` (an outer product), ``",->"`` (0-d operands).
-    Without ``->`` the output is the indices that appear exactly once, sorted by character
-    (upper case first), as in ``numpy.einsum``. No ellipsis, and no broadcasting: an index has
-    one size everywhere.
+    ``out[o] = zero (+) ... (+) (x_1[...] (x) x_2[...] (x) ... x_n[...])``, the (+)-sum running
+    over every value of the indices that are not in the output.
 
     (+) and (x) are the semiring's, with ``matmul``'s rules: integers saturate, their extremes
     are the infinities, and a NaN product (-inf + inf, 0 * inf) counts as the zero; the products
     are formed in operand order, left to right (float (x) is not associative). Every output
     cell starts from the zero, so an empty sum gives the zero and a NaN input counts as the zero.
-    Operands share one dtype that the semiring takes; the result has it and one axis per output
-    index (0-d for ``"->"``-style outputs).
-
-    ``path`` contracts the operands two at a time in that order instead (opt_einsum's format,
-    as ``tropical.einsum_plan(...).path`` gives it: the two leave the list of operands and
-    their product joins its end), for networks too large to contract left to right; exact
-    where (x) is (integers, booleans, floats holding integers).
 
     Small contractions (the joint space of all indices fits in ``CHUNK_ELEMENTS``) are evaluated
     in one broadcast; larger ones operand by operand, left to right, in blocks of at most
     ``CHUNK_ELEMENTS`` products. No result (the output, an intermediate) may hold more than
-    ``max_bytes`` (default ``MAX_BYTES``, 1 GiB), nor one broadcast join more indices than a
-    NumPy array has dimensions: the order is worked out first, and a contraction past either
-    is refused with a ValueError before any work.
+    ``max_bytes``, nor one broadcast join more indices than a NumPy array has dimensions: the
+    order is worked out first, and a contraction past either is refused with a ValueError
+    before any work.
+
+    Args:
+        subscripts: NumPy's grammar over the letters a-z, A-Z and any non-ASCII character
+            (``opt_einsum.get_symbol(i)`` names the i-th, for networks of many indices):
+            ``"ij,jk->ik"`` (matmul), ``"ii->i"`` (a diagonal), ``"ii->"`` (the trace),
+            ``"ij->i"`` (a sum within one operand), ``"i,j->ij"`` (an outer product), ``",->"``
+            (0-d operands). Without ``->`` the output is the indices that appear exactly once,
+            sorted by character (upper case first), as in ``numpy.einsum``. No ellipsis, and no
+            broadcasting: an index has one size everywhere.
+        *operands: The tensors, one per operand of ``subscripts``: NumPy arrays (or what
+            ``numpy.asarray`` takes) that share one dtype that the semiring takes.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+        path: Contract the operands two at a time in this order instead (opt_einsum's format,
+            as ``tropical.einsum_plan(...).path`` gives it: the two leave the list of operands
+            and their product joins its end), for networks too large to contract left to
+            right; exact where (x) is (integers, booleans, floats holding integers).
+        max_bytes: The most bytes that one result (the output, an intermediate) may hold
+            (default ``MAX_BYTES``, 1 GiB).
+
+    Returns:
+        The result, of the operands' dtype, with one axis per output index (0-d for
+        ``"->"``-style outputs).
+
+    Raises:
+        TypeError: ``subscripts`` is not a str; ``max_bytes`` is not an int; the operands'
+            dtypes differ, or the semiring does not take theirs.
+        ValueError: ``semiring`` is not one of ``SEMIRINGS``; the subscripts are malformed (an
+            ellipsis, more than one ``->``, a character that is not an index, an output index
+            repeated or in no operand, another count of operands than given) or name more than
+            64 indices for an operand or the output; an operand's dimensions are not the ones
+            its subscripts name; an index has two sizes.
+        ValueError: A step of ``path`` names no operand, or a position outside the operands
+            left, or the path leaves more than one; the output or an intermediate would hold
+            more than ``max_bytes``; a step would join more indices in one broadcast than a
+            NumPy array has dimensions (64).
     """
     ring = _semiring(semiring)
     inputs, output = parse_subscripts(subscripts, len(operands))

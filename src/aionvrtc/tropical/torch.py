@@ -51,7 +51,37 @@ class _TropicalMatmul(torch.autograd.Function):  # type: ignore[misc]
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, semiring: str = "maxplus") -> torch.Tensor:
-    """C = A (x) B over ``semiring`` for CUDA tensors, differentiable (float32/float64)."""
+    """C = A (x) B over ``semiring`` for CUDA tensors, differentiable (float32/float64).
+
+    The tensors' memory is shared with CuPy through DLPack (no copies), and the product runs
+    on PyTorch's current stream of ``a``'s device, as ``tropical.matmul_sync`` with
+    ``argmax=True``. The argmax is kept for the backward pass, where the gradient flows
+    through the winning k only (see ``tropical.backward``). Shapes, broadcasting and dtypes
+    are as for ``tropical.matmul``; gradients exist for float32 and float64.
+
+    Args:
+        a: The left operand: a CUDA tensor of shape (M, K), or (batch, M, K).
+        b: The right operand: a CUDA tensor of shape (K, N), or (batch, K, N), of ``a``'s
+            dtype and on ``a``'s device.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+
+    Returns:
+        C, a CUDA tensor of shape (M, N), or (batch, M, N) where an operand is 3-D, on the
+        autograd graph of ``a`` and ``b``.
+
+    Raises:
+        TypeError: ``a`` or ``b`` is not a CUDA tensor; they differ in dtype, or have one
+            that ``semiring`` does not take.
+        ValueError: ``semiring`` is not one of the four; the shapes do not multiply; the
+            tensors are on different devices.
+        cupy.cuda.memory.OutOfMemoryError: C and its argmax do not fit in GPU memory (they are
+            allocated by CuPy's memory pool, not PyTorch's).
+        CompileError: NVRTC refused the kernel. This and the errors below come from a
+            kernel's first use on a device only.
+        NvrtcError: NVRTC cannot be used, or cannot compile for this GPU.
+        ModuleLoadError: The kernel could not be loaded onto the device
+            (``GPUOutOfMemoryError`` where GPU memory is full).
+    """
     if not (a.is_cuda and b.is_cuda):
         raise TypeError("a and b must be CUDA tensors")
     result: torch.Tensor = _TropicalMatmul.apply(a, b, semiring)
