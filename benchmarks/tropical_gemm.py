@@ -3,8 +3,9 @@ with CuPy and PyTorch broadcast-and-reduce for comparison. Correctness is checke
 
     python benchmarks/tropical_gemm.py [--out DIR] [--quick]
 
-Throughput is quoted as the anchors do, in tropical ops/s = 2 * M * N * K / time (an add and a
-max per (m, n, k)); ratios compare pairs/s = M * N * K / time with the probe's add+max pairs/s.
+Throughput is quoted as the peer implementations do, in tropical ops/s = 2 * M * N * K / time
+(an add and a max per (m, n, k)); ratios compare pairs/s = M * N * K / time with the probe's
+add+max pairs/s.
 """
 
 from __future__ import annotations
@@ -295,9 +296,9 @@ def table(f: dict[str, Any], r: dict[str, Any]) -> str:
         f"# Tropical GEMM on {f['gpu']}",
         "",
         f"Driver {f['driver']}, CuPy {f['cupy']}, NVRTC {f['nvrtc']}, {f['date']}. "
-        "Tropical ops/s = 2*M*N*K / median time (CUDA events), as the anchors count; the ratio "
-        "compares pairs/s = M*N*K / time with the probe's add+max pairs/s. Checked against the "
-        "reference first.",
+        "Tropical ops/s = 2*M*N*K / median time (CUDA events), as the peer implementations count "
+        "them; the ratio compares pairs/s = M*N*K / time with the probe's add+max pairs/s. "
+        "Checked against the reference first.",
         "",
         "Peak probe (add+max pairs/s): "
         + ", ".join(f"{k} {v / 1e12:.2f} T" for k, v in probe.items()),
