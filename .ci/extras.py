@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _readme_snippet(first_line: str) -> str:
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+def _page_snippet(page: str, first_line: str) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.DOTALL)
     found = [block for block in blocks if block.startswith(first_line)]
-    assert len(found) == 1, f"{len(found)} README snippets start with {first_line!r}"
+    assert len(found) == 1, f"{len(found)} snippets of {page} start with {first_line!r}"
     return found[0]
 
 
@@ -54,7 +54,7 @@ def redis() -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        snippet = _readme_snippet("# needs a Redis server")
+        snippet = _page_snippet("docs/operating/fleets.md", "# needs a Redis server")
         outputs = []
         for _ in range(2):  # each with a cache dir of its own: the second finds it in Redis
             with tempfile.TemporaryDirectory() as cache:

@@ -234,6 +234,28 @@ def test_clear_removes_every_entry(cache: Path) -> None:
     assert cli("cache", "info", cache=cache)["entries"] == 0
 
 
+def test_an_earlier_formats_folder_is_listed_and_left_alone(cache: Path) -> None:
+    # What an upgrade leaves: a v2 folder of the format before, its entries in place. This
+    # release lists it, counts none of it, and neither prune nor clear touches it.
+    old = cache / "v2"
+    (old / "ab").mkdir(parents=True)
+    entry = old / "ab" / ("ab" * 32)
+    entry.write_bytes(b"an entry of the format before")
+    info = cli("cache", "info", cache=cache)
+    assert (info["other_format_versions"], info["entries"]) == (["v2"], KERNELS)
+    assert info["format_version"] == FORMAT_VERSION != 2
+    assert cli("cache", "prune", "--max-size", "0", cache=cache)["removed"] == KERNELS
+    assert cli("cache", "clear", cache=cache)["removed"] == 0
+    assert entry.read_bytes() == b"an entry of the format before"
+    people = subprocess.run(
+        [sys.executable, "-m", "aionvrtc", "cache", "info", "--cache-dir", str(cache)],
+        capture_output=True, text=True, timeout=120, check=True,
+        env={**os.environ, "COLUMNS": "200"},
+    ).stdout  # fmt: skip
+    assert "other formats" in people
+    assert "v2 (not read by this version)" in people
+
+
 def test_info_counts_what_other_processes_dropped_and_evicted(cache: Path) -> None:
     keys = sorted(entries(cache))
     path = entries(cache)[keys[0]]

@@ -159,4 +159,4 @@ def test_no_test_module_imports_another_and_benchmarks_use_only_tests_support() 
             ):
                 offenders.append(f"{path.relative_to(ROOT)} imports {module}")
     assert not offenders, offenders
-    assert _imported_modules(ROOT / "tests" / "test_readme.py").count("tests.support.redis") == 1
+    assert _imported_modules(ROOT / "tests" / "test_snippets.py").count("tests.support.redis") == 1

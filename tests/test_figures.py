@@ -1,7 +1,8 @@
-"""The README's figures are the committed results' figures, and the README speaks to users.
+"""The figures of the README and the documentation's pages are the committed results' figures,
+and every page speaks to users.
 
-Each measured figure the README quotes is listed in ``FIGURES``: a pattern that finds it in the
-README (one group per figure, matching exactly once), the committed file under
+Each measured figure a page quotes is listed in ``FIGURES``: a pattern that finds it on the
+pages (one group per figure, matching exactly once on all of them), the committed file under
 benchmarks/results/ it comes from, and how to read the same figure from that file. A quoted
 figure agrees with the file's when the file's value, rounded half up to the quoted digits,
 equals it (``12`` for 12.05 ms, ``2.5`` for 2.45), or, for a bound (``under 4 us``), when every
@@ -9,15 +10,18 @@ value the file holds is below it. A figure that stands for several of the file's
 cold or warm``) must agree with each. The tensor-network table is compared row by row with the
 JSON of its run.
 
-So a re-run that changes a file, a README edit that changes a figure and a README phrase that
-moves away from its figure all fail here. Two rules keep the list honest: each file a figure
-comes from is linked from the README (the reader can check it), and in a paragraph that links a
+So a re-run that changes a file, an edit that changes a figure and a phrase that moves away
+from its figure all fail here. Two rules keep the list honest: each file a figure comes from is
+linked from the page that quotes it (the reader can check it), and in a paragraph that links a
 result, every number with a unit of time, rate or count of tests is one of the checked figures,
-so a figure added beside a link without an entry here fails too."""
+so a figure added beside a link without an entry here fails too. The pages are the README and
+the site's sources under docs/ (which link the results as ``results/...``, the copy the site
+serves); the results themselves are on the site too, so they are held to its language."""
 
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,7 +34,11 @@ import pytest
 from .support import ROOT
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 RESULTS = ROOT / "benchmarks" / "results"
+# Where a page's links to results point: the README at the committed folder, a site page at
+# the copy the site serves.
+RESULT_FOLDERS = ("benchmarks/results/", "docs/results/")
 # An sdist ships no logs or plots (pyproject.toml); there the figures read from them are not
 # checked, and everything else is.
 IN_SDIST = (ROOT / "PKG-INFO").exists()
@@ -41,7 +49,6 @@ NEEDS_LOGS = pytest.mark.skipif(
 
 # Linked for what they show, not for a figure the README quotes from them.
 NO_FIGURES = {
-    "tropical_gemm-nvidia-h200.png",
     "tensor_network_published-paths.json",
     "experiments/tropical_experiments-nvidia-h200.md",
 }
@@ -355,6 +362,46 @@ FIGURES = [
         r"against [\d,.]+ ms \(([\d,.]+) ms\) when CuPy's NVRTC",
         SERVICE.format("trio"),
         find(r"called on the loop \| max ([\d.]+) ms"),
+    ),
+    # The README's figures, a table of the few that matter most
+    Figure(
+        r"\(CUDA context excluded\), a 31-kernel source \| ([\d,.]+) ms [^|]*\| CuPy "
+        r"`RawModule`: ([\d,.]+) ms",
+        GPU_START,
+        cells(3, "aionvrtc, 31-kernel source", "CuPy RawModule, 31-kernel source"),
+    ),
+    Figure(
+        r"`await compiler.compile\(spec\)`, 2 vCPUs \| ([\d,.]+) ns [^|]*\), ([\d,.]+)x "
+        r"awaiting a trivial coroutine",
+        SERVICE.format("asyncio"),
+        find(HOT_HIT),
+    ),
+    Figure(
+        r"max-plus f32 GEMM, 8192\^3 \| ([\d,.]+) T ops/s, ([\d,.]+)% of the add\+max probe "
+        r"[^|]*\| CuPy broadcast-reduce: ([\d,.]+) T ops/s",
+        GEMM,
+        joined(
+            cells(0, "maxplus float32 8192"),
+            cells(2, "maxplus float32 8192"),
+            find(r"CuPy broadcast-reduce ([\d.]+) T"),
+        ),
+    ),
+    Figure(
+        r"networks of ([\d,]+) to ([\d,]+) steps \| ([\d,.]+) to ([\d,.]+) times JAX `jit`'s "
+        r"time [^|]*\| JAX's first call: ([\d,.]+) to ([\d,.]+) s",
+        EINSUM,
+        data(
+            lambda r: [
+                *spread_of(r, lambda row: row["steps"]),
+                *spread_of(r, lambda row: row["program_ms"] / row["jax_ms"]),
+                *spread_of(r, lambda row: row["jax_first_s"]),
+            ]
+        ),
+    ),
+    Figure(
+        r"king's subgraph \(1155 vertices\), H100 \| ([\d,.]+) ms",
+        "tensor_network_kings_subgraph-nvidia-h100-80gb-hbm3.json",
+        data(lambda r: [r["rows"][0]["gpu_ms"]]),
     ),
     # On the GPU
     Figure(
@@ -779,8 +826,18 @@ MEASURED = re.compile(
 
 
 def paragraphs(text: str) -> list[str]:
-    """The README's paragraphs (tables and lists too), each on one line."""
+    """A page's paragraphs (tables and lists too), each on one line."""
     return [" ".join(block.split()) for block in re.split(r"\n[ \t]*\n", text)]
+
+
+def pages() -> dict[str, str]:
+    """The pages written by hand, by path from the checkout: the README and the site's
+    sources (not what the build generates, nor the results it copies in)."""
+    found = {"README.md": README.read_text(encoding="utf-8")}
+    for path in sorted(DOCS.rglob("*.md")):
+        if path.relative_to(DOCS).parts[0] not in ("_generated", "results"):
+            found[path.relative_to(ROOT).as_posix()] = path.read_text(encoding="utf-8")
+    return found
 
 
 def rounded(value: Decimal, like: Decimal) -> Decimal:
@@ -795,8 +852,17 @@ def agrees(quoted: str, value: Decimal, *, bound: bool) -> bool:
     return value < figure if bound else rounded(value, figure) == figure
 
 
-def result_links(text: str) -> list[str]:
-    return re.findall(r"\]\(benchmarks/results/([^)\s#]+)\)", text)
+def result_links(text: str, page: str = "README.md") -> list[str]:
+    """The results ``text`` (of ``page``) links, by their path under benchmarks/results."""
+    found = []
+    for target in re.findall(r"\]\(([^)\s#]+)[^)]*\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path = posixpath.normpath(posixpath.join(posixpath.dirname(page), target))
+        if path.startswith("docs/results/plots/"):
+            continue  # the site's plots, drawn from the results when it is built
+        found += [path[len(f):] for f in RESULT_FOLDERS if path.startswith(f)]
+    return found
 
 
 def stem(source: str) -> str:
@@ -810,24 +876,23 @@ def left_out(source: str) -> bool:
     return missing and IN_SDIST and source.endswith(LEFT_OUT_OF_SDIST)
 
 
-def figure_problems(readme: str) -> list[str]:
-    """Where ``readme`` and the committed results disagree: one line each."""
+def figure_problems(texts: dict[str, str]) -> list[str]:
+    """Where the pages (``texts``, by path) and the committed results disagree: one line
+    each."""
     problems = []
-    text = "\n\n".join(paragraphs(readme))
-    links = set(result_links(readme))
-    covered: set[int] = set()
+    text = {page: "\n\n".join(paragraphs(body)) for page, body in texts.items()}
+    links = {page: set(result_links(body, page)) for page, body in texts.items()}
+    covered: dict[str, set[int]] = {page: set() for page in texts}
     for figure in FIGURES:
-        matches = list(re.finditer(figure.quote, text))
+        matches = [(page, m) for page in text for m in re.finditer(figure.quote, text[page])]
         if len(matches) != 1:
-            problems.append(f"{figure.quote!r} is in the README {len(matches)} times, not once")
+            problems.append(f"{figure.quote!r} is on the pages {len(matches)} times, not once")
             continue
-        match = matches[0]
+        page, match = matches[0]
         groups = range(1, len(match.groups()) + 1)
-        covered.update(i for group in groups for i in range(*match.span(group)))
-        if stem(figure.source) not in {stem(link) for link in links}:
-            problems.append(
-                f"the README never links {figure.source}, which {figure.quote!r} quotes"
-            )
+        covered[page].update(i for group in groups for i in range(*match.span(group)))
+        if stem(figure.source) not in {stem(link) for link in links[page]}:
+            problems.append(f"{page} never links {figure.source}, which {figure.quote!r} quotes")
         if left_out(figure.source):
             continue
         try:
@@ -842,34 +907,36 @@ def figure_problems(readme: str) -> list[str]:
             each = [values] if isinstance(values, Decimal) else list(values)
             if not each or not all(agrees(quoted, value, bound=figure.bound) for value in each):
                 problems.append(
-                    f"README says {quoted} in {match[0]!r}; {figure.source} says "
+                    f"{page} says {quoted} in {match[0]!r}; {figure.source} says "
                     f"{', '.join(map(str, each)) or 'nothing'}"
                 )
-    start = 0
-    for paragraph in text.split("\n\n"):
-        for found in MEASURED.finditer(paragraph) if result_links(paragraph) else ():
-            if not set(range(start + found.start(1), start + found.end(1))) <= covered:
-                problems.append(
-                    f"{found[0]!r} beside a link to a result is not a checked figure (add it to "
-                    f"FIGURES): {paragraph[:70]!r}..."
-                )
-        start += len(paragraph) + 2
+    for page, body in text.items():
+        start = 0
+        for paragraph in body.split("\n\n"):
+            for found in MEASURED.finditer(paragraph) if result_links(paragraph, page) else ():
+                if not set(range(start + found.start(1), start + found.end(1))) <= covered[page]:
+                    problems.append(
+                        f"{page}: {found[0]!r} beside a link to a result is not a checked figure "
+                        f"(add it to FIGURES): {paragraph[:70]!r}..."
+                    )
+            start += len(paragraph) + 2
     sources = {stem(figure.source) for figure in FIGURES}
-    for link in sorted(links):
-        if not (RESULTS / link).is_file() and not left_out(link):
-            problems.append(f"the README links benchmarks/results/{link}, which is not there")
-        if link not in NO_FIGURES and stem(link) not in sources:
-            problems.append(f"the README links {link} but quotes no checked figure from it")
-    return problems + tensor_table_problems(readme)
+    for page, linked in links.items():
+        for link in sorted(linked):
+            if not (RESULTS / link).is_file() and not left_out(link):
+                problems.append(f"{page} links benchmarks/results/{link}, which is not there")
+            if link not in NO_FIGURES and stem(link) not in sources:
+                problems.append(f"{page} links {link} but quotes no checked figure from it")
+    return problems + tensor_table_problems("\n\n".join(texts.values()))
 
 
 def tensor_table_problems(readme: str) -> list[str]:
     """The tensor-network table against its run's JSON, cell by cell."""
     if TENSOR_HEADER not in readme:
-        return ["the README's tensor-network table (its header) is not there"]
+        return ["the tensor-network table (its header) is on no page"]
     result = json.loads((RESULTS / EINSUM).read_text(encoding="utf-8"))
     body = readme.split(TENSOR_HEADER, 1)[1].split("\n\n", 1)[0].splitlines()[2:]
-    problems = [] if body else ["the README's tensor-network table has no rows"]
+    problems = [] if body else ["the tensor-network table has no rows"]
     for line in body:
         name, *row = [cell.strip() for cell in line.strip().strip("|").split("|")]
         prefixes = [
@@ -897,7 +964,7 @@ def tensor_table_problems(readme: str) -> list[str]:
             ms("torch_ms", "0.1"),
         ]
         if row != expected:
-            problems.append(f"tensor-network table, {name}: README {row}, {EINSUM} {expected}")
+            problems.append(f"tensor-network table, {name}: page {row}, {EINSUM} {expected}")
     return problems
 
 
@@ -909,13 +976,23 @@ def team_language(readme: str) -> list[str]:
     ]
 
 
-def test_the_readmes_figures_are_the_committed_results() -> None:
-    problems = figure_problems(README.read_text(encoding="utf-8"))
+def test_the_figures_are_the_committed_results() -> None:
+    problems = figure_problems(pages())
     assert not problems, "\n".join(problems)
 
 
-def test_the_readme_speaks_to_users() -> None:
-    found = team_language(README.read_text(encoding="utf-8"))
+def on_the_site() -> dict[str, str]:
+    """Every text the site shows that is written by hand: the pages, and the results' tables
+    and notes (each a page of the site, and the performance page's tables)."""
+    found = pages()
+    for path in sorted(RESULTS.rglob("*.md")):
+        found[path.relative_to(ROOT).as_posix()] = path.read_text(encoding="utf-8")
+    return found
+
+
+def test_every_page_speaks_to_users() -> None:
+    found = [f"{page} {where}" for page, text in on_the_site().items()
+             for where in team_language(text)]  # fmt: skip
     assert not found, "\n".join(found)
 
 
@@ -923,29 +1000,29 @@ def test_the_readme_speaks_to_users() -> None:
     ("old", "new", "says"),
     [
         # The drifts the checks were written for: figures older than the logs they link.
-        pytest.param("1648 passed", "1647 passed", "README says 1647", marks=NEEDS_LOGS),
-        pytest.param("1068 passed", "1067 passed", "README says 1067", marks=NEEDS_LOGS),
+        pytest.param("1648 passed", "1647 passed", "says 1647 in", marks=NEEDS_LOGS),
+        pytest.param("1068 passed", "1067 passed", "says 1067 in", marks=NEEDS_LOGS),
         ("| 1036 | 1.12 ms |", "| 1035 | 1.12 ms |", "tensor-network table, MIS, 15 x 15"),
         ("| 375 | 0.27 ms |", "| 375 | 0.28 ms |", "tensor-network table, MIS, random"),
         # A rounding that goes the wrong way, a bound that does not hold.
-        ("p90 2.5 ms", "p90 2.4 ms", "README says 2.4"),
-        ("under 6 us an insert", "under 3 us an insert", "README says 3"),
+        ("p90 2.5 ms", "p90 2.4 ms", "says 2.4 in"),
+        ("under 6 us an insert", "under 3 us an insert", "says 3 in"),
         # A figure added beside a link with no entry in FIGURES.
         ("as fast as from a warm", "in 7.5 ms, as fast as from a warm", "'7.5 ms' beside a link"),
         # A phrase reworded away from its figure.
-        ("took 0.47 ms each at p99", "took 0.47 ms at p99", "is in the README 0 times"),
+        ("took 0.47 ms each at p99", "took 0.47 ms at p99", "is on the pages 0 times"),
         # A result linked but none of its figures checked.
         (
-            "[trio](benchmarks/results/compile_service-2-vcpus-trio.md)",
-            "[trio](benchmarks/results/compile_service-nvidia-h200-host-16-cpus-asyncio.md)",
+            "[trio](../results/compile_service-2-vcpus-trio.md)",
+            "[trio](../results/compile_service-nvidia-h200-host-16-cpus-asyncio.md)",
             "quotes no checked figure",
         ),
     ],
 )
 def test_drift_is_caught(old: str, new: str, says: str) -> None:
-    readme = README.read_text(encoding="utf-8")
-    assert old in readme
-    problems = figure_problems(readme.replace(old, new, 1))
+    texts = pages()
+    [page] = [page for page, text in texts.items() if old in text]
+    problems = figure_problems({**texts, page: texts[page].replace(old, new, 1)})
     assert any(says in problem for problem in problems), problems
 
 

@@ -69,8 +69,11 @@ def test_the_sdist_ships_what_a_user_needs(shipped: list[str]) -> None:
                    "examples/quickstart.py", "benchmarks/_results.py"]:  # fmt: skip
         assert needed in shipped
     assert any(name.startswith("src/aionvrtc/tropical/kernels/") for name in shipped)
-    # The tables and JSON the README quotes, so that its figures can be checked against them
-    # (tests/test_readme_figures.py runs in the sdist too).
+    # The pages, and the tables and JSON they quote, so that their figures can be checked
+    # against them (tests/test_figures.py runs in the sdist too); not what a build generates.
+    assert "docs/conf.py" in shipped
+    assert "docs/guides/compile-service.md" in shipped
+    assert not [name for name in shipped if name.startswith(("docs/_generated/", "docs/results/"))]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     linked = re.findall(r"\]\((benchmarks/results/[^)\s#]+\.(?:md|json))\)", readme)
     assert linked

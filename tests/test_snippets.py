@@ -1,5 +1,6 @@
-"""Every ```python block of README.md runs as written, each in a fresh interpreter: a newcomer who
-copies one meets no undefined name, no top-level ``await`` and no missing import.
+"""Every ```python block of README.md and of the documentation's pages (docs/, the pages the
+site is built from) runs as written, each in a fresh interpreter: a reader who copies one meets
+no undefined name, no top-level ``await`` and no missing import.
 
 A block says what it needs on its first line: ``# needs a GPU`` runs only where there is one
 (marked ``gpu``, so the conftest skips it elsewhere); ``# needs a Redis server`` runs against a
@@ -27,8 +28,13 @@ from .support import ROOT
 from .support.redis import RedisServer, free_port
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# The pages written by hand: the README and the site's sources (what the build generates, and
+# the results it copies in, hold no snippets).
+PAGES = [README, *sorted(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).parts[0]
+                         not in ("_generated", "results"))]  # fmt: skip
 
-# The blocks the README holds, by what they need: removing a snippet, or marking one as needing
+# The blocks the pages hold, by what they need: removing a snippet, or marking one as needing
 # a GPU so that CI stops running it, must show up here as a decision.
 EXPECTED = Counter({"nothing": 10, "a GPU": 4, "a Redis server": 1})
 
@@ -38,23 +44,25 @@ NEEDS = re.compile(r"# needs (?P<what>[^:]+)")
 
 @dataclass(frozen=True)
 class Snippet:
-    line: int  # of the opening fence in README.md
+    page: str  # README.md, docs/guides/compile-service.md, ...
+    line: int  # of the opening fence
     code: str
     needs: str  # "nothing", "a GPU" or "a Redis server"
 
     @property
     def where(self) -> str:
-        return f"README.md line {self.line}"
+        return f"{self.page} line {self.line}"
 
 
-def readme_snippets() -> list[Snippet]:
-    text = README.read_text(encoding="utf-8")
+def page_snippets(path: Path) -> list[Snippet]:
+    text = path.read_text(encoding="utf-8")
     snippets = []
     for match in FENCE.finditer(text):
         code = textwrap.dedent(match["code"])
         needs = NEEDS.match(code.split("\n", 1)[0])
         snippets.append(
             Snippet(
+                page=path.relative_to(ROOT).as_posix(),
                 line=text.count("\n", 0, match.start()) + 1,
                 code=code,
                 needs=needs["what"].strip() if needs else "nothing",
@@ -63,14 +71,14 @@ def readme_snippets() -> list[Snippet]:
     return snippets
 
 
-SNIPPETS = readme_snippets()
+SNIPPETS = [snippet for page in PAGES for snippet in page_snippets(page)]
 
 
 def params(snippets: list[Snippet], *, gpu_marks: bool) -> list[object]:
     return [
         pytest.param(
             snippet,
-            id=f"line{snippet.line}",
+            id=f"{snippet.page.removeprefix('docs/').removesuffix('.md')}:{snippet.line}",
             marks=[pytest.mark.gpu] if gpu_marks and snippet.needs == "a GPU" else [],
         )
         for snippet in snippets
@@ -80,7 +88,7 @@ def params(snippets: list[Snippet], *, gpu_marks: bool) -> list[object]:
 def undefined_names(code: str) -> set[str]:
     """Names ``code`` reads as globals (at module level or from any function or class in it)
     that it neither assigns nor imports at module level, and that are not builtins."""
-    top = symtable.symtable(code, "<readme>", "exec")
+    top = symtable.symtable(code, "<snippet>", "exec")
     defined = {
         symbol.get_name()
         for symbol in top.get_symbols()
@@ -107,10 +115,11 @@ def redis_server() -> Iterator[RedisServer]:
     server.stop()
 
 
-def test_the_readme_keeps_its_snippets() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_pages_keep_their_snippets() -> None:
     # Every fence that opens a Python block was parsed (none left unclosed or mis-indented).
-    assert len(re.findall(r"^ *```py", text, re.M)) == len(SNIPPETS)
+    for page in PAGES:
+        fences = re.findall(r"^ *```py", page.read_text(encoding="utf-8"), re.M)
+        assert len(fences) == len(page_snippets(page)), page
     assert Counter(snippet.needs for snippet in SNIPPETS) == EXPECTED
 
 
@@ -131,12 +140,12 @@ def test_undefined_names_are_found() -> None:
     assert undefined_names(code) == {"module", "grid", "block", "args"}
     assert not undefined_names("x = 1\ndef f():\n    return [x + i for i in range(3)]\n")
     with pytest.raises(SyntaxError):
-        compile("await main()\n", "<readme>", "exec")
+        compile("await main()\n", "<snippet>", "exec")
 
 
 @pytest.mark.parametrize("snippet", params(SNIPPETS, gpu_marks=True))
 def test_snippet_runs(snippet: Snippet, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    # A clean aionvrtc environment: a cache dir of this test's own, the README's target, and
+    # A clean aionvrtc environment: a cache dir of this test's own, the pages' target, and
     # nothing of the developer's (a remote tier, a shared cache) leaking in.
     env = {key: value for key, value in os.environ.items() if not key.startswith("AIONVRTC_")}
     python_path = [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])]
@@ -148,8 +157,8 @@ def test_snippet_runs(snippet: Snippet, tmp_path: Path, request: pytest.FixtureR
     }
     if snippet.needs == "a Redis server":
         server: RedisServer = request.getfixturevalue("redis_server")
-        env |= {"REDIS_URL": server.url, "AIONVRTC_REMOTE_SECRET": "readme test secret"}
-    path = tmp_path / f"readme_line{snippet.line}.py"
+        env |= {"REDIS_URL": server.url, "AIONVRTC_REMOTE_SECRET": "snippet test secret"}
+    path = tmp_path / f"snippet_line{snippet.line}.py"
     path.write_text(snippet.code, encoding="utf-8")
     done = subprocess.run(
         [sys.executable, str(path)],

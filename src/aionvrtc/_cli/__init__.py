@@ -8,6 +8,6 @@ document with an ``error`` field on stdout), exit status 1; bad usage exits 2 (a
 interrupt 130. Tracebacks only with ``--debug``.
 """
 
-from ._main import DTYPE_NAMES, SEMIRING_NAMES, main
+from ._main import DTYPE_NAMES, SEMIRING_NAMES, build_parser, main
 
-__all__ = ["DTYPE_NAMES", "SEMIRING_NAMES", "main"]
+__all__ = ["DTYPE_NAMES", "SEMIRING_NAMES", "build_parser", "main"]

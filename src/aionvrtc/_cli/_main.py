@@ -34,7 +34,7 @@ from .cache import _clear, _info, _ls, _prune
 from .doctor import _doctor
 from .warm import _warm_manifest, _warm_tropical
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 # Exit statuses: 2 is argparse's for bad usage; 130 is what a shell reports for a command that
 # SIGINT stopped (128 + 2), so scripts see an interrupt as one whichever way it was handled.
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(arguments: list[str]) -> int:
-    parser = _parser()
+    parser = build_parser()
     args, extras = parser.parse_known_args(arguments)
     command: argparse.ArgumentParser = getattr(args, "command", parser)
     leaf = hasattr(args, "run")
@@ -245,7 +245,9 @@ def _jobs(text: str) -> int:
     return jobs
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``aionvrtc`` command's parser: every command, argument and help text (the
+    documentation's command-line reference is generated from it)."""
     size, age, arch = _argument(parse_size), _argument(parse_age), _argument(_arch)
     common = _Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document")
