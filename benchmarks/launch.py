@@ -183,7 +183,7 @@ def floor_calls(
 def host_costs(s: Settings) -> dict[str, Any]:
     import cupy
 
-    from aionvrtc.tropical import _plan_cache
+    from aionvrtc.tropical.products import _plan_cache
 
     a = cupy.random.standard_normal((8, 8), dtype=np.float32)
     b = cupy.random.standard_normal((8, 8), dtype=np.float32)
@@ -196,7 +196,7 @@ def host_costs(s: Settings) -> dict[str, Any]:
     # The floors take as many arguments as the kernels that serve these calls take.
     forward, _ = _plan_cache.find(a, b, "maxplus", argmax=False, out=None, accumulate=False)
     argmax_fwd, _ = _plan_cache.find(a, b, "maxplus", argmax=True, out=None, accumulate=False)
-    backward = _plan_cache.backward(g, a, b, idx, "maxplus")
+    backward = _plan_cache.planned_backward(g, a, b, idx, "maxplus")
     sigs = {
         "forward": signature(forward.launch, backward=False),
         "forward_argmax": signature(argmax_fwd.launch, backward=False),

@@ -243,7 +243,7 @@ def backtrace_us(program: Any, repeats: int) -> float:
     its graph ends with (which walks the program's groups of steps, not the steps one by one)."""
     import cupy
 
-    from aionvrtc.tropical._einsum_program import _walks
+    from aionvrtc.tropical.networks._programs import _walks
 
     ((launcher, module, pointers),) = [
         launch for launch in program._units()[-1] if _walks(launch[0])
@@ -279,11 +279,11 @@ def chain_floor(count: int, repeats: int) -> float:
 
 
 def clear_plans() -> None:
-    from aionvrtc.tropical import _einsum_plan, _einsum_steps
+    from aionvrtc.tropical.networks import _planner, _steps
 
-    _einsum_plan._plans.clear()
-    _einsum_plan._cached_path.cache_clear()
-    _einsum_steps._prepared.clear()
+    _planner._plans.clear()
+    _planner._cached_path.cache_clear()
+    _steps._prepared.clear()
 
 
 def baseline(args: argparse.Namespace) -> dict[str, dict[str, Any]]:

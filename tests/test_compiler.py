@@ -913,7 +913,7 @@ async def test_after_the_window_or_forget_a_refused_image_is_replaced_again(
 async def test_blocking_and_tropical_callers_raise_the_same_load_errors(
     cache_dir: Path, gpu: FakeDriver
 ) -> None:
-    from aionvrtc.tropical._launching import module, module_sync
+    from aionvrtc.tropical.products._launching import module, module_sync
 
     spec = make_spec()
     good, _ = await cached(spec, cache_dir)

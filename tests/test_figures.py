@@ -861,7 +861,7 @@ def result_links(text: str, page: str = "README.md") -> list[str]:
         path = posixpath.normpath(posixpath.join(posixpath.dirname(page), target))
         if path.startswith("docs/results/plots/"):
             continue  # the site's plots, drawn from the results when it is built
-        found += [path[len(f):] for f in RESULT_FOLDERS if path.startswith(f)]
+        found += [path[len(f) :] for f in RESULT_FOLDERS if path.startswith(f)]
     return found
 
 

@@ -17,7 +17,8 @@ import pytest
 
 import aionvrtc
 from aionvrtc import tropical
-from aionvrtc.tropical import _plan_cache, _shape_classes, reference
+from aionvrtc.tropical import reference
+from aionvrtc.tropical.products import _plan_cache, _shape_classes
 
 from .support.tropical_data import host, numpy_backward, operands
 
@@ -213,7 +214,7 @@ def test_backward_reuses_its_launch_and_zeroes_on_the_stream(
             ga, gb = cupy.asarray(a), cupy.asarray(b)
             _, index = tropical.matmul_sync(ga, gb, ring, argmax=True)
             gg = cupy.asarray(g)
-        launches.add(id(_plan_cache.backward(gg, ga, gb, index, ring)))
+        launches.add(id(_plan_cache.planned_backward(gg, ga, gb, index, ring)))
         # The current stream is the default one; the zeroing and the kernel run on `stream`.
         grad_a, grad_b = tropical.backward_sync(gg, ga, gb, index, ring, stream=stream)
         stream.synchronize()

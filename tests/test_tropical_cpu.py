@@ -14,6 +14,7 @@ import pytest
 
 from aionvrtc import Compiler, KernelSpec, kernel_key, tropical
 from aionvrtc.tropical import reference
+from aionvrtc.tropical.products import _reference as numpy_product
 from aionvrtc.tropical.tuning import ROWS_KMAX
 
 from .support.tropical_data import brute_force, compile_each_for_sm_90, operands
@@ -71,7 +72,7 @@ def test_empty_sums_batches_and_chunking(monkeypatch: pytest.MonkeyPatch) -> Non
         want_value, want_index = brute_force(a[0], b[i], "maxplus")
         np.testing.assert_array_equal(value[i], want_value)
         np.testing.assert_array_equal(index[i], want_index)
-    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 7)  # many tiny chunks, same answer
+    monkeypatch.setattr(numpy_product, "CHUNK_ELEMENTS", 7)  # many tiny chunks, same answer
     np.testing.assert_array_equal(reference.matmul(a, b, "maxplus"), value)
 
 
@@ -313,7 +314,7 @@ def test_skinny_kernel_serves_strided_operands() -> None:
     # A sweep's tall steps read A with k's stride the rest of the tensor: the skinny kernel
     # (any strides), not the generic kernel's 64 x 64 tiles; other strided products keep the
     # generic kernel (the tiles want row-major operands).
-    from aionvrtc.tropical._product_plan import choose
+    from aionvrtc.tropical.products._product_plan import choose
 
     ring, f4 = tropical.SEMIRINGS["minplus"], np.dtype(np.float32)
 
@@ -478,7 +479,7 @@ def test_autotune_names_a_bad_dtype_before_it_needs_a_gpu(
 def test_a_failed_warm_compile_raises_its_error_not_a_group(tmp_path: Path) -> None:
     # The first compile that fails stops the others: its own error comes out, as from compile().
     from aionvrtc import CompileError, KernelSpec, Target
-    from aionvrtc.tropical._api import _compile_all
+    from aionvrtc.tropical.products._calls import _compile_all
 
     broken = KernelSpec("__global__ void k() { not_defined(); }")
     good = KernelSpec("__global__ void k(int* x) { x[0] = 1; }")
@@ -494,7 +495,7 @@ def test_a_failed_warm_compile_raises_its_error_not_a_group(tmp_path: Path) -> N
 def test_a_kernels_key_covers_its_family_only(monkeypatch: pytest.MonkeyPatch) -> None:
     # Editing the backward kernel (or any other family) must not invalidate the cached tiled
     # kernels, nor their tuning record; editing what the tiled kernels include must.
-    from aionvrtc.tropical import _specs
+    from aionvrtc.tropical.products import _specs
 
     def keys() -> dict[str, str]:
         _specs._text.cache_clear()  # the one monkeypatch put there, if any

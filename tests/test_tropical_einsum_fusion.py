@@ -14,19 +14,11 @@ import numpy as np
 import pytest
 
 from aionvrtc.tropical import SEMIRINGS, einsum_plan, reference
-from aionvrtc.tropical._backtrace import assignment_of, backtrace_code, follow
-from aionvrtc.tropical._einsum_plan import EinsumPlan
-from aionvrtc.tropical._fusion import (
-    FUSE_K,
-    FUSE_WORK,
-    LEAVES,
-    MANY_OUT,
-    MANY_SUMMED,
-    Group,
-    grouped_plan,
-    groups,
-)
-from aionvrtc.tropical.reference import _combine
+from aionvrtc.tropical.networks._backtrace import assignment_of, backtrace_code, follow
+from aionvrtc.tropical.networks._fusion import FUSE_K, FUSE_WORK, grouped_plan, groups
+from aionvrtc.tropical.networks._plan import EinsumPlan
+from aionvrtc.tropical.networks._rows import LEAVES, MANY_OUT, MANY_SUMMED, Group
+from aionvrtc.tropical.products import combine as _combine
 
 from .support.einsum import (
     ARGMAX_CASES,

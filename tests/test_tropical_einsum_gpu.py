@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 
 import aionvrtc
 from aionvrtc import Compiler, tropical
-from aionvrtc.tropical import SEMIRINGS, _einsum_steps, reference
+from aionvrtc.tropical import SEMIRINGS, reference
+from aionvrtc.tropical.networks import _steps
 
 from .support.einsum import (
     ARGMAX_CASES,
@@ -314,7 +315,7 @@ async def test_the_kernels_fetched_serve_when_autotune_installs_others_meanwhile
     """Tiles installed (by autotune on another task) after einsum fetched its kernels and
     before it runs: the run uses the kernels it fetched. It used to fetch the new tiles' kernel
     on the event loop's thread, which with a caller's Compiler raised."""
-    from aionvrtc.tropical import _launching, _shape_classes, _twins
+    from aionvrtc.tropical.products import _launching, _shape_classes, _twins
 
     operands = tensors(rng, "maxplus", np.float32, [(300, 70), (70, 260)])
     arrays = [gpu(x) for x in operands]
@@ -470,9 +471,7 @@ def test_a_backtrace_at_the_edge_of_shared_memory(dtype: str, rng: np.random.Gen
         )
         check_assignment(subscripts, operands, "maxplus", host(value), assignment)
         plan = tropical.einsum_plan(subscripts, *operands, optimize=path)
-        steps = _einsum_steps.known(
-            plan, SEMIRINGS["maxplus"], np.dtype(dtype), argmax=True, device=0
-        )
+        steps = _steps.known(plan, SEMIRINGS["maxplus"], np.dtype(dtype), argmax=True, device=0)
         assert steps is not None
         walk = steps.ops[-1].launcher
         assert walk.spec.name_expressions[0].startswith("einsum_backtrace<")

@@ -22,24 +22,18 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from aionvrtc import tropical
-from aionvrtc.tropical import (
-    SEMIRINGS,
-    EinsumPlan,
-    _einsum,
-    _einsum_plan,
-    einsum_plan,
-    reference,
-)
-from aionvrtc.tropical._backtrace import (
+from aionvrtc.tropical import SEMIRINGS, EinsumPlan, einsum_plan, reference
+from aionvrtc.tropical.networks import _planner, _runs
+from aionvrtc.tropical.networks._backtrace import (
     Scan,
     assignment_of,
     backtrace_code,
     backtrace_program,
     follow,
 )
-from aionvrtc.tropical._einsum_plan import Step, Term, View, contiguous
-from aionvrtc.tropical._semirings import semiring as lookup
-from aionvrtc.tropical._specs import backtrace_spec, einsum_spec, many_spec
+from aionvrtc.tropical.networks._kernel_specs import backtrace_spec, einsum_spec, many_spec
+from aionvrtc.tropical.networks._terms import Step, Term, View, contiguous
+from aionvrtc.tropical.products._semirings import semiring as lookup
 
 from .support.einsum import (
     ARGMAX_CASES,
@@ -297,10 +291,10 @@ def test_the_views_of_a_hadamard_product_a_diagonal_and_a_private_sum() -> None:
 def test_a_plans_statistics_look_at_each_step_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # copies and copied_elements skip the steps read in place: that set is found once, not
     # once a step (which made them quadratic: minutes for a network of 4,703 steps).
-    from aionvrtc.tropical import _fusion
+    from aionvrtc.tropical.networks import _plan
 
     calls = []
-    read_in_place = _fusion.read_in_place
+    read_in_place = _plan.read_in_place  # what the plan asks of each step
 
     def counted(plan: Any, number: int) -> bool:
         calls.append(number)
@@ -308,7 +302,7 @@ def test_a_plans_statistics_look_at_each_step_once(monkeypatch: pytest.MonkeyPat
 
     ring = ",".join(f"{a}{b}" for a, b in itertools.pairwise("abcdefghijklmnopqrstuvwxyza"))
     plan = einsum_plan(f"{ring}->", *[(4, 4)] * 26)
-    monkeypatch.setattr(_fusion, "read_in_place", counted)
+    monkeypatch.setattr(_plan, "read_in_place", counted)
     for statistic in ("copies", "copied_elements"):
         calls.clear()
         getattr(plan, statistic)
@@ -576,7 +570,7 @@ def test_subscripts_of_more_dimensions_than_an_array_are_refused_before_shapes_a
 ) -> None:
     # 1,000,000 letters of one operand built strides of up to a million bits each: 15 s, then
     # MemoryError. The grammar refuses them in one pass over the string, before any shape.
-    monkeypatch.setattr(_einsum_plan._Shaped, "of", _never)
+    monkeypatch.setattr(_planner._Shaped, "of", _never)
     started = time.perf_counter()
     with pytest.raises(ValueError, match=_exactly(
         "einsum operand 0's subscripts name 1,000,000 indices, more than the 64 dimensions an "
@@ -626,7 +620,7 @@ def _chain(count: int) -> tuple[str, list[tuple[int, int]]]:
     return subscripts + "->" + symbols[0] + symbols[count], [(2, 2)] * count
 
 
-@pytest.mark.parametrize(("optimize", "limit"), list(_einsum_plan.SEARCH_LIMITS.items()))
+@pytest.mark.parametrize(("optimize", "limit"), list(_planner.SEARCH_LIMITS.items()))
 def test_exhaustive_searches_past_their_operand_count_are_refused_before_searching(
     optimize: str, limit: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -650,9 +644,9 @@ def test_optimal_on_60_operands_is_refused_and_an_optimizer_object_runs_as_given
         einsum_plan(subscripts, *shapes, optimize="optimal")
     assert len(einsum_plan(subscripts, *shapes, optimize="auto-hq").steps) == 59
     # An object is the caller's to judge: dynamic programming over a chain is quick.
-    subscripts, shapes = _chain(_einsum_plan.SEARCH_LIMITS["dp"] + 1)
+    subscripts, shapes = _chain(_planner.SEARCH_LIMITS["dp"] + 1)
     plan = einsum_plan(subscripts, *shapes, optimize=opt_einsum.DynamicProgramming())
-    assert len(plan.steps) == _einsum_plan.SEARCH_LIMITS["dp"]
+    assert len(plan.steps) == _planner.SEARCH_LIMITS["dp"]
 
 
 # What einsum checks on the GPU once it has planned, before anything is allocated: here with
@@ -663,22 +657,22 @@ F4 = np.dtype(np.float32)
 def test_einsum_refuses_an_output_or_intermediate_larger_than_the_device(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_einsum, "_device_bytes", lambda device: 1500)
+    monkeypatch.setattr(_runs, "_device_bytes", lambda device: 1500)
     memory = "more than the 1,500 bytes of device 3's memory"
     matmul = einsum_plan("ij,jk->ik", (20, 10), (10, 20))
     with pytest.raises(ValueError, match=_exactly(
         f"einsum output 'ik' would hold 400 elements (1,600 bytes at 4 each), {memory}; "
         + OUTPUT_FIX
     )):  # fmt: skip
-        _einsum._check_plan(matmul, F4, argmax=False, device=3)
+        _runs.check_plan(matmul, F4, argmax=False, device=3)
     outer = einsum_plan("i,j,ij->", (16,), (16,), (16, 16), optimize=[(0, 1), (0, 1)])
-    _einsum._check_plan(outer, F4, argmax=False, device=3)  # 1,024 bytes fit
+    _runs.check_plan(outer, F4, argmax=False, device=3)  # 1,024 bytes fit
     # With argmax=True an int32 argmax is allocated beside each element.
     with pytest.raises(ValueError, match=_exactly(
         "einsum intermediate 'ij' of step 0 (i,j->ij) would hold 256 elements (2,048 bytes at "
         f"8 each), {memory} (an int32 argmax, 4 bytes, beside each element); " + ORDER_FIX
     )):  # fmt: skip
-        _einsum._check_plan(outer, F4, argmax=True, device=3)
+        _runs.check_plan(outer, F4, argmax=True, device=3)
 
 
 def test_einsum_with_argmax_refuses_a_plan_whose_argmaxes_together_pass_the_device(
@@ -686,10 +680,10 @@ def test_einsum_with_argmax_refuses_a_plan_whose_argmaxes_together_pass_the_devi
 ) -> None:
     # A ring of five 8 x 8 matrices: three results of 64 elements and a scalar, each step's
     # 512 bytes (with its argmax) within 600, the argmaxes kept for the walk back 772 bytes.
-    monkeypatch.setattr(_einsum, "_device_bytes", lambda device: 600)
+    monkeypatch.setattr(_runs, "_device_bytes", lambda device: 600)
     ring = einsum_plan("ab,bc,cd,de,ea->", *[(8, 8)] * 5, optimize=[(0, 1)] * 4)
     assert [step.size for step in ring.steps] == [64, 64, 64, 1]
-    _einsum._check_plan(ring, F4, argmax=False, device=2)
+    _runs.check_plan(ring, F4, argmax=False, device=2)
     with pytest.raises(ValueError, match=_exactly(
         "einsum with argmax=True keeps an int32 argmax of every step's result for the walk back: "
         "772 bytes for this plan, more than the 600 bytes of device 2's memory (an int32 "
@@ -697,24 +691,24 @@ def test_einsum_with_argmax_refuses_a_plan_whose_argmaxes_together_pass_the_devi
         "only the winning slice's argmaxes are kept), pick an order with smaller intermediates "
         "(optimize=), or run without argmax"
     )):  # fmt: skip
-        _einsum._check_plan(ring, F4, argmax=True, device=2)
+        _runs.check_plan(ring, F4, argmax=True, device=2)
 
 
 def test_einsum_with_argmax_refuses_a_product_over_more_k_than_an_int32_numbers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_einsum, "_device_bytes", lambda device: 1 << 40)
-    k = _einsum.ARGMAX_MAX_K + 1  # odd: not cut in parts (see _split)
+    monkeypatch.setattr(_runs, "_device_bytes", lambda device: 1 << 40)
+    k = _runs.ARGMAX_MAX_K + 1  # odd: not cut in parts (see _split)
     plan = einsum_plan("i,i->", (k,), (k,))
     assert [s.first.shape[2] for s in plan.steps] == [k]
-    _einsum._check_plan(plan, F4, argmax=False, device=0)
+    _runs.check_plan(plan, F4, argmax=False, device=0)
     with pytest.raises(ValueError, match=_exactly(
         "einsum step 0 (i,i->) sums over 2,147,483,649 values of its indices 'i' in one product, "
         "more than the 2,147,483,648 an int32 argmax (argmax=True) can number; pick an order "
         "that sums fewer at once (another optimize=), contract the network in slices, or run "
         "without argmax"
     )):  # fmt: skip
-        _einsum._check_plan(plan, F4, argmax=True, device=0)
+        _runs.check_plan(plan, F4, argmax=True, device=0)
 
 
 # -- networks past 52 indices -----------------------------------------------------------------
@@ -1151,16 +1145,16 @@ def test_the_program_cache_bounds_each_devices_bytes(monkeypatch: pytest.MonkeyP
     from collections import OrderedDict
     from types import SimpleNamespace
 
-    from aionvrtc.tropical import _einsum_program
+    from aionvrtc.tropical.networks import _programs
 
-    monkeypatch.setattr(_einsum_program, "_programs", OrderedDict())
-    monkeypatch.setattr(_einsum_program, "MAX_PROGRAM_BYTES", 100)
-    monkeypatch.setattr(_einsum_program, "MAX_PROGRAMS", 4)
+    monkeypatch.setattr(_programs, "_programs", OrderedDict())
+    monkeypatch.setattr(_programs, "MAX_PROGRAM_BYTES", 100)
+    monkeypatch.setattr(_programs, "MAX_PROGRAMS", 4)
 
     def kept(key: str, device: int, nbytes: int) -> Any:
         program = SimpleNamespace(device=device, nbytes=nbytes)
-        _einsum_program._keep(key, program)  # type: ignore[arg-type]
-        return list(_einsum_program._programs)
+        _programs._keep(key, program)  # type: ignore[arg-type]
+        return list(_programs._programs)
 
     assert kept("a0", 0, 60) == ["a0"]
     assert kept("b1", 1, 60) == ["a0", "b1"]

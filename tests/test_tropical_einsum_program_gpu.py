@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from aionvrtc import Compiler, tropical
-from aionvrtc.tropical import _einsum_plan, _einsum_program, _einsum_steps, _fusion, reference
-from aionvrtc.tropical._backtrace import Scan
+from aionvrtc.tropical import reference
+from aionvrtc.tropical.networks import _programs, _rows, _steps
+from aionvrtc.tropical.networks._backtrace import Scan
 
 from .support.einsum import (
     ARGMAX_CASES,
@@ -235,8 +236,8 @@ def test_large_products_are_scanned_again_by_the_backtrace(
             subscripts, *shapes, dtype=dtype, semiring=ring, argmax=True
         )
         with monkeypatch.context() as patched:
-            patched.setattr(_einsum_plan, "SCAN_WORK", 0)
-            patched.setattr(_einsum_steps, "_prepared", {})
+            patched.setattr(_rows, "SCAN_WORK", 0)
+            patched.setattr(_steps, "_prepared", {})
             tropical.clear_programs()
             scanning = tropical.einsum_program_sync(
                 subscripts, *shapes, dtype=dtype, semiring=ring, optimize=kept.plan, argmax=True
@@ -251,8 +252,8 @@ def test_large_products_are_scanned_again_by_the_backtrace(
     # Many ties: a maximum independent set of the Petersen graph.
     subscripts, operands = independent_sets(10, PETERSEN, ring, dtype)
     with monkeypatch.context() as patched:
-        patched.setattr(_einsum_plan, "SCAN_WORK", 0)
-        patched.setattr(_einsum_steps, "_prepared", {})
+        patched.setattr(_rows, "SCAN_WORK", 0)
+        patched.setattr(_steps, "_prepared", {})
         program = tropical.einsum_program_sync(
             subscripts, *map(gpu, operands), semiring=ring, argmax=True
         )
@@ -273,7 +274,7 @@ def test_chains_of_steps_run_as_one_launch(
     subscripts, shapes, path = kings_graph(5)
     for wide in (False, True):
         if wide:
-            monkeypatch.setattr(_fusion, "NARROW", 0)
+            monkeypatch.setattr(_rows, "NARROW", 0)
             tropical.clear_programs()
         program = tropical.einsum_program_sync(
             subscripts, *shapes, dtype=dtype, semiring=ring, optimize=path
@@ -335,21 +336,21 @@ def test_programs_are_cached_within_bounds(monkeypatch: pytest.MonkeyPatch) -> N
     assert make("ij,jk->ik", (40, 50), (50, 60), dtype="float32") is first
     assert make("ij,jk->ik", (40, 50), (50, 60), dtype="float64") is not first
     assert make("ij,jk->ik", (40, 50), (50, 60), dtype="float32", semiring="minplus") is not first
-    assert len(_einsum_program._programs) == 3
+    assert len(_programs._programs) == 3
     # Past MAX_PROGRAMS, the least recently used goes.
-    monkeypatch.setattr(_einsum_program, "MAX_PROGRAMS", 2)
+    monkeypatch.setattr(_programs, "MAX_PROGRAMS", 2)
     assert make("ij,jk->ik", (40, 50), (50, 60), dtype="float32") is first  # used: now newest
     make("ij,jk->ik", (4, 5), (5, 6), dtype="float32")
-    assert len(_einsum_program._programs) == 2
-    assert first in _einsum_program._programs.values()
+    assert len(_programs._programs) == 2
+    assert first in _programs._programs.values()
     # Past MAX_PROGRAM_BYTES: dropped until the rest fit; a program larger than it is not kept.
-    monkeypatch.setattr(_einsum_program, "MAX_PROGRAM_BYTES", first.nbytes)
+    monkeypatch.setattr(_programs, "MAX_PROGRAM_BYTES", first.nbytes)
     big = make("ij,jk->ik", (400, 500), (500, 600), dtype="float32")
     assert big.nbytes > first.nbytes
-    assert big not in _einsum_program._programs.values()
+    assert big not in _programs._programs.values()
     small = make("ij,jk->ik", (4, 5), (5, 6), dtype="float64")
-    assert small in _einsum_program._programs.values()
-    assert sum(p.nbytes for p in _einsum_program._programs.values()) <= first.nbytes
+    assert small in _programs._programs.values()
+    assert sum(p.nbytes for p in _programs._programs.values()) <= first.nbytes
     assert make("ij,jk->ik", (400, 500), (500, 600), dtype="float32") is not big
     # A dropped program still runs: it owns its buffers.
     tropical.clear_programs()
@@ -389,10 +390,10 @@ def test_the_byte_bound_is_each_devices(monkeypatch: pytest.MonkeyPatch) -> None
     make = functools.partial(tropical.einsum_program_sync, "ij,jk->ik", dtype="float32")
     tropical.clear_programs()
     zero = make((40, 50), (50, 60), device=0)
-    monkeypatch.setattr(_einsum_program, "MAX_PROGRAM_BYTES", zero.nbytes)
+    monkeypatch.setattr(_programs, "MAX_PROGRAM_BYTES", zero.nbytes)
     one = make((40, 50), (50, 60), device=1)
-    assert zero.nbytes + one.nbytes > _einsum_program.MAX_PROGRAM_BYTES
-    assert list(_einsum_program._programs.values()) == [zero, one]
+    assert zero.nbytes + one.nbytes > _programs.MAX_PROGRAM_BYTES
+    assert list(_programs._programs.values()) == [zero, one]
     assert make((40, 50), (50, 60), device=0) is zero
     other = make((4, 5), (5, 6), device=0)
-    assert list(_einsum_program._programs.values()) == [one, other]
+    assert list(_programs._programs.values()) == [one, other]

@@ -17,7 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aionvrtc.tropical import SEMIRINGS, reference
-from aionvrtc.tropical.reference import _combine, einsum
+from aionvrtc.tropical.networks import _reference as contraction  # the NumPy einsum
+from aionvrtc.tropical.products import combine as _combine
+from aionvrtc.tropical.reference import einsum
 
 from .support.einsum import CASES, CYCLE5, IDS, PETERSEN, expressions
 from .support.tropical_data import operands as random_operands
@@ -75,7 +77,7 @@ def test_einsum_matches_brute_force(ring: str, dtype: Any, data: st.DataObject) 
     # Tiny chunks: the operand-by-operand path, cut into blocks of a few products.
     chunk = data.draw(st.sampled_from([1, 2, 5]), label="CHUNK_ELEMENTS")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reference, "CHUNK_ELEMENTS", chunk)
+        patch.setattr(contraction, "CHUNK_ELEMENTS", chunk)
         np.testing.assert_array_equal(einsum(subscripts, *operands, semiring=ring), want)
 
 
@@ -92,7 +94,7 @@ def test_matmul_subscripts_equal_matmul(
     a3, b3 = random_operands(rng, ring, dtype, (3, 4, 6), (3, 6, 2))
     batched = einsum("bij,bjk->bik", a3, b3, semiring=ring)
     np.testing.assert_array_equal(batched, reference.matmul(a3, b3, ring))
-    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 4)  # operand by operand, in blocks
+    monkeypatch.setattr(contraction, "CHUNK_ELEMENTS", 4)  # operand by operand, in blocks
     np.testing.assert_array_equal(einsum("ij,jk->ik", a, b, semiring=ring), want)
     np.testing.assert_array_equal(einsum("bij,bjk->bik", a3, b3, semiring=ring), batched)
 
@@ -199,7 +201,7 @@ def test_maximum_independent_set(
 ) -> None:
     subscripts, tensors = _mis_network(n, edges, dtype)
     assert einsum(subscripts, *tensors).tolist() == size
-    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 3)  # operand by operand
+    monkeypatch.setattr(contraction, "CHUNK_ELEMENTS", 3)  # operand by operand
     assert einsum(subscripts, *tensors).tolist() == size
 
 
@@ -218,7 +220,7 @@ def test_large_contractions_go_operand_by_operand(monkeypatch: pytest.MonkeyPatc
         # Each fits in one broadcast (the brute-force test covers that path), then not.
         wants = [einsum(e, *ops, semiring=ring) for e, ops in cases]
         with monkeypatch.context() as patch:
-            patch.setattr(reference, "CHUNK_ELEMENTS", 16)
+            patch.setattr(contraction, "CHUNK_ELEMENTS", 16)
             for (e, ops), want in zip(cases, wants, strict=True):
                 got = einsum(e, *ops, semiring=ring)
                 np.testing.assert_array_equal(got, want, err_msg=f"{ring} {dtype} {e}")
@@ -238,7 +240,7 @@ def test_an_output_over_max_bytes_is_refused_before_any_work(
 ) -> None:
     # The case: 40 indices of size 2 in one output, 2**40 elements (18 s, then NumPy's
     # MemoryError). Refused before anything is contracted or allocated: by construction here.
-    monkeypatch.setattr(reference, "_contract", _never)
+    monkeypatch.setattr(contraction, "_contract", _never)
     letters = string.ascii_letters[:40]
     with pytest.raises(ValueError, match="^" + re.escape(
         f"einsum output {letters!r} would hold 1,099,511,627,776 elements (8,796,093,022,208 "
@@ -276,7 +278,7 @@ def test_an_intermediate_over_max_bytes_names_its_step_and_the_order_to_pass(
     # Another path keeps every intermediate a vector.
     assert einsum("i,j,ij->", i, j, ij, path=[(0, 2), (0, 1)], max_bytes=32_767) == want
     # Without a path, operand by operand: the same outer product first.
-    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 16)
+    monkeypatch.setattr(contraction, "CHUNK_ELEMENTS", 16)
     with pytest.raises(ValueError, match="^" + re.escape(
         outer + small + "without path= the reference contracts left to right: pass path= "
         "(tropical.einsum_plan(subscripts, *shapes, optimize='auto-hq').path) for an order with "

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from aionvrtc.tropical import SEMIRINGS, einsum_plan, reference
-from aionvrtc.tropical._slicing import Slicing, best_slice, sum_into
+from aionvrtc.tropical.networks._slicing import Slicing, best_slice, sum_into
 
 from .support.einsum import (
     CASES,
@@ -168,18 +168,18 @@ def test_a_cotengra_hyper_optimizer_plans_and_its_slicing_is_kept() -> None:
 
 
 def test_auto_plans_a_large_network_with_cotengras_seeded_random_greedy() -> None:
-    from aionvrtc.tropical import _einsum_plan
+    from aionvrtc.tropical.networks import _planner
 
-    assert _einsum_plan._large_network_planner()  # cotengra and cotengrust: the test extra
+    assert _planner._large_network_planner()  # cotengra and cotengrust: the test extra
     vertex = np.array([0, 1], np.float32)
     edge = np.array([[0, 0], [0, -np.inf]], np.float32)
     # The 5 x 5 king's graph: 25 vertices and 72 edges, 97 operands, past LARGE_NETWORK.
     subscripts, shapes, _ = kings_graph(5)
     operands = [vertex if len(shape) == 1 else edge for shape in shapes]
-    assert len(operands) > _einsum_plan.LARGE_NETWORK
+    assert len(operands) > _planner.LARGE_NETWORK
     auto = einsum_plan(subscripts, *operands)
     seeded = cotengra.RandomGreedyOptimizer(
-        max_repeats=_einsum_plan.LARGE_NETWORK_TRIALS, seed=0, parallel=False
+        max_repeats=_planner.LARGE_NETWORK_TRIALS, seed=0, parallel=False
     )
     assert auto.path == einsum_plan(subscripts, *operands, optimize=seeded).path
     assert auto.path != einsum_plan(subscripts, *operands, optimize="greedy").path
@@ -187,7 +187,7 @@ def test_auto_plans_a_large_network_with_cotengras_seeded_random_greedy() -> Non
     # Up to LARGE_NETWORK operands "auto" is opt_einsum's: one greedy order at this count.
     subscripts, shapes, _ = kings_graph(3)
     operands = [vertex if len(shape) == 1 else edge for shape in shapes]
-    assert len(operands) <= _einsum_plan.LARGE_NETWORK
+    assert len(operands) <= _planner.LARGE_NETWORK
     small = einsum_plan(subscripts, *operands)
     assert small.path == einsum_plan(subscripts, *operands, optimize="greedy").path
 

@@ -246,13 +246,13 @@ def test_without_a_program_the_slices_launch_their_steps(
     # network that fills the device.)
     import cupy
 
-    from aionvrtc.tropical import _einsum_slices
+    from aionvrtc.tropical.networks import _sliced
 
     def out_of_memory(*args: Any, **kwargs: Any) -> Any:
         raise cupy.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)
         yield  # (a generator, as the real one)
 
-    monkeypatch.setattr(_einsum_slices, "_einsum_program", out_of_memory)
+    monkeypatch.setattr(_sliced, "make_program", out_of_memory)
     dtype = "bool" if ring == "andor" else "float32"
     subscripts, shapes = sliced_network(rng)
     operands = tensors(rng, ring, dtype, shapes)
@@ -270,16 +270,16 @@ def test_slices_replay_a_program_only_where_the_cache_keeps_it(
     # A slice's program is kept (and replayed by the next call) within MAX_PROGRAM_BYTES; past
     # it none is made, where one made again for every call would cost its capture each time:
     # the slices launch their prepared steps.
-    from aionvrtc.tropical import _einsum_program
+    from aionvrtc.tropical.networks import _programs
 
     made: list[Any] = []
 
-    class Counted(_einsum_program.EinsumProgram):
+    class Counted(_programs.EinsumProgram):
         def __init__(self, *args: Any) -> None:
             super().__init__(*args)
             made.append(self)
 
-    monkeypatch.setattr(_einsum_program, "EinsumProgram", Counted)
+    monkeypatch.setattr(_programs, "EinsumProgram", Counted)
     subscripts, shapes = sliced_network(rng)
     operands = tensors(rng, "maxplus", "float32", shapes)
     arrays = [gpu(x) for x in operands]
@@ -290,25 +290,25 @@ def test_slices_replay_a_program_only_where_the_cache_keeps_it(
     tropical.clear_programs()
     assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
     (kept,) = made
-    assert list(_einsum_program._programs.values()) == [kept]
+    assert list(_programs._programs.values()) == [kept]
     assert kept.plan.subscripts == plan.slicing.subscripts
     assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
     assert made == [kept]  # replayed, not made again
     tropical.clear_programs()
-    monkeypatch.setattr(_einsum_program, "MAX_PROGRAM_BYTES", kept.nbytes - 1)
+    monkeypatch.setattr(_programs, "MAX_PROGRAM_BYTES", kept.nbytes - 1)
     prepared: list[Any] = []
-    steps = _einsum_program._steps
+    steps = _programs._steps
 
     def counted(*args: Any) -> Any:
         prepared.append(args)
         return steps(*args)
 
-    monkeypatch.setattr(_einsum_program, "_steps", counted)
+    monkeypatch.setattr(_programs, "_steps", counted)
     for _ in range(2):  # none made, nor its steps prepared: its size is known
         assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
     assert made == [kept]
     assert not prepared
-    assert not _einsum_program._programs
+    assert not _programs._programs
 
 
 @pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
@@ -317,8 +317,8 @@ def test_a_cluster_workers_shares_of_the_slices(
 ) -> None:
     # What each Ray task of tropical.cluster runs on its GPU (Ray itself is tested with CPU
     # workers): shares of the slices summed, their values, and the winning slice's assignment.
-    from aionvrtc.tropical._einsum_slices import assignment_sync, partial_sync
-    from aionvrtc.tropical._slicing import best_slice, sum_into
+    from aionvrtc.tropical.networks._sliced import assignment_sync, partial_sync
+    from aionvrtc.tropical.networks._slicing import best_slice, sum_into
 
     subscripts, shapes = sliced_network(rng)
     operands = network_values(rng, ring, dtype, shapes)
@@ -355,7 +355,7 @@ def test_a_sliced_index_repeated_in_an_operand(
     # first operand is one element of the diagonal's rows.
     import cupy
 
-    from aionvrtc.tropical import _einsum_slices
+    from aionvrtc.tropical.networks import _sliced
 
     if not program:
 
@@ -363,7 +363,7 @@ def test_a_sliced_index_repeated_in_an_operand(
             raise cupy.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)
             yield
 
-        monkeypatch.setattr(_einsum_slices, "_einsum_program", out_of_memory)
+        monkeypatch.setattr(_sliced, "make_program", out_of_memory)
     subscripts = "iij,jk,ki->"
     operands = tensors(rng, "maxplus", "float64", [(6, 6, 5), (5, 7), (7, 6)])
     arrays = [gpu(x) for x in operands]

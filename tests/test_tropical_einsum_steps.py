@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from aionvrtc import tropical
-from aionvrtc.tropical._einsum_steps import _Arena
+from aionvrtc.tropical.networks._steps import _Arena
 
 
 def test_the_arena_reuses_what_is_given_back_and_keeps_its_high_water_mark() -> None:

@@ -473,7 +473,7 @@ def test_torch_gradients_match_finite_differences(ring: str) -> None:
 
 def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path) -> None:
     # _shape_classes: its table of installed tiles, emptied as a new process would start.
-    from aionvrtc.tropical import _shape_classes
+    from aionvrtc.tropical.products import _shape_classes
     from aionvrtc.tropical.tuning import tile_fits
 
     reports: list[dict[str, Any]] = []

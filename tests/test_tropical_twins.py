@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aionvrtc.tropical._twins import Offload, Wait, Work, run_async, run_sync
+from aionvrtc.tropical.products._twins import Offload, Wait, Work, run_async, run_sync
 
 pytestmark = pytest.mark.anyio
 

@@ -158,6 +158,11 @@ class Upkeep(Surveying):
             self._idle.set()
             return False
 
+    def maintain_here(self) -> bool:
+        """One maintenance pass in this process, whatever the dir's size (the child process's
+        pass, see _upkeep_pass): whether it left the dir in order."""
+        return self._maintain_safely(here=True)
+
     def _maintain_safely(self, *, here: bool = False) -> bool:
         try:
             return self._maintain(here=here)

@@ -5,7 +5,8 @@ index rebuilt). In the tier's own thread it shares the GIL with the process's re
 it is paced, a read hit in another thread gives the GIL up at each of its system calls and waits
 behind the pass to take it back, 8 ms at worst at 50,000 entries (1.4 ms at 10,000). A reader in
 another process waits at most about 1 ms during the same pass. So from ``AWAY_ENTRIES`` on, the
-tier's maintenance thread starts this module in a child process and waits for it. The child
+tier's maintenance thread starts a child process (its entry point: _upkeep_pass) and waits for
+it. The child
 takes the dir's maintenance lock as any other process of the host would.
 
 The child is isolated (``python -I``: no PYTHON* variables, user site or working folder; nothing
@@ -22,16 +23,14 @@ failed (a hung file system would hang the thread too).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
 from ._disk_base import _VERSION, logger
 
-__all__ = ["AWAY_ENTRIES", "CHILD_TIMEOUT", "main", "maintain_in_child"]
+__all__ = ["AWAY_ENTRIES", "CHILD_TIMEOUT", "maintain_in_child"]
 
 AWAY_ENTRIES = 10_000  # entries in the index from which a pass runs in a child process
 CHILD_TIMEOUT = 600.0  # seconds: a pass at 50,000 entries takes 1.5 s on 2 CPUs
@@ -39,12 +38,15 @@ CHILD_TIMEOUT = 600.0  # seconds: a pass at 50,000 entries takes 1.5 s on 2 CPUs
 # levels up; more where the package is vendored as app._vendor.aionvrtc).
 _IMPORT_ROOT = str(Path(__file__).resolve().parents[__name__.count(".")])
 _INTERPRETER = re.compile(r"(python|pypy)[0-9.]*[a-z]?(\.exe)?", re.IGNORECASE)
-# Not ``-m``: the package's own imports load this module before runpy would run it as __main__.
+# The child's entry point: a module above the disk tier (it makes one), named here and imported
+# only in the child, so that this module, below the tier, imports nothing above it. Not ``-m``:
+# the package's own imports load that module before runpy would run it as __main__.
+_ENTRY = f"{__name__.rpartition('.')[0]}._upkeep_pass"
 _RUN = (
     "import sys; root = sys.argv[1]; "
     "at = next((n for n, p in enumerate(sys.path) if p.endswith(('site-packages', "
     "'dist-packages'))), len(sys.path)); sys.path.insert(at, root); "
-    f"from {__name__} import main; main(sys.argv[2:])"
+    f"from {_ENTRY} import main; main(sys.argv[2:])"
 )
 _broken: list[str] = []  # why the child path failed in this process, once it has
 
@@ -100,19 +102,3 @@ def _give_up(why: str) -> None:
             "the disk cache's maintenance runs in this process from now on, not in a child "
             "process: %s", why,
         )  # fmt: skip
-
-
-def main(argv: list[str]) -> None:
-    """In the child, with ``ROOT LIMIT SHARED VERSION``: one pass, then a JSON line on stdout;
-    nothing if this copy of the package writes another format version."""
-    from .disk import DiskTier
-
-    root, limit, shared, version = argv
-    if version != _VERSION:
-        print(f"the package here writes {_VERSION}, its parent {version}", file=sys.stderr)
-        raise SystemExit(3)
-    with contextlib.suppress(OSError):
-        os.nice(10)  # after the process's requests
-    tier = DiskTier(root, limit=int(limit), shared_cache=shared == "1")
-    ok = tier._maintain_safely(here=True)
-    print(json.dumps({"ok": ok, "evicted": tier.evictions}), flush=True)

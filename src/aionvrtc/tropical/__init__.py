@@ -7,16 +7,37 @@ saturates. ``reference`` holds a NumPy implementation with the same semantics.
 """
 
 from . import reference, tuning
-from ._api import backward, backward_sync, matmul, matmul_sync, warm
-from ._batching import Batcher, BatcherStats
-from ._einsum import einsum, einsum_sync
-from ._einsum_plan import EinsumPlan, einsum_plan
-from ._einsum_program import EinsumProgram, clear_programs, einsum_program, einsum_program_sync
-from ._product_plan import kernel_spec
-from ._semirings import SEMIRINGS, Semiring
-from ._shape_classes import TILES, VARIANTS, shape_class, tuned_tiles
-from ._specs import LAYOUTS, all_specs, backward_spec, gemm_spec
-from ._tune import autotune
+from .networks import (
+    EinsumPlan,
+    EinsumProgram,
+    clear_programs,
+    einsum,
+    einsum_plan,
+    einsum_program,
+    einsum_program_sync,
+    einsum_sync,
+)
+from .products import (
+    LAYOUTS,
+    SEMIRINGS,
+    TILES,
+    VARIANTS,
+    Batcher,
+    BatcherStats,
+    Semiring,
+    all_specs,
+    autotune,
+    backward,
+    backward_spec,
+    backward_sync,
+    gemm_spec,
+    kernel_spec,
+    matmul,
+    matmul_sync,
+    shape_class,
+    tuned_tiles,
+    warm,
+)
 
 __all__ = [
     "LAYOUTS",

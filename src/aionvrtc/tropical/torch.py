@@ -12,7 +12,7 @@ from typing import Any
 import cupy
 import torch
 
-from ._api import backward_sync, matmul_sync
+from .products import backward_sync, matmul_sync
 
 __all__ = ["matmul"]
 

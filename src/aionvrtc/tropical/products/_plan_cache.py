@@ -13,13 +13,13 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from .._spec import KernelSpec
-from ._bounded import keep
+from ..._spec import KernelSpec
+from .._bounded import keep
 from ._launching import BackwardLaunch, Launch, OnDevice
 from ._product_plan import backward_plan, cupy_module, plan
 from ._shape_classes import tables_version
 
-__all__ = ["MAX_PLANS", "Product", "backward", "clear", "find", "product"]
+__all__ = ["MAX_PLANS", "Product", "clear", "find", "planned_backward", "planned_product"]
 
 # Launches kept, for products and for backwards each; past it, the oldest goes first. A launch
 # holds no operand, only its layout (a few hundred bytes) and its kernel's module.
@@ -98,7 +98,7 @@ def _key(a: Any, b: Any, semiring: str, *, argmax: bool, out: Any, accumulate: b
     )
 
 
-def product(
+def planned_product(
     a: Any, b: Any, semiring: str, *, argmax: bool, out: Any, accumulate: bool
 ) -> tuple[Product, Any, Any]:
     """The product's launch and its outputs (C, argmax or None), planned once per layout."""
@@ -134,7 +134,7 @@ def find(
     return found, (planned.c, planned.index)
 
 
-def backward(grad_c: Any, a: Any, b: Any, argmax: Any, semiring: str) -> BackwardLaunch:
+def planned_backward(grad_c: Any, a: Any, b: Any, argmax: Any, semiring: str) -> BackwardLaunch:
     """The backward's launch, planned once per layout (its gradients: ``gradients``)."""
     try:
         key = (semiring, _layout(grad_c), _layout(argmax), _layout(a), _layout(b))

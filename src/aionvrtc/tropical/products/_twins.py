@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from .._cuda import synchronize
-from .._spec import KernelSpec
+from ..._cuda import synchronize
+from ..._spec import KernelSpec
 from ._launching import first_error, loaded, module, module_sync
 
 if TYPE_CHECKING:
-    from .._compiler import Compiler
-    from .._cuda import Module
+    from ..._compiler import Compiler
+    from ..._cuda import Module
 
 __all__ = ["Fetch", "Offload", "Wait", "Work", "run_async", "run_sync"]
 

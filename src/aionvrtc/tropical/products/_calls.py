@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from .._compiler import Compiler
-from .._spec import KernelSpec
-from .._target import Target, TargetLike, as_target, resolve_target
-from . import _plan_cache
+from ..._compiler import Compiler
+from ..._spec import KernelSpec
+from ..._target import Target, TargetLike, as_target, resolve_target
 from ._launching import first_error, loaded
+from ._plan_cache import planned_backward, planned_product
 from ._specs import all_specs
 from ._twins import Fetch, Work, run_async, run_sync
 
@@ -170,7 +170,7 @@ def _matmul(
     compiler: Compiler | None,
 ) -> Work[Any]:
     """The body of ``matmul`` and ``matmul_sync`` (see _twins)."""
-    product, c, index = _plan_cache.product(
+    product, c, index = planned_product(
         a, b, semiring, argmax=argmax, out=out, accumulate=accumulate
     )
     launch = product.launch
@@ -297,7 +297,7 @@ def _backward(
     compiler: Compiler | None,
 ) -> Work[tuple[Any, Any]]:
     """The body of ``backward`` and ``backward_sync`` (see _twins)."""
-    launch = _plan_cache.backward(grad_c, a, b, argmax, semiring)
+    launch = planned_backward(grad_c, a, b, argmax, semiring)
     grads = launch.gradients(stream)
     if not launch.empty:
         found = loaded(launch.spec, launch.device, compiler)
@@ -356,7 +356,7 @@ async def warm(
     """
     import os
 
-    from .. import _nvrtc
+    from ..._nvrtc import check_target
 
     specs = all_specs(semirings, dtypes)
     if arch is None:
@@ -368,7 +368,7 @@ async def warm(
         if not targets:
             raise ValueError("arch: name at least one target, such as ['sm_90']")
     for target in targets:
-        await anyio.to_thread.run_sync(_nvrtc.check_target, target)
+        await anyio.to_thread.run_sync(check_target, target)
     if compiler is not None:
         await _compile_all(compiler, specs, targets)
         return len(specs) * len(targets)
@@ -380,8 +380,8 @@ async def warm(
         stats = temporary.stats()
     lost = stats.compiles - stats.disk.writes
     if lost > 0:
-        from .._exceptions import AionvrtcError
-        from .._store.disk import default_cache_dir
+        from ..._exceptions import AionvrtcError
+        from ..._store.disk import default_cache_dir
 
         state = "not trusted" if not stats.disk.trusted else "not writable"
         names = ", ".join(target.arch for target in targets)

@@ -13,16 +13,17 @@ from typing import Any
 
 import anyio.to_thread
 
-from .._compiler import Compiler
-from .._cuda import Module
-from .._spec import KernelSpec
-from .._sync import default_compiler
+from ..._compiler import Compiler
+from ..._cuda import Module
+from ..._spec import KernelSpec
+from ..._sync import default_compiler
 from ._product_plan import BackwardPlan, Plan, cupy_module, strides
 
 __all__ = [
     "BackwardLaunch",
     "Launch",
     "OnDevice",
+    "Packed",
     "first_error",
     "launch",
     "loaded",
@@ -72,7 +73,7 @@ def module_sync(spec: KernelSpec, device: int, compiler: Compiler | None) -> Mod
     return compiler.get_sync(spec, device=device)
 
 
-class _Packed:
+class Packed:
     """A kernel's launch with its arguments packed once: each argument in a 64-bit slot of one
     array (an int32 reads its slot's low half: the hosts of CUDA GPUs are little-endian) and
     cuLaunchKernel's array of their addresses beside it. A call writes its pointers into the
@@ -174,7 +175,7 @@ def _handle(stream: Any) -> int:
     return int((stream if stream is not None else cupy_module().cuda.get_current_stream()).ptr)
 
 
-class Launch(_Packed):
+class Launch(Packed):
     """A product's launch, from its plan; the pointers (a, b, c, argmax) are each call's."""
 
     __slots__ = ("_checks", "_order")
@@ -313,7 +314,7 @@ def _backward_blocks(total: int) -> int:
     return max(1, min(-(-total // _THREADS), 1 << 20))
 
 
-class BackwardLaunch(_Packed):
+class BackwardLaunch(Packed):
     """A backward's launch, from its plan: the pointers (grad_c, argmax, a, b, grad_a, grad_b)
     are each call's, and its gradients are made per call in one zeroed allocation."""
 

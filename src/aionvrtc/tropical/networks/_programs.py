@@ -24,43 +24,29 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
-from .._compiler import Compiler
-from .._cuda import Module, synchronize
-from .._spec import KernelSpec
-from ._bounded import keep
-from ._einsum import (
-    _check_out,
-    _stream,
-    assignment,
-    copy_back,
-    steps_for,
+from ..._compiler import Compiler
+from ..._cuda import Module, synchronize
+from ..._spec import KernelSpec
+from .._bounded import keep
+from ..products import (
+    Fetch,
+    Offload,
+    OnDevice,
+    Packed,
+    Semiring,
+    Work,
+    cupy_module,
+    run_async,
+    run_sync,
 )
-from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
-from ._einsum_steps import (
-    MAX_GATHER,
-    MAX_STEPS,
-    Op,
-    Steps,
-    backtrace_launch,
-    resolve,
-    steps_key,
-)
-from ._fusion import (
-    THREADS,
-    Group,
-    grouped_plan,
-    groups,
-    many_blocks,
-    many_row,
-    read_in_place,
-    tiny,
-)
-from ._launching import OnDevice, _Packed
-from ._product_plan import cupy_module
-from ._semirings import Semiring
-from ._semirings import semiring as lookup
-from ._specs import einsum_spec, many_spec
-from ._twins import Fetch, Offload, Work, run_async, run_sync
+from ..products import semiring as lookup
+from ._fusion import grouped_plan, groups
+from ._kernel_specs import einsum_spec, many_spec
+from ._plan import EinsumPlan
+from ._planner import planned_for
+from ._rows import THREADS, Group, many_blocks, many_row, read_in_place, tiny
+from ._runs import assignment, check_out, copy_back, resolved_stream, steps_for
+from ._steps import MAX_GATHER, MAX_STEPS, Op, Steps, backtrace_launch, resolve, steps_key
 
 __all__ = [
     "MAX_PROGRAMS",
@@ -69,6 +55,7 @@ __all__ = [
     "clear_programs",
     "einsum_program",
     "einsum_program_sync",
+    "make_program",
 ]
 
 # Programs kept in the process, the least recently used dropped first past either bound (the
@@ -222,7 +209,7 @@ class EinsumProgram:
 
     def _gather_launches(
         self, offsets: Sequence[int], sizes: Sequence[int]
-    ) -> list[tuple[_Packed, Any]]:
+    ) -> list[tuple[Packed, Any]]:
         """One gather launch per MAX_GATHER operands, each with its (destination, elements)
         table on the device."""
         cupy = cupy_module()
@@ -236,7 +223,7 @@ class EinsumProgram:
             )
             longest = max(sizes[i] // item for i in chunk)
             blocks = max(1, min(-(-longest // _THREADS), 1024))
-            packed = _Packed(
+            packed = Packed(
                 spec, self.device, (blocks, len(chunk), 1), (_THREADS, 1, 1),
                 [0, len(chunk), *([0] * MAX_GATHER)],
             )  # fmt: skip
@@ -273,7 +260,7 @@ class EinsumProgram:
         stream.synchronize()
         return graph
 
-    def _units(self) -> list[list[tuple[_Packed, Module, list[int]]]]:
+    def _units(self) -> list[list[tuple[Packed, Module, list[int]]]]:
         """The launches in groups that run in order (a unit: one step's launches, or one
         launch of many small groups of steps), each after those in ``_depends``; the final
         reordering and the backtrace last (after every unit). Steps are grouped (_fusion: a
@@ -301,14 +288,14 @@ class EinsumProgram:
                 len(group.members) > 1 or tiny(planned, group) or read_in_place(planned, group.root)
             )
 
-        def launches(number: int) -> list[tuple[_Packed, Module, list[int]]]:
+        def launches(number: int) -> list[tuple[Packed, Module, list[int]]]:
             return [
                 (op.launcher, self._modules[op.module],
                  resolve(op.sources, bound, self._arena, result))
                 for op in by_step.get(number, [])
             ]  # fmt: skip
 
-        units: list[list[tuple[_Packed, Module, list[int]]]] = []
+        units: list[list[tuple[Packed, Module, list[int]]]] = []
         members: list[list[Group]] = []
         for level in sorted(at_level):
             here = at_level[level]
@@ -352,7 +339,7 @@ class EinsumProgram:
 
     def _many(
         self, made: Sequence[Group], inputs: Sequence[int], result: int
-    ) -> list[tuple[_Packed, Module, list[int]]]:
+    ) -> list[tuple[Packed, Module, list[int]]]:
         """Launches of ``tropical_many`` for the groups ``made`` (one per 65,535: a grid's
         rows), each reading its leaves as they are (no copy), their tables kept."""
         steps = self._steps
@@ -374,7 +361,7 @@ class EinsumProgram:
             chunk = rows[start : start + _MAX_GRID_Y]
             table = cupy_module().asarray(np.array(chunk, np.int64))
             self._tables.append(table)
-            launcher = _Packed(
+            launcher = Packed(
                 self._many_module_spec, self.device, (blocks, len(chunk), 1), (THREADS, 1, 1),
                 [0],
             )  # fmt: skip
@@ -407,7 +394,7 @@ class EinsumProgram:
             cupy.cuda.memory.OutOfMemoryError: The device has no memory left for a new result
                 or for the contiguous copy of an operand.
         """
-        stream = _stream(self.device, stream)
+        stream = resolved_stream(self.device, stream)
         result, host = self._enqueue(operands, out, stream)
         if host is None:
             return result
@@ -438,7 +425,7 @@ class EinsumProgram:
             cupy.cuda.memory.OutOfMemoryError: As ``run_sync``: no memory left on the device
                 for a new result or an operand's contiguous copy.
         """
-        stream = _stream(self.device, stream)
+        stream = resolved_stream(self.device, stream)
         result, host = self._enqueue(operands, out, stream)
         if host is None:
             return result
@@ -538,7 +525,7 @@ class EinsumProgram:
 
     def _enqueue(self, operands: Sequence[Any], out: Any, stream: Any) -> tuple[Any, Any]:
         if out is not None and out is not self.output:
-            _check_out(out, self.dtype, self.shape, self.device)
+            check_out(out, self.dtype, self.shape, self.device)
         nbytes = self.output.nbytes
         with OnDevice(self.device):
             sources = self._sources(operands, stream)
@@ -590,7 +577,7 @@ class EinsumProgram:
         )
 
 
-def _walks(launcher: _Packed) -> bool:
+def _walks(launcher: Packed) -> bool:
     """Whether ``launcher`` is the backtrace's."""
     return launcher.spec.name_expressions[0].startswith("einsum_backtrace<")
 
@@ -804,7 +791,7 @@ async def einsum_program(
             (``ModuleLoadError``; ``GPUOutOfMemoryError`` where the GPU is full).
     """
     program = await run_async(
-        _einsum_program(
+        make_program(
             subscripts,
             operands,
             semiring=semiring,
@@ -863,7 +850,7 @@ def einsum_program_sync(
         aionvrtc.AionvrtcError: As ``einsum_program``: a kernel could not be fetched.
     """
     program = run_sync(
-        _einsum_program(
+        make_program(
             subscripts,
             operands,
             semiring=semiring,
@@ -878,7 +865,7 @@ def einsum_program_sync(
     return program
 
 
-def _einsum_program(
+def make_program(
     subscripts: str,
     operands: Sequence[Any],
     *,
@@ -898,11 +885,7 @@ def _einsum_program(
     ring = lookup(semiring)
     shapes, kind, where = _arguments(operands, dtype, device)
     ring.check_dtype(kind)
-    planned = known_plan(subscripts, shapes, optimize)
-    if planned is None:
-        planned = yield Offload(
-            functools.partial(einsum_plan, subscripts, *shapes, optimize=optimize)
-        )
+    planned = yield from planned_for(subscripts, shapes, optimize)
     if planned.slicing is not None:  # a program holds every intermediate of the whole network
         raise ValueError(
             f"einsum_program: the plan is sliced ({planned.slicing.count:,} slices over "

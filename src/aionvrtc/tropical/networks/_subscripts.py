@@ -10,13 +10,12 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._semirings import Semiring
+from ..products import Semiring, check_size
 
 __all__ = [
     "MAX_NDIM",
     "check_dtypes",
     "check_output",
-    "check_size",
     "index_sizes",
     "parse_subscripts",
 ]
@@ -89,21 +88,6 @@ def _check_ndim(what: str, letters: str, fix: str) -> None:
         raise ValueError(
             f"einsum {what} {len(letters):,} indices, more than the {MAX_NDIM} dimensions an "
             f"array can have (NumPy's and CuPy's bound); {fix}"
-        )
-
-
-def check_size(
-    what: str, elements: int, *, itemsize: int, limit: int, bound: str, fix: str
-) -> None:
-    """Refuse a result of more than ``limit`` bytes, before anything is allocated: ``what``
-    names it (einsum's output or a step's intermediate, matmul's output), ``bound`` says what
-    ``limit`` is and ``fix`` what to do. ``elements`` is an exact Python int (math.prod of the
-    sizes: NumPy's int64 would wrap past 2**63 and let a huge result through as a small or
-    negative one)."""
-    if elements * itemsize > limit:
-        raise ValueError(
-            f"{what} would hold {elements:,} elements ({elements * itemsize:,} bytes at "
-            f"{itemsize} each), more than {bound}; {fix}"
         )
 
 

@@ -22,17 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from .._cuda import Module
-from .._spec import KernelSpec
+from ..._cuda import Module
+from ..._spec import KernelSpec
+from .._bounded import keep
+from ..products import Launch, OnDevice, Packed, Semiring, cupy_module, plan, tables_version
 from ._backtrace import Scan, assignment_order, backtrace_program
-from ._bounded import keep
-from ._einsum_plan import EinsumPlan, Step, Term, contiguous, scanned
-from ._fusion import ROW_WORDS, THREADS, lone, many_blocks, many_row, read_in_place
-from ._launching import Launch, OnDevice, _Packed
-from ._product_plan import cupy_module, plan
-from ._semirings import Semiring
-from ._shape_classes import tables_version
-from ._specs import backtrace_spec, einsum_spec, many_spec
+from ._kernel_specs import backtrace_spec, einsum_spec, many_spec
+from ._plan import EinsumPlan
+from ._rows import ROW_WORDS, THREADS, lone, many_blocks, many_row, read_in_place, scanned
+from ._terms import Step, Term, contiguous
 
 __all__ = [
     "INPUT",
@@ -75,7 +73,7 @@ class Op:
     leading arguments' addresses comes from, and the step it belongs to (the steps' count for
     what follows the last: the final reordering and the backtrace)."""
 
-    launcher: _Packed
+    launcher: Packed
     module: int
     sources: tuple[Source, ...]
     step: int
@@ -353,7 +351,7 @@ class _Builder:
         for column, source in ((0, c_at), (1, index_at), *enumerate((s for s, _ in chosen), 8)):
             self.fixups.append((at, column, *source))
         spec = many_spec(self.ring, self.steps.dtype, argmax=self.steps.argmax)
-        launcher = _Packed(
+        launcher = Packed(
             spec, self.steps.device, (many_blocks(planned, group), 1, 1), (THREADS, 1, 1), [0]
         )
         self.ops.append(Op(launcher, self.module(spec), ((ROW, at),), number))
@@ -415,7 +413,7 @@ class _Builder:
         args += [*(d[1] for d in dims), *padding]
         blocks = max(1, min(-(-total // _THREADS), 1 << 16))
         spec = einsum_spec("copy", itemsize)
-        launcher = _Packed(spec, self.steps.device, (blocks, 1, 1), (_THREADS, 1, 1), args)
+        launcher = Packed(spec, self.steps.device, (blocks, 1, 1), (_THREADS, 1, 1), args)
         self.ops.append(Op(launcher, self.module(spec), (source, target), step))
 
     def finish(self) -> None:
@@ -454,7 +452,7 @@ def backtrace_launch(
     *,
     ring: Semiring,
     dtype: Any,
-) -> tuple[_Packed, tuple[Source, ...], list[Any]]:
+) -> tuple[Packed, tuple[Source, ...], list[Any]]:
     """The backtrace of ``planned``'s argmaxes (each step's at the arena offset in ``where``,
     or found again by its ``Scan``) into the arena at ``assignment``: its launch, sources and
     tables (to keep while it may run). The values go in shared memory where they fit, and the
@@ -468,7 +466,7 @@ def backtrace_launch(
     kind = np.int32 if compact else np.int64
     code, order = (cupy.asarray(np.asarray(x, kind)) for x in (program, schedule))
     flags = 3 if compact else int(indices * 4 <= _SHARED)
-    launcher = _Packed(
+    launcher = Packed(
         backtrace_spec(ring, np.dtype(dtype)), device, (1, 1, 1), (_BACKTRACE_THREADS, 1, 1),
         [0] * 11,
     )  # fmt: skip

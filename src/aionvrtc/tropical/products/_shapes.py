@@ -1,4 +1,5 @@
-"""Operand checks shared by the GPU API and the NumPy reference (same rules, same messages)."""
+"""Operand checks shared by the GPU API and the NumPy reference (same rules, same messages), and
+the bound on a result's bytes that products and contractions are refused past."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from ._semirings import Semiring
 
-__all__ = ["Shapes", "check_operands"]
+__all__ = ["Shapes", "check_operands", "check_size"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,3 +40,18 @@ def check_operands(ring: Semiring, a: Any, b: Any) -> Shapes:
         n=b.shape[-1],
         batched=a.ndim == 3 or b.ndim == 3,
     )
+
+
+def check_size(
+    what: str, elements: int, *, itemsize: int, limit: int, bound: str, fix: str
+) -> None:
+    """Refuse a result of more than ``limit`` bytes, before anything is allocated: ``what``
+    names it (einsum's output or a step's intermediate, matmul's output), ``bound`` says what
+    ``limit`` is and ``fix`` what to do. ``elements`` is an exact Python int (math.prod of the
+    sizes: NumPy's int64 would wrap past 2**63 and let a huge result through as a small or
+    negative one)."""
+    if elements * itemsize > limit:
+        raise ValueError(
+            f"{what} would hold {elements:,} elements ({elements * itemsize:,} bytes at "
+            f"{itemsize} each), more than {bound}; {fix}"
+        )

@@ -1,37 +1,22 @@
-"""tropical.einsum: a planned contraction (_einsum_plan) run as batched tropical products over
-one arena (_einsum_steps), and the backtrace of its argmaxes to an assignment, on the GPU."""
+"""``tropical.einsum`` and ``einsum_sync``: a contraction's operands checked, its plan found
+(known, or made in a worker thread), then run in slices where the plan has a slicing (_sliced),
+else whole (_eager)."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .._compiler import Compiler
-from .._cuda import Module
-from ._einsum_plan import EinsumPlan, check_step, einsum_plan, known_plan
-from ._einsum_steps import Steps, known, prepared
-from ._launching import OnDevice
-from ._product_plan import cupy_module
-from ._semirings import Semiring
-from ._semirings import semiring as lookup
-from ._shape_classes import tables_version, tuned_tiles
-from ._subscripts import check_dtypes, check_output
-from ._twins import Fetch, Offload, Wait, Work, run_async, run_sync
+from ..._compiler import Compiler
+from ..products import Work, cupy_module, run_async, run_sync
+from ._eager import contract
+from ._planner import planned_for
+from ._runs import check_arrays, check_out, check_scalar, resolved_stream
+from ._sliced import check_devices, in_slices
 
-__all__ = [
-    "assignment",
-    "copy_back",
-    "einsum",
-    "einsum_sync",
-    "steps_for",
-]
-
-# The kernels write a product's argmax as an int32 k, so with argmax=True no product may sum
-# over more than 2**31 values of k. (Everything else they index with 64-bit integers.)
-ARGMAX_MAX_K = 2**31
+__all__ = ["einsum", "einsum_sync"]
 
 
 async def einsum(
@@ -227,45 +212,26 @@ def _einsum(
     compiler: Compiler | None,
 ) -> Work[Any]:
     """The body of ``einsum`` and ``einsum_sync`` (see _twins)."""
-    ring, arrays, device = _check(operands, semiring)
+    ring, arrays, device = check_arrays(operands, semiring)
     limit = _memory_limit(memory_limit, device)
-    planned = known_plan(subscripts, arrays, optimize) if limit is None else None
-    if planned is None:
-        planned = yield Offload(
-            functools.partial(
-                einsum_plan, subscripts, *arrays, optimize=optimize, memory_limit=limit
-            )
-        )
+    planned = yield from planned_for(subscripts, arrays, optimize, memory_limit=limit)
+    if argmax:
+        check_scalar(planned)
+    check_out(out, arrays[0].dtype, tuple(planned.sizes[i] for i in planned.output), device)
+    stream = resolved_stream(device, stream)
     if planned.slicing is not None or devices is not None:
-        from ._einsum_slices import check_devices, in_slices  # (it imports this module)
-
         places = check_devices(devices, device)
         if planned.slicing is not None:
             sliced = in_slices(
                 planned, ring, arrays, device=device, devices=places, argmax=argmax, out=out,
-                stream=_stream(device, stream), compiler=compiler,
+                stream=stream, compiler=compiler,
             )  # fmt: skip
             return (yield from sliced)
-    # The steps take their kernels from the tiles of now, those fetched here, even where
-    # autotune installs others meanwhile (a kernel missing from `modules` would be fetched on
-    # the event loop's thread, blocking it, or raising with a caller's Compiler).
-    dtype = arrays[0].dtype
-    steps = known(planned, ring, dtype, argmax=argmax, device=device)
-    if steps is None:  # a new plan: its launches prepared off the loop (Python, O(steps))
-        steps = yield Offload(
-            functools.partial(steps_for, planned, ring, dtype, argmax=argmax, device=device)
-        )
-    stream = _stream(device, stream)
-    if steps is None:
-        return _empty(planned, ring, dtype, argmax=argmax, out=out, at=(device, stream))
-    modules = yield Fetch(steps.specs, device, compiler)
-    result, arena = _enqueue(steps, modules, arrays, out, stream)
-    if not argmax:
-        return result
-    host = copy_back(steps, arena.ptr, stream)
-    yield Wait(stream)  # the copy into `host` (from the arena) lands before either is freed
-    del arena
-    return result, assignment(steps, host)
+    whole = contract(
+        planned, ring, arrays, device=device, argmax=argmax, out=out, stream=stream,
+        compiler=compiler,
+    )  # fmt: skip
+    return (yield from whole)
 
 
 def _memory_limit(memory_limit: float | None, device: int) -> int | None:
@@ -285,189 +251,3 @@ def _memory_limit(memory_limit: float | None, device: int) -> int | None:
             f"(0 < f <= 1, such as 0.5), got {memory_limit!r}"
         )
     return int(memory_limit)
-
-
-def steps_for(
-    planned: EinsumPlan,
-    ring: Semiring,
-    dtype: Any,
-    *,
-    argmax: bool,
-    device: int,
-    reuse: bool = True,
-) -> Steps | None:
-    """``planned``'s steps, prepared once with the device's tiles of now (checked when first
-    prepared: see _check_plan); None for a contraction with an index of size 0, whose result
-    is the semiring's zero and launches nothing."""
-    check = functools.partial(_check_plan, planned, dtype, argmax=argmax, device=device)
-    if 0 in planned.sizes.values():
-        check()
-        return None
-    version = tables_version()  # (before the table: a table installed between is fetched next)
-    return prepared(
-        planned, ring, dtype, argmax=argmax, device=device, table=tuned_tiles(device),
-        version=version, reuse=reuse, check=check,
-    )  # fmt: skip
-
-
-def _enqueue(
-    steps: Steps, modules: Sequence[Module], arrays: Sequence[Any], out: Any, stream: Any
-) -> tuple[Any, Any]:
-    """Launch ``steps`` over ``arrays`` into ``out`` (else a new array): (the result, the
-    arena, which holds the assignment)."""
-    cupy = cupy_module()
-    _check_out(out, steps.dtype, steps.shape, steps.device)
-    # Allocated on the stream the steps run on: CuPy's pool hands memory freed on a stream only
-    # to allocations on the same stream, after the work queued there.
-    with OnDevice(steps.device), stream:
-        arena = cupy.cuda.alloc(steps.nbytes) if steps.nbytes else None
-        direct = out is not None and out.flags.c_contiguous
-        result = out if direct else cupy.ndarray(steps.shape, steps.dtype)
-        steps.enqueue(
-            modules,
-            [x.data.ptr for x in arrays],
-            arena.ptr if arena is not None else 0,
-            result.data.ptr,
-            stream,
-        )
-        if out is not None and not direct:
-            cupy.copyto(out, result)
-            result = out
-    return result, arena
-
-
-def copy_back(steps: Steps, arena: int, stream: Any) -> Any:
-    """Enqueue on ``stream`` the copy of the assignment (and the value's bytes) from the arena
-    at address ``arena`` to pinned host memory, returned (read it with ``assignment``)."""
-    cupy = cupy_module()
-    count = len(steps.plan.sizes) + 1
-    try:  # one that ``assignment`` gave back (a pinned allocation took half this call's time)
-        host = steps.hosts.pop()
-    except IndexError:
-        host = cupy.cuda.alloc_pinned_memory(count * 8)
-    with OnDevice(steps.device):
-        cupy.cuda.runtime.memcpyAsync(
-            host.ptr, arena + steps.assignment, count * 8,
-            cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr,
-        )  # fmt: skip
-    return host
-
-
-def assignment(steps: Steps, host: Any) -> dict[str, int]:
-    """The assignment ``copy_back`` brought to ``host``, once the copy is done (``host`` is
-    taken again by a later copy: read nothing from it after this)."""
-    names, numbers = steps.named
-    values = np.frombuffer(host, np.int64, count=len(steps.plan.sizes))[numbers].tolist()
-    steps.hosts.append(host)
-    return dict(zip(names, values, strict=True))
-
-
-def _empty(
-    planned: EinsumPlan, ring: Semiring, dtype: Any, *, argmax: bool, out: Any, at: Any
-) -> Any:
-    """The sum over an index of size 0: the semiring's zero everywhere."""
-    if argmax:
-        empty = next(i for i, n in planned.sizes.items() if n == 0)
-        raise ValueError(
-            f"einsum index {empty!r} has size 0: the sum is empty and no assignment attains it"
-        )
-    cupy = cupy_module()
-    shape = tuple(planned.sizes[i] for i in planned.output)
-    device, stream = at  # (filled on the stream the caller orders its work on)
-    _check_out(out, dtype, shape, device)
-    with cupy.cuda.Device(device), stream:
-        result = out if out is not None else cupy.empty(shape, dtype)
-        result.fill(ring.zero(dtype))
-    return result
-
-
-def _stream(device: int, stream: Any) -> Any:
-    """``stream``, else CuPy's current stream on ``device``: resolved once, here, because the
-    backtrace waits for it from a worker thread, whose current stream is another."""
-    if stream is not None:
-        return stream
-    cupy = cupy_module()
-    with cupy.cuda.Device(device):
-        return cupy.cuda.get_current_stream()
-
-
-def _check(operands: Sequence[Any], semiring: str) -> tuple[Semiring, list[Any], int]:
-    cupy = cupy_module()
-    ring = lookup(semiring)
-    if not operands:
-        raise ValueError("einsum needs at least one operand")
-    for i, x in enumerate(operands):
-        if not isinstance(x, cupy.ndarray):
-            hint = ": move it with cupy.asarray(...)" if isinstance(x, np.ndarray) else ""
-            raise TypeError(
-                f"einsum operand {i} must be a cupy.ndarray, not "
-                f"{type(x).__module__}.{type(x).__name__}{hint}"
-            )
-    arrays = list(operands)
-    check_dtypes(ring, arrays)
-    devices = sorted({x.device.id for x in arrays})
-    if len(devices) > 1:
-        raise ValueError(f"einsum operands are on devices {devices}; move them to one device")
-    return ring, arrays, devices[0]
-
-
-def _check_scalar(planned: EinsumPlan) -> None:
-    if planned.output:
-        raise ValueError(
-            f"einsum argmax=True backtracks a scalar contraction, and {planned.subscripts!r} "
-            f"has output indices {planned.output!r}; give it an output of no indices "
-            "('ij,jk->') to find an assignment that attains it"
-        )
-
-
-def _check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) -> None:
-    """Refuse, before anything is allocated or launched, what the run could not do."""
-    if argmax:
-        _check_scalar(planned)
-    # No array larger than the device's memory can be allocated (one that fits may still
-    # meet others in use: CuPy's OutOfMemoryError says so then). With argmax=True each result
-    # has an int32 argmax beside it.
-    limit = _device_bytes(device)
-    bound = f"the {limit:,} bytes of device {device}'s memory"
-    check_output(planned.output, planned.sizes, itemsize=dtype.itemsize, limit=limit, bound=bound)
-    itemsize = dtype.itemsize + (4 if argmax else 0)
-    if argmax:
-        bound += " (an int32 argmax, 4 bytes, beside each element)"
-    for number, step in enumerate(planned.steps):
-        check_step(number, step, itemsize=itemsize, limit=limit, bound=bound)
-        if argmax and step.first.shape[2] > ARGMAX_MAX_K:
-            raise ValueError(
-                f"einsum step {number} ({step.subscripts}) sums over {step.first.shape[2]:,} "
-                f"values of its indices {''.join(step.k)!r} in one product, more than the "
-                f"{ARGMAX_MAX_K:,} an int32 argmax (argmax=True) can number; pick an order "
-                "that sums fewer at once (another optimize=), contract the network in slices, "
-                "or run without argmax"
-            )
-    kept = 4 * sum(step.size for step in planned.steps) if argmax else 0
-    if kept > limit:  # the walk back reads every step's argmax: all are kept to the end
-        raise ValueError(
-            f"einsum with argmax=True keeps an int32 argmax of every step's result for the walk "
-            f"back: {kept:,} bytes for this plan, more than {bound}; contract it in (smaller) "
-            "slices (memory_limit=: only the winning slice's argmaxes are kept), pick an order "
-            "with smaller intermediates (optimize=), or run without argmax"
-        )
-
-
-@functools.cache
-def _device_bytes(device: int) -> int:
-    """The memory of ``device``, in bytes (it does not change while the process runs)."""
-    _, total = cupy_module().cuda.Device(device).mem_info
-    return int(total)
-
-
-def _check_out(out: Any, dtype: Any, shape: tuple[int, ...], device: int) -> None:
-    if out is None:
-        return
-    cupy = cupy_module()
-    if not isinstance(out, cupy.ndarray):
-        raise TypeError(f"out must be a cupy.ndarray, not {type(out).__name__}")
-    if out.dtype != dtype or out.shape != shape or out.device.id != device:
-        raise ValueError(
-            f"out must be {dtype} of shape {shape} on device {device}, got {out.dtype} of "
-            f"shape {out.shape} on device {out.device.id}"
-        )

@@ -25,18 +25,22 @@ from typing import Any
 
 import numpy as np
 
-from .._compiler import Compiler
-from .._cuda import Module
-from ._einsum import _check_out, _check_plan, _check_scalar, _einsum, _stream, steps_for
-from ._einsum_plan import EinsumPlan, einsum_plan, known_plan
-from ._einsum_program import EinsumProgram, _einsum_program
-from ._einsum_steps import Steps, known
-from ._launching import OnDevice
-from ._product_plan import cupy_module
-from ._semirings import Semiring
-from ._semirings import semiring as lookup
+from ..._compiler import Compiler
+from ..._cuda import Module
+from ..products import Fetch, Offload, OnDevice, Semiring, Wait, Work, cupy_module, run_sync
+from ..products import semiring as lookup
+from ._eager import contract
+from ._plan import EinsumPlan
+from ._planner import planned_for
+from ._programs import EinsumProgram, make_program
+from ._runs import (
+    check_arrays,
+    check_plan,
+    resolved_stream,
+    steps_for,
+)
 from ._slicing import Slicing, best_slice, sum_into, view_at
-from ._twins import Fetch, Offload, Wait, Work, run_sync
+from ._steps import Steps, known
 
 __all__ = ["assignment_sync", "check_devices", "in_slices", "partial_sync"]
 
@@ -71,19 +75,16 @@ def in_slices(
 ) -> Work[Any]:
     """``planned``'s slices, slice n on ``devices[n % len(devices)]``, summed into ``out`` (or
     a new array) on ``device``, the operands' (see the module's docstring); with ``argmax``,
-    the pair (result, the assignment of the first slice that attains it)."""
+    the pair (result, the assignment of the first slice that attains it). ``out`` and the
+    scalar rule of ``argmax`` are the caller's to have checked (see _runs)."""
     slicing = planned.slicing
     assert slicing is not None
-    if argmax:
-        _check_scalar(planned)
-    shape = tuple(planned.sizes[i] for i in planned.output)
-    _check_out(out, arrays[0].dtype, shape, device)
     lanes = yield from _lanes(
         planned, ring, arrays, device=device, devices=devices[: slicing.count], stream=stream,
         compiler=compiler,
     )  # fmt: skip
     if argmax:  # the winning slice runs again with argmax: refused now, not after every slice
-        _check_plan(lanes[0].each, arrays[0].dtype, argmax=True, device=lanes[0].device)
+        check_plan(lanes[0].each, arrays[0].dtype, argmax=True, device=lanes[0].device)
     # Enqueuing every slice is Python for each: off the event loop's thread (Offload).
     yield Offload(
         functools.partial(
@@ -105,8 +106,9 @@ def in_slices(
     best = best_slice(ring.add, values[0])
     lane = lanes[best % len(lanes)]
     found = yield from _assignment(
-        planned, ring, lane.arrays, best, each=lane.each, stream=lane.stream, compiler=compiler
-    )
+        planned, ring, lane.arrays, best, each=lane.each, device=lane.device, stream=lane.stream,
+        compiler=compiler,
+    )  # fmt: skip
     return result, found
 
 
@@ -116,25 +118,19 @@ def _assignment(
     arrays: Sequence[Any],
     best: int,
     *,
-    each: Any,
+    each: EinsumPlan,
+    device: int,
     stream: Any,
     compiler: Compiler | None,
 ) -> Work[dict[str, int]]:
     """The assignment of slice ``best`` of ``planned`` (its sliced indices included): the
-    slice contracted once more, with its argmax (``each``: its plan, or how to plan it)."""
+    slice contracted once more, with its argmax, along ``each`` (one slice's plan, made for
+    the views of ``arrays``, which are on ``device``)."""
     slicing = planned.slicing
     assert slicing is not None
-    _, found = yield from _einsum(
-        slicing.subscripts,
-        slicing.views(planned.inputs, arrays, best),
-        semiring=ring.name,
-        argmax=True,
-        optimize=each,
-        memory_limit=None,
-        devices=None,
-        out=None,
-        stream=stream,
-        compiler=compiler,
+    views = slicing.views(planned.inputs, arrays, best)
+    _, found = yield from contract(
+        each, ring, views, device=device, argmax=True, out=None, stream=stream, compiler=compiler
     )
     return {**found, **slicing.values(best)}
 
@@ -159,13 +155,9 @@ def _lanes(
     for place in devices:
         here, there = (arrays, stream) if place == device else _copied(arrays, place, stream)
         views = slicing.views(planned.inputs, here, 0)
-        each = known_plan(slicing.subscripts, views, planned.path)
-        if each is None:
-            each = yield Offload(
-                functools.partial(einsum_plan, slicing.subscripts, *views, optimize=planned.path)
-            )
+        each = yield from planned_for(slicing.subscripts, views, planned.path)
         try:
-            program = yield from _einsum_program(
+            program = yield from make_program(
                 slicing.subscripts, [x.shape for x in views], semiring=ring.name, argmax=False,
                 optimize=planned.path, dtype=dtype, device=place, compiler=compiler,
                 only_kept=True,
@@ -389,7 +381,7 @@ def partial_sync(
     cupy = cupy_module()
     ring = lookup(semiring)
     device = cupy.cuda.Device().id
-    stream = _stream(device, None)
+    stream = resolved_stream(device, None)
     gpu = [cupy.asarray(x) for x in arrays]
     if planned.slicing is None:
         value = run_sync(_whole(planned, ring, gpu, argmax=False, stream=stream))
@@ -408,22 +400,48 @@ def assignment_sync(
     (or of the whole contraction, unsliced), on this process's current GPU."""
     cupy = cupy_module()
     ring = lookup(semiring)
-    stream = _stream(cupy.cuda.Device().id, None)
+    device = cupy.cuda.Device().id
+    stream = resolved_stream(device, None)
     gpu = [cupy.asarray(x) for x in arrays]
     if planned.slicing is None:
         _, found = run_sync(_whole(planned, ring, gpu, argmax=True, stream=stream))
         return found  # type: ignore[no-any-return]
-    work = _assignment(planned, ring, gpu, best, each=planned.path, stream=stream, compiler=None)
-    return run_sync(work)
+    return run_sync(_assigned(planned, ring, gpu, best, device=device, stream=stream))
+
+
+def _assigned(
+    planned: EinsumPlan,
+    ring: Semiring,
+    arrays: Sequence[Any],
+    best: int,
+    *,
+    device: int,
+    stream: Any,
+) -> Work[dict[str, int]]:
+    """``_assignment`` of slice ``best``, one slice's plan made here first (along
+    ``planned``'s path) for this process's copy of the operands."""
+    slicing = planned.slicing
+    assert slicing is not None
+    views = slicing.views(planned.inputs, arrays, best)
+    each = yield from planned_for(slicing.subscripts, views, planned.path)
+    return (
+        yield from _assignment(
+            planned, ring, arrays, best, each=each, device=device, stream=stream, compiler=None
+        )
+    )
 
 
 def _whole(
     planned: EinsumPlan, ring: Semiring, arrays: Sequence[Any], *, argmax: bool, stream: Any
 ) -> Work[Any]:
-    return _einsum(
-        planned.subscripts, arrays, semiring=ring.name, argmax=argmax, optimize=planned.path,
-        memory_limit=None, devices=None, out=None, stream=stream, compiler=None,
+    """The whole contraction (unsliced) along ``planned``'s path."""
+    _, arrays, device = check_arrays(arrays, ring.name)
+    whole = yield from planned_for(planned.subscripts, arrays, planned.path)
+    run = contract(
+        whole, ring, arrays, device=device, argmax=argmax, out=None, stream=stream,
+        compiler=None,
     )  # fmt: skip
+    return (yield from run)
 
 
 def _partial(

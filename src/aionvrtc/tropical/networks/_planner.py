@@ -1,5 +1,6 @@
-"""Planning a tropical einsum: the contraction order (opt_einsum), then each step as one batched
-product C[b, m, n] = (+)_k A[b, m, k] (x) B[b, k, n] over strided 3-D views of its operands.
+"""Planning a tropical einsum: the contraction order (opt_einsum, cotengra), then each step as one
+batched product C[b, m, n] = (+)_k A[b, m, k] (x) B[b, k, n] over strided 3-D views of its
+operands.
 
 An index group (the batch, row, column or contracted indices of a step) becomes one dimension
 of a view when its indices, in some order, step through memory like one axis: each stride is the
@@ -16,54 +17,26 @@ import itertools
 import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._spec import KernelSpec
-from ._bounded import keep
-from ._product_plan import choose
-from ._semirings import Semiring
-from ._semirings import semiring as lookup
-from ._slicing import Slicing, TooSmall, complexity, slicing_for
-from ._specs import backtrace_spec, einsum_spec, many_spec
-from ._subscripts import check_output, check_size, index_sizes, parse_subscripts
+from .._bounded import keep
+from ..products import Offload, Work
+from ._plan import ADDRESSABLE, ADDRESSABLE_BYTES, WIDEST, EinsumPlan, check_step
+from ._slicing import Slicing, TooSmall, slicing_for
+from ._subscripts import check_output, index_sizes, parse_subscripts
+from ._terms import Step, Strides, Term, View, contiguous, input_terms
 
 __all__ = [
-    "ADDRESSABLE_BYTES",
+    "LARGE_NETWORK",
+    "LARGE_NETWORK_TRIALS",
     "SEARCH_LIMITS",
-    "EinsumPlan",
-    "Step",
-    "Term",
-    "View",
-    "check_step",
     "einsum_plan",
-    "group_index",
     "known_plan",
-    "scanned",
+    "planned_for",
 ]
-
-Strides = tuple[int, ...]
-
-# The most bytes an array of a plan may hold: what any kernel can address. Sizes, strides and
-# offsets are 64-bit (long long in the kernels, byte strides in CuPy), and a plan from shapes
-# serves any dtype, so its results are counted at 8 bytes an element (float64, int64: the
-# widest): 2**60 elements. Checked as each step is planned, which keeps every stride a
-# machine-size integer; einsum checks the tighter bound, the device's memory, when it runs.
-ADDRESSABLE_BYTES = 2**63 - 1
-_WIDEST = 8
-_ADDRESSABLE = (
-    f"the {ADDRESSABLE_BYTES:,} bytes a 64-bit offset addresses (a plan counts {_WIDEST} bytes "
-    "an element, the widest dtype)"
-)
-
-# What to do about an intermediate over a bound (the plan's, or the device's in einsum).
-_ORDER_FIX = (
-    "pick an order with smaller intermediates (optimize='auto-hq', 'random-greedy' or a "
-    "cotengra HyperOptimizer; einsum_plan(...).largest_intermediate compares them), or contract "
-    "the network in slices (fix an index by indexing the operands)"
-)
 
 # The most operands for which an exhaustive opt_einsum strategy is run: their time grows
 # exponentially with the count ('optimal' tries every order; 'branch-all' and 'branch-2' all
@@ -86,394 +59,6 @@ SEARCH_LIMITS = {"optimal": 9, "branch-all": 9, "branch-2": 18, "dp": 20, "dynam
 # greedy runs in Python, 290x slower: "auto" stays opt_einsum's then.
 LARGE_NETWORK = 64
 LARGE_NETWORK_TRIALS = 256
-
-
-@dataclass(frozen=True, slots=True)
-class Term:
-    """An operand as the plan sees it: one distinct index per axis (a repeated index of an input
-    is its diagonal, whose stride is the sum of its axes'), and their element strides."""
-
-    indices: tuple[str, ...]
-    strides: Strides
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """How a step reads one operand: copied first to C order over ``copy`` (else read in
-    place), then viewed as 3-D with ``shape`` and element ``strides``."""
-
-    copy: tuple[str, ...] | None
-    shape: tuple[int, int, int]
-    strides: tuple[int, int, int]
-
-    @property
-    def copied(self) -> int:
-        """Elements its copy writes (0: read in place)."""
-        return math.prod(self.shape) if self.copy is not None else 0
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One contraction. Operands are numbered: the inputs 0 to n-1, then each step's result
-    ``number`` in turn; ``operands`` names the two it contracts, or one for a reduction of the
-    operand's own indices (a product with a vector of the semiring's ones). The product runs
-    over ``first`` (batch, m, k) and ``second`` (batch, k, n): the operands in path order, or
-    swapped when that reads better. The result is contiguous over ``result``: the batch
-    indices, then m's, then n's."""
-
-    operands: tuple[int, ...]
-    number: int
-    subscripts: str  # the contraction in the caller's indices, e.g. "ij,jk->ik"
-    swapped: bool
-    batch: tuple[str, ...]
-    m: tuple[str, ...]
-    k: tuple[str, ...]
-    n: tuple[str, ...]
-    first: View
-    second: View | None  # None: the vector of ones (a reduction)
-    result: tuple[str, ...]
-    split: str | None = None  # the batch index of K's parts (see _split), if K was cut
-
-    @property
-    def size(self) -> int:
-        """Elements of the result."""
-        return (
-            self.first.shape[0] * self.first.shape[1] * (self.second.shape[2] if self.second else 1)
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class EinsumPlan:
-    """A planned tropical einsum, from ``einsum_plan``: pass it as ``optimize=`` to run it on
-    operands of the same shapes (other strides are re-planned along the same path).
-
-    ``print(plan)`` shows the order, each step as a batched product, the largest intermediate
-    and the copies. Plans are frozen, and equal where they do the same.
-
-    Attributes:
-        subscripts: The subscripts it was planned for, as given.
-        inputs: Each operand's indices, one character per axis, in order.
-        output: The output's indices (NumPy's implicit output where ``subscripts`` has no
-            ``->``).
-        sizes: Each index's size, by index. A long sum over few outputs that is cut in parts
-            adds an index of its own for them: a private-use character (U+E000 on) that no
-            operand names.
-        path: The contraction order, in opt_einsum's format: each entry the positions, in the
-            list of operands left, of the one or two it contracts; they leave the list and
-            their result joins its end.
-        terms: The inputs as planned, each with its distinct ``indices`` (a repeated index is
-            its diagonal, whose stride is the sum of its axes') and their element ``strides``.
-        steps: The steps, in order, each one batched product C[b, m, n] = (+)_k A[b, m, k] (x)
-            B[b, k, n]: ``operands`` (the numbers of the one or two it contracts: the inputs 0
-            to n-1, then each step's result in turn), ``subscripts`` (in the caller's
-            indices), ``batch``, ``m``, ``k`` and ``n`` (its groups of indices), ``first`` and
-            ``second`` (its operands as 3-D views, each with its ``shape``, its element
-            ``strides`` and ``copy``, the order of a copy made first, or None; ``second`` is
-            None for a sum within one operand) and ``size`` (the elements of its result). A
-            path entry may take two steps: a sum within one operand first, or a long sum cut
-            in parts, then their sum.
-        final_copy: Whether the last result is copied once more at the end: its order is not
-            the output's, or it is still an input (``einsum`` returns a new array, never a
-            view of an operand).
-        layouts: The operands' (shape, byte strides, item size) it was planned for,
-            ``((), (), 0)`` for a shape. Not compared: plans that do the same are equal.
-        key: One name for what the plan does (equal plans, equal keys), which what runs it
-            keys its caches by: the planning process's token and a number in that process.
-            Not compared.
-        slicing: Where the contraction runs in slices (``memory_limit=``, or a planner that
-            sliced): its ``indices``, their ``sizes``, ``count`` (the slices) and
-            ``subscripts`` (one slice's contraction: the sliced indices left out of every
-            operand). None where it is not sliced. ``steps`` are the whole network's even then.
-    """
-
-    subscripts: str
-    inputs: tuple[str, ...]
-    output: str
-    sizes: Mapping[str, int]
-    path: tuple[tuple[int, ...], ...]  # opt_einsum's format
-    terms: tuple[Term, ...]  # the inputs as planned
-    steps: tuple[Step, ...]
-    final_copy: bool  # the result's order is not the output's: one more copy at the end
-    # The arrays' (shape, byte strides) it was planned for (not part of what it does).
-    layouts: tuple[tuple[Any, ...], ...] = field(
-        default=(), compare=False
-    )  # (shape, strides, size)
-    # One name for what the plan does (equal plans, equal keys): what runs key their caches by,
-    # hashed in O(1) where the plan itself hashes in O(steps). A number of this process and the
-    # process's own token: a plan pickled in another process keeps that process's token, so its
-    # number never names a plan of this one.
-    key: tuple[str, int] = field(default=("", -1), compare=False)
-    # Where the contraction runs in slices (memory_limit=, or a planner that sliced): which
-    # indices, and the contraction of one slice. Its steps above are the whole network's.
-    slicing: Slicing | None = None
-
-    @property
-    def space_complexity(self) -> float:
-        """log2 of the elements of the largest intermediate along the path, of one slice where
-        sliced: cotengra's ``contraction_width``, GenericTensorNetworks' ``sc``."""
-        largest, _ = self._complexity()
-        return math.log2(largest) if largest else 0.0
-
-    @property
-    def time_complexity(self) -> float:
-        """log2 of the products (x) of all the path's steps, of every slice: each step's joint
-        index space, as GenericTensorNetworks' ``tc`` counts it (cotengra's
-        ``contraction_cost`` is the same where every index is in two tensors or more; it sums
-        an index of one tensor away before, and counts less)."""
-        _, products = self._complexity()
-        total = products * (self.slicing.count if self.slicing is not None else 1)
-        return math.log2(total) if total else 0.0
-
-    def _complexity(self) -> tuple[int, int]:
-        sliced = self.slicing.indices if self.slicing is not None else ()
-        return complexity(self.inputs, self.output, self.sizes, self.path, sliced)
-
-    @property
-    def copies(self) -> int:
-        """Operands copied before a product (no strided view could read them; a small step
-        reads them as they lie instead: ``in_place``), plus the final reordering if any: the
-        statistic to keep at zero."""
-        return sum(v.copy is not None for v in self._copied_reads()) + self.final_copy
-
-    @property
-    def copied_elements(self) -> int:
-        """Elements those copies write."""
-        final = math.prod(self.sizes[i] for i in self.output) if self.final_copy else 0
-        return final + sum(v.copied for v in self._copied_reads())
-
-    def _copied_reads(self) -> list[View]:
-        """The views of the steps that a product reads (not the steps read in place)."""
-        in_place = self.in_place  # (bound once: the property walks every step)
-        return [
-            v
-            for n, s in enumerate(self.steps)
-            if n not in in_place
-            for v in (s.first, s.second)
-            if v is not None
-        ]
-
-    @property
-    def in_place(self) -> frozenset[int]:
-        """The steps whose product would copy an operand and that run instead as a row of the
-        kernel of small products (``tropical_many``), reading their operands as they lie: a
-        short sum over few outputs."""
-        from ._fusion import read_in_place  # (it plans rows of this plan's steps)
-
-        return frozenset(n for n in range(len(self.steps)) if read_in_place(self, n))
-
-    @property
-    def largest_intermediate(self) -> int:
-        """Elements of the largest result of a step (the memory the contraction needs)."""
-        return max((step.size for step in self.steps), default=0)
-
-    @property
-    def products(self) -> int:
-        """(x) operations over all steps: batch * M * N * K summed."""
-        return sum(s.size * s.first.shape[2] for s in self.steps)
-
-    def kernel_specs(
-        self,
-        semiring: str = "maxplus",
-        dtype: Any = "float32",
-        *,
-        argmax: bool = False,
-        program: bool = False,
-    ) -> list[KernelSpec]:
-        """The kernels that a run of this plan launches with the default tiles.
-
-        The steps' products (``kernel_spec``'s choice), the strided copy where the plan copies,
-        the backtrace with ``argmax``, and with ``program`` what a compiled program adds (its
-        gather, its launch of many small steps). To compile them ahead of use, or for a named
-        arch on a machine without a GPU. A device whose tiles ``autotune`` tuned runs
-        products of its own tiles instead.
-
-        Args:
-            semiring: The semiring's name: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or
-                ``"andor"``.
-            dtype: The operands' dtype: a name such as ``"float32"``, or a NumPy type or dtype.
-            argmax: The kernels of a run with ``argmax=True``.
-            program: The kernels of ``einsum_program``'s compiled program of this plan.
-
-        Returns:
-            The kernels' specs, each once, to pass to ``Compiler.compile`` or ``Compiler.get``.
-
-        Raises:
-            ValueError: ``semiring`` is not one of ``SEMIRINGS``, or ``dtype`` is not a dtype
-                that it takes.
-        """
-        ring = lookup(semiring)
-        kind = ring.check_dtype(dtype)
-        specs = step_specs(self, ring, kind, argmax=argmax, table=None, program=program)
-        if self.copies:
-            specs.append(einsum_spec("copy", kind.itemsize))
-        if argmax:
-            specs.append(backtrace_spec(ring, kind))
-        if program:
-            specs.append(einsum_spec("gather", kind.itemsize))
-        if program or self.in_place:
-            specs.append(many_spec(ring, kind, argmax=argmax))
-        return specs
-
-    def planned_for(self, subscripts: str, operands: Sequence[Any]) -> bool:
-        """Whether the plan was made for these subscripts and operands' shapes and strides.
-
-        A check in O(operands) for each run of a reused plan (re-planning is O(indices)). A
-        plan made from shapes was made for no arrays: it says False.
-
-        Args:
-            subscripts: The subscripts of the run.
-            operands: The run's operands, in order.
-
-        Returns:
-            True where ``subscripts`` is the plan's, as given, and every operand has the shape,
-            byte strides and item size that the plan was made for.
-
-        Raises:
-            TypeError: ``operands`` has no length (an iterator), where ``subscripts`` is the
-                plan's.
-        """
-        if subscripts != self.subscripts or len(operands) != len(self.layouts):
-            return False
-        # Byte strides and the item size: element strides are what the steps read with.
-        return all(
-            getattr(x, "shape", None) == shape
-            and getattr(x, "strides", None) == strides
-            and getattr(x, "itemsize", None) == itemsize
-            for x, (shape, strides, itemsize) in zip(operands, self.layouts, strict=True)
-        )
-
-    def shapes(self) -> list[tuple[int, ...]]:
-        """The input shapes the plan is for.
-
-        Returns:
-            Each operand's shape, in order, from ``sizes``.
-        """
-        return [tuple(self.sizes[i] for i in letters) for letters in self.inputs]
-
-    def __str__(self) -> str:
-        lines = [
-            f"einsum {self.subscripts}: {len(self.steps)} step(s), largest intermediate "
-            f"{self.largest_intermediate:,} elements, {self.products:,} products, "
-            f"{self.copies} copies ({self.copied_elements:,} elements); space complexity "
-            f"{self.space_complexity:.2f}, time complexity {self.time_complexity:.2f} (log2)"
-        ]
-        if self.slicing is not None:
-            sliced = zip(self.slicing.indices, self.slicing.sizes, strict=True)
-            indices = ", ".join(f"{i!r} ({n})" for i, n in sliced)
-            lines.append(
-                f"  in {self.slicing.count:,} slices over {indices}, each {self.slicing.subscripts}"
-            )
-        in_place = self.in_place
-        for number, step in enumerate(self.steps):
-            b, m, k = step.first.shape  # a split K: its parts as the batch, one part's length
-            n = step.second.shape[2] if step.second is not None else 1
-            copied = sum(v is not None and v.copy is not None for v in (step.first, step.second))
-            lines.append(
-                f"  {step.operands} {step.subscripts}: batch {b} x {m} x {n} over {k}"
-                + (", read in place" if number in in_place else "")
-                + (f", {copied} copied" if copied and number not in in_place else "")
-            )
-        return "\n".join(lines)
-
-
-def check_step(number: int, step: Step, *, itemsize: int, limit: int, bound: str) -> None:
-    """``check_size`` for the result of ``step``, step ``number`` of its plan."""
-    if step.size * itemsize <= limit:
-        return  # without building the message: einsum checks each step of a plan on every run
-    check_size(
-        f"einsum intermediate {''.join(step.result)!r} of step {number} ({step.subscripts})",
-        step.size,
-        itemsize=itemsize,
-        limit=limit,
-        bound=bound,
-        fix=_ORDER_FIX,
-    )
-
-
-def step_specs(
-    plan: EinsumPlan, ring: Semiring, dtype: Any, *, argmax: bool, table: Any, program: bool
-) -> list[KernelSpec]:
-    """The distinct kernels of ``plan``'s steps, with ``table``'s tiles (None: the defaults),
-    as a compiled program runs them where ``program`` (its scanned steps keep no argmax)."""
-    rows = plan.in_place
-    found = {
-        step_spec(s, ring, dtype, argmax=argmax and not (program and scanned(plan, s)),
-                  table=table): None
-        for n, s in enumerate(plan.steps)
-        if n not in rows
-    }  # fmt: skip
-    return list(found)
-
-
-# A compiled program's product over at least SCAN_WORK values (outputs times K), with K at
-# most SCAN_K, keeps no argmax: the backtrace scans its K again at the one position it reaches
-# (a block's threads), where keeping it made its kernel compare and select an index beside
-# each value. Measured on an H200, the 150-vertex MIS network of the benchmark took 290 us of
-# GPU time keeping every argmax and 222 us scanning its four products past 2^22 values (the
-# value alone: 185 us; the backtrace 26 us, then 34); past 2^20, five products, 221 us.
-SCAN_WORK = 1 << 22
-SCAN_K = 1 << 16
-
-
-def scanned(plan: EinsumPlan, step: Step) -> bool:
-    """Whether a compiled program with argmax scans ``step`` again at its backtrace: a large
-    product of two operands that the program keeps where it made them (each an intermediate,
-    or a copy: an input is read where the caller's call put it, at no fixed offset)."""
-    if step.second is None:
-        return False
-    k = step.first.shape[2]
-    if step.size * k < SCAN_WORK or k > SCAN_K:
-        return False
-    inputs = len(plan.terms)
-    operands = step.operands[::-1] if step.swapped else step.operands
-    return all(
-        o >= inputs or read.copy is not None
-        for o, read in zip(operands, (step.first, step.second), strict=True)
-    )
-
-
-def step_spec(step: Step, ring: Semiring, dtype: Any, *, argmax: bool, table: Any) -> KernelSpec:
-    """The kernel ``matmul``'s planner picks for ``step``'s product (same rules)."""
-    b, m, k = step.first.shape
-    n = step.second.shape[2] if step.second is not None else 1
-    second_n = step.second.strides[2] if step.second is not None else 1
-    spec, *_ = choose(
-        ring, dtype, m, n, k, batch=b, argmax=argmax, accumulate=False,
-        rowmajor=step.first.strides[2] == 1 and second_n == 1, tile="auto", table=table,
-    )  # fmt: skip
-    return spec
-
-
-def contiguous(shape: Sequence[int]) -> Strides:
-    """C-order element strides."""
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))
-
-
-def group_index(
-    group: Sequence[str], assignment: Mapping[str, int], sizes: Mapping[str, int]
-) -> int:
-    """The position of ``assignment`` in a group merged in C order."""
-    at = 0
-    for i in group:
-        at = at * sizes[i] + assignment[i]
-    return at
-
-
-def input_terms(inputs: Sequence[str], strides: Sequence[Strides]) -> list[Term]:
-    """The inputs with their repeated indices taken as diagonals: a diagonal steps along all
-    its axes at once, so its stride is their strides' sum (in elements or bytes alike)."""
-    terms = []
-    for letters, each in zip(inputs, strides, strict=True):
-        distinct = tuple(dict.fromkeys(letters))
-        summed = tuple(
-            sum(s for s, c in zip(each, letters, strict=True) if c == d) for d in distinct
-        )
-        terms.append(Term(distinct, summed))
-    return terms
 
 
 def einsum_plan(
@@ -591,7 +176,7 @@ def _plan(
     inputs, output = parse_subscripts(subscripts, len(operands))
     shaped = [_Shaped.of(x, i) for i, x in enumerate(operands)]
     sizes = index_sizes(inputs, shaped)
-    check_output(output, sizes, itemsize=_WIDEST, limit=ADDRESSABLE_BYTES, bound=_ADDRESSABLE)
+    check_output(output, sizes, itemsize=WIDEST, limit=ADDRESSABLE_BYTES, bound=ADDRESSABLE)
     strides = [x.strides for x in shaped]
     if isinstance(optimize, EinsumPlan):
         if list(optimize.inputs) != inputs or optimize.output != output:
@@ -613,7 +198,7 @@ def _plan(
     planned = _program(
         subscripts, inputs=inputs, output=output, sizes=sizes, strides=strides, path=path
     )
-    itemsize = next((x.itemsize for x in operands if hasattr(x, "itemsize")), _WIDEST)
+    itemsize = next((x.itemsize for x in operands if hasattr(x, "itemsize")), WIDEST)
     sliced = _sliced(planned, given, memory_limit, itemsize)
     if sliced:
         kept = ["".join(i for i in term if i not in sliced) for term in inputs]
@@ -824,7 +409,7 @@ def _program(
         gone = set(made[0].operands)
         for step in made:
             check_step(
-                len(steps), step, itemsize=_WIDEST, limit=ADDRESSABLE_BYTES, bound=_ADDRESSABLE
+                len(steps), step, itemsize=WIDEST, limit=ADDRESSABLE_BYTES, bound=ADDRESSABLE
             )
             steps.append(step)
             gone.update(step.operands)
@@ -1168,3 +753,19 @@ def _split(step: Step, sizes: dict[str, int], wanted: tuple[str, ...] | None) ->
         number=step.number + 1,
     )
     return [partials, final]
+
+
+def planned_for(
+    subscripts: str, arrays: Sequence[Any], optimize: Any, *, memory_limit: int | None = None
+) -> Work[EinsumPlan]:
+    """The plan of ``subscripts`` over ``arrays`` along ``optimize``: the one known for them
+    (no ``memory_limit``: a plan with one is made for the free memory of now), else made off
+    the event loop's thread (planning is Python, O(steps) and more)."""
+    planned = known_plan(subscripts, arrays, optimize) if memory_limit is None else None
+    if planned is None:
+        planned = yield Offload(
+            functools.partial(
+                einsum_plan, subscripts, *arrays, optimize=optimize, memory_limit=memory_limit
+            )
+        )
+    return planned

@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._spec import KernelSpec
-from . import _semirings
+from ..._spec import KernelSpec
 from ._semirings import Semiring, semiring
+from ._semirings import semiring as lookup
 from ._shape_classes import ARGMAX_MAX_TILES, TILES, Tile, classify, tile_variant, tuned_tiles
 from ._shapes import Shapes, check_operands
 from ._specs import Layout, backward_spec, gemm_spec, rows_spec, tiled_spec, tiled_supported
@@ -250,7 +250,7 @@ def kernel_spec(
         ValueError: ``semiring`` is not one of the four; ``dtype`` is not a dtype, or not one
             the semiring takes; a size is below 1.
     """
-    ring = _semirings.semiring(semiring)
+    ring = lookup(semiring)
     dtype = ring.check_dtype(dtype)
     if min(m, n, k, batch) < 1:
         raise ValueError(f"sizes must be positive, got M={m}, N={n}, K={k}, batch={batch}")

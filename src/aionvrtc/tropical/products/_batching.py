@@ -21,11 +21,11 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from .._compiler import Compiler
-from .._exceptions import AionvrtcError
-from . import _plan_cache
-from ._api import matmul
+from ..._compiler import Compiler
+from ..._exceptions import AionvrtcError
+from ._calls import matmul
 from ._launching import loaded, module
+from ._plan_cache import Product, find, planned_product
 from ._product_plan import cupy_module
 
 __all__ = ["Batcher", "BatcherStats"]
@@ -61,7 +61,7 @@ class _Member:
 class _Group:
     __slots__ = ("done", "full", "members", "product", "semiring", "stream")
 
-    def __init__(self, product: _plan_cache.Product, semiring: str, stream: Any) -> None:
+    def __init__(self, product: Product, semiring: str, stream: Any) -> None:
         self.product, self.semiring, self.stream = product, semiring, stream
         self.members: list[_Member] = []
         self.done = anyio.Event()  # set when every member has its result or error
@@ -126,7 +126,7 @@ class Batcher:
             )
         self._compiler = compiler
         self.max_batch, self.max_delay = max_batch, float(max_delay)
-        self._open: dict[tuple[_plan_cache.Product, int], _Group] = {}
+        self._open: dict[tuple[Product, int], _Group] = {}
         self._latest = -1  # the task of the latest request
         self._requests = self._launches = self._alone = 0
 
@@ -176,7 +176,7 @@ class Batcher:
             AionvrtcError: The task that led this request's group was cancelled while the
                 kernel was being fetched, so the batch was not launched: ask again.
         """
-        product, made = _plan_cache.find(a, b, semiring, argmax=argmax, out=None, accumulate=False)
+        product, made = find(a, b, semiring, argmax=argmax, out=None, accumulate=False)
         self._requests += 1
         if product.launch is None or len(product.shape) != 2 or self.max_batch == 1:
             self._launches += 1
@@ -212,7 +212,7 @@ class Batcher:
             raise member.error
         return member.result
 
-    async def _lead(self, key: tuple[_plan_cache.Product, int], group: _Group) -> None:
+    async def _lead(self, key: tuple[Product, int], group: _Group) -> None:
         """Let the tasks that are ready join, then launch the group (also when this task is
         cancelled meanwhile: the others are waiting for it)."""
         try:
@@ -250,7 +250,7 @@ class Batcher:
             if a.ndim == 2 and b.ndim == 2:
                 # All ask for the same product: each still gets a result of its own.
                 a = cupy.ndarray((len(members), *a.shape), a.dtype, a.data, strides=(0, *a.strides))
-            product, c, index = _plan_cache.product(
+            product, c, index = planned_product(
                 a, b, group.semiring, argmax=group.product.argmax, out=None, accumulate=False
             )
             await self._run(product, (a, b, c, index), group.stream)
@@ -276,7 +276,7 @@ class Batcher:
         finally:
             group.done.set()
 
-    async def _run(self, product: _plan_cache.Product, operands: Any, stream: Any) -> None:
+    async def _run(self, product: Product, operands: Any, stream: Any) -> None:
         launch = product.launch
         assert launch is not None
         found = loaded(launch.spec, launch.device, self._compiler)

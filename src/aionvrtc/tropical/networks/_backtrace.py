@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ._einsum_plan import EinsumPlan, contiguous
+from ._plan import EinsumPlan
+from ._terms import contiguous
 
 __all__ = [
     "Scan",

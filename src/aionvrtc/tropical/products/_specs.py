@@ -12,18 +12,18 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._spec import KernelSpec
+from ..._spec import KernelSpec
 from ._semirings import DTYPES, SEMIRINGS, Semiring, as_dtype, semiring
 from ._shape_classes import ROWS_KMAX, TILES, Tile, tile_variant
 
 __all__ = [
     "LAYOUTS",
     "all_specs",
-    "backtrace_spec",
     "backward_spec",
-    "einsum_spec",
+    "family_digest",
+    "family_source",
+    "family_spec",
     "gemm_spec",
-    "many_spec",
     "rows_spec",
     "tiled_spec",
     "tiled_supported",
@@ -49,7 +49,7 @@ _INCLUDES: dict[Family, tuple[str, ...]] = {
 
 @functools.cache
 def _text(file: str) -> str:
-    return resources.files(__package__).joinpath(f"kernels/{file}").read_text()
+    return resources.files("aionvrtc.tropical").joinpath(f"kernels/{file}").read_text()
 
 
 @functools.cache
@@ -70,7 +70,8 @@ def family_digest(family: Family) -> str:
     return digest.hexdigest()
 
 
-def _spec(family: Family, expression: str) -> KernelSpec:
+def family_spec(family: Family, expression: str) -> KernelSpec:
+    """The spec of kernel ``expression`` (a name expression) of a family's source."""
     source, headers = family_source(family)
     return KernelSpec(
         source,
@@ -79,35 +80,6 @@ def _spec(family: Family, expression: str) -> KernelSpec:
         headers=headers,
         name=f"tropical_{family}.cu",
     )
-
-
-@functools.cache
-def many_spec(ring: Semiring, dtype: np.dtype[np.generic], *, argmax: bool) -> KernelSpec:
-    """The spec of the kernel that runs many small products in one launch (a compiled
-    contraction's tiny steps)."""
-    ring.check_dtype(dtype)
-    return _spec("einsum", f"tropical_many<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {_bool(argmax)}>")
-
-
-# The einsum family's element types, by size: its kernels move elements, never compute.
-_MOVED = {1: "unsigned char", 4: "unsigned int", 8: "unsigned long long"}
-
-
-@functools.cache
-def backtrace_spec(ring: Semiring, dtype: np.dtype[np.generic]) -> KernelSpec:
-    """The spec of the kernel that walks an einsum's argmaxes back to an assignment (it scans
-    again the products whose argmax was not kept: the element type and semiring's)."""
-    ring.check_dtype(dtype)
-    return _spec("einsum", f"einsum_backtrace<{DTYPES[np.dtype(dtype)]}, {ring.cpp}>")
-
-
-@functools.cache
-def einsum_spec(kernel: Literal["copy", "gather"], itemsize: int) -> KernelSpec:
-    """The spec of one of the small kernels around an einsum's products (kernels/
-    tropical_einsum.cu): the strided copy or the gather of elements of ``itemsize`` bytes."""
-    if itemsize not in _MOVED:
-        raise ValueError(f"no einsum {kernel} kernel for {itemsize}-byte elements")
-    return _spec("einsum", f"einsum_{kernel}<{_MOVED[itemsize]}>")
 
 
 def _bool(flag: bool) -> str:
@@ -168,7 +140,7 @@ def _gemm_spec(
         f"tropical_gemm<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {_bool(argmax)}, "
         f"{_bool(accumulate)}, {_bool(layout == 'rowmajor')}>"
     )
-    return _spec("gemm", expression)
+    return family_spec("gemm", expression)
 
 
 @functools.cache
@@ -183,7 +155,7 @@ def rows_spec(
         f"tropical_gemm_rows<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, "
         f"{_bool(accumulate)}, {kmax}>"
     )
-    return _spec("rows", expression)
+    return family_spec("rows", expression)
 
 
 _FAST = {"maxplus": "FastMaxPlus", "minplus": "FastMinPlus", "maxmul": "FastMaxMul"}
@@ -228,7 +200,7 @@ def tiled_spec(
         f"tropical_gemm_tiled<{DTYPES[np.dtype(dtype)]}, {_FAST[ring.name]}, {_bool(argmax)}, "
         f"{_bool(accumulate)}, {bm}, {bn}, {bk}, {tm}, {tn}, {blocks}>"
     )
-    return _spec("tiled", expression)
+    return family_spec("tiled", expression)
 
 
 def backward_spec(semiring_name: str | Semiring, dtype: Any) -> KernelSpec:
@@ -261,7 +233,7 @@ def _backward_spec(ring: Semiring, dtype: np.dtype[np.generic]) -> KernelSpec:
         )
     product = _bool(ring.name == "maxmul")
     expression = f"tropical_backward<{DTYPES[np.dtype(dtype)]}, {product}>"
-    return _spec("backward", expression)
+    return family_spec("backward", expression)
 
 
 def all_specs(

@@ -1,42 +1,56 @@
-"""Which of a compiled contraction's steps run as one launch: a step and the steps that made its
-operands (a chain of the contraction tree, ``Group``) are one contraction of every tensor the
-chain reads, summed over every index its steps sum, since (x) distributes over (+) in every
-semiring. A group's outputs are its last step's; ``tropical_many`` computes each over the
-product of the group's summed sizes, reading each tensor through its own strides.
+"""One row of the kernel of small products (``tropical_many``): a group of steps contracted as
+one (``Group``), whether it fits a row, and the row's words; which steps a plan reads in place
+(a short sum over few outputs as one row, where a product would copy an operand first), and
+which products a compiled program scans again at its backtrace instead of keeping their argmax.
 
-A chain of steps that each absorb a small tensor into a large one (a king's graph contracted
-row by row) is latency bound: each launch on the chain costs several us however little it
-computes. Measured on an H200, the 15x15 king's graph's 1036 steps ran as 227 launches in
-1.33 ms of GPU time, and in groups as 75 launches in 0.66 ms (three steps of 2^16 outputs and
-K = 2 in one: 8 values per output). The intermediates inside a group are never written.
+What a plan is made of comes from _terms; the plan itself is any object with its ``terms``,
+``steps`` and ``sizes`` (``Planned``), so that the plan (_plan), which asks which of its steps
+are read in place, stands above this module.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from ._einsum_plan import EinsumPlan, Step, Term, scanned
+from ._terms import Step, Term
 
 __all__ = [
     "LEAVES",
     "MANY_OUT",
     "MANY_SUMMED",
     "ROW_WORDS",
+    "SCAN_K",
+    "SCAN_WORK",
     "THREADS",
     "Group",
+    "Planned",
     "fits",
-    "grouped_plan",
-    "groups",
+    "lanes",
     "lone",
     "many_blocks",
     "many_row",
     "read_in_place",
+    "scanned",
     "tiny",
     "wide_indices",
 ]
+
+
+class Planned(Protocol):
+    """What this module reads of a plan (an ``EinsumPlan``)."""
+
+    @property
+    def terms(self) -> tuple[Term, ...]: ...
+
+    @property
+    def steps(self) -> tuple[Step, ...]: ...
+
+    @property
+    def sizes(self) -> Mapping[str, int]: ...
+
 
 # What one row of tropical_many takes (EINSUM_LEAVES, EINSUM_OUT, EINSUM_SUMMED): the tensors a
 # group reads, its output indices and its summed indices (those of more than one value).
@@ -44,14 +58,6 @@ LEAVES = 8
 MANY_OUT = 24
 MANY_SUMMED = 8
 ROW_WORDS = 8 + LEAVES + (1 + LEAVES) * (MANY_OUT + MANY_SUMMED)  # EINSUM_ROW
-# A group's summed values per output and its outputs times those: a step is taken into its
-# reader's group only within both, and only where the group does at most twice the work of the
-# two apart (the intermediate between them then need not be written and read, and a launch
-# goes). Measured on an H200 beside 16 and 2^20 (and 64 and 2^22): 32 and 2^19 were as fast or
-# faster on every network of the benchmark (the 15x15 king's graph: 0.66 ms, 0.74 at 2^20).
-FUSE_K = 32
-FUSE_WORK = 1 << 19
-_GROWTH = 2
 # A lone step runs in tropical_many where its product would copy an operand first, with K at
 # most SMALL_K and at most SMALL outputs (read_in_place: eager runs and programs alike), and in
 # a program where its outputs times K are at most TINY_WORK with K at most TINY_K (``tiny``:
@@ -82,56 +88,41 @@ class Group:
     k: int
 
 
-def groups(plan: EinsumPlan) -> list[Group]:
-    """The plan's steps in groups, each step in one, ordered by root (a group's operands are
-    made by groups before it). A group is a chain: each of its steps takes in at most one
-    group that made an operand of it (the one of most work that fits), while the whole fits
-    one row of tropical_many and the limits above; a step whose K is cut in parts (``split``)
-    stays on its own.
+# A compiled program's product over at least SCAN_WORK values (outputs times K), with K at
+# most SCAN_K, keeps no argmax: the backtrace scans its K again at the one position it reaches
+# (a block's threads), where keeping it made its kernel compare and select an index beside
+# each value. Measured on an H200, the 150-vertex MIS network of the benchmark took 290 us of
+# GPU time keeping every argmax and 222 us scanning its four products past 2^22 values (the
+# value alone: 185 us; the backtrace 26 us, then 34); past 2^20, five products, 221 us.
+SCAN_WORK = 1 << 22
+SCAN_K = 1 << 16
 
-    Only chains, so that one fold computes every product exactly as the steps apart would:
-    the leaves are the deepest step's operands, then each later step's other operand, and
-    (x) taken along them in that order associates as the steps do ((x) commutes exactly in
-    every semiring; it does not associate exactly in floating point). (+) moves past (x)
-    exactly: a (x) max(y) = max(a (x) y) where (x) a is monotone, as rounding is."""
+
+def scanned(plan: Planned, step: Step) -> bool:
+    """Whether a compiled program with argmax scans ``step`` again at its backtrace: a large
+    product of two operands that the program keeps where it made them (each an intermediate,
+    or a copy: an input is read where the caller's call put it, at no fixed offset)."""
+    if step.second is None:
+        return False
+    k = step.first.shape[2]
+    if step.size * k < SCAN_WORK or k > SCAN_K:
+        return False
     inputs = len(plan.terms)
-    found: dict[int, Group] = {}
-    for number, step in enumerate(plan.steps):
-        group = lone(plan, number)
-        children = [found[o - inputs] for o in step.operands if o >= inputs]
-        children.sort(key=lambda child: -plan.steps[child.root].size * child.k)
-        for child in children:
-            others = tuple(o for o in step.operands if o != inputs + child.root)
-            merged = Group(
-                number,
-                (*child.members, number),
-                child.leaves + others,
-                child.summed + group.summed,
-                child.k * group.k,
-            )
-            work = step.size * merged.k
-            apart = step.size * group.k + plan.steps[child.root].size * child.k
-            if (
-                fits(plan, merged)
-                and merged.k <= FUSE_K
-                and work <= FUSE_WORK
-                and work <= _GROWTH * apart
-            ):
-                del found[child.root]
-                group = merged
-                break
-        found[number] = group
-    return [found[root] for root in sorted(found)]
+    operands = step.operands[::-1] if step.swapped else step.operands
+    return all(
+        o >= inputs or read.copy is not None
+        for o, read in zip(operands, (step.first, step.second), strict=True)
+    )
 
 
-def lone(plan: EinsumPlan, number: int) -> Group:
+def lone(plan: Planned, number: int) -> Group:
     """Step ``number`` as a group of its own."""
     step = plan.steps[number]
     summed = wide_indices(plan, step.k)
     return Group(number, (number,), step.operands, summed, _product(plan, summed))
 
 
-def read_in_place(plan: EinsumPlan, number: int) -> bool:
+def read_in_place(plan: Planned, number: int) -> bool:
     """Whether step ``number``, whose product would copy an operand first, runs instead as one
     row of tropical_many, reading its operands as they lie: a short sum over few outputs that
     fits a row (see SMALL_K). Its result is laid out as the product's."""
@@ -142,14 +133,14 @@ def read_in_place(plan: EinsumPlan, number: int) -> bool:
     return group.k <= SMALL_K and step.size <= SMALL and fits(plan, group)
 
 
-def tiny(plan: EinsumPlan, group: Group) -> bool:
+def tiny(plan: Planned, group: Group) -> bool:
     """Whether a lone step's outputs times K are few enough for tropical_many (see SMALL_K)."""
     k = group.k
     return plan.steps[group.root].size * k <= TINY_WORK and k <= TINY_K and fits(plan, group)
 
 
 def many_row(
-    plan: EinsumPlan, group: Group, leaves: Sequence[tuple[int, Term]], c: int, index: int
+    plan: Planned, group: Group, leaves: Sequence[tuple[int, Term]], c: int, index: int
 ) -> list[int]:
     """``group``'s row of tropical_many (EINSUM_ROW): its result at address ``c`` and argmax at
     ``index`` (0: none), ``leaves`` its operands' addresses and layouts in its leaves' order."""
@@ -169,7 +160,7 @@ def many_row(
     ]  # fmt: skip
 
 
-def many_blocks(plan: EinsumPlan, group: Group) -> int:
+def many_blocks(plan: Planned, group: Group) -> int:
     """The blocks of tropical_many that ``group`` fills."""
     outputs = plan.steps[group.root].size
     threads = outputs * lanes(group.k, outputs)
@@ -197,7 +188,7 @@ def _dims(
     return row + [0] * (width * count - len(row))
 
 
-def fits(plan: EinsumPlan, group: Group) -> bool:
+def fits(plan: Planned, group: Group) -> bool:
     """Whether ``group`` fits one row of tropical_many: its leaves, output and summed indices
     within the row's, and no step whose K is cut in parts (its argmax numbers a part's k) or
     that a program's backtrace scans again (it keeps no argmax: see ``scanned``)."""
@@ -211,33 +202,13 @@ def fits(plan: EinsumPlan, group: Group) -> bool:
     )
 
 
-def grouped_plan(plan: EinsumPlan, made: list[Group]) -> EinsumPlan:
-    """``plan`` with each group as one step (its root's, summing the group's ``summed`` with no
-    split unless it is a lone step's): what the backtrace walks where groups ran as one. Its
-    steps' operands are renumbered: inputs, then the groups' results."""
-    inputs = len(plan.terms)
-    number = {group.root: n for n, group in enumerate(made)}
-    steps: list[Step] = []
-    for n, group in enumerate(made):
-        root = plan.steps[group.root]
-        operands = tuple(o if o < inputs else inputs + number[o - inputs] for o in group.leaves)
-        if len(group.members) == 1:
-            steps.append(replace(root, operands=operands, number=inputs + n))
-        else:
-            steps.append(
-                replace(root, operands=operands, number=inputs + n, k=group.summed, split=None)
-            )
-    # (Not a plan to run or cache: no key, so that nothing keyed by the plan's takes it.)
-    return replace(plan, steps=tuple(steps), key=("", -1))
-
-
-def wide_indices(plan: EinsumPlan, indices: tuple[str, ...]) -> tuple[str, ...]:
+def wide_indices(plan: Planned, indices: tuple[str, ...]) -> tuple[str, ...]:
     """Those of ``indices`` of more than one value (an index of one is no dimension of a
     tropical_many row)."""
     return tuple(i for i in indices if plan.sizes[i] != 1)
 
 
-def _product(plan: EinsumPlan, indices: tuple[str, ...]) -> int:
+def _product(plan: Planned, indices: tuple[str, ...]) -> int:
     """The values a group sums per output (a step whose K is cut in parts sums a part's, but
     stays alone and never runs in tropical_many)."""
     return math.prod(plan.sizes[i] for i in indices)

@@ -1,0 +1,24 @@
+"""Tropical tensor networks: a contraction's subscripts, its plan (the order, each step as a
+batched product, its slicing), the steps prepared for a device, the kernel of many small
+products and which steps it takes, the backtrace of the argmaxes; and its runs: eager
+(``einsum``), compiled into a CUDA graph (``einsum_program``), in slices over the host's GPUs,
+and on a Ray cluster (``tropical.cluster``).
+
+The face of the tensor networks: ``aionvrtc.tropical`` re-exports the public names.
+"""
+
+from ._calls import einsum, einsum_sync
+from ._plan import EinsumPlan
+from ._planner import einsum_plan
+from ._programs import EinsumProgram, clear_programs, einsum_program, einsum_program_sync
+
+__all__ = [
+    "EinsumPlan",
+    "EinsumProgram",
+    "clear_programs",
+    "einsum",
+    "einsum_plan",
+    "einsum_program",
+    "einsum_program_sync",
+    "einsum_sync",
+]

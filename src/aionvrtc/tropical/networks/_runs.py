@@ -1,0 +1,175 @@
+"""What every run of a contraction shares, the eager, compiled and sliced alike: the operands
+and ``out=`` checked, the stream resolved, the scalar rule of ``argmax=True`` and what a plan
+may ask of the device (checked before anything is allocated), a plan's steps prepared, and the
+assignment copied back from the GPU and read."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..products import OnDevice, Semiring, cupy_module, tables_version, tuned_tiles
+from ..products import semiring as lookup
+from ._plan import EinsumPlan, check_step
+from ._steps import Steps, prepared
+from ._subscripts import check_dtypes, check_output
+
+__all__ = [
+    "ARGMAX_MAX_K",
+    "assignment",
+    "check_arrays",
+    "check_out",
+    "check_plan",
+    "check_scalar",
+    "copy_back",
+    "resolved_stream",
+    "steps_for",
+]
+
+# The kernels write a product's argmax as an int32 k, so with argmax=True no product may sum
+# over more than 2**31 values of k. (Everything else they index with 64-bit integers.)
+ARGMAX_MAX_K = 2**31
+
+
+def check_arrays(operands: Sequence[Any], semiring: str) -> tuple[Semiring, list[Any], int]:
+    cupy = cupy_module()
+    ring = lookup(semiring)
+    if not operands:
+        raise ValueError("einsum needs at least one operand")
+    for i, x in enumerate(operands):
+        if not isinstance(x, cupy.ndarray):
+            hint = ": move it with cupy.asarray(...)" if isinstance(x, np.ndarray) else ""
+            raise TypeError(
+                f"einsum operand {i} must be a cupy.ndarray, not "
+                f"{type(x).__module__}.{type(x).__name__}{hint}"
+            )
+    arrays = list(operands)
+    check_dtypes(ring, arrays)
+    devices = sorted({x.device.id for x in arrays})
+    if len(devices) > 1:
+        raise ValueError(f"einsum operands are on devices {devices}; move them to one device")
+    return ring, arrays, devices[0]
+
+
+def check_out(out: Any, dtype: Any, shape: tuple[int, ...], device: int) -> None:
+    if out is None:
+        return
+    cupy = cupy_module()
+    if not isinstance(out, cupy.ndarray):
+        raise TypeError(f"out must be a cupy.ndarray, not {type(out).__name__}")
+    if out.dtype != dtype or out.shape != shape or out.device.id != device:
+        raise ValueError(
+            f"out must be {dtype} of shape {shape} on device {device}, got {out.dtype} of "
+            f"shape {out.shape} on device {out.device.id}"
+        )
+
+
+def resolved_stream(device: int, stream: Any) -> Any:
+    """``stream``, else CuPy's current stream on ``device``: resolved once, here, because the
+    backtrace waits for it from a worker thread, whose current stream is another."""
+    if stream is not None:
+        return stream
+    cupy = cupy_module()
+    with cupy.cuda.Device(device):
+        return cupy.cuda.get_current_stream()
+
+
+def check_scalar(planned: EinsumPlan) -> None:
+    if planned.output:
+        raise ValueError(
+            f"einsum argmax=True backtracks a scalar contraction, and {planned.subscripts!r} "
+            f"has output indices {planned.output!r}; give it an output of no indices "
+            "('ij,jk->') to find an assignment that attains it"
+        )
+
+
+def check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) -> None:
+    """Refuse, before anything is allocated or launched, what the run could not do."""
+    if argmax:
+        check_scalar(planned)
+    # No array larger than the device's memory can be allocated (one that fits may still
+    # meet others in use: CuPy's OutOfMemoryError says so then). With argmax=True each result
+    # has an int32 argmax beside it.
+    limit = _device_bytes(device)
+    bound = f"the {limit:,} bytes of device {device}'s memory"
+    check_output(planned.output, planned.sizes, itemsize=dtype.itemsize, limit=limit, bound=bound)
+    itemsize = dtype.itemsize + (4 if argmax else 0)
+    if argmax:
+        bound += " (an int32 argmax, 4 bytes, beside each element)"
+    for number, step in enumerate(planned.steps):
+        check_step(number, step, itemsize=itemsize, limit=limit, bound=bound)
+        if argmax and step.first.shape[2] > ARGMAX_MAX_K:
+            raise ValueError(
+                f"einsum step {number} ({step.subscripts}) sums over {step.first.shape[2]:,} "
+                f"values of its indices {''.join(step.k)!r} in one product, more than the "
+                f"{ARGMAX_MAX_K:,} an int32 argmax (argmax=True) can number; pick an order "
+                "that sums fewer at once (another optimize=), contract the network in slices, "
+                "or run without argmax"
+            )
+    kept = 4 * sum(step.size for step in planned.steps) if argmax else 0
+    if kept > limit:  # the walk back reads every step's argmax: all are kept to the end
+        raise ValueError(
+            f"einsum with argmax=True keeps an int32 argmax of every step's result for the walk "
+            f"back: {kept:,} bytes for this plan, more than {bound}; contract it in (smaller) "
+            "slices (memory_limit=: only the winning slice's argmaxes are kept), pick an order "
+            "with smaller intermediates (optimize=), or run without argmax"
+        )
+
+
+@functools.cache
+def _device_bytes(device: int) -> int:
+    """The memory of ``device``, in bytes (it does not change while the process runs)."""
+    _, total = cupy_module().cuda.Device(device).mem_info
+    return int(total)
+
+
+def steps_for(
+    planned: EinsumPlan,
+    ring: Semiring,
+    dtype: Any,
+    *,
+    argmax: bool,
+    device: int,
+    reuse: bool = True,
+) -> Steps | None:
+    """``planned``'s steps, prepared once with the device's tiles of now (checked when first
+    prepared: see _check_plan); None for a contraction with an index of size 0, whose result
+    is the semiring's zero and launches nothing."""
+    check = functools.partial(check_plan, planned, dtype, argmax=argmax, device=device)
+    if 0 in planned.sizes.values():
+        check()
+        return None
+    version = tables_version()  # (before the table: a table installed between is fetched next)
+    return prepared(
+        planned, ring, dtype, argmax=argmax, device=device, table=tuned_tiles(device),
+        version=version, reuse=reuse, check=check,
+    )  # fmt: skip
+
+
+def copy_back(steps: Steps, arena: int, stream: Any) -> Any:
+    """Enqueue on ``stream`` the copy of the assignment (and the value's bytes) from the arena
+    at address ``arena`` to pinned host memory, returned (read it with ``assignment``)."""
+    cupy = cupy_module()
+    count = len(steps.plan.sizes) + 1
+    try:  # one that ``assignment`` gave back (a pinned allocation took half this call's time)
+        host = steps.hosts.pop()
+    except IndexError:
+        host = cupy.cuda.alloc_pinned_memory(count * 8)
+    with OnDevice(steps.device):
+        cupy.cuda.runtime.memcpyAsync(
+            host.ptr, arena + steps.assignment, count * 8,
+            cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr,
+        )  # fmt: skip
+    return host
+
+
+def assignment(steps: Steps, host: Any) -> dict[str, int]:
+    """The assignment ``copy_back`` brought to ``host``, once the copy is done (``host`` is
+    taken again by a later copy: read nothing from it after this)."""
+    names, numbers = steps.named
+    values = np.frombuffer(host, np.int64, count=len(steps.plan.sizes))[numbers].tolist()
+    steps.hosts.append(host)
+    return dict(zip(names, values, strict=True))
