@@ -7,6 +7,8 @@
 #   SWEEP=1 bash benchmarks/gpu_suite.sh tropical ...       tile sweep first, GEMM on its winners
 #   bash benchmarks/gpu_suite.sh check [pytest args...]     a change's GPU checks: the tests given
 #                                                           (-m gpu and all they name), doctor
+#   bash benchmarks/gpu_suite.sh roofline [pytest args...]  the checks given, then the networks'
+#                                                           step profiles (einsum_roofline.py)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/aionvrtc-out}
@@ -21,16 +23,25 @@ if ! python3 -c "import sys, cuda.pathfinder as p; sys.exit(p.locate_nvidia_head
   export CUDA_PATH=/tmp/site/nvidia/cu13
 fi
 mode=service
-case "${1:-}" in tropical | check) mode=$1; shift ;; esac
+case "${1:-}" in tropical | check | roofline) mode=$1; shift ;; esac
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 python3 -m aionvrtc doctor --json > "$OUT/doctor.json" 2>&1
-if [ $mode = check ]; then set -- -m gpu "$@"; fi
-python3 -m pytest -p no:cacheprovider -ra "$@" > "$OUT/pytest.log" 2>&1
+if [ $mode = check ] || [ $mode = roofline ]; then set -- -m gpu "$@"; fi
+timeout "${TESTS_TIMEOUT:-3000}" python3 -m pytest -p no:cacheprovider -ra "$@" > "$OUT/pytest.log" 2>&1
 tests=$?
 gpu=$(head -2 "$OUT/nvidia-smi.csv" | tail -1 | cut -d, -f1)
 if [ $mode = check ]; then
   first=0 second=0
+elif [ $mode = roofline ]; then
+  # PYTHONHASHSEED: opt_einsum's random-greedy orders (tropical_einsum.py's networks) hang on it.
+  PYTHONHASHSEED=0 python3 benchmarks/einsum_roofline.py --out "$OUT" \
+    > "$OUT/einsum_roofline.log" 2>&1
+  first=$?
+  python3 benchmarks/einsum_roofline.py --published --out "$OUT" \
+    --also benchmarks/results/tensor_network_published-roofline-paths.json \
+    > "$OUT/einsum_roofline_published.log" 2>&1
+  second=$?
 elif [ $mode = tropical ]; then
   first=0 tuned=()
   if [ "${SWEEP:-0}" = 1 ]; then

@@ -3,7 +3,8 @@ on the GPU, checked against brute force and NumPy, and timed against torch-semir
 
     python examples/tensor_network.py [--regular 20 100 150 200] [--kings 4 10 15 20]
         [--kings-subgraph 38] [--filling 0.8] [--spin-glass 20 100 150]
-        [--square-spin-glass 32] [--planner auto|hyper|cotengra|random-greedy|rows]
+        [--square-spin-glass 32]
+        [--planner auto|hyper|hyper-roofline|cotengra|random-greedy|rows]
         [--plan-time 60] [--trials 256] [--memory-limit 4294967296] [--paths paths.json]
         [--repeats 5] [--json results.json] [--seed 2026] [--arch sm_90]
 
@@ -255,23 +256,30 @@ def random_greedy(repeats: int) -> Any:
 
 def planner(name: str, trials: int, seconds: float = 60.0, seed: int = 0) -> tuple[Any, str]:
     """--planner's optimizer, and its description. "auto" is tropical.einsum's default: past 64
-    operands, cotengra's random-greedy search (256 trials, seeded) where aionvrtc[cotengra] is
-    installed, else opt_einsum's choice. "hyper" is cotengra's HyperOptimizer for ``seconds``
+    operands, cotengra's random-greedy search (256 trials in 8 seeded searches, the order of
+    least modelled GPU time kept) where aionvrtc[cotengra] is installed, else opt_einsum's
+    choice. "hyper" is cotengra's HyperOptimizer for ``seconds``
     over every CPU, with greedy trials and graph partitions by label propagation, each tree
     refined by subtree reconfiguration, scored by products and writes together ("combo": a
     copy costs about what a product does here). In 20 s over the 16 CPUs of an H100 host it
     found space complexity 27 and time 38.3 for the 38 x 38 king's subgraph, where
     random-greedy's 1,024 trials leave 31 and 42.0 and row by row 36 and 43.3
     (benchmarks/results/einsum_planners-2-vcpus.md): a lattice's good orders cut it in parts,
-    which greedy steps do not find. Not seeded: its trials depend on the time."""
-    if name == "hyper":
+    which greedy steps do not find. Not seeded: its trials depend on the time. "hyper-roofline"
+    is the same search scored by each order's modelled time on a GPU instead
+    (``tropical.roofline_objective``): its steps' pairs at the probe's rate, its bytes at the
+    copy bandwidth, a step of few outputs at the fraction of the GPU it fills."""
+    if name in ("hyper", "hyper-roofline"):
         import cotengra
 
+        roofline = name == "hyper-roofline"
         optimizer = cotengra.HyperOptimizer(
             methods=["greedy", "labels"], max_time=seconds, max_repeats=1_000_000,
-            minimize="combo", parallel=True, optlib="random", progbar=False,
+            minimize=tropical.roofline_objective() if roofline else "combo", parallel=True,
+            optlib="random", progbar=False,
         )  # fmt: skip
-        return optimizer, f"cotengra HyperOptimizer (greedy, labels), {seconds:g} s"
+        score = ", scored by the roofline model" if roofline else ""
+        return optimizer, f"cotengra HyperOptimizer (greedy, labels), {seconds:g} s{score}"
     if name == "random-greedy":
         return random_greedy(trials), f"opt_einsum random-greedy, {trials} trials"
     if name == "cotengra":
@@ -823,10 +831,11 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--planner",
-        choices=["auto", "hyper", "cotengra", "random-greedy", "rows"],
+        choices=["auto", "hyper", "hyper-roofline", "cotengra", "random-greedy", "rows"],
         default="auto",
         help="the contraction orders' search: einsum's default, cotengra's HyperOptimizer "
-        "(--plan-time), cotengra's random-greedy (seeded) or opt_einsum's (--trials); rows: "
+        "(--plan-time; hyper-roofline: scored by modelled GPU time), cotengra's random-greedy "
+        "(seeded) or opt_einsum's (--trials); rows: "
         "the square lattices swept row by row, the other graphs planned as by auto",
     )
     parser.add_argument(

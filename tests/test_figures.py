@@ -212,6 +212,38 @@ def planned(vertices: int, planner: str, cell: int) -> Read:
     return find(rf"\({vertices} vertices, {edges} edges\) \| \d+ \| {planner} \| {cells}")
 
 
+def ordered(network: str, order: str, key: str, scale: float = 1.0) -> Read:
+    """Figures of the orders' result (einsum_orders): ``key`` (times ``scale``) of the row of
+    the network and the order that start so."""
+
+    def read(result: Any) -> list[float]:
+        rows = [r for r in result["results"]
+                if r["network"].startswith(network) and r["order"].startswith(order)]  # fmt: skip
+        assert len(rows) == 1, f"{network} / {order}: {len(rows)} rows"
+        value = rows[0][key] * scale
+        return [float(f"{value:.12g}")]  # (ms from s without float noise: 0.01359... -> 13.59...)
+
+    return data(read)
+
+
+REGULAR = tuple(f"MIS of the random 3-regular graph ({n} vertices" for n in (200, 220))
+KINGS = "MIS of the 38x38 king's subgraph"
+KEPT = "cotengra HyperOptimizer (greedy, labels), 20 s (kept: tensor_network_published-paths"
+HYPER = "HyperOptimizer (greedy, labels), 90"
+
+
+def trials(network: str, objective: str, pattern: str = r"\((\d+) trials\)") -> Read:
+    """A number in the name of a HyperOptimizer's row of the orders' result: its trials, by
+    default."""
+
+    def read(result: Any) -> list[float]:
+        (row,) = [r for r in result["results"] if r["network"].startswith(network)
+                  and r["order"].startswith(f"{HYPER} s, scored by {objective}")]  # fmt: skip
+        return [float(re.search(pattern, row["order"])[1])]  # type: ignore[index]
+
+    return data(read)
+
+
 def soak_waiters(path: Path) -> list[Decimal]:
     """Results, cancellations and CompilerClosed, asyncio's then trio's of each."""
     asyncio, trio = (
@@ -252,6 +284,48 @@ F32_8192 = ("maxplus float32 8192", "minplus float32 8192", "maxmul float32 8192
 I32_8192 = ("maxplus int32 8192", "minplus int32 8192")
 
 FIGURES = [
+    # A contraction's roofline: orders by their modelled time (planning only)
+    Figure(
+        r"the order kept this way models at ([\d.]+) ms and ([\d.]+) ms on an H200, where the "
+        r"order of fewest products of one search of the same 256 trials models at ([\d.]+) ms "
+        r"and ([\d.]+) ms, its steps of short K streaming ([\d.]+) GB and ([\d.]+) GB; the "
+        r"ranked search took ([\d.]+) s and ([\d.]+) s on 2 vCPUs",
+        "einsum_orders-2-vcpus.json",
+        joined(
+            *(ordered(net, "auto", "roofline_s", 1e3) for net in REGULAR),
+            *(ordered(net, "one random-greedy", "roofline_s", 1e3) for net in REGULAR),
+            *(ordered(net, "one random-greedy", "bytes", 1e-9) for net in REGULAR),
+            *(ordered(net, "auto", "search_s") for net in REGULAR),
+        ),
+    ),
+    Figure(
+        r"the kept orders of the published problems model at ([\d.]+) ms, ([\d.]+) ms and, for "
+        r"the 38 x 38 king's subgraph, ([\d.]+) ms, where \"auto\" leaves ([\d.]+) ms",
+        "einsum_orders-2-vcpus.json",
+        joined(
+            *(ordered(net, KEPT, "roofline_s", 1e3) for net in (*REGULAR, KINGS)),
+            ordered(KINGS, "auto", "roofline_s", 1e3),
+        ),
+    ),
+    Figure(
+        r"in one search each of (\d+) seconds on 2 vCPUs, ([\d.]+) ms against ([\d.]+) ms for "
+        r"200 vertices, ([\d.]+) ms against ([\d.]+) ms for 220, and for the king's subgraph, "
+        r"whose trials take tens of seconds there, ([\d.]+) ms from (\d+) trials against "
+        r"([\d.]+) ms from (\d+)",
+        "einsum_orders-2-vcpus.json",
+        joined(
+            trials(KINGS, "combo", r"labels\), (\d+) s, "),
+            *(
+                ordered(net, f"{HYPER} s, scored by {by}", "roofline_s", 1e3)
+                for net in REGULAR
+                for by in ("combo", "roofline")
+            ),
+            ordered(KINGS, f"{HYPER} s, scored by combo", "roofline_s", 1e3),
+            trials(KINGS, "combo"),
+            ordered(KINGS, f"{HYPER} s, scored by roofline", "roofline_s", 1e3),
+            trials(KINGS, "roofline"),
+        ),
+    ),
     # The examples and the shortest-paths server
     Figure(
         r"One client with JSON bodies gets ([\d,.]+) requests/s, its p50 of ([\d,.]+) ms mostly "
@@ -690,8 +764,8 @@ FIGURES = [
     ),
     Figure(
         r"one greedy order leaves a largest intermediate of 2\^(\d+) elements and 2\^([\d.]+) "
-        r"and 2\^([\d.]+) products, the seeded search 2\^(\d+) and 2\^(\d+) elements and "
-        r"2\^([\d.]+) and 2\^([\d.]+) products, in ([\d.]+) and ([\d.]+) s on 2 vCPUs",
+        r"and 2\^([\d.]+) products, one seeded search of the 256 trials 2\^(\d+) and 2\^(\d+) "
+        r"elements and 2\^([\d.]+) and 2\^([\d.]+) products, in ([\d.]+) and ([\d.]+) s on 2 vCPUs",
         "einsum_planners-2-vcpus.md",
         joined(
             *(planned(n, "opt_einsum greedy", cell) for n, cell in ((200, 0), (200, 1), (220, 1))),

@@ -142,3 +142,38 @@ def test_compile_sync_for_a_named_arch_needs_no_gpu(tmp_path: Path) -> None:
     # Naming none is what needs the GPU: then the advice to name one fits.
     assert result["unnamed"].startswith("cannot detect the GPU architecture: ")
     assert result["unnamed"].endswith("; name the target: arch='sm_90', or $AIONVRTC_ARCH=sm_90")
+
+
+def test_the_default_compilers_async_methods_run_on_its_own_loop_from_any_other(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Awaited from another event loop, the default Compiler's async methods waited forever on
+    # a loop that never heard of them (tropical.device_figures did, without compiler=).
+    # on_default runs them there from a worker thread, on asyncio and on trio alike.
+    import anyio
+
+    import aionvrtc
+    from aionvrtc._sync import on_default
+
+    from .support import make_spec
+
+    monkeypatch.setenv("AIONVRTC_ARCH", "sm_90")
+    monkeypatch.setenv("AIONVRTC_CACHE_DIR", str(tmp_path / "cache"))
+    aionvrtc.close_default_compiler()
+    spec = make_spec()
+
+    async def main() -> tuple[object, ...]:
+        with anyio.fail_after(120):
+            saved = await anyio.to_thread.run_sync(
+                on_default, lambda c: c.save_record("figures", b"kept")
+            )
+            read = await anyio.to_thread.run_sync(on_default, lambda c: c.load_record("figures"))
+            built = await anyio.to_thread.run_sync(on_default, lambda c: c.compile(spec))
+        return saved, read, built.arch
+
+    try:
+        for backend in ("asyncio", "trio"):
+            assert anyio.run(main, backend=backend) == (True, b"kept", "sm_90")
+        assert aionvrtc.default_compiler().stats().compiles == 1  # the second run: a hit
+    finally:
+        aionvrtc.close_default_compiler()

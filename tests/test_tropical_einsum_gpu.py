@@ -500,6 +500,36 @@ def test_argmax_of_small_networks(ring: str, dtype: str, rng: np.random.Generato
     assert assignment == {}
 
 
+LONG_K = "cdefghjkmnop"  # 12 summed indices of size 2: K = 4096 over a batch of few outputs
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_a_batch_of_few_outputs_over_a_long_k(
+    ring: str, dtype: str, rng: np.random.Generator
+) -> None:
+    # Part of K summed as a batch first, then a reduction (the planner's relocation): the
+    # value, eager and compiled, and (where the batch is summed later) the assignment.
+    subscripts = f"bi{LONG_K},b{LONG_K}l->bil"
+    shapes = [(2, 4) + (2,) * 12, (2,) + (2,) * 12 + (2,)]
+    operands = network_values(rng, ring, dtype, shapes)
+    plan = tropical.einsum_plan(subscripts, *operands, optimize=[(0, 1)])
+    assert len(plan.steps) == 2
+    assert plan.steps[0].split is None
+    want = reference.einsum(subscripts, *operands, semiring=ring)
+    got = tropical.einsum_sync(subscripts, *map(gpu, operands), semiring=ring, optimize=plan)
+    assert_same(got, want, f"{ring} {subscripts}")
+    program = tropical.einsum_program_sync(subscripts, *map(gpu, operands), semiring=ring,
+                                           optimize=[(0, 1)])  # fmt: skip
+    assert_same(program.run_sync(*map(gpu, operands)), want, f"{ring} {subscripts} (program)")
+    scalar = f"bi{LONG_K},b{LONG_K}l,bil->"
+    operands += network_values(rng, ring, dtype, [(2, 4, 2)])
+    value, assignment = tropical.einsum_sync(
+        scalar, *map(gpu, operands), semiring=ring, argmax=True, optimize=[(0, 1), (0, 1)]
+    )
+    assert_same(value, reference.einsum(scalar, *operands, semiring=ring), f"{ring} {scalar}")
+    check_assignment(scalar, operands, ring, host(value), assignment)
+
+
 @pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
 def test_argmax_of_random_tensor_networks(ring: str, dtype: str, rng: np.random.Generator) -> None:
     attained = 0

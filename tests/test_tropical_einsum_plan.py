@@ -996,6 +996,42 @@ def test_long_sums_over_few_outputs_are_cut_in_parts() -> None:
             )
 
 
+# A batch of few outputs over a long K (the 2 x 16 x 2^20 x 4 product of a 200-vertex MIS order,
+# in small): 12 summed indices of size 2, a batch of 2, 4 x 2 outputs each.
+LONG_K = "cdefghjkmnop"
+BATCHED = (f"bi{LONG_K},b{LONG_K}l->bil", [(2, 4) + (2,) * 12, (2,) + (2,) * 12 + (2,)])
+
+
+def test_a_batch_of_few_outputs_over_a_long_k_sums_part_of_k_as_a_batch_first() -> None:
+    # No split index serves a batched product (a view has one batch dimension): the outermost
+    # summed indices join the batch instead, and a reduction sums them after.
+    subscripts, shapes = BATCHED
+    plan = einsum_plan(subscripts, *shapes, optimize=[(0, 1)])
+    partial, total = plan.steps
+    assert partial.split is None
+    assert set(partial.batch) == {"b", *LONG_K[:4]}  # K = 4096 in parts of 256
+    assert (partial.first.shape[0], partial.first.shape[2]) == (32, 256)
+    assert (total.operands, set(total.k), total.second) == (
+        (partial.number,),
+        set(LONG_K[:4]),
+        None,
+    )
+    assert total.result == ("b", "i", "l")
+    # Enough outputs to fill the GPU, or too short a K: one product.
+    many = f"bi{LONG_K},b{LONG_K}l->bil", [(2, 4096) + (2,) * 12, (2,) + (2,) * 12 + (64,)]
+    assert len(einsum_plan(*many[:1], *many[1], optimize=[(0, 1)]).steps) == 1
+    short = "bik,bkl->bil", [(2, 4, 64), (2, 64, 2)]
+    assert len(einsum_plan(short[0], *short[1]).steps) == 1
+    rng = np.random.default_rng(12)
+    for ring, dtype in (("maxplus", "float32"), ("minplus", "int64"), ("maxmul", "float64"),
+                        ("andor", "bool")):  # fmt: skip
+        operands = network_values(rng, ring, dtype, shapes)
+        plan = einsum_plan(subscripts, *operands, optimize=[(0, 1)])
+        np.testing.assert_array_equal(
+            run_plan(plan, ring, operands), reference.einsum(subscripts, *operands, semiring=ring)
+        )
+
+
 @pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
 def test_the_backtrace_of_small_networks(
     ring: str, dtype: str, host_backtrace: Callable[..., dict[str, int]]

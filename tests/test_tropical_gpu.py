@@ -503,3 +503,36 @@ def test_autotune_checks_times_and_remembers_through_the_compiler(tmp_path: Path
     fastest = tuple(min(reports, key=lambda r: r["seconds"])["tile"])
     assert first["small"]["f4"] == in_use == again["small"]["f4"] == fastest
     assert first["large"] == tropical.TILES["large"]  # classes not tuned keep their defaults
+
+
+def test_device_figures_are_measured_once_and_kept_beside_the_tuned_tiles(tmp_path: Path) -> None:
+    # The probe of each type and a copy, measured; the record read by a later process (here:
+    # after the process's own memory is cleared), unless asked to measure again.
+    import cupy
+
+    from aionvrtc.tropical.products import _figures
+
+    async def main() -> tuple[Any, ...]:
+        async with Compiler(cache_dir=tmp_path) as compiler:
+            _figures._known.clear()
+            first = await tropical.device_figures(compiler=compiler)
+            assert compiler.stats().compiles == len(_figures.PROBE_TYPES)
+            _figures._known.clear()
+            kept = await tropical.device_figures(compiler=compiler)
+            again = await tropical.device_figures(compiler=compiler, remeasure=True)
+            return first, kept, again
+
+    first, kept, again = anyio.run(main)
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    assert kept == first  # read, not measured: floats equal to the bit
+    assert again != first
+    assert again.gpu == first.gpu
+    assert first.multiprocessors == props["multiProcessorCount"]
+    # Every recent GPU does at least 1e12 add+max pairs/s in f32 and copies 1e11 bytes/s; f64
+    # at most as fast as f32.
+    assert first.pairs_per_s["float32"] > 1e12
+    assert first.copy_bytes_per_s > 1e11
+    assert first.pairs_per_s["float64"] <= first.pairs_per_s["float32"] * 1.1
+    assert set(first.pairs_per_s) == {"float32", "float64", "int32", "int64"}
+    assert tropical.products.known_figures(cupy.cuda.Device().id) == again
+    print(f"figures: {first.to_json()}")

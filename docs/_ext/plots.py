@@ -386,6 +386,31 @@ def _einsum_planners(ax: Axes, data: dict[str, Any]) -> None:
     ax.set_title("Contraction orders: their cost against the search's time")
 
 
+@plotter("einsum_orders")
+def _einsum_orders(ax: Axes, data: dict[str, Any]) -> None:
+    rows = [row for row in data["results"] if "roofline_s" in row]
+    networks = list(dict.fromkeys(row["network"] for row in rows))
+    kinds = {"kept": "a kept HyperOptimizer order", "auto": "auto (ranked)",
+             "one random-greedy": "one search (unranked)", "HyperOptimizer": "HyperOptimizer, 90 s",
+             "cotengra HyperOptimizer (greedy, labels), 90": "hyper-roofline, kept"}  # fmt: skip
+
+    def kind(order: str) -> str:
+        if "(kept: tensor_network_published-paths" in order:
+            return kinds["kept"]
+        return next(label for start, label in reversed(kinds.items()) if order.startswith(start))
+
+    series: dict[str, list[float | None]] = {}
+    for row in rows:
+        name = kind(row["order"])
+        if "scored by" in row["order"] and "kept" not in row["order"]:
+            name += ", " + row["order"].split("scored by ")[1].split(" (")[0]
+        values = series.setdefault(name, [None] * len(networks))
+        values[networks.index(row["network"])] = row["roofline_s"] * 1e3
+    _grouped(ax, [_short(n) for n in networks], series, xlabel="modelled ms on an H200", log=True)
+    _figure(ax).set_size_inches(10, 6)
+    ax.set_title("Contraction orders by their modelled time on the GPU")
+
+
 @plotter("einsum_slices")
 def _einsum_slices(ax: Axes, data: dict[str, Any]) -> None:
     rows = data["results"]

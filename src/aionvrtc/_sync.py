@@ -6,8 +6,9 @@ import atexit
 import contextlib
 import os
 import threading
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio.from_thread
 
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
     from ._spec import KernelSpec
     from ._target import TargetLike
 
-__all__ = ["compile_sync", "default_compiler", "get_sync"]
+__all__ = ["compile_sync", "default_compiler", "get_sync", "on_default"]
+
+T = TypeVar("T")
 
 
 class _Default:
@@ -107,6 +110,24 @@ def default_compiler() -> Compiler:
             atexit.register(close_default_compiler)
         _Default.compiler = compiler
         return compiler
+
+
+def on_default(make: Callable[[Compiler], Awaitable[T]]) -> T:
+    """``await make(default_compiler())`` on the default Compiler's own event loop, from blocking
+    code (a worker thread: ``anyio.to_thread.run_sync(on_default, make)``). Its async methods
+    run only there: awaited from another event loop, they would wait on a loop that never
+    hears of them.
+
+    Args:
+        make: Called with the default Compiler; returns what to await.
+
+    Returns:
+        What the awaited call returned.
+    """
+    compiler = default_compiler()
+    running = _Default.running
+    assert running is not None  # started by default_compiler()
+    return running[0].call(make, compiler)
 
 
 def close_default_compiler() -> None:

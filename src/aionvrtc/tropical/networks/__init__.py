@@ -8,17 +8,20 @@ The face of the tensor networks: ``aionvrtc.tropical`` re-exports the public nam
 """
 
 from ._calls import einsum, einsum_sync
-from ._plan import EinsumPlan
+from ._orders import roofline_objective
+from ._plan import EinsumPlan, StepCost
 from ._planner import einsum_plan
 from ._programs import EinsumProgram, clear_programs, einsum_program, einsum_program_sync
 
 __all__ = [
     "EinsumPlan",
     "EinsumProgram",
+    "StepCost",
     "clear_programs",
     "einsum",
     "einsum_plan",
     "einsum_program",
     "einsum_program_sync",
     "einsum_sync",
+    "roofline_objective",
 ]

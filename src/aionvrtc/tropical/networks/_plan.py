@@ -10,8 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..._spec import KernelSpec
-from ..products import Semiring, check_size, choose
+from ..products import DeviceFigures, Semiring, check_size, choose
 from ..products import semiring as lookup
 from ._kernel_specs import backtrace_spec, einsum_spec, many_spec
 from ._rows import read_in_place, scanned
@@ -24,6 +26,7 @@ __all__ = [
     "ORDER_FIX",
     "WIDEST",
     "EinsumPlan",
+    "StepCost",
     "check_step",
     "read_in_place",
     "step_spec",
@@ -48,6 +51,36 @@ ORDER_FIX = (
     "cotengra HyperOptimizer; einsum_plan(...).largest_intermediate compares them), or contract "
     "the network in slices (fix an index by indexing the operands)"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """The least one step of a plan must do, whatever the kernel: its add+max pairs and the
+    elements it must move through device memory.
+
+    Attributes:
+        pairs: (x)-and-(+) pairs: batch * M * N * K.
+        elements: Elements read and written: each operand read once (a broadcast counted
+            once), the result written once, and a copy of an operand read and written.
+    """
+
+    pairs: int
+    elements: int
+
+    def bound(self, figures: DeviceFigures, dtype: Any) -> float:
+        """The least time the step can take on a device of ``figures``.
+
+        Args:
+            figures: The device's ceilings (``tropical.device_figures``).
+            dtype: The element type.
+
+        Returns:
+            Seconds: the longer of its pairs at the probe's rate and its bytes at the copy's.
+
+        Raises:
+            KeyError: ``dtype`` is not one of the kernels' element types.
+        """
+        return figures.bound(self.pairs, self.elements * np.dtype(dtype).itemsize, dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +289,83 @@ class EinsumPlan:
         """
         return [tuple(self.sizes[i] for i in letters) for letters in self.inputs]
 
+    def step_costs(self) -> list[StepCost]:
+        """What each step must do at least: its pairs and the elements it moves (``StepCost``);
+        of one slice, where the plan is sliced (each step with the sliced indices fixed).
+
+        Returns:
+            One StepCost per step, in order; the final reordering copy, if any, is the last
+            step's.
+        """
+        sliced = self.slicing
+        fixed = dict(zip(sliced.indices, sliced.sizes, strict=True)) if sliced else {}
+
+        def part(letters: str) -> int:  # how much smaller a slice's share of these letters is
+            return math.prod(fixed.get(i, 1) for i in set(letters))
+
+        costs = []
+        for number, step in enumerate(self.steps):
+            ins, out = step.subscripts.split("->")
+            reads = [v for v in (step.first, step.second) if v is not None]
+            terms = ins.split(",")
+            elements = step.size // part(out)
+            for view, letters in zip(reads, terms[::-1] if step.swapped else terms, strict=True):
+                elements += (_distinct(view) + 2 * view.copied) // part(letters)
+            if self.final_copy and number == len(self.steps) - 1:
+                elements += 2 * step.size // part(out)
+            pairs = step.size * step.first.shape[2] // part(ins.replace(",", ""))
+            costs.append(StepCost(pairs, elements))
+        return costs
+
+    def roofline(self, figures: DeviceFigures, dtype: Any = "float32") -> float:
+        """The least time the contraction can take on a device of ``figures``: each step at the
+        longer of its pairs at the probe's rate and its bytes at the copy's, summed, times the
+        slices where sliced.
+
+        Args:
+            figures: The device's ceilings (``tropical.device_figures``).
+            dtype: The operands' element type.
+
+        Returns:
+            Seconds.
+
+        Raises:
+            KeyError: ``dtype`` is not one of the kernels' element types.
+        """
+        each = sum(cost.bound(figures, dtype) for cost in self.step_costs())
+        return each * (self.slicing.count if self.slicing is not None else 1)
+
+    def report(self, figures: DeviceFigures | None = None, dtype: Any = "float32") -> str:
+        """``str(plan)`` with each step's pairs and elements moved (a slice's, where sliced), and
+        with ``figures`` its bound and the plan's roofline.
+
+        Args:
+            figures: The device's ceilings (``tropical.device_figures``), or None.
+            dtype: The element type the bounds are counted for.
+
+        Returns:
+            The text, a line a step.
+
+        Raises:
+            KeyError: ``dtype`` is not one of the kernels' element types.
+        """
+        lines = str(self).splitlines()
+        head = len(lines) - len(self.steps)
+        costs = self.step_costs()
+        for number, cost in enumerate(costs):
+            extra = f"; {cost.pairs:,} pairs, {cost.elements:,} elements"
+            if figures is not None:
+                extra += f", bound {cost.bound(figures, dtype) * 1e6:.3g} us"
+            lines[head + number] += extra
+        if figures is not None:
+            lines.insert(
+                head,
+                f"  roofline on {figures.gpu}, {np.dtype(dtype).name}: "
+                f"{self.roofline(figures, dtype) * 1e3:.4g} ms"
+                + (f", {self.slicing.count:,} slices of the steps below" if self.slicing else ""),
+            )
+        return "\n".join(lines)
+
     def __str__(self) -> str:
         lines = [
             f"einsum {self.subscripts}: {len(self.steps)} step(s), largest intermediate "
@@ -280,6 +390,11 @@ class EinsumPlan:
                 + (f", {copied} copied" if copied and number not in in_place else "")
             )
         return "\n".join(lines)
+
+
+def _distinct(view: View) -> int:
+    """The elements a view reads, each once (an axis of stride 0 is a broadcast)."""
+    return math.prod(n for n, stride in zip(view.shape, view.strides, strict=True) if stride)
 
 
 def check_step(number: int, step: Step, *, itemsize: int, limit: int, bound: str) -> None:

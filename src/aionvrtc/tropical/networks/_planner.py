@@ -24,6 +24,7 @@ import numpy as np
 
 from .._bounded import keep
 from ..products import Offload, Work
+from ._orders import ranked_path
 from ._plan import ADDRESSABLE, ADDRESSABLE_BYTES, WIDEST, EinsumPlan, check_step
 from ._slicing import Slicing, TooSmall, slicing_for
 from ._subscripts import check_output, index_sizes, parse_subscripts
@@ -53,10 +54,13 @@ SEARCH_LIMITS = {"optimal": 9, "branch-all": 9, "branch-2": 18, "dp": 20, "dynam
 # (the same plan in every process), where aionvrtc[cotengra] is installed: opt_einsum's "auto"
 # is one greedy order there. Measured on 2 CPUs (benchmarks/results/einsum_planners-2-vcpus.md):
 # for the MIS of random 3-regular graphs of 200 and 220 vertices one greedy order leaves
-# intermediates of 2^36 elements, 256 random-greedy trials 2^31 and 2^34 in 0.8-0.9 s. On
-# lattices greedy steps stay poor (the 38 x 38 king's subgraph: 2^33, where a HyperOptimizer's
-# partitions find 2^27): the README says to pass one there. Without cotengrust, cotengra's
-# greedy runs in Python, 290x slower: "auto" stays opt_einsum's then.
+# intermediates of 2^36 elements, 256 random-greedy trials 2^31 and 2^34 in 0.8-0.9 s. The
+# trials run as RANKED_SEARCHES searches of 32, and of their 8 orders the one of least modelled
+# time on a GPU is kept (_orders.ranked_path): one search's best by products streams bytes in
+# steps of short K, modelled at 357 ms and 2.7 s on an H200, the ranked 13.6 ms and 100 ms
+# (1.2 and 1.5 s of planning). On lattices greedy steps stay poor (the 38 x 38 king's subgraph:
+# 2^33, where a HyperOptimizer's partitions find 2^27): the docs say to pass one there.
+# Without cotengrust, cotengra's greedy runs in Python, 290x slower: "auto" stays opt_einsum's.
 LARGE_NETWORK = 64
 LARGE_NETWORK_TRIALS = 256
 
@@ -323,12 +327,7 @@ def _cached_path(
     inputs: tuple[str, ...], output: str, sizes: tuple[tuple[str, int], ...], optimize: Any
 ) -> tuple[tuple[int, ...], ...]:
     if optimize.lower() == "auto" and len(inputs) > LARGE_NETWORK and _large_network_planner():
-        import cotengra
-
-        planner = cotengra.RandomGreedyOptimizer(
-            max_repeats=LARGE_NETWORK_TRIALS, seed=0, parallel=False
-        )
-        return _cotengra_path(inputs, output, sizes, planner)[0]
+        return ranked_path(inputs, output, dict(sizes), LARGE_NETWORK_TRIALS)
     return _opt_einsum_path(inputs, output, sizes, optimize)
 
 
@@ -614,10 +613,11 @@ def _pair(
     operands: tuple[int, ...],
     number: int,
     read: _Read | None = None,
+    relocate: bool = True,
 ) -> list[Step]:
     """``x`` and ``y`` contracted over their shared indices that are not ``kept``: the step
-    (or steps, see _split) whose views copy the fewest elements, counting the copy that the
-    later step reading the result (``read``: _readers) would make of it."""
+    (or steps, see _split and _relocated) whose views copy the fewest elements, counting the
+    copy that the later step reading the result (``read``: _readers) would make of it."""
     batch = [i for i in x.indices if i in y.indices and i in kept]
     summed = [i for i in x.indices if i in y.indices and i not in kept]
     only_x = [i for i in x.indices if i not in y.indices]
@@ -654,7 +654,46 @@ def _pair(
                 step = Step(operands, number, subscripts, swapped, b, m, k, n, one, two, result)
                 best = (score, step)
     assert best is not None
+    moved = _relocated(best[1], sizes) if relocate else ()
+    if moved:  # a batch of few outputs over a long K: part of K summed as a batch first
+        # Laid out so that the reduction reads it in place: the kept and the moved apart.
+        by_reduction = (frozenset(best[1].result), frozenset(moved))
+        partial = _pair(
+            x, y, kept | set(moved), sizes=sizes, wanted=None, operands=operands, number=number,
+            read=by_reduction, relocate=False,
+        )  # fmt: skip
+        last = partial[-1]
+        term = Term(last.result, contiguous([sizes[i] for i in last.result]))
+        reduced = _reduction(
+            term, set(best[1].result), sizes, wanted=wanted, operands=(last.number,),
+            number=last.number + 1, read=read,
+        )  # fmt: skip
+        return [*partial, *reduced]
     return _split(best[1], sizes, wanted)
+
+
+def _relocated(step: Step, sizes: Mapping[str, int]) -> tuple[str, ...]:
+    """The summed indices of a batched product of few outputs over a long K that its product
+    should keep as batch indices, to be summed by a reduction after: the outermost of K's
+    indices, as many as leave K parts of about RELOCATED_PART (a block's walk of them short:
+    at about 1 us a tile of 16, the whole K on a few blocks is the step's time); () for a
+    product that fills the GPU as it is (or one of no batch, which _split cuts by a split
+    index of its own). (Measured on an H200: a 2 x 16 x 4 product over K = 2^20 ran on two
+    blocks of the tiled kernel in 65 ms, a network's whole time.)"""
+    b, m, k = step.first.shape
+    n = step.second.shape[2] if step.second is not None else 1
+    tiles = b * -(-m // 64) * -(-n // 64)
+    if b == 1 or k < SPLIT_MIN_K or tiles * 4 > SPLIT_TILES:
+        return ()
+    moved: list[str] = []
+    parts = 1
+    for index in step.k:
+        size = sizes[index]
+        if k // (parts * size) < RELOCATED_PART or tiles * parts * size > RELOCATED_BLOCKS:
+            break
+        moved.append(index)
+        parts *= size
+    return tuple(moved) if parts >= 4 else ()
 
 
 def _reduction(
@@ -699,6 +738,11 @@ def _reduction(
 SPLIT_TILES = 256
 SPLIT_MIN_K = 1 << 9
 SPLIT_MIN_PART = 1 << 6
+# A batched product of few outputs (its batch leaves no room for a split index) is cut by moving
+# K's outermost indices into its batch instead: into parts of at least RELOCATED_PART values, on
+# at most RELOCATED_BLOCKS blocks; a reduction sums the parts after (see _relocated).
+RELOCATED_PART = 1 << 8
+RELOCATED_BLOCKS = 1 << 16
 
 
 def _split(step: Step, sizes: dict[str, int], wanted: tuple[str, ...] | None) -> list[Step]:

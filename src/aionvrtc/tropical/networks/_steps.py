@@ -187,9 +187,13 @@ class Steps:
         arena: int,
         result: int,
         stream: Any,
+        *,
+        marks: list[Any] | None = None,
     ) -> None:
         """Enqueue every launch on ``stream``: ``modules`` by ``specs``, the inputs', arena's
-        and result's addresses; first the rows of tropical_many, with this run's addresses."""
+        and result's addresses; first the rows of tropical_many, with this run's addresses.
+        With ``marks`` (a profile: ``benchmarks/einsum_roofline.py``), a CUDA event recorded
+        on ``stream`` before the first launch and after each one is appended to it."""
         if len(self._rows):
             table = self._rows.copy()
             at_input, at_arena, at_result = self._kinds
@@ -204,10 +208,20 @@ class Steps:
                 arena + self._rows_at, table.ctypes.data, table.nbytes,
                 runtime.memcpyHostToDevice, stream.ptr,
             )  # fmt: skip
+        if marks is not None:
+            marks.append(_mark(stream))
         for op in self.ops:
             op.launcher.run_pointers(
                 modules[op.module], resolve(op.sources, inputs, arena, result), stream
             )
+            if marks is not None:
+                marks.append(_mark(stream))
+
+
+def _mark(stream: Any) -> Any:
+    event = cupy_module().cuda.Event()
+    event.record(stream)
+    return event
 
 
 def _drain(device: int, held: list[Any]) -> None:

@@ -11,6 +11,7 @@ a call is run and its kernels fetched (``run_async``, ``Fetch``...), launches (`
 
 from ._batching import Batcher, BatcherStats
 from ._calls import backward, backward_sync, matmul, matmul_sync, warm
+from ._figures import MODEL_FIGURES, DeviceFigures, device_figures, known_figures, probe_spec
 from ._launching import Launch, OnDevice, Packed, launch
 from ._product_plan import Plan, choose, cupy_module, kernel_spec, plan
 from ._reference import CHUNK_ELEMENTS, MAX_BYTES, check_max_bytes, combine, max_bytes_bound
@@ -40,6 +41,7 @@ __all__ = [
     "DTYPES",
     "LAYOUTS",
     "MAX_BYTES",
+    "MODEL_FIGURES",
     "ROWS_KMAX",
     "SEMIRINGS",
     "SHAPES",
@@ -47,6 +49,7 @@ __all__ = [
     "VARIANTS",
     "Batcher",
     "BatcherStats",
+    "DeviceFigures",
     "Fetch",
     "Launch",
     "Offload",
@@ -67,15 +70,18 @@ __all__ = [
     "choose",
     "combine",
     "cupy_module",
+    "device_figures",
     "family_spec",
     "gemm_spec",
     "kernel_spec",
+    "known_figures",
     "launch",
     "matmul",
     "matmul_sync",
     "max_bytes_bound",
     "numpy_dtype",
     "plan",
+    "probe_spec",
     "random_operands",
     "run_async",
     "run_sync",

@@ -35,7 +35,7 @@ LAYOUTS: tuple[Layout, ...] = ("rowmajor", "strided")
 OPTIONS = ("-std=c++17",)
 
 
-Family = Literal["gemm", "tiled", "rows", "backward", "einsum"]
+Family = Literal["gemm", "tiled", "rows", "backward", "einsum", "probe"]
 # The headers each family's source includes (kernels/): a kernel's key covers its family's
 # source and these, and nothing of the other families.
 _INCLUDES: dict[Family, tuple[str, ...]] = {
@@ -44,6 +44,7 @@ _INCLUDES: dict[Family, tuple[str, ...]] = {
     "rows": ("tropical_common.cuh", "tropical_fast.cuh"),
     "backward": (),
     "einsum": ("tropical_common.cuh",),
+    "probe": (),
 }
 
 
