@@ -516,6 +516,7 @@ def _noncanonical(artifact: Artifact) -> bytes:
         "nvrtc_version": artifact.nvrtc_version, "package_version": artifact.package_version,
         "lowered_names": dict(artifact.lowered_names), "created": artifact.created,
         "compile_seconds": artifact.compile_seconds, "log": artifact.log,
+        **({"parts": dict(artifact.parts)} if artifact.parts else {}),
     }).encode()  # fmt: skip
     body = b"".join((
         _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)), header,

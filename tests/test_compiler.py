@@ -33,6 +33,7 @@ from aionvrtc import (
     ModuleLoadError,
     NoDeviceError,
     NvrtcError,
+    QueueFull,
     _nvrtc,
     kernel_key,
 )
@@ -959,3 +960,42 @@ def test_the_process_wide_compiler_raises_the_same_load_errors(
         assert compiler.stats().compiles == 1
     finally:
         aionvrtc.close_default_compiler()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_past_max_queued_a_request_is_refused_at_once(tmp_path: Path) -> None:
+    # One compile slot busy, two kernels queued behind it: a request for a fourth is refused
+    # at once, naming the bound and the fixes; one joining a queued kernel is not; once the
+    # queue drains the refused kernel is served.
+    with pytest.raises(ValueError, match="max_queued must be a positive int or None, got 0"):
+        Compiler(arch="sm_90", cache_dir=tmp_path / "x", max_queued=0)
+    specs = [make_slow_spec(depth=60) for _ in range(4)]
+    async with Compiler(arch="sm_90", cache_dir=tmp_path, max_queued=2) as compiler:
+        results: dict[int, object] = {}
+
+        async def request(n: int) -> None:
+            results[n] = await compiler.compile(specs[n])
+
+        async with anyio.create_task_group() as tg:
+            for n in range(3):
+                tg.start_soon(request, n)
+                await anyio.sleep(0.05)  # in order: the first takes the slot
+            with anyio.fail_after(2):  # refused at once, not after the compiles
+                while compiler.stats().queued < 2:
+                    await anyio.sleep(0.01)
+                with pytest.raises(QueueFull) as refused:
+                    await compiler.compile(specs[3])
+            assert "2 kernels are waiting to be looked up or compiled (max_queued=2, 1 compile" in (
+                str(refused.value)
+            )
+            assert "Compile the kernels a service uses ahead" in str(refused.value)
+            tg.start_soon(request, 2)  # joins the queued job of specs[2]: not refused
+            assert compiler.prefetch([specs[3]]) == 1  # a prefetch past the bound is dropped
+        stats = compiler.stats()
+        assert sorted(results) == [0, 1, 2]
+        assert (stats.rejected, stats.errors, stats.compiles) == (2, 0, 3)
+        assert stats.joined == 1
+        built = await compiler.compile(specs[3])  # room again
+        assert built.arch == "sm_90"
+        assert compiler.stats().compiles == 4

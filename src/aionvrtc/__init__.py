@@ -23,6 +23,7 @@ _WHERE = {
     "CompilerClosed": "._exceptions",
     "CompilerStats": "._compiler",
     "DiskStats": "._store.disk",
+    "Explanation": "._explain",
     "GPUOutOfMemoryError": "._exceptions",
     "KernelCache": "._cache",
     "KernelSpec": "._spec",
@@ -35,6 +36,7 @@ _WHERE = {
     "ModuleLoadError": "._exceptions",
     "NoDeviceError": "._exceptions",
     "NvrtcError": "._exceptions",
+    "QueueFull": "._exceptions",
     "RedisTier": "._store.remote",
     "RemoteStats": "._store.remote",
     "Target": "._target",
@@ -62,6 +64,7 @@ __all__ = [
     "CompilerClosed",
     "CompilerStats",
     "DiskStats",
+    "Explanation",
     "GPUOutOfMemoryError",
     "KernelCache",
     "KernelSpec",
@@ -74,6 +77,7 @@ __all__ = [
     "ModuleLoadError",
     "NoDeviceError",
     "NvrtcError",
+    "QueueFull",
     "RedisTier",
     "RemoteStats",
     "Target",
@@ -105,7 +109,9 @@ if TYPE_CHECKING:
         ModuleLoadError,
         NoDeviceError,
         NvrtcError,
+        QueueFull,
     )
+    from ._explain import Explanation
     from ._manifest import Manifest, ManifestRead, read_manifests
     from ._spec import FORMAT_VERSION, KernelSpec
     from ._store import default_cache_dir

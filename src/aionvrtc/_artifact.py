@@ -71,6 +71,9 @@ class Artifact:
         log: NVRTC's log of the compile (warnings), ``""`` if it said nothing.
         created: When it was made, in seconds since the epoch (``time.time()``).
         package_version: The version of aionvrtc that made it.
+        parts: What each part of its key held (``key_parts``: format, name, arch and NVRTC
+            build as they are, the others as digests), for ``Compiler.explain``; empty for a
+            record and for an entry written before aionvrtc kept them.
     """
 
     key: str
@@ -83,10 +86,13 @@ class Artifact:
     log: str = ""
     created: float = field(default_factory=time.time)
     package_version: str = __version__
+    parts: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if not isinstance(self.lowered_names, MappingProxyType):
             object.__setattr__(self, "lowered_names", MappingProxyType(dict(self.lowered_names)))
+        if not isinstance(self.parts, MappingProxyType):
+            object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
 
     def __hash__(self) -> int:
         return hash(self.key)
@@ -99,21 +105,20 @@ class Artifact:
 
 
 def encode(artifact: Artifact) -> bytes:
-    header = json.dumps(
-        {
-            "key": artifact.key,
-            "kind": artifact.kind,
-            "arch": artifact.arch,
-            "nvrtc_version": artifact.nvrtc_version,
-            "package_version": artifact.package_version,
-            "lowered_names": dict(artifact.lowered_names),
-            "created": artifact.created,
-            "compile_seconds": artifact.compile_seconds,
-            "log": artifact.log,
-        },
-        separators=(",", ":"),
-        sort_keys=True,
-    ).encode()
+    fields = {
+        "key": artifact.key,
+        "kind": artifact.kind,
+        "arch": artifact.arch,
+        "nvrtc_version": artifact.nvrtc_version,
+        "package_version": artifact.package_version,
+        "lowered_names": dict(artifact.lowered_names),
+        "created": artifact.created,
+        "compile_seconds": artifact.compile_seconds,
+        "log": artifact.log,
+    }
+    if artifact.parts:  # (absent, an entry reads as one written before parts were kept)
+        fields["parts"] = dict(artifact.parts)
+    header = json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
     body = b"".join(
         (
             _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)),
@@ -272,4 +277,19 @@ def decode(
         log=_typed(header, "log", str),
         created=_number(header, "created", _MAX_TIME),
         package_version=_text(header, "package_version"),
+        parts=header_parts(header),
     )
+
+
+def header_parts(header: Mapping[str, Any]) -> dict[str, str]:
+    """The key's parts an entry's header keeps (``Artifact.parts``); {} where it keeps none.
+
+    Raises:
+        CacheCorruptError: The header holds parts that are not names and texts.
+    """
+    parts = header.get("parts", {})
+    if not isinstance(parts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and len(v) <= _MAX_TEXT for k, v in parts.items()
+    ):
+        raise _corrupt("header field 'parts' is not names and texts")
+    return parts

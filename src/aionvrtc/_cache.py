@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from . import _nvrtc
 from ._artifact import Artifact
 from ._exceptions import NoDeviceError
-from ._spec import KernelSpec, derive_key, memo_id, record_key
+from ._spec import KernelSpec, derive_key, key_parts, memo_id, record_key
 from ._store import DiskStats, DiskTier, MemoryTier
 from ._store.layers import open_layers
 from ._store.memory import MemoryStats
@@ -38,6 +38,8 @@ __all__ = [
 DEFAULT_MEMORY_LIMIT = 256 << 20  # bytes (256 MiB)
 
 logger = logging.getLogger("aionvrtc")
+# A debug line per lookup that missed every tier (what each part of its key held).
+misses = logging.getLogger("aionvrtc.misses")
 
 _AIMING = threading.Lock()  # see KernelCache.for_arch
 
@@ -581,6 +583,11 @@ class KernelCache:
 
     def _compile(self, spec: KernelSpec, key: str) -> Artifact:
         logger.debug("compiling %s (%s) for %s", spec.name, key[:16], self.target.arch)
+        parts = key_parts(spec, self.target.arch, _nvrtc.build())
+        # Off by default: a line to compare with another process's (Compiler.explain compares
+        # with the tiers' entries).
+        misses.debug("miss %s %s: %s", spec.name, key[:16],
+                     ", ".join(f"{part}={value}" for part, value in parts.items()))  # fmt: skip
         try:
             result = _nvrtc.compile_program(spec, self.target)
         except BaseException as exc:
@@ -608,6 +615,7 @@ class KernelCache:
             lowered_names=result.lowered_names,
             compile_seconds=result.seconds,
             log=result.log,
+            parts=parts,
         )
 
     def record(self, name: str) -> bytes | None:

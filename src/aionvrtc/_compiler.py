@@ -29,7 +29,8 @@ from ._cache import DEFAULT_MEMORY_LIMIT, ArchStats, KernelCache
 from ._config import ENV_MANIFEST
 from ._cuda import Module
 from ._cuda_errors import IMAGE_REFUSED
-from ._exceptions import CompilerClosed, ModuleLoadError
+from ._exceptions import CompilerClosed, ModuleLoadError, QueueFull
+from ._explain import Explanation, explain
 from ._manifest import Manifest
 from ._modules import Modules
 from ._scheduler import LIVE, PREFETCH, Job, Scheduler, fresh
@@ -75,6 +76,8 @@ class CompilerStats:
         in_flight: Jobs holding a compile slot, now.
         waiting: Jobs waiting for another process's or host's lock (holding no slot), now.
         prefetched: Specs queued by ``prefetch()`` (the sum of what its calls returned).
+        rejected: Requests (and prefetched specs) refused with ``QueueFull`` because
+            ``max_queued`` kernels were waiting.
         memory: The memory tier's ``MemoryStats``.
         disk: The disk tier's ``DiskStats``; all zero for a Compiler without a disk tier.
         remote: The remote tier's ``RemoteStats``; all zero for a Compiler without a remote
@@ -93,6 +96,7 @@ class CompilerStats:
     in_flight: int
     waiting: int
     prefetched: int
+    rejected: int
     memory: MemoryStats
     disk: DiskStats
     remote: RemoteStats
@@ -161,13 +165,18 @@ class Compiler:
             ``aionvrtc warm manifest`` to compile for any arch; default:
             ``$AIONVRTC_MANIFEST``; False: none. A manifest that cannot be written is warned
             about once and never fails a request.
+        max_queued: The most kernels that may wait to be looked up or compiled (those not
+            holding a compile slot); a request for one more is refused at once with
+            ``QueueFull``, as Triton's ``max_queue_size`` rejects past it, instead of waiting
+            behind them. Requests joining a kernel already waiting, and hits, are never
+            refused. Default None: no bound.
 
     Raises:
-        ValueError: ``concurrency`` is not a positive int; ``memory_limit`` or ``disk_limit``
-            is negative; ``arch`` is not an arch such as ``"sm_90"``; ``manifest`` is ``""``;
-            or a setting read from the environment is malformed (``$AIONVRTC_ARCH``,
-            ``$AIONVRTC_DISK_LIMIT``, ``$AIONVRTC_SHARED_CACHE``, ``$AIONVRTC_REMOTE_URL``,
-            or a remote tier with neither ``$AIONVRTC_REMOTE_SECRET`` nor
+        ValueError: ``concurrency`` or ``max_queued`` is not a positive int; ``memory_limit``
+            or ``disk_limit`` is negative; ``arch`` is not an arch such as ``"sm_90"``;
+            ``manifest`` is ``""``; or a setting read from the environment is malformed
+            (``$AIONVRTC_ARCH``, ``$AIONVRTC_DISK_LIMIT``, ``$AIONVRTC_SHARED_CACHE``,
+            ``$AIONVRTC_REMOTE_URL``, or a remote tier with neither ``$AIONVRTC_REMOTE_SECRET`` nor
             ``$AIONVRTC_REMOTE_ALLOW_UNSIGNED``); the message names the variable.
         TypeError: ``arch`` is neither a str nor a ``Target``, ``layers`` is one path rather
             than a list of them, or ``manifest`` is neither a path nor False.
@@ -189,11 +198,16 @@ class Compiler:
         shared_cache: bool | None = None,
         layers: Iterable[str | os.PathLike[str]] | None = None,
         manifest: str | os.PathLike[str] | Literal[False] | None = None,
+        max_queued: int | None = None,
     ) -> None:
         if concurrency is None:
             concurrency = 1
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive int, got {concurrency!r}")
+        if max_queued is not None and (
+            isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 1
+        ):
+            raise ValueError(f"max_queued must be a positive int or None, got {max_queued!r}")
         self.concurrency = concurrency
         # The fleet's shared tier: ``remote``, else one from $AIONVRTC_REMOTE_URL if set.
         self.remote = remote if remote is not None else RedisTier.from_environment()
@@ -229,7 +243,7 @@ class Compiler:
         self._arch_memos: dict[object, str] = {}
         # Loaded modules per device, and each device's target (see target_for and get()).
         self._loaded = Modules(self._cache, self._target, self._key_id)
-        self._scheduler = Scheduler(self._cache, concurrency, self._succeeded)
+        self._scheduler = Scheduler(self._cache, concurrency, self._succeeded, max_queued)
         self._state = _State.NEW
         self._hot: dict[str, Entry] = {}  # see _enter() and compile()
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -437,7 +451,8 @@ class Compiler:
         if job.error is None:
             assert job.result is not None
             return job.result
-        self._errors += 1
+        if not isinstance(job.error, QueueFull):  # (counted as rejected)
+            self._errors += 1
         raise fresh(job.error)
 
     def key(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> str:
@@ -706,6 +721,35 @@ class Compiler:
             modules.pop(key, None)
         await anyio.to_thread.run_sync(self._cache.drop, key)
 
+    async def explain(self, spec: KernelSpec, *, arch: TargetLike | None = None) -> Explanation:
+        """Why a lookup of ``spec`` for ``arch`` hits or misses: the tier that holds its key, or
+        which parts of the key (format, name, source, headers, options, name expressions,
+        include files, arch, NVRTC build) differ from the nearest entry of the same name
+        expressions that the memory, the disk or a cache-dir layer holds; or that none holds
+        one. ``str()`` of the result says it in words. Reads the entries' headers in a worker
+        thread (one walk of each dir, about a second at 50,000 entries): a tool for when a
+        kernel compiles where it was expected to hit, not for a hot path. A debug line on
+        logger ``aionvrtc.misses`` per compile says the same parts of each key that missed.
+
+        Args:
+            spec: The program looked up.
+            arch: The target (``"sm_90"`` or a ``Target``); default: the Compiler's.
+
+        Returns:
+            An ``Explanation``.
+
+        Raises:
+            TypeError: ``spec`` is not a ``KernelSpec``.
+            ValueError: The spec's include directories cannot be covered by its key.
+            NoDeviceError: ``arch`` is None and the Compiler has no target.
+            RuntimeError: The Compiler is not open.
+        """
+        if self._state is not _State.OPEN:
+            raise self._not_open()
+        if not isinstance(spec, KernelSpec):
+            raise TypeError(f"spec must be a KernelSpec, not {type(spec).__name__}")
+        return await anyio.to_thread.run_sync(explain, self._for_arch(arch), spec)
+
     async def load_record(self, name: str, *, arch: TargetLike | None = None) -> bytes | None:
         """Data stored with ``save_record`` under ``name`` for target ``arch``, in this or an
         earlier process sharing the cache dir.
@@ -778,6 +822,7 @@ class Compiler:
             in_flight=in_flight,
             waiting=waiting,
             prefetched=self._prefetched,
+            rejected=self._scheduler.rejected,
             memory=cache.memory,
             disk=cache.disk,
             remote=self.remote.stats() if self.remote is not None else RemoteStats(),

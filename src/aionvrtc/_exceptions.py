@@ -108,3 +108,9 @@ class ManifestError(AionvrtcError):
 class CompilerClosed(AionvrtcError):
     """Raised by a request made to a Compiler that is closed or closing, and in every waiter of
     a job that was still queued when the Compiler closed."""
+
+
+class QueueFull(AionvrtcError):
+    """Raised at once by a request that would queue past a bound: a Compiler's ``max_queued``
+    kernels waiting to be looked up or compiled. The message names the bound and the fixes;
+    nothing was queued, and a later request may be served."""

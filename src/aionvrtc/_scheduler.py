@@ -35,7 +35,7 @@ import anyio.to_thread
 
 from ._artifact import Artifact
 from ._cache import Claim, KernelCache
-from ._exceptions import AionvrtcError, CompileError, CompilerClosed
+from ._exceptions import AionvrtcError, CompileError, CompilerClosed, QueueFull
 from ._failures import Failures
 from ._spec import KernelSpec
 from ._store.tier import Origin
@@ -131,9 +131,15 @@ class Scheduler:
     what no lane has taken and lets the running compiles finish."""
 
     def __init__(
-        self, cache: KernelCache, concurrency: int, on_result: Callable[[Job], None]
+        self,
+        cache: KernelCache,
+        concurrency: int,
+        on_result: Callable[[Job], None],
+        max_queued: int | None = None,
     ) -> None:
         self._cache = cache
+        self.max_queued = max_queued
+        self.rejected = 0  # submissions refused by max_queued
         self._remote = any(not tier.local for tier in cache.tiers)  # a tier off this host
         self._on_result = on_result
         self.concurrency = concurrency
@@ -230,8 +236,25 @@ class Scheduler:
                 elif shared.stage is Stage.QUEUED:
                     self._push(shared)
             return shared
+        if self.max_queued is not None and self.counts()[0] >= self.max_queued:
+            return self._refused(Job(key, spec, priority, cache))
         job = self.inflight[key] = Job(key, spec, priority, cache)
         self._look_up(job)  # a hit is served from the I/O lane; a miss goes on to compile
+        return job
+
+    def _refused(self, job: Job) -> Job:
+        """``job`` done with QueueFull: max_queued jobs hold no compile slot yet. Not kept in
+        flight nor remembered: the next request for its key is served once there is room."""
+        self.rejected += 1
+        job.error = QueueFull(
+            f"{self.max_queued} kernels are waiting to be looked up or compiled "
+            f"(max_queued={self.max_queued}, {self.concurrency} compile slot(s)): this request "
+            "for another was refused without queueing. Compile the kernels a service uses "
+            "ahead (Compiler.prefetch, aionvrtc warm), raise max_queued=, or add slots "
+            "(concurrency=)"
+        )
+        job.stage = Stage.DONE
+        job.done.set()
         return job
 
     def _finish(

@@ -6,7 +6,7 @@ import hashlib
 import os
 import posixpath
 import threading
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 from . import _cuda_headers, _includes
 from ._target import Target
 
-__all__ = ["FORMAT_VERSION", "KernelSpec", "derive_key"]
+__all__ = ["FORMAT_VERSION", "KEY_PARTS", "KernelSpec", "derive_key", "key_parts"]
 
 # Bump when the key derivation or the entry encoding changes: old entries then live in another
 # folder of the disk tier and are never read as current ones.
@@ -424,30 +424,66 @@ def record_key(name: str, arch: Target | str) -> str:
     return digest.hexdigest()
 
 
+# The parts of a kernel's key, in the order their fields are digested: what ``explain`` tells
+# apart when a lookup misses.
+KEY_PARTS = (
+    "format", "name", "source", "headers", "options", "name_expressions", "include_files",
+    "arch", "nvrtc_build",
+)  # fmt: skip
+# Parts kept as they are in an entry's header (short, and telling as they are); the others as
+# a digest of their fields.
+_PLAIN_PARTS = frozenset({"format", "name", "arch", "nvrtc_build"})
+
+
+def _key_fields(
+    spec: KernelSpec, arch: Target | str, nvrtc_build: str
+) -> Iterator[tuple[str, str | bytes]]:
+    """Every field of ``spec``'s key, in the order digested, each with the part it belongs to."""
+    yield "format", f"aionvrtc-key/{FORMAT_VERSION}"
+    yield "name", spec.name
+    yield "source", spec.source
+    yield "headers", str(len(spec.headers))
+    for header, text in spec.headers.items():  # sorted by name at construction
+        yield "headers", header
+        yield "headers", text
+    yield "options", str(len(spec.options))
+    for option in spec.options:  # order matters: later options override earlier ones
+        yield "options", option
+    names = sorted(spec.name_expressions)
+    yield "name_expressions", str(len(names))
+    for expression in names:
+        yield "name_expressions", expression
+    host = spec._host_files().entries
+    yield "include_files", str(len(host))
+    for real_path, what in host:  # the folders, in the order NVRTC searches them, then probes
+        yield "include_files", os.fsencode(real_path)  # a link may resolve to a non-UTF-8 name
+        yield "include_files", what
+    yield "arch", str(arch)
+    yield "nvrtc_build", nvrtc_build
+
+
 def derive_key(spec: KernelSpec, arch: Target | str, nvrtc_build: str) -> str:
     """Digest over the format version and every input that can change the compiled image:
     every byte NVRTC can read (source, in-memory headers, the include directories' files),
     options, name expressions, target and the exact NVRTC build (``_nvrtc.build()``)."""
     digest = hashlib.sha256()
-    _field(digest, f"aionvrtc-key/{FORMAT_VERSION}")
-    _field(digest, spec.name)
-    _field(digest, spec.source)
-    _field(digest, str(len(spec.headers)))
-    for header, text in spec.headers.items():  # sorted by name at construction
-        _field(digest, header)
-        _field(digest, text)
-    _field(digest, str(len(spec.options)))
-    for option in spec.options:  # order matters: later options override earlier ones
-        _field(digest, option)
-    names = sorted(spec.name_expressions)
-    _field(digest, str(len(names)))
-    for expression in names:
-        _field(digest, expression)
-    host = spec._host_files().entries
-    _field(digest, str(len(host)))
-    for real_path, what in host:  # the folders, in the order NVRTC searches them, then probes
-        _field(digest, os.fsencode(real_path))  # a link may resolve to a non-UTF-8 name
-        _field(digest, what)
-    _field(digest, str(arch))
-    _field(digest, nvrtc_build)
+    for _, data in _key_fields(spec, arch, nvrtc_build):
+        _field(digest, data)
     return digest.hexdigest()
+
+
+def key_parts(spec: KernelSpec, arch: Target | str, nvrtc_build: str) -> dict[str, str]:
+    """What each part of ``spec``'s key holds (KEY_PARTS): the format, name, arch and NVRTC
+    build as they are, the others as the first 16 hex digits of a digest of their fields. Kept
+    in each compiled entry's header, so that a lookup that misses can say which part differs
+    from an entry of the same kernel (``Compiler.explain``)."""
+    digests: dict[str, hashlib._Hash] = {}
+    plain: dict[str, str] = {}
+    for part, data in _key_fields(spec, arch, nvrtc_build):
+        if part in _PLAIN_PARTS:
+            plain[part] = data if isinstance(data, str) else os.fsdecode(data)
+        else:
+            _field(digests.setdefault(part, hashlib.sha256()), data)
+    return {
+        part: plain[part] if part in plain else digests[part].hexdigest()[:16] for part in KEY_PARTS
+    }

@@ -103,6 +103,28 @@ class Surveying(DiskBase):
         last_used = tuple(entry[2] for entry in found)
         return Listing(self.dir, keys, sizes, last_used, headers, tuple(damaged))
 
+    def headers_named(self, names: frozenset[str]) -> Iterator[tuple[str, dict[str, Any] | str]]:
+        """The whole headers of the kernel entries that share a name expression with
+        ``names`` (with no names: of the entries that have none either), most recently used
+        first: each entry's key and its header, or why it cannot be read. One walk, then one
+        read per such entry.
+
+        Args:
+            names: Name expressions.
+
+        Yields:
+            (key, header or what stops it being read) per matching entry.
+        """
+        listing = self.listing()
+        for at, key in enumerate(listing.keys):
+            summary = listing.headers[at]
+            if not isinstance(summary, dict) or summary.get("kind") == "data":
+                continue  # unreadable, or a record
+            held = frozenset(str(summary.get("names", "")).split("\0")) - {""}
+            if not names.isdisjoint(held) if names else not held:
+                sized = EntryInfo(key, listing.sizes[at], listing.last_used[at], self.dir)
+                yield key, self.describe(sized)
+
     def describe(self, entry: EntryInfo) -> dict[str, Any] | str:
         """The header of ``entry`` (key, kind, arch, NVRTC version, names, created), read
         without the image and not verified; else what stops it being read. Never raises."""

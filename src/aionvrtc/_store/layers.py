@@ -37,10 +37,10 @@ class DirLayer:
 
     def __init__(self, path: str | os.PathLike[str], *, shared_cache: bool | None = None) -> None:
         self.path = Path(path)
-        self._tier = DiskTier(self.path, read_only=True, shared_cache=shared_cache)
+        self.tier = DiskTier(self.path, read_only=True, shared_cache=shared_cache)
 
     def read(self, key: str, *, arch: str | None = None) -> Artifact | None:
-        return self._tier.read(key, arch=arch)
+        return self.tier.read(key, arch=arch)
 
     def write(self, artifact: Artifact) -> bool:
         return False  # a layer is never written
@@ -49,7 +49,7 @@ class DirLayer:
         return None  # holds no file open between reads
 
     def stats(self) -> LayerStats:
-        disk = self._tier.stats()
+        disk = self.tier.stats()
         return LayerStats(
             path=str(self.path),
             kind="dir",

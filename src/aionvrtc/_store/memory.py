@@ -90,6 +90,11 @@ class MemoryTier:
     def __contains__(self, key: str) -> bool:
         return key in self.entries
 
+    def artifacts(self) -> list[Artifact]:
+        """The artifacts held now, oldest placed first (a copy: writers may go on)."""
+        with self._lock:
+            return [entry.artifact for entry in self.entries.values()]
+
     def __len__(self) -> int:
         return len(self.entries)
 

@@ -1,0 +1,136 @@
+"""Why a kernel's lookup missed: which part of its key differs from the nearest entry that the
+tiers hold of the same kernel: one sharing a name expression with it, or for a spec of none,
+one of none and the same program name (``Compiler.explain``).
+
+Every compiled entry keeps what each part of its key held (``key_parts``: the format, name,
+arch and NVRTC build as they are, the source, headers, options, name expressions and include
+files as digests), so that a miss is told apart part by part, as JAX's
+``jax_explain_cache_misses`` tells why a compilation-cache lookup missed. The memory, the disk
+and the cache-dir layers are searched (the entries' headers, not their images); signed bundles
+and Redis are not, being read by key only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import _nvrtc
+from ._artifact import header_parts
+from ._cache import KernelCache
+from ._exceptions import CacheCorruptError
+from ._spec import KEY_PARTS, KernelSpec, key_parts
+from ._store import DiskTier
+from ._store.layers import DirLayer
+
+__all__ = ["Explanation", "explain"]
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why a kernel's lookup hits or misses (``Compiler.explain``); ``str()`` says it in words.
+
+    Attributes:
+        key: The kernel's key for the target asked about.
+        held_in: Where an entry of that key is: ``"memory"``, ``"disk"`` or ``"layer"``; None
+            when none of them holds it (a lookup misses).
+        parts: What each part of the key holds for this spec (``key_parts``).
+        nearest: The key of the entry sharing a name expression with the spec whose parts
+            agree with these the most (the most recently used first among equals); None when
+            the tiers hold no such entry, or ``held_in`` is set.
+        differs: The parts in which ``nearest`` differs, in key order; ``("unknown",)`` when
+            it was written before entries kept their parts.
+        theirs: What ``nearest`` holds in each part that differs.
+        compared: The entries sharing a name expression that were compared.
+    """
+
+    key: str
+    held_in: str | None
+    parts: Mapping[str, str]
+    nearest: str | None = None
+    differs: tuple[str, ...] = ()
+    theirs: Mapping[str, str] | None = None
+    compared: int = 0
+
+    def __str__(self) -> str:
+        program = self.parts.get("name", "?")
+        if self.held_in is not None:
+            return f"{program} ({self.key[:16]}): held in {self.held_in}, a lookup hits"
+        if self.nearest is None:
+            return (
+                f"{program} ({self.key[:16]}) missed: no entry sharing a name expression with it "
+                "in memory, on disk or in a cache-dir layer (its first compile here, or its "
+                "entries were evicted or pruned)"
+            )
+        head = (
+            f"{program} ({self.key[:16]}) missed: the nearest of {self.compared} "
+            f"{'entry' if self.compared == 1 else 'entries'} sharing a name expression with it "
+            f"({self.nearest[:16]})"
+        )
+        if self.differs == ("unknown",):
+            return f"{head} keeps no parts of its key (written before entries kept them)"
+        theirs = self.theirs or {}
+        each = "; ".join(
+            f"{part}: {theirs.get(part, '?')} there, {self.parts[part]} here"
+            for part in self.differs
+        )
+        return f"{head} differs in {', '.join(self.differs)} ({each})"
+
+
+def explain(cache: KernelCache, spec: KernelSpec) -> Explanation:
+    """``Compiler.explain`` for the target of ``cache``. Blocking: it reads the disk's and the
+    layers' entry headers (one walk of each dir; about a second at 50,000 entries)."""
+    key = cache.key(spec)
+    parts = key_parts(spec, cache.target.arch, _nvrtc.build())
+    if key in cache.memory:
+        return Explanation(key, "memory", parts)
+    names = frozenset(spec.name_expressions)
+    best: tuple[int, str, Mapping[str, str]] | None = None
+    seen: set[str] = set()  # (memory's entries are on disk too)
+    for where, other, theirs in _same_names(cache, names):
+        if other == key:
+            return Explanation(key, where, parts)
+        if other in seen:
+            continue
+        seen.add(other)
+        if not names and theirs and theirs.get("name") != parts["name"]:
+            continue  # kernels without name expressions: the same program name, then
+        agree = sum(theirs.get(part) == parts[part] for part in KEY_PARTS) if theirs else -1
+        if best is None or agree > best[0]:
+            best = agree, other, theirs
+    if best is None:
+        return Explanation(key, None, parts)
+    _, nearest, theirs = best
+    compared = len(seen)
+    if not theirs:
+        return Explanation(key, None, parts, nearest, ("unknown",), {}, compared)
+    differs = tuple(part for part in KEY_PARTS if theirs.get(part) != parts[part])
+    return Explanation(
+        key, None, parts, nearest, differs, {p: theirs.get(p, "?") for p in differs}, compared
+    )
+
+
+def _same_names(
+    cache: KernelCache, names: frozenset[str]
+) -> Iterator[tuple[str, str, Mapping[str, str]]]:
+    """(where, key, parts) of each kernel entry that shares a name expression with ``names``:
+    memory's first, then the disk's and each cache-dir layer's, most recently used first."""
+    for artifact in cache.memory.artifacts():
+        held = artifact.lowered_names.keys()
+        if artifact.kind != "data" and (not names.isdisjoint(held) if names else not held):
+            yield "memory", artifact.key, artifact.parts
+    dirs: list[tuple[str, DiskTier]] = [("disk", cache.disk)] if cache.disk is not None else []
+    dirs += [("layer", layer.tier) for layer in cache.layers if isinstance(layer, DirLayer)]
+    for where, tier in dirs:
+        for other, header in tier.headers_named(names):
+            yield where, other, _parts_of(header)
+
+
+def _parts_of(header: dict[str, Any] | str) -> Mapping[str, str]:
+    if isinstance(header, str):  # unreadable: compared as one that keeps no parts
+        return {}
+    try:
+        return header_parts(header)
+    except CacheCorruptError:
+        return {}
