@@ -35,7 +35,8 @@ def measure(n: int, args: argparse.Namespace, net: Any) -> dict[str, Any]:
 
     rng = np.random.default_rng(args.seed + n)
     edges = net.random_regular_graph(n, 3, rng)
-    subscripts, operands = net.mis_network(n, edges)
+    mis = tropical.problems.independent_set(edges, vertices=range(n))
+    subscripts, operands = mis.subscripts, mis.operands
     arrays = [cupy.asarray(x) for x in operands]
     began = time.perf_counter()
     optimizer = cotengra.HyperOptimizer(

@@ -13,14 +13,16 @@ The published problems, one H100's worth:
     python examples/tensor_network.py --regular 200 220 --kings --spin-glass \
         --kings-subgraph 38 --planner hyper --plan-time 20
 
-A graph becomes a tensor network with one index x_v in {0, 1} per vertex. For the maximum
-independent set (MIS), each vertex carries the vector [0, 1] (v counts 1 when it is in the set)
-and each edge the matrix [[0, 0], [0, -inf]] (both ends in the set is forbidden); contracted to
-a scalar in the max-plus semiring, the network gives the maximum over all x of the sum of the
-entries: the size of a maximum independent set. For an Ising spin glass with couplings
-J_uv = +-1 on the edges, each edge carries J_uv s_u s_v over s = 2x - 1 in {-1, +1}, and the
-min-plus contraction is the ground-state energy. With ``argmax=True`` the einsum also traces
-back a value of every index that attains the result: a maximum independent set, a ground state.
+A graph becomes a tensor network with one index x_v in {0, 1} per vertex, built by
+``tropical.problems``. For the maximum independent set (MIS), each vertex carries the vector
+[0, 1] (v counts 1 when it is in the set) and each edge the matrix [[0, 0], [0, -inf]] (both
+ends in the set is forbidden); contracted to a scalar in the max-plus semiring, the network
+gives the maximum over all x of the sum of the entries: the size of a maximum independent set.
+For an Ising spin glass with couplings J_uv = +-1 on the edges, each edge carries
+J_uv s_u s_v over s = 2x - 1 in {-1, +1}, and the min-plus contraction is the ground-state
+energy. With ``argmax=True`` the einsum also traces back a value of every index that attains
+the result: a maximum independent set, a ground state, which the problem reads back and scores
+from the graph again.
 
 The contraction order sets the cost: its largest intermediate is 2^w elements for an order of
 width w. A king's graph is contracted row by row through an explicit path (width side + 1), the
@@ -53,13 +55,14 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import numpy as np
 import opt_einsum
 
 from aionvrtc import Compiler, KernelSpec, ModuleLoadError, NoDeviceError, resolve_target, tropical
+from aionvrtc.tropical import problems
 
 Edge = tuple[int, int]
 Array = np.ndarray[Any, Any]
@@ -128,29 +131,9 @@ def square_lattice(side: int) -> list[Edge]:
     return edges
 
 
-def mis_network(n: int, edges: Sequence[Edge]) -> tuple[str, list[Array]]:
-    """The max-plus network whose scalar contraction is the size of a maximum independent set:
-    [0, 1] on each vertex, [[0, 0], [0, -inf]] on each edge (float32: small integers are
-    exact)."""
-    vertex = np.array([0, 1], np.float32)
-    edge = np.array([[0, 0], [0, -np.inf]], np.float32)
-    inputs = [symbol(v) for v in range(n)] + [symbol(u) + symbol(v) for u, v in edges]
-    return ",".join(inputs) + "->", [vertex] * n + [edge] * len(edges)
-
-
 def spin_glass_couplings(edges: Sequence[Edge], rng: np.random.Generator) -> list[int]:
     """A coupling J_uv of -1 or +1 per edge, each equally likely."""
     return [int(j) for j in rng.choice(np.array([-1, 1]), size=len(edges))]
-
-
-def spin_glass_network(edges: Sequence[Edge], couplings: Sequence[int]) -> tuple[str, list[Array]]:
-    """The min-plus network whose scalar contraction is the ground-state energy of
-    E(s) = sum over edges of J_uv s_u s_v: on each edge the matrix J_uv s_u s_v, where index
-    value 0 is the spin s = -1 and 1 is s = +1, so [[J, -J], [-J, J]]. (A vertex on no edge
-    has no index: its spin is free.)"""
-    spins = np.array([-1, 1])
-    tensors = [(j * np.outer(spins, spins)).astype(np.float32) for j in couplings]
-    return ",".join(symbol(u) + symbol(v) for u, v in edges) + "->", tensors
 
 
 def _assignments(n: int) -> Array:
@@ -176,21 +159,6 @@ def brute_force_ground_energy(n: int, edges: Sequence[Edge], couplings: Sequence
         aligned = ((x >> u) ^ (x >> v)) & 1 == 0  # s_u s_v = +1
         energy += np.where(aligned, j, -j)
     return int(energy.min())
-
-
-def independent_set(assignment: dict[str, int], n: int, edges: Sequence[Edge]) -> list[int]:
-    """The vertices an MIS assignment puts in the set; raises if two of them share an edge."""
-    chosen = [v for v in range(n) if assignment[symbol(v)] == 1]
-    members = set(chosen)
-    clash = [(u, v) for u, v in edges if u in members and v in members]
-    if clash:
-        raise ValueError(f"the assignment's set is not independent: edges {clash[:5]}")
-    return chosen
-
-
-def energy(spins: Sequence[int], edges: Sequence[Edge], couplings: Sequence[int]) -> int:
-    """E(s) = sum over edges of J_uv s_u s_v, for spins of -1 and +1."""
-    return sum(int(j) * spins[u] * spins[v] for (u, v), j in zip(edges, couplings, strict=True))
 
 
 def elimination_path(inputs: Sequence[str], order: Iterable[str]) -> list[tuple[int, int]]:
@@ -222,20 +190,35 @@ class Network:
 
     problem: str  # "MIS" or "spin glass"
     graph: str
-    n: int
-    edges: list[Edge]
-    subscripts: str
-    operands: list[Array]
-    semiring: str
+    built: problems.Problem  # the network, and the way back from an assignment
     optimize: Any  # a strategy name, an optimizer or an explicit path
     planner: str
-    couplings: list[int] | None = None
     path_from: str | None = None  # the --paths file its path was read from
     known: int | None = None  # the value, where a formula gives it
     second: Any = None  # another order for the check, where one is known to be as good
     plan: tropical.EinsumPlan | None = None
     planning_s: float = 0.0
     row: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.built.vertices)
+
+    @property
+    def edges(self) -> list[Edge]:
+        return cast(list[Edge], list(self.built.edges))  # the example's vertices are 0..n-1
+
+    @property
+    def subscripts(self) -> str:
+        return self.built.subscripts
+
+    @property
+    def operands(self) -> list[Array]:
+        return list(self.built.operands)
+
+    @property
+    def semiring(self) -> str:
+        return self.built.semiring
 
     @property
     def name(self) -> str:
@@ -297,54 +280,46 @@ def networks(args: argparse.Namespace) -> list[Network]:
     plan = functools.partial(planner, args.planner, args.trials, args.plan_time)
     for n in args.regular:
         edges = random_regular_graph(n, 3, np.random.default_rng([args.seed, n]))
-        subscripts, operands = mis_network(n, edges)
-        found.append(Network("MIS", "random 3-regular graph", n, edges, subscripts, operands,
-                             "maxplus", *plan()))  # fmt: skip
+        mis = problems.independent_set(edges, vertices=range(n))
+        found.append(Network("MIS", "random 3-regular graph", mis, *plan()))
     for side in args.kings:
-        edges = kings_graph(side)
-        subscripts, operands = mis_network(side * side, edges)
+        mis = problems.independent_set(kings_graph(side), vertices=range(side * side))
         # Row by row: side + 1 vertices are open at once (2^21 elements for the 20 x 20 grid),
         # where opt_einsum's planners leave 2^29 (random-greedy, 64 trials, in 26 s).
-        path = elimination_path(subscripts.split("->")[0].split(","), map(symbol, range(side**2)))
+        inputs = mis.subscripts.split("->")[0].split(",")
+        path = elimination_path(inputs, map(symbol, range(side**2)))
         # Each 2 x 2 block of the grid holds at most one vertex of an independent set, and every
         # other vertex of every other row is one: ceil(side / 2)^2.
-        found.append(Network("MIS", f"{side}x{side} king's graph", side * side, edges, subscripts,
-                             operands, "maxplus", path, "row by row",
+        found.append(Network("MIS", f"{side}x{side} king's graph", mis, path, "row by row",
                              known=((side + 1) // 2) ** 2))  # fmt: skip
     for side in args.kings_subgraph:
         n, edges = kings_subgraph(side, args.filling, np.random.default_rng([args.seed, side, 2]))
-        subscripts, operands = mis_network(n, edges)
+        mis = problems.independent_set(edges, vertices=range(n))
         # Row by row leaves up to side + 1 vertices open where the rows are fullest: 2^36
         # elements for 38 x 38 at filling 0.8, where cotengra's HyperOptimizer finds 2^27.
         graph = f"{side}x{side} king's subgraph at filling {args.filling:g}"
-        found.append(Network("MIS", graph, n, edges, subscripts, operands, "maxplus",
-                             *plan()))  # fmt: skip
+        found.append(Network("MIS", graph, mis, *plan()))
     for n in args.spin_glass:
         rng = np.random.default_rng([args.seed, n, 1])
         edges = random_regular_graph(n, 3, rng)
-        couplings = spin_glass_couplings(edges, rng)
-        subscripts, operands = spin_glass_network(edges, couplings)
-        found.append(Network("spin glass", "random 3-regular graph", n, edges, subscripts,
-                             operands, "minplus", *plan(),
-                             couplings=couplings))  # fmt: skip
+        glass = problems.spin_glass(edges, spin_glass_couplings(edges, rng), vertices=range(n))
+        found.append(Network("spin glass", "random 3-regular graph", glass, *plan()))
     for side in args.square_spin_glass:
         edges = square_lattice(side)
         couplings = spin_glass_couplings(edges, np.random.default_rng([args.seed, side, 3]))
-        subscripts, operands = spin_glass_network(edges, couplings)
+        glass = problems.spin_glass(edges, couplings, vertices=range(side * side))
         graph = f"{side}x{side} square lattice"
         if args.planner != "rows":
-            found.append(Network("spin glass", graph, side * side, edges, subscripts, operands,
-                                 "minplus", *plan(), couplings=couplings))  # fmt: skip
+            found.append(Network("spin glass", graph, glass, *plan()))
             continue
         # A sweep row by row keeps side spins open and, unlike the planners' orders of
         # this lattice, lays each step's operands out as its product reads them: one copy,
         # where cotengra's orders copy over 10^11 elements between steps. Checked against
         # the sweep column by column.
-        inputs = subscripts.split("->")[0].split(",")
+        inputs = glass.subscripts.split("->")[0].split(",")
         rows = elimination_path(inputs, map(symbol, range(side * side)))
         by_column = (r * side + c for c in range(side) for r in range(side))
-        found.append(Network("spin glass", graph, side * side, edges, subscripts, operands,
-                             "minplus", rows, "row by row", couplings=couplings,
+        found.append(Network("spin glass", graph, glass, rows, "row by row",
                              second=elimination_path(inputs, map(symbol, by_column))))  # fmt: skip
     return found
 
@@ -394,25 +369,24 @@ def summary(plan: tropical.EinsumPlan) -> str:
 
 
 def check(net: Network, value: float, assignment: dict[str, int]) -> str:
-    """Raises unless ``assignment`` attains ``value``; else says what it is."""
-    if net.problem == "MIS":
-        attained = len(independent_set(assignment, net.n, net.edges))
-        what = f"an independent set of {attained} vertices"
-    else:
-        assert net.couplings is not None
-        spins = [2 * assignment[symbol(v)] - 1 for v in range(net.n)]
-        attained = energy(spins, net.edges, net.couplings)
-        what = f"spins of energy {attained}"
+    """Raises unless ``assignment`` attains ``value`` (scored from the graph again, not from
+    the network); else says what it is."""
+    try:
+        attained = net.built.value(assignment)
+    except ValueError as e:  # the set is not independent
+        raise SystemExit(f"{net.name}: {e}") from None
     if attained != value:
-        raise SystemExit(f"{net.name}: the assignment attains {attained}, not {value:g}")
-    return what
+        raise SystemExit(f"{net.name}: the assignment attains {attained:g}, not {value:g}")
+    if net.problem == "MIS":
+        return f"an independent set of {len(net.built.selected(assignment))} vertices"
+    return f"spins of energy {attained:g}"
 
 
 def brute_force(net: Network) -> int:
     if net.problem == "MIS":
         return brute_force_mis(net.n, net.edges)
-    assert net.couplings is not None
-    return brute_force_ground_energy(net.n, net.edges, net.couplings)
+    couplings = [int(j) for j in net.built.edge_weights]
+    return brute_force_ground_energy(net.n, net.edges, couplings)
 
 
 async def median_ms(

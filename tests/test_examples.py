@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from aionvrtc.tropical import problems
+
 from .support import ROOT, has_gpu
 from .support.examples import run_example
 
@@ -419,11 +421,11 @@ def test_tensor_network_kings_subgraphs_and_square_lattices() -> None:
     assert (0, 5) not in square
     # Both contract to brute force's answer (NumPy reference along the default order).
     n, edges = tn.kings_subgraph(5, 0.8, np.random.default_rng(3))
-    subscripts, operands = tn.mis_network(n, edges)
-    assert tropical.reference.einsum(subscripts, *operands) == tn.brute_force_mis(n, edges)
+    mis = problems.independent_set(edges, vertices=range(n))
+    assert tropical.reference.einsum(mis.subscripts, *mis.operands) == tn.brute_force_mis(n, edges)
     couplings = tn.spin_glass_couplings(square, np.random.default_rng(4))
-    subscripts, operands = tn.spin_glass_network(square, couplings)
-    got = tropical.reference.einsum(subscripts, *operands, semiring="minplus")
+    glass = problems.spin_glass(square, couplings, vertices=range(16))
+    got = tropical.reference.einsum(glass.subscripts, *glass.operands, semiring="minplus")
     assert got == tn.brute_force_ground_energy(16, square, couplings)
 
 
@@ -457,7 +459,8 @@ def test_tensor_network_mis_contraction_agrees_with_brute_force() -> None:
         want = tn.brute_force_mis(n, edges)
         if known is not None:
             assert want == known, (n, edges)
-        subscripts, operands = tn.mis_network(n, edges)
+        mis = problems.independent_set(edges, vertices=range(n))
+        subscripts, operands = mis.subscripts, list(mis.operands)
         assert subscripts.endswith("->")
         assert all(x.dtype == np.float32 for x in operands)
         got = tropical.reference.einsum(subscripts, *operands, semiring="maxplus")
@@ -469,7 +472,8 @@ def test_tensor_network_mis_contraction_agrees_with_brute_force() -> None:
         values.append(want)
     assert len(set(values)) >= 4  # the graphs differ in what they hold
     # The king's grid row by row (an explicit path), and its largest intermediate 2^(side+1).
-    subscripts, operands = tn.mis_network(25, tn.kings_graph(5))
+    mis = problems.independent_set(tn.kings_graph(5), vertices=range(25))
+    subscripts, operands = mis.subscripts, list(mis.operands)
     order = [tn.symbol(v) for v in range(25)]
     path = tn.elimination_path(subscripts[:-2].split(","), order)
     plan = tropical.einsum_plan(subscripts, *operands, optimize=path)
@@ -487,7 +491,7 @@ def test_tensor_network_spin_glass_contraction_agrees_with_brute_force() -> None
     _, k4, _ = _known_cubic_graphs()["K4"]
     assert tn.brute_force_ground_energy(4, k4, [1] * 6) == -2
     assert tn.brute_force_ground_energy(4, k4, [-1] * 6) == -6
-    assert tn.energy([1, 1, -1, -1], k4, [1] * 6) == -2
+    assert problems.spin_glass(k4, [1] * 6).value([1, 1, 0, 0]) == -2
     cases = [(4, k4, [1] * 6), (4, k4, [-1] * 6)]
     for n in (6, 8, 10, 12, 14):
         for seed in (1, 2, 3):
@@ -499,7 +503,8 @@ def test_tensor_network_spin_glass_contraction_agrees_with_brute_force() -> None
     energies = []
     for n, edges, couplings in cases:
         want = tn.brute_force_ground_energy(n, edges, couplings)
-        subscripts, operands = tn.spin_glass_network(edges, couplings)
+        glass = problems.spin_glass(edges, couplings, vertices=range(n))
+        subscripts, operands = glass.subscripts, glass.operands
         got = tropical.reference.einsum(subscripts, *operands, semiring="minplus")
         assert float(got) == want, (n, edges, couplings)
         plan = tropical.einsum_plan(subscripts, *operands, optimize="greedy")
@@ -515,12 +520,19 @@ def test_tensor_network_spin_glass_contraction_agrees_with_brute_force() -> None
 def test_tensor_network_assignment_checks_catch_wrong_assignments() -> None:
     tn = example_module("tensor_network")
     n, edges, _ = _known_cubic_graphs()["cube"]
+    mis = problems.independent_set(edges, vertices=range(n))
+    net = tn.Network("MIS", "cube", mis, "greedy", "greedy")
     chosen = {tn.symbol(v): int(bin(v).count("1") % 2 == 0) for v in range(n)}  # even weight
-    assert tn.independent_set(chosen, n, edges) == [0, 3, 5, 6]
+    assert mis.selected(chosen) == [0, 3, 5, 6]
+    assert tn.check(net, 4.0, chosen) == "an independent set of 4 vertices"
+    with pytest.raises(SystemExit, match="attains 4, not 5"):
+        tn.check(net, 5.0, chosen)
     chosen[tn.symbol(1)] = 1
-    with pytest.raises(ValueError, match="not independent"):
-        tn.independent_set(chosen, n, edges)
+    with pytest.raises(SystemExit, match="not independent"):
+        tn.check(net, 5.0, chosen)
     # Bipartite, so all antiferromagnetic bonds are satisfied by the two colours: -12.
-    spins = [1 if bin(v).count("1") % 2 else -1 for v in range(n)]
-    assert tn.energy(spins, edges, [1] * len(edges)) == -12
+    glass = problems.spin_glass(edges, [1] * len(edges), vertices=range(n))
+    colours = {tn.symbol(v): bin(v).count("1") % 2 for v in range(n)}
+    assert glass.value(colours) == -12
+    assert tn.check(tn.Network("spin glass", "cube", glass, "greedy", "greedy"), -12.0, colours)
     assert tn.brute_force_ground_energy(n, edges, [1] * len(edges)) == -12

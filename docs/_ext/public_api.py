@@ -24,6 +24,7 @@ PUBLIC_MODULES = (
     "aionvrtc.metrics",
     "aionvrtc.tropical",
     "aionvrtc.tropical.cluster",
+    "aionvrtc.tropical.problems",
     "aionvrtc.tropical.reference",
     "aionvrtc.tropical.torch",
     "aionvrtc.tropical.tuning",

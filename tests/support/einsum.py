@@ -3,8 +3,10 @@ independent sets they count, random networks, layouts, and whether an assignment
 
 from __future__ import annotations
 
+import itertools
 import math
 import string
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +19,7 @@ from aionvrtc.tropical import (
     einsum_plan,
     reference,
 )
+from aionvrtc.tropical.products import combine as _combine
 
 from .tropical_data import host
 from .tropical_data import operands as operand_pair
@@ -260,3 +263,38 @@ def in_eighths(subscripts: str, operands: Sequence[Array], ring: str) -> tuple[i
     assert plan.slicing is not None
     assert plan.slicing.count >= 4
     return budget, plan, reference.einsum(subscripts, *operands, semiring=ring, path=whole.path)
+
+
+def brute_force(subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring: str) -> Any:
+    """The definition, one assignment of all the indices at a time; nothing shared with einsum
+    but the scalar (x): ``_combine`` on 0-d arrays (test_tropical_cpu.py checks it, through
+    ``matmul``, against arithmetic on Python ints)."""
+    semiring = SEMIRINGS[ring]
+    lhs, arrow, rhs = subscripts.partition("->")
+    terms = lhs.split(",")
+    if not arrow:  # numpy.einsum's implicit output
+        counts = Counter(lhs.replace(",", ""))
+        rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
+    sizes = {
+        c: n for t, x in zip(terms, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
+    }
+    letters = sorted(sizes)
+    dtype = operands[0].dtype
+    out = np.full([sizes[c] for c in rhs], semiring.zero(dtype), dtype=dtype)
+    for values in itertools.product(*(range(sizes[c]) for c in letters)):
+        at = dict(zip(letters, values, strict=True))
+        factors = [
+            np.asarray(x[tuple(at[c] for c in t)]) for t, x in zip(terms, operands, strict=True)
+        ]
+        p = factors[0]
+        for f in factors[1:]:
+            p = np.asarray(_combine(semiring, p, f))
+        cell = tuple(at[c] for c in rhs)
+        old, new = out[cell], p[()]
+        if ring == "andor":
+            out[cell] = old or new
+        elif semiring.maximise:
+            out[cell] = new if new > old else old  # a NaN never wins
+        else:
+            out[cell] = new if new < old else old
+    return out

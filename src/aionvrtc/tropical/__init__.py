@@ -6,7 +6,7 @@ int64, and ``andor`` on bool. Integer infinities are the type's extremes and ari
 saturates. ``reference`` holds a NumPy implementation with the same semantics.
 """
 
-from . import reference, tuning
+from . import problems, reference, tuning
 from .networks import (
     EinsumPlan,
     EinsumProgram,
@@ -71,6 +71,7 @@ __all__ = [
     "kernel_spec",
     "matmul",
     "matmul_sync",
+    "problems",
     "reference",
     "roofline_objective",
     "shape_class",

@@ -4,12 +4,15 @@ Same semantics as the GPU kernels: integer infinities are the type's extremes an
 saturates; a float product that is NaN (-inf + inf) counts as the semiring's zero; the argmax
 is the smallest k attaining the result, or -1 when the result is the semiring's zero (K = 0, or
 no k contributes). Works in chunks of rows so memory stays bounded. ``einsum`` generalises the
-product to any contraction of tensors over the same semirings.
+product to any contraction of tensors over the same semirings; with ``count=True`` it also
+counts the assignments attaining each value, with ``top=k`` it keeps the k best values with
+their counts, and ``configurations`` lists every assignment attaining a scalar contraction's
+value.
 """
 
 from __future__ import annotations
 
-from .networks._reference import einsum
+from .networks._reference import configurations, einsum
 from .products._reference import MAX_BYTES, matmul
 
-__all__ = ["MAX_BYTES", "einsum", "matmul"]
+__all__ = ["MAX_BYTES", "configurations", "einsum", "matmul"]

@@ -1,0 +1,331 @@
+"""``tropical.reference.einsum(..., count=True)``: the number of assignments attaining each
+value, against a brute-force loop over every assignment, along orders and in blocks, and the
+int64 bound at 2^63."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aionvrtc.tropical import SEMIRINGS
+from aionvrtc.tropical.networks import _reference as contraction  # the NumPy einsum
+from aionvrtc.tropical.products import combine
+from aionvrtc.tropical.reference import configurations, einsum
+
+from .support.einsum import CASES, IDS, PETERSEN, brute_force, expressions
+
+
+def brute_force_counts(
+    subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring: str
+) -> np.ndarray[Any, Any]:
+    """For each output cell, how many assignments of all the indices give a product equal to
+    the cell's value (``brute_force``'s), none where that value is the zero; one assignment at
+    a time, each product formed left to right with the scalar (x)."""
+    semiring = SEMIRINGS[ring]
+    value = brute_force(subscripts, operands, ring)
+    lhs, arrow, rhs = subscripts.partition("->")
+    terms = lhs.split(",")
+    if not arrow:
+        seen = Counter(lhs.replace(",", ""))
+        rhs = "".join(sorted(c for c, n in seen.items() if n == 1))
+    sizes = {
+        c: n for t, x in zip(terms, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
+    }
+    letters = sorted(sizes)
+    zero = semiring.zero(operands[0].dtype)
+    counts = np.zeros([sizes[c] for c in rhs], np.int64)
+    for values in itertools.product(*(range(sizes[c]) for c in letters)):
+        at = dict(zip(letters, values, strict=True))
+        factors = [
+            np.asarray(x[tuple(at[c] for c in t)]) for t, x in zip(terms, operands, strict=True)
+        ]
+        p = factors[0]
+        for f in factors[1:]:
+            p = np.asarray(combine(semiring, p, f))
+        cell = tuple(at[c] for c in rhs)
+        if value[cell] != zero and p[()] == value[cell]:
+            counts[cell] += 1
+    return counts
+
+
+def exact_values(ring: str, dtype: np.dtype[Any]) -> list[Any]:
+    """The zero and small integers: values whose products are exact (no rounding, no
+    saturation, no infinity but the zero), where counting along any order is."""
+    if dtype == np.bool_:
+        return [False, True]
+    zero = SEMIRINGS[ring].zero(dtype)
+    if ring == "maxmul":
+        return [0, 1, 2, 3]
+    return [zero, -2, -1, 0, 1, 2]
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(data=st.data())
+def test_counts_match_brute_force(ring: str, dtype: Any, data: st.DataObject) -> None:
+    dtype = np.dtype(dtype)
+    subscripts, drawn = data.draw(expressions(ring, dtype))
+    # The same shapes, with values drawn from the exact ones: ties are frequent.
+    values = exact_values(ring, dtype)
+    operands = [
+        np.asarray(data.draw(st.lists(st.sampled_from(values), min_size=x.size, max_size=x.size)),
+                   dtype).reshape(x.shape)
+        for x in drawn
+    ]  # fmt: skip
+    want_value = brute_force(subscripts, operands, ring)
+    want = brute_force_counts(subscripts, operands, ring)
+    got_value, got = einsum(subscripts, *operands, semiring=ring, count=True)
+    np.testing.assert_array_equal(got_value, want_value)
+    np.testing.assert_array_equal(einsum(subscripts, *operands, semiring=ring), want_value)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, want)
+    # Tiny chunks: operand by operand, each step in blocks whose counts are merged.
+    chunk = data.draw(st.sampled_from([1, 2, 5]), label="CHUNK_ELEMENTS")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(contraction, "CHUNK_ELEMENTS", chunk)
+        blocked_value, blocked = einsum(subscripts, *operands, semiring=ring, count=True)
+    np.testing.assert_array_equal(blocked_value, want_value)
+    np.testing.assert_array_equal(blocked, want)
+
+
+def brute_force_top(
+    subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring: str, k: int
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """For each output cell, its k best distinct products over all assignments, best first,
+    with how many assignments give each; padded with the zero, of count 0."""
+    semiring = SEMIRINGS[ring]
+    lhs, arrow, rhs = subscripts.partition("->")
+    terms = lhs.split(",")
+    if not arrow:
+        seen = Counter(lhs.replace(",", ""))
+        rhs = "".join(sorted(c for c, n in seen.items() if n == 1))
+    sizes = {
+        c: n for t, x in zip(terms, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
+    }
+    letters = sorted(sizes)
+    dtype = operands[0].dtype
+    zero = semiring.zero(dtype)
+    tallies: dict[tuple[int, ...], Counter[Any]] = {}
+    for values in itertools.product(*(range(sizes[c]) for c in letters)):
+        at = dict(zip(letters, values, strict=True))
+        factors = [
+            np.asarray(x[tuple(at[c] for c in t)]) for t, x in zip(terms, operands, strict=True)
+        ]
+        p = factors[0]
+        for f in factors[1:]:
+            p = np.asarray(combine(semiring, p, f))
+        if p[()] != zero and p[()] == p[()]:
+            tallies.setdefault(tuple(at[c] for c in rhs), Counter())[p[()].item()] += 1
+    shape = [sizes[c] for c in rhs]
+    best = np.full([*shape, k], zero, dtype)
+    counts = np.zeros([*shape, k], np.int64)
+    for cell, tally in tallies.items():
+        ranked = sorted(tally.items(), reverse=semiring.maximise)[:k]
+        for j, (value, many) in enumerate(ranked):
+            best[(*cell, j)], counts[(*cell, j)] = value, many
+    return best, counts
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(data=st.data())
+def test_the_k_best_match_brute_force(ring: str, dtype: Any, data: st.DataObject) -> None:
+    dtype = np.dtype(dtype)
+    subscripts, drawn = data.draw(expressions(ring, dtype))
+    values = exact_values(ring, dtype)
+    operands = [
+        np.asarray(data.draw(st.lists(st.sampled_from(values), min_size=x.size, max_size=x.size)),
+                   dtype).reshape(x.shape)
+        for x in drawn
+    ]  # fmt: skip
+    k = data.draw(st.sampled_from([1, 2, 3, 8]), label="top")
+    want_values, want_counts = brute_force_top(subscripts, operands, ring, k)
+    got_values, got_counts = einsum(subscripts, *operands, semiring=ring, top=k)
+    assert got_values.dtype == dtype
+    assert got_counts.dtype == np.int64
+    np.testing.assert_array_equal(got_values, want_values)
+    np.testing.assert_array_equal(got_counts, want_counts)
+    # top=1 is count=True's value and count, on an axis of one.
+    value, count = einsum(subscripts, *operands, semiring=ring, count=True)
+    one_value, one_count = einsum(subscripts, *operands, semiring=ring, top=1)
+    np.testing.assert_array_equal(one_value[..., 0], value)
+    np.testing.assert_array_equal(one_count[..., 0], count)
+    chunk = data.draw(st.sampled_from([1, 2, 5]), label="CHUNK_ELEMENTS")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(contraction, "CHUNK_ELEMENTS", chunk)
+        blocked = einsum(subscripts, *operands, semiring=ring, top=k)
+    np.testing.assert_array_equal(blocked[0], want_values)
+    np.testing.assert_array_equal(blocked[1], want_counts)
+
+
+def test_top_is_checked() -> None:
+    x = np.zeros(2, np.float32)
+    with pytest.raises(ValueError, match="top must be from 1 to 64, got 0"):
+        einsum("i->", x, top=0)
+    with pytest.raises(ValueError, match="top must be from 1 to 64, got 65"):
+        einsum("i->", x, top=65)
+    with pytest.raises(TypeError, match="top must be an int"):
+        einsum("i->", x, top=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not both"):
+        einsum("i->", x, top=2, count=True)
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(data=st.data())
+def test_counting_keeps_the_value_on_every_special_value(
+    ring: str, dtype: Any, data: st.DataObject
+) -> None:
+    # Infinities, saturation and NaN: the value is einsum's, counts never negative, and none
+    # where the value is the zero.
+    dtype = np.dtype(dtype)
+    subscripts, operands = data.draw(expressions(ring, dtype))
+    value, counts = einsum(subscripts, *operands, semiring=ring, count=True)
+    np.testing.assert_array_equal(value, einsum(subscripts, *operands, semiring=ring))
+    assert (counts >= 0).all()
+    assert (counts[value == SEMIRINGS[ring].zero(dtype)] == 0).all()
+
+
+def _independent_sets(n: int, edges: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
+    letters = [chr(ord("a") + v) for v in range(n)]
+    terms = letters + [letters[u] + letters[v] for u, v in edges]
+    vertex = np.array([0, 1], np.float32)
+    edge = np.array([[0, 0], [0, -np.inf]], np.float32)
+    return ",".join(terms) + "->", [vertex] * n + [edge] * len(edges)
+
+
+def test_the_petersen_graph_has_five_maximum_independent_sets_along_every_order() -> None:
+    # Its independence number is 4, attained by exactly 5 sets (a known count).
+    subscripts, operands = _independent_sets(10, PETERSEN)
+    value, count = einsum(subscripts, *operands, count=True)
+    assert (float(value), int(count)) == (4.0, 5)
+    rng = np.random.default_rng(47)
+    for _ in range(5):  # other orders: random pairs until one operand is left
+        path, left = [], len(operands)
+        while left > 1:
+            i, j = sorted(rng.choice(left, size=2, replace=False).tolist())
+            path.append((i, j))
+            left -= 1
+        assert einsum(subscripts, *operands, path=path, count=True) == (4.0, 5)
+    # The empty set is the only one of size 0: min-plus, with +inf forbidding, finds it.
+    forbid = np.array([[0, 0], [0, np.inf]], np.float32)
+    operands = [operands[0]] * 10 + [forbid] * len(PETERSEN)
+    assert einsum(subscripts, *operands, semiring="minplus", count=True) == (0.0, 1)
+
+
+def test_counts_up_to_2_to_the_62_are_exact_and_past_int64_refused() -> None:
+    # n free bits, each of value 0 for both settings: 2^n assignments attain the value 0.
+    def free(n: int) -> tuple[str, list[Any]]:
+        import opt_einsum
+
+        letters = [opt_einsum.get_symbol(i) for i in range(n)]
+        return ",".join(letters) + "->", [np.zeros(2, np.int64)] * n
+
+    value, count = einsum(*free(62)[:1], *free(62)[1], semiring="maxplus", count=True)
+    assert (int(value), int(count)) == (0, 1 << 62)
+    with pytest.raises(OverflowError, match=r"passes 2\^63 - 1, more than int64 holds"):
+        einsum(*free(63)[:1], *free(63)[1], semiring="maxplus", count=True)
+    # Within one broadcast: 2^61 ways before, times the 4 of a 2 x 2 operand's own sum.
+    subscripts, operands = free(61)
+    with pytest.raises(OverflowError, match="einsum step"):
+        einsum(subscripts.replace("->", ",\u0100\u0101->"), *operands, np.zeros((2, 2), np.int64),
+               count=True)  # fmt: skip
+    # Along an explicit order: 2^63 ways over 63 free bits.
+    subscripts, operands = free(62)
+    path = [(0, 62)] + [(0, len(operands) - k) for k in range(1, 62)]
+    with pytest.raises(OverflowError, match="einsum step"):
+        einsum(subscripts.replace("->", ",\u0100->"), *operands, np.zeros(2, np.int64),
+               path=path, count=True)  # fmt: skip
+
+
+def test_count_bounds_the_counts_bytes_too() -> None:
+    # 2^24 float32 cells are 64 MiB; with their int64 counts 192 MiB.
+    x = np.zeros(1 << 12, np.float32)
+    assert einsum("i,j->ij", x, x, max_bytes=100 << 20).shape == (4096, 4096)
+    with pytest.raises(ValueError, match="bytes"):
+        einsum("i,j->ij", x, x, max_bytes=100 << 20, count=True)
+
+
+def brute_force_rows(
+    subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring: str, letters: str
+) -> list[tuple[int, ...]]:
+    """Every assignment (a value per index, in the order of ``letters``) whose product equals
+    the scalar contraction's value, none where that is the zero; in increasing order."""
+    semiring = SEMIRINGS[ring]
+    value = brute_force(subscripts, operands, ring)[()]
+    if value == semiring.zero(operands[0].dtype):
+        return []
+    terms = subscripts.partition("->")[0].split(",")
+    sizes = {
+        c: n for t, x in zip(terms, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
+    }
+    rows = []
+    for values in itertools.product(*(range(sizes[c]) for c in letters)):
+        at = dict(zip(letters, values, strict=True))
+        factors = [
+            np.asarray(x[tuple(at[c] for c in t)]) for t, x in zip(terms, operands, strict=True)
+        ]
+        p = factors[0]
+        for f in factors[1:]:
+            p = np.asarray(combine(semiring, p, f))
+        if p[()] == value:
+            rows.append(values)
+    return rows
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(data=st.data())
+def test_every_configuration_matches_brute_force(
+    ring: str, dtype: Any, data: st.DataObject
+) -> None:
+    dtype = np.dtype(dtype)
+    subscripts, drawn = data.draw(expressions(ring, dtype))
+    subscripts = subscripts.partition("->")[0] + "->"  # a scalar contraction
+    values = exact_values(ring, dtype)
+    operands = [
+        np.asarray(data.draw(st.lists(st.sampled_from(values), min_size=x.size, max_size=x.size)),
+                   dtype).reshape(x.shape)
+        for x in drawn
+    ]  # fmt: skip
+    value, letters, rows = configurations(subscripts, *operands, semiring=ring)
+    assert letters == "".join(dict.fromkeys(subscripts.replace(",", "").replace("->", "")))
+    np.testing.assert_array_equal(value, einsum(subscripts, *operands, semiring=ring))
+    assert rows.dtype == np.int64
+    assert rows.shape[1] == len(letters)
+    assert [tuple(r) for r in rows.tolist()] == brute_force_rows(
+        subscripts, operands, ring, letters
+    )
+    assert len(rows) == einsum(subscripts, *operands, semiring=ring, count=True)[1]
+
+
+def test_configurations_along_orders_and_their_limit() -> None:
+    subscripts, operands = _independent_sets(10, PETERSEN)
+    value, letters, rows = configurations(subscripts, *operands)
+    assert (float(value), letters, len(rows)) == (4.0, "abcdefghij", 5)
+    for row in rows:  # each an independent set of 4
+        assert row.sum() == 4
+        assert not any(row[u] and row[v] for u, v in PETERSEN)
+    path = [(0, 1)] * (len(operands) - 1)  # a chain: the first two, then with the next
+    again = configurations(subscripts, *operands, path=path)
+    np.testing.assert_array_equal(again[2], rows)
+    with pytest.raises(ValueError, match=r"5 assignments attain the value 4\.0, more than limit=4"):
+        configurations(subscripts, *operands, limit=4)
+    assert len(configurations(subscripts, *operands, limit=5)[2]) == 5
+    with pytest.raises(ValueError, match="limit must be at least 1, got 0"):
+        configurations(subscripts, *operands, limit=0)
+    with pytest.raises(TypeError, match="limit must be an int"):
+        configurations(subscripts, *operands, limit=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="takes a scalar contraction"):
+        configurations("ij->i", np.zeros((2, 2), np.float32))
+    # No feasible assignment: no rows.
+    forbid = np.full((2, 2), -np.inf, np.float32)
+    none = configurations("ij->", forbid)
+    assert (float(none[0]), none[2].shape) == (-np.inf, (0, 2))
