@@ -303,6 +303,16 @@ async def test_close_fails_queued_jobs_and_finishes_running_ones(cache_dir: Path
     await compiler.aclose()  # idempotent
 
 
+async def test_aclose_of_a_compiler_never_opened_is_idempotent(cache_dir: Path) -> None:
+    # The second aclose() of a Compiler closed before it opened failed an assertion.
+    compiler = Compiler(cache_dir=cache_dir)
+    await compiler.aclose()
+    await compiler.aclose()
+    assert compiler.closed
+    with pytest.raises(CompilerClosed, match="the Compiler is closed"):
+        await compiler.compile(make_spec())
+
+
 async def test_close_from_another_task_finishes_the_running_compile(cache_dir: Path) -> None:
     # A server's shutdown handler closes the Compiler from a task of its own.
     results: list[Artifact] = []
@@ -336,6 +346,27 @@ async def test_lifecycle_errors(cache_dir: Path) -> None:
             pass
     with pytest.raises(ValueError, match="concurrency must be a positive int, got 0"):
         Compiler(arch="sm_90", concurrency=0)
+
+
+async def test_a_bad_item_leaves_a_prefetch_of_the_good_ones_possible(cache_dir: Path) -> None:
+    # The specs before a bad item were marked as being derived and then never derived: a
+    # later prefetch of them queued nothing.
+    spec = make_spec()
+    async with Compiler(arch="sm_90", cache_dir=cache_dir) as compiler:
+        with pytest.raises(TypeError, match="prefetch takes KernelSpecs, not str"):
+            compiler.prefetch([spec, "not a spec"])  # type: ignore[list-item]
+        with pytest.raises(
+            TypeError, match=r"an iterable of KernelSpecs \(a list, even of one\), not KernelSpec"
+        ):
+            compiler.prefetch(spec)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"an iterable of KernelSpecs .*, not int"):
+            compiler.prefetch(5)  # type: ignore[arg-type]
+        assert compiler.stats().compiles == 0
+        assert compiler.prefetch([spec]) == 1
+        with anyio.fail_after(120):
+            while compiler.stats().compiles < 1:
+                await anyio.sleep(0.01)
+        assert compiler.stats().prefetched == 1
 
 
 async def test_prefetch_is_overtaken_by_live_requests(
@@ -991,11 +1022,40 @@ async def test_past_max_queued_a_request_is_refused_at_once(tmp_path: Path) -> N
             )
             assert "Compile the kernels a service uses ahead" in str(refused.value)
             tg.start_soon(request, 2)  # joins the queued job of specs[2]: not refused
-            assert compiler.prefetch([specs[3]]) == 1  # a prefetch past the bound is dropped
         stats = compiler.stats()
         assert sorted(results) == [0, 1, 2]
-        assert (stats.rejected, stats.errors, stats.compiles) == (2, 0, 3)
+        assert (stats.rejected, stats.errors, stats.compiles) == (1, 0, 3)
         assert stats.joined == 1
         built = await compiler.compile(specs[3])  # room again
         assert built.arch == "sm_90"
         assert compiler.stats().compiles == 4
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_prefetches_are_neither_refused_nor_in_the_way_of_requests(tmp_path: Path) -> None:
+    # A warm-up of many kernels queues them all, and live requests are bounded by the live
+    # jobs alone: with one place, a live compile running (live requests overtake the warm-up)
+    # and one waiting behind it, the next is refused, whatever the prefetches queued.
+    slow = [make_slow_spec(depth=60) for _ in range(7)]
+    async with Compiler(arch="sm_90", cache_dir=tmp_path, max_queued=1, concurrency=1) as compiler:
+        for spec in slow:
+            compiler.key(spec)  # derived now: each prefetch is queued at once
+        assert compiler.prefetch(slow[:4]) == 4  # past the bound: all queued
+        async with anyio.create_task_group() as tg:
+            with anyio.fail_after(10):
+                while compiler.stats().in_flight < 1:  # a prefetch holds the one slot
+                    await anyio.sleep(0.01)
+            tg.start_soon(compiler.compile, slow[4])  # live: runs beside the prefetch
+            with anyio.fail_after(10):
+                while compiler.stats().in_flight < 2:
+                    await anyio.sleep(0.01)
+            tg.start_soon(compiler.compile, slow[5])  # live: waits, holding the one place
+            with anyio.fail_after(2):
+                while compiler._scheduler.live_queued() < 1:  # the queue's state
+                    await anyio.sleep(0.01)
+                with pytest.raises(QueueFull, match="max_queued=1"):
+                    await compiler.compile(slow[6])
+        stats = compiler.stats()
+        assert (stats.prefetched, stats.rejected, stats.errors) == (4, 1, 0)
+        assert stats.compiles >= 2  # both live requests served; prefetches may still run

@@ -89,6 +89,9 @@ def test_a_spec_round_trips_exactly(tmp_path: Path) -> None:
         manifest.record(spec)
     manifest.flush()
     read = read_manifests([path])
+    # One path, as a str or a Path, is that path (not the characters of a str).
+    for one in (str(path), path):
+        assert read_manifests(one).specs == read.specs
     assert read == ManifestRead(specs=specs, duplicates=0, skipped=[])
     for got, want in zip(read.specs, specs, strict=True):
         fields = ("source", "name", "options", "headers", "name_expressions")

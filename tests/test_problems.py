@@ -173,6 +173,19 @@ def test_a_networkx_graph_its_attributes_and_the_way_back() -> None:
     assert energy == (-2.0, 6)
 
 
+def test_integer_weights_stay_exact_and_edges_may_be_a_numpy_array() -> None:
+    # Past 2^53 a float would have rounded the weight.
+    exact = problems.independent_set([(0, 1)], [2**53 + 1, 0], dtype="int64")
+    assert exact.operands[0].tolist() == [0, 2**53 + 1]
+    assert int(reference.einsum(exact.subscripts, *exact.operands)) == 2**53 + 1
+    rows = problems.max_cut(np.array([[0, 1], [1, 2]]))
+    assert rows.edges == ((0, 1), (1, 2))
+    assert float(reference.einsum(rows.subscripts, *rows.operands)) == 2.0
+    # Agreeing values for both orientations of an edge are taken.
+    same = problems.max_cut([(0, 1)], {(0, 1): 3, (1, 0): 3})
+    assert same.edge_weights == (3.0,)
+
+
 def test_the_published_networks_are_unchanged() -> None:
     # The example's MIS and spin-glass networks, as it built them before the builders (their
     # kept orders are keyed by the subscripts): vertices' vectors then the edges' matrices;
@@ -204,8 +217,17 @@ def test_bad_input_is_named() -> None:
     assert "2 values for 3 vertices" in _bad(build, tri, [1, 2])
     assert "no value for vertex 2" in _bad(build, tri, {0: 1, 1: 1})
     assert "weights are finite" in _bad(build, tri, [1, float("nan"), 1])
-    assert "not a number" in _bad(build, tri, [1, "x", 1])
-    assert "not an integer that int32 holds" in _bad(build, tri, [1, 1.5, 1], dtype="int32")
+    assert "not a finite number" in _bad(build, tri, [1, "x", 1])
+    assert "not an integer: pass dtype='float32'" in _bad(build, tri, [1, 1.5, 1], dtype="int32")
+    # Sums that would saturate (and read as an infinity) are refused, naming a wider dtype.
+    big = _bad(build, tri, [2**30, 2**30, 1], dtype="int32")
+    assert "sum to 2,147,483,649 in absolute value" in big
+    assert "dtype='int64'" in big
+    assert "dtype='float64'" in _bad(problems.max_cut, tri, [2**62, 2**62, 1], dtype="int64")
+    assert "the graph is a multigraph" in _bad(build, nx.MultiGraph([(0, 1), (1, 2)]))
+    assert "leaves out node 2 of the graph" in _bad(build, nx.path_graph(3), vertices=[0, 1])
+    both = _bad(problems.max_cut, tri, {(0, 1): 1, (1, 0): 2, (1, 2): 1, (0, 2): 1})
+    assert "gives edge (0, 1) two values, 1 as (0, 1) and 2 as (1, 0)" in both
     assert "but the graph is an edge list" in _bad(build, tri, "weight")
     assert "dtype must be one of" in _bad(build, tri, dtype="bool")
     assert "dtype must be one of" in _bad(build, tri, dtype="nonsense")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
 import subprocess
 import sys
@@ -617,6 +618,18 @@ def test_a_tier_without_a_secret_refuses_to_start() -> None:
         RedisTier(url, secret="")
     with pytest.raises(ValueError, match="max_entry_bytes must be a positive byte count, got 0"):
         RedisTier(url, secret="s", max_entry_bytes=0)
+    # Times: NaN and infinity refused too (an infinite poll would hang a request).
+    for name in ("timeout", "lock_ttl", "poll"):
+        for bad in (0, -1.0, math.nan, math.inf):
+            times: dict[str, Any] = {name: bad}
+            with pytest.raises(ValueError, match=f"{name} must be positive, finite seconds"):
+                RedisTier(url, secret="s", **times)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="wait_timeout must be finite seconds >= 0"):
+            RedisTier(url, secret="s", wait_timeout=bad)
+        with pytest.raises(ValueError, match="ttl must be positive seconds or None"):
+            RedisTier(url, secret="s", ttl=bad)
+    assert RedisTier(url, secret="s", wait_timeout=0).wait_timeout == 0
 
 
 async def test_an_unsigned_tier_runs_when_allowed(

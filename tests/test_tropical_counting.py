@@ -93,6 +93,10 @@ def test_counts_match_brute_force(ring: str, dtype: Any, data: st.DataObject) ->
         blocked_value, blocked = einsum(subscripts, *operands, semiring=ring, count=True)
     np.testing.assert_array_equal(blocked_value, want_value)
     np.testing.assert_array_equal(blocked, want)
+    path = draw_path(data, len(operands))
+    along_value, along = einsum(subscripts, *operands, semiring=ring, path=path, count=True)
+    np.testing.assert_array_equal(along_value, want_value)
+    np.testing.assert_array_equal(along, want)
 
 
 def brute_force_top(
@@ -163,6 +167,31 @@ def test_the_k_best_match_brute_force(ring: str, dtype: Any, data: st.DataObject
         blocked = einsum(subscripts, *operands, semiring=ring, top=k)
     np.testing.assert_array_equal(blocked[0], want_values)
     np.testing.assert_array_equal(blocked[1], want_counts)
+    path = draw_path(data, len(operands))
+    along = einsum(subscripts, *operands, semiring=ring, path=path, top=k)
+    np.testing.assert_array_equal(along[0], want_values)
+    np.testing.assert_array_equal(along[1], want_counts)
+
+
+def test_top_bounds_its_lists_and_takes_any_index() -> None:
+    # Each operand as lists of top values and counts: 768 bytes an element at top=64.
+    with pytest.raises(ValueError, match=r"operand 0 \('i'\) as lists of top=64 would hold"):
+        einsum("i->", np.zeros(1 << 20, np.float32), top=64, max_bytes=1 << 20)
+    # The list axis has no letter of its own: U+FFFF is an index like any other.
+    y = np.array([[0.0, 1.0], [2.0, 0.0], [1.0, 1.0]], np.float32)
+    for k in (2, 3):
+        want = einsum("ab->ab", y, top=k)
+        got = einsum("\uffffb->\uffffb", y, top=k)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_one_operand_along_an_empty_path() -> None:
+    x = np.array([[1, 2], [3, 0]], np.float32)
+    assert einsum("ij->i", x, path=[]).tolist() == [2.0, 3.0]
+    assert [a.tolist() for a in einsum("ij->i", x, path=[], count=True)] == [[2.0, 3.0], [1, 1]]
+    assert einsum("ij->i", x, path=[], top=2)[0].tolist() == [[2.0, 1.0], [3.0, 0.0]]
+    assert configurations("ij->", x, path=[])[2].tolist() == [[1, 0]]
 
 
 def test_top_is_checked() -> None:
@@ -191,6 +220,18 @@ def test_counting_keeps_the_value_on_every_special_value(
     np.testing.assert_array_equal(value, einsum(subscripts, *operands, semiring=ring))
     assert (counts >= 0).all()
     assert (counts[value == SEMIRINGS[ring].zero(dtype)] == 0).all()
+
+
+def draw_path(data: st.DataObject, n: int) -> list[tuple[int, ...]]:
+    """A random order: two (or, once in a while, three) of the operands left at a time; for
+    one operand, no step at all (its own sums are then the reference's to add)."""
+    path: list[tuple[int, ...]] = []
+    while n > 1:
+        take = data.draw(st.sampled_from([2, 2, 3]) if n > 2 else st.just(2), label="take")
+        picked = data.draw(st.permutations(range(n)), label="order")[:take]
+        path.append(tuple(sorted(picked)))
+        n -= take - 1
+    return path
 
 
 def _independent_sets(n: int, edges: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
@@ -304,6 +345,12 @@ def test_every_configuration_matches_brute_force(
         subscripts, operands, ring, letters
     )
     assert len(rows) == einsum(subscripts, *operands, semiring=ring, count=True)[1]
+    path = draw_path(data, len(operands))
+    chunk = data.draw(st.sampled_from([1, 2, 5]), label="CHUNK_ELEMENTS")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(contraction, "CHUNK_ELEMENTS", chunk)
+        along = configurations(subscripts, *operands, semiring=ring, path=path)
+    np.testing.assert_array_equal(along[2], rows)
 
 
 def test_configurations_along_orders_and_their_limit() -> None:

@@ -1199,3 +1199,14 @@ def test_the_program_cache_bounds_each_devices_bytes(monkeypatch: pytest.MonkeyP
     assert kept("e1", 1, 40) == ["b1", "c0", "d0", "e1"]
     assert kept("f1", 1, 10) == ["c0", "d0", "e1", "f1"]  # five: the oldest goes
     assert kept("g0", 0, 101) == ["c0", "d0", "e1", "f1"]
+
+
+def test_einsum_program_names_a_bad_dtype_or_shape_before_the_gpu() -> None:
+    # NumPy's own TypeError ("data type 'foo' not understood") named no argument.
+    with pytest.raises(ValueError, match=r"dtype must be one of float32, .*, got 'foo'"):
+        tropical.einsum_program_sync("ij,jk->ik", (2, 2), (2, 2), dtype="foo")
+    with pytest.raises(TypeError, match=re.escape("operand 0 must be an array or a shape tuple "
+                                                  "of ints, not (2.0, 2)")):  # fmt: skip
+        tropical.einsum_program_sync("ij,jk->ik", (2.0, 2), (2, 2), dtype="float32")
+    with pytest.raises(TypeError, match=re.escape("operand 1 must be an array or a shape tuple")):
+        tropical.einsum_program_sync("ij,jk->ik", (2, 2), (True, 2), dtype="float32")

@@ -76,8 +76,8 @@ class CompilerStats:
         in_flight: Jobs holding a compile slot, now.
         waiting: Jobs waiting for another process's or host's lock (holding no slot), now.
         prefetched: Specs queued by ``prefetch()`` (the sum of what its calls returned).
-        rejected: Requests (and prefetched specs) refused with ``QueueFull`` because
-            ``max_queued`` kernels were waiting.
+        rejected: Requests refused with ``QueueFull`` because ``max_queued`` kernels were
+            waiting.
         memory: The memory tier's ``MemoryStats``.
         disk: The disk tier's ``DiskStats``; all zero for a Compiler without a disk tier.
         remote: The remote tier's ``RemoteStats``; all zero for a Compiler without a remote
@@ -165,11 +165,12 @@ class Compiler:
             ``aionvrtc warm manifest`` to compile for any arch; default:
             ``$AIONVRTC_MANIFEST``; False: none. A manifest that cannot be written is warned
             about once and never fails a request.
-        max_queued: The most kernels that may wait to be looked up or compiled (those not
-            holding a compile slot); a request for one more is refused at once with
-            ``QueueFull``, as Triton's ``max_queue_size`` rejects past it, instead of waiting
-            behind them. Requests joining a kernel already waiting, and hits, are never
-            refused. Default None: no bound.
+        max_queued: The most kernels that requests may wait for to be looked up (on disk,
+            in a layer, in Redis) or compiled, holding no compile slot; a request for one more
+            is refused at once with ``QueueFull``, as Triton's ``max_queue_size`` rejects past
+            it, instead of waiting behind them. Memory hits and requests joining a kernel
+            already waiting are never refused; prefetches are neither refused nor counted.
+            Default None: no bound.
 
     Raises:
         ValueError: ``concurrency`` or ``max_queued`` is not a positive int; ``memory_limit``
@@ -348,6 +349,8 @@ class Compiler:
         if self._state is _State.NEW:
             self._enter(_State.CLOSED)
             return
+        if self._state is _State.CLOSED and self._stopped is None:
+            return  # closed before it was ever opened: nothing ran
         if self._state is _State.STARTING:
             assert self._started is not None
             await self._started.wait()
@@ -414,6 +417,8 @@ class Compiler:
                 supports); the temporary folder cannot be used safely (``TMPDIR``); or the files
                 of the spec's include directories changed since its key was derived.
             CompileError: NVRTC rejected the program; its log is in ``log`` and the message.
+            QueueFull: ``max_queued`` kernels are waiting for requests (see Compiler);
+                ask again once the queue drains.
             CompilerClosed: The Compiler is closed or closing, or closed before this request's
                 job ran.
             RuntimeError: The Compiler has not been opened (``async with``).
@@ -563,6 +568,8 @@ class Compiler:
                 driver, the device cannot take it now (a CUDA context broken by an earlier
                 fault), or the driver refused its replacement as well within the hour
                 (``status`` names the driver's error).
+            QueueFull: ``max_queued`` kernels are waiting for requests (see Compiler);
+                ask again once the queue drains.
             CompilerClosed: The Compiler is closed or closing.
             RuntimeError: The Compiler has not been opened (``async with``).
         """
@@ -631,11 +638,20 @@ class Compiler:
         if self._state is not _State.OPEN:
             raise self._not_open()
         cache = self._for_arch(arch)
+        # All checked first: a bad item after good ones must leave none of them half-queued
+        # (marked as deriving, and then never derived).
+        if isinstance(specs, KernelSpec) or not isinstance(specs, Iterable):
+            raise TypeError(
+                f"prefetch takes an iterable of KernelSpecs (a list, even of one), not "
+                f"{type(specs).__name__}"
+            )
+        specs = list(specs)
+        wrong = next((s for s in specs if not isinstance(s, KernelSpec)), None)
+        if wrong is not None:
+            raise TypeError(f"prefetch takes KernelSpecs, not {type(wrong).__name__}")
         queued = 0
         later: list[KernelSpec] = []
         for spec in specs:
-            if not isinstance(spec, KernelSpec):
-                raise TypeError(f"prefetch takes KernelSpecs, not {type(spec).__name__}")
             key = cache.known_key(spec)
             if key is None:
                 if (spec, cache.memo) not in self._deriving:  # deriving here would stall
@@ -727,7 +743,8 @@ class Compiler:
         include files, arch, NVRTC build) differ from the nearest entry of the same name
         expressions that the memory, the disk or a cache-dir layer holds; or that none holds
         one. ``str()`` of the result says it in words. Reads the entries' headers in a worker
-        thread (one walk of each dir, about a second at 50,000 entries): a tool for when a
+        thread (one walk of each dir, about a second at 50,000 entries; the disk's index is
+        rebuilt first where it is stale, as a lookup would): a tool for when a
         kernel compiles where it was expected to hit, not for a hot path. A debug line on
         logger ``aionvrtc.misses`` per compile says the same parts of each key that missed.
 
@@ -742,6 +759,8 @@ class Compiler:
             TypeError: ``spec`` is not a ``KernelSpec``.
             ValueError: The spec's include directories cannot be covered by its key.
             NoDeviceError: ``arch`` is None and the Compiler has no target.
+            NvrtcError: NVRTC cannot be loaded (its build is a part of the key), or cannot
+                compile for ``arch``.
             RuntimeError: The Compiler is not open.
         """
         if self._state is not _State.OPEN:
@@ -866,6 +885,8 @@ class Compiler:
             NoDeviceError: ``arch`` is None and the Compiler has no target.
             NvrtcError: As ``compile`` raises it.
             CompileError: NVRTC rejected the program.
+            QueueFull: ``max_queued`` kernels are waiting for requests (see Compiler);
+                ask again once the queue drains.
             CompilerClosed: The Compiler is closed or closing.
             RuntimeError: The Compiler has not been opened; or, without a portal, this is not
                 a worker thread of the Compiler's event loop (the event loop's own thread
@@ -938,6 +959,8 @@ class Compiler:
             GPUOutOfMemoryError: The GPU has no memory left for the module; the cached kernel
                 is kept.
             ModuleLoadError: The module cannot be loaded (see ``get``).
+            QueueFull: ``max_queued`` kernels are waiting for requests (see Compiler);
+                ask again once the queue drains.
             CompilerClosed: The Compiler is closed or closing.
             RuntimeError: As ``compile_sync`` raises it.
         """

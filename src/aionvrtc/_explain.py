@@ -34,15 +34,18 @@ class Explanation:
     Attributes:
         key: The kernel's key for the target asked about.
         held_in: Where an entry of that key is: ``"memory"``, ``"disk"`` or ``"layer"``; None
-            when none of them holds it (a lookup misses).
+            when none of them holds it (a signed bundle or Redis, read by key only and not
+            searched, may still).
         parts: What each part of the key holds for this spec (``key_parts``).
-        nearest: The key of the entry sharing a name expression with the spec whose parts
-            agree with these the most (the most recently used first among equals); None when
-            the tiers hold no such entry, or ``held_in`` is set.
+        nearest: The key of the entry of the same kernel names (sharing a name expression
+            with the spec, or for a spec of none, of none and the same program name) whose
+            parts agree with these the most (the first found among equals: memory's, then the
+            disk's, then the layers'); None when the tiers hold no such entry, or ``held_in``
+            is set.
         differs: The parts in which ``nearest`` differs, in key order; ``("unknown",)`` when
             it was written before entries kept their parts.
         theirs: What ``nearest`` holds in each part that differs.
-        compared: The entries sharing a name expression that were compared.
+        compared: The entries of the same kernel names that were compared.
     """
 
     key: str
@@ -59,14 +62,14 @@ class Explanation:
             return f"{program} ({self.key[:16]}): held in {self.held_in}, a lookup hits"
         if self.nearest is None:
             return (
-                f"{program} ({self.key[:16]}) missed: no entry sharing a name expression with it "
-                "in memory, on disk or in a cache-dir layer (its first compile here, or its "
-                "entries were evicted or pruned)"
+                f"{program} ({self.key[:16]}) missed in memory, on disk and in the cache-dir "
+                "layers: no entry of the same kernel names there (its first compile here, or "
+                "its entries were evicted or pruned)"
             )
         head = (
-            f"{program} ({self.key[:16]}) missed: the nearest of {self.compared} "
-            f"{'entry' if self.compared == 1 else 'entries'} sharing a name expression with it "
-            f"({self.nearest[:16]})"
+            f"{program} ({self.key[:16]}) missed in memory, on disk and in the cache-dir layers: "
+            f"the nearest of {self.compared} {'entry' if self.compared == 1 else 'entries'} of "
+            f"the same kernel names ({self.nearest[:16]})"
         )
         if self.differs == ("unknown",):
             return f"{head} keeps no parts of its key (written before entries kept them)"
@@ -115,7 +118,7 @@ def _same_names(
     cache: KernelCache, names: frozenset[str]
 ) -> Iterator[tuple[str, str, Mapping[str, str]]]:
     """(where, key, parts) of each kernel entry that shares a name expression with ``names``:
-    memory's first, then the disk's and each cache-dir layer's, most recently used first."""
+    memory's first, then the disk's and each cache-dir layer's."""
     for artifact in cache.memory.artifacts():
         held = artifact.lowered_names.keys()
         if artifact.kind != "data" and (not names.isdisjoint(held) if names else not held):

@@ -292,7 +292,9 @@ class _BadLine(Exception):
     pass
 
 
-def read_manifests(paths: Iterable[str | os.PathLike[str]]) -> ManifestRead:
+def read_manifests(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+) -> ManifestRead:
     """The specs of the manifests at ``paths``. Lines that are not manifest lines (a last line
     cut short by a crash, garbage) are skipped and listed.
 
@@ -300,7 +302,7 @@ def read_manifests(paths: Iterable[str | os.PathLike[str]]) -> ManifestRead:
     and skipped.
 
     Args:
-        paths: The manifest files, read in order (a list, even of one).
+        paths: The manifest files, read in order: a list of paths, or one path.
 
     Returns:
         The distinct specs, how many lines repeated one, and the lines skipped.
@@ -310,6 +312,8 @@ def read_manifests(paths: Iterable[str | os.PathLike[str]]) -> ManifestRead:
             holds no manifest at all (its first line is not a JSON object, or no line is a
             manifest line).
     """
+    if isinstance(paths, str | bytes | os.PathLike):
+        paths = [paths]  # one path, not the characters of one
     specs: dict[KernelSpec, None] = {}
     duplicates = 0
     skipped: list[str] = []

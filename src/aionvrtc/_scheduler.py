@@ -75,6 +75,10 @@ class Stage(enum.Enum):
     DONE = "done"
 
 
+# Where a job holds no compile slot yet: what max_queued bounds.
+_UNSTARTED = frozenset({Stage.LOOKUP, Stage.READING, Stage.QUEUED})
+
+
 class Job:
     """One key's work, shared by every request for that key while it runs."""
 
@@ -212,6 +216,12 @@ class Scheduler:
         waiting = sum(job.stage is Stage.WAITING for job in self.inflight.values())
         return len(self.inflight) - self.running - waiting, self.running, waiting
 
+    def live_queued(self) -> int:
+        """Jobs of live requests that wait to be looked up or compiled (holding no slot)."""
+        return sum(
+            job.priority == LIVE and job.stage in _UNSTARTED for job in self.inflight.values()
+        )
+
     # -- submitting --------------------------------------------------------------------------
 
     def submit(self, spec: KernelSpec, key: str, priority: int, cache: KernelCache) -> Job:
@@ -236,15 +246,21 @@ class Scheduler:
                 elif shared.stage is Stage.QUEUED:
                     self._push(shared)
             return shared
-        if self.max_queued is not None and self.counts()[0] >= self.max_queued:
+        # Only live requests are bounded, and only live jobs count: a prefetch (a warm-up of a
+        # whole manifest, say) is neither refused nor in the way of the requests it serves.
+        if (
+            priority == LIVE
+            and self.max_queued is not None
+            and self.live_queued() >= self.max_queued
+        ):
             return self._refused(Job(key, spec, priority, cache))
         job = self.inflight[key] = Job(key, spec, priority, cache)
         self._look_up(job)  # a hit is served from the I/O lane; a miss goes on to compile
         return job
 
     def _refused(self, job: Job) -> Job:
-        """``job`` done with QueueFull: max_queued jobs hold no compile slot yet. Not kept in
-        flight nor remembered: the next request for its key is served once there is room."""
+        """``job`` done with QueueFull: max_queued live jobs hold no compile slot yet. Not kept
+        in flight nor remembered: the next request for its key is served once there is room."""
         self.rejected += 1
         job.error = QueueFull(
             f"{self.max_queued} kernels are waiting to be looked up or compiled "

@@ -38,6 +38,7 @@ import functools
 import hashlib
 import hmac
 import logging
+import math
 import re
 import secrets
 import threading
@@ -179,9 +180,10 @@ class RedisTier:
 
     Raises:
         ImportError: The redis package is not installed (``pip install 'aionvrtc[redis]'``).
-        ValueError: ``url`` is not a Redis URL; ``ttl``, ``timeout``, ``lock_ttl``, ``poll``
-            or ``max_entry_bytes`` is not positive; ``secret`` is empty; or there is no secret
-            and ``allow_unsigned`` is False.
+        ValueError: ``url`` is not a Redis URL; ``ttl``, ``timeout``, ``lock_ttl`` or ``poll``
+            is not positive and finite, ``wait_timeout`` not finite and >= 0, or
+            ``max_entry_bytes`` not positive; ``secret`` is empty; or there is no secret and
+            ``allow_unsigned`` is False.
     """
 
     origin: Origin = "remote"
@@ -207,11 +209,17 @@ class RedisTier:
             raise ImportError(
                 "the remote tier needs the redis package: pip install 'aionvrtc[redis]'"
             ) from exc
-        if ttl is not None and ttl <= 0:
+        # NaN passes `<= 0`, and an infinite poll or lock wait would hang a request.
+        if ttl is not None and not 0 < ttl < math.inf:
             raise ValueError(f"ttl must be positive seconds or None, got {ttl}")
         for name, value in (("timeout", timeout), ("lock_ttl", lock_ttl), ("poll", poll)):
-            if value <= 0:
-                raise ValueError(f"{name} must be positive seconds, got {value}")
+            if not 0 < value < math.inf:
+                raise ValueError(f"{name} must be positive, finite seconds, got {value}")
+        if not 0 <= wait_timeout < math.inf:
+            raise ValueError(
+                f"wait_timeout must be finite seconds >= 0 (0: never wait on another host's "
+                f"lock), got {wait_timeout}"
+            )
         if max_entry_bytes <= 0:
             raise ValueError(
                 f"max_entry_bytes must be a positive byte count, got {max_entry_bytes}"

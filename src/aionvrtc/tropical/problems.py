@@ -100,7 +100,9 @@ class Problem:
 
         Args:
             assignment: What ``tropical.einsum(..., argmax=True)`` gives: a mapping from each
-                index to its value; or one value per vertex, in the order of ``vertices``.
+                index to its value; or one value per vertex, in the order of ``vertices``. A
+                row of ``reference.configurations`` is in the order of its indices, which is
+                not always that of ``vertices``: pass ``dict(zip(indices, row))``.
 
         Returns:
             A dict from each vertex to its value.
@@ -181,7 +183,10 @@ class Problem:
         network): what the contraction gives where the assignment attains it.
 
         The weight of the set (independent set, maximal independent set), the weight of the
-        cut (max cut), the energy sum of J_uv s_u s_v + h_v s_v (spin glass), in float64.
+        cut (max cut), the energy sum of J_uv s_u s_v + h_v s_v (spin glass), in float64. For
+        integer weights this is the contraction's value exactly; for weights that are not
+        integers the contraction, summed in the operands' dtype in another order, can differ
+        in its last bits (compare with a tolerance).
 
         Args:
             assignment: As ``configuration`` takes it.
@@ -367,7 +372,7 @@ def maximal_independent_set(
     and a neighbour is in, the semiring's zero elsewhere. In min-plus (the default) the
     contraction is the least weight of a maximal independent set (for unit weights, the
     graph's independent domination number); in max-plus the largest, which is the maximum
-    independent set's.
+    independent set's where every weight is positive.
 
     Args:
         graph: As ``independent_set``.
@@ -449,8 +454,19 @@ def _read_graph(
             raise ValueError(
                 "the graph is directed: pass an undirected graph (networkx: graph.to_undirected())"
             )
+        if getattr(graph, "is_multigraph", lambda: False)():
+            raise ValueError(
+                "the graph is a multigraph: pass a simple graph, its parallel edges merged "
+                "(networkx: nx.Graph(graph), with their weights summed by hand)"
+            )
         listed: list[Any] = list(graph.edges())
         order = list(graph.nodes) if vertices is None else list(vertices)
+        left_out = next((v for v in graph.nodes if v not in set(order)), None)
+        if vertices is not None and left_out is not None:
+            raise ValueError(
+                f"vertices leaves out node {left_out!r} of the graph: list every node, or pass "
+                "the subgraph (networkx: graph.subgraph(vertices))"
+            )
     elif isinstance(graph, (str, bytes)) or not isinstance(graph, Iterable):
         raise TypeError(
             "graph must be a networkx graph or an iterable of edges (u, v), got "
@@ -461,6 +477,8 @@ def _read_graph(
         order = None if vertices is None else list(vertices)
     edges: list[Edge] = []
     seen: set[frozenset[Any]] = set()
+    # The rows of a NumPy array of edges, as pairs of Python's ints.
+    listed = [e.tolist() if isinstance(e, np.ndarray) else e for e in listed]
     for number, edge in enumerate(listed):
         if not isinstance(edge, (tuple, list)) or len(edge) != 2:
             raise ValueError(f"edge {number} is {edge!r}, not a pair of vertices (u, v)")
@@ -551,12 +569,13 @@ def _edge_weights(
     if isinstance(weights, Mapping):
         values = []
         for u, v in edges:
-            if (u, v) in weights:
-                values.append(weights[u, v])
-            elif (v, u) in weights:
-                values.append(weights[v, u])
-            else:
+            both = [weights[e] for e in ((u, v), (v, u)) if e in weights]
+            if not both:
                 raise ValueError(f"{what} has no value for edge {(u, v)!r}")
+            if len(both) == 2 and both[0] != both[1]:
+                raise ValueError(f"{what} gives edge {(u, v)!r} two values, {both[0]!r} as "
+                                 f"{(u, v)!r} and {both[1]!r} as {(v, u)!r}: give one")  # fmt: skip
+            values.append(both[0])
         return _checked(values, dtype, what, edges)
     listed = list(weights)
     if len(listed) != len(edges):
@@ -568,19 +587,29 @@ def _edge_weights(
 def _checked(
     values: Sequence[Any], dtype: np.dtype[Any], what: str, owners: Sequence[Any]
 ) -> tuple[float, ...]:
-    """The weights as floats, each finite and, for an integer dtype, an integer in its range."""
-    out = []
+    """The weights, each finite: floats, or for an integer dtype exact ints (not through a
+    float, which would round past 2^53) whose absolute sum stays inside the type's range (a
+    saturated sum would read as an infinity)."""
+    out: list[float] = []
     for owner, value in zip(owners, values, strict=True):
         try:
             x = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{what} of {owner!r} is {value!r}, not a number") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{what} of {owner!r} is {value!r}, not a finite number") from None
         if not math.isfinite(x):
             raise ValueError(f"{what} of {owner!r} is {value!r}: weights are finite")
         if dtype.kind == "i":
-            info = np.iinfo(dtype)
-            if x != int(x) or not info.min < x < info.max:
-                raise ValueError(f"{what} of {owner!r} is {value!r}, not an integer that "
-                                 f"{dtype} holds: pass dtype='float32' or 'float64'")  # fmt: skip
-        out.append(x)
+            exact = int(value) if isinstance(value, int | np.integer) else int(x)
+            if exact != x and not isinstance(value, int | np.integer):
+                raise ValueError(f"{what} of {owner!r} is {value!r}, not an integer: pass "
+                                 "dtype='float32' or 'float64'")  # fmt: skip
+            out.append(exact)
+        else:
+            out.append(x)
+    if dtype.kind == "i":
+        total, info = sum(abs(int(x)) for x in out), np.iinfo(dtype)
+        if total >= info.max - 1:
+            wider = "dtype='int64'" if dtype != np.int64 else "dtype='float64'"
+            raise ValueError(f"{what} sum to {total:,} in absolute value, past what {dtype} "
+                             f"holds without saturating: pass {wider}")  # fmt: skip
     return tuple(out)

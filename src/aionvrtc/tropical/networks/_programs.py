@@ -36,6 +36,7 @@ from ..products import (
     Semiring,
     Work,
     cupy_module,
+    numpy_dtype,
     run_async,
     run_sync,
 )
@@ -703,12 +704,13 @@ def _arguments(
     arrays = [x for x in operands if hasattr(x, "shape") and hasattr(x, "dtype")]
     if arrays and len(arrays) != len(operands):
         raise TypeError("einsum_program takes arrays, or shapes with dtype=, not both")
+    given = None if dtype is None else numpy_dtype(dtype, "dtype")  # ValueError naming it
     if arrays:
         dtypes = {np.dtype(x.dtype) for x in arrays}
-        if len(dtypes) > 1 or (dtype is not None and np.dtype(dtype) not in dtypes):
+        if len(dtypes) > 1 or (given is not None and given not in dtypes):
             raise ValueError(
                 f"einsum_program operands have dtypes {sorted(map(str, dtypes))}"
-                + (f" and dtype={np.dtype(dtype)} was given" if dtype is not None else "")
+                + (f" and dtype={given} was given" if given is not None else "")
                 + "; give one dtype"
             )
         devices = sorted({x.device.id for x in arrays if isinstance(x, cupy.ndarray)})
@@ -717,17 +719,20 @@ def _arguments(
         if device is None:
             device = devices[0] if devices else cupy.cuda.Device().id
         return [tuple(x.shape) for x in arrays], dtypes.pop(), device
-    if dtype is None:
+    if given is None:
         raise TypeError("einsum_program of shapes needs dtype= (or pass arrays)")
     for i, x in enumerate(operands):
-        if not isinstance(x, tuple | list) or not all(isinstance(n, int) for n in x):
+        # NumPy's integers too: shapes are often worked out with NumPy.
+        if not isinstance(x, tuple | list) or not all(
+            isinstance(n, int | np.integer) and not isinstance(n, bool | np.bool_) for n in x
+        ):
+            shown = repr(x)[:80]
             raise TypeError(
-                f"einsum_program operand {i} must be an array or a shape tuple, not "
-                f"{type(x).__name__}"
+                f"einsum_program operand {i} must be an array or a shape tuple of ints, not {shown}"
             )
     return (
         [tuple(int(n) for n in x) for x in operands],
-        np.dtype(dtype),
+        given,
         cupy.cuda.Device().id if device is None else device,
     )
 

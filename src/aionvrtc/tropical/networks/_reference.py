@@ -141,7 +141,7 @@ def einsum(
     if count:
         return _counted(ring, made, steps, output, sizes)
     if top is not None:
-        return _best(ring, made, steps, output, sizes, top=top)
+        return _best(ring, made, steps, output, sizes, top=top, max_bytes=max_bytes)
     n = len(made)
     for number, step in enumerate(steps):
         chosen = [made.pop(i) for i in step.operands]
@@ -377,10 +377,15 @@ def _best(
     sizes: Mapping[str, int],
     *,
     top: int,
+    max_bytes: int,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """``einsum(..., top=k)`` along ``steps``: each operand as lists of k (value, count) pairs,
     its entry first, each step's products and sums kept to the k best distinct values."""
     n = len(made)
+    for k, (x, held) in made.items():  # each operand's lists, checked before any is made
+        check_size(f"einsum operand {k} ({held!r}) as lists of top={top}", x.size,
+                   itemsize=(x.dtype.itemsize + 8) * top, limit=max_bytes,
+                   bound=max_bytes_bound(max_bytes), fix="pass a smaller top")  # fmt: skip
     lists: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
     for k, (x, _) in made.items():
         values = np.full((*x.shape, top), ring.zero(x.dtype), x.dtype)
@@ -424,10 +429,10 @@ def _contract_best(
     shape = [sizes[c] for c in joint]
     if 0 in shape:
         return values, counts
-    # The list axis stays last: _align is given the letters and a list letter of its own.
     aligned = [(_listed(v, t, joint), _listed(c, t, joint)) for v, c, t in terms]
     what = f"einsum step {number}"
-    for block in _blocks(shape):
+    # A product of two lists is top^2 pairs for each element of the block.
+    for block in _blocks(shape, weight=top * top):
         pick = (*block, slice(None))
 
         def part(x: np.ndarray[Any, Any], pick: tuple[slice, ...] = pick) -> Any:
@@ -447,9 +452,10 @@ def _contract_best(
 
 
 def _listed(x: np.ndarray[Any, Any], letters: str, joint: str) -> np.ndarray[Any, Any]:
-    """``_align`` for an array with a last axis of list entries."""
-    mark = "\uffff"  # a character no subscripts hold: the list axis, kept last
-    return _align(x, letters + mark, joint + mark)
+    """``_align`` for an array with a last axis of list entries, kept last."""
+    order = sorted(range(len(letters)), key=lambda a: joint.index(letters[a]))
+    x = x.transpose([*order, len(letters)])
+    return x[(*(slice(None) if c in letters else np.newaxis for c in joint), slice(None))]
 
 
 def _kept(
@@ -625,6 +631,8 @@ def _along(inputs: Sequence[str], output: str, path: Sequence[Sequence[int]]) ->
         live.append((n + number, keep))
     if len(live) != 1:
         raise ValueError(f"einsum path leaves {len(live)} operands, not one")
+    if not steps and live[0][1] != output:  # one operand, its own sums still to do
+        steps.append(_Step((0,), (live[0][1],), output))
     return steps
 
 
@@ -678,14 +686,16 @@ def _align(x: np.ndarray[Any, Any], letters: str, joint: str) -> np.ndarray[Any,
     return x[tuple(slice(None) if c in letters else np.newaxis for c in joint)]
 
 
-def _blocks(shape: Sequence[int]) -> Iterator[tuple[slice, ...]]:
+def _blocks(shape: Sequence[int], weight: int = 1) -> Iterator[tuple[slice, ...]]:
     """Slices cutting ``shape`` (no size 0 in it) into blocks of at most ``CHUNK_ELEMENTS``
-    elements: single indices of the leading axes, a run of one axis, the trailing axes whole."""
+    elements, each weighing ``weight`` (a block of them is that many times the memory): single
+    indices of the leading axes, a run of one axis, the trailing axes whole."""
     if not shape:
         yield ()
         return
-    axis = next(a for a in range(len(shape)) if math.prod(shape[a + 1 :]) <= CHUNK_ELEMENTS)
-    step = max(1, CHUNK_ELEMENTS // math.prod(shape[axis + 1 :]))
+    chunk = max(1, CHUNK_ELEMENTS // weight)
+    axis = next(a for a in range(len(shape)) if math.prod(shape[a + 1 :]) <= chunk)
+    step = max(1, chunk // math.prod(shape[axis + 1 :]))
     rest = (slice(None),) * (len(shape) - axis - 1)
     for head in itertools.product(*(range(n) for n in shape[:axis])):
         for start in range(0, shape[axis], step):
