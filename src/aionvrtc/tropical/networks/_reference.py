@@ -234,6 +234,7 @@ def configurations(
     values of the indices a step sums at which its operands' product attains the step's value,
     so only branches that reach the value are followed: the work past the two contractions is
     about the number of assignments times the number of steps. Exact where ``count=True`` is.
+    Every step's result is kept until the end (``max_bytes`` bounds each, not their sum).
 
     Args:
         subscripts: As ``einsum``; the output has no index (``"...->"``).
