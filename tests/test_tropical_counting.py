@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aionvrtc.tropical import SEMIRINGS
-from aionvrtc.tropical.networks import _reference as contraction  # the NumPy einsum
+from aionvrtc.tropical.networks import _contraction as contraction  # the NumPy einsum's steps
 from aionvrtc.tropical.products import combine
 from aionvrtc.tropical.reference import configurations, einsum
 

@@ -1,0 +1,382 @@
+"""The NumPy reference's other semirings over the same steps: counting the assignments that
+attain each value (``einsum(..., count=True)``), the k best values with their counts
+(``top=k``), and every assignment attaining a scalar contraction (``configurations``), with
+the int64 bound on counts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..products import MAX_BYTES, Semiring, check_size, combine, max_bytes_bound
+from ._contraction import Step, Term, align, blocks, contract, prepare
+
+__all__ = ["MAX_TOP", "best", "check_top", "configurations", "counted"]
+
+
+def configurations(
+    subscripts: str,
+    *operands: Any,
+    semiring: str = "maxplus",
+    path: Sequence[Sequence[int]] | None = None,
+    max_bytes: int = MAX_BYTES,
+    limit: int = 10_000,
+) -> tuple[Any, str, np.ndarray[Any, Any]]:
+    """Every assignment of the indices that attains a scalar contraction's value: for a graph
+    problem's network, every optimal configuration.
+
+    The bounded method: the network is contracted once for the value (keeping each step's
+    result) and once for the count of the assignments attaining it (``einsum(..., count=True)``);
+    then, from the last step back to the first, each partial assignment is extended by the
+    values of the indices a step sums at which its operands' product attains the step's value,
+    so only branches that reach the value are followed: the work past the two contractions is
+    about the number of assignments times the number of steps. Exact where ``count=True`` is.
+    Every step's result is kept until the end (``max_bytes`` bounds each, not their sum).
+
+    Args:
+        subscripts: As ``einsum``; the output has no index (``"...->"``).
+        *operands: As ``einsum``.
+        semiring: As ``einsum``.
+        path: As ``einsum``.
+        max_bytes: As ``einsum``, for the results with their counts.
+        limit: The most assignments returned (default 10,000). Past it the call says how many
+            there are, and returns none.
+
+    Returns:
+        The triple (value, indices, rows): the value as ``einsum`` gives it; the indices, a
+        str, each once, in the order they first appear in ``subscripts``; an int64 array of
+        one row per assignment and one column per index, the rows in increasing order. No
+        rows where the value is the semiring's zero.
+
+    Raises:
+        ValueError: As ``einsum``; the output has an index; ``limit`` is below 1; more than
+            ``limit`` assignments attain the value (the message says how many).
+        TypeError: As ``einsum``; ``limit`` is not an int.
+        OverflowError: The count passes 2^63 - 1.
+    """
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise TypeError(f"limit must be an int, got {type(limit).__name__}")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    net = prepare(subscripts, operands, semiring, path, max_bytes, extra=(8, 1))
+    if net.output:
+        raise ValueError(
+            f"configurations takes a scalar contraction (subscripts ending in '->'), not one "
+            f"with the output {net.output!r}: the assignments of a cell are those of the "
+            "network with the output's indices fixed to it (slice the operands there)"
+        )
+    ring, steps, sizes, n = net.ring, net.steps, net.sizes, len(net.made)
+    value, count = counted(ring, dict(net.made), steps, "", sizes)
+    if count > limit:
+        raise ValueError(
+            f"{int(count):,} assignments attain the value {value}, more than limit={limit:,}: "
+            "pass a larger limit, or count them alone with einsum(..., count=True)"
+        )
+    columns = np.zeros((0, len(net.letters)), np.int64)
+    if count == 0:
+        return value, net.letters, columns
+    results: dict[int, Term] = dict(net.made)
+    made = dict(net.made)
+    for number, step in enumerate(steps):
+        chosen = [made.pop(i) for i in step.operands]
+        made[n + number] = results[n + number] = (
+            contract(ring, chosen, step.keep, sizes),
+            step.keep,
+        )
+    partial: list[dict[str, int]] = [{}]
+    for number in reversed(range(len(steps))):
+        step = steps[number]
+        target, keep = results[n + number]
+        grown = []
+        for fixed in partial:
+            cell = target[tuple(fixed[c] for c in keep)]
+            grown += [
+                fixed | more for more in _attaining(ring, step, results, fixed, cell, sizes=sizes)
+            ]
+        partial = grown
+    rows = np.array([[fixed[c] for c in net.letters] for fixed in partial], np.int64)
+    if not len(partial):
+        return value, net.letters, columns
+    if net.letters:  # the rows in increasing order (lexsort's last key is its first)
+        rows = rows[np.lexsort(rows.T[::-1])]
+    return value, net.letters, rows
+
+
+def _attaining(
+    ring: Semiring,
+    step: Step,
+    results: Mapping[int, Term],
+    fixed: Mapping[str, int],
+    cell: Any,
+    *,
+    sizes: Mapping[str, int],
+) -> list[dict[str, int]]:
+    """The values of the indices ``step`` sums at which, its kept indices at ``fixed``, the
+    product of its operands attains ``cell`` (never the zero)."""
+    summed = "".join(dict.fromkeys(c for t in step.inputs for c in t if c not in step.keep))
+    product: Any = None
+    for k in step.operands:
+        x, letters = results[k]
+        picked = x[tuple(fixed[c] if c in step.keep else slice(None) for c in letters)]
+        part = align(np.asarray(picked), "".join(c for c in letters if c not in step.keep),
+                      summed)  # fmt: skip
+        product = part if product is None else combine(ring, product, part)
+    product = np.broadcast_to(np.asarray(product), [sizes[c] for c in summed])
+    hits = np.argwhere((product == cell) & entry_counts(ring, product))
+    return [dict(zip(summed, map(int, at), strict=True)) for at in hits]
+
+
+def counted(
+    ring: Semiring,
+    made: dict[int, Term],
+    steps: Sequence[Step],
+    output: str,
+    sizes: Mapping[str, int],
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """``einsum(..., count=True)`` along ``steps``: each operand paired with its counts (1 for
+    an entry, 0 for the zero or a NaN), each step contracted in the counting semiring."""
+    n = len(made)
+    counts: dict[int, np.ndarray[Any, Any]] = {
+        k: entry_counts(ring, x).astype(np.int64) for k, (x, _) in made.items()
+    }
+    for number, step in enumerate(steps):
+        chosen = [made.pop(i) for i in step.operands]
+        tallies = [counts.pop(i) for i in step.operands]
+        value, tally = _contract_counted(ring, chosen, tallies, step.keep, sizes, number=number)
+        made[n + number], counts[n + number] = (value, step.keep), tally
+    ((k, (x, letters)),) = made.items()
+    if letters == output:
+        return x, counts[k]
+    return (
+        np.ascontiguousarray(align(x, letters, output)),
+        np.ascontiguousarray(align(counts[k], letters, output)),
+    )
+
+
+def check_top(top: object, count: bool) -> None:
+    if top is None:
+        return
+    if not isinstance(top, int) or isinstance(top, bool):
+        raise TypeError(f"top must be an int (how many best values), got {type(top).__name__}")
+    if not 1 <= top <= MAX_TOP:
+        raise ValueError(f"top must be from 1 to {MAX_TOP}, got {top}")
+    if count:
+        raise ValueError("pass count=True or top=k, not both: top=k counts each of its values")
+
+
+MAX_TOP = 64
+
+
+def best(
+    ring: Semiring,
+    made: dict[int, Term],
+    steps: Sequence[Step],
+    output: str,
+    sizes: Mapping[str, int],
+    *,
+    top: int,
+    max_bytes: int,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """``einsum(..., top=k)`` along ``steps``: each operand as lists of k (value, count) pairs,
+    its entry first, each step's products and sums kept to the k best distinct values."""
+    n = len(made)
+    for k, (x, held) in made.items():  # each operand's lists, checked before any is made
+        check_size(f"einsum operand {k} ({held!r}) as lists of top={top}", x.size,
+                   itemsize=(x.dtype.itemsize + 8) * top, limit=max_bytes,
+                   bound=max_bytes_bound(max_bytes), fix="pass a smaller top")  # fmt: skip
+    lists: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
+    for k, (x, _) in made.items():
+        values = np.full((*x.shape, top), ring.zero(x.dtype), x.dtype)
+        counts = np.zeros((*x.shape, top), np.int64)
+        entries = entry_counts(ring, x)
+        values[..., 0] = np.where(entries, x, ring.zero(x.dtype))
+        counts[..., 0] = entries
+        lists[k] = values, counts
+    letters = {k: t for k, (_, t) in made.items()}
+    for number, step in enumerate(steps):
+        chosen = [(*lists.pop(i), letters.pop(i)) for i in step.operands]
+        lists[n + number] = _contract_best(ring, chosen, step.keep, sizes, top, number=number)
+        letters[n + number] = step.keep
+    ((k, (values, counts)),) = lists.items()
+    if letters[k] == output:
+        return values, counts
+    order = [letters[k].index(c) for c in output] + [len(output)]
+    return (
+        np.ascontiguousarray(values.transpose(order)),
+        np.ascontiguousarray(counts.transpose(order)),
+    )
+
+
+def _contract_best(
+    ring: Semiring,
+    terms: Sequence[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str]],
+    out: str,
+    sizes: Mapping[str, int],
+    top: int,
+    *,
+    number: int,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """One step with lists of ``top`` (value, count) pairs on a last axis: the pairs of each
+    product formed two lists at a time, kept to the best, then merged over the summed indices
+    and over the blocks."""
+    joint = out + "".join(dict.fromkeys(c for *_, s in terms for c in s if c not in out))
+    dtype = terms[0][0].dtype
+    zero = ring.zero(dtype)
+    values = np.full([*(sizes[c] for c in out), top], zero, dtype=dtype)
+    counts = np.zeros([*(sizes[c] for c in out), top], dtype=np.int64)
+    shape = [sizes[c] for c in joint]
+    if 0 in shape:
+        return values, counts
+    aligned = [(_listed(v, t, joint), _listed(c, t, joint)) for v, c, t in terms]
+    what = f"einsum step {number}"
+    # A product of two lists is top^2 pairs for each element of the block.
+    for block in blocks(shape, weight=top * top):
+        pick = (*block, slice(None))
+
+        def part(x: np.ndarray[Any, Any], pick: tuple[slice, ...] = pick) -> Any:
+            return x[tuple(b if n > 1 else slice(None) for b, n in zip(pick, x.shape, strict=True))]
+
+        v, c = part(aligned[0][0]), part(aligned[0][1])
+        for x, m in aligned[1:]:
+            pv = combine(ring, v[..., :, None], part(x)[..., None, :])
+            pc = _times(c[..., :, None], part(m)[..., None, :], what)
+            v, c = _kept(ring, pv.reshape(*pv.shape[:-2], -1), pc.reshape(*pc.shape[:-2], -1), top)
+        where = block[: len(out)]
+        lead = v.shape[: len(out)]
+        v = np.concatenate([values[where], v.reshape(*lead, -1)], axis=-1)
+        c = np.concatenate([counts[where], c.reshape(*lead, -1)], axis=-1)
+        values[where], counts[where] = _kept(ring, v, c, top, what=what)
+    return values, counts
+
+
+def _listed(x: np.ndarray[Any, Any], letters: str, joint: str) -> np.ndarray[Any, Any]:
+    """``align`` for an array with a last axis of list entries, kept last."""
+    order = sorted(range(len(letters)), key=lambda a: joint.index(letters[a]))
+    x = x.transpose([*order, len(letters)])
+    return x[(*(slice(None) if c in letters else np.newaxis for c in joint), slice(None))]
+
+
+def _kept(
+    ring: Semiring,
+    values: np.ndarray[Any, Any],
+    counts: np.ndarray[Any, Any],
+    top: int,
+    *,
+    what: str = "einsum",
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The ``top`` best distinct values along the last axis, best first, each with the sum of
+    its counts (the zero, and pairs of count 0, count for nothing); padded with the zero."""
+    zero = ring.zero(values.dtype)
+    counts = np.where(entry_counts(ring, values), counts, 0)
+    values = np.where(counts > 0, values, zero)
+    lead, width = values.shape[:-1], values.shape[-1]
+    flat_v, flat_c = values.reshape(-1, width), counts.reshape(-1, width)
+    order = np.argsort(flat_v, axis=-1, kind="stable")
+    if ring.maximise:
+        order = order[:, ::-1]
+    v = np.take_along_axis(flat_v, order, axis=-1)
+    c = np.take_along_axis(flat_c, order, axis=-1)
+    starts = np.ones(v.shape, bool)
+    starts[:, 1:] = v[:, 1:] != v[:, :-1]
+    group = np.cumsum(starts, axis=-1) - 1
+    rows = np.broadcast_to(np.arange(len(v))[:, None], v.shape)
+    keep = group < top
+    out_v = np.full((len(v), top), zero, values.dtype)
+    out_v[rows[keep & starts], group[keep & starts]] = v[keep & starts]
+    if np.sum(c, axis=-1, dtype=np.float64).max(initial=0.0) > _CHECK_ABOVE:
+        exact = np.zeros((len(v), top), object)
+        np.add.at(exact, (rows[keep], group[keep]), c[keep].astype(object))
+        _fits(exact, what)
+    out_c = np.zeros((len(v), top), np.int64)
+    np.add.at(out_c, (rows[keep], group[keep]), c[keep])
+    out_c[out_v == zero] = 0
+    return out_v.reshape(*lead, top), out_c.reshape(*lead, top)
+
+
+def entry_counts(ring: Semiring, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """True where an entry counts for an assignment: it is neither the zero nor a NaN."""
+    zero = ring.zero(x.dtype)
+    return np.asarray((x != zero) & (x == x))  # noqa: PLR0124  # x == x is False for a NaN
+
+
+def _contract_counted(
+    ring: Semiring,
+    terms: Sequence[Term],
+    tallies: Sequence[np.ndarray[Any, Any]],
+    out: str,
+    sizes: Mapping[str, int],
+    *,
+    number: int,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """``contract`` in the counting semiring: the value as ``contract`` gives it, and the
+    number of assignments of the summed indices whose product attains it, block by block."""
+    joint = out + "".join(dict.fromkeys(c for _, s in terms for c in s if c not in out))
+    dtype = terms[0][0].dtype
+    zero = ring.zero(dtype)
+    add: np.ufunc = np.logical_or if ring.name == "andor" else np.fmax if ring.maximise else np.fmin
+    result = np.full([sizes[c] for c in out], zero, dtype=dtype)
+    tally = np.zeros([sizes[c] for c in out], dtype=np.int64)
+    shape = [sizes[c] for c in joint]
+    if 0 in shape:
+        return result, tally
+    aligned = [align(x, letters, joint) for x, letters in terms]
+    counted = [align(c, letters, joint) for c, (_, letters) in zip(tallies, terms, strict=True)]
+    summed = tuple(range(len(out), len(joint)))
+    what = f"einsum step {number}"
+    for block in blocks(shape):
+
+        def part(x: np.ndarray[Any, Any], block: tuple[slice, ...] = block) -> Any:
+            return x[
+                tuple(b if n > 1 else slice(None) for b, n in zip(block, x.shape, strict=True))
+            ]
+
+        product, many = part(aligned[0]), part(counted[0])
+        for x, c in zip(aligned[1:], counted[1:], strict=True):
+            product = combine(ring, product, part(x))
+            many = _times(many, part(c), what)
+        many = np.where(entry_counts(ring, np.asarray(product)), many, 0)
+        if summed:
+            best = add.reduce(product, axis=summed, keepdims=True)
+            hits = np.where((product == best) & (many > 0), many, 0)
+            best, many = best.squeeze(axis=summed), _sum(hits, summed, what)
+        where = block[: len(out)]
+        new = add(result[where], best if summed else product)
+        kept = np.where(result[where] == new, tally[where], 0)
+        tally[where] = _sum(np.stack([kept, np.where((best if summed else product) == new,
+                                                     many, 0)]), (0,), what)  # fmt: skip
+        result[where] = new
+    tally[~entry_counts(ring, result)] = 0
+    return result, tally
+
+
+# Past this a product or sum of int64 counts is checked again in Python's integers: below it
+# the float64 estimate (relative error 2^-53 a step) cannot hide an overflow.
+_CHECK_ABOVE = float(1 << 62)
+_INT64_MAX = (1 << 63) - 1
+
+
+def _times(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], what: str) -> np.ndarray[Any, Any]:
+    """a * b of int64 counts, exact, or OverflowError."""
+    if np.multiply(a, b, dtype=np.float64).max(initial=0.0) > _CHECK_ABOVE:
+        # ndarray.astype(object) holds Python's ints (a NumPy scalar's would stay int64)
+        exact = np.multiply(np.asarray(a).astype(object), np.asarray(b).astype(object))
+        _fits(exact, what)
+    return np.asarray(np.multiply(a, b))
+
+
+def _sum(x: np.ndarray[Any, Any], axes: tuple[int, ...], what: str) -> np.ndarray[Any, Any]:
+    """The sum of int64 counts over ``axes``, exact, or OverflowError."""
+    if np.sum(x, axis=axes, dtype=np.float64).max(initial=0.0) > _CHECK_ABOVE:
+        _fits(np.sum(np.asarray(x).astype(object), axis=axes), what)
+    return np.asarray(np.sum(x, axis=axes, dtype=np.int64))
+
+
+def _fits(exact: Any, what: str) -> None:
+    if max(np.ravel(exact), default=0) > _INT64_MAX:
+        raise OverflowError(
+            f"{what}: a count of assignments passes 2^63 - 1, more than int64 holds; count "
+            "the network in parts (fix some of its indices, and add the parts' counts in "
+            "Python's integers)"
+        )
