@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +40,11 @@ __all__ = [
     "blocks",
     "contract",
     "distinct_axes",
+    "in_block",
+    "joint_indices",
     "left_to_right",
     "prepare",
+    "reduction",
 ]
 
 # One operand with its subscripts: an array and one letter per axis.
@@ -200,11 +203,10 @@ def contract(
 ) -> np.ndarray[Any, Any]:
     """The zero (+) the sum over the indices not in ``out`` of the terms' product (left to
     right), one axis per letter of ``out``, broadcast over all the terms' indices in blocks."""
-    joint = out + "".join(dict.fromkeys(c for _, s in terms for c in s if c not in out))
+    joint = joint_indices((s for _, s in terms), out)
     dtype = terms[0][0].dtype
     zero = ring.zero(dtype)
-    # fmax / fmin skip NaN: a NaN input counts as the zero, as a NaN product does.
-    add: np.ufunc = np.logical_or if ring.name == "andor" else np.fmax if ring.maximise else np.fmin
+    add = reduction(ring)
     result = np.full([sizes[c] for c in out], zero, dtype=dtype)
     shape = [sizes[c] for c in joint]
     if 0 in shape:  # nothing to sum: every cell (if any) is the empty sum
@@ -212,11 +214,7 @@ def contract(
     aligned = [align(x, letters, joint) for x, letters in terms]
     summed = tuple(range(len(out), len(joint)))
     for block in blocks(shape):
-        # An operand lacking an index has a broadcast axis of size 1 there: take all of it.
-        parts = [
-            x[tuple(b if n > 1 else slice(None) for b, n in zip(block, x.shape, strict=True))]
-            for x in aligned
-        ]
+        parts = [in_block(x, block) for x in aligned]
         product = parts[0]
         for part in parts[1:]:
             product = combine(ring, product, part)
@@ -225,6 +223,24 @@ def contract(
         where = block[: len(out)]
         result[where] = add(result[where], product)  # (+) into the cells, from the zero
     return result
+
+
+def joint_indices(inputs: Iterable[str], out: str) -> str:
+    """The indices a step broadcasts over: ``out``'s, then the others of ``inputs`` once each,
+    as they first appear."""
+    return out + "".join(dict.fromkeys(c for letters in inputs for c in letters if c not in out))
+
+
+def reduction(ring: Semiring) -> np.ufunc:
+    """The semiring's (+) as a ufunc. fmax and fmin skip NaN: a NaN input counts as the zero,
+    as a NaN product does."""
+    return np.logical_or if ring.name == "andor" else np.fmax if ring.maximise else np.fmin
+
+
+def in_block(x: np.ndarray[Any, Any], block: tuple[slice, ...]) -> Any:
+    """The part of ``x`` (aligned to a step's indices) in ``block``: an axis of size 1, where
+    ``x`` lacks the index and is broadcast, is taken whole."""
+    return x[tuple(b if n > 1 else slice(None) for b, n in zip(block, x.shape, strict=True))]
 
 
 def align(x: np.ndarray[Any, Any], letters: str, joint: str) -> np.ndarray[Any, Any]:

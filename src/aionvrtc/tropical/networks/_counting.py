@@ -11,7 +11,16 @@ from typing import Any
 import numpy as np
 
 from ..products import MAX_BYTES, Semiring, check_size, combine, max_bytes_bound
-from ._contraction import Step, Term, align, blocks, contract, prepare
+from ._contraction import (
+    Step,
+    Term,
+    align,
+    blocks,
+    in_block,
+    joint_indices,
+    prepare,
+    reduction,
+)
 
 __all__ = ["MAX_TOP", "best", "check_top", "configurations", "counted"]
 
@@ -27,13 +36,14 @@ def configurations(
     """Every assignment of the indices that attains a scalar contraction's value: for a graph
     problem's network, every optimal configuration.
 
-    The bounded method: the network is contracted once for the value (keeping each step's
-    result) and once for the count of the assignments attaining it (``einsum(..., count=True)``);
-    then, from the last step back to the first, each partial assignment is extended by the
-    values of the indices a step sums at which its operands' product attains the step's value,
-    so only branches that reach the value are followed: the work past the two contractions is
-    about the number of assignments times the number of steps. Exact where ``count=True`` is.
-    Every step's result is kept until the end (``max_bytes`` bounds each, not their sum).
+    The bounded method: the network is contracted once in the counting semiring
+    (``einsum(..., count=True)``: the value, the count of the assignments attaining it, and each
+    step's result kept); then, from the last step back to the first, each partial assignment is
+    extended by the values of the indices a step sums at which its operands' product attains
+    the step's value, so only branches that reach the value are followed: the work past the
+    contraction is about the number of assignments times the number of steps. Exact where
+    ``count=True`` is. Every step's result is kept until the end (``max_bytes`` bounds each,
+    not their sum).
 
     Args:
         subscripts: As ``einsum``; the output has no index (``"...->"``).
@@ -68,7 +78,8 @@ def configurations(
             "network with the output's indices fixed to it (slice the operands there)"
         )
     ring, steps, sizes, n = net.ring, net.steps, net.sizes, len(net.made)
-    value, count = counted(ring, dict(net.made), steps, "", sizes)
+    results: dict[int, Term] = dict(net.made)  # every operand and step result, by number
+    value, count = counted(ring, dict(net.made), steps, "", sizes, kept=results)
     if count > limit:
         raise ValueError(
             f"{int(count):,} assignments attain the value {value}, more than limit={limit:,}: "
@@ -77,14 +88,6 @@ def configurations(
     columns = np.zeros((0, len(net.letters)), np.int64)
     if count == 0:
         return value, net.letters, columns
-    results: dict[int, Term] = dict(net.made)
-    made = dict(net.made)
-    for number, step in enumerate(steps):
-        chosen = [made.pop(i) for i in step.operands]
-        made[n + number] = results[n + number] = (
-            contract(ring, chosen, step.keep, sizes),
-            step.keep,
-        )
     partial: list[dict[str, int]] = [{}]
     for number in reversed(range(len(steps))):
         step = steps[number]
@@ -134,9 +137,12 @@ def counted(
     steps: Sequence[Step],
     output: str,
     sizes: Mapping[str, int],
+    *,
+    kept: dict[int, Term] | None = None,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """``einsum(..., count=True)`` along ``steps``: each operand paired with its counts (1 for
-    an entry, 0 for the zero or a NaN), each step contracted in the counting semiring."""
+    an entry, 0 for the zero or a NaN), each step contracted in the counting semiring. Each
+    step's values go into ``kept`` too, by number, where it is given."""
     n = len(made)
     counts: dict[int, np.ndarray[Any, Any]] = {
         k: entry_counts(ring, x).astype(np.int64) for k, (x, _) in made.items()
@@ -146,6 +152,8 @@ def counted(
         tallies = [counts.pop(i) for i in step.operands]
         value, tally = _contract_counted(ring, chosen, tallies, step.keep, sizes, number=number)
         made[n + number], counts[n + number] = (value, step.keep), tally
+        if kept is not None:
+            kept[n + number] = value, step.keep
     ((k, (x, letters)),) = made.items()
     if letters == output:
         return x, counts[k]
@@ -221,7 +229,7 @@ def _contract_best(
     """One step with lists of ``top`` (value, count) pairs on a last axis: the pairs of each
     product formed two lists at a time, kept to the best, then merged over the summed indices
     and over the blocks."""
-    joint = out + "".join(dict.fromkeys(c for *_, s in terms for c in s if c not in out))
+    joint = joint_indices((s for *_, s in terms), out)
     dtype = terms[0][0].dtype
     zero = ring.zero(dtype)
     values = np.full([*(sizes[c] for c in out), top], zero, dtype=dtype)
@@ -233,15 +241,11 @@ def _contract_best(
     what = f"einsum step {number}"
     # A product of two lists is top^2 pairs for each element of the block.
     for block in blocks(shape, weight=top * top):
-        pick = (*block, slice(None))
-
-        def part(x: np.ndarray[Any, Any], pick: tuple[slice, ...] = pick) -> Any:
-            return x[tuple(b if n > 1 else slice(None) for b, n in zip(pick, x.shape, strict=True))]
-
-        v, c = part(aligned[0][0]), part(aligned[0][1])
+        pick = (*block, slice(None))  # each list whole
+        v, c = in_block(aligned[0][0], pick), in_block(aligned[0][1], pick)
         for x, m in aligned[1:]:
-            pv = combine(ring, v[..., :, None], part(x)[..., None, :])
-            pc = _times(c[..., :, None], part(m)[..., None, :], what)
+            pv = combine(ring, v[..., :, None], in_block(x, pick)[..., None, :])
+            pc = _times(c[..., :, None], in_block(m, pick)[..., None, :], what)
             v, c = _kept(ring, pv.reshape(*pv.shape[:-2], -1), pc.reshape(*pc.shape[:-2], -1), top)
         where = block[: len(out)]
         lead = v.shape[: len(out)]
@@ -312,10 +316,10 @@ def _contract_counted(
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """``contract`` in the counting semiring: the value as ``contract`` gives it, and the
     number of assignments of the summed indices whose product attains it, block by block."""
-    joint = out + "".join(dict.fromkeys(c for _, s in terms for c in s if c not in out))
+    joint = joint_indices((s for _, s in terms), out)
     dtype = terms[0][0].dtype
     zero = ring.zero(dtype)
-    add: np.ufunc = np.logical_or if ring.name == "andor" else np.fmax if ring.maximise else np.fmin
+    add = reduction(ring)
     result = np.full([sizes[c] for c in out], zero, dtype=dtype)
     tally = np.zeros([sizes[c] for c in out], dtype=np.int64)
     shape = [sizes[c] for c in joint]
@@ -326,16 +330,10 @@ def _contract_counted(
     summed = tuple(range(len(out), len(joint)))
     what = f"einsum step {number}"
     for block in blocks(shape):
-
-        def part(x: np.ndarray[Any, Any], block: tuple[slice, ...] = block) -> Any:
-            return x[
-                tuple(b if n > 1 else slice(None) for b, n in zip(block, x.shape, strict=True))
-            ]
-
-        product, many = part(aligned[0]), part(counted[0])
+        product, many = in_block(aligned[0], block), in_block(counted[0], block)
         for x, c in zip(aligned[1:], counted[1:], strict=True):
-            product = combine(ring, product, part(x))
-            many = _times(many, part(c), what)
+            product = combine(ring, product, in_block(x, block))
+            many = _times(many, in_block(c, block), what)
         many = np.where(entry_counts(ring, np.asarray(product)), many, 0)
         if summed:
             best = add.reduce(product, axis=summed, keepdims=True)
