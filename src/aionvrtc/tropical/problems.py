@@ -261,7 +261,7 @@ def independent_set(
     """
     found, edges = _read_graph(graph, vertices)
     dtype = _dtype(dtype)
-    w = _vertex_weights(graph, found, weights, dtype, "weights")
+    w = _weights(graph, found, weights, dtype, "weights", edges=False)
     zero = SEMIRINGS["maxplus"].zero(dtype)
     index = _indices(found)
     terms = [index[v] for v in found] + [index[u] + index[v] for u, v in edges]
@@ -301,7 +301,7 @@ def max_cut(
     """
     found, edges = _read_graph(graph, vertices)
     dtype = _dtype(dtype)
-    w = _edge_weights(graph, edges, weights, dtype, "weights")
+    w = _weights(graph, edges, weights, dtype, "weights", edges=True)
     tensors = [np.array([[0, x], [x, 0]], dtype) for x in w]
     return _edge_network(
         "max cut", "maxplus", found, edges, weights=w, tensors=tensors, dtype=dtype
@@ -342,13 +342,13 @@ def spin_glass(
     """
     found, edges = _read_graph(graph, vertices)
     dtype = _dtype(dtype)
-    j = _edge_weights(graph, edges, couplings, dtype, "couplings")
+    j = _weights(graph, edges, couplings, dtype, "couplings", edges=True)
     tensors = [np.array([[x, -x], [-x, x]], dtype) for x in j]
     if fields is None:
         return _edge_network(
             "spin glass", "minplus", found, edges, weights=j, tensors=tensors, dtype=dtype
         )
-    h = _vertex_weights(graph, found, fields, dtype, "fields")
+    h = _weights(graph, found, fields, dtype, "fields", edges=False)
     index = _indices(found)
     terms = [index[v] for v in found] + [index[u] + index[v] for u, v in edges]
     operands = [np.array([-x, x], dtype) for x in h] + tensors
@@ -397,7 +397,7 @@ def maximal_independent_set(
         )
     found, edges = _read_graph(graph, vertices)
     dtype = _dtype(dtype)
-    w = _vertex_weights(graph, found, weights, dtype, "weights")
+    w = _weights(graph, found, weights, dtype, "weights", edges=False)
     zero = SEMIRINGS[semiring].zero(dtype)
     index = _indices(found)
     neighbours = _neighbours(found, edges)
@@ -528,60 +528,50 @@ def _neighbours(found: Sequence[Vertex], edges: Iterable[Edge]) -> dict[Vertex, 
     return {v: sorted(n, key=place.__getitem__) for v, n in around.items()}
 
 
-def _vertex_weights(
-    graph: Any, found: Sequence[Vertex], weights: Weights, dtype: np.dtype[Any], what: str
+def _weights(
+    graph: Any,
+    owners: Sequence[Any],
+    weights: Weights,
+    dtype: np.dtype[Any],
+    what: str,
+    *,
+    edges: bool,
 ) -> tuple[float, ...]:
+    """One weight per vertex (or edge) of ``owners``, from what the builder was given: none
+    (1 each), a networkx attribute's name, a mapping (an edge's key either way round), or a
+    sequence in their order."""
+    noun, plural = ("edge", "edges") if edges else ("vertex", "vertices")
     if weights is None:
-        return _checked([1.0] * len(found), dtype, what, found)
-    if isinstance(weights, str):
+        values: list[Any] = [1.0] * len(owners)
+    elif isinstance(weights, str):
         if not hasattr(graph, "nodes"):
             raise ValueError(f"{what} names an attribute ({weights!r}), but the graph is an edge "
                              "list: pass a sequence or a mapping")  # fmt: skip
-        lacking = next((v for v in found if weights not in graph.nodes[v]), None)
+        table = graph.edges if edges else graph.nodes
+        lacking = next((o for o in owners if weights not in table[o]), None)
         if lacking is not None:
-            raise ValueError(f"vertex {lacking!r} has no attribute {weights!r} ({what})")
-        return _checked([graph.nodes[v][weights] for v in found], dtype, what, found)
-    if isinstance(weights, Mapping):
-        lacking = next((v for v in found if v not in weights), None)
-        if lacking is not None:
-            raise ValueError(f"{what} has no value for vertex {lacking!r}")
-        return _checked([weights[v] for v in found], dtype, what, found)
-    listed = list(weights)
-    if len(listed) != len(found):
-        raise ValueError(f"{what} has {len(listed)} values for {len(found)} vertices: one per "
-                         "vertex, in their order")  # fmt: skip
-    return _checked(listed, dtype, what, found)
+            raise ValueError(f"{noun} {lacking!r} has no attribute {weights!r} ({what})")
+        values = [table[o][weights] for o in owners]
+    elif isinstance(weights, Mapping):
+        values = [_given(weights, o, what, edge=edges) for o in owners]
+    else:
+        values = list(weights)
+        if len(values) != len(owners):
+            raise ValueError(f"{what} has {len(values)} values for {len(owners)} {plural}: one "
+                             f"per {noun}, in their order")  # fmt: skip
+    return _checked(values, dtype, what, owners)
 
 
-def _edge_weights(
-    graph: Any, edges: Sequence[Edge], weights: Weights, dtype: np.dtype[Any], what: str
-) -> tuple[float, ...]:
-    if weights is None:
-        return _checked([1.0] * len(edges), dtype, what, edges)
-    if isinstance(weights, str):
-        if not hasattr(graph, "nodes"):
-            raise ValueError(f"{what} names an attribute ({weights!r}), but the graph is an edge "
-                             "list: pass a sequence or a mapping")  # fmt: skip
-        lacking = next((e for e in edges if weights not in graph.edges[e]), None)
-        if lacking is not None:
-            raise ValueError(f"edge {lacking!r} has no attribute {weights!r} ({what})")
-        return _checked([graph.edges[e][weights] for e in edges], dtype, what, edges)
-    if isinstance(weights, Mapping):
-        values = []
-        for u, v in edges:
-            both = [weights[e] for e in ((u, v), (v, u)) if e in weights]
-            if not both:
-                raise ValueError(f"{what} has no value for edge {(u, v)!r}")
-            if len(both) == 2 and both[0] != both[1]:
-                raise ValueError(f"{what} gives edge {(u, v)!r} two values, {both[0]!r} as "
-                                 f"{(u, v)!r} and {both[1]!r} as {(v, u)!r}: give one")  # fmt: skip
-            values.append(both[0])
-        return _checked(values, dtype, what, edges)
-    listed = list(weights)
-    if len(listed) != len(edges):
-        raise ValueError(f"{what} has {len(listed)} values for {len(edges)} edges: one per edge, "
-                         "in their order")  # fmt: skip
-    return _checked(listed, dtype, what, edges)
+def _given(weights: Mapping[Any, Any], owner: Any, what: str, *, edge: bool) -> Any:
+    """``owner``'s value in ``weights``: an edge's under (u, v) or (v, u), the same if both."""
+    keys = (owner, owner[::-1]) if edge else (owner,)
+    found = [weights[k] for k in keys if k in weights]
+    if not found:
+        raise ValueError(f"{what} has no value for {'edge' if edge else 'vertex'} {owner!r}")
+    if len(found) == 2 and found[0] != found[1]:
+        raise ValueError(f"{what} gives edge {owner!r} two values, {found[0]!r} as {owner!r} "
+                         f"and {found[1]!r} as {owner[::-1]!r}: give one")  # fmt: skip
+    return found[0]
 
 
 def _checked(
