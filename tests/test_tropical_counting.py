@@ -4,7 +4,6 @@ int64 bound at 2^63."""
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -16,10 +15,17 @@ from hypothesis import strategies as st
 
 from aionvrtc.tropical import SEMIRINGS
 from aionvrtc.tropical.networks import _contraction as contraction  # the NumPy einsum's steps
-from aionvrtc.tropical.products import combine
 from aionvrtc.tropical.reference import configurations, einsum
 
-from .support.einsum import CASES, IDS, PETERSEN, brute_force, expressions
+from .support.einsum import (
+    CASES,
+    IDS,
+    PETERSEN,
+    brute_force,
+    every_product,
+    expressions,
+    output_shape,
+)
 
 
 def brute_force_counts(
@@ -27,30 +33,12 @@ def brute_force_counts(
 ) -> np.ndarray[Any, Any]:
     """For each output cell, how many assignments of all the indices give a product equal to
     the cell's value (``brute_force``'s), none where that value is the zero; one assignment at
-    a time, each product formed left to right with the scalar (x)."""
-    semiring = SEMIRINGS[ring]
+    a time (``every_product``)."""
     value = brute_force(subscripts, operands, ring)
-    lhs, arrow, rhs = subscripts.partition("->")
-    terms = lhs.split(",")
-    if not arrow:
-        seen = Counter(lhs.replace(",", ""))
-        rhs = "".join(sorted(c for c, n in seen.items() if n == 1))
-    sizes = {
-        c: n for t, x in zip(terms, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
-    }
-    letters = sorted(sizes)
-    zero = semiring.zero(operands[0].dtype)
-    counts = np.zeros([sizes[c] for c in rhs], np.int64)
-    for values in itertools.product(*(range(sizes[c]) for c in letters)):
-        at = dict(zip(letters, values, strict=True))
-        factors = [
-            np.asarray(x[tuple(at[c] for c in t)]) for t, x in zip(terms, operands, strict=True)
-        ]
-        p = factors[0]
-        for f in factors[1:]:
-            p = np.asarray(combine(semiring, p, f))
-        cell = tuple(at[c] for c in rhs)
-        if value[cell] != zero and p[()] == value[cell]:
+    zero = SEMIRINGS[ring].zero(operands[0].dtype)
+    counts = np.zeros(output_shape(subscripts, operands), np.int64)
+    for _, cell, p in every_product(subscripts, operands, ring):
+        if value[cell] != zero and p == value[cell]:
             counts[cell] += 1
     return counts
 
@@ -66,19 +54,25 @@ def exact_values(ring: str, dtype: np.dtype[Any]) -> list[Any]:
     return [zero, -2, -1, 0, 1, 2]
 
 
+def exact_operands(
+    data: st.DataObject, ring: str, dtype: np.dtype[Any], drawn: Sequence[np.ndarray[Any, Any]]
+) -> list[np.ndarray[Any, Any]]:
+    """Operands of the shapes drawn, their values drawn from the exact ones: ties are frequent."""
+    values = exact_values(ring, dtype)
+    return [
+        np.asarray(data.draw(st.lists(st.sampled_from(values), min_size=x.size, max_size=x.size)),
+                   dtype).reshape(x.shape)
+        for x in drawn
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
 @settings(derandomize=True, max_examples=300, deadline=None)
 @given(data=st.data())
 def test_counts_match_brute_force(ring: str, dtype: Any, data: st.DataObject) -> None:
     dtype = np.dtype(dtype)
     subscripts, drawn = data.draw(expressions(ring, dtype))
-    # The same shapes, with values drawn from the exact ones: ties are frequent.
-    values = exact_values(ring, dtype)
-    operands = [
-        np.asarray(data.draw(st.lists(st.sampled_from(values), min_size=x.size, max_size=x.size)),
-                   dtype).reshape(x.shape)
-        for x in drawn
-    ]  # fmt: skip
+    operands = exact_operands(data, ring, dtype, drawn)
     want_value = brute_force(subscripts, operands, ring)
     want = brute_force_counts(subscripts, operands, ring)
     got_value, got = einsum(subscripts, *operands, semiring=ring, count=True)
@@ -105,29 +99,13 @@ def brute_force_top(
     """For each output cell, its k best distinct products over all assignments, best first,
     with how many assignments give each; padded with the zero, of count 0."""
     semiring = SEMIRINGS[ring]
-    lhs, arrow, rhs = subscripts.partition("->")
-    terms = lhs.split(",")
-    if not arrow:
-        seen = Counter(lhs.replace(",", ""))
-        rhs = "".join(sorted(c for c, n in seen.items() if n == 1))
-    sizes = {
-        c: n for t, x in zip(terms, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
-    }
-    letters = sorted(sizes)
     dtype = operands[0].dtype
     zero = semiring.zero(dtype)
     tallies: dict[tuple[int, ...], Counter[Any]] = {}
-    for values in itertools.product(*(range(sizes[c]) for c in letters)):
-        at = dict(zip(letters, values, strict=True))
-        factors = [
-            np.asarray(x[tuple(at[c] for c in t)]) for t, x in zip(terms, operands, strict=True)
-        ]
-        p = factors[0]
-        for f in factors[1:]:
-            p = np.asarray(combine(semiring, p, f))
-        if p[()] != zero and p[()] == p[()]:
-            tallies.setdefault(tuple(at[c] for c in rhs), Counter())[p[()].item()] += 1
-    shape = [sizes[c] for c in rhs]
+    for _, cell, p in every_product(subscripts, operands, ring):
+        if p != zero and p == p:  # noqa: PLR0124  # p == p is False for a NaN
+            tallies.setdefault(cell, Counter())[p.item()] += 1
+    shape = output_shape(subscripts, operands)
     best = np.full([*shape, k], zero, dtype)
     counts = np.zeros([*shape, k], np.int64)
     for cell, tally in tallies.items():
@@ -143,12 +121,7 @@ def brute_force_top(
 def test_the_k_best_match_brute_force(ring: str, dtype: Any, data: st.DataObject) -> None:
     dtype = np.dtype(dtype)
     subscripts, drawn = data.draw(expressions(ring, dtype))
-    values = exact_values(ring, dtype)
-    operands = [
-        np.asarray(data.draw(st.lists(st.sampled_from(values), min_size=x.size, max_size=x.size)),
-                   dtype).reshape(x.shape)
-        for x in drawn
-    ]  # fmt: skip
+    operands = exact_operands(data, ring, dtype, drawn)
     k = data.draw(st.sampled_from([1, 2, 3, 8]), label="top")
     want_values, want_counts = brute_force_top(subscripts, operands, ring, k)
     got_values, got_counts = einsum(subscripts, *operands, semiring=ring, top=k)
@@ -299,26 +272,11 @@ def brute_force_rows(
 ) -> list[tuple[int, ...]]:
     """Every assignment (a value per index, in the order of ``letters``) whose product equals
     the scalar contraction's value, none where that is the zero; in increasing order."""
-    semiring = SEMIRINGS[ring]
     value = brute_force(subscripts, operands, ring)[()]
-    if value == semiring.zero(operands[0].dtype):
+    if value == SEMIRINGS[ring].zero(operands[0].dtype):
         return []
-    terms = subscripts.partition("->")[0].split(",")
-    sizes = {
-        c: n for t, x in zip(terms, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
-    }
-    rows = []
-    for values in itertools.product(*(range(sizes[c]) for c in letters)):
-        at = dict(zip(letters, values, strict=True))
-        factors = [
-            np.asarray(x[tuple(at[c] for c in t)]) for t, x in zip(terms, operands, strict=True)
-        ]
-        p = factors[0]
-        for f in factors[1:]:
-            p = np.asarray(combine(semiring, p, f))
-        if p[()] == value:
-            rows.append(values)
-    return rows
+    every = every_product(subscripts, operands, ring)
+    return sorted(tuple(at[c] for c in letters) for at, _, p in every if p == value)
 
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
@@ -330,12 +288,7 @@ def test_every_configuration_matches_brute_force(
     dtype = np.dtype(dtype)
     subscripts, drawn = data.draw(expressions(ring, dtype))
     subscripts = subscripts.partition("->")[0] + "->"  # a scalar contraction
-    values = exact_values(ring, dtype)
-    operands = [
-        np.asarray(data.draw(st.lists(st.sampled_from(values), min_size=x.size, max_size=x.size)),
-                   dtype).reshape(x.shape)
-        for x in drawn
-    ]  # fmt: skip
+    operands = exact_operands(data, ring, dtype, drawn)
     value, letters, rows = configurations(subscripts, *operands, semiring=ring)
     assert letters == "".join(dict.fromkeys(subscripts.replace(",", "").replace("->", "")))
     np.testing.assert_array_equal(value, einsum(subscripts, *operands, semiring=ring))

@@ -7,7 +7,7 @@ import itertools
 import math
 import string
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -265,11 +265,11 @@ def in_eighths(subscripts: str, operands: Sequence[Array], ring: str) -> tuple[i
     return budget, plan, reference.einsum(subscripts, *operands, semiring=ring, path=whole.path)
 
 
-def brute_force(subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring: str) -> Any:
-    """The definition, one assignment of all the indices at a time; nothing shared with einsum
-    but the scalar (x): ``_combine`` on 0-d arrays (test_tropical_cpu.py checks it, through
-    ``matmul``, against arithmetic on Python ints)."""
-    semiring = SEMIRINGS[ring]
+def _read(
+    subscripts: str, operands: Sequence[np.ndarray[Any, Any]]
+) -> tuple[list[str], str, dict[str, int]]:
+    """The terms, the output (numpy.einsum's implicit one without ``->``) and each index's
+    size."""
     lhs, arrow, rhs = subscripts.partition("->")
     terms = lhs.split(",")
     if not arrow:  # numpy.einsum's implicit output
@@ -278,9 +278,25 @@ def brute_force(subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring:
     sizes = {
         c: n for t, x in zip(terms, operands, strict=True) for c, n in zip(t, x.shape, strict=True)
     }
+    return terms, rhs, sizes
+
+
+def output_shape(subscripts: str, operands: Sequence[np.ndarray[Any, Any]]) -> list[int]:
+    _, rhs, sizes = _read(subscripts, operands)
+    return [sizes[c] for c in rhs]
+
+
+def every_product(
+    subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring: str
+) -> Iterator[tuple[dict[str, int], tuple[int, ...], Any]]:
+    """Each assignment of all the indices (in sorted order of the indices, then of their
+    values), the output cell it adds to, and the product of the operands' entries there as a
+    NumPy scalar: formed left to right with ``_combine`` on 0-d arrays, nothing else shared
+    with einsum (test_tropical_cpu.py checks it, through ``matmul``, against arithmetic on
+    Python ints)."""
+    semiring = SEMIRINGS[ring]
+    terms, rhs, sizes = _read(subscripts, operands)
     letters = sorted(sizes)
-    dtype = operands[0].dtype
-    out = np.full([sizes[c] for c in rhs], semiring.zero(dtype), dtype=dtype)
     for values in itertools.product(*(range(sizes[c]) for c in letters)):
         at = dict(zip(letters, values, strict=True))
         factors = [
@@ -289,8 +305,16 @@ def brute_force(subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring:
         p = factors[0]
         for f in factors[1:]:
             p = np.asarray(_combine(semiring, p, f))
-        cell = tuple(at[c] for c in rhs)
-        old, new = out[cell], p[()]
+        yield at, tuple(at[c] for c in rhs), p[()]
+
+
+def brute_force(subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring: str) -> Any:
+    """The definition, one assignment of all the indices at a time (``every_product``)."""
+    semiring = SEMIRINGS[ring]
+    dtype = operands[0].dtype
+    out = np.full(output_shape(subscripts, operands), semiring.zero(dtype), dtype=dtype)
+    for _, cell, new in every_product(subscripts, operands, ring):
+        old = out[cell]
         if ring == "andor":
             out[cell] = old or new
         elif semiring.maximise:
