@@ -132,6 +132,12 @@ async def test_bad_archs_are_clear_errors(cache_dir: Path) -> None:
         with pytest.raises(TypeError, match="arch must be a str such as 'sm_90', not list"):
             await compiler.compile(make_spec(), arch=["sm_90"])  # type: ignore[arg-type]
         assert compiler.stats().compiles == 0
+    with pytest.raises(
+        ValueError, match=r"^arch must look like 'sm_90', 'sm_90a' or 'sm_100f', got 'hopper'$"
+    ):
+        kernel_key(make_spec(), "hopper")
+    with pytest.raises(TypeError, match=r"^arch must be a str such as 'sm_90', not int$"):
+        kernel_key(make_spec(), 90)  # type: ignore[arg-type]
 
 
 async def test_an_arch_nvrtc_cannot_target_is_refused_when_the_compiler_is_made(
@@ -148,6 +154,7 @@ async def test_an_arch_nvrtc_cannot_target_is_refused_when_the_compiler_is_made(
         lambda: Compiler(arch=arch, cache_dir=cache_dir),
         lambda: KernelCache(arch, cache_dir=cache_dir),
         lambda: KernelCache("sm_90", cache_dir=cache_dir).for_arch(arch),
+        lambda: kernel_key(make_spec(), arch),  # a key no entry could ever be stored under
     ):
         with pytest.raises(NvrtcError) as info:
             make()

@@ -95,6 +95,30 @@ def test_verified_but_wrong_entries_are_refused() -> None:
     corrupt("not an ELF file", encode(artifact(image=b"MZ not elf")))
 
 
+def test_names_keep_their_order_and_parts_their_items_through_the_encoding() -> None:
+    # The lowered names in the spec's order (not sorted), the key's parts and their items kept,
+    # the rest of the header sorted as it always was: an entry written before, sorted all
+    # through and without items, decodes and encodes to its very bytes (what bundling checks).
+    names = {"k<float>": "_Z1kIfEvv", "k<double>": "_Z1kIdEvv", "k<int>": "_Z1kIiEvv"}
+    items = {"options": ("-std=c++17", "--use_fast_math"), "headers": ("0123456789abcdef t.h",)}
+    made = artifact(lowered_names=names, parts={"name": "k.cu"}, part_items=items)
+    back = decode(encode(made))
+    assert back == made
+    assert list(back.lowered_names) == ["k<float>", "k<double>", "k<int>"]
+    assert back.part_items == items
+    older = json.dumps(
+        {**good_header(), "lowered_names": names}, sort_keys=True, separators=(",", ":")
+    )
+    entry = checksummed(older.encode(), artifact().image)
+    assert list(decode(entry).lowered_names) == ["k<double>", "k<float>", "k<int>"]
+    assert encode(decode(entry)) == entry
+    bad = {"options": "-O3"}, {"options": [1]}, {"options": ["x" * 257]}, ["options"]
+    for part_items in bad:
+        corrupt(
+            "'part_items' is not names and lists of texts", reencode({"part_items": part_items})
+        )
+
+
 def test_lowered_names_are_read_only() -> None:
     with pytest.raises(TypeError):
         artifact().lowered_names["x"] = "y"  # type: ignore[index]

@@ -517,6 +517,8 @@ def _noncanonical(artifact: Artifact) -> bytes:
         "lowered_names": dict(artifact.lowered_names), "created": artifact.created,
         "compile_seconds": artifact.compile_seconds, "log": artifact.log,
         **({"parts": dict(artifact.parts)} if artifact.parts else {}),
+        **({"part_items": {k: list(v) for k, v in artifact.part_items.items()}}
+           if artifact.part_items else {}),
     }).encode()  # fmt: skip
     body = b"".join((
         _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)), header,

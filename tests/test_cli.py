@@ -954,6 +954,29 @@ def test_doctor_fails_below_a_file_and_says_so_in_one_line(tmp_path: Path) -> No
     assert report["error"] == "checks failed: cache dir (each says its fix)"
 
 
+def test_doctor_shows_each_path_whole_in_a_narrow_terminal(tmp_path: Path) -> None:
+    # At 60 columns the detail column is 16 wide: a path was cut there ("/work/main/.v…"),
+    # now it is folded over as many lines as it takes. Each check's detail, as --json gives
+    # it, is read back whole from the table's detail column (its lines joined, white space
+    # dropped: a wrap at a space drops the space).
+    cache = tmp_path / "a-cache-dir-whose-name-is-wider-than-the-column" / "cache"
+    proc = run("doctor", "--cache-dir", str(cache), env={"COLUMNS": "60"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(map(len, lines)) <= 60
+    column = "".join(line.split("│")[3] for line in lines if line.count("│") == 5)
+    shown = re.sub(r"\s", "", column)
+    report = cli("doctor", cache=cache)
+    details = [c["detail"] for c in report["checks"]]
+    assert str(cache) in " ".join(details)
+    library = report["nvrtc"]["library"]
+    assert "libnvrtc" in library
+    assert library in " ".join(details)
+    for detail in details:
+        assert re.sub(r"\s", "", detail) in shown, detail
+    assert "…" not in proc.stdout
+
+
 def test_doctor_says_which_nvrtc_and_the_driver_its_cubins_need(tmp_path: Path) -> None:
     report = cli("doctor", cache=tmp_path / "c")
     checks = {c["check"]: c for c in report["checks"]}

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +39,7 @@ from aionvrtc import (
 )
 from aionvrtc._cache import Claim
 from aionvrtc._cuda_errors import cuda_status, describe
+from aionvrtc._scheduler import LIVE, Stage
 from aionvrtc._store.disk import DiskTier
 
 from .support import ENTRIES, FakeDriver, driver_error, has_gpu, make_slow_spec, make_spec
@@ -89,6 +90,34 @@ async def test_second_compiler_reads_the_disk(cache_dir: Path) -> None:
         stats = compiler.stats()
     assert again == first
     assert (stats.disk.hits, stats.compiles) == (1, 0)
+
+
+# Names in an order that is not sorted: a disk hit listed them sorted, a compile as given.
+UNSORTED = ("scale_{tag}<float>", "scale_{tag}<double>", "scale_{tag}<int>")
+
+
+async def test_lowered_names_keep_the_specs_order_on_every_path(tmp_path: Path) -> None:
+    from aionvrtc._store.bundle import write_bundle
+
+    tag = "order"
+    spec = make_spec(tag, name_expressions=[name.format(tag=tag) for name in UNSORTED])
+    assert list(spec.name_expressions) != sorted(spec.name_expressions)
+    cache = tmp_path / "cache"
+    async with Compiler(arch="sm_90", cache_dir=cache) as compiler:
+        compiled = await compiler.compile(spec)
+        from_memory = await compiler.compile(spec)
+    async with Compiler(arch="sm_90", cache_dir=cache) as compiler:  # a fresh process's view
+        from_disk = await compiler.compile(spec)
+        assert compiler.stats().disk.hits == 1
+    bundle = tmp_path / "kernels.bundle"
+    write_bundle(bundle, [p.read_bytes() for p in (cache / ENTRIES).glob("*/*")])
+    served = []
+    for layer in (cache, bundle):  # a cache-dir layer, then a bundle
+        async with Compiler(arch="sm_90", disk=False, layers=[layer]) as compiler:
+            served.append(await compiler.compile(spec))
+            assert compiler.stats().compiles == 0
+    for artifact in (compiled, from_memory, from_disk, *served):
+        assert tuple(artifact.lowered_names) == spec.name_expressions
 
 
 async def test_the_disk_counts_one_miss_per_cold_key(cache_dir: Path) -> None:
@@ -1026,9 +1055,114 @@ async def test_past_max_queued_a_request_is_refused_at_once(tmp_path: Path) -> N
         assert sorted(results) == [0, 1, 2]
         assert (stats.rejected, stats.errors, stats.compiles) == (1, 0, 3)
         assert stats.joined == 1
+        # Four requests went to a job (the fourth joined one); the refused one is counted as
+        # rejected alone, not as a request that memory missed.
+        assert (stats.requests, stats.memory.hits) == (4, 0)
         built = await compiler.compile(specs[3])  # room again
         assert built.arch == "sm_90"
-        assert compiler.stats().compiles == 4
+        assert (compiler.stats().compiles, compiler.stats().requests) == (4, 5)
+
+
+def _waiting_live(compiler: Compiler) -> int:
+    """What max_queued bounds, by its definition: a walk of every job in flight."""
+    unstarted = (Stage.LOOKUP, Stage.READING, Stage.QUEUED)
+    jobs = compiler._scheduler.inflight.values()
+    return sum(job.priority == LIVE and job.stage in unstarted for job in jobs)
+
+
+@pytest.mark.anyio
+async def test_the_queue_bound_keeps_its_count_through_hits_failures_and_cancellations(
+    tmp_path: Path,
+) -> None:
+    # max_queued is checked against a count kept as jobs enter and leave the queue (not a walk
+    # of every job in flight per request): after disk hits, compile errors, remembered
+    # failures, requests cancelled while their jobs ran on, a prefetch promoted by a request
+    # and a closing that failed queued jobs, the count is the walk's, and the bound refuses
+    # the fourth live kernel waiting behind three, no sooner, no later.
+    cache = tmp_path / "cache"
+    on_disk = [make_spec() for _ in range(3)]
+    async with Compiler(arch="sm_90", cache_dir=cache) as compiler:
+        for spec in on_disk:
+            await compiler.compile(spec)
+    bad = [KernelSpec(f"__global__ void f() {{ not_defined_{n}; }}") for n in range(3)]
+
+    async def each(requests: Sequence[Callable[[], Awaitable[object]]]) -> list[str]:
+        outcomes: list[str] = []
+
+        async def one(request: Callable[[], Awaitable[object]]) -> None:
+            try:
+                await request()
+                outcomes.append("served")
+            except CompileError:
+                outcomes.append("CompileError")
+
+        async with anyio.create_task_group() as group:
+            for request in requests:
+                group.start_soon(one, request)
+        return sorted(outcomes)
+
+    async def settled(compiler: Compiler) -> None:
+        with anyio.fail_after(60):
+            while compiler._scheduler.inflight:
+                await anyio.sleep(0.01)
+
+    async with Compiler(arch="sm_90", cache_dir=cache, max_queued=3, concurrency=1) as compiler:
+        scheduler = compiler._scheduler
+        hits = [functools.partial(compiler.compile, spec) for spec in on_disk]
+        assert await each(hits) == ["served"] * 3
+        failing = [functools.partial(compiler.compile, spec) for spec in bad]
+        assert await each(failing) == ["CompileError"] * 3
+        assert await each(failing) == ["CompileError"] * 3  # remembered: never in flight
+        for spec in [make_slow_spec(depth=60) for _ in range(3)]:
+            with anyio.move_on_after(0.05):  # the request leaves; its job runs on
+                await compiler.compile(spec)
+        assert scheduler.live_queued() == _waiting_live(compiler)
+        await settled(compiler)
+        assert scheduler.live_queued() == _waiting_live(compiler) == 0
+        # One slot busy, a prefetch queued behind it, then asked for live: promoted, counted.
+        running, prefetched = make_slow_spec(depth=60), make_slow_spec(depth=60)
+        compiler.key(prefetched)
+        async with anyio.create_task_group() as group:
+            group.start_soon(compiler.compile, running)
+            with anyio.fail_after(10):
+                while compiler.stats().in_flight < 1:
+                    await anyio.sleep(0.01)
+            assert compiler.prefetch([prefetched]) == 1
+            assert scheduler.live_queued() == _waiting_live(compiler) == 0  # not live
+            group.start_soon(compiler.compile, prefetched)
+            queued = [make_slow_spec(depth=60) for _ in range(2)]
+            for spec in queued:
+                group.start_soon(compiler.compile, spec)
+            with anyio.fail_after(10):
+                while scheduler.live_queued() < 3:
+                    await anyio.sleep(0.01)
+            assert _waiting_live(compiler) == 3
+            with pytest.raises(QueueFull, match="max_queued=3"):
+                await compiler.compile(make_slow_spec(depth=60))
+        assert scheduler.live_queued() == _waiting_live(compiler) == 0
+        stats = compiler.stats()
+        assert (stats.rejected, stats.errors, stats.compiles) == (1, 6, 7)
+    # Closing with live jobs queued fails them, and takes them off the count.
+    closed: list[str] = []
+    compiler = Compiler(arch="sm_90", cache_dir=cache, concurrency=1)
+    scheduler = compiler._scheduler
+
+    async def request(spec: KernelSpec) -> None:
+        try:
+            await compiler.compile(spec)
+            closed.append("served")
+        except CompilerClosed:
+            closed.append("CompilerClosed")
+
+    # The requests' task group outlives the Compiler: they wait on through its closing.
+    async with anyio.create_task_group() as group, compiler:
+        for _ in range(3):
+            group.start_soon(request, make_slow_spec(depth=60))
+        with anyio.fail_after(10):
+            while scheduler.live_queued() < 2 or compiler.stats().in_flight < 1:
+                await anyio.sleep(0.01)
+    assert sorted(closed) == ["CompilerClosed", "CompilerClosed", "served"]
+    assert scheduler.live_queued() == _waiting_live(compiler) == 0
 
 
 @pytest.mark.anyio

@@ -323,8 +323,17 @@ async def test_aionvrtc_manifest_is_the_default(
     assert Compiler(arch="sm_90", cache_dir=cache_dir).manifest is None
     with pytest.raises(TypeError, match=r"^manifest must be a path or False, not bool$"):
         Compiler(arch="sm_90", manifest=True)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"^manifest must be a file's path, not ''; pass False"):
-        Compiler(arch="sm_90", manifest="")
+    # An empty path would name the working directory: refused, by the Compiler and the
+    # Manifest alike, with what to pass instead.
+    empty = (
+        "manifest must be a file's path, not '' (which names the working directory); pass one "
+        "such as 'kernels.jsonl', or manifest=False to a Compiler for none"
+    )
+    for make in (lambda: Compiler(arch="sm_90", manifest=""), lambda: Manifest("")):
+        with pytest.raises(ValueError, match=r"^manifest must be a file's path") as refused:
+            make()
+        assert str(refused.value) == empty
+    assert Manifest(tmp_path / "m2.jsonl").path == str(tmp_path / "m2.jsonl")
 
 
 @pytest.mark.anyio

@@ -127,6 +127,23 @@ def test_three_hosts_with_separate_disks_compile_a_kernel_once(
         assert len(list((tmp_path / f"host{i}" / ENTRIES).glob("*/[0-9a-f]*"))) == 1
 
 
+async def test_a_remote_hit_lists_lowered_names_in_the_specs_order(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # Another host compiled it; this one reads it from Redis (as the disk read it, sorted).
+    names = ("scale_remote<float>", "scale_remote<double>", "scale_remote<int>")
+    spec = make_spec("remote", name_expressions=names)
+    prefix = f"order{time.time_ns()}"
+    remote = tier(redis_server, prefix=prefix)
+    async with Compiler(arch="sm_90", cache_dir=tmp_path / "a", remote=remote) as compiler:
+        await compiler.compile(spec)
+    remote = tier(redis_server, prefix=prefix)
+    async with Compiler(arch="sm_90", cache_dir=tmp_path / "b", remote=remote) as compiler:
+        fetched = await compiler.compile(spec)
+        assert (compiler.stats().remote.hits, compiler.stats().compiles) == (1, 0)
+    assert tuple(fetched.lowered_names) == names != tuple(sorted(names))
+
+
 async def test_a_killed_redis_fails_no_request(
     redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

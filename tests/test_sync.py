@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -177,3 +178,44 @@ def test_the_default_compilers_async_methods_run_on_its_own_loop_from_any_other(
         assert aionvrtc.default_compiler().stats().compiles == 1  # the second run: a hit
     finally:
         aionvrtc.close_default_compiler()
+
+
+@pytest.mark.gpu
+def test_autotune_without_a_compiler_tunes_on_the_default_compilers_loop(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # autotune() without compiler= awaited the process-wide Compiler's methods from the
+    # caller's event loop (the bug device_figures had): now its work runs there through
+    # on_default, from asyncio and trio alike. The first run tunes; the second, after the
+    # process's own tiles are cleared, reads the record the first kept.
+    import anyio
+
+    import aionvrtc
+    from aionvrtc import tropical
+    from aionvrtc.tropical.products import _shape_classes
+    from aionvrtc.tropical.tuning import CANDIDATES, tile_fits
+
+    monkeypatch.setenv("AIONVRTC_CACHE_DIR", str(tmp_path / "cache"))
+    aionvrtc.close_default_compiler()
+    reports: list[dict[str, Any]] = []
+
+    async def main() -> Any:
+        with anyio.fail_after(300):
+            tuned = await tropical.autotune(
+                ["float32"], kinds=["small"], argmax=[False], repeats=2, report=reports.append
+            )
+        return tuned["small"]["f4"]
+
+    try:
+        first = anyio.run(main, backend="asyncio")
+        compiles = aionvrtc.default_compiler().stats().compiles
+        _shape_classes._installed.clear()  # as a new process would start
+        again = anyio.run(main, backend="trio")
+        assert aionvrtc.default_compiler().stats().compiles == compiles
+    finally:
+        _shape_classes._installed.clear()
+        aionvrtc.close_default_compiler()
+    candidates = [t for t in CANDIDATES["small"] if tile_fits(t, 4)]
+    assert [tuple(r["tile"]) for r in reports] == candidates
+    assert first == again == tuple(min(reports, key=lambda r: r["seconds"])["tile"])
+    assert compiles == len(candidates) + 1  # and the generic kernel they are checked against

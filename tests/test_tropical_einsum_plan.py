@@ -507,6 +507,24 @@ def test_a_plan_is_reused_for_operands_of_its_shapes() -> None:
     )
 
 
+def test_plans_are_values_equal_plans_hash_equal() -> None:
+    # A plan was unhashable (its sizes are a dict): now a dict key and a set member, an equal
+    # plan (a pickled copy: another object) finding it, other paths or slicings kept apart.
+    import pickle
+
+    plan = einsum_plan(CHAIN, *CHAIN_SHAPES, optimize=[(1, 2), (0, 1)])
+    twin = pickle.loads(pickle.dumps(plan))
+    other = einsum_plan(CHAIN, *CHAIN_SHAPES, optimize=[(0, 1), (0, 1)])
+    sliced = einsum_plan(CHAIN, *CHAIN_SHAPES, optimize=[(1, 2), (0, 1)], memory_limit=144)
+    assert twin is not plan
+    assert (twin == plan, hash(twin) == hash(plan)) == (True, True)
+    assert sliced.slicing is not None
+    assert (sliced == plan, other == plan) == (False, False)
+    found = {plan: "plan", other: "other", sliced: "sliced"}
+    assert [found[twin], found[other], found[sliced]] == ["plan", "other", "sliced"]
+    assert len({plan, twin, other, sliced}) == 3
+
+
 @pytest.mark.parametrize(
     ("subscripts", "shapes", "message"),
     [

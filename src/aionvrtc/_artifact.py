@@ -43,7 +43,9 @@ _ELF_MAGIC = b"\x7fELF"
 # Bounds on what a header may hold, so that an entry crafted with a valid checksum can only ever
 # be refused (CacheCorruptError), never raise OverflowError or RecursionError in every reader.
 MAX_HEADER_BYTES = 16 << 20  # bytes; the header holds NVRTC's log, which can be long
-_MAX_NESTING = 3  # the header is an object holding one object (lowered_names); 3 leaves room
+# The header is an object holding objects (lowered_names, parts) and an object of lists
+# (part_items): 3 deep.
+_MAX_NESTING = 3
 _MAX_INT_DIGITS = 20  # the header's integers are times and seconds
 _MAX_TIME = 2.0**40  # seconds since the epoch (year 36812): past it, `created` is not a time
 _MAX_TEXT = 256  # characters of the short fields (arch, versions)
@@ -65,8 +67,10 @@ class Artifact:
         image: The bytes to load: the cubin or the PTX (a record's data, for ``"data"``).
         arch: The target it was compiled for, such as ``"sm_90"``.
         nvrtc_version: The version of the NVRTC that made it, such as ``"13.5"``.
-        lowered_names: Each name expression of the spec to its lowered (mangled) name, held
-            read-only.
+        lowered_names: Each name expression of the spec to its lowered (mangled) name, in the
+            spec's order (the order of the spec that compiled it: two specs that list the same
+            names in two orders share a key, and its entry), held read-only. An entry written
+            before aionvrtc kept that order has them sorted.
         compile_seconds: Seconds NVRTC took to compile it (0.0 for a record).
         log: NVRTC's log of the compile (warnings), ``""`` if it said nothing.
         created: When it was made, in seconds since the epoch (``time.time()``).
@@ -74,6 +78,10 @@ class Artifact:
         parts: What each part of its key held (``key_parts``: format, name, arch and NVRTC
             build as they are, the others as digests), for ``Compiler.explain``; empty for a
             record and for an entry written before aionvrtc kept them.
+        part_items: The items of the parts that can be told apart in words (``part_items``:
+            options, name expressions, headers and include folders), for ``Compiler.explain``
+            to say which of them differ; a part too long to keep is left out, and all of them
+            for a record and an entry written before aionvrtc kept them.
     """
 
     key: str
@@ -87,12 +95,16 @@ class Artifact:
     created: float = field(default_factory=time.time)
     package_version: str = __version__
     parts: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    part_items: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if not isinstance(self.lowered_names, MappingProxyType):
             object.__setattr__(self, "lowered_names", MappingProxyType(dict(self.lowered_names)))
         if not isinstance(self.parts, MappingProxyType):
             object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
+        if not isinstance(self.part_items, MappingProxyType):
+            items = {part: tuple(values) for part, values in self.part_items.items()}
+            object.__setattr__(self, "part_items", MappingProxyType(items))
 
     def __hash__(self) -> int:
         return hash(self.key)
@@ -105,7 +117,7 @@ class Artifact:
 
 
 def encode(artifact: Artifact) -> bytes:
-    fields = {
+    fields: dict[str, Any] = {
         "key": artifact.key,
         "kind": artifact.kind,
         "arch": artifact.arch,
@@ -116,9 +128,14 @@ def encode(artifact: Artifact) -> bytes:
         "compile_seconds": artifact.compile_seconds,
         "log": artifact.log,
     }
-    if artifact.parts:  # (absent, an entry reads as one written before parts were kept)
-        fields["parts"] = dict(artifact.parts)
-    header = json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
+    # (absent, an entry reads as one written before parts were kept)
+    if artifact.parts:
+        fields["parts"] = dict(sorted(artifact.parts.items()))
+    if artifact.part_items:
+        fields["part_items"] = {k: list(v) for k, v in sorted(artifact.part_items.items())}
+    # Sorted but for the lowered names, which keep the spec's order (a disk hit lists them as
+    # the compile did); an entry written sorted throughout re-encodes to its very bytes.
+    header = json.dumps(dict(sorted(fields.items())), separators=(",", ":")).encode()
     body = b"".join(
         (
             _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)),
@@ -278,6 +295,7 @@ def decode(
         created=_number(header, "created", _MAX_TIME),
         package_version=_text(header, "package_version"),
         parts=header_parts(header),
+        part_items=header_part_items(header),
     )
 
 
@@ -293,3 +311,21 @@ def header_parts(header: Mapping[str, Any]) -> dict[str, str]:
     ):
         raise _corrupt("header field 'parts' is not names and texts")
     return parts
+
+
+def header_part_items(header: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The items of the key's parts an entry's header keeps (``Artifact.part_items``); {} where
+    it keeps none.
+
+    Raises:
+        CacheCorruptError: The header holds items that are not names and lists of texts.
+    """
+    items = header.get("part_items", {})
+    if not isinstance(items, dict) or not all(
+        isinstance(k, str)
+        and isinstance(v, list)
+        and all(isinstance(t, str) and len(t) <= _MAX_TEXT for t in v)
+        for k, v in items.items()
+    ):
+        raise _corrupt("header field 'part_items' is not names and lists of texts")
+    return {part: tuple(values) for part, values in items.items()}

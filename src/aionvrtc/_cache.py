@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from . import _nvrtc
 from ._artifact import Artifact
 from ._exceptions import NoDeviceError
-from ._spec import KernelSpec, derive_key, key_parts, memo_id, record_key
+from ._spec import KernelSpec, derive_key, key_parts, memo_id, part_items, record_key
 from ._store import DiskStats, DiskTier, MemoryTier
 from ._store.layers import open_layers
 from ._store.memory import MemoryStats
@@ -80,7 +80,7 @@ def kernel_key(spec: KernelSpec, arch: TargetLike | None = None) -> str:
     see KernelSpec). The files of the include directories are digested at the spec's first key
     and that snapshot is kept for all its keys: a change to them is noticed by the next
     KernelSpec (or process), and a compile refuses to store an image of files that no longer
-    match the snapshot. Whether this NVRTC can compile for ``arch`` is not checked here.
+    match the snapshot.
 
     Args:
         spec: The program.
@@ -96,9 +96,12 @@ def kernel_key(spec: KernelSpec, arch: TargetLike | None = None) -> str:
             spec's include directories cannot be covered by its key (one past the size bounds,
             or an include that reaches a file outside every include directory).
         NoDeviceError: ``arch`` is None, ``$AIONVRTC_ARCH`` is unset and no GPU is usable.
-        NvrtcError: CuPy or NVRTC cannot be used (the key names the exact NVRTC build).
+        NvrtcError: CuPy or NVRTC cannot be used (the key names the exact NVRTC build), or
+            this NVRTC cannot compile for ``arch`` (the message names the archs it supports),
+            as a Compiler or KernelCache for it says: no entry is ever stored under such a key.
     """
     target = resolve_target(arch)
+    _nvrtc.check_target(target)
     build = _nvrtc.build()
     return keyed(spec, target, build, memo_id(target.arch, build))
 
@@ -616,6 +619,7 @@ class KernelCache:
             compile_seconds=result.seconds,
             log=result.log,
             parts=parts,
+            part_items=part_items(spec),
         )
 
     def record(self, name: str) -> bytes | None:

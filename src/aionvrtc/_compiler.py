@@ -65,7 +65,8 @@ class CompilerStats:
 
     Attributes:
         requests: ``compile()`` and ``get()`` calls, their blocking forms included, each counted
-            once: the memory tier's hits and the requests it did not serve.
+            once: the memory tier's hits and the requests it did not serve. A request refused
+            with ``QueueFull`` is counted in ``rejected`` alone.
         joined: Requests that shared another request's in-flight job.
         errors: Requests whose job failed: a CompileError (fast failures of known-bad specs
             included), an NvrtcError, or CompilerClosed for a job the closing stopped. Bad
@@ -216,8 +217,6 @@ class Compiler:
             manifest = _config.text(ENV_MANIFEST) or False
         if manifest is not False and not isinstance(manifest, str | os.PathLike):
             raise TypeError(f"manifest must be a path or False, not {type(manifest).__name__}")
-        if manifest is not False and not os.fspath(manifest):
-            raise ValueError("manifest must be a file's path, not ''; pass False for none")
         self.manifest = Manifest(manifest) if manifest is not False else None
         self._cache = KernelCache(
             arch,
@@ -442,8 +441,9 @@ class Compiler:
             return artifact
         if self._state is not _State.OPEN:  # closed while the key was derived in a thread
             raise self._not_open()
-        cache.missed()
         job = self._scheduler.submit(spec, key, LIVE, cache)
+        if not isinstance(job.error, QueueFull):  # a refused request is counted as rejected
+            cache.missed()
         if not job.done.is_set():
             # A waiter's cancellation ends only this wait: the job runs on in the Compiler's
             # task group and is cached for the next request. (Written out here, not a method
@@ -742,11 +742,12 @@ class Compiler:
         which parts of the key (format, name, source, headers, options, name expressions,
         include files, arch, NVRTC build) differ from the nearest entry of the same name
         expressions that the memory, the disk or a cache-dir layer holds; or that none holds
-        one. ``str()`` of the result says it in words. Reads the entries' headers in a worker
-        thread (one walk of each dir, about a second at 50,000 entries; the disk's index is
-        rebuilt first where it is stale, as a lookup would): a tool for when a
-        kernel compiles where it was expected to hit, not for a hot path. A debug line on
-        logger ``aionvrtc.misses`` per compile says the same parts of each key that missed.
+        one. ``str()`` of the result says it in words, naming the options, name expressions,
+        headers and include folders added, removed, changed or reordered. Reads the entries'
+        headers in a worker thread (one walk of each dir, about a second at 50,000 entries;
+        the disk's index is rebuilt first where it is stale, as a lookup would): a tool for
+        when a kernel compiles where it was expected to hit, not for a hot path. A debug line
+        on logger ``aionvrtc.misses`` per compile says the same parts of each key that missed.
 
         Args:
             spec: The program looked up.

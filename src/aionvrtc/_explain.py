@@ -5,26 +5,32 @@ one of none and the same program name (``Compiler.explain``).
 Every compiled entry keeps what each part of its key held (``key_parts``: the format, name,
 arch and NVRTC build as they are, the source, headers, options, name expressions and include
 files as digests), so that a miss is told apart part by part, as JAX's
-``jax_explain_cache_misses`` tells why a compilation-cache lookup missed. The memory, the disk
-and the cache-dir layers are searched (the entries' headers, not their images); signed bundles
-and Redis are not, being read by key only.
+``jax_explain_cache_misses`` tells why a compilation-cache lookup missed; and the items of the
+options, name expressions, headers and include folders (``part_items``), so that it says which
+of them were added, removed, changed or reordered. The memory, the disk and the cache-dir
+layers are searched (the entries' headers, not their images); signed bundles and Redis are
+not, being read by key only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import _nvrtc
-from ._artifact import header_parts
+from ._artifact import header_part_items, header_parts
 from ._cache import KernelCache
 from ._exceptions import CacheCorruptError
-from ._spec import KEY_PARTS, KernelSpec, key_parts
+from ._spec import DIGEST_CHARS, KEY_PARTS, KernelSpec, key_parts, part_items
 from ._store import DiskTier
 from ._store.layers import DirLayer
 
 __all__ = ["Explanation", "explain"]
+
+# An entry's items of its key's parts (``part_items``), by part.
+Items = Mapping[str, Sequence[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,10 @@ class Explanation:
             it was written before entries kept their parts.
         theirs: What ``nearest`` holds in each part that differs.
         compared: The entries of the same kernel names that were compared.
+        changes: What changed in each part that differs, in words, where both sides keep its
+            items (``"--use_fast_math added"``, ``"scale.h changed"``); the other parts that
+            differ (the source, and any written before entries kept items) are told by
+            ``theirs`` and ``parts``.
     """
 
     key: str
@@ -55,6 +65,7 @@ class Explanation:
     differs: tuple[str, ...] = ()
     theirs: Mapping[str, str] | None = None
     compared: int = 0
+    changes: Mapping[str, str] | None = None
 
     def __str__(self) -> str:
         program = self.parts.get("name", "?")
@@ -73,9 +84,11 @@ class Explanation:
         )
         if self.differs == ("unknown",):
             return f"{head} keeps no parts of its key (written before entries kept them)"
-        theirs = self.theirs or {}
+        theirs, changes = self.theirs or {}, self.changes or {}
         each = "; ".join(
-            f"{part}: {theirs.get(part, '?')} there, {self.parts[part]} here"
+            f"{part}: {changes[part]}"
+            if part in changes
+            else f"{part}: {theirs.get(part, '?')} there, {self.parts[part]} here"
             for part in self.differs
         )
         return f"{head} differs in {', '.join(self.differs)} ({each})"
@@ -89,9 +102,9 @@ def explain(cache: KernelCache, spec: KernelSpec) -> Explanation:
     if key in cache.memory:
         return Explanation(key, "memory", parts)
     names = frozenset(spec.name_expressions)
-    best: tuple[int, str, Mapping[str, str]] | None = None
+    best: tuple[int, str, Mapping[str, str], Items] | None = None
     seen: set[str] = set()  # (memory's entries are on disk too)
-    for where, other, theirs in _same_names(cache, names):
+    for where, other, theirs, items in _same_names(cache, names):
         if other == key:
             return Explanation(key, where, parts)
         if other in seen:
@@ -101,39 +114,84 @@ def explain(cache: KernelCache, spec: KernelSpec) -> Explanation:
             continue  # kernels without name expressions: the same program name, then
         agree = sum(theirs.get(part) == parts[part] for part in KEY_PARTS) if theirs else -1
         if best is None or agree > best[0]:
-            best = agree, other, theirs
+            best = agree, other, theirs, items
     if best is None:
         return Explanation(key, None, parts)
-    _, nearest, theirs = best
+    _, nearest, theirs, items = best
     compared = len(seen)
     if not theirs:
         return Explanation(key, None, parts, nearest, ("unknown",), {}, compared)
     differs = tuple(part for part in KEY_PARTS if theirs.get(part) != parts[part])
+    ours = part_items(spec)
+    changes = {
+        part: said
+        for part in differs
+        if part in items and part in ours
+        for said in [_in_words(part, items[part], ours[part])]
+        if said is not None
+    }
     return Explanation(
-        key, None, parts, nearest, differs, {p: theirs.get(p, "?") for p in differs}, compared
-    )
+        key, None, parts, nearest, differs, {p: theirs.get(p, "?") for p in differs}, compared,
+        changes,
+    )  # fmt: skip
+
+
+def _in_words(part: str, theirs: Sequence[str], ours: Sequence[str]) -> str | None:
+    """What changed from ``theirs`` to ``ours`` (one part's items, see ``part_items``), in
+    words; None where the items kept do not tell (two items clipped alike)."""
+    if part in ("headers", "include_files"):  # by name or path: "<digest> <name>"
+        before = {item[DIGEST_CHARS + 1 :]: item[:DIGEST_CHARS] for item in theirs}
+        after = {item[DIGEST_CHARS + 1 :]: item[:DIGEST_CHARS] for item in ours}
+        changed = [name for name in after if name in before and before[name] != after[name]]
+        added = [name for name in after if name not in before]
+        removed = [name for name in before if name not in after]
+        common = ([n for n in before if n in after], [n for n in after if n in before])
+    else:  # options and name expressions: as they are, a repeated one counted as often
+        added = list((Counter(ours) - Counter(theirs)).elements())
+        removed = list((Counter(theirs) - Counter(ours)).elements())
+        changed = []
+        common = (_kept(theirs, ours), _kept(ours, theirs))
+    said = [
+        f"{', '.join(names)} {what}"
+        for names, what in ((changed, "changed"), (added, "added"), (removed, "removed"))
+        if names
+    ]
+    if common[0] != common[1]:
+        said.append(f"reordered from {' '.join(common[0])} to {' '.join(common[1])}")
+    return " and ".join(said) or None  # ("; " parts the parts in str(Explanation))
+
+
+def _kept(items: Sequence[str], other: Sequence[str]) -> list[str]:
+    """``items`` that ``other`` holds too (as often as it holds them), in their order."""
+    left = Counter(other)
+    kept = []
+    for item in items:
+        if left[item]:
+            left[item] -= 1
+            kept.append(item)
+    return kept
 
 
 def _same_names(
     cache: KernelCache, names: frozenset[str]
-) -> Iterator[tuple[str, str, Mapping[str, str]]]:
-    """(where, key, parts) of each kernel entry that shares a name expression with ``names``:
-    memory's first, then the disk's and each cache-dir layer's."""
+) -> Iterator[tuple[str, str, Mapping[str, str], Items]]:
+    """(where, key, parts, part items) of each kernel entry that shares a name expression with
+    ``names``: memory's first, then the disk's and each cache-dir layer's."""
     for artifact in cache.memory.artifacts():
         held = artifact.lowered_names.keys()
         if artifact.kind != "data" and (not names.isdisjoint(held) if names else not held):
-            yield "memory", artifact.key, artifact.parts
+            yield "memory", artifact.key, artifact.parts, artifact.part_items
     dirs: list[tuple[str, DiskTier]] = [("disk", cache.disk)] if cache.disk is not None else []
     dirs += [("layer", layer.tier) for layer in cache.layers if isinstance(layer, DirLayer)]
     for where, tier in dirs:
         for other, header in tier.headers_named(names):
-            yield where, other, _parts_of(header)
+            yield where, other, *_parts_of(header)
 
 
-def _parts_of(header: dict[str, Any] | str) -> Mapping[str, str]:
+def _parts_of(header: dict[str, Any] | str) -> tuple[Mapping[str, str], Items]:
     if isinstance(header, str):  # unreadable: compared as one that keeps no parts
-        return {}
+        return {}, {}
     try:
-        return header_parts(header)
+        return header_parts(header), header_part_items(header)
     except CacheCorruptError:
-        return {}
+        return {}, {}

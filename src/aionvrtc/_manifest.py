@@ -131,9 +131,15 @@ class Manifest:
 
     Raises:
         TypeError: ``path`` is neither a str nor an ``os.PathLike``.
+        ValueError: ``path`` is empty (which would name the working directory).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        if not os.fspath(path):
+            raise ValueError(
+                "manifest must be a file's path, not '' (which names the working directory); "
+                "pass one such as 'kernels.jsonl', or manifest=False to a Compiler for none"
+            )
         self.path = os.path.abspath(os.fspath(path))  # a later chdir must not move it
         self.written = 0  # lines this Manifest appended
         self.failed = False  # the path could not be written: recording stopped

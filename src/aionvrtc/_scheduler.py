@@ -79,6 +79,11 @@ class Stage(enum.Enum):
 _UNSTARTED = frozenset({Stage.LOOKUP, Stage.READING, Stage.QUEUED})
 
 
+def _queued_live(job: Job) -> bool:
+    """Whether ``job`` counts against max_queued: a live request's, holding no slot yet."""
+    return job.priority == LIVE and job.stage in _UNSTARTED
+
+
 class Job:
     """One key's work, shared by every request for that key while it runs."""
 
@@ -158,6 +163,9 @@ class Scheduler:
         self._lookers = 0  # I/O lane tasks running
         self.running = 0  # jobs holding a compile slot
         self._live = 0  # of them, those live (or holding their locks) when they started
+        # Jobs in flight that _queued_live counts, kept as they enter and leave it (submit, a
+        # promotion, the compile lane taking one, _finish): max_queued is checked per submit.
+        self._live_queued = 0
         self.joined = 0  # submissions that joined a job in flight
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -181,6 +189,7 @@ class Scheduler:
                 task_status.started()
                 while (job := await self._next_job()) is not None:
                     live = job.priority < PREFETCH
+                    self._live_queued -= _queued_live(job)
                     job.stage = Stage.RUNNING
                     self.running += 1
                     self._live += live
@@ -218,9 +227,7 @@ class Scheduler:
 
     def live_queued(self) -> int:
         """Jobs of live requests that wait to be looked up or compiled (holding no slot)."""
-        return sum(
-            job.priority == LIVE and job.stage in _UNSTARTED for job in self.inflight.values()
-        )
+        return self._live_queued
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -240,7 +247,9 @@ class Scheduler:
             if priority < shared.priority:
                 # Promoted: its old heap item is skipped when popped. A job being read keeps
                 # the new priority for the compile lane.
+                counted = _queued_live(shared)
                 shared.priority = priority
+                self._live_queued += _queued_live(shared) - counted
                 if shared.stage is Stage.LOOKUP:
                     self._look_up(shared)
                 elif shared.stage is Stage.QUEUED:
@@ -251,10 +260,11 @@ class Scheduler:
         if (
             priority == LIVE
             and self.max_queued is not None
-            and self.live_queued() >= self.max_queued
+            and self._live_queued >= self.max_queued
         ):
             return self._refused(Job(key, spec, priority, cache))
         job = self.inflight[key] = Job(key, spec, priority, cache)
+        self._live_queued += _queued_live(job)
         self._look_up(job)  # a hit is served from the I/O lane; a miss goes on to compile
         return job
 
@@ -276,9 +286,10 @@ class Scheduler:
     def _finish(
         self, job: Job, *, result: Artifact | None = None, error: BaseException | None = None
     ) -> None:
-        job.result, job.error, job.stage = result, error, Stage.DONE
         if self.inflight.get(job.key) is job:
             del self.inflight[job.key]
+            self._live_queued -= _queued_live(job)
+        job.result, job.error, job.stage = result, error, Stage.DONE
         if result is not None:
             self._on_result(job)
         job.done.set()

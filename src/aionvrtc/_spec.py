@@ -14,7 +14,7 @@ from typing import Any
 from . import _cuda_headers, _includes
 from ._target import Target
 
-__all__ = ["FORMAT_VERSION", "KEY_PARTS", "KernelSpec", "derive_key", "key_parts"]
+__all__ = ["FORMAT_VERSION", "KEY_PARTS", "KernelSpec", "derive_key", "key_parts", "part_items"]
 
 # Bump when the key derivation or the entry encoding changes: old entries then live in another
 # folder of the disk tier and are never read as current ones.
@@ -487,3 +487,52 @@ def key_parts(spec: KernelSpec, arch: Target | str, nvrtc_build: str) -> dict[st
     return {
         part: plain[part] if part in plain else digests[part].hexdigest()[:16] for part in KEY_PARTS
     }
+
+
+# The parts whose items an entry keeps as well as their digest (``part_items``), for explain to
+# say which option, name expression, header or include folder differs. Bounded per entry: an
+# item of more than ITEM_CHARS characters is kept as its start and a digest of it, and a part
+# whose items pass PART_CHARS in all is kept as its digest alone.
+ITEM_PARTS = ("headers", "options", "name_expressions", "include_files")
+ITEM_CHARS = 200
+PART_CHARS = 4096
+# A header or include folder is kept as its content's digest (DIGEST_CHARS hex digits), a space
+# and its name or path.
+DIGEST_CHARS = 16
+
+
+def _digest(data: str | bytes) -> str:
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    return hashlib.sha256(raw).hexdigest()[:DIGEST_CHARS]
+
+
+def _clipped(item: str) -> str:
+    if len(item) <= ITEM_CHARS:
+        return item
+    return f"{item[: ITEM_CHARS - DIGEST_CHARS - len('... ()')]}... ({_digest(item)})"
+
+
+def part_items(spec: KernelSpec) -> dict[str, tuple[str, ...]]:
+    """The items of ``spec``'s key parts that can be told apart in words (ITEM_PARTS): its
+    options in order, its name expressions sorted (as the key takes them), each header as
+    ``"<digest of its text> <name>"`` by name and each include folder (or place an include
+    looks) as ``"<digest of what is there> <path>"`` in search order. Kept in each compiled
+    entry's header beside ``key_parts``, so that ``Compiler.explain`` can say which of them
+    differ; a part too long to keep (PART_CHARS) is left out, and told by its digest alone.
+    Reads the host files as the spec's keys cover them (taken at its first key)."""
+    host = spec._host_files().entries
+    items = {
+        "headers": [f"{_digest(text)} {name}" for name, text in spec.headers.items()],
+        "options": list(spec.options),
+        "name_expressions": sorted(spec.name_expressions),
+        "include_files": [
+            f"{_digest(what)} {os.fsencode(path).decode('utf-8', 'backslashreplace')}"
+            for path, what in host
+        ],
+    }
+    kept = {}
+    for part, values in items.items():
+        clipped = tuple(map(_clipped, values))
+        if sum(map(len, clipped)) <= PART_CHARS:
+            kept[part] = clipped
+    return kept

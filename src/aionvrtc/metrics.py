@@ -25,7 +25,7 @@ __all__ = ["CompilerCollector", "register"]
 # (stats field, dotted into the tiers' own stats; metric name without the prefix; help):
 # counters, then gauges.
 _COUNTERS = (
-    ("requests", "requests", "compile() and get() calls"),
+    ("requests", "requests", "compile() and get() calls, those refused aside (rejected)"),
     ("memory.hits", "memory_hits", "requests served from the in-memory map"),
     ("disk.hits", "disk_hits", "requests served from the disk cache"),
     ("compiles", "compiles", "successful NVRTC compiles"),

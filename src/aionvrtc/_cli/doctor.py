@@ -70,7 +70,8 @@ def _doctor(args: argparse.Namespace, console: Any) -> Result:
 
         table = Table(title=f"aionvrtc {__version__} doctor")
         for column in ("check", "status", "detail", "fix"):
-            table.add_column(column)
+            # Folded, not cut: a path wider than its column is the finding, shown whole.
+            table.add_column(column, overflow="fold")
         colours = {"ok": "green", "warn": "yellow", "fail": "red"}
         for c in checks:
             status = Text(c["status"], style=colours[c["status"]])

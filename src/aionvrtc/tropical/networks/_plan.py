@@ -89,7 +89,8 @@ class EinsumPlan:
     operands of the same shapes (other strides are re-planned along the same path).
 
     ``print(plan)`` shows the order, each step as a batched product, the largest intermediate
-    and the copies. Plans are frozen, and equal where they do the same.
+    and the copies. Plans are frozen values: equal where they do the same, and hashable (a
+    dict key, a set member).
 
     Attributes:
         subscripts: The subscripts it was planned for, as given.
@@ -147,6 +148,13 @@ class EinsumPlan:
     # Where the contraction runs in slices (memory_limit=, or a planner that sliced): which
     # indices, and the contraction of one slice. Its steps above are the whole network's.
     slicing: Slicing | None = None
+
+    def __hash__(self) -> int:
+        # Over two of the fields compared (equal plans hash equal, as they must), which tell
+        # plans apart in all but their slicing: hashing every step took 6-25 ms for 4,700 of
+        # them, these 0.1 ms (the subscripts' hash is cached on the str). Not cached on the
+        # plan: a hash pickled into another process (a cluster's task) would be wrong there.
+        return hash((self.subscripts, self.path))
 
     @property
     def space_complexity(self) -> float:

@@ -9,6 +9,7 @@ kernels' source), so later processes on the same kind of GPU read them instead o
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import statistics
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..._compiler import Compiler
 from ..._exceptions import CompileError
-from ..._sync import default_compiler
+from ..._sync import on_default
 from ._launching import launch
 from ._product_plan import plan
 from ._reference import matmul as numpy_matmul
@@ -141,7 +142,7 @@ def _parse(data: bytes) -> dict[str, dict[str, Tile]] | None:
             for kind, variants in table.items()
             if kind in TILES
         }
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, RecursionError):  # RecursionError: nested
         return None
 
 
@@ -197,7 +198,7 @@ async def autotune(
         retune: Time the candidates even where a stored record has the winners.
         repeats: How many timings each candidate's median is taken of.
         compiler: The Compiler that compiles the candidates and keeps the record. Default: the
-            process-wide Compiler.
+            process-wide Compiler (the tuning then runs on its event loop, in its thread).
         report: A function that receives one dict per candidate timed, with keys ``"class"``,
             ``"variant"``, ``"tile"`` (a list), ``"seconds"`` and ``"pairs_per_s"``.
 
@@ -222,11 +223,29 @@ async def autotune(
         RuntimeError: ``compiler`` has not been opened (``async with``); there is no usable
             GPU, or ``device`` is not one of this machine's (CuPy's ``CUDARuntimeError``).
     """
-    tuned = _tuned_dtypes(dtypes)  # checked before anything needs the GPU
+    tune = functools.partial(
+        _autotune, tuned=_tuned_dtypes(dtypes),  # checked before anything needs the GPU
+        kinds=tuple(kinds), argmax=tuple(argmax), device=device, retune=retune,
+        repeats=repeats, report=report,
+    )  # fmt: skip
+    if compiler is None:  # the process-wide one's methods run on its own event loop
+        return await anyio.to_thread.run_sync(on_default, tune)
+    return await tune(compiler)
+
+
+async def _autotune(
+    compiler: Compiler,
+    *,
+    tuned: list[np.dtype[np.generic]],
+    kinds: tuple[str, ...],
+    argmax: tuple[bool, ...],
+    device: int,
+    retune: bool,
+    repeats: int,
+    report: Callable[[dict[str, Any]], None] | None,
+) -> dict[str, dict[str, Tile]]:
     import cupy
 
-    if compiler is None:
-        compiler = await anyio.to_thread.run_sync(default_compiler)
     with cupy.cuda.Device(device):
         name = _record_name(device)
     # The kernels and the record of the device's own target (see Compiler.target_for), which
