@@ -6,11 +6,13 @@ the errors bad input gets."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import networkx as nx
 import numpy as np
+import opt_einsum
 import pytest
 
 from aionvrtc import tropical
@@ -216,13 +218,25 @@ def test_bad_input_is_named() -> None:
     assert "vertex 1 appears twice" in _bad(build, tri, vertices=[0, 1, 1, 2])
     assert "2 values for 3 vertices" in _bad(build, tri, [1, 2])
     assert "no value for vertex 2" in _bad(build, tri, {0: 1, 1: 1})
-    assert "weights are finite" in _bad(build, tri, [1, float("nan"), 1])
-    assert "not a finite number" in _bad(build, tri, [1, "x", 1])
-    assert "not an integer: pass dtype='float32'" in _bad(build, tri, [1, 1.5, 1], dtype="int32")
+    # A weight is named by its vertex or edge.
+    nan = _bad(build, tri, [1, float("nan"), 1])
+    assert nan == "the weight of vertex 1 is nan: each weight is a finite number"
+    text = _bad(build, tri, [1, "x", 1])
+    assert text == "the weight of vertex 1 is 'x', not a finite number"
+    cut = _bad(problems.max_cut, tri, {(0, 1): 1, (1, 2): float("inf"), (0, 2): 1})
+    assert cut == "the weight of edge (1, 2) is inf: each weight is a finite number"
+    field = _bad(problems.spin_glass, tri, None, [0, 0, float("-inf")])
+    assert field == "the field of vertex 2 is -inf: each field is a finite number"
+    half = _bad(build, tri, [1, 1.5, 1], dtype="int32")
+    assert half == (
+        "the weight of vertex 1 is 1.5, not an integer: pass dtype='float32' or 'float64'"
+    )
     # Sums that would saturate (and read as an infinity) are refused, naming a wider dtype.
     big = _bad(build, tri, [2**30, 2**30, 1], dtype="int32")
-    assert "sum to 2,147,483,649 in absolute value" in big
-    assert "dtype='int64'" in big
+    assert big == (
+        "weights sum to 2,147,483,649 in absolute value, more than 2,147,483,645, the most "
+        "int32 sums without saturating: pass dtype='int64'"
+    )
     assert "dtype='float64'" in _bad(problems.max_cut, tri, [2**62, 2**62, 1], dtype="int64")
     assert "the graph is a multigraph" in _bad(build, nx.MultiGraph([(0, 1), (1, 2)]))
     assert "leaves out node 2 of the graph" in _bad(build, nx.path_graph(3), vertices=[0, 1])
@@ -250,6 +264,80 @@ def test_bad_input_is_named() -> None:
     assert "2 values for 3 vertices" in _bad(problem.configuration, [0, 1])
     assert "vertex 1 has the value 2" in _bad(problem.configuration, [0, 2, 0])
     assert "vertices 0 and 1 share an edge" in _bad(problem.value, [1, 1, 0])
+
+
+def test_an_adjacency_dict_or_matrix_is_named_with_what_reads_it() -> None:
+    # Read as edge lists, their keys or rows were refused as bad edges ("edge 0 is 0").
+    lists = _bad(problems.independent_set, {0: [1], 1: [0]})
+    assert lists == (
+        "graph is a dict of adjacency lists (each vertex's neighbours), not a graph or an edge "
+        "list: pass networkx.from_dict_of_lists(graph), or the edges as pairs [(u, v), ...]"
+    )
+    dicts = _bad(problems.max_cut, {0: {1: {}}, 1: {0: {}}})
+    assert "a dict of adjacency dicts" in dicts
+    assert "networkx.from_dict_of_dicts(graph)" in dicts
+    matrix = np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], float)
+    square = _bad(problems.spin_glass, matrix)
+    assert square == (
+        "graph is a NumPy array of shape (3, 3) (an adjacency matrix?), not an edge list (an "
+        "array of shape (edges, 2), one row (u, v) per edge): pass "
+        "networkx.from_numpy_array(graph) for an adjacency matrix, or the edges"
+    )
+    assert "of shape (4,), not an edge list" in _bad(problems.max_cut, np.arange(4))
+    # A 2 x 2 matrix reads as two edges; where they are refused, the message says so.
+    two = _bad(problems.independent_set, np.array([[0, 1], [1, 0]]))
+    assert two.startswith("edge (1, 0) appears twice")
+    assert two.endswith("for an adjacency matrix pass networkx.from_numpy_array(a))")
+    # What the advice gives is the same graph's problem.
+    via = problems.independent_set(nx.from_dict_of_lists({0: [1], 1: [0, 2], 2: [1]}))
+    assert via.edges == ((0, 1), (1, 2))
+    assert problems.independent_set(nx.from_numpy_array(matrix)).edges == ((0, 1), (1, 2))
+    # A mapping keyed by edges still reads as its edges.
+    assert problems.max_cut({(0, 1): 1, (1, 2): 1}).edges == ((0, 1), (1, 2))
+
+
+def test_weights_whose_sums_would_not_stay_finite_are_refused() -> None:
+    biggest32, biggest64 = float(np.finfo(np.float32).max), float(np.finfo(np.float64).max)
+    # Each gave an optimum of inf; the last, Problem.value an OverflowError.
+    one = _bad(problems.independent_set, [(0, 1)], [1e39, 1], dtype="float32")
+    assert one == (
+        "weights sum to 1.000e+39 in absolute value, more than 3.403e+38, the most float32 "
+        "sums with no risk of rounding to an infinity: pass dtype='float64', or scale the "
+        "weights down"
+    )
+    two = _bad(problems.independent_set, [(0, 2)], [3e38, 3e38], dtype="float32")
+    assert two.startswith("weights sum to 6.000e+38 in absolute value, more than 3.403e+38")
+    cut = _bad(problems.max_cut, [(0, 1), (1, 2)], [1e308, 1e308], dtype="float64")
+    assert cut == (
+        "weights sum to 2.000e+308 in absolute value, more than 1.798e+308, the most float64 "
+        "sums with no risk of rounding to an infinity: pass weights scaled down (float64 is "
+        "the widest dtype)"
+    )
+    # Couplings and fields count together: each alone is within int32's range.
+    both = _bad(problems.spin_glass, [(0, 1)], [2**30], [2**29, 2**29], dtype="int32")
+    assert both.startswith("couplings and fields sum to 2,147,483,648 in absolute value")
+    # Just inside the bound, every sum of the contraction stays finite, and value's too.
+    for dtype, biggest in (("float32", biggest32), ("float64", biggest64)):
+        near = problems.max_cut([(0, 1), (1, 2)], [biggest * 0.49] * 2, dtype=dtype)
+        optimum = reference.einsum(near.subscripts, *near.operands, semiring=near.semiring)
+        assert np.isfinite(optimum)
+        assert near.value([0, 1, 0]) == math.fsum([biggest * 0.49] * 2)
+
+
+def test_a_graph_of_more_vertices_than_a_network_can_index_is_refused() -> None:
+    # Past it the index of a vertex was chr() of more than U+10FFFF: "chr() arg not in range".
+    limit = tropical.networks.MAX_INDICES
+    assert limit == 1_112_064
+    many = _bad(problems.independent_set, [(0, 1)], vertices=range(1_112_065))
+    assert many == (
+        "the graph has 1,112,065 vertices, more than the 1,112,064 a network can index (one "
+        "character per vertex, opt_einsum.get_symbol's): solve it in parts, such as its "
+        "connected components, each a problem of its own"
+    )
+    # The last index there is, and the first past it.
+    assert opt_einsum.get_symbol(limit - 1) == chr(0x10FFFF)
+    with pytest.raises(ValueError, match="chr"):
+        opt_einsum.get_symbol(limit)
 
 
 def test_tropical_exports_the_module() -> None:

@@ -4,6 +4,11 @@ int64 bound at 2^63."""
 
 from __future__ import annotations
 
+import itertools
+import re
+import string
+import time
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +20,7 @@ from hypothesis import strategies as st
 
 from aionvrtc.tropical import SEMIRINGS
 from aionvrtc.tropical.networks import _contraction as contraction  # the NumPy einsum's steps
+from aionvrtc.tropical.networks import _counting as counting  # and the walk back of its counts
 from aionvrtc.tropical.reference import configurations, einsum
 
 from .support.einsum import (
@@ -329,3 +335,57 @@ def test_configurations_along_orders_and_their_limit() -> None:
     forbid = np.full((2, 2), -np.inf, np.float32)
     none = configurations("ij->", forbid)
     assert (float(none[0]), none[2].shape) == (-np.inf, (0, 2))
+
+
+def test_configurations_past_the_limit_or_max_bytes_are_refused_before_the_walk() -> None:
+    # 40 free binary indices of equal weight: 2^40 optima, counted before any is listed (the
+    # walk ran until memory ran out).
+    letters = string.ascii_letters[:40]
+    free = [np.zeros(2, np.float32)] * 40
+    rows = 2**40 * 40
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="^" + re.escape(
+        f"configurations' rows (1,099,511,627,776 assignments of 40 indices) would hold "
+        f"{rows:,} elements ({8 * rows:,} bytes at 8 each), more than max_bytes=1,073,741,824 "
+        "(raise it where the machine has the memory); count them alone with "
+        "einsum(..., count=True)"
+    ) + "$"):  # fmt: skip
+        configurations(",".join(letters) + "->", *free, limit=2**62)
+    assert time.perf_counter() - started < 1.0  # the 2^40 count, not the walk
+    with pytest.raises(ValueError, match=r"1,099,511,627,776 assignments attain the value 0\.0"):
+        configurations(",".join(letters) + "->", *free)
+    # 4 of them: 16 rows of 4 indices, 512 bytes; refused at a byte less.
+    with pytest.raises(ValueError, match=r"\(16 assignments of 4 indices\) would hold 64 "):
+        configurations("a,b,c,d->", *free[:4], max_bytes=511)
+    every = configurations("a,b,c,d->", *free[:4], max_bytes=512)[2]
+    assert every.tolist() == [list(bits) for bits in itertools.product((0, 1), repeat=4)]
+
+
+def test_configurations_let_each_step_result_go_once_the_walk_has_passed_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A chain along the Petersen graph's independent sets: step i takes step i - 1's result
+    # and operand i + 1, and is read by the walk back at steps i + 1 (as an operand) and i (its
+    # own). Each call of the walk's inner function sees which step results are still alive.
+    subscripts, operands = _independent_sets(10, PETERSEN)
+    steps = len(operands) - 1
+    alive: list[int] = []
+    results: dict[int, weakref.ref[Any]] = {}
+    attaining = counting._attaining
+
+    def watched(ring: Any, step: Any, held: Any, *args: Any, **kwargs: Any) -> Any:
+        if not results:  # the first call: every step's result is there
+            # (the last one's is the value the call returns, alive to the end)
+            last = len(operands) + steps - 1
+            results.update({k: weakref.ref(x) for k, (x, _) in held.items()
+                            if len(operands) <= k < last})  # fmt: skip
+        alive.append(sum(ref() is not None for ref in results.values()))
+        return attaining(ring, step, held, *args, **kwargs)
+
+    monkeypatch.setattr(counting, "_attaining", watched)
+    value, _, rows = configurations(subscripts, *operands, path=[(0, 1)] * steps)
+    assert (float(value), len(rows)) == (4.0, 5)
+    assert len(results) == steps - 1
+    # Walking step j, steps 0 to j's results are alive (j + 1 of them), the later ones gone;
+    # before, all of them until the call returned.
+    assert list(dict.fromkeys(alive)) == list(range(steps - 1, 0, -1))

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aionvrtc import tropical
 from aionvrtc.tropical import SEMIRINGS, reference
 from aionvrtc.tropical.networks import _contraction as contraction  # the NumPy einsum's steps
 from aionvrtc.tropical.networks import _reference as numpy_einsum  # and the einsum on them
@@ -253,6 +254,29 @@ def test_an_intermediate_over_max_bytes_names_its_step_and_the_order_to_pass(
 
 # 65 indices, one more than an array has dimensions (any non-ASCII character is an index).
 SIXTY_FIVE = "".join(map(chr, range(0x100, 0x100 + 65)))
+
+
+def test_more_distinct_indices_than_opt_einsum_names_are_refused_while_parsing() -> None:
+    # The planner renames each index to opt_einsum.get_symbol(i), one character each; past
+    # MAX_INDICES that was chr() past U+10FFFF ("chr() arg not in range"). Python's str holds
+    # the surrogates get_symbol skips, so subscripts can name more indices than it has.
+    limit = tropical.networks.MAX_INDICES
+    letters = string.ascii_letters + "".join(
+        c for c in map(chr, range(128, 0x110000)) if not c.isspace()
+    )
+    assert len(letters) > limit
+    given = letters[: limit + 1]
+    chunks = [given[i : i + 64] for i in range(0, len(given), 64)]
+    message = (
+        "einsum subscripts name 1,112,065 distinct indices, more than the 1,112,064 "
+        "opt_einsum.get_symbol names (one character per index, which the planner renames them "
+        "to): contract the network in parts"
+    )
+    one = np.ones((1,) * 64, np.float32)  # parsing comes first: the shapes are never read
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        einsum(",".join(chunks) + "->", *[one] * len(chunks))
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        tropical.einsum_plan(",".join(chunks) + "->", *[one.shape] * len(chunks))
 
 
 def test_more_indices_than_a_broadcast_takes() -> None:

@@ -536,3 +536,37 @@ def test_device_figures_are_measured_once_and_kept_beside_the_tuned_tiles(tmp_pa
     assert set(first.pairs_per_s) == {"float32", "float64", "int32", "int64"}
     assert tropical.products.known_figures(cupy.cuda.Device().id) == again
     print(f"figures: {first.to_json()}")
+
+
+def test_a_figures_record_no_gpu_has_is_measured_again_and_replaced(tmp_path: Path) -> None:
+    # A record of a ceiling of 0 gave a roofline divided by zero; one nested past the JSON
+    # parser's recursion limit, a RecursionError. Each is a miss, as a bad cache entry is.
+    import json
+
+    import cupy
+
+    from aionvrtc.tropical.products import _figures
+
+    device = cupy.cuda.Device().id
+    props = cupy.cuda.runtime.getDeviceProperties(device)
+    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    name = _figures._record_name(gpu, props)
+    zero = json.dumps({**_figures.MODEL_FIGURES.to_json(), "copy_bytes_per_s": 0}).encode()
+    nested = b"[" * 100_000 + b"]" * 100_000
+
+    async def main() -> list[tuple[Any, bytes | None]]:
+        found = []
+        async with Compiler(cache_dir=tmp_path) as compiler:
+            target = compiler.target_for(device)
+            for record in (zero, nested):
+                assert await compiler.save_record(name, record, arch=target)
+                _figures._known.clear()
+                figures = await tropical.device_figures(compiler=compiler)
+                found.append((figures, await compiler.load_record(name, arch=target)))
+        return found
+
+    for figures, kept in anyio.run(main):
+        assert figures.gpu == gpu
+        assert figures.copy_bytes_per_s > 1e11  # measured, not the record's
+        assert kept is not None
+        assert _figures._parse(kept) == figures  # and kept in the bad record's place

@@ -4,9 +4,11 @@ cotengra's HyperOptimizer scoring orders by it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pickle
+import re
 
 import cotengra
 import numpy as np
@@ -17,6 +19,7 @@ from aionvrtc.tropical import DeviceFigures, einsum_plan, roofline_objective
 from aionvrtc.tropical.networks._orders import FILLED_OUTPUTS, modelled_seconds
 from aionvrtc.tropical.products import MODEL_FIGURES
 from aionvrtc.tropical.products._figures import _parse
+from aionvrtc.tropical.products._tune import _parse as parse_tiles
 
 # Round figures, so that each bound below is worked out by hand.
 FIGURES = DeviceFigures(
@@ -39,6 +42,69 @@ def test_figures_keep_as_json_and_a_record_of_another_shape_is_measured_again() 
     assert _parse(json.dumps({"gpu": "x", "pairs_per_s": [1]}).encode()) is None
     assert _parse(json.dumps({**FIGURES.to_json(), "multiprocessors": "many"}).encode()) is None
     assert MODEL_FIGURES.multiprocessors == 132
+
+
+RATES = dict(FIGURES.pairs_per_s)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"copy_bytes_per_s": 0.0}, ValueError, "DeviceFigures.copy_bytes_per_s is 0.0: a "
+         "ceiling is a finite number above 0, per second"),
+        ({"copy_bytes_per_s": -1e12}, ValueError,
+         "DeviceFigures.copy_bytes_per_s is -1000000000000.0: a"),
+        ({"copy_bytes_per_s": math.inf}, ValueError, "DeviceFigures.copy_bytes_per_s is inf: a"),
+        ({"copy_bytes_per_s": 10**400}, ValueError, "DeviceFigures.copy_bytes_per_s is 1000000000"),
+        ({"pairs_per_s": {**RATES, "int32": math.nan}}, ValueError,
+         "DeviceFigures.pairs_per_s['int32'] is nan: a ceiling is a finite number above 0"),
+        ({"pairs_per_s": {**RATES, "float64": 0}}, ValueError,
+         "DeviceFigures.pairs_per_s['float64'] is 0: a"),
+        ({"pairs_per_s": {"float32": 1e12}}, ValueError, "DeviceFigures.pairs_per_s has no "
+         "rate for float64, int32, int64: give one for each of float32, float64, int32, int64"),
+        ({"pairs_per_s": [1e12]}, TypeError, "DeviceFigures.pairs_per_s must map each element "
+         "type to its rate, got list"),
+        ({"copy_bytes_per_s": "fast"}, TypeError, "DeviceFigures.copy_bytes_per_s must be a "
+         "number, got str"),
+        ({"multiprocessors": 0}, ValueError, "DeviceFigures.multiprocessors is 0: a GPU has at "
+         "least 1"),
+        ({"multiprocessors": True}, TypeError, "DeviceFigures.multiprocessors must be an int, "
+         "got bool"),
+        ({"gpu": None}, TypeError, "DeviceFigures.gpu must be a str, got NoneType"),
+    ],
+)  # fmt: skip
+def test_figures_no_gpu_has_are_refused_where_they_are_made(
+    change: dict[str, object], error: type[Exception], message: str
+) -> None:
+    # Each gave bound() a division by zero, or a negative, NaN or 0 s time.
+    with pytest.raises(error, match="^" + re.escape(message)):
+        dataclasses.replace(FIGURES, **change)  # type: ignore[arg-type]  # the point
+
+
+def test_a_record_of_figures_no_gpu_has_is_a_miss_not_an_error() -> None:
+    # Read back from the cache, such a record is measured again (None), as a bad entry is.
+    good = FIGURES.to_json()
+    for bad in (
+        {**good, "copy_bytes_per_s": 0},
+        {**good, "copy_bytes_per_s": -4.2e12},
+        {**good, "pairs_per_s": {**RATES, "int64": math.nan}},
+        {**good, "pairs_per_s": {**RATES, "float32": math.inf}},
+        {**good, "pairs_per_s": {"float32": 1e12}},
+        {**good, "multiprocessors": 0},
+        {**good, "multiprocessors": math.inf},  # int() of it: OverflowError
+    ):
+        assert _parse(json.dumps(bad).encode()) is None, bad
+    # Nested past the parser's recursion limit: RecursionError, read as a miss.
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(RecursionError):
+        json.loads(deep)
+    assert _parse(deep) is None
+    rates = b'{"float32": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    nested = json.dumps({**good, "pairs_per_s": {}}).encode().replace(b"{}", rates)
+    assert _parse(nested) is None
+    # The tuned tiles' record, kept beside it, reads the same way.
+    assert parse_tiles(deep) is None
+    assert parse_tiles(b'{"small": ' + deep + b"}") is None
 
 
 def test_each_step_counts_its_pairs_and_the_elements_it_moves() -> None:

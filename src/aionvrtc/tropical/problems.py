@@ -24,11 +24,13 @@ import itertools
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Protocol
 
 import numpy as np
 import opt_einsum
 
+from .networks import MAX_INDICES
 from .products import SEMIRINGS, numpy_dtype
 
 __all__ = [
@@ -252,16 +254,23 @@ def independent_set(
         The problem.
 
     Raises:
-        TypeError: ``graph`` is neither a networkx graph nor an iterable of pairs.
-        ValueError: The graph has no vertices; an edge is not a pair, joins a vertex to itself,
-            appears twice, or has an end not in ``vertices``; a vertex appears twice in
-            ``vertices``; ``weights`` has another length than the vertices, misses one, is not
-            finite, is not an integer for an integer ``dtype``, or names an attribute a vertex
-            lacks; ``dtype`` is not one of float32, float64, int32, int64.
+        TypeError: ``graph`` is neither a networkx graph nor an iterable of pairs, or is a
+            dict of adjacency lists or dicts (``networkx.from_dict_of_lists`` reads one).
+        ValueError: The graph has no vertices, or more than 1,112,064 (the indices a network's
+            subscripts can name); ``graph`` is a NumPy array not of shape (edges, 2), such as
+            an adjacency matrix (``networkx.from_numpy_array`` reads one); an edge is not a
+            pair, joins a vertex to itself, appears twice, or has an end not in ``vertices``; a
+            vertex appears twice in ``vertices``; ``weights`` has another length than the
+            vertices, misses one, is not finite, is not an integer for an integer ``dtype``,
+            or names an attribute a vertex lacks; the weights' absolute values sum to more
+            than ``dtype`` holds (an integer type's largest value less 2, a float type's less
+            the room its roundings may take), where a sum of the contraction could saturate
+            or round to an infinity; ``dtype`` is not one of float32, float64, int32, int64.
     """
     found, edges = _read_graph(graph, vertices)
     dtype = _dtype(dtype)
     w = _weights(graph, found, weights, dtype, "weights", edges=False)
+    _bounded(dtype, "weights", w)
     zero = SEMIRINGS["maxplus"].zero(dtype)
     index = _indices(found)
     terms = [index[v] for v in found] + [index[u] + index[v] for u, v in edges]
@@ -302,6 +311,7 @@ def max_cut(
     found, edges = _read_graph(graph, vertices)
     dtype = _dtype(dtype)
     w = _weights(graph, edges, weights, dtype, "weights", edges=True)
+    _bounded(dtype, "weights", w)
     tensors = [np.array([[0, x], [x, 0]], dtype) for x in w]
     return _edge_network(
         "max cut", "maxplus", found, edges, weights=w, tensors=tensors, dtype=dtype
@@ -338,17 +348,19 @@ def spin_glass(
 
     Raises:
         TypeError: As ``independent_set``.
-        ValueError: As ``independent_set``, for the couplings and the fields.
+        ValueError: As ``independent_set``, for the couplings and the fields (whose absolute
+            values are summed together).
     """
     found, edges = _read_graph(graph, vertices)
     dtype = _dtype(dtype)
     j = _weights(graph, edges, couplings, dtype, "couplings", edges=True)
+    h = None if fields is None else _weights(graph, found, fields, dtype, "fields", edges=False)
+    _bounded(dtype, "couplings" if h is None else "couplings and fields", j, h or ())
     tensors = [np.array([[x, -x], [-x, x]], dtype) for x in j]
-    if fields is None:
+    if h is None:
         return _edge_network(
             "spin glass", "minplus", found, edges, weights=j, tensors=tensors, dtype=dtype
         )
-    h = _weights(graph, found, fields, dtype, "fields", edges=False)
     index = _indices(found)
     terms = [index[v] for v in found] + [index[u] + index[v] for u, v in edges]
     operands = [np.array([-x, x], dtype) for x in h] + tensors
@@ -398,6 +410,7 @@ def maximal_independent_set(
     found, edges = _read_graph(graph, vertices)
     dtype = _dtype(dtype)
     w = _weights(graph, found, weights, dtype, "weights", edges=False)
+    _bounded(dtype, "weights", w)
     zero = SEMIRINGS[semiring].zero(dtype)
     index = _indices(found)
     neighbours = _neighbours(found, edges)
@@ -473,10 +486,16 @@ def _read_graph(
             f"{type(graph).__name__}"
         )
     else:
+        _refuse_adjacency(graph)
         listed = list(graph)
         order = None if vertices is None else list(vertices)
     edges: list[Edge] = []
     seen: set[frozenset[Any]] = set()
+    # A square array of two rows reads as two edges: where they are refused, say how it was read.
+    read_as = ""
+    if isinstance(graph, np.ndarray):
+        read_as = (" (a NumPy array is read as edges, one row (u, v) each: for an adjacency "
+                   "matrix pass networkx.from_numpy_array(a))")  # fmt: skip
     # The rows of a NumPy array of edges, as pairs of Python's ints.
     listed = [e.tolist() if isinstance(e, np.ndarray) else e for e in listed]
     for number, edge in enumerate(listed):
@@ -484,12 +503,13 @@ def _read_graph(
             raise ValueError(f"edge {number} is {edge!r}, not a pair of vertices (u, v)")
         u, v = edge
         if u == v:
-            raise ValueError(f"edge {number} joins vertex {u!r} to itself: leave self-loops out")
+            raise ValueError(
+                f"edge {number} joins vertex {u!r} to itself: leave self-loops out{read_as}"
+            )
         key = frozenset((u, v))
         if key in seen:
-            raise ValueError(
-                f"edge ({u!r}, {v!r}) appears twice: give each edge once (its weight summed)"
-            )
+            raise ValueError(f"edge ({u!r}, {v!r}) appears twice: give each edge once (its "
+                             f"weight summed){read_as}")  # fmt: skip
         seen.add(key)
         edges.append((u, v))
     if order is None:
@@ -497,6 +517,12 @@ def _read_graph(
     found = tuple(order)
     if not found:
         raise ValueError("the graph has no vertices: a problem needs at least one")
+    if len(found) > MAX_INDICES:
+        raise ValueError(
+            f"the graph has {len(found):,} vertices, more than the {MAX_INDICES:,} a network "
+            "can index (one character per vertex, opt_einsum.get_symbol's): solve it in parts, "
+            "such as its connected components, each a problem of its own"
+        )
     if len(set(found)) != len(found):
         twice = next(v for v in found if found.count(v) > 1)
         raise ValueError(f"vertex {twice!r} appears twice in the vertices")
@@ -505,6 +531,32 @@ def _read_graph(
     if stray is not None:
         raise ValueError(f"edge {stray!r} has an end that is not one of the vertices given")
     return found, tuple(edges)
+
+
+def _refuse_adjacency(graph: Iterable[Any]) -> None:
+    """Refuse an adjacency dict or matrix passed as the graph, naming what reads it as one: as
+    an edge list its keys or rows would be refused one by one, as if they were bad edges."""
+    if isinstance(graph, Mapping) and graph:
+        values = list(graph.values())
+        if all(isinstance(x, Mapping) for x in values):
+            kind = "dicts"
+        elif all(isinstance(x, Iterable) and not isinstance(x, (str, bytes)) for x in values):
+            kind = "lists"
+        else:
+            return  # a mapping keyed by edges: its keys are the edges
+        raise TypeError(
+            f"graph is a dict of adjacency {kind} (each vertex's neighbours), not a graph or "
+            f"an edge list: pass networkx.from_dict_of_{kind}(graph), or the edges as pairs "
+            "[(u, v), ...]"
+        )
+    if isinstance(graph, np.ndarray) and (graph.ndim != 2 or graph.shape[1] != 2):
+        square = graph.ndim == 2 and graph.shape[0] == graph.shape[1]
+        raise ValueError(
+            f"graph is a NumPy array of shape {graph.shape}"
+            f"{' (an adjacency matrix?)' if square else ''}, not an edge list (an array of "
+            "shape (edges, 2), one row (u, v) per edge): pass networkx.from_numpy_array(graph) "
+            "for an adjacency matrix, or the edges"
+        )
 
 
 def _dtype(dtype: Any) -> np.dtype[Any]:
@@ -559,7 +611,7 @@ def _weights(
         if len(values) != len(owners):
             raise ValueError(f"{what} has {len(values)} values for {len(owners)} {plural}: one "
                              f"per {noun}, in their order")  # fmt: skip
-    return _checked(values, dtype, what, owners)
+    return _checked(values, dtype, what, owners, noun)
 
 
 def _given(weights: Mapping[Any, Any], owner: Any, what: str, *, edge: bool) -> Any:
@@ -575,31 +627,56 @@ def _given(weights: Mapping[Any, Any], owner: Any, what: str, *, edge: bool) -> 
 
 
 def _checked(
-    values: Sequence[Any], dtype: np.dtype[Any], what: str, owners: Sequence[Any]
+    values: Sequence[Any], dtype: np.dtype[Any], what: str, owners: Sequence[Any], noun: str
 ) -> tuple[float, ...]:
     """The weights, each finite: floats, or for an integer dtype exact ints (not through a
-    float, which would round past 2^53) whose absolute sum stays inside the type's range (a
-    saturated sum would read as an infinity)."""
+    float, which would round past 2^53)."""
+    one = what.removesuffix("s")
     out: list[float] = []
     for owner, value in zip(owners, values, strict=True):
+        named = f"the {one} of {noun} {owner!r} is {value!r}"
         try:
             x = float(value)
         except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{what} of {owner!r} is {value!r}, not a finite number") from None
+            raise ValueError(f"{named}, not a finite number") from None
         if not math.isfinite(x):
-            raise ValueError(f"{what} of {owner!r} is {value!r}: weights are finite")
+            raise ValueError(f"{named}: each {one} is a finite number")
         if dtype.kind == "i":
             exact = int(value) if isinstance(value, int | np.integer) else int(x)
             if exact != x and not isinstance(value, int | np.integer):
-                raise ValueError(f"{what} of {owner!r} is {value!r}, not an integer: pass "
-                                 "dtype='float32' or 'float64'")  # fmt: skip
+                raise ValueError(f"{named}, not an integer: pass dtype='float32' or 'float64'")
             out.append(exact)
         else:
             out.append(x)
-    if dtype.kind == "i":
-        total, info = sum(abs(int(x)) for x in out), np.iinfo(dtype)
-        if total >= info.max - 1:
-            wider = "dtype='int64'" if dtype != np.int64 else "dtype='float64'"
-            raise ValueError(f"{what} sum to {total:,} in absolute value, past what {dtype} "
-                             f"holds without saturating: pass {wider}")  # fmt: skip
     return tuple(out)
+
+
+def _bounded(dtype: np.dtype[Any], what: str, *weights: Sequence[float]) -> None:
+    """Refuse a network's weights whose sums could leave ``dtype``'s finite range: each sum
+    the contraction forms is of some of them, so the sum of all their absolute values bounds
+    it. An integer type saturates at its extremes, the semiring's infinities; a float type's
+    sum rounds up, to an infinity past its largest value."""
+    every = [x for group in weights for x in group]
+    if dtype.kind == "i":
+        total = sum(abs(int(x)) for x in every)  # exact
+        bound = int(np.iinfo(dtype).max) - 2
+        over, shown = total > bound, f"{total:,}"
+        most = f"{bound:,}, the most {dtype} sums without saturating"
+    else:
+        # Scaled by 2^-64, the sum of float64s cannot overflow; the exact sum, rounded once
+        # (the bits lost below 2^-1010 count for nothing against the bound).
+        scaled = math.fsum(math.ldexp(abs(x), -64) for x in every)
+        info = np.finfo(dtype)
+        # Each weight is rounded into dtype, then added along the contraction: every rounding
+        # grows a magnitude by 1 + eps / 2 at most, (1 + eps / 2)^(n + 1) <= e^((n + 1) eps / 2)
+        # for the n weights' sum; a few more for this bound's own roundings in float64.
+        limit = float(info.max) * math.exp(-(len(every) + 8) * float(info.eps) / 2)
+        over, shown = scaled > math.ldexp(limit, -64), f"{Decimal(scaled) * 2**64:.4g}"
+        most = f"{limit:.4g}, the most {dtype} sums with no risk of rounding to an infinity"
+    if over:
+        wider = {"int32": "dtype='int64'", "int64": "dtype='float64'",
+                 "float32": "dtype='float64', or scale the weights down",
+                 "float64": "weights scaled down (float64 is the widest dtype)"}  # fmt: skip
+        raise ValueError(
+            f"{what} sum to {shown} in absolute value, more than {most}: pass {wider[dtype.name]}"
+        )

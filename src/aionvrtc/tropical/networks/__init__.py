@@ -12,8 +12,10 @@ from ._orders import roofline_objective
 from ._plan import EinsumPlan, StepCost
 from ._planner import einsum_plan
 from ._programs import EinsumProgram, clear_programs, einsum_program, einsum_program_sync
+from ._subscripts import MAX_INDICES
 
 __all__ = [
+    "MAX_INDICES",
     "EinsumPlan",
     "EinsumProgram",
     "StepCost",

@@ -42,15 +42,18 @@ def configurations(
     extended by the values of the indices a step sums at which its operands' product attains
     the step's value, so only branches that reach the value are followed: the work past the
     contraction is about the number of assignments times the number of steps. Exact where
-    ``count=True`` is. Every step's result is kept until the end (``max_bytes`` bounds each,
-    not their sum).
+    ``count=True`` is. Every step's result is kept through the contraction (``max_bytes``
+    bounds each, not their sum), and let go once the walk back has passed it. The count is
+    known before the walk: past ``limit``, or where the rows would pass ``max_bytes``, the
+    call is refused before any row is made.
 
     Args:
         subscripts: As ``einsum``; the output has no index (``"...->"``).
         *operands: As ``einsum``.
         semiring: As ``einsum``.
         path: As ``einsum``.
-        max_bytes: As ``einsum``, for the results with their counts.
+        max_bytes: As ``einsum``, for the results with their counts; and the most bytes the
+            rows may hold (8 per index of each assignment).
         limit: The most assignments returned (default 10,000). Past it the call says how many
             there are, and returns none.
 
@@ -62,7 +65,8 @@ def configurations(
 
     Raises:
         ValueError: As ``einsum``; the output has an index; ``limit`` is below 1; more than
-            ``limit`` assignments attain the value (the message says how many).
+            ``limit`` assignments attain the value, or their rows would hold more than
+            ``max_bytes`` (the message says how many).
         TypeError: As ``einsum``; ``limit`` is not an int.
         OverflowError: The count passes 2^63 - 1.
     """
@@ -79,56 +83,68 @@ def configurations(
         )
     ring, steps, sizes, n = net.ring, net.steps, net.sizes, len(net.made)
     results: dict[int, Term] = dict(net.made)  # every operand and step result, by number
-    value, count = counted(ring, dict(net.made), steps, "", sizes, kept=results)
+    value, counts = counted(ring, dict(net.made), steps, "", sizes, kept=results)
+    count, width = int(counts), len(net.letters)
     if count > limit:
         raise ValueError(
-            f"{int(count):,} assignments attain the value {value}, more than limit={limit:,}: "
+            f"{count:,} assignments attain the value {value}, more than limit={limit:,}: "
             "pass a larger limit, or count them alone with einsum(..., count=True)"
         )
-    columns = np.zeros((0, len(net.letters)), np.int64)
-    if count == 0:
-        return value, net.letters, columns
-    partial: list[dict[str, int]] = [{}]
+    check_size(f"configurations' rows ({count:,} assignments of {width} indices)",
+               count * width, itemsize=8, limit=max_bytes, bound=max_bytes_bound(max_bytes),
+               fix="count them alone with einsum(..., count=True)")  # fmt: skip
+    column = {c: i for i, c in enumerate(net.letters)}
+    # Partial assignments, one per row; a column is read once the step that fixes it is walked.
+    rows = np.zeros((1 if count else 0, width), np.int64)
     for number in reversed(range(len(steps))):
         step = steps[number]
         target, keep = results[n + number]
-        grown = []
-        for fixed in partial:
-            cell = target[tuple(fixed[c] for c in keep)]
-            grown += [
-                fixed | more for more in _attaining(ring, step, results, fixed, cell, sizes=sizes)
-            ]
-        partial = grown
-    rows = np.array([[fixed[c] for c in net.letters] for fixed in partial], np.int64)
-    if not len(partial):
-        return value, net.letters, columns
-    if net.letters:  # the rows in increasing order (lexsort's last key is its first)
+        at = [column[c] for c in keep]
+        hits = [_attaining(ring, step, results, row, cell=target[tuple(row[at])], column=column,
+                           sizes=sizes) for row in rows]  # fmt: skip
+        rows = np.repeat(rows, [len(h) for h in hits], axis=0)
+        if hits:
+            summed = _summed(step)
+            rows[:, [column[c] for c in summed]] = np.concatenate(hits)
+        # The walk has passed this step's result, and the operands (not step results) that
+        # this step alone takes: no step left to walk reads them.
+        del results[n + number]
+        for k in step.operands:
+            if k < n:
+                del results[k]
+    if width:  # the rows in increasing order (lexsort's last key is its first)
         rows = rows[np.lexsort(rows.T[::-1])]
     return value, net.letters, rows
+
+
+def _summed(step: Step) -> str:
+    """The indices ``step`` sums away, each once, in the order they first appear."""
+    return "".join(dict.fromkeys(c for t in step.inputs for c in t if c not in step.keep))
 
 
 def _attaining(
     ring: Semiring,
     step: Step,
     results: Mapping[int, Term],
-    fixed: Mapping[str, int],
-    cell: Any,
+    row: np.ndarray[Any, Any],
     *,
+    cell: Any,
+    column: Mapping[str, int],
     sizes: Mapping[str, int],
-) -> list[dict[str, int]]:
-    """The values of the indices ``step`` sums at which, its kept indices at ``fixed``, the
-    product of its operands attains ``cell`` (never the zero)."""
-    summed = "".join(dict.fromkeys(c for t in step.inputs for c in t if c not in step.keep))
+) -> np.ndarray[Any, Any]:
+    """The values of the indices ``step`` sums (a row each, in the order of ``_summed``) at
+    which, its kept indices at their values in ``row``, the product of its operands attains
+    ``cell`` (never the zero)."""
+    summed = _summed(step)
     product: Any = None
     for k in step.operands:
         x, letters = results[k]
-        picked = x[tuple(fixed[c] if c in step.keep else slice(None) for c in letters)]
+        picked = x[tuple(row[column[c]] if c in step.keep else slice(None) for c in letters)]
         part = align(np.asarray(picked), "".join(c for c in letters if c not in step.keep),
                       summed)  # fmt: skip
         product = part if product is None else combine(ring, product, part)
     product = np.broadcast_to(np.asarray(product), [sizes[c] for c in summed])
-    hits = np.argwhere((product == cell) & entry_counts(ring, product))
-    return [dict(zip(summed, map(int, at), strict=True)) for at in hits]
+    return np.argwhere((product == cell) & entry_counts(ring, product))
 
 
 def counted(

@@ -13,6 +13,7 @@ from typing import Any
 from ..products import Semiring, check_size
 
 __all__ = [
+    "MAX_INDICES",
     "MAX_NDIM",
     "check_dtypes",
     "check_output",
@@ -25,6 +26,10 @@ __all__ = [
 # over the string, before shapes are read or strides built (for 1,000,000 letters those were
 # integers of up to a million bits each: 15 s, then MemoryError).
 MAX_NDIM = 64
+# The most indices a contraction can have: one character each, as opt_einsum.get_symbol(i) names
+# the i-th (the planner renames every index so, tropical.problems names each vertex so), and it
+# has 1,112,064 of them: chr(i + 2048) for the last, U+10FFFF, past the 2,048 surrogates skipped.
+MAX_INDICES = 1_112_064
 _SUM_SOME = "sum some of them away (name an output without them after '->')"
 
 
@@ -65,6 +70,12 @@ def parse_subscripts(subscripts: object, count: int) -> tuple[list[str], str]:
         _check_ndim(f"operand {i}'s subscripts name", letters, "give one letter per dimension")
     _check_ndim("output names", rhs, _SUM_SOME)
     counts = Counter(lhs.replace(",", ""))
+    if len(counts) > MAX_INDICES:
+        raise ValueError(
+            f"einsum subscripts name {len(counts):,} distinct indices, more than the "
+            f"{MAX_INDICES:,} opt_einsum.get_symbol names (one character per index, which the "
+            "planner renames them to): contract the network in parts"
+        )
     if not arrow:
         implicit = "".join(sorted(x for x, n in counts.items() if n == 1))
         _check_ndim("implicit output (each index that appears once) has", implicit, _SUM_SOME)

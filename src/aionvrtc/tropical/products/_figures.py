@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,12 +60,46 @@ class DeviceFigures:
             bytes counted.
         multiprocessors: The GPU's streaming multiprocessors (a step on fewer blocks than a
             few per multiprocessor leaves it partly idle).
+
+    Raises:
+        TypeError: ``gpu`` is not a str, ``pairs_per_s`` not a mapping, a ceiling not a real
+            number or ``multiprocessors`` not an int.
+        ValueError: ``pairs_per_s`` lacks one of the kernels' element types (``float32``,
+            ``float64``, ``int32``, ``int64``), a ceiling is not a finite number above 0, or
+            ``multiprocessors`` is below 1.
     """
 
     gpu: str
     pairs_per_s: Mapping[str, float]
     copy_bytes_per_s: float
     multiprocessors: int
+
+    def __post_init__(self) -> None:
+        # A ceiling no GPU has is refused: bound() divides by each, and a zero, negative, NaN
+        # or infinite one gave an infinite, negative, NaN or 0 s time.
+        if not isinstance(self.gpu, str):
+            raise TypeError(f"DeviceFigures.gpu must be a str, got {type(self.gpu).__name__}")
+        if not isinstance(self.pairs_per_s, Mapping):
+            raise TypeError(
+                "DeviceFigures.pairs_per_s must map each element type to its rate, got "
+                f"{type(self.pairs_per_s).__name__}"
+            )
+        missing = [t for t in PROBE_TYPES if t not in self.pairs_per_s]
+        if missing:
+            raise ValueError(
+                f"DeviceFigures.pairs_per_s has no rate for {', '.join(missing)}: give one for "
+                f"each of {', '.join(PROBE_TYPES)}"
+            )
+        for name, rate in self.pairs_per_s.items():
+            _check_ceiling(f"pairs_per_s[{name!r}]", rate)
+        _check_ceiling("copy_bytes_per_s", self.copy_bytes_per_s)
+        cores = self.multiprocessors
+        if not isinstance(cores, int) or isinstance(cores, bool):
+            raise TypeError(
+                f"DeviceFigures.multiprocessors must be an int, got {type(cores).__name__}"
+            )
+        if cores < 1:
+            raise ValueError(f"DeviceFigures.multiprocessors is {cores}: a GPU has at least 1")
 
     def bound(self, pairs: int, nbytes: int, dtype: Any) -> float:
         """The least time a step of ``pairs`` add+max pairs moving ``nbytes`` can take.
@@ -96,6 +132,19 @@ class DeviceFigures:
             "copy_bytes_per_s": self.copy_bytes_per_s,
             "multiprocessors": self.multiprocessors,
         }
+
+
+def _check_ceiling(field: str, value: object) -> None:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"DeviceFigures.{field} must be a number, got {type(value).__name__}")
+    try:
+        x = float(value)
+    except OverflowError:  # an int past float64's range
+        x = math.inf
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(
+            f"DeviceFigures.{field} is {value!r}: a ceiling is a finite number above 0, per second"
+        )
 
 
 # What ranks contraction orders where no GPU's figures were measured in the process (planning
@@ -178,8 +227,7 @@ async def _kept_or_measured(compiler: Compiler, *, where: int, remeasure: bool) 
 
     props = cupy.cuda.runtime.getDeviceProperties(where)
     gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    name = f"tropical-figures/{gpu}/sm_{props['major']}{props['minor']}/"
-    name += family_digest("probe")[:16]
+    name = _record_name(gpu, props)
     target = compiler.target_for(where)
     stored = None if remeasure else await compiler.load_record(name, arch=target)
     figures = _parse(stored) if stored is not None else None
@@ -191,7 +239,17 @@ async def _kept_or_measured(compiler: Compiler, *, where: int, remeasure: bool) 
     return figures
 
 
+def _record_name(gpu: str, props: Mapping[str, Any]) -> str:
+    """The record of a kind of GPU: its name and arch, and the probes' source."""
+    return (
+        f"tropical-figures/{gpu}/sm_{props['major']}{props['minor']}/" + family_digest("probe")[:16]
+    )
+
+
 def _parse(data: bytes) -> DeviceFigures | None:
+    """The figures a record holds, or None for one that is not a record of figures (then they
+    are measured again, as a bad cache entry is compiled again): not JSON, nested past the
+    parser's recursion limit, of another shape, or a ceiling no GPU has."""
     try:
         raw = json.loads(data)
         return DeviceFigures(
@@ -200,8 +258,8 @@ def _parse(data: bytes) -> DeviceFigures | None:
             float(raw["copy_bytes_per_s"]),
             int(raw["multiprocessors"]),
         )
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None  # a record of another shape: measured again
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
+        return None
 
 
 def _measure(gpu: str, device: int, props: Any, modules: Any) -> DeviceFigures:
