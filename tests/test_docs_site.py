@@ -1,18 +1,24 @@
-"""The documentation site, built as a user builds it and seen in a real browser.
+"""The documentation site, built as a documentation host builds it and seen in a real browser.
 
 The build is strict (``-W -n``: a broken link, a reference that resolves nowhere or a public
-name without a page fails it). The built site is served on a loopback port: every page's every
-internal link answers 200, and headless Chromium (Debian's ``chromium``, driven by Playwright)
-opens the home page, an API page, a guide with a plot and the search for ``memory_limit``,
-with no error on the console, every image drawn, and a screenshot of each kept where a person
-can look (``$AIONVRTC_TEST_ARTIFACTS``, else ``build/test-artifacts/docs``).
+name without a page fails it), and sees only what ``pip install '.[docs]'`` installs: every
+other package of this environment (CuPy, NVRTC, networkx, Ray, Redis, ...) is hidden from it, as
+it is from a documentation host, which has no GPU either. The built site is served on a
+loopback port: every page's every internal link answers 200, and headless Chromium (Debian's
+``chromium``, driven by Playwright) opens the home page, an API page, a guide with a plot and
+the search for ``memory_limit``, with no error on the console, every image drawn, every code
+block within its column, and a screenshot of each kept where a person can look
+(``$AIONVRTC_TEST_ARTIFACTS``, else ``build/test-artifacts/docs``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import http.server
+import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,8 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from .support import ROOT
+
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+import performance
+import public_api
 
 IN_SDIST = (ROOT / "PKG-INFO").exists()
 pytestmark = pytest.mark.skipif(
@@ -41,16 +53,81 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 
 
+def docs_extra() -> set[str]:
+    """The distributions ``pip install '.[docs]'`` installs: aionvrtc, its dependencies and
+    the docs extra's, and theirs, by canonical name (as this environment's metadata says)."""
+    found: set[str] = set()
+    todo = [("aionvrtc", frozenset({"docs"}))]
+    while todo:
+        name, extras = todo.pop()
+        if canonicalize_name(name) in found:
+            continue
+        found.add(canonicalize_name(name))
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:  # a dependency of another platform
+            continue
+        for line in requires:
+            requirement = Requirement(line)
+            marker = requirement.marker
+            if marker is None or any(marker.evaluate({"extra": e}) for e in {"", *extras}):
+                todo.append((requirement.name, frozenset(requirement.extras)))
+    return found
+
+
+def hidden_from_docs() -> set[str]:
+    """The top-level modules of every installed distribution the docs extra does not bring."""
+    brought = docs_extra()
+    return {
+        module
+        for module, distributions in importlib.metadata.packages_distributions().items()
+        if not any(canonicalize_name(d) in brought for d in distributions)
+    }
+
+
+# sphinx-build with the modules named in argv[1] not importable: found by no path finder, as if
+# they were not installed (importlib.util.find_spec says None, an import raises
+# ModuleNotFoundError).
+HIDING_BUILD = """
+import importlib.machinery, sys
+hidden = set(sys.argv[1].split(","))
+class Hidden(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.partition(".")[0] in hidden:
+            return None
+        return super().find_spec(name, path, target)
+sys.meta_path[sys.meta_path.index(importlib.machinery.PathFinder)] = Hidden
+from sphinx.cmd.build import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
+    hidden = ",".join(sorted(hidden_from_docs()))
     build = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html",
-         str(ROOT / "docs"), str(out)],
+        [sys.executable, "-c", HIDING_BUILD, hidden, "-W", "--keep-going", "-n", "-q",
+         "-b", "html", str(ROOT / "docs"), str(out)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert (build.returncode, build.stderr) == (0, ""), build.stderr[-6000:]
     return out
+
+
+def test_the_site_builds_from_the_docs_extra_alone(site: Path) -> None:
+    # What the build above could not import: the other extras' packages, CuPy and NVRTC
+    # included (the test extra installs them all here).
+    assert {"cupy", "nvidia", "networkx", "cotengra", "ray", "redis", "prometheus_client",
+            "aiohttp", "pytest"} <= hidden_from_docs()  # fmt: skip
+    assert {"sphinx", "myst_parser", "furo", "matplotlib", "numpy", "anyio",
+            "opt_einsum"}.isdisjoint(hidden_from_docs())  # fmt: skip
+    # The modules that import CuPy or PyTorch when loaded are documented all the same.
+    torch_page = (site / "api/torch.html").read_text(encoding="utf-8")
+    assert 'id="aionvrtc.tropical.torch.matmul"' in torch_page
+    problems_page = (site / "api/problems.html").read_text(encoding="utf-8")
+    assert 'id="aionvrtc.tropical.problems.independent_set"' in problems_page
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +211,69 @@ def test_every_internal_link_answers(site: Path, served: str) -> None:
     assert not failures, "\n".join(failures)
 
 
+def _text(html: str) -> str:
+    """An HTML fragment's text, as a reader sees it (tags dropped, entities decoded), its
+    apostrophes as typed (the site curls them)."""
+    import html as entities
+
+    text = entities.unescape(re.sub(r"<[^>]+>", "", html)).replace("\u2019", "'")
+    return " ".join(text.split())
+
+
+def test_the_performance_pages_title_each_result_once(site: Path) -> None:
+    groups = {group.page: group for group in performance.GROUPS}
+    titles: list[str] = []
+    for page, group in groups.items():
+        html = (site / "performance" / f"{page}.html").read_text(encoding="utf-8")
+        sections = re.findall(r"<h2>(.*?)<a class=\"headerlink\"[^>]*>.*?</h2>\s*<p>(.*?)</p>",
+                              html, re.S)  # fmt: skip
+        assert [_text(title) for title, _ in sections] == [t for _, t in group.results]
+        titles += [_text(title) for title, _ in sections]
+        for title, intro in sections:
+            # Each says what it measured in a sentence, not a file's slug.
+            assert _text(intro)[:1].isupper() or _text(intro).startswith("examples/"), intro
+            assert not re.search(r"\w[-_]\w+[-_]\w", _text(title)), title
+    assert (
+        len(titles) == len(set(titles)) == len(performance.placed(ROOT / "benchmarks" / "results"))
+    )
+    # A flag is shown as typed, not with its two hyphens made a dash.
+    serving = _text((site / "performance" / "serving.html").read_text(encoding="utf-8"))
+    assert "--no-batch" in serving
+    assert "\u2013no-batch" not in serving
+    # The overview: the headline table, a row per figure, each linking its result's section.
+    overview = (site / "performance.html").read_text(encoding="utf-8")
+    table = overview.split("<table", 1)[1].split("</table>", 1)[0]
+    links = re.findall(r'<a class="reference internal" href="performance/([\w-]+)\.html#([\w-]+)"',
+                       table)  # fmt: skip
+    assert len(links) == len(performance.HEADLINES)
+    for page, anchor in links:
+        assert f'id="{anchor}"' in (site / "performance" / f"{page}.html").read_text("utf-8")
+
+
+def _field_list(entry: str, name: str) -> list[str]:
+    """The names an API entry's field list ``name`` (Variables, Parameters) lists."""
+    found = re.search(rf'<dt class="field-\w+">{name}<span class="colon">:</span></dt>\s*'
+                      r'<dd class="field-\w+">(.*?)</dd>', entry, re.S)  # fmt: skip
+    return re.findall(r"<strong>(\w+)</strong>", found[1]) if found else []
+
+
+def test_a_dataclass_lists_its_fields_once(site: Path) -> None:
+    pages = {path: path.read_text(encoding="utf-8") for path in (site / "api").glob("*.html")}
+    checked = 0
+    for name, obj in public_api.names().items():
+        if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+            continue
+        [page] = [html for html in pages.values() if f'id="{name}"' in html]
+        # The class's own entry, up to its first member's.
+        entry = page.split(f'id="{name}"', 1)[1].split('<dl class="py ', 1)[0]
+        fields = [f.name for f in dataclasses.fields(obj) if not f.name.startswith("_")]
+        documented = _field_list(entry, "Variables")
+        assert sorted(documented) == sorted(fields), name
+        assert _field_list(entry, "Parameters") == [], name
+        checked += 1
+    assert checked > 15
+
+
 def _artifacts() -> Path:
     folder = Path(os.environ.get("AIONVRTC_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
     (folder / "docs").mkdir(parents=True, exist_ok=True)
@@ -156,7 +296,11 @@ def test_a_reader_sees_the_pages_in_chromium(served: str) -> None:
                 ("home", "", "What it does"),
                 ("api-compiler", "api/compiler.html", "aionvrtc.Compiler"),
                 ("guide-tropical-products", "guides/tropical-products.html", "Speed"),
-                ("performance", "performance.html", "Tropical GEMM on NVIDIA H200"),
+                (
+                    "performance",
+                    "performance/contractions.html",
+                    "Compiled contractions against JAX and PyTorch, H200",
+                ),
             ]:
                 answer = page.goto(served + path)
                 assert answer is not None
@@ -171,7 +315,16 @@ def test_a_reader_sees_the_pages_in_chromium(served: str) -> None:
                 seen[name] = len(images)
                 page.screenshot(path=str(shots / f"{name}.png"), full_page=False)
             assert seen["guide-tropical-products"] >= 1
-            assert seen["performance"] >= 10
+            assert seen["performance"] >= 5
+            # Above the fold of the home page: how to install, and a few lines of code.
+            page.goto(served)
+            blocks = page.eval_on_selector_all(
+                "article pre",
+                "els => els.map(e => [e.textContent, e.getBoundingClientRect().bottom])",
+            )
+            assert "pip install" in blocks[0][0], blocks[:2]
+            assert "import" in blocks[1][0], blocks[:2]
+            assert blocks[1][1] <= 900, blocks[:2]
             # The search box, as a reader uses it.
             page.goto(served)
             page.fill("input[name=q]", "memory_limit")
@@ -190,3 +343,36 @@ def test_a_reader_sees_the_pages_in_chromium(served: str) -> None:
             assert errors == []
         finally:
             browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium: apt-get install chromium")
+def test_every_code_block_shows_its_lines_whole_in_chromium(site: Path, served: str) -> None:
+    # In a desktop window, no code block scrolls: a line wider than the column would hide its
+    # end (tests/test_pages.py holds the sources to the width this shows).
+    playwright = pytest.importorskip("playwright.sync_api")
+    pages = sorted(
+        path.relative_to(site).as_posix()
+        for path in site.rglob("*.html")
+        if path.relative_to(site).parts[0] not in ("results", "_static")
+        and path.name not in ("genindex.html", "search.html", "py-modindex.html")
+    )
+    wide = []
+    blocks = 0
+    with playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            for path in pages:
+                page.goto(served + path, wait_until="load")
+                found = page.eval_on_selector_all(
+                    "article pre",
+                    "els => els.map(e => [e.scrollWidth, e.clientWidth, e.textContent])",
+                )
+                blocks += len(found)
+                wide += [f"{path}: {text.splitlines()[0][:60]!r}... {scroll} > {client} px"
+                         for scroll, client, text in found if scroll > client]  # fmt: skip
+        finally:
+            browser.close()
+    assert len(pages) > 40
+    assert blocks > 40
+    assert not wide, "\n".join(wide)

@@ -3,9 +3,10 @@ strict about the API.
 
 - Generated before the pages are read, into ``docs/_generated/`` (git-ignored): the settings
   table from ``_config.SETTINGS``, the command-line reference from the argparse parsers, the
-  performance page from the committed results (``performance.py``: each current benchmark's
-  table, facts and a plot drawn from its JSON); and ``docs/results/``, the committed results
-  themselves, so that a page links a figure's file and the site serves it.
+  performance pages from the committed results (``performance.py``: a table of headline
+  figures, and each current benchmark's table, facts and a plot drawn from its JSON, a page per
+  group of them); and ``docs/results/``, the committed results themselves, so that a page links
+  a figure's file and the site serves it.
 - A reference to a private path (``aionvrtc._spec.KernelSpec``, as annotations name it) is
   resolved to the public name the object is documented under (``aionvrtc.KernelSpec``).
 - A public name (``public_api.names()``) that no page documents fails the build.
@@ -29,6 +30,10 @@ logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
+# The characters of a line a code block shows whole in the theme's column (furo's: 90 of its
+# monospace at every desktop width, measured in Chromium): the pages' code blocks keep within
+# it (tests/test_pages.py), and the command line's usage is wrapped to it.
+CODE_WIDTH = 88
 
 
 def _write(path: Path, text: str | bytes) -> None:
@@ -70,9 +75,9 @@ def cli_reference() -> str:
     what it does, and each argument with its help."""
     from aionvrtc._cli import build_parser
 
-    # argparse wraps usage to the terminal's width: the page's is fixed.
+    # argparse wraps usage to the terminal's width: the page's is its code blocks'.
     columns = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "100"
+    os.environ["COLUMNS"] = str(CODE_WIDTH)
     try:
         return _cli_reference(build_parser())
     finally:
@@ -131,8 +136,16 @@ def generate(app: Sphinx) -> None:
     _write(generated / "settings.md", settings_table())
     _write(generated / "cli.md", cli_reference())
     copy_results(docs / "results")
-    page, plots = performance.page(RESULTS)
-    _write(generated / "performance.md", page)
+    pages, plots = performance.pages(RESULTS)
+    for name, text in pages.items():
+        _write(generated / "performance" / f"{name}.md", text)
+    for group in performance.GROUPS:
+        if not (docs / "performance" / f"{group.page}.md").is_file():
+            raise ValueError(
+                f"the performance group {group.page} has no page: write "
+                f"docs/performance/{group.page}.md, which includes "
+                f"../_generated/performance/{group.page}.md"
+            )
     for name, png in plots.items():
         _write(docs / "results" / "plots" / name, png)
     stale = docs / "results" / "plots"

@@ -458,8 +458,9 @@ def _tile_sweep(ax: Axes, data: dict[str, Any]) -> None:
     ax.set_title("Every tile tried, by shape class and variant")
 
 
-def draw(stem: str, data: Any) -> bytes | None:
-    """The PNG of the plot for the result ``stem`` (its JSON ``data``), or None."""
+def draw(stem: str, data: Any, title: str) -> bytes | None:
+    """The PNG of the plot for the result ``stem`` (its JSON ``data``, its page's ``title``),
+    or None."""
     benchmark = next((name for name in sorted(PLOTTERS, key=len, reverse=True)
                       if stem.startswith(name)), None)  # fmt: skip
     if benchmark is None:
@@ -467,12 +468,9 @@ def draw(stem: str, data: Any) -> bytes | None:
     figure, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     try:
         PLOTTERS[benchmark](ax, data)
-        facts = data.get("facts", {}) if isinstance(data, dict) else {}
-        where = facts.get("gpu") or facts.get("machine") or ""
-        what = ax.get_title()  # the plotter's own short title, above the result's name
-        ax.set_title("")  # over the whole figure instead, where a long name has room
-        figure.suptitle((f"{what}\n" if what else "") + stem + (f" ({where})" if where else ""),
-                        fontsize=10)  # fmt: skip
+        what = ax.get_title()  # the plotter's own short title, above the result's
+        ax.set_title("")  # over the whole figure instead, where a long title has room
+        figure.suptitle((f"{what}\n" if what else "") + title, fontsize=10)
         figure.tight_layout()
         out = io.BytesIO()
         # No timestamp in the file: the same JSON draws the same bytes.
