@@ -103,6 +103,8 @@ async def test_options_headers_and_names_are_said_in_words_from_disk(tmp_path: P
                 "-DC, -DD added and -DA removed and reordered from -std=c++17 -DB to -DB -std=c++17"
             ),
             ("-std=c++17", "-DA", "-DB", "-DB"): "-DB added",
+            # An item holding a space or a comma is quoted: it reads as one.
+            ("-std=c++17", "-DA", "-DB", "-DX=1 2", "-DY=a,b"): "'-DX=1 2', '-DY=a,b' added",
         },
         "headers": {
             (("scale.h", "#define FACTOR 3"), ("same.h", "// same"), ("new.h", "")): (

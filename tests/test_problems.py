@@ -301,15 +301,15 @@ def test_weights_whose_sums_would_not_stay_finite_are_refused() -> None:
     # Each gave an optimum of inf; the last, Problem.value an OverflowError.
     one = _bad(problems.independent_set, [(0, 1)], [1e39, 1], dtype="float32")
     assert one == (
-        "weights sum to 1.000e+39 in absolute value, more than 3.403e+38, the most float32 "
+        "weights sum to 1.00000e+39 in absolute value, more than 3.40282e+38, the most float32 "
         "sums with no risk of rounding to an infinity: pass dtype='float64', or scale the "
         "weights down"
     )
     two = _bad(problems.independent_set, [(0, 2)], [3e38, 3e38], dtype="float32")
-    assert two.startswith("weights sum to 6.000e+38 in absolute value, more than 3.403e+38")
+    assert two.startswith("weights sum to 6.00000e+38 in absolute value, more than 3.40282e+38")
     cut = _bad(problems.max_cut, [(0, 1), (1, 2)], [1e308, 1e308], dtype="float64")
     assert cut == (
-        "weights sum to 2.000e+308 in absolute value, more than 1.798e+308, the most float64 "
+        "weights sum to 2.00000e+308 in absolute value, more than 1.79769e+308, the most float64 "
         "sums with no risk of rounding to an infinity: pass weights scaled down (float64 is "
         "the widest dtype)"
     )

@@ -10,7 +10,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from aionvrtc import Compiler, KernelCache, KernelSpec, kernel_key
+from aionvrtc import Artifact, Compiler, KernelCache, KernelSpec, kernel_key
+from aionvrtc._store import DiskTier
 
 from .support import make_spec, run_python
 from .support.cli import cli
@@ -84,6 +85,15 @@ def test_export_of_a_manifests_share_of_the_cache(tmp_path: Path) -> None:
 
     with BundleTier(both) as tier:
         assert sorted(tier.keys()) == sorted(kernel_key(named, a) for a in ("sm_80", "sm_90"))
+    # An entry another CUDA version's NVRTC wrote for an arch this one cannot compile for (a
+    # dir shared with a CUDA 12 host): the default archs leave it out, the export goes on.
+    DiskTier(cache_dir).write(
+        Artifact(key="b" * 64, kind="ptx", image=b"//ptx", arch="sm_70", nvrtc_version="12.9",
+                 lowered_names={})
+    )  # fmt: skip
+    again = tmp_path / "again.bundle"
+    out = cli("cache", "export", str(again), "--manifest", str(manifest), cache=cache_dir)
+    assert (out["entries"], out["missing"]) == (2, 0)
     # A manifest that is not one: one line, exit 1.
     bad = tmp_path / "bad.jsonl"
     bad.write_text("hello\n")

@@ -111,9 +111,12 @@ class Artifact:
 
     @property
     def size(self) -> int:
-        """Bytes this artifact holds (image, log and names): what the memory tier charges."""
+        """Bytes this artifact holds (image, log, names and key parts, items included): what
+        the memory tier charges."""
         names = sum(len(k) + len(v) for k, v in self.lowered_names.items())
-        return len(self.image) + len(self.log) + names + 256
+        parts = sum(len(k) + len(v) for k, v in self.parts.items())
+        items = sum(len(k) + sum(map(len, v)) for k, v in self.part_items.items())
+        return len(self.image) + len(self.log) + names + parts + items + 256
 
 
 def encode(artifact: Artifact) -> bytes:
@@ -300,26 +303,20 @@ def decode(
 
 
 def header_parts(header: Mapping[str, Any]) -> dict[str, str]:
-    """The key's parts an entry's header keeps (``Artifact.parts``); {} where it keeps none.
-
-    Raises:
-        CacheCorruptError: The header holds parts that are not names and texts.
-    """
+    """The key's parts an entry's header keeps (``Artifact.parts``); {} where it keeps none, or
+    holds them in a shape this version does not read: only ``Compiler.explain`` reads them, so
+    an entry is never refused (and removed from a shared dir) over them."""
     parts = header.get("parts", {})
     if not isinstance(parts, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and len(v) <= _MAX_TEXT for k, v in parts.items()
     ):
-        raise _corrupt("header field 'parts' is not names and texts")
+        return {}
     return parts
 
 
 def header_part_items(header: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     """The items of the key's parts an entry's header keeps (``Artifact.part_items``); {} where
-    it keeps none.
-
-    Raises:
-        CacheCorruptError: The header holds items that are not names and lists of texts.
-    """
+    it keeps none, or holds them in a shape this version does not read (as ``header_parts``)."""
     items = header.get("part_items", {})
     if not isinstance(items, dict) or not all(
         isinstance(k, str)
@@ -327,5 +324,5 @@ def header_part_items(header: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
         and all(isinstance(t, str) and len(t) <= _MAX_TEXT for t in v)
         for k, v in items.items()
     ):
-        raise _corrupt("header field 'part_items' is not names and lists of texts")
+        return {}
     return {part: tuple(values) for part, values in items.items()}

@@ -22,7 +22,6 @@ from typing import Any
 from . import _nvrtc
 from ._artifact import header_part_items, header_parts
 from ._cache import KernelCache
-from ._exceptions import CacheCorruptError
 from ._spec import DIGEST_CHARS, KEY_PARTS, KernelSpec, key_parts, part_items
 from ._store import DiskTier
 from ._store.layers import DirLayer
@@ -152,13 +151,20 @@ def _in_words(part: str, theirs: Sequence[str], ours: Sequence[str]) -> str | No
         changed = []
         common = (_kept(theirs, ours), _kept(ours, theirs))
     said = [
-        f"{', '.join(names)} {what}"
+        f"{', '.join(map(_shown, names))} {what}"
         for names, what in ((changed, "changed"), (added, "added"), (removed, "removed"))
         if names
     ]
     if common[0] != common[1]:
-        said.append(f"reordered from {' '.join(common[0])} to {' '.join(common[1])}")
+        was, now = (" ".join(map(_shown, names)) for names in common)
+        said.append(f"reordered from {was} to {now}")
     return " and ".join(said) or None  # ("; " parts the parts in str(Explanation))
+
+
+def _shown(item: str) -> str:
+    """``item`` as the lists above show it: quoted where a space or a comma in it would read as
+    two items (``'-DX=1 2'``)."""
+    return repr(item) if any(c.isspace() or c == "," for c in item) else item
 
 
 def _kept(items: Sequence[str], other: Sequence[str]) -> list[str]:
@@ -191,7 +197,4 @@ def _same_names(
 def _parts_of(header: dict[str, Any] | str) -> tuple[Mapping[str, str], Items]:
     if isinstance(header, str):  # unreadable: compared as one that keeps no parts
         return {}, {}
-    try:
-        return header_parts(header), header_part_items(header)
-    except CacheCorruptError:
-        return {}, {}
+    return header_parts(header), header_part_items(header)

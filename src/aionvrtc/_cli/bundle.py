@@ -51,17 +51,24 @@ def _export_keys(
 def _manifest_keys(
     paths: list[Path], archs: list[str] | None, listing: Listing, readable: list[int]
 ) -> set[str]:
-    """The keys of the manifests' specs for ``archs`` (default: every arch the cache holds)
-    under this NVRTC: what ``cache export --manifest`` ships."""
+    """The keys of the manifests' specs for ``archs`` (default: every arch the cache holds
+    that this NVRTC compiles for) under this NVRTC: what ``cache export --manifest`` ships."""
     from .._cache import kernel_key
+    from .._exceptions import NvrtcError
     from .._manifest import read_manifests
+    from .._nvrtc import check_target
 
     read = read_manifests(paths)
     if archs is None:
         archs = []
         for arch in _by_arch(listing, readable):
-            with contextlib.suppress(ValueError):  # a header's untrusted text, not an arch
-                archs.append(Target(arch).arch)
+            # A header's untrusted text that is no arch, or an arch another CUDA version's
+            # NVRTC compiled for (a dir shared with a CUDA 12 host: sm_70): no key of this
+            # NVRTC's can name its entries, which another host's export ships.
+            with contextlib.suppress(ValueError, NvrtcError):
+                target = Target(arch)
+                check_target(target)
+                archs.append(target.arch)
     return {kernel_key(spec, arch) for spec in read.specs for arch in archs}
 
 

@@ -671,8 +671,8 @@ def _bounded(dtype: np.dtype[Any], what: str, *weights: Sequence[float]) -> None
         # grows a magnitude by 1 + eps / 2 at most, (1 + eps / 2)^(n + 1) <= e^((n + 1) eps / 2)
         # for the n weights' sum; a few more for this bound's own roundings in float64.
         limit = float(info.max) * math.exp(-(len(every) + 8) * float(info.eps) / 2)
-        over, shown = scaled > math.ldexp(limit, -64), f"{Decimal(scaled) * 2**64:.4g}"
-        most = f"{limit:.4g}, the most {dtype} sums with no risk of rounding to an infinity"
+        over, shown = scaled > math.ldexp(limit, -64), f"{Decimal(scaled) * 2**64:.6g}"
+        most = f"{limit:.6g}, the most {dtype} sums with no risk of rounding to an infinity"
     if over:
         wider = {"int32": "dtype='int64'", "int64": "dtype='float64'",
                  "float32": "dtype='float64', or scale the weights down",

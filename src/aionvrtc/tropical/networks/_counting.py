@@ -53,9 +53,10 @@ def configurations(
         semiring: As ``einsum``.
         path: As ``einsum``.
         max_bytes: As ``einsum``, for the results with their counts; and the most bytes the
-            rows may hold (8 per index of each assignment).
-        limit: The most assignments returned (default 10,000). Past it the call says how many
-            there are, and returns none.
+            rows may hold (8 per index of each assignment). The walk holds up to three times
+            the rows' bytes at its peak: the rows, their next extension, and the sorted copy.
+        limit: The most assignments returned (default 10,000). Past it the call raises a
+            ValueError saying how many there are.
 
     Returns:
         The triple (value, indices, rows): the value as ``einsum`` gives it; the indices, a

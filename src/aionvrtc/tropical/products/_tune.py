@@ -200,7 +200,8 @@ async def autotune(
         compiler: The Compiler that compiles the candidates and keeps the record. Default: the
             process-wide Compiler (the tuning then runs on its event loop, in its thread).
         report: A function that receives one dict per candidate timed, with keys ``"class"``,
-            ``"variant"``, ``"tile"`` (a list), ``"seconds"`` and ``"pairs_per_s"``.
+            ``"variant"``, ``"tile"`` (a list), ``"seconds"`` and ``"pairs_per_s"``; called
+            in the process-wide Compiler's thread where ``compiler`` is None.
 
     Returns:
         The table now in use on ``device``, by shape class then variant to a tile (as
