@@ -271,7 +271,7 @@ def _sentence(text: str) -> str:
     return text if text.endswith(".") else f"{text}."
 
 
-def _body(markdown: str, results: str) -> str:
+def _body(markdown: str) -> str:
     """A result's markdown without its title, its headings placed below the page's (the
     highest of them at level 3, under the result's own heading)."""
     lines = markdown.splitlines()
@@ -280,15 +280,14 @@ def _body(markdown: str, results: str) -> str:
     levels = [len(line) - len(line.lstrip("#")) for line in lines if _HEADING.match(line)]
     shift = 3 - min(levels) if levels else 0
     return _from_results(
-        "\n".join("#" * shift + line if _HEADING.match(line) else line for line in lines),
-        results,
+        "\n".join("#" * shift + line if _HEADING.match(line) else line for line in lines)
     )
 
 
-def _from_results(text: str, results: str) -> str:
-    """Markdown written beside the results, its links made relative to a page: the results
-    folder is ``results`` from there."""
-    return re.sub(r"\]\((?!https?:|#|/)([^)]+)\)", rf"]({results}/\1)", text)
+def _from_results(text: str) -> str:
+    """Markdown written beside the results, its links made relative to a group's page
+    (``docs/performance/<page>.md``): the results folder is ../results from there."""
+    return re.sub(r"\]\((?!https?:|#|/)([^)]+)\)", r"](../results/\1)", text)
 
 
 def label(stem: str) -> str:
@@ -331,7 +330,7 @@ def _section(results: Path, result: Result, title: str) -> tuple[list[str], dict
         data = json.loads((results / f"{result.stem}.json").read_text("utf-8"))
         facts = data.get("facts", {}) if isinstance(data, dict) else {}
     out = [f"({label(result.stem)})=", f"## {title}", ""]
-    out += [_from_results(_sentence(result.what), "../results"), ""]
+    out += [_from_results(_sentence(result.what)), ""]
     facts_line = _facts_line(facts, _date(results, result, facts), result.commit)
     if facts_line:
         out += [f"*{facts_line}.*", ""]
@@ -343,7 +342,7 @@ def _section(results: Path, result: Result, title: str) -> tuple[list[str], dict
             drawn[name] = png
             out += [f"![{title}](../results/plots/{name})", ""]
     if f"{result.stem}.md" in result.files:
-        out += [_body((results / f"{result.stem}.md").read_text("utf-8"), "../results"), ""]
+        out += [_body((results / f"{result.stem}.md").read_text("utf-8")), ""]
     links = ", ".join(f"[{name}](../results/{name})" for name in result.files)
     out += [f"Files: {links}.", ""]
     return out, drawn

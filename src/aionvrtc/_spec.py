@@ -14,7 +14,10 @@ from typing import Any
 from . import _cuda_headers, _includes
 from ._target import Target
 
-__all__ = ["FORMAT_VERSION", "KEY_PARTS", "KernelSpec", "derive_key", "key_parts", "part_items"]
+__all__ = [
+    "DIGEST_CHARS", "FORMAT_VERSION", "ITEM_CHARS", "ITEM_PARTS", "KEY_PARTS", "PART_CHARS",
+    "KernelSpec", "derive_key", "key_parts", "part_items",
+]  # fmt: skip
 
 # Bump when the key derivation or the entry encoding changes: old entries then live in another
 # folder of the disk tier and are never read as current ones.
@@ -431,8 +434,9 @@ KEY_PARTS = (
     "arch", "nvrtc_build",
 )  # fmt: skip
 # Parts kept as they are in an entry's header (short, and telling as they are); the others as
-# a digest of their fields.
+# a digest of their fields, DIGEST_CHARS hex digits of it.
 _PLAIN_PARTS = frozenset({"format", "name", "arch", "nvrtc_build"})
+DIGEST_CHARS = 16
 
 
 def _key_fields(
@@ -474,9 +478,9 @@ def derive_key(spec: KernelSpec, arch: Target | str, nvrtc_build: str) -> str:
 
 def key_parts(spec: KernelSpec, arch: Target | str, nvrtc_build: str) -> dict[str, str]:
     """What each part of ``spec``'s key holds (KEY_PARTS): the format, name, arch and NVRTC
-    build as they are, the others as the first 16 hex digits of a digest of their fields. Kept
-    in each compiled entry's header, so that a lookup that misses can say which part differs
-    from an entry of the same kernel (``Compiler.explain``)."""
+    build as they are, the others as the first DIGEST_CHARS hex digits of a digest of their
+    fields. Kept in each compiled entry's header, so that a lookup that misses can say which
+    part differs from an entry of the same kernel (``Compiler.explain``)."""
     digests: dict[str, hashlib._Hash] = {}
     plain: dict[str, str] = {}
     for part, data in _key_fields(spec, arch, nvrtc_build):
@@ -485,7 +489,8 @@ def key_parts(spec: KernelSpec, arch: Target | str, nvrtc_build: str) -> dict[st
         else:
             _field(digests.setdefault(part, hashlib.sha256()), data)
     return {
-        part: plain[part] if part in plain else digests[part].hexdigest()[:16] for part in KEY_PARTS
+        part: plain[part] if part in plain else digests[part].hexdigest()[:DIGEST_CHARS]
+        for part in KEY_PARTS
     }
 
 
@@ -498,7 +503,6 @@ ITEM_CHARS = 200
 PART_CHARS = 4096
 # A header or include folder is kept as its content's digest (DIGEST_CHARS hex digits), a space
 # and its name or path.
-DIGEST_CHARS = 16
 
 
 def _digest(data: str | bytes) -> str:
