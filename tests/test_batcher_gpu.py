@@ -336,3 +336,98 @@ async def test_batched_operands_and_empty_products_run_as_matmul(
     assert empty.shape == (0, 6)
     zero = await batcher.matmul(cupy.empty((2, 0), np.float32), cupy.empty((0, 3), np.float32))
     np.testing.assert_array_equal(host(zero), np.full((2, 3), -np.inf, np.float32))
+
+
+async def _until_loaded(compiler: Compiler, spec: Any) -> None:
+    with anyio.fail_after(120):  # a background compile on the GPU machine's CPUs
+        while compiler.loaded(spec, device=0) is None:
+            await anyio.sleep(0.02)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+async def test_a_new_batch_size_runs_at_once_on_a_loaded_kernel_and_then_on_its_own(
+    ring: str, dtype: Any, rng: np.random.Generator, tmp_path: Path
+) -> None:
+    """One 256 x 32 x 256 product takes the small tiles, 64 of them the large ones: a burst of
+    64 after a lone request runs on the lone request's kernel while its own loads (a serving
+    Compiler that refuses hot compiles never refuses it), then on its own; every answer the
+    reference's."""
+    import cupy
+
+    stand_in = tropical.tuning.tiled_supported(ring, np.dtype(dtype))
+    async with Compiler(cache_dir=tmp_path) as compiler:
+        batcher = tropical.Batcher(compiler, max_batch=64)
+        for argmax in (False, True):
+            probe = [cupy.asarray(x) for x in operands(rng, ring, dtype, (256, 32), (32, 256))]
+            await batcher.matmul(
+                probe[0], probe[1], ring, argmax=argmax
+            )  # alone: one product's kernel
+            compiler.start_serving("error")
+            own = tropical.kernel_spec(256, 256, 32, ring, dtype, argmax=argmax, batch=64)
+            for burst in range(2):
+                inputs = [
+                    tuple(cupy.asarray(x) for x in operands(rng, ring, dtype, (256, 32), (32, 256)))
+                    for _ in range(64)
+                ]
+                got = await gather(batcher, inputs, ring, argmax)
+                for (a, b), result in zip(inputs, got, strict=True):
+                    want = reference.matmul(host(a), host(b), ring, argmax=argmax)
+                    assert_same(result, want, argmax)
+                if burst == 0 and stand_in:
+                    await _until_loaded(compiler, own)
+            compiler.start_serving(None)
+        stats = batcher.stats()
+        # Each argmax's first burst on a stand-in, its second on its own kernel.
+        assert stats.standins == (2 if stand_in else 0)
+        assert compiler.stats().hot_compiles == 0
+
+
+async def test_a_direct_batched_matmul_runs_on_a_loaded_kernel_meanwhile(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    import cupy
+
+    async with Compiler(cache_dir=tmp_path) as compiler:
+        a, b = (cupy.asarray(x) for x in operands(rng, "maxplus", np.float32, (256, 64), (64, 256)))
+        await tropical.matmul(a, b, compiler=compiler)  # loads the small tiles
+        compiler.start_serving("error")
+        a3, b3 = (
+            cupy.asarray(x)
+            for x in operands(rng, "maxplus", np.float32, (64, 256, 64), (64, 64, 256))
+        )
+        got = await tropical.matmul(a3, b3, compiler=compiler)  # the large tiles' batch
+        want = reference.matmul(host(a3), host(b3), "maxplus")
+        np.testing.assert_array_equal(host(got), want)
+        own = tropical.kernel_spec(256, 256, 64, "maxplus", "float32", batch=64)
+        await _until_loaded(compiler, own)
+        np.testing.assert_array_equal(host(await tropical.matmul(a3, b3, compiler=compiler)), want)
+        assert compiler.stats().hot_compiles == 0
+
+
+async def test_batcher_warm_loads_every_batch_sizes_kernel_ahead(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    import cupy
+
+    async with Compiler(cache_dir=tmp_path) as compiler:
+        batcher = tropical.Batcher(compiler, max_batch=64)
+        assert await batcher.warm(256, 256, 32, "minplus", "float32", argmax=True) == 2
+        compiles = compiler.stats().compiles
+        compiler.start_serving("error")
+        for size in (1, 8, 64):
+            inputs = [
+                tuple(
+                    cupy.asarray(x)
+                    for x in operands(rng, "minplus", np.float32, (256, 32), (32, 256))
+                )
+                for _ in range(size)
+            ]
+            got = await gather(batcher, inputs, "minplus", True)
+            for (a, b), result in zip(inputs, got, strict=True):
+                assert_same(result, reference.matmul(host(a), host(b), "minplus", argmax=True),
+                            True)  # fmt: skip
+        assert batcher.stats().standins == 0
+        assert (compiler.stats().compiles, compiler.stats().hot_compiles) == (compiles, 0)
+    with pytest.raises(ValueError, match="sizes must be positive"):
+        await tropical.Batcher().warm(0, 256, 32)

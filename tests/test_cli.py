@@ -641,6 +641,16 @@ def test_a_group_without_a_command_prints_its_own_help(
             "see aionvrtc warm tropical --help",
         ),
         (
+            ["warm", "tropical", "--batched", "256x0x2"],
+            "argument --batched: must be a product's sizes MxNxK (A is M x K, B is K x N), such "
+            "as 256x256x256, got '256x0x2'; see aionvrtc warm tropical --help",
+        ),
+        (
+            ["warm", "tropical", "--batched", "8x8x8", "--max-batch", "none"],
+            "argument --max-batch: must be a whole number of requests, at least 1, got 'none'; "
+            "see aionvrtc warm tropical --help",
+        ),
+        (
             ["cache", "info", "--colour"],
             "unrecognized arguments: --colour; see aionvrtc cache info --help",
         ),

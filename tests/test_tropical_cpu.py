@@ -576,5 +576,5 @@ def test_batcher_options_are_checked(options: dict[str, Any], message: str) -> N
 def test_a_batcher_needs_no_gpu_until_it_is_asked() -> None:
     batcher = tropical.Batcher(max_batch=16, max_delay=0.002)
     assert (batcher.max_batch, batcher.max_delay) == (16, 0.002)
-    assert batcher.stats() == tropical.BatcherStats(requests=0, launches=0, alone=0)
+    assert batcher.stats() == tropical.BatcherStats(requests=0, launches=0, alone=0, standins=0)
     assert repr(batcher) == "<Batcher max_batch=16 max_delay=0.002: 0 requests in 0 launches>"

@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -29,7 +30,7 @@ from ._cache import DEFAULT_MEMORY_LIMIT, ArchStats, KernelCache
 from ._config import ENV_MANIFEST
 from ._cuda import Module
 from ._cuda_errors import IMAGE_REFUSED
-from ._exceptions import CompilerClosed, ModuleLoadError, QueueFull
+from ._exceptions import CompileOnHotPath, CompilerClosed, ModuleLoadError, QueueFull
 from ._explain import Explanation, explain
 from ._manifest import Manifest
 from ._modules import Modules
@@ -79,6 +80,10 @@ class CompilerStats:
         prefetched: Specs queued by ``prefetch()`` (the sum of what its calls returned).
         rejected: Requests refused with ``QueueFull`` because ``max_queued`` kernels were
             waiting.
+        hot_compiles: Kernels that a live request waited for NVRTC to compile while the
+            Compiler was serving (``start_serving``): each logged with its ``explain``, and
+            refused with ``CompileOnHotPath`` in the ``"error"`` mode. Prefetches and
+            warm-ups are not counted.
         memory: The memory tier's ``MemoryStats``.
         disk: The disk tier's ``DiskStats``; all zero for a Compiler without a disk tier.
         remote: The remote tier's ``RemoteStats``; all zero for a Compiler without a remote
@@ -98,12 +103,38 @@ class CompilerStats:
     waiting: int
     prefetched: int
     rejected: int
+    hot_compiles: int
     memory: MemoryStats
     disk: DiskStats
     remote: RemoteStats
     layers: tuple[LayerStats, ...]
     archs: dict[str, ArchStats]
 
+
+def _specs_of(specs: Iterable[KernelSpec], method: str) -> list[KernelSpec]:
+    """``specs`` as a list, every item checked first: a bad item after good ones must leave
+    none of them half-queued (marked as deriving, and then never derived)."""
+    if isinstance(specs, KernelSpec) or not isinstance(specs, Iterable):
+        raise TypeError(
+            f"{method} takes an iterable of KernelSpecs (a list, even of one), not "
+            f"{type(specs).__name__}"
+        )
+    specs = list(specs)
+    wrong = next((s for s in specs if not isinstance(s, KernelSpec)), None)
+    if wrong is not None:
+        raise TypeError(f"{method} takes KernelSpecs, not {type(wrong).__name__}")
+    return specs
+
+
+def _label(spec: KernelSpec) -> str:
+    """A kernel as a log line names it: its program and first name expression."""
+    if spec.name_expressions:
+        return f"{spec.name_expressions[0]} ({spec.name})"
+    return spec.name
+
+
+# Refusals, counted apart from requests and errors (rejected, hot_compiles).
+_REFUSED = (QueueFull, CompileOnHotPath)
 
 # The tasks _spawn started, referenced until done (asyncio keeps only weak references).
 _spawned: set[asyncio.Task[None]] = set()
@@ -243,7 +274,9 @@ class Compiler:
         self._arch_memos: dict[object, str] = {}
         # Loaded modules per device, and each device's target (see target_for and get()).
         self._loaded = Modules(self._cache, self._target, self._key_id)
-        self._scheduler = Scheduler(self._cache, concurrency, self._succeeded, max_queued)
+        self._scheduler = Scheduler(
+            self._cache, concurrency, self._succeeded, max_queued, self._compiled_while_serving
+        )
         self._state = _State.NEW
         self._hot: dict[str, Entry] = {}  # see _enter() and compile()
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -254,6 +287,14 @@ class Compiler:
         self._deriving: set[tuple[KernelSpec, str]] = set()
         self._errors = 0
         self._prefetched = 0
+        # start_serving's mode (None: not serving), and the compiles it saw.
+        self._serving: Literal["warn", "error"] | None = None
+        self._hot_compiles = 0
+        # (spec, device) pairs being loaded ahead (prefetch with a device), and those whose
+        # loading failed: not tried again until forget() or clear().
+        self._loading: set[tuple[KernelSpec, int]] = set()
+        self._load_failed: set[tuple[KernelSpec, int]] = set()
+        self._thread = -1  # the ident of the thread the Compiler's event loop runs in
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -293,6 +334,7 @@ class Compiler:
         try:
             async with anyio.create_task_group() as task_group:
                 self._task_group = task_group
+                self._thread = threading.get_ident()
                 if self.manifest is not None:
                     self.manifest.bind(task_group)
                 # The scheduler takes jobs from attach() on, before anyone can submit one, and
@@ -429,7 +471,11 @@ class Compiler:
         entry.used = next(self._clock)  # the hit count and its recency (see MemoryTier)
         return entry.artifact
 
-    async def _compile(self, spec: KernelSpec, arch: TargetLike | None) -> Artifact:
+    async def _compile(
+        self, spec: KernelSpec, arch: TargetLike | None, priority: int = LIVE
+    ) -> Artifact:
+        """A memory miss of ``compile``, or a warm-up's (``priority`` PREFETCH: not counted
+        as a request, overtaken by live ones, never a hot compile)."""
         if self._state is not _State.OPEN:
             raise self._not_open()
         if not isinstance(spec, KernelSpec):
@@ -441,8 +487,9 @@ class Compiler:
             return artifact
         if self._state is not _State.OPEN:  # closed while the key was derived in a thread
             raise self._not_open()
-        job = self._scheduler.submit(spec, key, LIVE, cache)
-        if not isinstance(job.error, QueueFull):  # a refused request is counted as rejected
+        job = self._scheduler.submit(spec, key, priority, cache)
+        live = priority == LIVE
+        if live and not isinstance(job.error, _REFUSED):  # (counted apart)
             cache.missed()
         if not job.done.is_set():
             # A waiter's cancellation ends only this wait: the job runs on in the Compiler's
@@ -456,7 +503,7 @@ class Compiler:
         if job.error is None:
             assert job.result is not None
             return job.result
-        if not isinstance(job.error, QueueFull):  # (counted as rejected)
+        if live and not isinstance(job.error, _REFUSED):
             self._errors += 1
         raise fresh(job.error)
 
@@ -586,7 +633,7 @@ class Compiler:
         next(self._clock)  # counts the memory hit
         return module
 
-    async def _get(self, spec: KernelSpec, device: int | None) -> Module:
+    async def _get(self, spec: KernelSpec, device: int | None, priority: int = LIVE) -> Module:
         if self._state is not _State.OPEN:
             raise self._not_open()
         if device is None:
@@ -595,7 +642,7 @@ class Compiler:
         if not _cuda.device_ready(device):
             await anyio.to_thread.run_sync(_cuda.init_device, device)
         modules = self._loaded.of(device, cache.memo)
-        artifact = await self.compile(spec, arch=cache.target)
+        artifact = await self._compile(spec, cache.target, priority)
         # Requests that were waiting for the same compile load the module once.
         module = modules.get(artifact.key)
         if module is not None:
@@ -611,44 +658,66 @@ class Compiler:
             modules[artifact.key] = module
         return module
 
-    def prefetch(self, specs: Iterable[KernelSpec], *, arch: TargetLike | None = None) -> int:
-        """Queue low-priority background compiles (warm-up) for target ``arch``.
+    def prefetch(
+        self,
+        specs: Iterable[KernelSpec],
+        *,
+        arch: TargetLike | None = None,
+        device: int | None = None,
+    ) -> int:
+        """Queue low-priority background compiles (warm-up) for target ``arch``, or compiles
+        for ``device``'s target that are then loaded there.
 
         Live requests overtake them; a live request for a prefetched key promotes its job.
         Failures are logged and remembered, never raised here. Keys not derived yet are
         derived in a worker thread (a spec among them counts as queued). A spec already in
-        memory, compiling or remembered as failed is not queued.
+        memory, compiling or remembered as failed is not queued; with ``device``, one loaded
+        there already, being loaded, or whose loading there failed (until ``forget`` or
+        ``clear``). A prefetch is never a hot compile (``start_serving``).
+
+        With ``device`` it may be called from any thread (it hands over to the Compiler's event
+        loop, through its portal or as a worker thread of that loop), so that a hot path which
+        finds a kernel missing can have it loaded for its next call without waiting for it.
 
         Args:
             specs: The programs to compile.
             arch: The target (``"sm_90"`` or a ``Target``); default: the Compiler's.
+            device: The CUDA device to load them on once compiled (for its target, as
+                ``get`` compiles); not with ``arch``.
 
         Returns:
             How many were queued.
 
         Raises:
-            TypeError: An item of ``specs`` is not a ``KernelSpec``, or ``arch`` is neither a
-                str nor a ``Target``.
-            ValueError: ``arch`` is not an arch such as ``"sm_90"``.
-            NoDeviceError: ``arch`` is None and the Compiler has no target.
-            NvrtcError: This NVRTC cannot compile for ``arch``.
+            TypeError: An item of ``specs`` is not a ``KernelSpec``, ``arch`` is neither a
+                str nor a ``Target``, or ``device`` is not an int.
+            ValueError: ``arch`` is not an arch such as ``"sm_90"``; both ``arch`` and
+                ``device`` are given; there is no device ``device`` on this host.
+            NoDeviceError: ``arch`` is None and the Compiler has no target; or ``device`` is
+                given and no CUDA GPU is usable here.
+            NvrtcError: This NVRTC cannot compile for ``arch`` (or ``device``'s target).
             CompilerClosed: The Compiler is closed or closing.
-            RuntimeError: The Compiler has not been opened (``async with``).
+            RuntimeError: The Compiler has not been opened (``async with``); or, with
+                ``device``, this thread is neither the Compiler's event loop's nor one that
+                can reach it (no portal, not a worker thread of that loop).
         """
         if self._state is not _State.OPEN:
             raise self._not_open()
+        specs = _specs_of(specs, "prefetch")
+        if device is not None:
+            if arch is not None:
+                raise ValueError(
+                    "prefetch takes arch= or device=, not both: a device's kernels are "
+                    "compiled for its own target"
+                )
+            self._loaded.cache_for(device)  # the device checked here, not in the background
+            load = functools.partial(self._load_ahead, specs, device)
+            if threading.get_ident() == self._thread:
+                return load()
+            if self._portal is not None:
+                return self._portal.call(load)
+            return anyio.from_thread.run_sync(load)
         cache = self._for_arch(arch)
-        # All checked first: a bad item after good ones must leave none of them half-queued
-        # (marked as deriving, and then never derived).
-        if isinstance(specs, KernelSpec) or not isinstance(specs, Iterable):
-            raise TypeError(
-                f"prefetch takes an iterable of KernelSpecs (a list, even of one), not "
-                f"{type(specs).__name__}"
-            )
-        specs = list(specs)
-        wrong = next((s for s in specs if not isinstance(s, KernelSpec)), None)
-        if wrong is not None:
-            raise TypeError(f"prefetch takes KernelSpecs, not {type(wrong).__name__}")
         queued = 0
         later: list[KernelSpec] = []
         for spec in specs:
@@ -665,6 +734,141 @@ class Compiler:
         queued += len(later)
         self._prefetched += queued
         return queued
+
+    def _load_ahead(self, specs: list[KernelSpec], device: int) -> int:
+        """prefetch(device=) on the Compiler's event loop: a task per spec not loaded there."""
+        if self._state is not _State.OPEN or self._task_group is None:
+            raise self._not_open()
+        queued = 0
+        for spec in specs:
+            pair = (spec, device)
+            if pair in self._loading or pair in self._load_failed or self._holds(spec, device):
+                continue
+            self._loading.add(pair)
+            self._task_group.start_soon(self._load_one, spec, device)
+            queued += 1
+        self._prefetched += queued
+        return queued
+
+    async def _load_one(self, spec: KernelSpec, device: int) -> None:
+        try:
+            await self._get(spec, device, PREFETCH)
+        except Exception as exc:
+            if self._state is _State.OPEN:  # (closing fails what is queued: not worth a line)
+                self._load_failed.add((spec, device))
+                logger.warning(
+                    "loading %s ahead on device %d failed; not tried again until forget() or "
+                    "clear(): %s", _label(spec), device, exc,
+                )  # fmt: skip
+        finally:
+            self._loading.discard((spec, device))
+
+    def _holds(self, spec: KernelSpec, device: int) -> bool:
+        """Whether ``spec`` is loaded on ``device`` (``loaded`` without counting a hit)."""
+        try:
+            loaded = self._loaded
+            return spec._keys[loaded.memos[device]] in loaded.by_device[device]
+        except (KeyError, AttributeError, TypeError):
+            return False
+
+    async def warm(self, specs: Iterable[KernelSpec], *, device: int | None = None) -> int:
+        """Compile ``specs`` for ``device`` and load them there, ahead of serving: the
+        ``get`` of each, at a warm-up's priority (live requests overtake it), never a hot
+        compile (``start_serving``), awaited together.
+
+        Args:
+            specs: The programs to compile and load.
+            device: The CUDA device index; default: CuPy's current device in the calling
+                thread.
+
+        Returns:
+            How many kernels are loaded on ``device`` (each spec once).
+
+        Raises:
+            TypeError: An item of ``specs`` is not a ``KernelSpec``, or ``device`` is not an
+                int.
+            ValueError, NoDeviceError, NvrtcError, CompileError, ModuleLoadError: As ``get``
+                raises them, for the first spec that failed (the others are stopped; what
+                was compiled is kept).
+            CompilerClosed: The Compiler is closed or closing.
+            RuntimeError: The Compiler has not been opened (``async with``).
+        """
+        if self._state is not _State.OPEN:
+            raise self._not_open()
+        unique = list(dict.fromkeys(_specs_of(specs, "warm")))
+        if device is None:
+            device = _cuda.current_device()
+
+        async def one(spec: KernelSpec) -> None:
+            await self._get(spec, device, PREFETCH)
+
+        try:
+            async with anyio.create_task_group() as group:
+                for spec in unique:
+                    group.start_soon(one, spec)
+        except ExceptionGroup as failed:
+            first: BaseException = failed
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
+        return len(unique)
+
+    def start_serving(self, mode: Literal["warn", "error"] | None = "warn") -> None:
+        """Say that the service serves now: from here on, a compile that a live request waits
+        for (a kernel missing from every tier, or compiling for a prefetch when asked for) is a
+        hot compile: counted in ``stats().hot_compiles`` and logged on logger ``aionvrtc``
+        with its ``explain``, which says why the lookup missed. With ``"error"``, such a
+        request also raises ``CompileOnHotPath`` at once, and the kernel compiles in the
+        background for the next request. Prefetches and warm-ups (``prefetch``, ``warm``) are
+        never hot compiles. vLLM's ``--jit-monitor-mode warn|error`` is the same guard;
+        NVIDIA Triton marks a model ready only after its warm-up, the step before this.
+
+        Args:
+            mode: ``"warn"`` (count and log), ``"error"`` (count, log and refuse), or None
+                (not serving: compiles are not watched). Kept as ``serving``.
+
+        Raises:
+            ValueError: ``mode`` is none of the three.
+        """
+        if mode not in ("warn", "error", None):
+            raise ValueError(f"start_serving takes 'warn', 'error' or None, not {mode!r}")
+        self._serving = mode
+
+    @property
+    def serving(self) -> Literal["warn", "error"] | None:
+        """``start_serving``'s mode: ``"warn"``, ``"error"``, or None while not serving."""
+        return self._serving
+
+    def _compiled_while_serving(self, job: Job) -> BaseException | None:
+        """The Scheduler's ``on_hot``: a live request waits for ``job``'s compile."""
+        mode = self._serving
+        if mode is None:
+            return None
+        self._hot_compiles += 1
+        target = job.cache.target
+        if self._task_group is not None:
+            self._task_group.start_soon(self._report_hot, job.spec, target, mode)
+        if mode == "warn":
+            return None
+        return CompileOnHotPath(
+            f"{_label(job.spec)} is not compiled for {target.arch}, and this Compiler serves "
+            "with start_serving('error'): the request does not wait for NVRTC. The kernel "
+            "compiles in the background for the next request; compile what a service uses "
+            "ahead (Compiler.warm, tropical.Batcher.warm, aionvrtc warm manifest), or serve "
+            "with start_serving('warn')"
+        )
+
+    async def _report_hot(self, spec: KernelSpec, target: Target, mode: str) -> None:
+        try:
+            explanation = await self.explain(spec, arch=target)
+            # (Read while NVRTC runs: one that finished first has stored it by now.)
+            why = str(explanation) if explanation.held_in is None else "Compiled by now."
+        except Exception as exc:  # (a closing Compiler, a cache dir gone): the line still says
+            why = f"(not explained: {exc})"
+        logger.warning(
+            "compiled while serving (start_serving(%r)): a request waited for NVRTC to "
+            "compile %s for %s. %s", mode, _label(spec), target.arch, why,
+        )  # fmt: skip
 
     def _prefetch_one(self, spec: KernelSpec, key: str, cache: KernelCache) -> bool:
         scheduler = self._scheduler
@@ -727,6 +931,7 @@ class Compiler:
                 ``compile`` raises it), for a spec whose keys were never derived.
         """
         keys = await anyio.to_thread.run_sync(self._cache.forget, spec)
+        self._load_failed = {pair for pair in self._load_failed if pair[0] != spec}
         for key in keys:
             self._scheduler.failures.pop(key)
             self._loaded.drop(key)
@@ -818,6 +1023,7 @@ class Compiler:
     async def clear(self) -> None:
         """Empty the memory tier, the remembered failures and this format's disk entries."""
         self._scheduler.failures.clear()
+        self._load_failed.clear()
         self._loaded.clear()
         await anyio.to_thread.run_sync(self._cache.clear)
 
@@ -843,6 +1049,7 @@ class Compiler:
             waiting=waiting,
             prefetched=self._prefetched,
             rejected=self._scheduler.rejected,
+            hot_compiles=self._hot_compiles,
             memory=cache.memory,
             disk=cache.disk,
             remote=self.remote.stats() if self.remote is not None else RemoteStats(),

@@ -14,12 +14,14 @@ __all__ = [
     "BundleError",
     "CacheCorruptError",
     "CompileError",
+    "CompileOnHotPath",
     "CompilerClosed",
     "GPUOutOfMemoryError",
     "ManifestError",
     "ModuleLoadError",
     "NoDeviceError",
     "NvrtcError",
+    "QueueFull",
 ]
 
 
@@ -114,3 +116,10 @@ class QueueFull(AionvrtcError):
     """Raised at once by a request that would queue past a bound: a Compiler's ``max_queued``
     kernels waiting to be looked up or compiled. The message names the bound and the fixes;
     nothing was queued, and a later request may be served."""
+
+
+class CompileOnHotPath(AionvrtcError):
+    """Raised at once by a request that would wait for NVRTC while its Compiler serves with
+    ``start_serving("error")``: the kernel was not compiled ahead. The compile goes on in the
+    background (a warm-up's priority), so a later request finds it; the message names the
+    kernel and the fixes."""

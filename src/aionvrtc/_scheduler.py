@@ -77,6 +77,8 @@ class Stage(enum.Enum):
 
 # Where a job holds no compile slot yet: what max_queued bounds.
 _UNSTARTED = frozenset({Stage.LOOKUP, Stage.READING, Stage.QUEUED})
+# Where a job has missed every tier: a request that joins it waits for NVRTC.
+_COMPILING = frozenset({Stage.QUEUED, Stage.RUNNING, Stage.WAITING})
 
 
 def _queued_live(job: Job) -> bool:
@@ -88,8 +90,8 @@ class Job:
     """One key's work, shared by every request for that key while it runs."""
 
     __slots__ = (
-        "cache", "claim", "done", "error", "key", "priority", "result", "scope", "spec", "stage",
-        "waiters",
+        "cache", "claim", "done", "error", "hot", "key", "priority", "result", "scope", "spec",
+        "stage", "waiters",
     )  # fmt: skip
 
     def __init__(self, key: str, spec: KernelSpec, priority: int, cache: KernelCache) -> None:
@@ -104,6 +106,7 @@ class Job:
         self.result: Artifact | None = None
         self.error: BaseException | None = None
         self.waiters = 0  # requests awaiting it now: its error is raised to each of them
+        self.hot = False  # a live request waited for its compile (told to on_hot once)
 
 
 def fresh(error: BaseException) -> BaseException:
@@ -137,7 +140,10 @@ class Scheduler:
     """The jobs and the lanes of one Compiler over ``cache`` (its views, one per target, are
     the jobs'). ``concurrency`` compile slots; ``on_result(job)`` is told of each job that
     succeeded (the Compiler's manifest). ``start`` runs it in a task group; ``close`` fails
-    what no lane has taken and lets the running compiles finish."""
+    what no lane has taken and lets the running compiles finish. ``on_hot(job)`` is told
+    once of each job whose compile a live request waits for (NVRTC on a request's path, as
+    opposed to a prefetch's); where it returns an error, the live requests raise it at once
+    and the compile goes on as a prefetch."""
 
     def __init__(
         self,
@@ -145,8 +151,10 @@ class Scheduler:
         concurrency: int,
         on_result: Callable[[Job], None],
         max_queued: int | None = None,
+        on_hot: Callable[[Job], BaseException | None] | None = None,
     ) -> None:
         self._cache = cache
+        self._on_hot = on_hot
         self.max_queued = max_queued
         self.rejected = 0  # submissions refused by max_queued
         self._remote = any(not tier.local for tier in cache.tiers)  # a tier off this host
@@ -243,6 +251,10 @@ class Scheduler:
             return job
         shared = self.inflight.get(key)
         if shared is not None:
+            if priority == LIVE and shared.stage in _COMPILING:
+                refused = self._hot(shared)
+                if refused is not None:
+                    return refused
             self.joined += 1
             if priority < shared.priority:
                 # Promoted: its old heap item is skipped when popped. A job being read keeps
@@ -267,6 +279,21 @@ class Scheduler:
         self._live_queued += _queued_live(job)
         self._look_up(job)  # a hit is served from the I/O lane; a miss goes on to compile
         return job
+
+    def _hot(self, job: Job) -> Job | None:
+        """A live request is about to wait for ``job``'s compile: ``on_hot`` is told (once a
+        job). Where it answers with an error, a job done with it, for the request to raise;
+        ``job`` itself goes on at its own priority."""
+        if job.hot or self._on_hot is None:
+            return None
+        job.hot = True
+        error = self._on_hot(job)
+        if error is None:
+            return None
+        refused = Job(job.key, job.spec, LIVE, job.cache)
+        refused.error, refused.stage, refused.hot = error, Stage.DONE, True
+        refused.done.set()
+        return refused
 
     def _refused(self, job: Job) -> Job:
         """``job`` done with QueueFull: max_queued live jobs hold no compile slot yet. Not kept
@@ -385,6 +412,13 @@ class Scheduler:
         if outcome is not None:
             self._finish(job, result=outcome[0])
         elif self.open:
+            refused = self._hot(job) if job.priority == LIVE else None
+            if refused is not None:
+                # Its requests raise at once; the compile goes on as a warm-up's, for the next
+                # request to find.
+                self._finish(job, error=refused.error)
+                job = self.inflight[job.key] = Job(job.key, job.spec, PREFETCH, job.cache)
+                job.hot = True
             self._push(job)
         else:
             self._finish(job, error=CompilerClosed("the Compiler closed before this job started"))

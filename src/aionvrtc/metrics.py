@@ -32,6 +32,7 @@ _COUNTERS = (
     ("joined", "joined", "requests that shared another request's compile"),
     ("errors", "errors", "requests that raised"),
     ("rejected", "rejected", "requests refused because max_queued kernels were waiting"),
+    ("hot_compiles", "hot_compiles", "compiles a request waited for while serving"),
     ("compile_seconds", "compile_seconds", "seconds spent in NVRTC"),
     ("disk.corrupt_dropped", "corrupt_dropped", "disk entries that failed verification"),
     ("memory.evictions", "memory_evictions", "entries evicted from memory"),

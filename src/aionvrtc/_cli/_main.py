@@ -245,6 +245,29 @@ def _jobs(text: str) -> int:
     return jobs
 
 
+def _batch(text: str) -> int:
+    try:
+        batch = int(text)
+    except ValueError:
+        batch = 0
+    if batch < 1:
+        raise ValueError(f"must be a whole number of requests, at least 1, got {text!r}")
+    return batch
+
+
+def _product_size(text: str) -> tuple[int, int, int]:
+    try:
+        m, n, k = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        m = n = k = 0
+    if min(m, n, k) < 1:
+        raise ValueError(
+            f"must be a product's sizes MxNxK (A is M x K, B is K x N), such as 256x256x256, "
+            f"got {text!r}"
+        )
+    return m, n, k
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``aionvrtc`` command's parser: every command, argument and help text (the
     documentation's command-line reference is generated from it)."""
@@ -337,6 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
     tropical.add_argument(
         "--dtypes", nargs="+", choices=DTYPE_NAMES, metavar="DTYPE",
         help=f"default: all; of {', '.join(DTYPE_NAMES)} (andor takes bool, the others the rest)",
+    )  # fmt: skip
+    tropical.add_argument(
+        "--batched", type=_argument(_product_size), action="append", metavar="MxNxK",
+        help="only the kernels a Batcher launches for M x K times K x N products, at every "
+        "batch size up to --max-batch; again for more sizes (default: every kernel)",
+    )  # fmt: skip
+    tropical.add_argument(
+        "--max-batch", type=_argument(_batch), default=64, metavar="N",
+        help="the largest batch of --batched (a Batcher's max_batch; default: 64)",
     )  # fmt: skip
     tropical.add_argument(
         "--jobs", type=_argument(_jobs), default=os.cpu_count() or 1,

@@ -37,9 +37,13 @@ def _warm_tropical(args: argparse.Namespace, console: Any) -> Result:
     from .. import tropical
 
     targets = _warm_targets(args)
-    data = _warm(args, console, targets, tropical.all_specs(args.semirings, args.dtypes))
+    specs = tropical.warm_specs(
+        args.semirings, args.dtypes, batched=args.batched, max_batch=args.max_batch
+    )
+    data = _warm(args, console, targets, specs)
     if not args.json:
-        _say_warmed(console, data, "tropical kernels")
+        batched = " (batched)" if args.batched else ""
+        _say_warmed(console, data, f"tropical kernels{batched}")
     return data, 0
 
 

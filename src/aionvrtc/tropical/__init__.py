@@ -33,6 +33,7 @@ from .products import (
     backward,
     backward_spec,
     backward_sync,
+    batch_specs,
     device_figures,
     gemm_spec,
     kernel_spec,
@@ -41,6 +42,7 @@ from .products import (
     shape_class,
     tuned_tiles,
     warm,
+    warm_specs,
 )
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "backward",
     "backward_spec",
     "backward_sync",
+    "batch_specs",
     "clear_programs",
     "device_figures",
     "einsum",
@@ -78,4 +81,5 @@ __all__ = [
     "tuned_tiles",
     "tuning",
     "warm",
+    "warm_specs",
 ]

@@ -10,10 +10,10 @@ a call is run and its kernels fetched (``run_async``, ``Fetch``...), launches (`
 """
 
 from ._batching import Batcher, BatcherStats
-from ._calls import backward, backward_sync, matmul, matmul_sync, warm
+from ._calls import backward, backward_sync, matmul, matmul_sync, warm, warm_specs
 from ._figures import MODEL_FIGURES, DeviceFigures, device_figures, known_figures, probe_spec
 from ._launching import Launch, OnDevice, Packed, launch
-from ._product_plan import Plan, choose, cupy_module, kernel_spec, plan
+from ._product_plan import Plan, batch_specs, choose, cupy_module, kernel_spec, plan
 from ._reference import CHUNK_ELEMENTS, MAX_BYTES, check_max_bytes, combine, max_bytes_bound
 from ._semirings import DTYPES, SEMIRINGS, Semiring, numpy_dtype, semiring
 from ._shape_classes import (
@@ -64,6 +64,7 @@ __all__ = [
     "backward",
     "backward_spec",
     "backward_sync",
+    "batch_specs",
     "check_max_bytes",
     "check_operands",
     "check_size",
@@ -94,4 +95,5 @@ __all__ = [
     "timed",
     "tuned_tiles",
     "warm",
+    "warm_specs",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +24,12 @@ import anyio.lowlevel
 
 from ..._compiler import Compiler
 from ..._exceptions import AionvrtcError
+from ..._sync import on_default
 from ._calls import matmul
 from ._launching import loaded, module
-from ._plan_cache import Product, find, planned_product
-from ._product_plan import cupy_module
+from ._plan_cache import Product, find, planned_product, ready
+from ._product_plan import batch_specs, cupy_module
+from ._shape_classes import tuned_tiles
 
 __all__ = ["Batcher", "BatcherStats"]
 
@@ -42,11 +45,14 @@ class BatcherStats:
             request one.
         alone: Requests launched at once because no other task had asked since the same
             task's previous request.
+        standins: Launches made on a kernel standing in for their own, which was not loaded
+            yet (a new batch size's, say) and loaded meanwhile in the background.
     """
 
     requests: int
     launches: int
     alone: int
+    standins: int
 
 
 class _Member:
@@ -98,7 +104,9 @@ class Batcher:
     is still computed, and nothing of it reaches the others; an invalid request raises in its
     own task before it joins; an error of the batched launch (out of memory, a kernel that
     cannot compile) reaches the members of that group. Requests of 3-D operands run as
-    ``matmul`` runs them. No background task: usable from any task of one event loop, asyncio
+    ``matmul`` runs them. A batch whose kernel is not loaded yet (a size that moves it to
+    another shape class) runs at once on a loaded kernel that computes it too, while its own
+    loads in the background (``stats().standins``); ``warm`` loads them all ahead. No background task: usable from any task of one event loop, asyncio
     or trio, without a context manager.
 
     Args:
@@ -128,7 +136,59 @@ class Batcher:
         self.max_batch, self.max_delay = max_batch, float(max_delay)
         self._open: dict[tuple[Product, int], _Group] = {}
         self._latest = -1  # the task of the latest request
-        self._requests = self._launches = self._alone = 0
+        self._requests = self._launches = self._alone = self._standins = 0
+
+    async def warm(
+        self,
+        m: int,
+        n: int,
+        k: int,
+        semiring: str = "maxplus",
+        dtype: Any = "float32",
+        *,
+        argmax: bool = False,
+        device: int | None = None,
+    ) -> int:
+        """Compile and load, ahead of serving, every kernel this Batcher launches for products
+        of M x K and K x N operands: at each batch size up to ``max_batch`` (``batch_specs``,
+        with the device's tuned tiles), as Triton runs a model's warm-up before it reports
+        ready. A warm-up: never a hot compile (``Compiler.start_serving``), and overtaken by
+        live requests.
+
+        Args:
+            m: Rows of A and C.
+            n: Columns of B and C.
+            k: Columns of A, rows of B.
+            semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+            dtype: The element type: a NumPy dtype, type or name such as ``"float32"``.
+            argmax: The requests ask for the argmax.
+            device: The CUDA device. Default: CuPy's current device.
+
+        Returns:
+            How many kernels are loaded on ``device`` for them (a few: a batch size takes a
+            kernel of its own only where it moves the batch to another shape class).
+
+        Raises:
+            ValueError: ``semiring`` is not one of the four; ``dtype`` is not one it takes; a
+                size is below 1.
+            CompileError, NvrtcError, ModuleLoadError: As ``Compiler.warm`` raises them.
+            CompilerClosed: The Batcher's compiler is closed.
+            RuntimeError: The Batcher's compiler has not been opened (``async with``).
+        """
+        if device is None:
+            device = int(cupy_module().cuda.runtime.getDevice())
+        specs = batch_specs(
+            m, n, k, semiring, dtype, argmax=argmax, max_batch=self.max_batch,
+            table=tuned_tiles(device),
+        )  # fmt: skip
+        compiler = self._compiler
+        if compiler is not None:
+            return await compiler.warm(specs, device=device)
+
+        def warm(default: Compiler) -> Awaitable[int]:
+            return default.warm(specs, device=device)
+
+        return await anyio.to_thread.run_sync(on_default, warm)
 
     def stats(self) -> BatcherStats:
         """What this Batcher has done so far.
@@ -136,7 +196,7 @@ class Batcher:
         Returns:
             The counts of requests, launches and requests launched alone, as of now.
         """
-        return BatcherStats(self._requests, self._launches, self._alone)
+        return BatcherStats(self._requests, self._launches, self._alone, self._standins)
 
     async def matmul(
         self, a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False, stream: Any = None
@@ -281,7 +341,13 @@ class Batcher:
         assert launch is not None
         found = loaded(launch.spec, launch.device, self._compiler)
         if found is None:
-            found = await module(launch.spec, launch.device, self._compiler)
+            # A kernel that can stand in runs the batch now; else its own is fetched.
+            standin = ready(product, self._compiler)
+            if standin is not None:
+                launch, found = standin
+                self._standins += 1
+            else:
+                found = await module(launch.spec, launch.device, self._compiler)
         launch.run(found, operands, stream)
 
     def __repr__(self) -> str:

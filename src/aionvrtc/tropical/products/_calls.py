@@ -13,14 +13,15 @@ from ..._compiler import Compiler
 from ..._spec import KernelSpec
 from ..._target import Target, TargetLike, as_target, resolve_target
 from ._launching import first_error, loaded
-from ._plan_cache import planned_backward, planned_product
-from ._specs import all_specs
+from ._plan_cache import planned_backward, planned_product, ready
+from ._product_plan import batch_specs
+from ._specs import all_specs, pairs
 from ._twins import Fetch, Work, run_async, run_sync
 
 if TYPE_CHECKING:
     import cupy
 
-__all__ = ["backward", "backward_sync", "matmul", "matmul_sync", "warm"]
+__all__ = ["backward", "backward_sync", "matmul", "matmul_sync", "warm", "warm_specs"]
 
 
 async def matmul(
@@ -176,8 +177,12 @@ def _matmul(
     launch = product.launch
     if launch is not None:
         found = loaded(launch.spec, launch.device, compiler)
-        if found is None:
-            [found] = yield Fetch((launch.spec,), launch.device, compiler)
+        if found is None:  # a kernel that can stand in, else its own fetched
+            standin = ready(product, compiler)
+            if standin is not None:
+                launch, found = standin
+            else:
+                [found] = yield Fetch((launch.spec,), launch.device, compiler)
         launch.run(found, (a, b, c, index), stream)
     else:
         product.fill_outputs(c, index, stream)
@@ -316,13 +321,18 @@ async def warm(
     *,
     arch: TargetLike | Iterable[TargetLike] | None = None,
     compiler: Compiler | None = None,
+    batched: Iterable[tuple[int, int, int]] | None = None,
+    max_batch: int = 64,
 ) -> int:
-    """Compile every kernel of the named semirings and dtypes ahead of use, in parallel.
+    """Compile every kernel of the named semirings and dtypes ahead of use, in parallel; or,
+    with ``batched``, only those that a ``Batcher`` launches for products of those sizes.
 
     The kernels are those of ``all_specs(semirings, dtypes)``, compiled for target ``arch`` or
-    each of several (``arch=["sm_80", "sm_90"]``). Without ``compiler``, a temporary Compiler
-    with one worker per CPU fills the disk cache that later requests read. Every target is
-    checked before anything is compiled.
+    each of several (``arch=["sm_80", "sm_90"]``); with ``batched``, each (M, N, K)'s
+    ``batch_specs`` at every batch size up to ``max_batch``, with and without argmax, for each
+    semiring and dtype (the default tiles: ``Batcher.warm`` loads a device's tuned ones).
+    Without ``compiler``, a temporary Compiler with one worker per CPU fills the disk cache
+    that later requests read. Every target is checked before anything is compiled.
 
     Args:
         semirings: The semirings' names, such as ``["maxplus"]``. Default: all four.
@@ -332,6 +342,9 @@ async def warm(
             target, else ``resolve_target``'s: ``$AIONVRTC_ARCH`` or the current GPU's.
         compiler: The Compiler that compiles and keeps the kernels. Default: a temporary one
             that writes them to the disk cache.
+        batched: Product sizes (M, N, K), such as ``[(256, 256, 256)]``: only their kernels,
+            at every batch size up to ``max_batch``. Default: every kernel.
+        max_batch: The largest batch of ``batched`` (a Batcher's ``max_batch``).
 
     Returns:
         How many kernels were compiled or found, kernels times targets.
@@ -342,7 +355,8 @@ async def warm(
         ValueError: A name is not a semiring or a dtype; a named semiring takes none of the
             named dtypes (``warm(["andor"], ["float32"])``: andor takes bool), or a named dtype
             none of the semirings; ``arch`` is an empty list, or names something that is not
-            an arch such as ``sm_90`` (``$AIONVRTC_ARCH`` too).
+            an arch such as ``sm_90`` (``$AIONVRTC_ARCH`` too); a size of ``batched`` is
+            below 1, or ``max_batch`` is not a positive int.
         NoDeviceError: No ``arch`` is named, by the argument, the compiler or
             ``$AIONVRTC_ARCH``, and there is no GPU to detect it from.
         NvrtcError: NVRTC cannot compile for a target (raised before anything is compiled), or
@@ -358,7 +372,7 @@ async def warm(
 
     from ..._nvrtc import check_target
 
-    specs = all_specs(semirings, dtypes)
+    specs = warm_specs(semirings, dtypes, batched=batched, max_batch=max_batch)
     if arch is None:
         targets = [compiler.target if compiler is not None else resolve_target()]
     elif isinstance(arch, str | Target):
@@ -401,3 +415,45 @@ async def _compile_all(compiler: Compiler, specs: list[KernelSpec], targets: lis
                     tg.start_soon(functools.partial(compiler.compile, spec, arch=target))
     except ExceptionGroup as group:
         raise first_error(group) from None
+
+
+def warm_specs(
+    semirings: Any = None,
+    dtypes: Any = None,
+    *,
+    batched: Iterable[tuple[int, int, int]] | None = None,
+    max_batch: int = 64,
+) -> list[KernelSpec]:
+    """The kernels that ``warm`` (and ``aionvrtc warm tropical``) compiles: ``all_specs``'s,
+    or with ``batched`` each (M, N, K)'s ``batch_specs`` up to ``max_batch``, with and
+    without argmax, for each semiring and dtype named.
+
+    Args:
+        semirings: The semirings' names, such as ``["maxplus"]``. Default: all four.
+        dtypes: The element types, such as ``["float32"]``. Default: all that each semiring
+            takes.
+        batched: Product sizes (M, N, K), such as ``[(256, 256, 256)]``. Default: every
+            kernel.
+        max_batch: The largest batch of ``batched``.
+
+    Returns:
+        The specs, each once.
+
+    Raises:
+        TypeError: ``semirings`` or ``dtypes`` is a str, not a list of them.
+        ValueError: As ``all_specs`` raises it; ``batched`` is empty or a size is below 1;
+            ``max_batch`` is not a positive int.
+    """
+    if batched is None:
+        return all_specs(semirings, dtypes)
+    sizes = [tuple(size) for size in batched]
+    if not sizes or any(len(size) != 3 for size in sizes):
+        raise ValueError(
+            f"batched must list product sizes (M, N, K), such as [(256, 256, 256)], got {sizes!r}"
+        )
+    specs: list[KernelSpec] = []
+    for ring, dtype in pairs(semirings, dtypes):
+        for m, n, k in sizes:
+            for argmax in (False, True):
+                specs += batch_specs(m, n, k, ring.name, dtype, argmax=argmax, max_batch=max_batch)
+    return list(dict.fromkeys(specs))

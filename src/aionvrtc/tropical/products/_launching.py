@@ -199,19 +199,15 @@ class Launch(Packed):
 
     @classmethod
     def of(cls, plan: Plan) -> Launch:
-        """``plan``'s kernel, grid and arguments, for any operands laid out as its own."""
+        """``plan``'s kernel, grid and arguments, for any operands laid out as its own (its
+        layout alone is read: a plan without its arrays will do, ``Plan.unbound``)."""
         sab, sam, sak = plan.a_strides
         sbb, sbk, sbn = plan.b_strides
-        c3 = plan.c if plan.batched else plan.c[None]
-        scb, scm, scn = (s // c3.itemsize for s in c3.strides)
-        if plan.index is not None:
-            i3 = plan.index if plan.batched else plan.index[None]
-            sib, sim, sin = (s // 4 for s in i3.strides)
-        else:
-            sib = sim = sin = 0
+        scb, scm, scn = plan.c_strides
+        sib, sim, sin = plan.index_strides or (0, 0, 0)
         sizes = (plan.m, plan.n, plan.k, plan.batch)
-        item = plan.a.itemsize
-        order: tuple[int, ...] = (0, 1, 2, 3 if plan.index is not None else 4)
+        item = plan.dtype.itemsize
+        order: tuple[int, ...] = (0, 1, 2, 3 if plan.index_strides is not None else 4)
         checks: list[tuple[int, tuple[tuple[int, int], ...]]] = []
         if plan.rows:
             # The skinny kernel computes C' = A' B'; wide products run transposed (A' = B^T,

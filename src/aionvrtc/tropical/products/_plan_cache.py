@@ -5,6 +5,13 @@ same semiring, flags and outputs' layout, finds that call's launch by one dict l
 the kernel's choice, its grid and its packed arguments are not made again; only the outputs are
 allocated and the pointers written. Anything new is planned (and checked) from scratch, and the
 tuned tiles' version is part of the key, so that autotune's winners apply to the next call.
+
+A product whose kernel is not loaded yet on its device runs at once on one that is and computes
+it as well (``ready``: another tile, the generic kernel), while its own compiles and loads in
+the Compiler's background lane for the calls after it: so a server's new batch size, which may
+move a batch to another shape class and kernel, never waits for NVRTC. (vLLM pads a batch up to
+a size it captured ahead; these kernels take any batch size, and only a shape class needs a
+kernel of its own.)
 """
 
 from __future__ import annotations
@@ -13,13 +20,24 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from ..._compiler import Compiler
+from ..._cuda import Module
 from ..._spec import KernelSpec
+from ..._sync import default_compiler
 from .._bounded import keep
-from ._launching import BackwardLaunch, Launch, OnDevice
-from ._product_plan import backward_plan, cupy_module, plan
-from ._shape_classes import tables_version
+from ._launching import BackwardLaunch, Launch, OnDevice, loaded
+from ._product_plan import Plan, backward_plan, cupy_module, plan, standins
+from ._shape_classes import tables_version, tuned_tiles
 
-__all__ = ["MAX_PLANS", "Product", "clear", "find", "planned_backward", "planned_product"]
+__all__ = [
+    "MAX_PLANS",
+    "Product",
+    "clear",
+    "find",
+    "planned_backward",
+    "planned_product",
+    "ready",
+]
 
 # Launches kept, for products and for backwards each; past it, the oldest goes first. A launch
 # holds no operand, only its layout (a few hundred bytes) and its kernel's module.
@@ -27,6 +45,8 @@ MAX_PLANS = 4096
 
 _products: dict[Any, Product] = {}
 _backwards: dict[Any, BackwardLaunch] = {}
+# Each product's stand-in launches, made at its first call that found its kernel missing.
+_standins: dict[Product, tuple[Launch, ...]] = {}
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # compared by identity: one per layout
@@ -40,6 +60,7 @@ class Product:
     dtype: Any
     argmax: bool
     device: int
+    layout: Plan | None  # the plan without its arrays (Plan.unbound), where a kernel runs
 
     @property
     def spec(self) -> KernelSpec | None:
@@ -128,10 +149,40 @@ def find(
         launch, fill = None, None if accumulate else planned.ring.zero(planned.c.dtype)
     else:
         launch = Launch.of(planned)
-    found = Product(launch, fill, planned.c.shape, planned.c.dtype, bool(argmax), planned.device)
+    found = Product(
+        launch, fill, planned.c.shape, planned.c.dtype, bool(argmax), planned.device,
+        planned.unbound() if launch is not None else None,
+    )  # fmt: skip
     if key is not None:
         keep(_products, key, found, MAX_PLANS)
     return found, (planned.c, planned.index)
+
+
+def ready(product: Product, compiler: Compiler | None) -> tuple[Launch, Module] | None:
+    """A launch of ``product`` with its kernel loaded on the product's device, served from
+    ``compiler`` (None: the process-wide one) without a task switch: its own; else the first
+    of its stand-ins (``standins``) that is loaded, with its own queued to compile and load in
+    the background (``Compiler.prefetch`` with a device, never a hot compile); else None, and
+    the caller fetches its own. ``product`` must have a launch."""
+    launch = product.launch
+    assert launch is not None
+    assert product.layout is not None
+    own = loaded(launch.spec, launch.device, compiler)
+    if own is not None:
+        return launch, own
+    others = _standins.get(product)
+    if others is None:
+        table = tuned_tiles(product.device)
+        others = tuple(Launch.of(other) for other in standins(product.layout, table))
+        keep(_standins, product, others, MAX_PLANS)
+    for other in others:
+        module = loaded(other.spec, other.device, compiler)
+        if module is not None:
+            (compiler if compiler is not None else default_compiler()).prefetch(
+                [launch.spec], device=launch.device
+            )
+            return other, module
+    return None
 
 
 def planned_backward(grad_c: Any, a: Any, b: Any, argmax: Any, semiring: str) -> BackwardLaunch:
@@ -153,3 +204,4 @@ def clear() -> None:
     """Forget every planned launch (the next calls plan again)."""
     _products.clear()
     _backwards.clear()
+    _standins.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -11,7 +12,15 @@ import numpy as np
 from ..._spec import KernelSpec
 from ._semirings import Semiring, semiring
 from ._semirings import semiring as lookup
-from ._shape_classes import ARGMAX_MAX_TILES, TILES, Tile, classify, tile_variant, tuned_tiles
+from ._shape_classes import (
+    ARGMAX_MAX_TILES,
+    ROWS_KMAX,
+    TILES,
+    Tile,
+    classify,
+    tile_variant,
+    tuned_tiles,
+)
 from ._shapes import Shapes, check_operands
 from ._specs import Layout, backward_spec, gemm_spec, rows_spec, tiled_spec, tiled_supported
 
@@ -19,10 +28,12 @@ __all__ = [
     "BackwardPlan",
     "Plan",
     "backward_plan",
+    "batch_specs",
     "choose",
     "cupy_module",
     "kernel_spec",
     "plan",
+    "standins",
     "strides",
 ]
 
@@ -83,6 +94,11 @@ class Plan:
         rows: The skinny kernel's bound on K (its KMAX) where it serves, else 0.
         transposed: Whether the skinny kernel runs the product transposed, C^T = B^T A^T (wide
             products).
+        dtype: The operands' and C's dtype.
+        c_strides: C's element strides (batch, rows, columns); the batch stride is 0 without
+            a batch dimension.
+        index_strides: The argmax's element strides as ``c_strides``, or None without argmax.
+        accumulate: Whether the product computes C = C (+) A (x) B.
     """
 
     ring: Semiring
@@ -102,6 +118,21 @@ class Plan:
     tile: Tile | None  # the tuned kernel's tile, if it serves
     rows: int  # KMAX of the skinny kernel, if it serves (else 0)
     transposed: bool  # the skinny kernel runs C' = B' A' (wide products)
+    # The layout alone, which a launch is made from (a plan without its arrays makes the
+    # launches of other kernels: standins).
+    dtype: np.dtype[Any]
+    c_strides: Strides
+    index_strides: Strides | None
+    accumulate: bool
+
+    def unbound(self) -> Plan:
+        """This plan without its arrays: the layout, kept to make launches from later.
+
+        Returns:
+            A copy whose ``a``, ``b``, ``c`` and ``index`` are None (``Launch.of`` reads the
+            rest).
+        """
+        return dataclasses.replace(self, a=None, b=None, c=None, index=None)
 
 
 def plan(
@@ -172,7 +203,52 @@ def plan(
     return Plan(
         ring, spec, a, b, c, index, a_strides, b_strides,
         batch, m, n, k, a.device.id, batched, tile, rows, transposed,
+        a.dtype, _strides3(c, batched), None if index is None else _strides3(index, batched),
+        bool(accumulate),
     )  # fmt: skip
+
+
+def _strides3(x: Any, batched: bool) -> Strides:
+    """Element strides (batch, rows, columns) of an output; the batch stride 0 without a
+    batch dimension."""
+    each = tuple(s // x.itemsize for s in x.strides)
+    return (each[0], each[1], each[2]) if batched else (0, each[0], each[1])
+
+
+def standins(plan: Plan, table: dict[str, dict[str, Tile]] | None = None) -> list[Plan]:
+    """``plan``'s product on the other kernels that compute it, fastest first as a rule: the
+    skinny kernel's larger bounds on K, the tuned kernel's other tiles (``table``'s, default
+    TILES), then the generic kernel. What a call runs while its own kernel loads
+    (``Batcher``, ``matmul``): a batch whose size moves it to another shape class runs on the
+    tile of the class it had, say. Each plan is ``plan`` with another kernel, arrays and all.
+    """
+    ring, dtype, argmax, accumulate = (
+        plan.ring,
+        plan.dtype,
+        plan.index_strides is not None,
+        (plan.accumulate),
+    )
+    rowmajor = plan.a_strides[2] == 1 and plan.b_strides[2] == 1
+    found: list[Plan] = []
+    if tiled_supported(ring.name, dtype):
+        for kmax in ROWS_KMAX if plan.rows else ():
+            if kmax > plan.rows:
+                spec = rows_spec(ring, dtype, accumulate=accumulate, kmax=kmax)
+                found.append(dataclasses.replace(plan, spec=spec, rows=kmax))
+        variant = tile_variant(dtype, argmax=argmax)
+        for tile in dict.fromkeys(t[variant] for t in (table or TILES).values()):
+            if not rowmajor or tile == plan.tile:
+                continue
+            if argmax and -(-plan.k // tile[2]) > ARGMAX_MAX_TILES:
+                continue
+            spec = tiled_spec(ring, dtype, argmax=argmax, accumulate=accumulate, tile=tile)
+            found.append(dataclasses.replace(plan, spec=spec, tile=tile, rows=0, transposed=False))
+    layouts: tuple[Layout, ...] = ("rowmajor", "strided") if rowmajor else ("strided",)
+    for layout in layouts:
+        spec = gemm_spec(ring, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
+        if spec != plan.spec:
+            found.append(dataclasses.replace(plan, spec=spec, tile=None, rows=0, transposed=False))
+    return found
 
 
 def choose(
@@ -259,6 +335,53 @@ def kernel_spec(
         rowmajor=True, tile="auto", table=None,
     )  # fmt: skip
     return spec
+
+
+def batch_specs(
+    m: int,
+    n: int,
+    k: int,
+    semiring: str = "maxplus",
+    dtype: Any = "float32",
+    *,
+    argmax: bool = False,
+    max_batch: int = 64,
+    table: dict[str, dict[str, Tile]] | None = None,
+) -> list[KernelSpec]:
+    """The kernels that products of contiguous M x K and K x N operands take at every batch
+    size from 1 to ``max_batch``: what a ``Batcher`` launches for them. A batch's size counts
+    towards filling the GPU, so a larger batch may take another shape class, and its kernel.
+
+    Args:
+        m: Rows of A and C.
+        n: Columns of B and C.
+        k: Columns of A, rows of B.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+        dtype: The element type: a NumPy dtype, type or name such as ``"float32"``.
+        argmax: The products also compute the argmax.
+        max_batch: The largest batch (a Batcher's ``max_batch``).
+        table: The tiles by shape class then variant. Default: TILES (a device's
+            ``tuned_tiles`` after ``autotune``).
+
+    Returns:
+        The kernels' specs, each once, by batch size.
+
+    Raises:
+        ValueError: As ``kernel_spec`` raises it; ``max_batch`` is not a positive int.
+    """
+    kernel_spec(m, n, k, semiring, dtype, argmax=argmax)  # checks all but max_batch
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+    ring = lookup(semiring)
+    dtype = ring.check_dtype(dtype)
+    specs: dict[KernelSpec, None] = {}
+    for batch in range(1, max_batch + 1):
+        spec, *_ = choose(
+            ring, dtype, m, n, k, batch=batch, argmax=argmax, accumulate=False,
+            rowmajor=True, tile="auto", table=table,
+        )  # fmt: skip
+        specs[spec] = None
+    return list(specs)
 
 
 def _outputs(

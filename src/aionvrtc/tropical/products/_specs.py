@@ -24,6 +24,7 @@ __all__ = [
     "family_source",
     "family_spec",
     "gemm_spec",
+    "pairs",
     "rows_spec",
     "tiled_spec",
     "tiled_supported",
@@ -261,6 +262,32 @@ def all_specs(
             named dtypes, or a named dtype none of the semirings: nothing would be compiled
             for what was asked.
     """
+    specs: list[KernelSpec] = []
+    for ring, dtype in pairs(semirings, dtypes):
+        name = ring.name
+        for argmax, accumulate, layout in itertools.product((False, True), (False, True), LAYOUTS):
+            specs.append(
+                _gemm_spec(ring, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
+            )
+        if tiled_supported(name, dtype):
+            for argmax, acc in itertools.product((False, True), (False, True)):
+                variant = tile_variant(dtype, argmax=argmax)
+                specs += [
+                    tiled_spec(ring, dtype, argmax=argmax, accumulate=acc, tile=tile)
+                    for tile in dict.fromkeys(t[variant] for t in TILES.values())
+                ]
+            for acc in (False, True):
+                specs += [rows_spec(ring, dtype, accumulate=acc, kmax=kmax) for kmax in ROWS_KMAX]
+        if name != "andor" and dtype.kind == "f":
+            specs.append(_backward_spec(ring, dtype))
+    return list(dict.fromkeys(specs))  # max-plus and min-plus share backward kernels
+
+
+def pairs(
+    semirings: Iterable[str] | None = None, dtypes: Iterable[object] | None = None
+) -> list[tuple[Semiring, np.dtype[np.generic]]]:
+    """Each (semiring, dtype) that the named semirings and dtypes make, in order: what
+    ``all_specs`` and ``warm`` serve, checked as ``all_specs`` says."""
     for given, what in ((semirings, "semirings"), (dtypes, "dtypes")):
         if isinstance(given, str):  # iterating it would name one letter at a time
             raise TypeError(f"{what} must be a list such as [{given!r}], not a str")
@@ -282,29 +309,9 @@ def all_specs(
                 raise ValueError(
                     f"no tropical kernels for dtype {dtype} under {under}: {takers} takes {dtype}"
                 )
-    specs: list[KernelSpec] = []
-    for name in names:
-        ring = SEMIRINGS[name]
-        for dtype in ring.dtypes:
-            if wanted is not None and dtype not in wanted:
-                continue
-            for argmax, accumulate, layout in itertools.product(
-                (False, True), (False, True), LAYOUTS
-            ):
-                specs.append(
-                    _gemm_spec(ring, dtype, argmax=argmax, accumulate=accumulate, layout=layout)
-                )
-            if tiled_supported(name, dtype):
-                for argmax, acc in itertools.product((False, True), (False, True)):
-                    variant = tile_variant(dtype, argmax=argmax)
-                    specs += [
-                        tiled_spec(ring, dtype, argmax=argmax, accumulate=acc, tile=tile)
-                        for tile in dict.fromkeys(t[variant] for t in TILES.values())
-                    ]
-                for acc in (False, True):
-                    specs += [
-                        rows_spec(ring, dtype, accumulate=acc, kmax=kmax) for kmax in ROWS_KMAX
-                    ]
-            if name != "andor" and dtype.kind == "f":
-                specs.append(_backward_spec(ring, dtype))
-    return list(dict.fromkeys(specs))  # max-plus and min-plus share backward kernels
+    return [
+        (SEMIRINGS[name], dtype)
+        for name in names
+        for dtype in SEMIRINGS[name].dtypes
+        if wanted is None or dtype in wanted
+    ]
