@@ -106,8 +106,9 @@ class Batcher:
     cannot compile) reaches the members of that group. Requests of 3-D operands run as
     ``matmul`` runs them. A batch whose kernel is not loaded yet (a size that moves it to
     another shape class) runs at once on a loaded kernel that computes it too, while its own
-    loads in the background (``stats().standins``); ``warm`` loads them all ahead. No background task: usable from any task of one event loop, asyncio
-    or trio, without a context manager.
+    loads in the Compiler's background lane (``stats().standins``); ``warm`` loads them all
+    ahead. The Batcher has no task of its own: usable from any task of one event loop,
+    asyncio or trio, without a context manager.
 
     Args:
         compiler: The Compiler that fetches the kernels. Default: aionvrtc's process-wide
