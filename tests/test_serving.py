@@ -105,6 +105,10 @@ async def test_warm_and_prefetch_with_a_device_load_ahead_and_are_never_hot(
         assert await compiler.warm([first, second, first], device=0) == 2
         assert compiler.loaded(first, device=0) is not None
         assert compiler.loaded(second, device=0) is not None
+        with pytest.raises(ValueError, match="warm takes arch= or device=, not both"):
+            await compiler.warm([third], arch="sm_80", device=0)
+        assert await compiler.warm([third, third], arch="sm_80") == 1  # compiled, not loaded
+        assert compiler.loaded(third, device=0) is None
         with pytest.raises(ValueError, match="prefetch takes arch= or device=, not both"):
             compiler.prefetch([third], arch="sm_90", device=0)
         with pytest.raises(TypeError, match="prefetch takes an iterable of KernelSpecs"):
@@ -113,7 +117,7 @@ async def test_warm_and_prefetch_with_a_device_load_ahead_and_are_never_hot(
         assert compiler.prefetch([third], device=0) == 0  # being loaded
         await _until(lambda: compiler.loaded(third, device=0) is not None)
         stats = compiler.stats()
-        assert (stats.hot_compiles, stats.compiles, stats.errors) == (0, 3, 0)
+        assert (stats.hot_compiles, stats.compiles, stats.errors) == (0, 4, 0)
         assert len(gpu.loaded) == 3
         # A load that fails is logged, and not tried again by the next prefetch.
         gpu.fault = "CUDA_ERROR_OUT_OF_MEMORY"

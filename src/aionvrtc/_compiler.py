@@ -771,36 +771,56 @@ class Compiler:
         except (KeyError, AttributeError, TypeError):
             return False
 
-    async def warm(self, specs: Iterable[KernelSpec], *, device: int | None = None) -> int:
-        """Compile ``specs`` for ``device`` and load them there, ahead of serving: the
-        ``get`` of each, at a warm-up's priority (live requests overtake it), never a hot
-        compile (``start_serving``), awaited together.
+    async def warm(
+        self,
+        specs: Iterable[KernelSpec],
+        *,
+        arch: TargetLike | None = None,
+        device: int | None = None,
+    ) -> int:
+        """Compile ``specs`` for ``device`` and load them there, or with ``arch`` compile them
+        for that target only (no GPU needed), ahead of serving: the ``get`` (``compile``) of
+        each at a warm-up's priority (live requests overtake it), never a hot compile
+        (``start_serving``), awaited together.
 
         Args:
             specs: The programs to compile and load.
+            arch: The target to compile for, loading nothing (``"sm_90"`` or a ``Target``);
+                not with ``device``.
             device: The CUDA device index; default: CuPy's current device in the calling
-                thread.
+                thread (where no ``arch`` is named).
 
         Returns:
-            How many kernels are loaded on ``device`` (each spec once).
+            How many kernels are loaded on ``device`` (compiled for ``arch``), each spec once.
 
         Raises:
-            TypeError: An item of ``specs`` is not a ``KernelSpec``, or ``device`` is not an
-                int.
-            ValueError, NoDeviceError, NvrtcError, CompileError, ModuleLoadError: As ``get``
-                raises them, for the first spec that failed (the others are stopped; what
-                was compiled is kept).
+            TypeError: An item of ``specs`` is not a ``KernelSpec``, ``arch`` is neither a
+                str nor a ``Target``, or ``device`` is not an int.
+            ValueError: Both ``arch`` and ``device`` are given; or as ``get`` raises it.
+            NoDeviceError, NvrtcError, CompileError, ModuleLoadError: As ``get`` (or
+                ``compile``) raises them, for the first spec that failed (the others are
+                stopped; what was compiled is kept).
             CompilerClosed: The Compiler is closed or closing.
             RuntimeError: The Compiler has not been opened (``async with``).
         """
         if self._state is not _State.OPEN:
             raise self._not_open()
         unique = list(dict.fromkeys(_specs_of(specs, "warm")))
-        if device is None:
+        if arch is not None and device is not None:
+            raise ValueError(
+                "warm takes arch= or device=, not both: a device's kernels are compiled for "
+                "its own target"
+            )
+        if arch is not None:
+            target = self._for_arch(arch).target  # checked before anything is compiled
+        elif device is None:
             device = _cuda.current_device()
 
         async def one(spec: KernelSpec) -> None:
-            await self._get(spec, device, PREFETCH)
+            if arch is not None:
+                await self._compile(spec, target, PREFETCH)
+            else:
+                await self._get(spec, device, PREFETCH)
 
         try:
             async with anyio.create_task_group() as group:

@@ -408,11 +408,11 @@ async def warm(
 
 
 async def _compile_all(compiler: Compiler, specs: list[KernelSpec], targets: list[Target]) -> None:
+    # A warm-up's compiles: never hot compiles of a serving Compiler (start_serving).
     try:
         async with anyio.create_task_group() as tg:
             for target in targets:
-                for spec in specs:
-                    tg.start_soon(functools.partial(compiler.compile, spec, arch=target))
+                tg.start_soon(functools.partial(compiler.warm, specs, arch=target))
     except ExceptionGroup as group:
         raise first_error(group) from None
 

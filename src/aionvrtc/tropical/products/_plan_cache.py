@@ -17,6 +17,7 @@ kernel of its own.)
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,11 +179,30 @@ def ready(product: Product, compiler: Compiler | None) -> tuple[Launch, Module] 
     for other in others:
         module = loaded(other.spec, other.device, compiler)
         if module is not None:
-            (compiler if compiler is not None else default_compiler()).prefetch(
-                [launch.spec], device=launch.device
-            )
+            _load_soon(launch.spec, launch.device, compiler)
             return other, module
     return None
+
+
+# The kernels each Compiler was asked to load ahead (by spec and device): asked once, not at
+# every call that finds them loading (a hop to the Compiler's loop, for the default one).
+_asked: weakref.WeakKeyDictionary[Compiler, set[tuple[KernelSpec, int]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _load_soon(spec: KernelSpec, device: int, compiler: Compiler | None) -> None:
+    """Have ``spec`` loaded on ``device`` in the background, once per Compiler."""
+    if compiler is None:
+        compiler = default_compiler()
+    asked = _asked.setdefault(compiler, set())
+    if (spec, device) in asked:
+        return
+    try:
+        compiler.prefetch([spec], device=device)
+    except Exception:  # (closed, or no way to its loop from here): the next call fetches it
+        return
+    asked.add((spec, device))
 
 
 def planned_backward(grad_c: Any, a: Any, b: Any, argmax: Any, semiring: str) -> BackwardLaunch:
