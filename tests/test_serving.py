@@ -65,6 +65,8 @@ async def test_with_error_a_request_is_refused_and_the_kernel_compiles_for_the_n
         compiler.start_serving("error")
         with pytest.raises(CompileOnHotPath) as refused:
             await compiler.compile(spec)
+        with pytest.raises(CompileOnHotPath):  # refused too while it compiles, not joined
+            await compiler.compile(spec)
         message = str(refused.value)
         assert f"{spec.name_expressions[0]} ({spec.name}) is not compiled for sm_90" in message
         assert "Compiler.warm, tropical.Batcher.warm, aionvrtc warm manifest" in message

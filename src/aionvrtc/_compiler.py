@@ -859,15 +859,17 @@ class Compiler:
         """``start_serving``'s mode: ``"warn"``, ``"error"``, or None while not serving."""
         return self._serving
 
-    def _compiled_while_serving(self, job: Job) -> BaseException | None:
-        """The Scheduler's ``on_hot``: a live request waits for ``job``'s compile."""
+    def _compiled_while_serving(self, job: Job, first: bool) -> BaseException | None:
+        """The Scheduler's ``on_hot``: a live request would wait for ``job``'s compile (the
+        job's ``first``, counted and logged once)."""
         mode = self._serving
         if mode is None:
             return None
-        self._hot_compiles += 1
         target = job.cache.target
-        if self._task_group is not None:
-            self._task_group.start_soon(self._report_hot, job.spec, target, mode)
+        if first:
+            self._hot_compiles += 1
+            if self._task_group is not None:
+                self._task_group.start_soon(self._report_hot, job.spec, target, mode)
         if mode == "warn":
             return None
         return CompileOnHotPath(

@@ -140,10 +140,10 @@ class Scheduler:
     """The jobs and the lanes of one Compiler over ``cache`` (its views, one per target, are
     the jobs'). ``concurrency`` compile slots; ``on_result(job)`` is told of each job that
     succeeded (the Compiler's manifest). ``start`` runs it in a task group; ``close`` fails
-    what no lane has taken and lets the running compiles finish. ``on_hot(job)`` is told
-    once of each job whose compile a live request waits for (NVRTC on a request's path, as
-    opposed to a prefetch's); where it returns an error, the live requests raise it at once
-    and the compile goes on as a prefetch."""
+    what no lane has taken and lets the running compiles finish. ``on_hot(job, first)`` is
+    told of each live request about to wait for a job's compile (NVRTC on a request's path, as
+    opposed to a prefetch's), ``first`` for the job's first; where it returns an error, the
+    request raises it at once and the compile goes on as a prefetch."""
 
     def __init__(
         self,
@@ -151,7 +151,7 @@ class Scheduler:
         concurrency: int,
         on_result: Callable[[Job], None],
         max_queued: int | None = None,
-        on_hot: Callable[[Job], BaseException | None] | None = None,
+        on_hot: Callable[[Job, bool], BaseException | None] | None = None,
     ) -> None:
         self._cache = cache
         self._on_hot = on_hot
@@ -281,13 +281,13 @@ class Scheduler:
         return job
 
     def _hot(self, job: Job) -> Job | None:
-        """A live request is about to wait for ``job``'s compile: ``on_hot`` is told (once a
-        job). Where it answers with an error, a job done with it, for the request to raise;
-        ``job`` itself goes on at its own priority."""
-        if job.hot or self._on_hot is None:
+        """A live request is about to wait for ``job``'s compile: ``on_hot`` is told, and
+        whether it is the job's first. Where it answers with an error, a job done with it, for
+        the request to raise; ``job`` itself goes on at its own priority."""
+        if self._on_hot is None:
             return None
-        job.hot = True
-        error = self._on_hot(job)
+        first, job.hot = not job.hot, True
+        error = self._on_hot(job, first)
         if error is None:
             return None
         refused = Job(job.key, job.spec, LIVE, job.cache)

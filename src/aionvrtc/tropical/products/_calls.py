@@ -44,7 +44,10 @@ async def matmul(
     semiring's zero in C, and -1 in the argmax (C unchanged where it accumulates).
 
     A call with the layout of an earlier one (shapes, strides, dtypes, devices, semiring, flags)
-    reuses its launch, checked and computed once, and only writes the new pointers.
+    reuses its launch, checked and computed once, and only writes the new pointers. Where the
+    product's kernel is not loaded yet but another that computes it is (another tile, the
+    generic kernel), the call runs on that one at once, and its own is compiled and loaded in
+    the background for the calls after it.
 
     Args:
         a: The left operand: a CuPy array of shape (M, K), or (batch, M, K).
