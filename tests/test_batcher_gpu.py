@@ -431,3 +431,44 @@ async def test_batcher_warm_loads_every_batch_sizes_kernel_ahead(
         assert (compiler.stats().compiles, compiler.stats().hot_compiles) == (compiles, 0)
     with pytest.raises(ValueError, match="sizes must be positive"):
         await tropical.Batcher().warm(0, 256, 32)
+
+
+async def test_past_max_queue_a_request_is_refused_at_once(rng: np.random.Generator) -> None:
+    """Groups held open by max_delay: the first 8 requests wait in them, the next 4 are refused
+    at once (not after the delay), naming the bound; the 8 get their answers, and once they
+    have, there is room again."""
+    import cupy
+
+    from aionvrtc import QueueFull
+
+    batcher = tropical.Batcher(max_batch=64, max_delay=0.5, max_queue=8)
+    pairs = [operands(rng, "minplus", np.float32, (32, 16), (16, 8)) for _ in range(12)]
+    inputs = [(cupy.asarray(x), cupy.asarray(y)) for x, y in pairs]
+    got: dict[int, Any] = {}
+    refused: dict[int, tuple[str, float]] = {}
+
+    async def one(i: int) -> None:
+        began = anyio.current_time()
+        try:
+            got[i] = await batcher.matmul(inputs[i][0], inputs[i][1], "minplus")
+        except QueueFull as exc:
+            refused[i] = (str(exc), anyio.current_time() - began)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(12):
+            tg.start_soon(one, i)
+    assert len(got) == 8
+    assert len(refused) == 4
+    for message, waited in refused.values():
+        assert message.startswith("8 requests are waiting in this Batcher (max_queue=8)")
+        assert waited < 0.25  # at once, not after max_delay
+    for i, c in got.items():
+        np.testing.assert_array_equal(
+            host(c), reference.matmul(pairs[i][0], pairs[i][1], "minplus")
+        )
+    stats = batcher.stats()
+    assert (stats.requests, stats.rejected) == (8, 4)
+    assert host(await batcher.matmul(inputs[0][0], inputs[0][1], "minplus")).shape == (
+        32,
+        8,
+    )  # room again

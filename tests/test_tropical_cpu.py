@@ -566,6 +566,9 @@ def test_a_semiring_made_elsewhere_is_refused() -> None:
         ({"max_delay": -0.001}, r"max_delay must be a finite number of seconds >= 0, got -0.001"),
         ({"max_delay": float("inf")}, "max_delay must be a finite number of seconds >= 0, got inf"),
         ({"max_delay": "1ms"}, "max_delay must be a finite number of seconds >= 0, got '1ms'"),
+        ({"max_queue": 0}, "max_queue must be a positive int or None, got 0"),
+        ({"max_queue": True}, "max_queue must be a positive int or None, got True"),
+        ({"max_queue": 8.0}, r"max_queue must be a positive int or None, got 8.0"),
     ],
 )
 def test_batcher_options_are_checked(options: dict[str, Any], message: str) -> None:
@@ -574,7 +577,10 @@ def test_batcher_options_are_checked(options: dict[str, Any], message: str) -> N
 
 
 def test_a_batcher_needs_no_gpu_until_it_is_asked() -> None:
-    batcher = tropical.Batcher(max_batch=16, max_delay=0.002)
-    assert (batcher.max_batch, batcher.max_delay) == (16, 0.002)
-    assert batcher.stats() == tropical.BatcherStats(requests=0, launches=0, alone=0, standins=0)
+    batcher = tropical.Batcher(max_batch=16, max_delay=0.002, max_queue=32)
+    assert (batcher.max_batch, batcher.max_delay, batcher.max_queue) == (16, 0.002, 32)
+    assert tropical.Batcher().max_queue is None
+    assert batcher.stats() == tropical.BatcherStats(
+        requests=0, launches=0, alone=0, standins=0, rejected=0
+    )
     assert repr(batcher) == "<Batcher max_batch=16 max_delay=0.002: 0 requests in 0 launches>"

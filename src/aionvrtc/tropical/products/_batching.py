@@ -23,7 +23,7 @@ import anyio
 import anyio.lowlevel
 
 from ..._compiler import Compiler
-from ..._exceptions import AionvrtcError
+from ..._exceptions import AionvrtcError, QueueFull
 from ..._sync import on_default
 from ._calls import matmul
 from ._launching import loaded, module
@@ -47,12 +47,15 @@ class BatcherStats:
             task's previous request.
         standins: Launches made on a kernel standing in for their own, which was not loaded
             yet (a new batch size's, say) and loaded meanwhile in the background.
+        rejected: Requests refused with ``QueueFull`` because ``max_queue`` requests were
+            waiting (not counted in ``requests``).
     """
 
     requests: int
     launches: int
     alone: int
     standins: int
+    rejected: int = 0
 
 
 class _Member:
@@ -116,25 +119,41 @@ class Batcher:
         max_batch: The most requests one launch serves (1: each launched alone). Kept as the
             attribute ``max_batch``.
         max_delay: Seconds a group stays open past one pass of the event loop, waiting for
-            more requests, unless it fills first (0: not at all). Kept, as a float, as the
-            attribute ``max_delay``.
+            more requests, unless it fills first (0: not at all), as Triton's
+            ``max_queue_delay_microseconds`` and Ray Serve's ``batch_wait_timeout_s`` hold a
+            batch. Kept, as a float, as the attribute ``max_delay``.
+        max_queue: The most requests that may wait in this Batcher at once (in a group not
+            launched yet, or whose kernel is being fetched); one more is refused at once with
+            ``QueueFull``, as Triton's ``max_queue_size`` refuses past it, rather than wait
+            behind them. Default None: no bound. Kept as the attribute ``max_queue``.
 
     Raises:
-        ValueError: ``max_batch`` is not a positive int, or ``max_delay`` is not a finite
-            number of seconds >= 0.
+        ValueError: ``max_batch`` is not a positive int, ``max_delay`` is not a finite
+            number of seconds >= 0, or ``max_queue`` is neither a positive int nor None.
     """
 
     def __init__(
-        self, compiler: Compiler | None = None, *, max_batch: int = 64, max_delay: float = 0.0
+        self,
+        compiler: Compiler | None = None,
+        *,
+        max_batch: int = 64,
+        max_delay: float = 0.0,
+        max_queue: int | None = None,
     ) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+        if max_queue is not None and (
+            isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1
+        ):
+            raise ValueError(f"max_queue must be a positive int or None, got {max_queue!r}")
         if not isinstance(max_delay, int | float) or not 0 <= max_delay < math.inf:
             raise ValueError(
                 f"max_delay must be a finite number of seconds >= 0, got {max_delay!r}"
             )
         self._compiler = compiler
-        self.max_batch, self.max_delay = max_batch, float(max_delay)
+        self.max_batch, self.max_delay, self.max_queue = max_batch, float(max_delay), max_queue
+        self._waiting = 0  # requests in the Batcher now: what max_queue bounds
+        self._rejected = 0
         self._open: dict[tuple[Product, int], _Group] = {}
         self._latest = -1  # the task of the latest request
         self._requests = self._launches = self._alone = self._standins = 0
@@ -197,7 +216,9 @@ class Batcher:
         Returns:
             The counts of requests, launches and requests launched alone, as of now.
         """
-        return BatcherStats(self._requests, self._launches, self._alone, self._standins)
+        return BatcherStats(
+            self._requests, self._launches, self._alone, self._standins, self._rejected
+        )
 
     async def matmul(
         self, a: Any, b: Any, semiring: str = "maxplus", *, argmax: bool = False, stream: Any = None
@@ -234,44 +255,57 @@ class Batcher:
                 (``GPUOutOfMemoryError`` where GPU memory is full).
             CompilerClosed: The Batcher's compiler is closed.
             RuntimeError: The Batcher's compiler has not been opened (``async with``).
+            QueueFull: ``max_queue`` requests are waiting in this Batcher; raised at once,
+                before the request joins anything.
             AionvrtcError: The task that led this request's group was cancelled while the
                 kernel was being fetched, so the batch was not launched: ask again.
         """
         product, made = find(a, b, semiring, argmax=argmax, out=None, accumulate=False)
-        self._requests += 1
-        if product.launch is None or len(product.shape) != 2 or self.max_batch == 1:
-            self._launches += 1
-            return await matmul(
-                a, b, semiring, argmax=argmax, stream=stream, compiler=self._compiler
+        if self.max_queue is not None and self._waiting >= self.max_queue:
+            self._rejected += 1
+            raise QueueFull(
+                f"{self._waiting} requests are waiting in this Batcher (max_queue="
+                f"{self.max_queue}): this one was refused without queueing. Ask again later, "
+                "raise max_queue=, or lower max_delay= so that groups launch sooner"
             )
-        if stream is None:
-            stream = cupy_module().cuda.get_current_stream(product.device)
-        handle = stream.ptr
-        key = (product, handle)
-        group = self._open.get(key)
-        previous, self._latest = self._latest, _current_task()
-        if group is None and previous == self._latest:
-            # Alone: nobody else asked since this task's last request.
-            self._alone += 1
-            self._launches += 1
-            c, index = made if made is not None else product.outputs(None)
-            await self._run(product, (a, b, c, index), stream)
-            return (c, index) if argmax else c
-        member = _Member(a, b)
-        if group is not None:
-            group.members.append(member)
-            if len(group.members) >= self.max_batch:
-                del self._open[key]  # full: the next request opens another
-                if group.full is not None:
-                    group.full.set()
-            await group.done.wait()
-        else:
-            group = self._open[key] = _Group(product, semiring, stream)
-            group.members.append(member)
-            await self._lead(key, group)
-        if member.error is not None:
-            raise member.error
-        return member.result
+        self._waiting += 1
+        try:
+            self._requests += 1
+            if product.launch is None or len(product.shape) != 2 or self.max_batch == 1:
+                self._launches += 1
+                return await matmul(
+                    a, b, semiring, argmax=argmax, stream=stream, compiler=self._compiler
+                )
+            if stream is None:
+                stream = cupy_module().cuda.get_current_stream(product.device)
+            handle = stream.ptr
+            key = (product, handle)
+            group = self._open.get(key)
+            previous, self._latest = self._latest, _current_task()
+            if group is None and previous == self._latest:
+                # Alone: nobody else asked since this task's last request.
+                self._alone += 1
+                self._launches += 1
+                c, index = made if made is not None else product.outputs(None)
+                await self._run(product, (a, b, c, index), stream)
+                return (c, index) if argmax else c
+            member = _Member(a, b)
+            if group is not None:
+                group.members.append(member)
+                if len(group.members) >= self.max_batch:
+                    del self._open[key]  # full: the next request opens another
+                    if group.full is not None:
+                        group.full.set()
+                await group.done.wait()
+            else:
+                group = self._open[key] = _Group(product, semiring, stream)
+                group.members.append(member)
+                await self._lead(key, group)
+            if member.error is not None:
+                raise member.error
+            return member.result
+        finally:
+            self._waiting -= 1
 
     async def _lead(self, key: tuple[Product, int], group: _Group) -> None:
         """Let the tasks that are ready join, then launch the group (also when this task is
