@@ -60,6 +60,8 @@ async def burst(batcher: Any, requests: int, tasks: int, seed: int) -> dict[str,
     inputs = [rng.uniform(0, 100, (SIZE, SIZE)).astype(np.float32) for _ in range(requests)]
     on_gpu = [cupy.asarray(x) for x in inputs]
     cupy.cuda.Device().synchronize()
+    pool = cupy.get_default_memory_pool()
+    held = pool.total_bytes()
     latencies = [0.0] * requests
     answers: dict[int, tuple[float, int]] = {}
     before = batcher.stats()
@@ -99,6 +101,7 @@ async def burst(batcher: Any, requests: int, tasks: int, seed: int) -> dict[str,
         "launches": after.launches - before.launches,
         "standin_launches": after.standins - before.standins,
         "checked": len(answers),
+        "pool_grown_mib": (pool.total_bytes() - held) / 2**20,
     }
 
 

@@ -13,6 +13,7 @@ alone (no other task asked since its last request) launches at once, as ``matmul
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Awaitable
@@ -21,11 +22,12 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import numpy as np
 
 from ..._compiler import Compiler
 from ..._exceptions import AionvrtcError, QueueFull
 from ..._sync import on_default
-from ._calls import matmul
+from ._calls import matmul, matmul_sync
 from ._launching import loaded, module
 from ._plan_cache import Product, find, planned_product, ready
 from ._product_plan import batch_specs, cupy_module
@@ -173,7 +175,9 @@ class Batcher:
         of M x K and K x N operands: at each batch size up to ``max_batch`` (``batch_specs``,
         with the device's tuned tiles), as Triton runs a model's warm-up before it reports
         ready. A warm-up: never a hot compile (``Compiler.start_serving``), and overtaken by
-        live requests.
+        live requests. Each kernel is then launched once on scratch operands (up to
+        ``max_batch`` of them, freed after), so that the first burst waits neither for the
+        driver's loading of its code nor for CuPy's compiling of the stacking of operands.
 
         Args:
             m: Rows of A and C.
@@ -203,12 +207,36 @@ class Batcher:
         )  # fmt: skip
         compiler = self._compiler
         if compiler is not None:
-            return await compiler.warm(specs, device=device)
+            loaded = await compiler.warm(specs, device=device)
+        else:
 
-        def warm(default: Compiler) -> Awaitable[int]:
-            return default.warm(specs, device=device)
+            def warm(default: Compiler) -> Awaitable[int]:
+                return default.warm(specs, device=device)
 
-        return await anyio.to_thread.run_sync(on_default, warm)
+            loaded = await anyio.to_thread.run_sync(on_default, warm)
+        # Each kernel launched once (the driver loads a module's code on its first launch),
+        # and CuPy's stacking of operands compiled and its memory pool grown for the batch:
+        # what else a first burst would wait for. In a worker thread: CuPy compiles on first
+        # use, and this waits for the GPU.
+        dtype = np.dtype(dtype)
+        run = functools.partial(
+            self._exercise, m, n, k, semiring, dtype=dtype, argmax=argmax, device=device
+        )
+        await anyio.to_thread.run_sync(run)
+        return loaded
+
+    def _exercise(
+        self, m: int, n: int, k: int, semiring: str, *, dtype: Any, argmax: bool, device: int
+    ) -> None:
+        cupy = cupy_module()
+        with cupy.cuda.Device(device):
+            a, b = cupy.empty((2, m, k), dtype), cupy.empty((k, n), dtype)
+            matmul_sync(a[0], b, semiring, argmax=argmax, compiler=self._compiler)
+            _gather([a[0], a[1]])  # the stacking of operands that are not in line
+            for size in dict.fromkeys((2, self.max_batch)) if self.max_batch > 1 else ():
+                batch = cupy.empty((size, m, k), dtype)
+                matmul_sync(batch, b, semiring, argmax=argmax, compiler=self._compiler)
+            cupy.cuda.Device(device).synchronize()
 
     def stats(self) -> BatcherStats:
         """What this Batcher has done so far.
