@@ -134,9 +134,16 @@ class Packed:
                 )  # fmt: skip
 
 
+# Whether this thread has a CUDA context current: the launches call the driver, which needs
+# one, and a thread's runtime binds it only at the runtime's first call there that needs it (a
+# thread whose arrays all came from CuPy's pool may never have made one).
+_bound = threading.local()
+
+
 class OnDevice:
     """``device`` current within, the one before restored: CuPy's ``Device`` context costs
-    more than the check where the device is current already, as on every hot call."""
+    more than the check where the device is current already, as on every hot call. A thread's
+    first use also makes the device's context current for the driver's calls."""
 
     __slots__ = ("_before", "_device")
 
@@ -148,8 +155,12 @@ class OnDevice:
         runtime = _runtime()
         before = runtime.getDevice()
         if before != self._device:
-            runtime.setDevice(self._device)
+            runtime.setDevice(self._device)  # (which makes its primary context current)
             self._before = before
+        elif not getattr(_bound, "done", False):
+            runtime.setDevice(self._device)
+            runtime.free(0)  # the usual way to have the runtime bind the context here
+            _bound.done = True
 
     def __exit__(self, *exc: object) -> None:
         if self._before >= 0:
