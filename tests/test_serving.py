@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -87,6 +88,31 @@ async def test_with_error_a_request_is_refused_and_the_kernel_compiles_for_the_n
         other.start_serving("error")
         assert (await other.compile(spec)).key == again.key
         assert (other.stats().hot_compiles, other.stats().disk.hits) == (0, 1)
+
+
+async def test_a_warm_up_waiting_with_a_refused_request_still_gets_its_kernel(
+    tmp_path: Path,
+) -> None:
+    # The refused request's job is the one the warm-up joined: the warm-up waits on for the
+    # compile that goes on, and is never refused.
+    spec = make_slow_spec(depth=40)
+    async with Compiler(arch="sm_90", cache_dir=tmp_path) as compiler:
+        compiler.start_serving("error")
+        refused: list[BaseException] = []
+
+        async def request() -> None:
+            try:
+                await compiler.compile(spec)
+            except CompileOnHotPath as exc:
+                refused.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request)
+            await anyio.lowlevel.checkpoint()  # the request's job first; the warm-up joins it
+            assert await compiler.warm([spec], arch="sm_90") == 1
+        assert len(refused) == 1
+        stats = compiler.stats()
+        assert (stats.hot_compiles, stats.compiles, stats.errors) == (1, 1, 0)
 
 
 async def test_a_request_joining_a_prefetch_that_compiles_is_a_hot_compile(

@@ -11,9 +11,11 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -30,7 +32,13 @@ from ._cache import DEFAULT_MEMORY_LIMIT, ArchStats, KernelCache
 from ._config import ENV_MANIFEST
 from ._cuda import Module
 from ._cuda_errors import IMAGE_REFUSED
-from ._exceptions import CompileOnHotPath, CompilerClosed, ModuleLoadError, QueueFull
+from ._exceptions import (
+    CompileError,
+    CompileOnHotPath,
+    CompilerClosed,
+    ModuleLoadError,
+    QueueFull,
+)
 from ._explain import Explanation, explain
 from ._manifest import Manifest
 from ._modules import Modules
@@ -80,10 +88,6 @@ class CompilerStats:
         prefetched: Specs queued by ``prefetch()`` (the sum of what its calls returned).
         rejected: Requests refused with ``QueueFull`` because ``max_queued`` kernels were
             waiting.
-        hot_compiles: Kernels that a live request waited for NVRTC to compile while the
-            Compiler was serving (``start_serving``): each logged with its ``explain``, and
-            refused with ``CompileOnHotPath`` in the ``"error"`` mode. Prefetches and
-            warm-ups are not counted.
         memory: The memory tier's ``MemoryStats``.
         disk: The disk tier's ``DiskStats``; all zero for a Compiler without a disk tier.
         remote: The remote tier's ``RemoteStats``; all zero for a Compiler without a remote
@@ -91,6 +95,10 @@ class CompilerStats:
         layers: Each read-only layer's ``LayerStats``, in the order they are read.
         archs: ``ArchStats`` by arch (``"sm_90"``): the memory tier's entries for it, its
             compiles and their time.
+        hot_compiles: Kernels that a live request waited for NVRTC to compile while the
+            Compiler was serving (``start_serving``): each logged with its ``explain``, and
+            refused with ``CompileOnHotPath`` in the ``"error"`` mode. Prefetches and
+            warm-ups are not counted.
     """
 
     requests: int
@@ -103,12 +111,12 @@ class CompilerStats:
     waiting: int
     prefetched: int
     rejected: int
-    hot_compiles: int
     memory: MemoryStats
     disk: DiskStats
     remote: RemoteStats
     layers: tuple[LayerStats, ...]
     archs: dict[str, ArchStats]
+    hot_compiles: int = 0
 
 
 def _specs_of(specs: Iterable[KernelSpec], method: str) -> list[KernelSpec]:
@@ -133,7 +141,11 @@ def _label(spec: KernelSpec) -> str:
     return spec.name
 
 
-# Refusals, counted apart from requests and errors (rejected, hot_compiles).
+# Seconds before a kernel whose loading ahead failed for a passing reason (a full GPU) is tried
+# again by prefetch(device=).
+LOAD_RETRY_SECONDS = 60.0
+
+# Refusals, counted apart from errors (rejected, hot_compiles).
 _REFUSED = (QueueFull, CompileOnHotPath)
 
 # The tasks _spawn started, referenced until done (asyncio keeps only weak references).
@@ -293,7 +305,7 @@ class Compiler:
         # (spec, device) pairs being loaded ahead (prefetch with a device), and those whose
         # loading failed: not tried again until forget() or clear().
         self._loading: set[tuple[KernelSpec, int]] = set()
-        self._load_failed: set[tuple[KernelSpec, int]] = set()
+        self._load_failed: dict[tuple[KernelSpec, int], float] = {}  # until (monotonic)
         self._thread = -1  # the ident of the thread the Compiler's event loop runs in
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -489,7 +501,7 @@ class Compiler:
             raise self._not_open()
         job = self._scheduler.submit(spec, key, priority, cache)
         live = priority == LIVE
-        if live and not isinstance(job.error, _REFUSED):  # (counted apart)
+        if live and not isinstance(job.error, QueueFull):  # (counted as rejected alone)
             cache.missed()
         if not job.done.is_set():
             # A waiter's cancellation ends only this wait: the job runs on in the Compiler's
@@ -503,6 +515,10 @@ class Compiler:
         if job.error is None:
             assert job.result is not None
             return job.result
+        if not live and isinstance(job.error, CompileOnHotPath):
+            # A live request's refusal ended the job this warm-up joined; the compile goes on
+            # as a prefetch job of its own, which this waits for.
+            return await self._compile(spec, arch, priority)
         if live and not isinstance(job.error, _REFUSED):
             self._errors += 1
         raise fresh(job.error)
@@ -686,7 +702,8 @@ class Compiler:
                 ``get`` compiles); not with ``arch``.
 
         Returns:
-            How many were queued.
+            How many were queued; with ``device`` from a thread that reaches the Compiler
+            through its portal, how many were handed over (queued unless loaded already).
 
         Raises:
             TypeError: An item of ``specs`` is not a ``KernelSpec``, ``arch`` is neither a
@@ -714,8 +731,9 @@ class Compiler:
             load = functools.partial(self._load_ahead, specs, device)
             if threading.get_ident() == self._thread:
                 return load()
-            if self._portal is not None:
-                return self._portal.call(load)
+            if self._portal is not None:  # (not waited for: the caller may be a hot path)
+                self._portal.start_task_soon(self._load_ahead_soon, specs, device)
+                return len(specs)
             return anyio.from_thread.run_sync(load)
         cache = self._for_arch(arch)
         queued = 0
@@ -735,14 +753,21 @@ class Compiler:
         self._prefetched += queued
         return queued
 
+    async def _load_ahead_soon(self, specs: list[KernelSpec], device: int) -> None:
+        if self._state is _State.OPEN:
+            self._load_ahead(specs, device)
+
     def _load_ahead(self, specs: list[KernelSpec], device: int) -> int:
         """prefetch(device=) on the Compiler's event loop: a task per spec not loaded there."""
         if self._state is not _State.OPEN or self._task_group is None:
             raise self._not_open()
         queued = 0
+        now = time.monotonic()
         for spec in specs:
             pair = (spec, device)
-            if pair in self._loading or pair in self._load_failed or self._holds(spec, device):
+            if pair in self._loading or self._load_failed.get(pair, 0.0) > now:
+                continue
+            if self._holds(spec, device):
                 continue
             self._loading.add(pair)
             self._task_group.start_soon(self._load_one, spec, device)
@@ -755,10 +780,15 @@ class Compiler:
             await self._get(spec, device, PREFETCH)
         except Exception as exc:
             if self._state is _State.OPEN:  # (closing fails what is queued: not worth a line)
-                self._load_failed.add((spec, device))
+                # A program NVRTC refused stays refused (until forget() or clear()); anything
+                # else (a full GPU) is tried again after a while.
+                lasting = isinstance(exc, CompileError)
+                until = math.inf if lasting else time.monotonic() + LOAD_RETRY_SECONDS
+                self._load_failed[(spec, device)] = until
+                when = "until forget() or clear()" if lasting else f"for {LOAD_RETRY_SECONDS} s"
                 logger.warning(
-                    "loading %s ahead on device %d failed; not tried again until forget() or "
-                    "clear(): %s", _label(spec), device, exc,
+                    "loading %s ahead on device %d failed; not tried again %s: %s",
+                    _label(spec), device, when, exc,
                 )  # fmt: skip
         finally:
             self._loading.discard((spec, device))
@@ -953,7 +983,8 @@ class Compiler:
                 ``compile`` raises it), for a spec whose keys were never derived.
         """
         keys = await anyio.to_thread.run_sync(self._cache.forget, spec)
-        self._load_failed = {pair for pair in self._load_failed if pair[0] != spec}
+        for pair in [pair for pair in self._load_failed if pair[0] == spec]:
+            del self._load_failed[pair]
         for key in keys:
             self._scheduler.failures.pop(key)
             self._loaded.drop(key)

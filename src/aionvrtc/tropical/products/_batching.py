@@ -56,7 +56,7 @@ class BatcherStats:
     requests: int
     launches: int
     alone: int
-    standins: int
+    standins: int = 0
     rejected: int = 0
 
 
@@ -232,7 +232,9 @@ class Batcher:
         with cupy.cuda.Device(device):
             a, b = cupy.empty((2, m, k), dtype), cupy.empty((k, n), dtype)
             matmul_sync(a[0], b, semiring, argmax=argmax, compiler=self._compiler)
-            _gather([a[0], a[1]])  # the stacking of operands that are not in line
+            # The stacking of operands that are not in line (two allocations: views of one
+            # at a constant stride are read in place).
+            _gather([cupy.empty((m, k), dtype), cupy.empty((m, k), dtype)])
             for size in dict.fromkeys((2, self.max_batch)) if self.max_batch > 1 else ():
                 batch = cupy.empty((size, m, k), dtype)
                 matmul_sync(batch, b, semiring, argmax=argmax, compiler=self._compiler)
@@ -408,7 +410,7 @@ class Batcher:
             standin = ready(product, self._compiler)
             if standin is not None:
                 launch, found = standin
-                self._standins += 1
+                self._standins += launch is not product.launch  # (its own, loaded meanwhile)
             else:
                 found = await module(launch.spec, launch.device, self._compiler)
         launch.run(found, operands, stream)

@@ -17,7 +17,6 @@ kernel of its own.)
 from __future__ import annotations
 
 import contextlib
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,25 +183,13 @@ def ready(product: Product, compiler: Compiler | None) -> tuple[Launch, Module] 
     return None
 
 
-# The kernels each Compiler was asked to load ahead (by spec and device): asked once, not at
-# every call that finds them loading (a hop to the Compiler's loop, for the default one).
-_asked: weakref.WeakKeyDictionary[Compiler, set[tuple[KernelSpec, int]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def _load_soon(spec: KernelSpec, device: int, compiler: Compiler | None) -> None:
-    """Have ``spec`` loaded on ``device`` in the background, once per Compiler."""
-    if compiler is None:
-        compiler = default_compiler()
-    asked = _asked.setdefault(compiler, set())
-    if (spec, device) in asked:
-        return
+    """Have ``spec`` loaded on ``device`` in the background (the Compiler asks once while it
+    loads, and again after a while where it failed for a passing reason)."""
     try:
-        compiler.prefetch([spec], device=device)
+        (compiler if compiler is not None else default_compiler()).prefetch([spec], device=device)
     except Exception:  # (closed, or no way to its loop from here): the next call fetches it
         return
-    asked.add((spec, device))
 
 
 def planned_backward(grad_c: Any, a: Any, b: Any, argmax: Any, semiring: str) -> BackwardLaunch:
