@@ -75,6 +75,12 @@ Measured = Decimal | Sequence[Decimal]
 Read = Callable[[Path], Sequence[Measured]]
 
 
+def burst(run: dict[str, Any], scenario: str, which: str, *fields: str) -> list[Any]:
+    """``fields`` of a first_burst result's scenario, its first or its warm burst."""
+    (found,) = [r for r in run["results"] if r["scenario"] == scenario]
+    return [found[which][field] for field in fields]
+
+
 @dataclass(frozen=True)
 class Figure:
     quote: str  # a regex over the README, its whitespace collapsed; one group per figure
@@ -267,6 +273,7 @@ def bundle_p90(path: Path) -> list[Decimal]:
 
 
 SERVER = "server_load-nvidia-h100-80gb-hbm3.json"
+FIRST_BURST = "first_burst-nvidia-h100-80gb-hbm3.json"
 LAUNCH = "launch-h100-80gb-hbm3.md"
 LAUNCH_JSON = "launch-h100-80gb-hbm3.json"
 SERVICE = "compile_service-2-vcpus-{}.md"
@@ -324,6 +331,44 @@ FIGURES = [
             trials(KINGS, "combo"),
             ordered(KINGS, f"{HYPER} s, scored by roofline", "roofline_s", 1e3),
             trials(KINGS, "roofline"),
+        ),
+    ),
+    # A server's first burst at a new batch size
+    Figure(
+        r"the first burst of 64 served ([\d,.]+) requests/s with a p99 of ([\d,.]+) ms, ([\d,]+) "
+        r"of its ([\d,]+) launches on the stand-in",
+        FIRST_BURST,
+        data(
+            lambda r: burst(
+                r,
+                "probed",
+                "first",
+                "requests_per_second",
+                "p99_ms",
+                "standin_launches",
+                "launches",
+            )
+        ),
+    ),
+    Figure(
+        r"after `Batcher\.warm`, ([\d,.]+) requests/s with a p99 of ([\d,.]+) ms; served again "
+        r"warm, ([\d,.]+) requests/s with a p99 of ([\d,.]+) ms",
+        FIRST_BURST,
+        data(
+            lambda r: [
+                *burst(r, "warmed", "first", "requests_per_second", "p99_ms"),
+                *burst(r, "warmed", "warm", "requests_per_second", "p99_ms"),
+            ]
+        ),
+    ),
+    Figure(
+        r"its batch kernel's compile: ([\d,.]+) requests/s, p99 ([\d,.]+) s",
+        FIRST_BURST,
+        data(
+            lambda r: [
+                *burst(r, "cold", "first", "requests_per_second"),
+                burst(r, "cold", "first", "p99_ms")[0] / 1000,
+            ]
         ),
     ),
     # The examples and the shortest-paths server
