@@ -38,6 +38,7 @@ from ._exceptions import (
     CompilerClosed,
     ModuleLoadError,
     QueueFull,
+    first_error,
 )
 from ._explain import Explanation, explain
 from ._manifest import Manifest
@@ -857,10 +858,7 @@ class Compiler:
                 for spec in unique:
                     group.start_soon(one, spec)
         except ExceptionGroup as failed:
-            first: BaseException = failed
-            while isinstance(first, BaseExceptionGroup):
-                first = first.exceptions[0]
-            raise first from None
+            raise first_error(failed) from None
         return len(unique)
 
     def start_serving(self, mode: Literal["warn", "error"] | None = "warn") -> None:

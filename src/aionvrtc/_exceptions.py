@@ -22,6 +22,7 @@ __all__ = [
     "NoDeviceError",
     "NvrtcError",
     "QueueFull",
+    "first_error",
 ]
 
 
@@ -123,3 +124,13 @@ class CompileOnHotPath(AionvrtcError):
     ``start_serving("error")``: the kernel was not compiled ahead. The compile goes on in the
     background (a warm-up's priority), so a later request finds it; the message names the
     kernel and the fixes."""
+
+
+def first_error(group: BaseExceptionGroup[Exception]) -> BaseException:
+    """The first error of a task group of fetches or compiles: the first that failed stopped
+    the others, so it is raised as the one call would raise it, not as a group of one (a
+    failure is rarely more than one error repeated)."""
+    first: BaseException = group.exceptions[0]
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first

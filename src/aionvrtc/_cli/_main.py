@@ -235,24 +235,22 @@ def _arch(text: str) -> str:
     return Target(text).arch  # its ValueError names the forms an arch takes
 
 
-def _jobs(text: str) -> int:
-    try:
-        jobs = int(text)
-    except ValueError:
-        jobs = 0
-    if jobs < 1:
-        raise ValueError(f"must be a whole number of parallel compiles, at least 1, got {text!r}")
-    return jobs
+def _at_least_one(what: str) -> Callable[[str], int]:
+    """A parser of a whole number of ``what``, at least 1."""
+
+    def parse(text: str) -> int:
+        try:
+            count = int(text)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise ValueError(f"must be a whole number of {what}, at least 1, got {text!r}")
+        return count
+
+    return parse
 
 
-def _batch(text: str) -> int:
-    try:
-        batch = int(text)
-    except ValueError:
-        batch = 0
-    if batch < 1:
-        raise ValueError(f"must be a whole number of requests, at least 1, got {text!r}")
-    return batch
+_jobs = _at_least_one("parallel compiles")
 
 
 def _product_size(text: str) -> tuple[int, int, int]:
@@ -367,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         "batch size up to --max-batch; again for more sizes (default: every kernel)",
     )  # fmt: skip
     tropical.add_argument(
-        "--max-batch", type=_argument(_batch), default=64, metavar="N",
+        "--max-batch", type=_argument(_at_least_one("requests")), default=64, metavar="N",
         help="the largest batch of --batched (a Batcher's max_batch; default: 64)",
     )  # fmt: skip
     tropical.add_argument(

@@ -230,8 +230,8 @@ class Batcher:
     ) -> None:
         cupy = cupy_module()
         with cupy.cuda.Device(device):
-            a, b = cupy.empty((2, m, k), dtype), cupy.empty((k, n), dtype)
-            matmul_sync(a[0], b, semiring, argmax=argmax, compiler=self._compiler)
+            a, b = cupy.empty((m, k), dtype), cupy.empty((k, n), dtype)
+            matmul_sync(a, b, semiring, argmax=argmax, compiler=self._compiler)
             # The stacking of operands that are not in line (two allocations: views of one
             # at a constant stride are read in place).
             _gather([cupy.empty((m, k), dtype), cupy.empty((m, k), dtype)])

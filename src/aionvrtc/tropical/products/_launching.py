@@ -15,6 +15,7 @@ import anyio.to_thread
 
 from ..._compiler import Compiler
 from ..._cuda import Module
+from ..._exceptions import first_error
 from ..._spec import KernelSpec
 from ..._sync import default_compiler
 from ._product_plan import BackwardPlan, Plan, cupy_module, strides
@@ -54,16 +55,6 @@ async def module(spec: KernelSpec, device: int, compiler: Compiler | None) -> Mo
     if found is not None:
         return found
     return await anyio.to_thread.run_sync(functools.partial(compiler.get_sync, spec, device=device))
-
-
-def first_error(group: BaseExceptionGroup[Exception]) -> BaseException:
-    """The first error of a task group of kernel fetches: the first that failed stopped the
-    others, so it is raised as ``compiler.get`` would, not as a group of one (a failure is
-    rarely more than one error repeated)."""
-    first: BaseException = group.exceptions[0]
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    return first
 
 
 def module_sync(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:

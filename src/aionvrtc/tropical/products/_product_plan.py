@@ -222,12 +222,8 @@ def standins(plan: Plan, table: dict[str, dict[str, Tile]] | None = None) -> lis
     (``Batcher``, ``matmul``): a batch whose size moves it to another shape class runs on the
     tile of the class it had, say. Each plan is ``plan`` with another kernel, arrays and all.
     """
-    ring, dtype, argmax, accumulate = (
-        plan.ring,
-        plan.dtype,
-        plan.index_strides is not None,
-        (plan.accumulate),
-    )
+    ring, dtype, accumulate = plan.ring, plan.dtype, plan.accumulate
+    argmax = plan.index_strides is not None
     rowmajor = plan.a_strides[2] == 1 and plan.b_strides[2] == 1
     found: list[Plan] = []
     if tiled_supported(ring.name, dtype):
@@ -326,15 +322,24 @@ def kernel_spec(
         ValueError: ``semiring`` is not one of the four; ``dtype`` is not a dtype, or not one
             the semiring takes; a size is below 1.
     """
-    ring = lookup(semiring)
-    dtype = ring.check_dtype(dtype)
-    if min(m, n, k, batch) < 1:
-        raise ValueError(f"sizes must be positive, got M={m}, N={n}, K={k}, batch={batch}")
+    ring, dtype = _checked(semiring, dtype, m, n, k, batch=batch)
     spec, *_ = choose(
         ring, dtype, m, n, k, batch=batch, argmax=argmax, accumulate=accumulate,
         rowmajor=True, tile="auto", table=None,
     )  # fmt: skip
     return spec
+
+
+def _checked(
+    semiring: str, dtype: Any, m: int, n: int, k: int, *, batch: int
+) -> tuple[Semiring, np.dtype[Any]]:
+    """The semiring and dtype of ``kernel_spec``'s and ``batch_specs``' products, checked with
+    their sizes."""
+    ring = lookup(semiring)
+    checked = ring.check_dtype(dtype)
+    if min(m, n, k, batch) < 1:
+        raise ValueError(f"sizes must be positive, got M={m}, N={n}, K={k}, batch={batch}")
+    return ring, checked
 
 
 def batch_specs(
@@ -369,11 +374,9 @@ def batch_specs(
     Raises:
         ValueError: As ``kernel_spec`` raises it; ``max_batch`` is not a positive int.
     """
-    kernel_spec(m, n, k, semiring, dtype, argmax=argmax)  # checks all but max_batch
+    ring, dtype = _checked(semiring, dtype, m, n, k, batch=1)
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
-    ring = lookup(semiring)
-    dtype = ring.check_dtype(dtype)
     specs: dict[KernelSpec, None] = {}
     for batch in range(1, max_batch + 1):
         spec, *_ = choose(
