@@ -27,8 +27,10 @@ results/first_burst-<gpu>.{json,md}.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -47,9 +49,12 @@ SCENARIOS = ("probed", "warmed", "cold")
 CHECKED = 4  # requests whose answers are checked against the reference, per burst
 
 
-async def burst(batcher: Any, requests: int, tasks: int, seed: int) -> dict[str, Any]:
+async def burst(
+    batcher: Any, requests: int, tasks: int, seed: int, profile: Path | None = None
+) -> dict[str, Any]:
     """``requests`` requests served by ``tasks`` tasks; rate, latencies and the first answers
-    checked against the NumPy reference."""
+    checked against the NumPy reference. With ``profile``, the burst runs under cProfile and
+    its functions by own time are written there (its figures are then not the burst's own)."""
     import anyio
     import cupy
 
@@ -78,11 +83,18 @@ async def burst(batcher: Any, requests: int, tasks: int, seed: int) -> dict[str,
             if number < CHECKED:
                 answers[number] = (value, where)
 
+    profiler = cProfile.Profile() if profile is not None else None
+    if profiler is not None:
+        profiler.enable()
     began = time.perf_counter()
     async with anyio.create_task_group() as group:
         for first in range(tasks):
             group.start_soon(serve, first)
     seconds = time.perf_counter() - began
+    if profiler is not None and profile is not None:
+        profiler.disable()
+        with profile.open("w") as text:
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
     for number, (value, where) in answers.items():
         a = inputs[number]
         for _ in range(SQUARINGS):
@@ -102,11 +114,15 @@ async def burst(batcher: Any, requests: int, tasks: int, seed: int) -> dict[str,
         "standin_launches": after.standins - before.standins,
         "checked": len(answers),
         "pool_grown_mib": (pool.total_bytes() - held) / 2**20,
+        "slowest_ms": [round(1e3 * t, 2) for t in ordered[-8:]],
     }
 
 
-async def child(scenario: str, requests: int, tasks: int) -> dict[str, Any]:
-    """One fresh process's scenario: what comes before the burst, the burst, the burst again."""
+async def child(
+    scenario: str, requests: int, tasks: int, profile: Path | None = None
+) -> dict[str, Any]:
+    """One fresh process's scenario: what comes before the burst, the burst, the burst again
+    (each profiled into ``profile``/<scenario>-<burst>.txt where given)."""
     import aionvrtc
     from aionvrtc import tropical
 
@@ -117,8 +133,12 @@ async def child(scenario: str, requests: int, tasks: int) -> dict[str, Any]:
     elif scenario == "warmed":
         await batcher.warm(SIZE, SIZE, SIZE, "minplus", argmax=True)
     before = time.perf_counter() - began
-    first = await burst(batcher, requests, tasks, seed=2)
-    warm = await burst(batcher, requests, tasks, seed=3)
+
+    def to(name: str) -> Path | None:
+        return profile / f"{scenario}-{name}.txt" if profile is not None else None
+
+    first = await burst(batcher, requests, tasks, seed=2, profile=to("first"))
+    warm = await burst(batcher, requests, tasks, seed=3, profile=to("warm"))
     stats = aionvrtc.default_compiler().stats()
     return {
         "scenario": scenario,
@@ -130,12 +150,17 @@ async def child(scenario: str, requests: int, tasks: int) -> dict[str, Any]:
     }
 
 
-def run_child(scenario: str, requests: int, tasks: int, scratch: str) -> dict[str, Any]:
+def run_child(
+    scenario: str, requests: int, tasks: int, scratch: str, profile: Path | None
+) -> dict[str, Any]:
     cache = tempfile.mkdtemp(prefix=f"{scenario}-", dir=scratch)
     env = fresh_nvrtc_cache(scratch, {**os.environ, "AIONVRTC_CACHE_DIR": cache})
+    profiled = ["--profile", str(profile)] if profile is not None else []
+    if profile is not None:  # which kernels the scenario asked for, in order
+        env["AIONVRTC_MANIFEST"] = str(profile / f"{scenario}-manifest.jsonl")
     done = subprocess.run(
         [sys.executable, __file__, "--child", scenario, "--requests", str(requests),
-         "--tasks", str(tasks)],
+         "--tasks", str(tasks), *profiled],
         capture_output=True, text=True, env=env, timeout=600, check=False,
     )  # fmt: skip
     if done.returncode != 0:
@@ -191,15 +216,27 @@ def main() -> None:
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--child", choices=SCENARIOS)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--profile", type=Path,
+        help="a folder: each burst runs under cProfile, its top functions written there "
+        "(a diagnosis: the figures are cProfile's, so no result is written)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.child:
         import anyio
 
-        result = anyio.run(child, args.child, args.requests, args.tasks)
+        result = anyio.run(child, args.child, args.requests, args.tasks, args.profile)
         print(json.dumps(result))
         return
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
-        results = [run_child(s, args.requests, args.tasks, scratch) for s in args.scenarios]
+        results = [
+            run_child(s, args.requests, args.tasks, scratch, args.profile) for s in args.scenarios
+        ]
+    if args.profile is not None:
+        (args.profile / "bursts.json").write_text(json.dumps(results, indent=1))
+        return
     facts = {**gpu_facts(), "tasks": args.tasks}
     write(args.out, "first_burst", label=facts["gpu"], facts=facts, results=results,
           table=table(facts, results))  # fmt: skip

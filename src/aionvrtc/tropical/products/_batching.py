@@ -232,12 +232,15 @@ class Batcher:
         with cupy.cuda.Device(device):
             a, b = cupy.empty((m, k), dtype), cupy.empty((k, n), dtype)
             matmul_sync(a, b, semiring, argmax=argmax, compiler=self._compiler)
-            # The stacking of operands that are not in line (two allocations: views of one
-            # at a constant stride are read in place).
-            _gather([cupy.empty((m, k), dtype), cupy.empty((m, k), dtype)])
             for size in dict.fromkeys((2, self.max_batch)) if self.max_batch > 1 else ():
-                batch = cupy.empty((size, m, k), dtype)
-                matmul_sync(batch, b, semiring, argmax=argmax, compiler=self._compiler)
+                # Operands of separate allocations, stacked as a burst's are (CuPy takes
+                # another way, and kernel, for many arrays than for two); a shared B and a
+                # B of each request's own.
+                batch = _gather([cupy.empty((m, k), dtype) for _ in range(size)])
+                bs = _gather([cupy.empty((k, n), dtype) for _ in range(size)])
+                for right in (b, bs):
+                    matmul_sync(batch, right, semiring, argmax=argmax, compiler=self._compiler)
+                del batch, bs
             cupy.cuda.Device(device).synchronize()
 
     def stats(self) -> BatcherStats:
@@ -371,7 +374,8 @@ class Batcher:
             cupy = cupy_module()
             with cupy.cuda.Device(group.product.device), group.stream:
                 a = _gather([m.a for m in members])
-                b = _gather([m.b for m in members])
+                # A squaring's B is its A: stacked once.
+                b = a if all(m.b is m.a for m in members) else _gather([m.b for m in members])
             if a.ndim == 2 and b.ndim == 2:
                 # All ask for the same product: each still gets a result of its own.
                 a = cupy.ndarray((len(members), *a.shape), a.dtype, a.data, strides=(0, *a.strides))
