@@ -42,6 +42,7 @@ from .support.einsum import (
     Array,
     assert_same,
     check_assignment,
+    check_assignments,
     expressions,
     independent_sets,
     layouts,
@@ -569,18 +570,49 @@ def test_argmax_of_a_network_whose_value_is_the_zero(ring: str, dtype: str) -> N
     assert sorted(assignment) == ["i", "j", "k"]
 
 
-def test_argmax_needs_a_scalar_contraction_over_indices_that_are_not_empty() -> None:
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_argmax_of_a_result_with_indices_gives_each_element_an_assignment(
+    ring: str, dtype: str, rng: np.random.Generator
+) -> None:
+    # A block of the backtrace per element, each walking back from its own position.
+    attained = elements = 0
+    for _ in range(6):
+        subscripts, shapes = random_network(rng, int(rng.integers(6, 10)), int(rng.integers(6, 9)))
+        inputs = subscripts.partition("->")[0]
+        letters = sorted(set(inputs) - {","})
+        kept = "".join(rng.choice(letters, size=int(rng.integers(1, 3)), replace=False))
+        subscripts = f"{inputs}->{kept}"
+        operands = network_values(rng, ring, dtype, shapes)
+        value, assignment = tropical.einsum_sync(
+            subscripts, *map(gpu, operands), semiring=ring, argmax=True
+        )
+        assert_same(value, reference.einsum(subscripts, *operands, semiring=ring), subscripts)
+        attained += check_assignments(subscripts, operands, ring, host(value), assignment)
+        elements += value.size
+    assert attained >= elements // 2
+
+
+def test_argmax_needs_a_result_of_few_elements_and_indices_that_are_not_empty() -> None:
     import cupy
 
-    a, b = cupy.ones((3, 4), cupy.float32), cupy.ones((4, 5), cupy.float32)
-    for subscripts, output in (("ij,jk->ik", "ik"), ("ij,jk", "ik"), ("ij,jk->k", "k")):
-        message = (
-            f"einsum argmax=True backtracks a scalar contraction, and {subscripts!r} has output "
-            f"indices {output!r}; give it an output of no indices ('ij,jk->') to find an "
-            "assignment that attains it"
-        )
-        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
-            tropical.einsum_sync(subscripts, a, b, argmax=True)
+    a, b = cupy.ones((5000, 1), cupy.float32), cupy.ones((1, 5000), cupy.float32)
+    message = (
+        "einsum with argmax=True finds an assignment of all 3 indices for each of the "
+        "result's 25,000,000 elements (800,000,000 bytes), more than the 16,777,216 elements "
+        "it takes or the "
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        tropical.einsum_sync("ij,jk->ik", a, b, argmax=True)
+    three = [cupy.ones(shape, cupy.float32) for shape in ((40, 50), (50, 30, 20), (30, 20, 60))]
+    budget = 40 * 60 * 4  # the output itself: every index b, c, d sliced
+    assert tropical.einsum_plan("ab,bcd,cde->ae", *three, memory_limit=budget).slicing
+    message = (
+        "a sliced einsum with argmax=True backtracks a scalar contraction, and "
+        "'ab,bcd,cde->ae' has output indices 'ae'; give it an output of no indices "
+        "('ij,jk->'), or run it whole on one device for an assignment of each element"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        tropical.einsum_sync("ab,bcd,cde->ae", *three, argmax=True, memory_limit=budget)
     for subscripts, shapes, index in (("ij,jk->", [(2, 0), (0, 3)], "j"), ("i->", [(0,)], "i"),
                                       ("ij,jk->", [(0, 2), (2, 3)], "i")):  # fmt: skip
         arrays = [cupy.ones(s, cupy.float32) for s in shapes]

@@ -30,6 +30,8 @@ from aionvrtc.tropical.networks._backtrace import (
     backtrace_code,
     backtrace_program,
     follow,
+    output_digits,
+    output_values,
 )
 from aionvrtc.tropical.networks._kernel_specs import backtrace_spec, einsum_spec, many_spec
 from aionvrtc.tropical.networks._terms import Step, Term, View, contiguous
@@ -971,6 +973,69 @@ def test_the_backtrace_finds_a_maximum_independent_set(
     chosen = {v for v in range(n) if assignment[string.ascii_lowercase[v]] == 1}
     assert len(chosen) == size
     assert not any(u in chosen and v in chosen for u, v in edges)
+
+
+def element_assignments(
+    subscripts: str, operands: Sequence[Array], ring: str, rng: np.random.Generator
+) -> tuple[Array, list[dict[str, int]]]:
+    """The result of a contraction with output indices, and each element's assignment as the
+    kernel's blocks find them: the walk from the element's position (``output_digits``)."""
+    plan = einsum_plan(subscripts, *operands, optimize=str(rng.choice(["auto", "greedy"])))
+    trace: Trace = []
+    value = run_plan(plan, ring, operands, trace)
+    np.testing.assert_array_equal(value, reference.einsum(subscripts, *operands, semiring=ring))
+    code, digits = backtrace_code(plan, range(len(trace))), output_digits(plan)
+    found = []
+    for element in range(value.size):
+        start = output_values(digits, element)
+        values = follow(
+            code, len(trace), len(plan.sizes),
+            lambda where, at: int(trace[where][1].reshape(-1)[at]), start=start,
+        )  # fmt: skip
+        found.append(assignment_of(plan, values))
+    return value, found
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_each_element_of_a_result_with_indices_has_an_assignment_that_attains_it(
+    ring: str, dtype: str
+) -> None:
+    # argmax=True on an output with indices: the kernel's block for element e starts its walk
+    # from e's position, so each element gets an assignment attaining it (its output indices
+    # at its position) — a batch of queries, the batch index in the output, each answered.
+    rng = np.random.default_rng(list(SEMIRINGS).index(ring) * 10 + len(dtype) + 500)
+    elements = attained = 0
+    for _ in range(12):
+        subscripts, shapes = random_network(rng, int(rng.integers(6, 10)), int(rng.integers(6, 9)))
+        inputs = subscripts.partition("->")[0]
+        letters = sorted(set(inputs) - {","})
+        kept = "".join(rng.choice(letters, size=int(rng.integers(1, 3)), replace=False))
+        subscripts = f"{inputs}->{kept}"
+        operands = network_values(rng, ring, dtype, shapes)
+        value, found = element_assignments(subscripts, operands, ring, rng)
+        assert value.shape == tuple(
+            dict(zip("".join(inputs.split(",")), [n for s in shapes for n in s], strict=True))[c]
+            for c in kept
+        )
+        for element, assignment in enumerate(found):
+            position = np.unravel_index(element, value.shape)
+            assert [assignment[c] for c in kept] == [int(p) for p in position]
+            check_assignment(subscripts, operands, ring, value[position], assignment)
+            elements += 1
+            attained += int(value[position] != SEMIRINGS[ring].zero(np.dtype(dtype)))
+    assert elements >= 24
+    assert attained >= elements // 2
+
+
+def test_output_digits_read_an_element_s_position_in_c_order() -> None:
+    plan = einsum_plan("abc,cd->db", (2, 3, 4), (4, 5))
+    number = {index: n for n, index in enumerate(plan.sizes)}
+    digits = output_digits(plan)
+    assert digits == [number["b"], 3, number["d"], 5]
+    for element in range(15):
+        d, b = divmod(element, 3)
+        assert output_values(digits, element) == {number["b"]: b, number["d"]: d}
+    assert output_digits(einsum_plan("ab,ab->", (2, 3), (2, 3))) == []
 
 
 def test_long_sums_over_few_outputs_are_cut_in_parts() -> None:

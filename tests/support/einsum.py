@@ -157,6 +157,27 @@ def check_assignment(
         assert sum(int(e) for e in entries) == int(found), (assignment, entries)
 
 
+def check_assignments(
+    subscripts: str, operands: Sequence[Array], ring: str, values: Array, assignment: Any
+) -> int:
+    """``check_assignment`` for each element of a result with indices, whose assignment is each
+    index's int64 array of the result's shape (argmax=True with output indices); an output
+    index's array is the element's position. Returns how many elements are not the zero."""
+    found = np.asarray(values)
+    output = subscripts.partition("->")[2]
+    assert isinstance(assignment, dict)
+    for index, at in assignment.items():
+        assert isinstance(at, np.ndarray), (index, type(at))
+        assert (at.shape, at.dtype) == (found.shape, np.int64), (index, at.shape, at.dtype)
+    attained = 0
+    for position in np.ndindex(found.shape):
+        each = {index: int(at[position]) for index, at in assignment.items()}
+        assert [each[c] for c in output] == list(position), (position, each)
+        check_assignment(subscripts, operands, ring, found[position], each)
+        attained += int(found[position] != SEMIRINGS[ring].zero(found.dtype))
+    return attained
+
+
 def random_network(
     rng: np.random.Generator, count: int, indices: int
 ) -> tuple[str, list[tuple[int, ...]]]:

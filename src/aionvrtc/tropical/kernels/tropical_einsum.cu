@@ -200,7 +200,8 @@ __global__ void __launch_bounds__(256) tropical_many(const long long* __restrict
 }
 
 // The walk of `code` (see _backtrace.py, whose `follow` is the same walk on the host, one
-// product after another from the last back): for each product, the position of the known
+// product after another from the last back), a block for each element of the result, from its
+// output indices' values (its position): for each product, the position of the known
 // indices in its argmax, the argmax read there, and its digits assigned to the indices it
 // summed. A product's known indices are assigned by the products that read its result, so the
 // products are taken by depth in the contraction tree, those of one depth by threads of their
@@ -326,11 +327,30 @@ __global__ void __launch_bounds__(EINSUM_BACKTRACE_THREADS)
                      long long depths, const char* __restrict__ base, long long* assignment,
                      long long indices, const unsigned char* __restrict__ value,
                      long long itemsize, int flags, long long code_words,
-                     long long schedule_words) {
+                     long long schedule_words, long long outputs) {
     extern __shared__ int fast[];
-    if (blockIdx.x != 0) return;
+    // A block per element of the result, its assignment (and value) at its own place; the
+    // element's output indices are its position, read from the digits past the schedule.
+    const long long element = blockIdx.x;
+    assignment += element * (indices + 1);
+    value += element * itemsize;
     int* a = (flags & 1) ? fast : reinterpret_cast<int*>(assignment);
     for (long long i = threadIdx.x; i < indices; i += blockDim.x) a[i] = 0;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long e = element;
+        for (long long j = 0; j < 2 * outputs; j += 2) {
+            const long long at = schedule_words + j;
+            const long long index =
+                (flags & 2) ? static_cast<const int*>(schedule)[at]
+                            : static_cast<const long long*>(schedule)[at];
+            const long long size =
+                (flags & 2) ? static_cast<const int*>(schedule)[at + 1]
+                            : static_cast<const long long*>(schedule)[at + 1];
+            a[index] = (int)(e % size);
+            e /= size;
+        }
+    }
     if (flags & 2) {
         int* staged_code = fast + indices;
         int* staged_schedule = staged_code + code_words;

@@ -1,6 +1,8 @@
-"""The backtrace of a scalar contraction's argmaxes to an assignment of every index, as a program
-of 64-bit integers that one GPU block follows (``einsum_backtrace`` in kernels/
-tropical_einsum.cu) and ``follow`` follows on the host, for tests without a GPU.
+"""The backtrace of a contraction's argmaxes to an assignment of every index, as a program of
+64-bit integers that a GPU block follows for each element of the result (``einsum_backtrace``
+in kernels/tropical_einsum.cu) and ``follow`` follows on the host, for tests without a GPU.
+An element's output indices are known from its position (``output_digits``); a scalar
+contraction has one element and none.
 
 From the last product back, the indices a product keeps are known (a later product summed
 them), so its argmax is read at their position and names the winning value of the indices it
@@ -34,6 +36,8 @@ __all__ = [
     "backtrace_code",
     "backtrace_program",
     "follow",
+    "output_digits",
+    "output_values",
 ]
 
 
@@ -114,16 +118,40 @@ def backtrace_program(plan: EinsumPlan, where: Sequence[int | Scan]) -> tuple[li
     return code, starts + scans + order
 
 
+def output_digits(plan: EinsumPlan) -> list[int]:
+    """The output's indices as (number, size) pairs, its last first: the digits into which the
+    kernel's block of element e (of the C-ordered result) reads e's position."""
+    number = {index: n for n, index in enumerate(plan.sizes)}
+    words: list[int] = []
+    for index in reversed(plan.output):
+        words += [number[index], plan.sizes[index]]
+    return words
+
+
+def output_values(digits: Sequence[int], element: int) -> dict[int, int]:
+    """Each output index's value (by number) at ``element`` of the C-ordered result, read from
+    ``output_digits`` as the kernel reads them."""
+    values = {}
+    for d in range(0, len(digits), 2):
+        element, values[digits[d]] = divmod(element, digits[d + 1])
+    return values
+
+
 def follow(
     code: Sequence[int],
     steps: int,
     indices: int,
     read: Callable[[int, int], int],
     scan: Callable[[Scan, int], int] | None = None,
+    *,
+    start: dict[int, int] | None = None,
 ) -> list[int]:
     """The walk the kernel makes: each index's value, ``read(where, position)`` giving an
-    argmax, and ``scan(product, position)`` a ``Scan``'s."""
+    argmax, ``scan(product, position)`` a ``Scan``'s, from the output indices' values
+    ``start`` (``output_values``: none for a scalar contraction)."""
     assignment = [0] * indices
+    for index, value in (start or {}).items():
+        assignment[index] = value
     c = 0
     for _ in range(steps):
         where, known = code[c], code[c + 1]
@@ -150,8 +178,8 @@ def follow(
 
 
 def assignment_of(plan: EinsumPlan, values: Sequence[int]) -> dict[str, int]:
-    """The assignment of the inputs' indices, from every index's value (numbered as ``sizes``).
-    Every index of an input was summed by some product: a scalar contraction outputs none."""
+    """The assignment of the inputs' indices, from every index's value (numbered as ``sizes``):
+    the output's indices at the element's position, the others as the walk found them."""
     names, numbers = assignment_order(plan)
     return dict(zip(names, (int(values[n]) for n in numbers), strict=True))
 

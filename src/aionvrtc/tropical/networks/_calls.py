@@ -61,8 +61,9 @@ async def einsum(
             that ``semiring`` takes, on one device. Their strides are read: an operand that no
             strided view can read is copied first (``einsum_plan`` says which).
         semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"`` (``SEMIRINGS``).
-        argmax: Also find an assignment that attains the result. For a scalar contraction
-            only: an output of no indices, such as ``"ij,jk->"``.
+        argmax: Also find an assignment that attains the result: for a scalar contraction
+            (an output of no indices, such as ``"ij,jk->"``) one, else one for each element
+            of the result (not in slices: a sliced einsum's must be a scalar).
         optimize: The order of the pairwise contractions, as ``einsum_plan`` takes it: an
             opt_einsum strategy name, an opt_einsum optimizer, a cotengra optimizer, an
             explicit path, or an ``EinsumPlan`` from ``einsum_plan`` (which also says which
@@ -86,7 +87,9 @@ async def einsum(
         The result, a new CuPy array (or ``out``, filled) with one axis per output index (0-d
         for a scalar). With ``argmax=True`` the pair (result, assignment): the assignment is a
         dict giving every index of ``subscripts`` a value at which the product of the
-        operands' entries attains the result.
+        operands' entries attains the result; for a result with indices, each index's int64
+        array of the result's shape, holding the value at which each element is attained
+        (an output index's array is that element's position).
 
     Raises:
         TypeError: ``subscripts`` is not a str; an operand is not a ``cupy.ndarray`` (for a
@@ -107,9 +110,11 @@ async def einsum(
             output keeps.
         ValueError: What the device cannot run: an output or intermediate larger than its
             memory; an operand copy of more than 32 axes that no view merges (pick another
-            order). With ``argmax=True``: an output with indices, an index of size 0, a product
-            over more than 2**31 values of k, or the argmaxes that the walk back keeps (every
-            step's, of one slice where sliced) larger than the device's memory.
+            order). With ``argmax=True``: a sliced plan with output indices, more than
+            2**24 elements of the result (or their assignments larger than the
+            device's memory), an index of size 0, a product over more than 2**31 values of k,
+            or the argmaxes that the walk back keeps (every step's, of one slice where sliced)
+            larger than the device's memory.
         cupy.cuda.memory.OutOfMemoryError: The memory in use on the device leaves too little
             for the result, the intermediates or the operands' copies (the bounds above count
             the device's whole memory).
@@ -156,7 +161,8 @@ def einsum_sync(
         subscripts: NumPy's einsum grammar, as ``einsum`` takes it.
         *operands: The tensors: CuPy arrays of one dtype, on one device.
         semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
-        argmax: Also find an assignment that attains the result (a scalar contraction only).
+        argmax: Also find an assignment that attains the result (of each element, for a
+            result with indices).
         optimize: The order, as ``einsum_plan`` takes it (a plan skips planning).
         memory_limit: Contract in slices of at most this much in an intermediate: bytes, or a
             fraction of the device's free memory (``0 < f <= 1``).
@@ -215,8 +221,8 @@ def _einsum(
     ring, arrays, device = check_arrays(operands, semiring)
     limit = _memory_limit(memory_limit, device)
     planned = yield from planned_for(subscripts, arrays, optimize, memory_limit=limit)
-    if argmax:
-        check_scalar(planned)
+    if argmax and planned.slicing is not None:
+        check_scalar(planned, "a sliced einsum")
     check_out(out, arrays[0].dtype, tuple(planned.sizes[i] for i in planned.output), device)
     stream = resolved_stream(device, stream)
     if planned.slicing is not None or devices is not None:

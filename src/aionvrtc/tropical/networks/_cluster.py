@@ -90,7 +90,7 @@ def einsum(
     arrays = [np.asarray(x) for x in operands]
     planned = einsum_plan(subscripts, *arrays, optimize=optimize, memory_limit=memory_limit)
     if argmax:
-        check_scalar(planned)
+        check_scalar(planned, "tropical.cluster.einsum")
     count = planned.slicing.count if planned.slicing is not None else 1
     if not ray.is_initialized():
         raise RuntimeError(

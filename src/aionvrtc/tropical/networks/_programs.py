@@ -386,7 +386,8 @@ class EinsumProgram:
         Returns:
             The result, a new array or ``out``; with ``argmax=True`` the pair (result,
             assignment), the assignment a dict giving every index of the subscripts a value at
-            which the product of the operands' entries attains the result.
+            which the product of the operands' entries attains the result (an int64 array of
+            the result's shape for each index, where the result has indices: see ``einsum``).
 
         Raises:
             TypeError: An operand, or ``out``, is not a ``cupy.ndarray``.
@@ -762,7 +763,7 @@ async def einsum_program(
             and dtype), or shapes (tuples of ints) with ``dtype=``: one per operand.
         semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
         argmax: Make a program whose calls also return an assignment that attains the result
-            (a scalar contraction only: an output of no indices).
+            (of each element, for a result with indices: see ``einsum``).
         optimize: The order, as ``einsum_plan`` takes it. A sliced plan is refused: a program
             contracts the whole network at once.
         dtype: The operands' dtype: needed with shapes; with arrays, None or theirs.
@@ -785,8 +786,9 @@ async def einsum_program(
             it to ``einsum`` instead); an index has size 0 (the result is the semiring's zero:
             call ``einsum``); the output or an intermediate is larger than the device's memory,
             or an operand copy has more than 32 axes that no view merges. With ``argmax=True``:
-            an output with indices, a product over more than 2**31 values of k, or the
-            argmaxes that the walk back keeps larger than the device's memory.
+            more than 2**24 elements of the result, a product over more than
+            2**31 values of k, or the argmaxes that the walk back keeps larger than the
+            device's memory.
         cupy.cuda.memory.OutOfMemoryError: The device has not the program's ``nbytes`` free.
         cupy.cuda.runtime.CUDARuntimeError: ``device`` is not a device this process sees.
         RuntimeError: ``compiler`` is not open yet (``async with Compiler(...)``).
@@ -830,8 +832,8 @@ def einsum_program_sync(
         subscripts: NumPy's einsum grammar, as ``einsum`` takes it.
         *operands: CuPy arrays, or shapes (tuples of ints) with ``dtype=``: one per operand.
         semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
-        argmax: Make a program whose calls also return an assignment (a scalar contraction
-            only).
+        argmax: Make a program whose calls also return an assignment (of each element, for
+            a result with indices).
         optimize: The order, as ``einsum_plan`` takes it (not a sliced plan).
         dtype: The operands' dtype: needed with shapes.
         device: The number of the device to run on (default: the CuPy arrays', else the

@@ -6,6 +6,7 @@ assignment copied back from the GPU and read."""
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from ._subscripts import check_dtypes, check_output
 
 __all__ = [
     "ARGMAX_MAX_K",
+    "MAX_ASSIGNMENTS",
     "assignment",
     "check_arrays",
     "check_out",
@@ -32,6 +34,9 @@ __all__ = [
 # The kernels write a product's argmax as an int32 k, so with argmax=True no product may sum
 # over more than 2**31 values of k. (Everything else they index with 64-bit integers.)
 ARGMAX_MAX_K = 2**31
+# With argmax=True, an assignment for each element of the result: the backtrace's blocks, one
+# an element (a grid's x has at most 2**31 - 1), and host memory for them all.
+MAX_ASSIGNMENTS = 2**24
 
 
 def check_arrays(operands: Sequence[Any], semiring: str) -> tuple[Semiring, list[Any], int]:
@@ -77,19 +82,19 @@ def resolved_stream(device: int, stream: Any) -> Any:
         return cupy.cuda.get_current_stream()
 
 
-def check_scalar(planned: EinsumPlan) -> None:
+def check_scalar(planned: EinsumPlan, what: str) -> None:
+    """``what`` (a sliced or spread run) keeps the argmaxes of one winner: a scalar's only."""
     if planned.output:
         raise ValueError(
-            f"einsum argmax=True backtracks a scalar contraction, and {planned.subscripts!r} "
-            f"has output indices {planned.output!r}; give it an output of no indices "
-            "('ij,jk->') to find an assignment that attains it"
+            f"{what} with argmax=True backtracks a scalar contraction, and "
+            f"{planned.subscripts!r} has output indices {planned.output!r}; give it an output "
+            "of no indices ('ij,jk->'), or run it whole on one device for an assignment of "
+            "each element"
         )
 
 
 def check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) -> None:
     """Refuse, before anything is allocated or launched, what the run could not do."""
-    if argmax:
-        check_scalar(planned)
     # No array larger than the device's memory can be allocated (one that fits may still
     # meet others in use: CuPy's OutOfMemoryError says so then). With argmax=True each result
     # has an int32 argmax beside it.
@@ -109,6 +114,8 @@ def check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) ->
                 "that sums fewer at once (another optimize=), contract the network in slices, "
                 "or run without argmax"
             )
+    if argmax:
+        check_elements(planned, limit, bound)
     kept = 4 * sum(step.size for step in planned.steps) if argmax else 0
     if kept > limit:  # the walk back reads every step's argmax: all are kept to the end
         raise ValueError(
@@ -116,6 +123,20 @@ def check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) ->
             f"back: {kept:,} bytes for this plan, more than {bound}; contract it in (smaller) "
             "slices (memory_limit=: only the winning slice's argmaxes are kept), pick an order "
             "with smaller intermediates (optimize=), or run without argmax"
+        )
+
+
+def check_elements(planned: EinsumPlan, limit: int, bound: str) -> None:
+    """With argmax=True each element of the result gets an assignment of every index (a block
+    of the backtrace each, its int64 values copied back to the host)."""
+    elements = math.prod(planned.sizes[i] for i in planned.output)
+    nbytes = elements * (len(planned.sizes) + 1) * 8
+    if elements > MAX_ASSIGNMENTS or nbytes > limit:
+        raise ValueError(
+            f"einsum with argmax=True finds an assignment of all {len(planned.sizes):,} "
+            f"indices for each of the result's {elements:,} elements ({nbytes:,} bytes), more "
+            f"than the {MAX_ASSIGNMENTS:,} elements it takes or {bound}; sum more indices "
+            "(fewer in the output), or run without argmax"
         )
 
 
@@ -153,7 +174,7 @@ def copy_back(steps: Steps, arena: int, stream: Any) -> Any:
     """Enqueue on ``stream`` the copy of the assignment (and the value's bytes) from the arena
     at address ``arena`` to pinned host memory, returned (read it with ``assignment``)."""
     cupy = cupy_module()
-    count = len(steps.plan.sizes) + 1
+    count = math.prod(steps.shape) * (len(steps.plan.sizes) + 1)
     try:  # one that ``assignment`` gave back (a pinned allocation took half this call's time)
         host = steps.hosts.pop()
     except IndexError:
@@ -166,10 +187,18 @@ def copy_back(steps: Steps, arena: int, stream: Any) -> Any:
     return host
 
 
-def assignment(steps: Steps, host: Any) -> dict[str, int]:
+def assignment(steps: Steps, host: Any) -> dict[str, Any]:
     """The assignment ``copy_back`` brought to ``host``, once the copy is done (``host`` is
-    taken again by a later copy: read nothing from it after this)."""
+    taken again by a later copy: read nothing from it after this): each index's int for a
+    scalar result, else each index's int64 array of the result's shape (each element's)."""
     names, numbers = steps.named
-    values = np.frombuffer(host, np.int64, count=len(steps.plan.sizes))[numbers].tolist()
+    indices = len(steps.plan.sizes)
+    if not steps.shape:
+        values = np.frombuffer(host, np.int64, count=indices)[numbers].tolist()
+        steps.hosts.append(host)
+        return dict(zip(names, values, strict=True))
+    elements = math.prod(steps.shape)
+    table = np.frombuffer(host, np.int64, count=elements * (indices + 1))
+    by_index = table.reshape(elements, indices + 1)[:, numbers].T.copy()  # (host is reused)
     steps.hosts.append(host)
-    return dict(zip(names, values, strict=True))
+    return {name: row.reshape(steps.shape) for name, row in zip(names, by_index, strict=True)}

@@ -26,7 +26,7 @@ from ..._cuda import Module
 from ..._spec import KernelSpec
 from .._bounded import keep
 from ..products import Launch, OnDevice, Packed, Semiring, cupy_module, plan, tables_version
-from ._backtrace import Scan, assignment_order, backtrace_program
+from ._backtrace import Scan, assignment_order, backtrace_program, output_digits
 from ._kernel_specs import backtrace_spec, einsum_spec, many_spec
 from ._plan import EinsumPlan
 from ._rows import ROW_WORDS, THREADS, lone, many_blocks, many_row, read_in_place, scanned
@@ -447,8 +447,9 @@ class _Builder:
         if planned.final_copy:
             self.copy(source, term, planned.output, (RESULT, 0), end)
         if self.steps.argmax:
-            indices = len(planned.sizes)
-            self.assignment = self.arena.take((indices + 1) * 8)
+            # An assignment of every index and the value's bytes, for each element.
+            indices, elements = len(planned.sizes), math.prod(self.steps.shape)
+            self.assignment = self.arena.take(elements * (indices + 1) * 8)
             backtrace, sources, tables = backtrace_launch(
                 planned, self.where, self.steps.device, self.assignment, ring=self.ring,
                 dtype=self.steps.dtype,
@@ -468,28 +469,31 @@ def backtrace_launch(
     dtype: Any,
 ) -> tuple[Packed, tuple[Source, ...], list[Any]]:
     """The backtrace of ``planned``'s argmaxes (each step's at the arena offset in ``where``,
-    or found again by its ``Scan``) into the arena at ``assignment``: its launch, sources and
-    tables (to keep while it may run). The values go in shared memory where they fit, and the
-    code and schedule too, as int32, where all of them fit (see einsum_backtrace)."""
+    or found again by its ``Scan``) into the arena at ``assignment``, a block for each element
+    of the result: its launch, sources and tables (to keep while it may run). The values go in
+    shared memory where they fit, and the code and schedule too, as int32, where all of them
+    fit (see einsum_backtrace); the output's digits follow the schedule."""
     cupy = cupy_module()
     indices = len(planned.sizes)
     program, schedule = backtrace_program(planned, where)
+    digits = output_digits(planned)
     depths = (len(schedule) - len(planned.steps) - 1) // 2
     words = len(program) + len(schedule)
     compact = max(map(abs, program), default=0) < 1 << 31 and (indices + words) * 4 <= _SHARED
     kind = np.int32 if compact else np.int64
-    code, order = (cupy.asarray(np.asarray(x, kind)) for x in (program, schedule))
+    code, order = (cupy.asarray(np.asarray(x, kind)) for x in (program, schedule + digits))
     flags = 3 if compact else int(indices * 4 <= _SHARED)
+    elements = math.prod(planned.sizes[i] for i in planned.output)
     launcher = Packed(
-        backtrace_spec(ring, np.dtype(dtype)), device, (1, 1, 1), (_BACKTRACE_THREADS, 1, 1),
-        [0] * 11,
+        backtrace_spec(ring, np.dtype(dtype)), device, (elements, 1, 1),
+        (_BACKTRACE_THREADS, 1, 1), [0] * 12,
     )  # fmt: skip
     launcher.shared = 4 * (indices + words if compact else indices if flags else 0)
     sources = (
         (VALUE, code.data.ptr), (VALUE, order.data.ptr), (VALUE, depths), (ARENA, 0),
         (ARENA, assignment), (VALUE, indices), (RESULT, 0), (VALUE, np.dtype(dtype).itemsize),
         (VALUE, flags),
-        (VALUE, len(program)), (VALUE, len(schedule)),
+        (VALUE, len(program)), (VALUE, len(schedule)), (VALUE, len(planned.output)),
     )  # fmt: skip
     return launcher, sources, [code, order]
 
