@@ -10,6 +10,8 @@ from . import problems, reference, tuning
 from .networks import (
     EinsumPlan,
     EinsumProgram,
+    ProgramBatcher,
+    ProgramBatcherStats,
     StepCost,
     clear_programs,
     einsum,
@@ -55,6 +57,8 @@ __all__ = [
     "DeviceFigures",
     "EinsumPlan",
     "EinsumProgram",
+    "ProgramBatcher",
+    "ProgramBatcherStats",
     "Semiring",
     "StepCost",
     "all_specs",

@@ -1,8 +1,9 @@
 """Tropical tensor networks: a contraction's subscripts, its plan (the order, each step as a
 batched product, its slicing), the steps prepared for a device, the kernel of many small
 products and which steps it takes, the backtrace of the argmaxes; and its runs: eager
-(``einsum``), compiled into a CUDA graph (``einsum_program``), in slices over the host's GPUs,
-and on a Ray cluster (``tropical.cluster``).
+(``einsum``), compiled into a CUDA graph (``einsum_program``, over a batch of queries too, and
+concurrent calls joined by ``ProgramBatcher``), in slices over the host's GPUs, and on a Ray
+cluster (``tropical.cluster``).
 
 The face of the tensor networks: ``aionvrtc.tropical`` re-exports the public names.
 """
@@ -11,6 +12,7 @@ from ._calls import einsum, einsum_sync
 from ._orders import roofline_objective
 from ._plan import EinsumPlan, StepCost
 from ._planner import einsum_plan
+from ._program_batcher import ProgramBatcher, ProgramBatcherStats
 from ._programs import EinsumProgram, clear_programs, einsum_program, einsum_program_sync
 from ._subscripts import MAX_INDICES
 
@@ -18,6 +20,8 @@ __all__ = [
     "MAX_INDICES",
     "EinsumPlan",
     "EinsumProgram",
+    "ProgramBatcher",
+    "ProgramBatcherStats",
     "StepCost",
     "clear_programs",
     "einsum",

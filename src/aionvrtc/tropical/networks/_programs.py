@@ -41,6 +41,7 @@ from ..products import (
     run_sync,
 )
 from ..products import semiring as lookup
+from ._batched import batched_network, check_batch
 from ._fusion import grouped_plan, groups
 from ._kernel_specs import einsum_spec, many_spec
 from ._plan import EinsumPlan
@@ -77,6 +78,16 @@ _LANES = 8  # streams a capture forks: the most steps the graph runs side by sid
 # size class), each reading its operands as they are: a group of several steps (see _fusion),
 # a tiny lone step, and one that would copy an operand first (_fusion.read_in_place).
 _MAX_GRID_Y = 65535
+
+
+class Batch(NamedTuple):
+    """A program over a batch of queries: ``size`` of them, the operands at ``operands`` with a
+    leading axis of ``size`` (the plan's index ``symbol``, which leads the result too), the
+    others shared by every query."""
+
+    size: int
+    operands: tuple[int, ...]
+    symbol: str
 
 
 def _aligned(nbytes: int) -> int:
@@ -131,6 +142,8 @@ class EinsumProgram:
         many: The loaded module of ``tropical_many``, the kernel that runs many small steps in
             one launch.
         semiring: The semiring's name.
+        batch: For a program over a batch of queries, its size, the varying operands and the
+            batch's index in the plan (``einsum_program(..., batch=)``).
 
     Attributes:
         plan: The ``EinsumPlan`` it runs.
@@ -148,6 +161,9 @@ class EinsumProgram:
             small groups share one per size).
         copies: How many of those launches copy an operand (a small step reads its operands as
             they are).
+        batch: The queries of a batched program (``einsum_program(..., batch=)``), else None.
+        batched: The positions of the operands that vary from query to query in a batched
+            program (they lead with the batch's axis), else ().
 
     Raises:
         cupy.cuda.memory.OutOfMemoryError: The device has not ``nbytes`` free for the
@@ -161,10 +177,15 @@ class EinsumProgram:
         gather: Module,
         many: Module,
         semiring: str,
+        *,
+        batch: Batch | None = None,
     ) -> None:
         cupy = cupy_module()
         planned = steps.plan
         self.plan, self.semiring, self.argmax = planned, semiring, steps.argmax
+        self._batch = batch
+        self.batch = batch.size if batch is not None else None
+        self.batched = batch.operands if batch is not None else ()
         self.dtype, self.device, self.shape = steps.dtype, steps.device, steps.shape
         # The modules are held: the graph launches their kernels.
         self._steps, self._modules, self._gather = steps, tuple(modules), gather
@@ -199,7 +220,9 @@ class EinsumProgram:
             # The tables are written on the capture's stream, before its first launches.
             stream = cupy.cuda.Stream(non_blocking=True)
             with stream:
-                self._gathers = self._gather_launches(offsets, sizes)
+                self._gathers = self._gather_launches(list(zip(offsets, sizes, strict=True)))
+            self._member_gathers: list[tuple[Packed, Any]] | None = None  # (run_members)
+            self._rows = (offsets, sizes)
             self._graph = self._capture(stream)
             self._done = cupy.cuda.Event(block=False, disable_timing=True)
         # The buffers go back to CuPy's pool only once the last call's work is done (a call
@@ -208,15 +231,14 @@ class EinsumProgram:
         self._last: int | None = None  # the stream of the last call
         self._lock = threading.Lock()
 
-    def _gather_launches(
-        self, offsets: Sequence[int], sizes: Sequence[int]
-    ) -> list[tuple[Packed, Any]]:
-        """One gather launch per MAX_GATHER operands, each with its (destination, elements)
-        table on the device."""
+    def _gather_launches(self, rows: Sequence[tuple[int, int]]) -> list[tuple[Packed, Any]]:
+        """One gather launch per MAX_GATHER rows (each a source's (offset, bytes) in the
+        program's memory), each with its (destination, elements) table on the device."""
         cupy = cupy_module()
         item, base = self.dtype.itemsize, self._memory.ptr
         spec = einsum_spec("gather", item)
         launches = []
+        offsets, sizes = [at for at, _ in rows], [nbytes for _, nbytes in rows]
         for start in range(0, len(offsets), MAX_GATHER):
             chunk = range(start, min(start + MAX_GATHER, len(offsets)))
             table = cupy.asarray(
@@ -401,7 +423,7 @@ class EinsumProgram:
         if host is None:
             return result
         stream.synchronize()
-        return result, assignment(self._steps, host)
+        return result, self._assignment(host)
 
     async def run(self, *operands: Any, out: Any = None, stream: Any = None) -> Any:
         """``run_sync`` for async code: replay the program on ``operands``, or on ``inputs``.
@@ -433,7 +455,123 @@ class EinsumProgram:
             return result
         with anyio.CancelScope(shield=True):  # the copy into `host` must land before it is freed
             await synchronize(stream)
-        return result, assignment(self._steps, host)
+        return result, self._assignment(host)
+
+    async def run_members(self, members: Sequence[Sequence[Any]], stream: Any = None) -> Any:
+        """One replay of a batched program for up to ``batch`` queries, each given as the
+        operands of the program before batching (``check`` them first: nothing is checked
+        here): each batched operand gathered from its own query (a query past the last is
+        the last again), the shared ones from the first. ``ProgramBatcher`` joins concurrent
+        calls this way.
+
+        Args:
+            members: The queries' operands, one sequence per query, 1 to ``batch`` of them.
+            stream: The CuPy stream to enqueue on (default: CuPy's current stream of the
+                program's device).
+
+        Returns:
+            The result of the whole batch (leading axis ``batch``; a query's is its row), or
+            with ``argmax=True`` the pair (result, assignment) of the batch, each index's
+            array leading the batch too.
+
+        Raises:
+            ValueError: The program is not batched, or ``members`` are none or more than
+                ``batch``.
+        """
+        batch = self._batch
+        if batch is None or not 1 <= len(members) <= batch.size:
+            raise ValueError(
+                f"run_members takes 1 to {batch.size} queries, got {len(members)}"
+                if batch is not None
+                else "run_members needs a batched program (einsum_program(..., batch=))"
+            )
+        stream = resolved_stream(self.device, stream)
+        pointers, held = [], []
+        cupy = cupy_module()
+        with OnDevice(self.device):
+            for i in range(len(self.inputs)):
+                each = members if i in batch.operands else members[:1]
+                for member in each:
+                    x = member[i]
+                    if not x.flags.c_contiguous:
+                        with stream:
+                            x = cupy.ascontiguousarray(x)
+                        held.append(x)
+                    pointers.append(x.data.ptr)
+                if i in batch.operands:  # (the rows past the last query read it again)
+                    pointers += [pointers[-1]] * (batch.size - len(members))
+            if self._member_gathers is None:
+                self._member_gathers = self._gather_launches(self._member_rows(batch))
+            with self._lock:
+                result, host = self._launch(
+                    (pointers, held), None, stream, self.output.nbytes, self._member_gathers
+                )
+        if host is None:
+            return result
+        with anyio.CancelScope(shield=True):
+            await synchronize(stream)
+        return result, self._assignment(host)
+
+    def _member_rows(self, batch: Batch) -> list[tuple[int, int]]:
+        """The gather's rows of ``run_members``: each batched input a row per query."""
+        offsets, sizes = self._rows
+        rows = []
+        for i, (at, nbytes) in enumerate(zip(offsets, sizes, strict=True)):
+            if i in batch.operands:
+                part = nbytes // batch.size
+                rows += [(at + q * part, part) for q in range(batch.size)]
+            else:
+                rows.append((at, nbytes))
+        return rows
+
+    def _assignment(self, host: Any) -> dict[str, Any]:
+        found = assignment(self._steps, host)
+        if self._batch is not None:
+            del found[self._batch.symbol]  # (the batch's own index: the query's number)
+        return found
+
+    def check(self, operands: Sequence[Any]) -> None:
+        """Refuse ``operands`` as ``run`` would: raise unless they are as many as the
+        program's inputs, each a ``cupy.ndarray`` of its shape, the program's dtype and
+        device (in any memory order: ``run`` copies one that is not C-contiguous).
+
+        Args:
+            operands: One query's operands.
+
+        Raises:
+            TypeError: An operand is not a ``cupy.ndarray``.
+            ValueError: The operands are not as many as the inputs, or one has another
+                dtype, shape or device than the program's.
+        """
+        if len(operands) != len(self.inputs):
+            raise ValueError(
+                f"this einsum program takes {len(self.inputs)} operands "
+                f"({self.plan.subscripts}), got {len(operands)}"
+            )
+        if not self._alike(operands):
+            cupy = cupy_module()
+            for i, (x, shape) in enumerate(zip(operands, self._shapes, strict=True)):
+                if (
+                    type(x) is not cupy.ndarray
+                    or x.shape != shape
+                    or x.dtype != self.dtype
+                    or x.data.device_id != self.device
+                ):
+                    self._refuse(i, x, shape)
+
+    def _alike(self, operands: Sequence[Any]) -> bool:
+        """Whether ``operands`` are CuPy arrays of the inputs' shapes, dtype and device,
+        checked a property at a time over all of them (loops in C: a network has hundreds
+        of operands, each checked on every call)."""
+        try:
+            return (
+                set(map(type, operands)) == self._types
+                and list(map(_SHAPE, operands)) == self._shapes
+                and set(map(_DTYPE, operands)) == self._dtypes
+                and set(map(_DEVICE, operands)) == self._devices
+            )
+        except AttributeError:
+            return False
 
     def _sources(self, operands: Sequence[Any], stream: Any) -> tuple[list[int], list[Any]] | None:
         """The operands' addresses, or None where all are the bound inputs (nothing to
@@ -441,10 +579,7 @@ class EinsumProgram:
         if not operands:
             return None
         if len(operands) != len(self.inputs):
-            raise ValueError(
-                f"this einsum program takes {len(self.inputs)} operands "
-                f"({self.plan.subscripts}), got {len(operands)}"
-            )
+            self.check(operands)
         # The previous call's arrays again (an optimisation loop writing them in place): their
         # addresses, dtype and device cannot have changed, and their shapes are compared.
         seen, sources = self._seen  # (one tuple: another thread may replace it meanwhile)
@@ -454,33 +589,18 @@ class EinsumProgram:
             and list(map(_SHAPE, operands)) == self._shapes
         ):
             return sources
-        # Operands laid out as the bound inputs, checked a property at a time over all of them
-        # (loops in C: a network has hundreds of operands, each checked on every call).
-        try:
-            ready = (
-                set(map(type, operands)) == self._types
-                and list(map(_SHAPE, operands)) == self._shapes
-                and list(map(_STRIDES, operands)) == self._strides
-                and set(map(_DTYPE, operands)) == self._dtypes
-                and set(map(_DEVICE, operands)) == self._devices
-            )
-        except AttributeError:
-            ready = False
-        if ready:
+        # Operands laid out as the bound inputs (see _alike).
+        alike = self._alike(operands)
+        if alike and list(map(_STRIDES, operands)) == self._strides:
             pointers = list(map(_POINTER, operands))
             sources = (pointers, []) if pointers != self._bound else None
             self._seen = (list(map(weakref.ref, operands)), sources)
             return sources
+        if not alike:
+            self.check(operands)  # (raises)
         cupy = cupy_module()
         pointers, held = [], []
-        for i, (x, shape) in enumerate(zip(operands, self._shapes, strict=True)):
-            if (
-                type(x) is not cupy.ndarray
-                or x.shape != shape
-                or x.dtype != self.dtype
-                or x.data.device_id != self.device
-            ):
-                self._refuse(i, x, shape)
+        for x in operands:
             if not x.flags.c_contiguous:  # (the gather reads an operand as one run)
                 with stream:
                     x = cupy.ascontiguousarray(x)  # noqa: PLW2901
@@ -534,8 +654,11 @@ class EinsumProgram:
             with self._lock:
                 return self._launch(sources, out, stream, nbytes)
 
-    def _launch(self, sources: Any, out: Any, stream: Any, nbytes: int) -> tuple[Any, Any]:
-        """Gather, replay, copy out: enqueued on ``stream``, after the previous call's work."""
+    def _launch(
+        self, sources: Any, out: Any, stream: Any, nbytes: int, gathers: Any = None
+    ) -> tuple[Any, Any]:
+        """Gather (by ``gathers``, default the inputs'), replay, copy out: enqueued on
+        ``stream``, after the previous call's work."""
         cupy = cupy_module()
         runtime = cupy.cuda.runtime
         handle = stream.ptr
@@ -543,7 +666,7 @@ class EinsumProgram:
             stream.wait_event(self._done)  # stream: a new stream may reuse a freed one's handle)
         if sources is not None:
             pointers, _held = sources
-            for n, (packed, table) in enumerate(self._gathers):
+            for n, (packed, table) in enumerate(gathers or self._gathers):
                 chunk = pointers[n * MAX_GATHER : (n + 1) * MAX_GATHER]
                 packed.run_pointers(self._gather, [table.data.ptr, len(chunk), *chunk], stream)
         runtime.graphLaunch(self._graph.graphExec, handle)
@@ -574,7 +697,8 @@ class EinsumProgram:
     def __repr__(self) -> str:
         return (
             f"<EinsumProgram {self.plan.subscripts} {self.semiring} {self.dtype} "
-            f"argmax={self.argmax} on device {self.device}: {len(self.plan.steps)} steps, "
+            f"argmax={self.argmax}{f' batch={self.batch}' if self.batch else ''} on device "
+            f"{self.device}: {len(self.plan.steps)} steps, "
             f"{self.nbytes:,} bytes>"
         )
 
@@ -747,6 +871,8 @@ async def einsum_program(
     dtype: Any = None,
     device: int | None = None,
     compiler: Compiler | None = None,
+    batch: int | None = None,
+    batched: Sequence[int] | None = None,
 ) -> EinsumProgram:
     """``einsum`` compiled once for operands of these shapes and dtype on one device.
 
@@ -771,6 +897,15 @@ async def einsum_program(
             current device).
         compiler: The Compiler that fetches the kernels (default: aionvrtc's process-wide
             Compiler).
+        batch: Make a program over a batch of this many queries, as JAX's ``vmap`` batches
+            a function: ``operands`` are one query's, the operands at ``batched`` take a
+            leading axis of ``batch`` in ``run`` (each query's own), the others are shared,
+            and the result leads with the batch's axis (with ``argmax=True`` each index's
+            assignment too: an array over the batch). The order is the query's own
+            (``optimize`` plans one query); steps among shared operands alone run once.
+            ``ProgramBatcher`` joins concurrent calls into such programs. None: one query.
+        batched: With ``batch``, the positions of the operands that vary from query to query
+            (such as ``[0, 3]``). None: all of them.
 
     Returns:
         The program: the cached one where it was asked for before.
@@ -778,10 +913,12 @@ async def einsum_program(
     Raises:
         TypeError: ``subscripts`` is not a str; the operands mix arrays and shapes; shapes
             without ``dtype=``; an operand neither an array nor a tuple or list of Python ints;
-            ``dtype`` is not a dtype NumPy knows (NumPy's "data type not understood").
+            ``dtype`` is not a dtype NumPy knows (NumPy's "data type not understood");
+            ``batched`` is not a sequence of ints.
         ValueError: No operands; arrays of more than one dtype, or not of ``dtype``; arrays on
             more than one device; ``semiring`` is not one of ``SEMIRINGS``, or ``dtype`` is not
-            one it takes; what ``einsum_plan`` refuses (see there).
+            one it takes; what ``einsum_plan`` refuses (see there); ``batch`` is not a positive
+            int; ``batched`` names an operand twice, none, or one that is not there.
         ValueError: The plan is sliced (``memory_limit=``, or cotengra's ``slicing_opts``: pass
             it to ``einsum`` instead); an index has size 0 (the result is the semiring's zero:
             call ``einsum``); the output or an intermediate is larger than the device's memory,
@@ -807,6 +944,8 @@ async def einsum_program(
             dtype=dtype,
             device=device,
             compiler=compiler,
+            batch=batch,
+            batched=batched,
         )
     )
     assert program is not None  # (only_kept=False)
@@ -822,6 +961,8 @@ def einsum_program_sync(
     dtype: Any = None,
     device: int | None = None,
     compiler: Compiler | None = None,
+    batch: int | None = None,
+    batched: Sequence[int] | None = None,
 ) -> EinsumProgram:
     """``einsum_program`` for code that is not async: compile the program in this thread.
 
@@ -840,6 +981,8 @@ def einsum_program_sync(
             current device).
         compiler: The Compiler that fetches the kernels (default: aionvrtc's process-wide
             Compiler).
+        batch: A program over a batch of this many queries (see ``einsum_program``).
+        batched: With ``batch``, the positions of the operands that vary (None: all).
 
     Returns:
         As ``einsum_program``: the program, the cached one where it was asked for before.
@@ -866,6 +1009,8 @@ def einsum_program_sync(
             dtype=dtype,
             device=device,
             compiler=compiler,
+            batch=batch,
+            batched=batched,
         )
     )
     assert program is not None  # (only_kept=False)
@@ -883,6 +1028,8 @@ def make_program(
     device: int | None,
     compiler: Compiler | None,
     only_kept: bool = False,
+    batch: int | None = None,
+    batched: Sequence[int] | None = None,
 ) -> Work[EinsumProgram | None]:
     """The body of ``einsum_program`` and ``einsum_program_sync`` (see _twins); with
     ``only_kept``, None where the cache would not keep the program (past MAX_PROGRAM_BYTES): a
@@ -892,6 +1039,7 @@ def make_program(
     ring = lookup(semiring)
     shapes, kind, where = _arguments(operands, dtype, device)
     ring.check_dtype(kind)
+    asked = None if batch is None else check_batch(batch, batched, len(shapes))
     planned = yield from planned_for(subscripts, shapes, optimize)
     if planned.slicing is not None:  # a program holds every intermediate of the whole network
         raise ValueError(
@@ -900,7 +1048,13 @@ def make_program(
             "at once; pass the plan to einsum (optimize=plan), which replays one program per "
             "slice, or plan without memory_limit= or cotengra's slicing_opts"
         )
-    key = steps_key(planned, ring, kind, argmax=argmax, device=where, reuse=False)
+    queries = None
+    if asked is not None:  # the query's network over the batch, along the query's order
+        size, varying = asked
+        made, made_shapes, symbol = batched_network(planned, shapes, size, varying)
+        planned = yield from planned_for(made, made_shapes, list(planned.path))
+        queries = Batch(size, varying, symbol)
+    key = (steps_key(planned, ring, kind, argmax=argmax, device=where, reuse=False), queries)
     found = _cached(key)
     if found is not None:
         return found
@@ -914,7 +1068,7 @@ def make_program(
     *modules, gather, many = yield Fetch(_specs(steps, ring), where, compiler)
     # Preparing the launches and capturing them takes milliseconds to a second: off the loop.
     program = yield Offload(
-        functools.partial(EinsumProgram, steps, modules, gather, many, ring.name)
+        functools.partial(EinsumProgram, steps, modules, gather, many, ring.name, batch=queries)
     )
     _keep(key, program)
     return program  # type: ignore[no-any-return]

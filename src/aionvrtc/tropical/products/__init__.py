@@ -1,7 +1,8 @@
 """Tropical matrix products on CuPy arrays: the semirings and the shape classes that pick each
 product's kernel and tile, the kernels' specs, a product's plan (checked once per layout) and
 its packed launch, ``matmul`` and ``backward`` with their blocking twins, the ``Batcher`` that
-runs concurrent tasks' products as one launch, and autotuning.
+runs concurrent tasks' products as one launch (and the ``Joiner`` that groups their requests),
+and autotuning.
 
 The face of the products: ``aionvrtc.tropical`` re-exports the public names, and the rest of the
 package (tensor networks, the reference, tuning, torch) takes what it builds on from here: how
@@ -12,6 +13,7 @@ a call is run and its kernels fetched (``run_async``, ``Fetch``...), launches (`
 from ._batching import Batcher, BatcherStats
 from ._calls import backward, backward_sync, matmul, matmul_sync, warm, warm_specs
 from ._figures import MODEL_FIGURES, DeviceFigures, device_figures, known_figures, probe_spec
+from ._joining import Group, Joiner, Member
 from ._launching import Launch, OnDevice, Packed, launch
 from ._product_plan import Plan, batch_specs, choose, cupy_module, kernel_spec, plan
 from ._reference import CHUNK_ELEMENTS, MAX_BYTES, check_max_bytes, combine, max_bytes_bound
@@ -51,7 +53,10 @@ __all__ = [
     "BatcherStats",
     "DeviceFigures",
     "Fetch",
+    "Group",
+    "Joiner",
     "Launch",
+    "Member",
     "Offload",
     "OnDevice",
     "Packed",

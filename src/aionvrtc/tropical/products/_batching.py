@@ -14,20 +14,19 @@ alone (no other task asked since its last request) launches at once, as ``matmul
 from __future__ import annotations
 
 import functools
-import math
-import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import anyio.lowlevel
+import anyio.to_thread
 import numpy as np
 
 from ..._compiler import Compiler
-from ..._exceptions import AionvrtcError, QueueFull
+from ..._exceptions import AionvrtcError
 from ..._sync import on_default
 from ._calls import matmul, matmul_sync
+from ._joining import Group, Joiner, Member
 from ._launching import loaded, module
 from ._plan_cache import Product, find, planned_product, ready
 from ._product_plan import batch_specs, cupy_module
@@ -58,37 +57,6 @@ class BatcherStats:
     alone: int
     standins: int = 0
     rejected: int = 0
-
-
-class _Member:
-    __slots__ = ("a", "b", "error", "result")
-
-    def __init__(self, a: Any, b: Any) -> None:
-        self.a, self.b = a, b
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-
-class _Group:
-    __slots__ = ("done", "full", "members", "product", "semiring", "stream")
-
-    def __init__(self, product: Product, semiring: str, stream: Any) -> None:
-        self.product, self.semiring, self.stream = product, semiring, stream
-        self.members: list[_Member] = []
-        self.done = anyio.Event()  # set when every member has its result or error
-        self.full: anyio.Event | None = None  # set when max_batch have joined, if awaited
-
-
-def _current_task() -> int:
-    """The current task's id (not the task: a Batcher must not keep a finished one alive).
-    asyncio's current task is a C call; anyio's (for trio) builds an object per call."""
-    asyncio = sys.modules.get("asyncio")
-    if asyncio is not None:
-        try:
-            return id(asyncio.current_task())
-        except RuntimeError:  # no asyncio loop runs: trio
-            pass
-    return anyio.get_current_task().id
 
 
 class Batcher:
@@ -142,23 +110,24 @@ class Batcher:
         max_delay: float = 0.0,
         max_queue: int | None = None,
     ) -> None:
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
-        if max_queue is not None and (
-            isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1
-        ):
-            raise ValueError(f"max_queue must be a positive int or None, got {max_queue!r}")
-        if not isinstance(max_delay, int | float) or not 0 <= max_delay < math.inf:
-            raise ValueError(
-                f"max_delay must be a finite number of seconds >= 0, got {max_delay!r}"
-            )
         self._compiler = compiler
-        self.max_batch, self.max_delay, self.max_queue = max_batch, float(max_delay), max_queue
-        self._waiting = 0  # requests in the Batcher now: what max_queue bounds
-        self._rejected = 0
-        self._open: dict[tuple[Product, int], _Group] = {}
-        self._latest = -1  # the task of the latest request
+        self._joiner = Joiner("Batcher", max_batch, max_delay, max_queue)
         self._requests = self._launches = self._alone = self._standins = 0
+
+    @property
+    def max_batch(self) -> int:
+        """The most requests one launch serves."""
+        return self._joiner.max_batch
+
+    @property
+    def max_delay(self) -> float:
+        """Seconds a group stays open past one pass of the event loop."""
+        return self._joiner.max_delay
+
+    @property
+    def max_queue(self) -> int | None:
+        """The most requests that may wait at once (None: no bound)."""
+        return self._joiner.max_queue
 
     async def warm(
         self,
@@ -250,7 +219,7 @@ class Batcher:
             The counts of requests, launches and requests launched alone, as of now.
         """
         return BatcherStats(
-            self._requests, self._launches, self._alone, self._standins, self._rejected
+            self._requests, self._launches, self._alone, self._standins, self._joiner.rejected
         )
 
     async def matmul(
@@ -294,14 +263,8 @@ class Batcher:
                 kernel was being fetched, so the batch was not launched: ask again.
         """
         product, made = find(a, b, semiring, argmax=argmax, out=None, accumulate=False)
-        if self.max_queue is not None and self._waiting >= self.max_queue:
-            self._rejected += 1
-            raise QueueFull(
-                f"{self._waiting} requests are waiting in this Batcher (max_queue="
-                f"{self.max_queue}): this one was refused without queueing. Ask again later, "
-                "raise max_queue=, or lower max_delay= so that groups launch sooner"
-            )
-        self._waiting += 1
+        joiner = self._joiner
+        joiner.admit()
         try:
             self._requests += 1
             if product.launch is None or len(product.shape) != 2 or self.max_batch == 1:
@@ -311,78 +274,45 @@ class Batcher:
                 )
             if stream is None:
                 stream = cupy_module().cuda.get_current_stream(product.device)
-            handle = stream.ptr
-            key = (product, handle)
-            group = self._open.get(key)
-            previous, self._latest = self._latest, _current_task()
-            if group is None and previous == self._latest:
-                # Alone: nobody else asked since this task's last request.
+            key = (product, stream.ptr)
+            if joiner.alone(key):
                 self._alone += 1
                 self._launches += 1
                 c, index = made if made is not None else product.outputs(None)
                 await self._run(product, (a, b, c, index), stream)
                 return (c, index) if argmax else c
-            member = _Member(a, b)
-            if group is not None:
-                group.members.append(member)
-                if len(group.members) >= self.max_batch:
-                    del self._open[key]  # full: the next request opens another
-                    if group.full is not None:
-                        group.full.set()
-                await group.done.wait()
-            else:
-                group = self._open[key] = _Group(product, semiring, stream)
-                group.members.append(member)
-                await self._lead(key, group)
+            member = Member((a, b))
+            await joiner.join(key, member, lambda: (product, semiring, stream), self._launch)
             if member.error is not None:
                 raise member.error
             return member.result
         finally:
-            self._waiting -= 1
+            joiner.waiting -= 1
 
-    async def _lead(self, key: tuple[Product, int], group: _Group) -> None:
-        """Let the tasks that are ready join, then launch the group (also when this task is
-        cancelled meanwhile: the others are waiting for it)."""
-        try:
-            # The tasks ready now ask in the next pass of the event loop (asyncio runs them in
-            # the order they woke; trio shuffles each batch, so a second pass where some came).
-            for _ in range(2):
-                joined = len(group.members)
-                await anyio.lowlevel.checkpoint()
-                if len(group.members) in (joined, self.max_batch):
-                    break
-            if self.max_delay and len(group.members) < self.max_batch:
-                group.full = anyio.Event()
-                with anyio.move_on_after(self.max_delay):
-                    await group.full.wait()
-        finally:
-            if self._open.get(key) is group:
-                del self._open[key]
-            with anyio.CancelScope(shield=True):
-                await self._launch(group)
-
-    async def _launch(self, group: _Group) -> None:
+    async def _launch(self, group: Group[tuple[Product, str, Any]]) -> None:
         members = group.members
+        product, semiring, stream = group.about
         try:
             self._launches += 1
             if len(members) == 1:
                 (member,) = members
-                c, index = group.product.outputs(None)
-                await self._run(group.product, (member.a, member.b, c, index), group.stream)
-                member.result = (c, index) if group.product.argmax else c
+                c, index = product.outputs(None)
+                await self._run(product, (*member.asked, c, index), stream)
+                member.result = (c, index) if product.argmax else c
                 return
             cupy = cupy_module()
-            with cupy.cuda.Device(group.product.device), group.stream:
-                a = _gather([m.a for m in members])
+            with cupy.cuda.Device(product.device), stream:
+                a = _gather([m.asked[0] for m in members])
                 # A squaring's B is its A: stacked once.
-                b = a if all(m.b is m.a for m in members) else _gather([m.b for m in members])
+                same = all(m.asked[1] is m.asked[0] for m in members)
+                b = a if same else _gather([m.asked[1] for m in members])
             if a.ndim == 2 and b.ndim == 2:
                 # All ask for the same product: each still gets a result of its own.
                 a = cupy.ndarray((len(members), *a.shape), a.dtype, a.data, strides=(0, *a.strides))
-            product, c, index = planned_product(
-                a, b, group.semiring, argmax=group.product.argmax, out=None, accumulate=False
+            batched, c, index = planned_product(
+                a, b, semiring, argmax=product.argmax, out=None, accumulate=False
             )
-            await self._run(product, (a, b, c, index), group.stream)
+            await self._run(batched, (a, b, c, index), stream)
             values = _slices(c)
             if index is None:
                 for member, value in zip(members, values, strict=True):
@@ -402,8 +332,6 @@ class Batcher:
                     "cancelled while the kernel was being fetched; ask again"
                 )
             raise
-        finally:
-            group.done.set()
 
     async def _run(self, product: Product, operands: Any, stream: Any) -> None:
         launch = product.launch

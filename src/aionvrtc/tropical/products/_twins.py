@@ -10,14 +10,16 @@ costs a generator's creation over calling it directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
+import anyio.to_thread
 
 from ..._cuda import synchronize
 from ..._spec import KernelSpec
+from ..._sync import on_default
 from ._launching import first_error, loaded, module, module_sync
 
 if TYPE_CHECKING:
@@ -59,13 +61,17 @@ Request = Fetch | Offload | Wait
 Work = Generator[Request, Any, _T]
 
 
-async def run_async(work: Work[_T]) -> _T:
-    """Drive ``work`` from a task: fetches are concurrent, offloads run in worker threads."""
+async def run_async(work: Work[_T], *, ahead: bool = False) -> _T:
+    """Drive ``work`` from a task: fetches are concurrent, offloads run in worker threads.
+    ``ahead``: the work is a warm-up, its kernels fetched by ``Compiler.warm`` (never a hot
+    compile: see ``Compiler.start_serving``)."""
     try:
         request = next(work)
         while True:
             try:
                 if isinstance(request, Fetch):
+                    if ahead:
+                        await warm_modules(request.specs, request.device, request.compiler)
                     answer: Any = await fetch_modules(
                         request.specs, request.device, request.compiler
                     )
@@ -129,6 +135,18 @@ async def fetch_modules(
     except ExceptionGroup as group:
         raise first_error(group) from None
     return found  # type: ignore[return-value]
+
+
+async def warm_modules(specs: Sequence[KernelSpec], device: int, compiler: Compiler | None) -> int:
+    """Compile and load ``specs`` on ``device`` as a warm-up (``Compiler.warm``), through
+    ``compiler`` or on the process-wide one's own loop; how many are loaded."""
+    if compiler is not None:
+        return await compiler.warm(specs, device=device)
+
+    def warm(default: Compiler) -> Awaitable[int]:
+        return default.warm(specs, device=device)
+
+    return await anyio.to_thread.run_sync(on_default, warm)
 
 
 def fetch_modules_sync(

@@ -1,0 +1,321 @@
+"""tropical.ProgramBatcher: concurrent calls of one compiled program joined into one replay of a
+batched program, as ``Batcher`` joins products.
+
+A server answering queries on one network (a graph's weighted independent set, each query with
+its own weights) calls one ``EinsumProgram`` from many tasks; each replay is a few microseconds
+of the GPU's time behind tens of the host's. Joined, the queries of a moment run as one replay
+of the network over a batch (``einsum_program(..., batch=)``, as JAX's ``vmap`` batches a
+function): each operand that differs between them gathered from its own query, the others read
+once. Batched programs are made for powers of two up to ``max_batch`` (and ``max_batch``), a
+group padded up to the next, as vLLM pads a batch to the sizes it captured.
+
+A batch whose program is not made yet never waits for it: its queries run one by one on the
+program itself while the batched one is planned, compiled (a warm-up, never a hot compile) and
+captured in the background; ``warm`` makes them all ahead.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+
+from ..._compiler import Compiler
+from ..._exceptions import AionvrtcError
+from ..products import Group, Joiner, Member, run_async
+from ._programs import EinsumProgram, make_program
+from ._runs import resolved_stream
+
+__all__ = ["ProgramBatcher", "ProgramBatcherStats"]
+
+log = logging.getLogger("aionvrtc.tropical")
+
+# A batched program whose making failed for a passing reason is made again after this long.
+RETRY_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramBatcherStats:
+    """What a ProgramBatcher has done, counted since it was made (``ProgramBatcher.stats``).
+
+    Attributes:
+        requests: Calls of ``ProgramBatcher.run``, not counting those refused as invalid.
+        replays: Replays made for them: a batch of many calls is one replay of a batched
+            program, any other call one of the program itself.
+        alone: Calls run at once because no other task had called since the same task's
+            previous call.
+        standins: Calls of a batch run one by one on the program itself because the batched
+            program of their size was not made yet (it is made meanwhile, in the background).
+        rejected: Calls refused with ``QueueFull`` because ``max_queue`` were waiting (not
+            counted in ``requests``).
+        padded: Queries' places in batched replays that no call filled (a group of 37 runs in
+            the program of 64: 27 padded).
+    """
+
+    requests: int
+    replays: int
+    alone: int
+    standins: int
+    rejected: int
+    padded: int
+
+
+class _Failed:
+    __slots__ = ("at", "error")
+
+    def __init__(self, error: BaseException) -> None:
+        self.at, self.error = time.monotonic(), error
+
+
+class ProgramBatcher:
+    """Calls of ``program`` by concurrent tasks within a moment, run as one batched replay.
+
+    ``await batcher.run(*operands)`` returns what ``program.run(*operands)`` would: the result
+    (a view into the batch's result: ``.copy()`` it to keep only its own), or with a program
+    made with ``argmax=True`` the pair (result, assignment). Calls on one stream that tasks
+    make while a group is open join it, up to ``max_batch`` (see ``Batcher`` for the group's
+    rules: one pass of the event loop, ``max_delay``, ``max_queue``). A group's operands that
+    are the same array in every call are read once (shared); the others are each call's own.
+
+    Args:
+        program: The program whose calls are joined (``einsum_program``; not a batched one).
+        compiler: The Compiler that fetches the batched programs' kernels. Default:
+            aionvrtc's process-wide Compiler.
+        max_batch: The most calls one replay serves (1: each run alone).
+        max_delay: Seconds a group stays open past one pass of the event loop (0: not at
+            all).
+        max_queue: The most calls that may wait at once; one more is refused with
+            ``QueueFull`` at once. None: no bound.
+
+    Attributes:
+        program: The program.
+        sizes: The batch sizes of the batched programs, ascending: powers of two below
+            ``max_batch``, then ``max_batch``.
+
+    Raises:
+        TypeError: ``program`` is not an ``EinsumProgram``.
+        ValueError: ``program`` is batched already; or a bound is not what ``Batcher`` takes.
+    """
+
+    def __init__(
+        self,
+        program: EinsumProgram,
+        *,
+        compiler: Compiler | None = None,
+        max_batch: int = 64,
+        max_delay: float = 0.0,
+        max_queue: int | None = None,
+    ) -> None:
+        if not isinstance(program, EinsumProgram):
+            raise TypeError(
+                f"ProgramBatcher takes an EinsumProgram (from einsum_program), not "
+                f"{type(program).__name__}"
+            )
+        if program.batch is not None:
+            raise ValueError(
+                f"ProgramBatcher takes the program of one query, and this one is batched "
+                f"(batch={program.batch}); make it without batch="
+            )
+        self.program = program
+        self._compiler = compiler
+        self._joiner = Joiner("ProgramBatcher", max_batch, max_delay, max_queue)
+        self.sizes = tuple(
+            sorted({1 << n for n in range(max_batch.bit_length()) if 1 << n < max_batch}
+                   | {max_batch})
+        )  # fmt: skip
+        # Batched programs by (varying operands, size): made, being made (None), or failed.
+        self._made: dict[tuple[tuple[int, ...], int], EinsumProgram | _Failed | None] = {}
+        self._requests = self._replays = self._alone = self._standins = self._padded = 0
+
+    def stats(self) -> ProgramBatcherStats:
+        """What this ProgramBatcher has done so far.
+
+        Returns:
+            The counts of calls, replays, calls run alone or one by one, refused and padded.
+        """
+        return ProgramBatcherStats(
+            self._requests, self._replays, self._alone, self._standins, self._joiner.rejected,
+            self._padded,
+        )  # fmt: skip
+
+    async def warm(self, batched: Sequence[int] | None = None) -> int:
+        """Make, ahead of serving, the batched program of every size in ``sizes`` (a warm-up:
+        its kernels never a hot compile), as Triton runs a model's warm-up before it reports
+        ready.
+
+        Args:
+            batched: The positions of the operands that vary from call to call (the others
+                being the same arrays in every call). None: all of them.
+
+        Returns:
+            How many batched programs are made (``len(sizes)``, less 1: a group of one runs
+            on the program itself).
+
+        Raises:
+            As ``einsum_program`` raises: a kernel that cannot be fetched, a batched program
+            past the device's memory.
+        """
+        varying = tuple(range(len(self.program.inputs)) if batched is None else sorted(batched))
+        made = 0
+        for size in self.sizes:
+            if size > 1:
+                self._made[varying, size] = await self._make(varying, size)
+                made += 1
+        return made
+
+    async def run(self, *operands: Any, stream: Any = None) -> Any:
+        """``program.run(*operands)``, replayed with the calls that other tasks make at the
+        same moment (see ProgramBatcher).
+
+        Args:
+            *operands: One query's operands, as ``program.run`` takes them (all of them).
+            stream: The CuPy stream to enqueue on; only calls of one stream share a replay.
+                Default: CuPy's current stream of the program's device.
+
+        Returns:
+            As ``program.run``: the result, or with ``argmax=True`` the pair (result,
+            assignment).
+
+        Raises:
+            TypeError: An operand is not a ``cupy.ndarray``; raised in this task, before the
+                call joins a group.
+            ValueError: The operands are not the program's (count, dtype, shape, device);
+                raised in this task, before the call joins a group.
+            QueueFull: ``max_queue`` calls are waiting; raised at once.
+            cupy.cuda.memory.OutOfMemoryError: No memory left for a result or an operand's
+                contiguous copy; it reaches every call of the group.
+        """
+        program = self.program
+        if not operands:
+            raise ValueError(
+                "ProgramBatcher.run takes a query's operands (a call without operands reads "
+                "the program's bound inputs: call program.run() for that)"
+            )
+        program.check(operands)
+        joiner = self._joiner
+        joiner.admit()
+        try:
+            self._requests += 1
+            stream = resolved_stream(program.device, stream)
+            key: Hashable = stream.ptr
+            if joiner.max_batch == 1 or joiner.alone(key):
+                self._alone += 1
+                self._replays += 1
+                return await program.run(*operands, stream=stream)
+            member = Member(operands)
+            await joiner.join(key, member, lambda: stream, self._launch)
+            if member.error is not None:
+                raise member.error
+            return member.result
+        finally:
+            joiner.waiting -= 1
+
+    async def _launch(self, group: Group[Any]) -> None:
+        members, stream = group.members, group.about
+        program = self.program
+        try:
+            if len(members) == 1:
+                self._replays += 1
+                members[0].result = await program.run(*members[0].asked, stream=stream)
+                return
+            first = members[0].asked
+            varying = tuple(
+                i for i in range(len(first)) if any(m.asked[i] is not first[i] for m in members)
+            ) or (0,)  # (all the same query: each still gets a result of its own)
+            size = next(s for s in self.sizes if s >= len(members))
+            batched = self._ready(varying, size)
+            if batched is None:  # one by one on the program, while the batched one is made
+                self._standins += len(members)
+                for member in members:
+                    self._replays += 1
+                    member.result = await program.run(*member.asked, stream=stream)
+                return
+            self._replays += 1
+            self._padded += size - len(members)
+            done = await batched.run_members([m.asked for m in members], stream)
+            if program.argmax:
+                result, found = done
+                for q, member in enumerate(members):
+                    member.result = (result[q], {name: _at(at, q) for name, at in found.items()})
+            else:
+                for q, member in enumerate(members):
+                    member.result = done[q]
+        except Exception as exc:  # each member raises it: the replay was theirs
+            for member in members:
+                member.error = exc
+        except BaseException:
+            for member in members:
+                member.error = AionvrtcError(
+                    "the batched replay of this program was interrupted: its leading task was "
+                    "cancelled; ask again"
+                )
+            raise
+
+    def _ready(self, varying: tuple[int, ...], size: int) -> EinsumProgram | None:
+        """The batched program of ``varying`` and ``size`` where made; else None, and it is
+        made in the background (once; again after RETRY_SECONDS where that failed)."""
+        key = (varying, size)
+        found = self._made.get(key, False)
+        if isinstance(found, EinsumProgram):
+            return found
+        if found is None or (
+            isinstance(found, _Failed) and time.monotonic() - found.at < RETRY_SECONDS
+        ):
+            return None  # being made, or failed a moment ago
+        self._made[key] = None
+        token = anyio.lowlevel.current_token()
+        threading.Thread(
+            target=self._make_in_background, args=(key, token), daemon=True,
+            name=f"aionvrtc batched program x{size}",
+        ).start()  # fmt: skip
+        return None
+
+    def _make_in_background(self, key: tuple[tuple[int, ...], int], token: Any) -> None:
+        """Make a batched program on the caller's event loop (through ``token``), from a
+        thread of its own: the loop goes on serving meanwhile, and nothing awaits it."""
+        try:
+            made: EinsumProgram | _Failed = anyio.from_thread.run(
+                functools.partial(self._make, *key), token=token
+            )
+        except BaseException as exc:  # (the loop ending, a kernel that cannot compile)
+            log.warning(
+                "the batched program of %d queries of %s could not be made; its queries run "
+                "one by one: %s", key[1], self.program.plan.subscripts, exc,
+            )  # fmt: skip
+            made = _Failed(exc)
+        self._made[key] = made
+
+    async def _make(self, varying: tuple[int, ...], size: int) -> EinsumProgram:
+        program = self.program
+        made = await run_async(
+            make_program(
+                program.plan.subscripts, [x.shape for x in program.inputs],
+                semiring=program.semiring, argmax=program.argmax, optimize=program.plan,
+                dtype=program.dtype, device=program.device, compiler=self._compiler,
+                batch=size, batched=varying,
+            ),
+            ahead=True,
+        )  # fmt: skip
+        assert made is not None  # (only_kept=False)
+        return made
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"<ProgramBatcher max_batch={self._joiner.max_batch} of {self.program!r}: "
+            f"{s.requests} calls in {s.replays} replays>"
+        )
+
+
+def _at(at: Any, query: int) -> Any:
+    """A query's value of an index from the batch's array of it: an int for a scalar query."""
+    value = at[query]
+    return int(value) if getattr(value, "ndim", 0) == 0 else value
