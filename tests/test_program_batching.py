@@ -236,5 +236,5 @@ async def test_a_cancelled_leader_still_launches_its_group() -> None:
             tasks.start_soon(ask, n)
         await anyio.wait_all_tasks_blocked()  # they joined
         scopes[0].cancel()
-    assert launched == [[0, 1, 2]]
+    assert [sorted(g) for g in launched] == [[0, 1, 2]]  # (trio wakes tasks in any order)
     assert got == {0: 0, 1: 1, 2: 2}
