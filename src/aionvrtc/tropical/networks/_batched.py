@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import opt_einsum
 
 from ._plan import EinsumPlan
@@ -31,7 +32,7 @@ def check_batch(batch: Any, batched: Any, count: int) -> tuple[int, tuple[int, .
             f"{type(batched).__name__}"
         ) from None
     for position in positions:
-        if isinstance(position, bool) or not isinstance(position, int):
+        if isinstance(position, bool | np.bool_) or not isinstance(position, int | np.integer):
             raise TypeError(f"batched holds operand positions (ints), not {position!r}")
         if not 0 <= position < count:
             raise ValueError(
@@ -41,7 +42,7 @@ def check_batch(batch: Any, batched: Any, count: int) -> tuple[int, tuple[int, .
         raise ValueError(
             f"batched must name each varying operand once, and at least one; got {positions}"
         )
-    return batch, tuple(sorted(positions))
+    return batch, tuple(sorted(int(p) for p in positions))
 
 
 def batched_network(

@@ -135,6 +135,11 @@ class ProgramBatcher:
         self._made: dict[tuple[tuple[int, ...], int], EinsumProgram | _Failed | None] = {}
         self._requests = self._replays = self._alone = self._standins = self._padded = 0
 
+    @property
+    def programs(self) -> dict[tuple[tuple[int, ...], int], EinsumProgram]:
+        """The batched programs made so far, by (the varying operands' positions, size)."""
+        return {k: p for k, p in self._made.items() if isinstance(p, EinsumProgram)}
+
     def stats(self) -> ProgramBatcherStats:
         """What this ProgramBatcher has done so far.
 

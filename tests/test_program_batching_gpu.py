@@ -1,0 +1,224 @@
+"""Batched programs and joined calls on the GPU: a batched program's replay (stacked operands,
+and each query's own through ``run_members``) against each query run alone on the program of
+one, for every semiring and dtype, with the assignments; and ``ProgramBatcher`` under bursts of
+concurrent tasks on asyncio and trio, warmed and cold, against each call's own answer."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from aionvrtc import Compiler, QueueFull, tropical
+
+from .support.einsum import (
+    ARGMAX_CASES,
+    CASES,
+    IDS,
+    assert_same,
+    check_assignment,
+    kings_graph,
+    network_values,
+    random_network,
+    tensors,
+)
+from .support.tropical_data import gpu, host
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _fresh_programs() -> Any:
+    tropical.clear_programs()
+    yield
+    tropical.clear_programs()
+
+
+def weighted_kings(
+    rng: np.random.Generator, side: int, ring: str, dtype: str, queries: int
+) -> tuple[str, list[tuple[int, ...]], list[Any], list[int], list[list[Any]]]:
+    """A side x side king's graph's network, its path, the vertices' positions, and
+    ``queries`` sets of operands: each query's own vertex tensors, the edges' shared (the
+    same CuPy arrays in every query)."""
+    subscripts, shapes, path = kings_graph(side)
+    vertices = [i for i, shape in enumerate(shapes) if len(shape) == 1]
+    shared = [gpu(x) for x in network_values(rng, ring, dtype, shapes)]
+    made = []
+    for _ in range(queries):
+        own = network_values(rng, ring, dtype, shapes)
+        made.append([gpu(own[i]) if i in vertices else shared[i] for i in range(len(shapes))])
+    return subscripts, shapes, path, vertices, made
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_a_batched_program_gives_each_query_its_own_answer(
+    ring: str, dtype: Any, rng: np.random.Generator
+) -> None:
+    for _ in range(2):
+        subscripts, shapes = random_network(rng, int(rng.integers(6, 10)), int(rng.integers(5, 8)))
+        inputs = subscripts.partition("->")[0]
+        subscripts = f"{inputs}->{rng.choice(sorted(set(inputs) - {','}))}"  # an output index
+        size = int(rng.integers(2, 7))
+        chosen = rng.choice(len(shapes), size=int(rng.integers(1, 3)), replace=False)
+        varying = sorted(int(v) for v in chosen)
+        one = tropical.einsum_program_sync(subscripts, *shapes, dtype=dtype, semiring=ring)
+        batched = tropical.einsum_program_sync(
+            subscripts, *shapes, dtype=dtype, semiring=ring, batch=size, batched=varying,
+            optimize=one.plan,
+        )  # fmt: skip
+        assert (batched.batch, batched.batched) == (size, tuple(varying))
+        assert [x.shape for x in batched.inputs] == [
+            (size, *s) if i in varying else s for i, s in enumerate(shapes)
+        ]
+        shared = tensors(rng, ring, dtype, shapes)
+        queries = [
+            [x if i not in varying else y for i, (x, y) in
+             enumerate(zip(shared, tensors(rng, ring, dtype, shapes), strict=True))]
+            for _ in range(size)
+        ]  # fmt: skip
+        stacked = [
+            gpu(np.stack([q[i] for q in queries])) if i in varying else gpu(shared[i])
+            for i in range(len(shapes))
+        ]
+        got = batched.run_sync(*stacked)
+        assert got.shape == (size, *one.shape)
+        for number, query in enumerate(queries):
+            what = f"{ring} {dtype} {subscripts} query {number}"
+            assert_same(got[number], host(one.run_sync(*map(gpu, query))), what)
+        # Each query's own arrays, gathered one by one: the same.
+        members = [[gpu(x) for x in q] for q in queries]
+        again = anyio.run(batched.run_members, members[:-1])  # a short batch: the last padded
+        for number in range(size - 1):
+            assert_same(again[number], host(got[number]), f"{ring} {dtype} run_members")
+
+
+@pytest.mark.parametrize(("ring", "dtype"), ARGMAX_CASES)
+def test_a_batched_program_finds_each_query_s_assignment(
+    ring: str, dtype: str, rng: np.random.Generator
+) -> None:
+    subscripts, shapes, path, vertices, queries = weighted_kings(rng, 5, ring, dtype, 6)
+    batched = tropical.einsum_program_sync(
+        subscripts, *shapes, dtype=dtype, semiring=ring, argmax=True, batch=8, batched=vertices,
+        optimize=path,
+    )  # fmt: skip
+    value, found = anyio.run(batched.run_members, queries)
+    assert value.shape == (8,)
+    assert sorted(found) == sorted(set(subscripts.partition("->")[0]) - {","})
+    for number, query in enumerate(queries):
+        want = tropical.reference.einsum(subscripts, *map(host, query), semiring=ring)
+        assert host(value[number]) == want
+        own = {name: int(at[number]) for name, at in found.items()}
+        check_assignment(subscripts, [host(x) for x in query], ring, want, own)
+
+
+async def _burst(batcher: tropical.ProgramBatcher, queries: list[list[Any]]) -> list[Any]:
+    answers: list[Any] = [None] * len(queries)
+
+    async def ask(number: int) -> None:
+        answers[number] = await batcher.run(*queries[number])
+
+    async with anyio.create_task_group() as tasks:
+        for number in range(len(queries)):
+            tasks.start_soon(ask, number)
+    return answers
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(("ring", "dtype"), [("maxplus", "float32"), ("minplus", "int64")])
+async def test_concurrent_calls_are_joined_into_batched_replays(
+    ring: str, dtype: str, rng: np.random.Generator
+) -> None:
+    subscripts, shapes, path, vertices, queries = weighted_kings(rng, 6, ring, dtype, 40)
+    program = await tropical.einsum_program(
+        subscripts, *shapes, dtype=dtype, semiring=ring, argmax=True, optimize=path
+    )
+    batcher = tropical.ProgramBatcher(program, max_batch=16)
+    assert batcher.sizes == (1, 2, 4, 8, 16)
+    assert await batcher.warm(batched=vertices) == 4
+    answers = await _burst(batcher, queries)
+    stats = batcher.stats()
+    assert stats.requests == 40
+    assert stats.standins == 0
+    assert stats.replays < 40 // 2  # joined: groups of up to 16
+    for query, (value, assignment) in zip(queries, answers, strict=True):
+        want = tropical.reference.einsum(subscripts, *map(host, query), semiring=ring)
+        assert host(value) == want
+        check_assignment(subscripts, [host(x) for x in query], ring, want, assignment)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_cold_batch_runs_one_by_one_while_its_program_is_made(
+    rng: np.random.Generator,
+) -> None:
+    subscripts, shapes, path, vertices, queries = weighted_kings(rng, 4, "maxplus", "float32", 12)
+    async with Compiler() as compiler:
+        program = await tropical.einsum_program(
+            subscripts, *shapes, dtype="float32", optimize=path, compiler=compiler
+        )
+        compiler.start_serving("error")  # the batched program's kernels: never a hot compile
+        batcher = tropical.ProgramBatcher(program, compiler=compiler, max_batch=16)
+        first = await _burst(batcher, queries)
+        assert batcher.stats().standins == 12  # one by one: the program of 16 is not made
+        for _ in range(600):  # made in the background, meanwhile
+            if _made(batcher, 16):
+                break
+            await anyio.sleep(0.05)
+        again = await _burst(batcher, queries)
+        stats = batcher.stats()
+        assert stats.standins == 12  # the second burst: one replay of the batched program
+        assert stats.replays == 12 + 1
+        assert stats.padded == 4
+        assert compiler.stats().hot_compiles == 0
+        ((varying, size),) = batcher.programs
+        assert (varying, size) == (tuple(vertices), 16)
+    for query, a, b in zip(queries, first, again, strict=True):
+        want = tropical.reference.einsum(subscripts, *map(host, query))
+        assert host(a) == want
+        assert host(b) == want
+
+
+def _made(batcher: tropical.ProgramBatcher, size: int) -> bool:
+    """Whether the batched program of ``size`` is made (for any varying operands)."""
+    return any(made == size for _, made in batcher.programs)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_bad_calls_are_refused_in_their_own_task(rng: np.random.Generator) -> None:
+    import cupy
+
+    program = await tropical.einsum_program("ij,jk->", (4, 5), (5, 6), dtype="float32")
+    batcher = tropical.ProgramBatcher(program, max_queue=1)
+    with pytest.raises(ValueError, match=re.escape("this einsum program takes 2 operands")):
+        await batcher.run(cupy.ones((4, 5), cupy.float32))
+    message = (
+        "einsum program operand 1 must be float32 of shape (5, 6) on device 0 (as the program "
+        "was made), got float64 of shape (5, 6) on device 0; make a program for these with "
+        "einsum_program"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        await batcher.run(cupy.ones((4, 5), cupy.float32), cupy.ones((5, 6), cupy.float64))
+    with pytest.raises(TypeError, match="ProgramBatcher takes an EinsumProgram"):
+        tropical.ProgramBatcher("ij,jk->")  # type: ignore[arg-type]
+    batched = await tropical.einsum_program("ij,jk->", (4, 5), (5, 6), dtype="float32", batch=2)
+    with pytest.raises(ValueError, match=re.escape("this one is batched (batch=2)")):
+        tropical.ProgramBatcher(batched)
+    refused = 0
+
+    async def ask() -> None:
+        nonlocal refused
+        try:
+            await batcher.run(cupy.ones((4, 5), cupy.float32), cupy.ones((5, 6), cupy.float32))
+        except QueueFull:
+            refused += 1
+
+    async with anyio.create_task_group() as tasks:
+        for _ in range(4):
+            tasks.start_soon(ask)
+    assert refused == 3
+    assert batcher.stats().rejected == 3
