@@ -25,8 +25,14 @@ from aionvrtc.tropical.networks._backtrace import (
 from aionvrtc.tropical.networks._batched import batched_network, check_batch
 from aionvrtc.tropical.products import Group, Joiner, Member
 
-from .support.einsum import ARGMAX_CASES, check_assignment, kings_graph, network_values
-from .test_tropical_einsum_plan import Trace, run_plan
+from .support.einsum import (
+    ARGMAX_CASES,
+    Trace,
+    check_assignment,
+    kings_graph,
+    network_values,
+    run_plan,
+)
 
 
 def test_a_batched_network_leads_the_varying_operands_and_the_result_with_the_batch() -> None:

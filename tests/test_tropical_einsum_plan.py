@@ -6,7 +6,6 @@ over its own strided views, and the kernels a plan names compiled for sm_90 with
 from __future__ import annotations
 
 import itertools
-import math
 import re
 import string
 import time
@@ -34,7 +33,7 @@ from aionvrtc.tropical.networks._backtrace import (
     output_values,
 )
 from aionvrtc.tropical.networks._kernel_specs import backtrace_spec, einsum_spec, many_spec
-from aionvrtc.tropical.networks._terms import Step, Term, View, contiguous
+from aionvrtc.tropical.networks._terms import View, contiguous
 from aionvrtc.tropical.products._semirings import semiring as lookup
 
 from .support.einsum import (
@@ -44,6 +43,7 @@ from .support.einsum import (
     IDS,
     PETERSEN,
     Array,
+    Trace,
     check_assignment,
     expressions,
     independent_sets,
@@ -51,6 +51,7 @@ from .support.einsum import (
     network_values,
     random_network,
     relayout,
+    run_plan,
 )
 from .support.tropical_data import compile_each_for_sm_90
 
@@ -80,80 +81,6 @@ def small_values(ring: str, x: Array) -> Array:
     zero = SEMIRINGS[ring].zero(x.dtype)
     mapped = (x.astype(np.int64) % 201 - 100).astype(x.dtype)
     return np.where(x == zero, zero, mapped)
-
-
-def _as_strided(x: Array, shape: Sequence[int], strides: Sequence[int]) -> Array:
-    return np.lib.stride_tricks.as_strided(
-        x, shape=tuple(shape), strides=tuple(s * x.itemsize for s in strides), writeable=False
-    )
-
-
-def _axes(x: Array, term: Term, sizes: dict[str, int]) -> Array:
-    """``x`` with one axis per index of ``term``, read with the strides the plan says."""
-    return _as_strided(x, [sizes[i] for i in term.indices], term.strides)
-
-
-def _read(x: Array, term: Term, view: View, sizes: dict[str, int]) -> Array:
-    if view.copy is not None:
-        x = np.ascontiguousarray(
-            _axes(x, term, sizes).transpose([term.indices.index(i) for i in view.copy])
-        )
-    return _as_strided(x, view.shape, view.strides)
-
-
-def run_plan(
-    plan: EinsumPlan,
-    ring: str,
-    arrays: Sequence[Array],
-    trace: list[tuple[Step, Array, Array, Array]] | None = None,
-) -> Array:
-    """``plan`` run as the GPU runs it, step by step on the steps' strided 3-D views (copied
-    first where the plan copies), each product by ``reference.matmul``: a plan that reads the
-    wrong elements anywhere gives a wrong result. With ``trace``, each step's argmax (the
-    kernels' rule: the smallest k attaining the value, -1 for the zero) is appended to it, as
-    the GPU einsum records it for ``backtrace``, with the step's two 3-D operands."""
-    semiring = SEMIRINGS[ring]
-    dtype = arrays[0].dtype
-    sizes = dict(plan.sizes)
-    shape = tuple(sizes[i] for i in plan.output)
-    if 0 in sizes.values():
-        return np.full(shape, semiring.zero(dtype), dtype)
-    # Operands by number: the inputs, then each step's result.
-    live: dict[int, tuple[Array, Term]] = dict(enumerate(zip(arrays, plan.terms, strict=True)))
-    for step in plan.steps:
-        chosen = [live.pop(i) for i in step.operands]
-        if step.second is None:
-            assert len(chosen) == 1
-            (x, term), k = chosen[0], step.first.shape[2]
-            first = _read(x, term, step.first, sizes)
-            ones = np.full(k, semiring.one(dtype), dtype)
-            second = _as_strided(ones, (1, k, 1), (0, 1, 1))
-        else:
-            assert len(chosen) == 2
-            if step.swapped:
-                chosen.reverse()
-            first = _read(*chosen[0], step.first, sizes)
-            second = _read(*chosen[1], step.second, sizes)
-        # The groups are what the views merge: batch, m, k (and k, n) in that order.
-        b, m, k, n = (math.prod(sizes[i] for i in g) for g in (step.batch, step.m, step.k, step.n))
-        if step.split is not None:  # K cut in parts, the batch index of the partials
-            assert step.batch[0] == step.split  # then the batch indices, of size 1
-            k //= b
-        assert first.shape == (b, m, k), step
-        assert second.shape in ((b, k, n), (1, k, n)), step  # the ones broadcast over a batch
-        assert step.result == step.batch + step.m + step.n
-        if trace is None:
-            c = reference.matmul(first, second, ring)
-        else:
-            c, index = reference.matmul(first, second, ring, argmax=True)
-            trace.append((step, index, first, second))
-        c = np.ascontiguousarray(c)
-        result = c.reshape([sizes[i] for i in step.result])
-        strides = tuple(s // result.itemsize for s in result.strides)
-        live[step.number] = (result, Term(step.result, strides))
-    ((x, term),) = live.values()
-    order = [term.indices.index(i) for i in plan.output]
-    return _axes(x, term, sizes).transpose(order).copy()  # C order (a 0-d one stays 0-d)
 
 
 def random_operands(
@@ -839,9 +766,6 @@ def test_every_plan_reads_what_its_steps_say(ring: str, dtype: Any, data: st.Dat
 
 
 # -- the argmax's backtrace, on the host ------------------------------------------------------
-
-
-Trace = list[tuple[Step, Array, Array, Array]]
 
 
 def _follow(plan: EinsumPlan, trace: Trace, ring: str) -> dict[str, int]:

@@ -16,9 +16,11 @@ from hypothesis.extra import numpy as hnp
 
 from aionvrtc.tropical import (
     SEMIRINGS,
+    EinsumPlan,
     einsum_plan,
     reference,
 )
+from aionvrtc.tropical.networks._terms import Step, Term, View
 from aionvrtc.tropical.products import combine as _combine
 
 from .tropical_data import host
@@ -343,3 +345,82 @@ def brute_force(subscripts: str, operands: Sequence[np.ndarray[Any, Any]], ring:
         else:
             out[cell] = new if new < old else old
     return out
+
+
+# -- a plan run in NumPy, as the GPU runs it ---------------------------------------------------
+
+Trace = list[tuple[Step, Array, Array, Array]]
+
+
+def _as_strided(x: Array, shape: Sequence[int], strides: Sequence[int]) -> Array:
+    return np.lib.stride_tricks.as_strided(
+        x, shape=tuple(shape), strides=tuple(s * x.itemsize for s in strides), writeable=False
+    )
+
+
+def _axes(x: Array, term: Term, sizes: dict[str, int]) -> Array:
+    """``x`` with one axis per index of ``term``, read with the strides the plan says."""
+    return _as_strided(x, [sizes[i] for i in term.indices], term.strides)
+
+
+def _read_view(x: Array, term: Term, view: View, sizes: dict[str, int]) -> Array:
+    if view.copy is not None:
+        x = np.ascontiguousarray(
+            _axes(x, term, sizes).transpose([term.indices.index(i) for i in view.copy])
+        )
+    return _as_strided(x, view.shape, view.strides)
+
+
+def run_plan(
+    plan: EinsumPlan,
+    ring: str,
+    arrays: Sequence[Array],
+    trace: list[tuple[Step, Array, Array, Array]] | None = None,
+) -> Array:
+    """``plan`` run as the GPU runs it, step by step on the steps' strided 3-D views (copied
+    first where the plan copies), each product by ``reference.matmul``: a plan that reads the
+    wrong elements anywhere gives a wrong result. With ``trace``, each step's argmax (the
+    kernels' rule: the smallest k attaining the value, -1 for the zero) is appended to it, as
+    the GPU einsum records it for ``backtrace``, with the step's two 3-D operands."""
+    semiring = SEMIRINGS[ring]
+    dtype = arrays[0].dtype
+    sizes = dict(plan.sizes)
+    shape = tuple(sizes[i] for i in plan.output)
+    if 0 in sizes.values():
+        return np.full(shape, semiring.zero(dtype), dtype)
+    # Operands by number: the inputs, then each step's result.
+    live: dict[int, tuple[Array, Term]] = dict(enumerate(zip(arrays, plan.terms, strict=True)))
+    for step in plan.steps:
+        chosen = [live.pop(i) for i in step.operands]
+        if step.second is None:
+            assert len(chosen) == 1
+            (x, term), k = chosen[0], step.first.shape[2]
+            first = _read_view(x, term, step.first, sizes)
+            ones = np.full(k, semiring.one(dtype), dtype)
+            second = _as_strided(ones, (1, k, 1), (0, 1, 1))
+        else:
+            assert len(chosen) == 2
+            if step.swapped:
+                chosen.reverse()
+            first = _read_view(*chosen[0], step.first, sizes)
+            second = _read_view(*chosen[1], step.second, sizes)
+        # The groups are what the views merge: batch, m, k (and k, n) in that order.
+        b, m, k, n = (math.prod(sizes[i] for i in g) for g in (step.batch, step.m, step.k, step.n))
+        if step.split is not None:  # K cut in parts, the batch index of the partials
+            assert step.batch[0] == step.split  # then the batch indices, of size 1
+            k //= b
+        assert first.shape == (b, m, k), step
+        assert second.shape in ((b, k, n), (1, k, n)), step  # the ones broadcast over a batch
+        assert step.result == step.batch + step.m + step.n
+        if trace is None:
+            c = reference.matmul(first, second, ring)
+        else:
+            c, index = reference.matmul(first, second, ring, argmax=True)
+            trace.append((step, index, first, second))
+        c = np.ascontiguousarray(c)
+        result = c.reshape([sizes[i] for i in step.result])
+        strides = tuple(s // result.itemsize for s in result.strides)
+        live[step.number] = (result, Term(step.result, strides))
+    ((x, term),) = live.values()
+    order = [term.indices.index(i) for i in plan.output]
+    return _axes(x, term, sizes).transpose(order).copy()  # C order (a 0-d one stays 0-d)
