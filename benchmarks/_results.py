@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +47,16 @@ def use_fresh_nvrtc_cache(under: Path | str) -> None:
 async def trivial_coroutine(x: Any) -> Any:
     """The yardstick of hot-path latency: awaiting a coroutine that returns its argument."""
     return x
+
+
+def median_s(call: Any, repeats: int) -> float:
+    """Median seconds of ``call`` (which returns once the GPU's work is done)."""
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
 
 
 def gpu_facts() -> dict[str, Any]:

@@ -50,7 +50,7 @@ import numpy as np
 from aionvrtc import Compiler, tropical
 from aionvrtc.tropical.networks._runs import steps_for
 from aionvrtc.tropical.products import semiring as lookup
-from benchmarks._results import RESULTS, gpu_facts, write
+from benchmarks._results import RESULTS, gpu_facts, median_s, write
 from benchmarks.tropical_einsum import example
 
 PUBLISHED_PATHS = RESULTS / "tensor_network_published-paths.json"
@@ -108,16 +108,6 @@ def kernel_name(spec: Any) -> str:
     """A step kernel's name expression (its template and tile), shortened for a table."""
     name = " ".join(str(n) for n in spec.name_expressions) or str(getattr(spec, "name", "?"))
     return name.replace("unsigned ", "u").replace(", ", ",")
-
-
-def median_s(call: Any, repeats: int) -> float:
-    """Median seconds of ``call`` (which returns once the GPU's work is done)."""
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
 
 
 async def prepared(net: Any, compiler: Any) -> tuple[Any, ...]:

@@ -26,7 +26,6 @@ results/program_batching-<gpu>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._results import RESULTS, gpu_facts, write
+from benchmarks._results import RESULTS, gpu_facts, median_s, write
 from benchmarks.tropical_einsum import pairwise
 
 CHECKED = 4  # queries per row checked against the NumPy reference
@@ -85,17 +84,6 @@ async def served(run: Any, queries: list[list[Any]], tasks: int, argmax: bool) -
     }
 
 
-def per_batch(call: Any, repeats: int) -> float:
-    """The median seconds of ``call()`` (which reads its values back), after one warm-up."""
-    call()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
-
-
 def jax_row(
     plan: Any, stacked: list[Any], n: int, args: argparse.Namespace, check: Any
 ) -> dict[str, Any]:
@@ -118,7 +106,8 @@ def jax_row(
     def theirs() -> Any:
         return np.asarray(contract(*on_jax).block_until_ready())
 
-    seconds = per_batch(theirs, args.repeats)
+    theirs()  # (a warm-up)
+    seconds = median_s(theirs, args.repeats)
     return {"row": f"JAX jit(vmap), {args.tasks} stacked queries",
             "queries_per_second": args.tasks / seconds, "batch_ms": 1e3 * seconds,
             "first_seconds": jax_first}  # fmt: skip
@@ -194,7 +183,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     got = ours()
     check("batched program", [float(x) for x in got])
-    seconds = per_batch(ours, args.repeats)
+    seconds = median_s(ours, args.repeats)  # (ours() ran once: its check)
     rows.append({"row": f"batched program, {batch} stacked queries", "queries_per_second":
                  batch / seconds, "batch_ms": 1e3 * seconds})  # fmt: skip
 

@@ -52,6 +52,7 @@ from .support.einsum import (
     random_network,
     relayout,
     run_plan,
+    with_output,
 )
 from .support.tropical_data import compile_each_for_sm_90
 
@@ -931,10 +932,8 @@ def test_each_element_of_a_result_with_indices_has_an_assignment_that_attains_it
     elements = attained = 0
     for _ in range(12):
         subscripts, shapes = random_network(rng, int(rng.integers(6, 10)), int(rng.integers(6, 9)))
-        inputs = subscripts.partition("->")[0]
-        letters = sorted(set(inputs) - {","})
-        kept = "".join(rng.choice(letters, size=int(rng.integers(1, 3)), replace=False))
-        subscripts = f"{inputs}->{kept}"
+        subscripts = with_output(rng, subscripts)
+        inputs, kept = subscripts.split("->")
         operands = network_values(rng, ring, dtype, shapes)
         value, found = element_assignments(subscripts, operands, ring, rng)
         assert value.shape == tuple(

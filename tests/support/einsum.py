@@ -199,6 +199,15 @@ def random_network(
     return ",".join(terms) + "->", [tuple(sizes[c] for c in t) for t in terms]
 
 
+def with_output(rng: np.random.Generator, subscripts: str, most: int = 2) -> str:
+    """``subscripts`` of a scalar contraction with 1 to ``most`` of its indices kept in the
+    output (drawn from ``rng``)."""
+    inputs = subscripts.partition("->")[0]
+    letters = sorted(set(inputs) - {","})
+    kept = "".join(rng.choice(letters, size=int(rng.integers(1, most + 1)), replace=False))
+    return f"{inputs}->{kept}"
+
+
 def independent_sets(
     n: int, edges: Sequence[tuple[int, int]], ring: str, dtype: Any
 ) -> tuple[str, list[Array]]:

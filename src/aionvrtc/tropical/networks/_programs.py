@@ -500,8 +500,9 @@ class EinsumProgram:
                     pointers.append(x.data.ptr)
                 if i in batch.operands:  # (the rows past the last query read it again)
                     pointers += [pointers[-1]] * (batch.size - len(members))
-            if self._member_gathers is None:
-                self._member_gathers = self._gather_launches(self._member_rows(batch))
+            if self._member_gathers is None:  # (its tables written on the stream it runs on)
+                with stream:
+                    self._member_gathers = self._gather_launches(self._member_rows(batch))
             with self._lock:
                 result, host = self._launch(
                     (pointers, held), None, stream, self.output.nbytes, self._member_gathers
