@@ -121,6 +121,9 @@ class Joiner:
                 if group.full is not None:
                     group.full.set()
             await group.done.wait()
+            # No task's next request is alone after a group (a new task may take a finished
+            # one's id: it would be judged alone, the first of the next burst).
+            self._latest = -1
             return
         group = self._open[key] = Group(about())
         group.members.append(member)
@@ -144,3 +147,4 @@ class Joiner:
                     await launch(group)
                 finally:
                     group.done.set()
+                    self._latest = -1
