@@ -50,8 +50,8 @@ class ProgramBatcherStats:
         requests: Calls of ``ProgramBatcher.run``, not counting those refused as invalid.
         replays: Replays made for them: a batch of many calls is one replay of a batched
             program, any other call one of the program itself.
-        alone: Calls run at once because no other task had called since the same task's
-            previous call.
+        alone: Calls run at once on the program itself because no other task had called
+            since the same task's previous call (or ``max_batch`` is 1).
         standins: Calls of a batch run one by one on the program itself because the batched
             program of their size was not made yet (it is made meanwhile, in the background).
         rejected: Calls refused with ``QueueFull`` because ``max_queue`` were waiting (not
@@ -69,10 +69,14 @@ class ProgramBatcherStats:
 
 
 class _Failed:
-    __slots__ = ("at", "error")
+    """A batched program's making that failed: when, and whether for good (a ValueError or
+    TypeError: one past the device's memory, say, fails again)."""
+
+    __slots__ = ("at", "error", "lasting")
 
     def __init__(self, error: BaseException) -> None:
         self.at, self.error = time.monotonic(), error
+        self.lasting = isinstance(error, ValueError | TypeError)
 
 
 class ProgramBatcher:
@@ -87,8 +91,8 @@ class ProgramBatcher:
 
     Args:
         program: The program whose calls are joined (``einsum_program``; not a batched one).
-        compiler: The Compiler that fetches the batched programs' kernels. Default:
-            aionvrtc's process-wide Compiler.
+        compiler: The Compiler that fetches the batched programs' kernels: pass the one
+            ``program`` was made with. Default: aionvrtc's process-wide Compiler.
         max_batch: The most calls one replay serves (1: each run alone).
         max_delay: Seconds a group stays open past one pass of the event loop (0: not at
             all).
@@ -265,16 +269,23 @@ class ProgramBatcher:
             raise
 
     def _ready(self, varying: tuple[int, ...], size: int) -> EinsumProgram | None:
-        """The batched program of ``varying`` and ``size`` where made; else None, and it is
-        made in the background (once; again after RETRY_SECONDS where that failed)."""
+        """A batched program of ``size`` made for ``varying`` or more operands (one that
+        gathers an operand each query shares reads it again for each); else None, and the one
+        of ``varying`` is made in the background (once; again after RETRY_SECONDS where that
+        failed for a passing reason)."""
         key = (varying, size)
         found = self._made.get(key, False)
         if isinstance(found, EinsumProgram):
             return found
+        wanted = set(varying)
+        for (more, made_size), made in self._made.items():
+            if made_size == size and isinstance(made, EinsumProgram) and wanted <= set(more):
+                return made
         if found is None or (
-            isinstance(found, _Failed) and time.monotonic() - found.at < RETRY_SECONDS
+            isinstance(found, _Failed)
+            and (found.lasting or time.monotonic() - found.at < RETRY_SECONDS)
         ):
-            return None  # being made, or failed a moment ago
+            return None  # being made, or failed (for good, or a moment ago)
         self._made[key] = None
         token = anyio.lowlevel.current_token()
         threading.Thread(
@@ -287,16 +298,26 @@ class ProgramBatcher:
         """Make a batched program on the caller's event loop (through ``token``), from a
         thread of its own: the loop goes on serving meanwhile, and nothing awaits it."""
         try:
-            made: EinsumProgram | _Failed = anyio.from_thread.run(
-                functools.partial(self._make, *key), token=token
+            made: EinsumProgram | _Failed | None = anyio.from_thread.run(
+                functools.partial(self._make_unless_ended, *key), token=token
             )
-        except BaseException as exc:  # (the loop ending, a kernel that cannot compile)
+            if made is None:  # the loop ended meanwhile: nothing is left to serve
+                made = _Failed(AionvrtcError("the event loop ended while it was made"))
+        except BaseException as exc:  # (the loop gone, a kernel that cannot compile)
             log.warning(
                 "the batched program of %d queries of %s could not be made; its queries run "
                 "one by one: %s", key[1], self.program.plan.subscripts, exc,
             )  # fmt: skip
             made = _Failed(exc)
         self._made[key] = made
+
+    async def _make_unless_ended(self, varying: tuple[int, ...], size: int) -> EinsumProgram | None:
+        """``_make``, or None where it is cancelled: the loop is ending (a task of its own,
+        which nothing awaits: its cancellation would be reported as unhandled)."""
+        try:
+            return await self._make(varying, size)
+        except anyio.get_cancelled_exc_class():
+            return None
 
     async def _make(self, varying: tuple[int, ...], size: int) -> EinsumProgram:
         program = self.program
