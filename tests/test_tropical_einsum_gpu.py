@@ -596,8 +596,8 @@ def test_argmax_needs_a_result_of_few_elements_and_indices_that_are_not_empty() 
     a, b = cupy.ones((5000, 1), cupy.float32), cupy.ones((1, 5000), cupy.float32)
     message = (
         "einsum with argmax=True finds an assignment of all 3 indices for each of the "
-        "result's 25,000,000 elements (800,000,000 bytes), more than the 16,777,216 elements "
-        "it takes or the "
+        "result's 25,000,000 elements (800,000,000 bytes), more than it takes (16,777,216 "
+        "elements, 1,073,741,824 bytes, within the "
     )
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         tropical.einsum_sync("ij,jk->ik", a, b, argmax=True)

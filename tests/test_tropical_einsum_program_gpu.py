@@ -158,7 +158,7 @@ def test_bad_operands_are_refused_with_what_to_do() -> None:
         program.run_sync(np.ones((4, 5), np.float32), b)
     with pytest.raises(TypeError, match=re.escape("einsum_program of shapes needs dtype=")):
         tropical.einsum_program_sync("ij,jk->ik", (4, 5), (5, 6))
-    with pytest.raises(ValueError, match="more than the 16,777,216 elements it takes"):
+    with pytest.raises(ValueError, match=re.escape("more than it takes (16,777,216 elements")):
         tropical.einsum_program_sync("ij,jk->ik", (5000, 1), (1, 5000), dtype="float32",
                                      argmax=True)  # fmt: skip
     with pytest.raises(ValueError, match="index 'j' has size 0"):

@@ -111,8 +111,8 @@ async def einsum(
         ValueError: What the device cannot run: an output or intermediate larger than its
             memory; an operand copy of more than 32 axes that no view merges (pick another
             order). With ``argmax=True``: a sliced plan with output indices, more than
-            2**24 elements of the result (or their assignments larger than the
-            device's memory), an index of size 0, a product over more than 2**31 values of k,
+            2**24 elements of the result (or their assignments past 1 GiB or the device's
+            memory), an index of size 0, a product over more than 2**31 values of k,
             or the argmaxes that the walk back keeps (every step's, of one slice where sliced)
             larger than the device's memory.
         cupy.cuda.memory.OutOfMemoryError: The memory in use on the device leaves too little

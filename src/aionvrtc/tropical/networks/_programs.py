@@ -459,10 +459,10 @@ class EinsumProgram:
 
     async def run_members(self, members: Sequence[Sequence[Any]], stream: Any = None) -> Any:
         """One replay of a batched program for up to ``batch`` queries, each given as the
-        operands of the program before batching (``check`` them first: nothing is checked
-        here): each batched operand gathered from its own query (a query past the last is
-        the last again), the shared ones from the first. ``ProgramBatcher`` joins concurrent
-        calls this way.
+        operands of the program before batching (check them with that program's ``check``
+        first: nothing is checked here): each batched operand gathered from its own query (a
+        query past the last is the last again), the shared ones from the first.
+        ``ProgramBatcher`` joins concurrent calls this way.
 
         Args:
             members: The queries' operands, one sequence per query, 1 to ``batch`` of them.
@@ -537,7 +537,7 @@ class EinsumProgram:
         device (in any memory order: ``run`` copies one that is not C-contiguous).
 
         Args:
-            operands: One query's operands.
+            operands: The operands of one call (of a batched program: with the batch's axes).
 
         Raises:
             TypeError: An operand is not a ``cupy.ndarray``.
@@ -924,7 +924,8 @@ async def einsum_program(
             it to ``einsum`` instead); an index has size 0 (the result is the semiring's zero:
             call ``einsum``); the output or an intermediate is larger than the device's memory,
             or an operand copy has more than 32 axes that no view merges. With ``argmax=True``:
-            more than 2**24 elements of the result, a product over more than
+            more than 2**24 elements of the result (or their assignments past 1 GiB), a
+            product over more than
             2**31 values of k, or the argmaxes that the walk back keeps larger than the
             device's memory.
         cupy.cuda.memory.OutOfMemoryError: The device has not the program's ``nbytes`` free.

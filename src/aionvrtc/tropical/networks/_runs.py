@@ -20,7 +20,9 @@ from ._subscripts import check_dtypes, check_output
 
 __all__ = [
     "ARGMAX_MAX_K",
+    "KEPT_HOST_BYTES",
     "MAX_ASSIGNMENTS",
+    "MAX_ASSIGNMENT_BYTES",
     "assignment",
     "check_arrays",
     "check_out",
@@ -35,8 +37,11 @@ __all__ = [
 # over more than 2**31 values of k. (Everything else they index with 64-bit integers.)
 ARGMAX_MAX_K = 2**31
 # With argmax=True, an assignment for each element of the result: the backtrace's blocks, one
-# an element (a grid's x has at most 2**31 - 1), and host memory for them all.
+# an element (a grid's x has at most 2**31 - 1), and pinned host memory for them all, copied
+# back in one piece (a buffer of at most KEPT_HOST_BYTES is kept for the next call).
 MAX_ASSIGNMENTS = 2**24
+MAX_ASSIGNMENT_BYTES = 2**30
+KEPT_HOST_BYTES = 2**20
 
 
 def check_arrays(operands: Sequence[Any], semiring: str) -> tuple[Semiring, list[Any], int]:
@@ -115,7 +120,7 @@ def check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) ->
                 "or run without argmax"
             )
     if argmax:
-        check_elements(planned, limit, bound)
+        check_elements(planned, limit, f"the {limit:,} bytes of device {device}'s memory")
     kept = 4 * sum(step.size for step in planned.steps) if argmax else 0
     if kept > limit:  # the walk back reads every step's argmax: all are kept to the end
         raise ValueError(
@@ -131,12 +136,12 @@ def check_elements(planned: EinsumPlan, limit: int, bound: str) -> None:
     of the backtrace each, its int64 values copied back to the host)."""
     elements = math.prod(planned.sizes[i] for i in planned.output)
     nbytes = elements * (len(planned.sizes) + 1) * 8
-    if elements > MAX_ASSIGNMENTS or nbytes > limit:
+    if elements > MAX_ASSIGNMENTS or nbytes > min(limit, MAX_ASSIGNMENT_BYTES):
         raise ValueError(
             f"einsum with argmax=True finds an assignment of all {len(planned.sizes):,} "
             f"indices for each of the result's {elements:,} elements ({nbytes:,} bytes), more "
-            f"than the {MAX_ASSIGNMENTS:,} elements it takes or {bound}; sum more indices "
-            "(fewer in the output), or run without argmax"
+            f"than it takes ({MAX_ASSIGNMENTS:,} elements, {MAX_ASSIGNMENT_BYTES:,} bytes, "
+            f"within {bound}); sum more indices (fewer in the output), or run without argmax"
         )
 
 
@@ -200,5 +205,6 @@ def assignment(steps: Steps, host: Any) -> dict[str, Any]:
     elements = math.prod(steps.shape)
     table = np.frombuffer(host, np.int64, count=elements * (indices + 1))
     by_index = table.reshape(elements, indices + 1)[:, numbers].T.copy()  # (host is reused)
-    steps.hosts.append(host)
+    if elements * (indices + 1) * 8 <= KEPT_HOST_BYTES:  # (a large one: pinned no longer)
+        steps.hosts.append(host)
     return {name: row.reshape(steps.shape) for name, row in zip(names, by_index, strict=True)}

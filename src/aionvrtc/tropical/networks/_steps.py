@@ -132,8 +132,9 @@ class Steps:
     ``specs`` the kernels to fetch, ``ops`` the launches in order, ``nbytes`` the arena's size,
     ``operands`` where each operand lies and how (numbered as Step.operands: the inputs, then
     each step's result), ``writes`` each step's result and argmax. With ``argmax`` the last
-    op writes every index's value at ``assignment`` in the arena (int64 each, numbered as the
-    plan's ``sizes``), then the value's bytes; ``argmaxes`` are each step's argmax offset in
+    op writes, for each element of the result in C order, every index's value at
+    ``assignment`` in the arena (int64 each, numbered as the plan's ``sizes``), then the
+    element's bytes (one int64 word); ``argmaxes`` are each step's argmax offset in
     the arena, or the ``Scan`` the backtrace makes instead (a program's large products)."""
 
     def __init__(
