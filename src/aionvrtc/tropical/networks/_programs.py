@@ -222,6 +222,11 @@ class EinsumProgram:
             with stream:
                 self._gathers = self._gather_launches(list(zip(offsets, sizes, strict=True)))
             self._member_gathers: list[tuple[Packed, Any]] | None = None  # (run_members)
+            # A query's operand's C strides, each input's (without the batch's axis).
+            self._query_strides = [
+                x.strides[1:] if batch is not None and i in batch.operands else x.strides
+                for i, x in enumerate(self.inputs)
+            ]
             self._rows = (offsets, sizes)
             self._graph = self._capture(stream)
             self._done = cupy.cuda.Event(block=False, disable_timing=True)
@@ -486,18 +491,18 @@ class EinsumProgram:
                 else "run_members needs a batched program (einsum_program(..., batch=))"
             )
         stream = resolved_stream(self.device, stream)
-        pointers, held = [], []
+        pointers: list[int] = []
+        held: list[Any] = []
         cupy = cupy_module()
         with OnDevice(self.device):
-            for i in range(len(self.inputs)):
-                each = members if i in batch.operands else members[:1]
-                for member in each:
-                    x = member[i]
-                    if not x.flags.c_contiguous:
-                        with stream:
-                            x = cupy.ascontiguousarray(x)
-                        held.append(x)
-                    pointers.append(x.data.ptr)
+            for i, strides in enumerate(self._query_strides):
+                column = [m[i] for m in members] if i in batch.operands else [members[0][i]]
+                # Laid out as a query's input (a C-level check of all at once), else copied.
+                if list(map(_STRIDES, column)).count(strides) != len(column):
+                    with stream:
+                        column = [cupy.ascontiguousarray(x) for x in column]
+                    held += column
+                pointers += map(_POINTER, column)
                 if i in batch.operands:  # (the rows past the last query read it again)
                     pointers += [pointers[-1]] * (batch.size - len(members))
             if self._member_gathers is None:  # (its tables written on the stream it runs on)
