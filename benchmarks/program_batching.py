@@ -11,8 +11,9 @@ The network: the maximum weighted independent set of a side x side king's graph
 
 - ``program.run``: each task awaits its own call, then reads its value (a server's answer on
   the host): the calls replay one after another.
-- ``ProgramBatcher`` (warmed ahead: ``warm(batched=vertices)``), value only and with the
-  assignment: the calls of a moment joined into one replay of a batched program.
+- ``ProgramBatcher`` (the edges' tensors given once, ``shared=``; warmed ahead), value only
+  and with the assignment: each call passes its vertices' tensors, the calls of a moment
+  joined into one replay of a batched program.
 - the batched program on stacked weights (``einsum_program(..., batch=64)``): the ``vmap``
   form, one call per batch of 64 queries, values read back.
 - JAX: ``jax.jit(jax.vmap(f, in_axes=...))`` of the pairwise steps along the same path, on the
@@ -152,13 +153,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     for argmax in (False, True):
         made = await tropical.einsum_program(base.subscripts, *queries[0], argmax=argmax)
-        batcher = tropical.ProgramBatcher(made, max_batch=args.tasks)
+        edges = {n + i: x for i, x in enumerate(shared[n:])}  # given once: a call passes its own
+        batcher = tropical.ProgramBatcher(made, max_batch=args.tasks, shared=edges)
         began = time.perf_counter()
-        await batcher.warm(batched=vertices)
+        await batcher.warm()
         warmed = time.perf_counter() - began
-        await served(batcher.run, queries[: args.tasks], args.tasks, argmax=argmax)
+        own = [q[:n] for q in queries]
+        await served(batcher.run, own[: args.tasks], args.tasks, argmax=argmax)
         before = batcher.stats()
-        joined = await served(batcher.run, queries, args.tasks, argmax=argmax)
+        joined = await served(batcher.run, own, args.tasks, argmax=argmax)
         after = batcher.stats()
         check("ProgramBatcher", joined.pop("values"))
         rows.append({

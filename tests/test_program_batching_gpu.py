@@ -136,10 +136,13 @@ async def test_concurrent_calls_are_joined_into_batched_replays(
     program = await tropical.einsum_program(
         subscripts, *shapes, dtype=dtype, semiring=ring, argmax=True, optimize=path
     )
-    batcher = tropical.ProgramBatcher(program, max_batch=16)
+    # The edges' tensors given once: each call passes its vertices' tensors alone.
+    edges = {i: x for i, x in enumerate(queries[0]) if i not in vertices}
+    batcher = tropical.ProgramBatcher(program, max_batch=16, shared=edges)
     assert batcher.sizes == (1, 2, 4, 8, 16)
-    assert await batcher.warm(batched=vertices) == 4
-    answers = await _burst(batcher, queries)
+    assert batcher.shared == tuple(sorted(edges))
+    assert await batcher.warm() == 4  # (the operands that vary: all but the shared)
+    answers = await _burst(batcher, [[q[i] for i in vertices] for q in queries])
     stats = batcher.stats()
     assert stats.requests == 40
     assert stats.standins == 0
@@ -208,6 +211,17 @@ async def test_bad_calls_are_refused_in_their_own_task(rng: np.random.Generator)
     batched = await tropical.einsum_program("ij,jk->", (4, 5), (5, 6), dtype="float32", batch=2)
     with pytest.raises(ValueError, match=re.escape("this one is batched (batch=2)")):
         tropical.ProgramBatcher(batched)
+    with pytest.raises(ValueError, match=re.escape("shared names operand 2, and the program ")):
+        tropical.ProgramBatcher(program, shared={2: cupy.ones((5, 6), cupy.float32)})
+    with pytest.raises(ValueError, match=re.escape("einsum program operand 1 must be float32")):
+        tropical.ProgramBatcher(program, shared={1: cupy.ones((6, 5), cupy.float32)})
+    one = tropical.ProgramBatcher(program, shared={1: cupy.ones((5, 6), cupy.float32)})
+    message = (
+        "this ProgramBatcher's calls pass 1 operands (the program's 2 less the 1 shared), got 2"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        await one.run(cupy.ones((4, 5), cupy.float32), cupy.ones((5, 6), cupy.float32))
+    assert float(await one.run(cupy.full((4, 5), 2, cupy.float32))) == 3.0
     refused = 0
 
     async def ask() -> None:

@@ -20,7 +20,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,15 +98,22 @@ class ProgramBatcher:
             all).
         max_queue: The most calls that may wait at once; one more is refused with
             ``QueueFull`` at once. None: no bound.
+        shared: The operands that every call shares, by position (``{3: edges, ...}``): a
+            call then passes only the others, in order, and a batch reads these once (the
+            graph's tensors, where each query brings its own weights). None: a call passes
+            all of them.
 
     Attributes:
         program: The program.
+        shared: The shared operands' positions, ascending.
         sizes: The batch sizes of the batched programs, ascending: powers of two below
             ``max_batch``, then ``max_batch``.
 
     Raises:
-        TypeError: ``program`` is not an ``EinsumProgram``.
-        ValueError: ``program`` is batched already; or a bound is not what ``Batcher`` takes.
+        TypeError: ``program`` is not an ``EinsumProgram``; a shared operand is not a
+            ``cupy.ndarray``.
+        ValueError: ``program`` is batched already; a bound is not what ``Batcher`` takes; a
+            shared operand's position is not the program's, or its dtype, shape or device.
     """
 
     def __init__(
@@ -117,6 +124,7 @@ class ProgramBatcher:
         max_batch: int = 64,
         max_delay: float = 0.0,
         max_queue: int | None = None,
+        shared: Mapping[int, Any] | None = None,
     ) -> None:
         if not isinstance(program, EinsumProgram):
             raise TypeError(
@@ -129,6 +137,17 @@ class ProgramBatcher:
                 f"(batch={program.batch}); make it without batch="
             )
         self.program = program
+        self._shared = dict(shared or {})
+        count = len(program.inputs)
+        bad = [p for p in self._shared if not isinstance(p, int) or not 0 <= p < count]
+        if bad:
+            raise ValueError(
+                f"shared names operand {bad[0]!r}, and the program takes {count} (0 to {count - 1})"
+            )
+        self.shared = tuple(sorted(self._shared))
+        self._own = [p for p in range(count) if p not in self._shared]  # what a call passes
+        if self._shared:  # checked as a call's would be: these with the program's first inputs
+            program.check(self._merged(tuple(program.inputs[p] for p in self._own)))
         self._compiler = compiler
         self._joiner = Joiner("ProgramBatcher", max_batch, max_delay, max_queue)
         self.sizes = tuple(
@@ -162,7 +181,7 @@ class ProgramBatcher:
 
         Args:
             batched: The positions of the operands that vary from call to call (the others
-                being the same arrays in every call). None: all of them.
+                being the same arrays in every call). None: all but the ``shared`` ones.
 
         Returns:
             How many batched programs are made (``len(sizes)``, less 1: a group of one runs
@@ -172,7 +191,7 @@ class ProgramBatcher:
             As ``einsum_program`` raises: a kernel that cannot be fetched, a batched program
             past the device's memory.
         """
-        varying = tuple(range(len(self.program.inputs)) if batched is None else sorted(batched))
+        varying = tuple(self._own if batched is None else sorted(batched))
         made = 0
         for size in self.sizes:
             if size > 1:
@@ -185,7 +204,8 @@ class ProgramBatcher:
         same moment (see ProgramBatcher).
 
         Args:
-            *operands: One query's operands, as ``program.run`` takes them (all of them).
+            *operands: One query's operands, as ``program.run`` takes them: all of them, or
+                with ``shared``, the others in order.
             stream: The CuPy stream to enqueue on; only calls of one stream share a replay.
                 Default: CuPy's current stream of the program's device.
 
@@ -208,6 +228,14 @@ class ProgramBatcher:
                 "ProgramBatcher.run takes a query's operands (a call without operands reads "
                 "the program's bound inputs: call program.run() for that)"
             )
+        if self._shared:
+            if len(operands) != len(self._own):
+                raise ValueError(
+                    f"this ProgramBatcher's calls pass {len(self._own)} operands (the "
+                    f"program's {len(program.inputs)} less the {len(self._shared)} shared), "
+                    f"got {len(operands)}"
+                )
+            operands = self._merged(operands)
         program.check(operands)
         joiner = self._joiner
         joiner.admit()
@@ -267,6 +295,13 @@ class ProgramBatcher:
                     "cancelled; ask again"
                 )
             raise
+
+    def _merged(self, own: Sequence[Any]) -> tuple[Any, ...]:
+        """A call's operands with the shared ones in their places."""
+        merged = list(own)
+        for position in self.shared:
+            merged.insert(position, self._shared[position])
+        return tuple(merged)
 
     def _ready(self, varying: tuple[int, ...], size: int) -> EinsumProgram | None:
         """A batched program of ``size`` made for ``varying`` or more operands (one that
