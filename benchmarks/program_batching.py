@@ -153,8 +153,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     for argmax in (False, True):
         made = await tropical.einsum_program(base.subscripts, *queries[0], argmax=argmax)
-        edges = {n + i: x for i, x in enumerate(shared[n:])}  # given once: a call passes its own
-        batcher = tropical.ProgramBatcher(made, max_batch=args.tasks, shared=edges)
+        given = {n + i: x for i, x in enumerate(shared[n:])}  # once: a call passes its own
+        batcher = tropical.ProgramBatcher(made, max_batch=args.tasks, shared=given)
         began = time.perf_counter()
         await batcher.warm()
         warmed = time.perf_counter() - began
