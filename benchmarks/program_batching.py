@@ -16,8 +16,9 @@ The network: the maximum weighted independent set of a side x side king's graph
   joined into one replay of a batched program.
 - the batched program on stacked weights (``einsum_program(..., batch=64)``): the ``vmap``
   form, one call per batch of 64 queries, values read back.
-- JAX: ``jax.jit(jax.vmap(f, in_axes=...))`` of the pairwise steps along the same path, on the
-  same stacked weights, values read back (``block_until_ready`` and the copy to the host).
+- JAX: ``jax.jit(jax.vmap(f))`` of the pairwise steps along the same path, ``f`` taking one
+  query's (n, 2) array of vertex tensors (the edges' tensors its constants), on the same
+  stacked weights, values read back (``block_until_ready`` and the copy to the host).
 
 Per row: queries/s and, for the served rows, p50 and p99 latency. Values of the first queries
 are checked against the NumPy reference, and JAX's against ours. Writes
@@ -88,24 +89,31 @@ async def served(run: Any, queries: list[list[Any]], tasks: int, argmax: bool) -
 def jax_row(
     plan: Any, stacked: list[Any], n: int, args: argparse.Namespace, check: Any
 ) -> dict[str, Any]:
-    """JAX's jit of vmap over the pairwise steps along ``plan``'s path, the first ``n``
-    operands (the vertices') batched, on the same stacked weights."""
+    """JAX's jit of vmap over the pairwise steps along ``plan``'s path, as a JAX user writes a
+    query: one (n, 2) array of the vertices' tensors, the edges' tensors constants of the
+    function; on the same stacked weights (one (batch, n, 2) array)."""
     import jax
     import jax.numpy as jnp
 
     def reduce(x: Any, axes: tuple[int, ...]) -> Any:
         return jnp.max(x, axis=axes)
 
-    axes = tuple(0 if i < n else None for i in range(len(stacked)))
-    contract = jax.jit(jax.vmap(pairwise(plan, jnp, reduce), in_axes=axes))
-    on_jax = [jax.device_put(np.asarray(x.get())) for x in stacked]
+    contract_all = pairwise(plan, jnp, reduce)
+    edges = [jnp.asarray(x.get()) for x in stacked[n:]]
+
+    def query(vertices: Any) -> Any:
+        return contract_all(*(vertices[v] for v in range(n)), *edges)
+
+    contract = jax.jit(jax.vmap(query))
+    weights = np.stack([x.get() for x in stacked[:n]], axis=1)  # (batch, n, 2)
+    on_jax = jax.device_put(weights)
     began = time.perf_counter()
-    first = np.asarray(contract(*on_jax).block_until_ready())
+    first = np.asarray(contract(on_jax).block_until_ready())
     jax_first = time.perf_counter() - began
     check("JAX", [float(x) for x in first])
 
     def theirs() -> Any:
-        return np.asarray(contract(*on_jax).block_until_ready())
+        return np.asarray(contract(on_jax).block_until_ready())
 
     theirs()  # (a warm-up)
     seconds = median_s(theirs, args.repeats)
@@ -130,8 +138,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     for w in weights:
         own = cupy.asarray(np.stack([np.zeros(n, np.float32), w], axis=1))
         queries.append([own[v] for v in vertices] + shared[n:])
-    program = await tropical.einsum_program(base.subscripts, *queries[0])
-    plan = program.plan
+    plan = tropical.einsum_plan(base.subscripts, *base.operands)  # every row's order
+    program = await tropical.einsum_program(base.subscripts, *queries[0], optimize=plan)
 
     def reference(number: int) -> float:
         operands = [np.array([0, x], np.float32) for x in weights[number]]
@@ -152,7 +160,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows.append({"row": "program.run, each call alone", **alone})
 
     for argmax in (False, True):
-        made = await tropical.einsum_program(base.subscripts, *queries[0], argmax=argmax)
+        made = await tropical.einsum_program(
+            base.subscripts, *queries[0], argmax=argmax, optimize=plan
+        )
         given = {n + i: x for i, x in enumerate(shared[n:])}  # once: a call passes its own
         batcher = tropical.ProgramBatcher(made, max_batch=args.tasks, shared=given)
         began = time.perf_counter()
@@ -178,7 +188,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         for v in vertices
     ] + shared[n:]
     batched = await tropical.einsum_program(
-        base.subscripts, *queries[0], batch=batch, batched=vertices
+        base.subscripts, *queries[0], batch=batch, batched=vertices, optimize=plan
     )
 
     def ours() -> Any:

@@ -244,3 +244,31 @@ async def test_a_cancelled_leader_still_launches_its_group() -> None:
         scopes[0].cancel()
     assert [sorted(g) for g in launched] == [[0, 1, 2]]  # (trio wakes tasks in any order)
     assert got == {0: 0, 1: 1, 2: 2}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_task_asking_again_is_alone_and_a_new_burst_s_first_task_is_not() -> None:
+    # Alone: no other task asked since this task's last request. A task of a new burst may be
+    # given a finished task's id: it is not the same task, so it is not alone.
+    joiner = Joiner("Test", max_batch=8, max_delay=0.0, max_queue=None)
+
+    async def launch(group: Group[None]) -> None:
+        for m in group.members:
+            m.result = m.asked
+
+    alone = [joiner.alone(0) for _ in range(5)]
+    assert alone == [False, True, True, True, True]
+    judged: list[bool] = []
+
+    async def ask(n: int) -> None:
+        judged.append(joiner.alone(0))
+        if not judged[-1]:
+            await joiner.join(0, Member(n), lambda: None, launch)
+
+    for _ in range(20):
+        async with anyio.create_task_group() as tasks:
+            for n in range(12):
+                tasks.start_soon(ask, n)
+    assert judged.count(True) == 0
+    assert len(judged) == 240

@@ -27,10 +27,11 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import numpy as np
 
 from ..._compiler import Compiler
 from ..._exceptions import AionvrtcError
-from ..products import Group, Joiner, Member, run_async
+from ..products import Group, Joiner, Member, cupy_module, run_async
 from ._programs import EinsumProgram, make_program
 from ._runs import resolved_stream
 
@@ -110,10 +111,11 @@ class ProgramBatcher:
             ``max_batch``, then ``max_batch``.
 
     Raises:
-        TypeError: ``program`` is not an ``EinsumProgram``; a shared operand is not a
-            ``cupy.ndarray``.
+        TypeError: ``program`` is not an ``EinsumProgram``; a key of ``shared`` is not an
+            int, or its operand not a ``cupy.ndarray``.
         ValueError: ``program`` is batched already; a bound is not what ``Batcher`` takes; a
-            shared operand's position is not the program's, or its dtype, shape or device.
+            shared operand's position is not the program's, or its dtype, shape or device;
+            ``shared`` names every operand.
     """
 
     def __init__(
@@ -137,17 +139,28 @@ class ProgramBatcher:
                 f"(batch={program.batch}); make it without batch="
             )
         self.program = program
-        self._shared = dict(shared or {})
         count = len(program.inputs)
-        bad = [p for p in self._shared if not isinstance(p, int) or not 0 <= p < count]
-        if bad:
+        self._shared: dict[int, Any] = {}
+        for position, x in (shared or {}).items():
+            if isinstance(position, bool) or not isinstance(position, int | np.integer):
+                raise TypeError(f"shared is keyed by operand positions (ints), not {position!r}")
+            if not 0 <= position < count:
+                raise ValueError(
+                    f"shared names operand {position}, and the program takes {count} (0 to "
+                    f"{count - 1})"
+                )
+            self._shared[int(position)] = x
+        if count and len(self._shared) == count:
             raise ValueError(
-                f"shared names operand {bad[0]!r}, and the program takes {count} (0 to {count - 1})"
+                "shared names every operand of the program: a call would pass none (run the "
+                "program itself for that: program.run())"
             )
         self.shared = tuple(sorted(self._shared))
         self._own = [p for p in range(count) if p not in self._shared]  # what a call passes
         if self._shared:  # checked as a call's would be: these with the program's first inputs
             program.check(self._merged(tuple(program.inputs[p] for p in self._own)))
+            for position, x in self._shared.items():  # read as one run by every replay
+                self._shared[position] = cupy_module().ascontiguousarray(x)
         self._compiler = compiler
         self._joiner = Joiner("ProgramBatcher", max_batch, max_delay, max_queue)
         self.sizes = tuple(
@@ -265,8 +278,8 @@ class ProgramBatcher:
                 return
             first = members[0].asked
             varying = tuple(
-                i for i in range(len(first)) if any(m.asked[i] is not first[i] for m in members)
-            ) or (0,)  # (all the same query: each still gets a result of its own)
+                i for i in self._own if any(m.asked[i] is not first[i] for m in members)
+            ) or (self._own[0],)  # (all the same query: each still gets a result of its own)
             size = next(s for s in self.sizes if s >= len(members))
             batched = self._ready(varying, size)
             if batched is None:  # one by one on the program, while the batched one is made
@@ -336,8 +349,9 @@ class ProgramBatcher:
             made: EinsumProgram | _Failed | None = anyio.from_thread.run(
                 functools.partial(self._make_unless_ended, *key), token=token
             )
-            if made is None:  # the loop ended meanwhile: nothing is left to serve
-                made = _Failed(AionvrtcError("the event loop ended while it was made"))
+            if made is None:  # the loop ended meanwhile: made again by a loop that asks
+                self._made.pop(key, None)
+                return
         except BaseException as exc:  # (the loop gone, a kernel that cannot compile)
             log.warning(
                 "the batched program of %d queries of %s could not be made; its queries run "

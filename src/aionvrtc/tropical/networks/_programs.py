@@ -222,6 +222,7 @@ class EinsumProgram:
             with stream:
                 self._gathers = self._gather_launches(list(zip(offsets, sizes, strict=True)))
             self._member_gathers: list[tuple[Packed, Any]] | None = None  # (run_members)
+            self._varying = frozenset(batch.operands if batch is not None else ())
             # A query's operand's C strides, each input's (without the batch's axis).
             self._query_strides = [
                 x.strides[1:] if batch is not None and i in batch.operands else x.strides
@@ -495,15 +496,16 @@ class EinsumProgram:
         held: list[Any] = []
         cupy = cupy_module()
         with OnDevice(self.device):
+            varying = self._varying
             for i, strides in enumerate(self._query_strides):
-                column = [m[i] for m in members] if i in batch.operands else [members[0][i]]
+                column = [m[i] for m in members] if i in varying else [members[0][i]]
                 # Laid out as a query's input (a C-level check of all at once), else copied.
                 if list(map(_STRIDES, column)).count(strides) != len(column):
                     with stream:
                         column = [cupy.ascontiguousarray(x) for x in column]
                     held += column
                 pointers += map(_POINTER, column)
-                if i in batch.operands:  # (the rows past the last query read it again)
+                if i in varying:  # (the rows past the last query read it again)
                     pointers += [pointers[-1]] * (batch.size - len(members))
             if self._member_gathers is None:  # (its tables written on the stream it runs on)
                 with stream:

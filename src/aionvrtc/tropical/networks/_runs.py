@@ -38,7 +38,8 @@ __all__ = [
 ARGMAX_MAX_K = 2**31
 # With argmax=True, an assignment for each element of the result: the backtrace's blocks, one
 # an element (a grid's x has at most 2**31 - 1), and pinned host memory for them all, copied
-# back in one piece (a buffer of at most KEPT_HOST_BYTES is kept for the next call).
+# back in one piece (a buffer of at most KEPT_HOST_BYTES is kept for the steps' next call; a
+# larger one goes back to CuPy's pinned pool).
 MAX_ASSIGNMENTS = 2**24
 MAX_ASSIGNMENT_BYTES = 2**30
 KEPT_HOST_BYTES = 2**20
@@ -205,6 +206,6 @@ def assignment(steps: Steps, host: Any) -> dict[str, Any]:
     elements = math.prod(steps.shape)
     table = np.frombuffer(host, np.int64, count=elements * (indices + 1))
     by_index = table.reshape(elements, indices + 1)[:, numbers].T.copy()  # (host is reused)
-    if elements * (indices + 1) * 8 <= KEPT_HOST_BYTES:  # (a large one: pinned no longer)
+    if elements * (indices + 1) * 8 <= KEPT_HOST_BYTES:  # (a large one: to CuPy's pool)
         steps.hosts.append(host)
     return {name: row.reshape(steps.shape) for name, row in zip(names, by_index, strict=True)}

@@ -10,8 +10,11 @@ once. Past ``max_queue`` waiting requests, a request is refused at once with ``Q
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import sys
+import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
@@ -49,16 +52,26 @@ class Group(Generic[T]):
         self.full: anyio.Event | None = None  # set when max_batch have joined, if awaited
 
 
-def current_task() -> int:
-    """The current task's id (not the task: a joiner must not keep a finished one alive).
-    asyncio's current task is a C call; anyio's (for trio) builds an object per call."""
+def current_task() -> Callable[[], object]:
+    """A weak reference to the current task (a joiner must not keep a finished one alive, nor
+    take a new task for a finished one whose id it was given). asyncio's and trio's current
+    task are C calls; anyio's builds an object per call."""
     asyncio = sys.modules.get("asyncio")
+    task: object = None
     if asyncio is not None:
-        try:
-            return id(asyncio.current_task())
-        except RuntimeError:  # no asyncio loop runs: trio
-            pass
-    return anyio.get_current_task().id
+        with contextlib.suppress(RuntimeError):  # (no asyncio loop runs: trio)
+            task = asyncio.current_task()
+    if task is None:
+        trio = sys.modules.get("trio")
+        task = trio.lowlevel.current_task() if trio is not None else anyio.get_current_task().id
+    try:
+        return weakref.ref(task)
+    except TypeError:  # (an id: an int, held as it is)
+        return functools.partial(_same, task)
+
+
+def _same(task: object) -> object:
+    return task
 
 
 def check_bounds(max_batch: Any, max_delay: Any, max_queue: Any) -> None:
@@ -73,6 +86,10 @@ def check_bounds(max_batch: Any, max_delay: Any, max_queue: Any) -> None:
         raise ValueError(f"max_delay must be a finite number of seconds >= 0, got {max_delay!r}")
 
 
+def _nobody() -> object:
+    return None
+
+
 class Joiner:
     """The open groups by key, the bounds, and the counts of what waits and what was refused
     (see the module's docstring). ``who`` names the owner in ``QueueFull``'s message."""
@@ -84,7 +101,7 @@ class Joiner:
         self.waiting = 0  # requests in the owner now: what max_queue bounds
         self.rejected = 0
         self._open: dict[Hashable, Group[Any]] = {}
-        self._latest = -1  # the task of the latest request
+        self._latest: Callable[[], object] = _nobody  # the task of the latest request
 
     def admit(self) -> None:
         """Count a request in, or refuse it at once past ``max_queue`` (counted)."""
@@ -100,8 +117,8 @@ class Joiner:
     def alone(self, key: Hashable) -> bool:
         """Whether this request is alone: no group of ``key`` open and no other task asked
         since this task's last request (then it runs at once, joining nothing)."""
-        previous, self._latest = self._latest, current_task()
-        return previous == self._latest and key not in self._open
+        previous, self._latest = self._latest(), current_task()
+        return previous is not None and previous is self._latest() and key not in self._open
 
     async def join(
         self,
@@ -121,9 +138,6 @@ class Joiner:
                 if group.full is not None:
                     group.full.set()
             await group.done.wait()
-            # No task's next request is alone after a group (a new task may take a finished
-            # one's id: it would be judged alone, the first of the next burst).
-            self._latest = -1
             return
         group = self._open[key] = Group(about())
         group.members.append(member)
@@ -147,4 +161,3 @@ class Joiner:
                     await launch(group)
                 finally:
                     group.done.set()
-                    self._latest = -1
