@@ -351,8 +351,8 @@ FIGURES = [
         ),
     ),
     Figure(
-        r"after `Batcher\.warm`, ([\d,.]+) requests/s with a p99 of ([\d,.]+) ms; served again "
-        r"warm, ([\d,.]+) requests/s with a p99 of ([\d,.]+) ms",
+        r"after `Batcher\.warm`, the first burst served ([\d,.]+) requests/s with a p99 of "
+        r"([\d,.]+) ms; served again warm, ([\d,.]+) requests/s with a p99 of ([\d,.]+) ms",
         FIRST_BURST,
         data(
             lambda r: [
