@@ -164,7 +164,7 @@ async def _serve(joiner: Joiner, asked: list[int], launches: list[list[int]]) ->
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_requests_of_one_moment_join_up_to_max_batch() -> None:
-    joiner = Joiner("Test", max_batch=8, max_delay=0.0, max_queue=None)
+    joiner = Joiner("Test", max_batch=8, max_delay=0.0, max_queue=None, interrupted="interrupted")
     launches: list[list[int]] = []
     results = await _serve(joiner, list(range(20)), launches)
     # Each task asks once, after another task asked: none is alone; groups of at most 8.
@@ -182,7 +182,7 @@ async def test_requests_of_one_moment_join_up_to_max_batch() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_past_max_queue_a_request_is_refused_at_once_and_counted() -> None:
-    joiner = Joiner("Test", max_batch=64, max_delay=0.05, max_queue=4)
+    joiner = Joiner("Test", max_batch=64, max_delay=0.05, max_queue=4, interrupted="interrupted")
     refused: list[str] = []
 
     async def ask(n: int) -> None:
@@ -218,7 +218,7 @@ async def test_past_max_queue_a_request_is_refused_at_once_and_counted() -> None
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_a_cancelled_leader_still_launches_its_group() -> None:
-    joiner = Joiner("Test", max_batch=8, max_delay=60.0, max_queue=None)
+    joiner = Joiner("Test", max_batch=8, max_delay=60.0, max_queue=None, interrupted="interrupted")
     launched: list[list[int]] = []
     got: dict[int, Any] = {}
 
@@ -251,7 +251,7 @@ async def test_a_cancelled_leader_still_launches_its_group() -> None:
 async def test_a_task_asking_again_is_alone_and_a_new_burst_s_first_task_is_not() -> None:
     # Alone: no other task asked since this task's last request. A task of a new burst may be
     # given a finished task's id: it is not the same task, so it is not alone.
-    joiner = Joiner("Test", max_batch=8, max_delay=0.0, max_queue=None)
+    joiner = Joiner("Test", max_batch=8, max_delay=0.0, max_queue=None, interrupted="interrupted")
 
     async def launch(group: Group[None]) -> None:
         for m in group.members:
@@ -272,3 +272,20 @@ async def test_a_task_asking_again_is_alone_and_a_new_burst_s_first_task_is_not(
                 tasks.start_soon(ask, n)
     assert judged.count(True) == 0
     assert len(judged) == 240
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_an_error_of_a_launch_reaches_each_member_of_its_group() -> None:
+    joiner = Joiner("Test", max_batch=8, max_delay=0.0, max_queue=None, interrupted="cut")
+    members = [Member(n) for n in range(5)]
+    failure = ValueError("out of memory, say")
+
+    async def launch(group: Group[None]) -> None:
+        raise failure
+
+    async with anyio.create_task_group() as tasks:
+        for member in members:
+            tasks.start_soon(joiner.join, 0, member, lambda: None, launch)
+    assert [m.error for m in members] == [failure] * 5
+    assert [m.result for m in members] == [None] * 5

@@ -30,7 +30,6 @@ import anyio.lowlevel
 import numpy as np
 
 from ..._compiler import Compiler
-from ..._exceptions import AionvrtcError
 from ..products import Group, Joiner, Member, cupy_module, run_async
 from ._programs import EinsumProgram, make_program
 from ._runs import resolved_stream
@@ -162,7 +161,11 @@ class ProgramBatcher:
             for position, x in self._shared.items():  # read as one run by every replay
                 self._shared[position] = cupy_module().ascontiguousarray(x)
         self._compiler = compiler
-        self._joiner = Joiner("ProgramBatcher", max_batch, max_delay, max_queue)
+        self._joiner = Joiner(
+            "ProgramBatcher", max_batch, max_delay, max_queue,
+            interrupted="the batched replay of this program was interrupted: its leading task "
+            "was cancelled; ask again",
+        )  # fmt: skip
         self.sizes = tuple(
             sorted({1 << n for n in range(max_batch.bit_length()) if 1 << n < max_batch}
                    | {max_batch})
@@ -269,45 +272,36 @@ class ProgramBatcher:
             joiner.waiting -= 1
 
     async def _launch(self, group: Group[Any]) -> None:
+        """Replay ``group`` as one batched program, each member's result its row (an error
+        reaches every member: Joiner.join)."""
         members, stream = group.members, group.about
         program = self.program
-        try:
-            if len(members) == 1:
-                self._replays += 1
-                members[0].result = await program.run(*members[0].asked, stream=stream)
-                return
-            first = members[0].asked
-            varying = tuple(
-                i for i in self._own if any(m.asked[i] is not first[i] for m in members)
-            ) or (self._own[0],)  # (all the same query: each still gets a result of its own)
-            size = next(s for s in self.sizes if s >= len(members))
-            batched = self._ready(varying, size)
-            if batched is None:  # one by one on the program, while the batched one is made
-                self._standins += len(members)
-                for member in members:
-                    self._replays += 1
-                    member.result = await program.run(*member.asked, stream=stream)
-                return
+        if len(members) == 1:
             self._replays += 1
-            self._padded += size - len(members)
-            done = await batched.run_members([m.asked for m in members], stream)
-            if program.argmax:
-                result, found = done
-                for q, member in enumerate(members):
-                    member.result = (result[q], {name: _at(at, q) for name, at in found.items()})
-            else:
-                for q, member in enumerate(members):
-                    member.result = done[q]
-        except Exception as exc:  # each member raises it: the replay was theirs
+            members[0].result = await program.run(*members[0].asked, stream=stream)
+            return
+        first = members[0].asked
+        varying = tuple(
+            i for i in self._own if any(m.asked[i] is not first[i] for m in members)
+        ) or (self._own[0],)  # (all the same query: each still gets a result of its own)
+        size = next(s for s in self.sizes if s >= len(members))
+        batched = self._ready(varying, size)
+        if batched is None:  # one by one on the program, while the batched one is made
+            self._standins += len(members)
             for member in members:
-                member.error = exc
-        except BaseException:
-            for member in members:
-                member.error = AionvrtcError(
-                    "the batched replay of this program was interrupted: its leading task was "
-                    "cancelled; ask again"
-                )
-            raise
+                self._replays += 1
+                member.result = await program.run(*member.asked, stream=stream)
+            return
+        self._replays += 1
+        self._padded += size - len(members)
+        done = await batched.run_members([m.asked for m in members], stream)
+        if program.argmax:
+            result, found = done
+            for q, member in enumerate(members):
+                member.result = (result[q], {name: _at(at, q) for name, at in found.items()})
+        else:
+            for q, member in enumerate(members):
+                member.result = done[q]
 
     def _merged(self, own: Sequence[Any]) -> tuple[Any, ...]:
         """A call's operands with the shared ones in their places."""

@@ -14,7 +14,6 @@ alone (no other task asked since its last request) launches at once, as ``matmul
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,14 +22,13 @@ import anyio.to_thread
 import numpy as np
 
 from ..._compiler import Compiler
-from ..._exceptions import AionvrtcError
-from ..._sync import on_default
 from ._calls import matmul, matmul_sync
 from ._joining import Group, Joiner, Member
 from ._launching import loaded, module
 from ._plan_cache import Product, find, planned_product, ready
 from ._product_plan import batch_specs, cupy_module
 from ._shape_classes import tuned_tiles
+from ._twins import warm_modules
 
 __all__ = ["Batcher", "BatcherStats"]
 
@@ -111,7 +109,11 @@ class Batcher:
         max_queue: int | None = None,
     ) -> None:
         self._compiler = compiler
-        self._joiner = Joiner("Batcher", max_batch, max_delay, max_queue)
+        self._joiner = Joiner(
+            "Batcher", max_batch, max_delay, max_queue,
+            interrupted="the batched launch of this product was interrupted: its leading task "
+            "was cancelled while the kernel was being fetched; ask again",
+        )  # fmt: skip
         self._requests = self._launches = self._alone = self._standins = 0
 
     @property
@@ -174,15 +176,7 @@ class Batcher:
             m, n, k, semiring, dtype, argmax=argmax, max_batch=self.max_batch,
             table=tuned_tiles(device),
         )  # fmt: skip
-        compiler = self._compiler
-        if compiler is not None:
-            loaded = await compiler.warm(specs, device=device)
-        else:
-
-            def warm(default: Compiler) -> Awaitable[int]:
-                return default.warm(specs, device=device)
-
-            loaded = await anyio.to_thread.run_sync(on_default, warm)
+        loaded = await warm_modules(specs, device, self._compiler)
         # Each kernel launched once (the driver loads a module's code on its first launch),
         # and CuPy's stacking of operands compiled and its memory pool grown for the batch:
         # what else a first burst would wait for. In a worker thread: CuPy compiles on first
@@ -290,48 +284,37 @@ class Batcher:
             joiner.waiting -= 1
 
     async def _launch(self, group: Group[tuple[Product, str, Any]]) -> None:
+        """Launch ``group`` as one product, each member's result its slice (an error reaches
+        every member: Joiner.join)."""
         members = group.members
         product, semiring, stream = group.about
-        try:
-            self._launches += 1
-            if len(members) == 1:
-                (member,) = members
-                c, index = product.outputs(None)
-                await self._run(product, (*member.asked, c, index), stream)
-                member.result = (c, index) if product.argmax else c
-                return
-            cupy = cupy_module()
-            with cupy.cuda.Device(product.device), stream:
-                a = _gather([m.asked[0] for m in members])
-                # A squaring's B is its A: stacked once.
-                same = all(m.asked[1] is m.asked[0] for m in members)
-                b = a if same else _gather([m.asked[1] for m in members])
-            if a.ndim == 2 and b.ndim == 2:
-                # All ask for the same product: each still gets a result of its own.
-                a = cupy.ndarray((len(members), *a.shape), a.dtype, a.data, strides=(0, *a.strides))
-            batched, c, index = planned_product(
-                a, b, semiring, argmax=product.argmax, out=None, accumulate=False
-            )
-            await self._run(batched, (a, b, c, index), stream)
-            values = _slices(c)
-            if index is None:
-                for member, value in zip(members, values, strict=True):
-                    member.result = value
-            else:
-                for member, value, where in zip(members, values, _slices(index), strict=True):
-                    member.result = (value, where)
-        except Exception as exc:  # each member raises it: the launch was theirs
-            for member in members:
-                member.error = exc
-        except BaseException:
-            # The leading task was cancelled where a shield does not reach (asyncio's own
-            # task.cancel() while the kernel was fetched): that is its own, not the others'.
-            for member in members:
-                member.error = AionvrtcError(
-                    "the batched launch of this product was interrupted: its leading task was "
-                    "cancelled while the kernel was being fetched; ask again"
-                )
-            raise
+        self._launches += 1
+        if len(members) == 1:
+            (member,) = members
+            c, index = product.outputs(None)
+            await self._run(product, (*member.asked, c, index), stream)
+            member.result = (c, index) if product.argmax else c
+            return
+        cupy = cupy_module()
+        with cupy.cuda.Device(product.device), stream:
+            a = _gather([m.asked[0] for m in members])
+            # A squaring's B is its A: stacked once.
+            same = all(m.asked[1] is m.asked[0] for m in members)
+            b = a if same else _gather([m.asked[1] for m in members])
+        if a.ndim == 2 and b.ndim == 2:
+            # All ask for the same product: each still gets a result of its own.
+            a = cupy.ndarray((len(members), *a.shape), a.dtype, a.data, strides=(0, *a.strides))
+        batched, c, index = planned_product(
+            a, b, semiring, argmax=product.argmax, out=None, accumulate=False
+        )
+        await self._run(batched, (a, b, c, index), stream)
+        values = _slices(c)
+        if index is None:
+            for member, value in zip(members, values, strict=True):
+                member.result = value
+        else:
+            for member, value, where in zip(members, values, _slices(index), strict=True):
+                member.result = (value, where)
 
     async def _run(self, product: Product, operands: Any, stream: Any) -> None:
         launch = product.launch

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from ..._exceptions import QueueFull
+from ..._exceptions import AionvrtcError, QueueFull
 
 __all__ = ["Group", "Joiner", "Member", "check_bounds"]
 
@@ -92,11 +92,20 @@ def _nobody() -> object:
 
 class Joiner:
     """The open groups by key, the bounds, and the counts of what waits and what was refused
-    (see the module's docstring). ``who`` names the owner in ``QueueFull``'s message."""
+    (see the module's docstring). ``who`` names the owner in ``QueueFull``'s message;
+    ``interrupted`` is each member's error where the launch's leading task is cancelled."""
 
-    def __init__(self, who: str, max_batch: int, max_delay: float, max_queue: int | None) -> None:
+    def __init__(
+        self,
+        who: str,
+        max_batch: int,
+        max_delay: float,
+        max_queue: int | None,
+        *,
+        interrupted: str,
+    ) -> None:
         check_bounds(max_batch, max_delay, max_queue)
-        self.who = who
+        self.who, self.interrupted = who, interrupted
         self.max_batch, self.max_delay, self.max_queue = max_batch, float(max_delay), max_queue
         self.waiting = 0  # requests in the owner now: what max_queue bounds
         self.rejected = 0
@@ -128,8 +137,8 @@ class Joiner:
         launch: Callable[[Group[T]], Awaitable[None]],
     ) -> None:
         """Join ``member`` to the open group of ``key``, or open one (``about()`` what its
-        launch needs) and lead it: then ``launch`` it, which gives each member its result or
-        error. Returns once the group's launch is done."""
+        launch needs) and lead it: then ``launch`` it, which gives each member its result; an
+        error of the launch is each member's. Returns once the group's launch is done."""
         group = self._open.get(key)
         if group is not None:
             group.members.append(member)
@@ -159,5 +168,14 @@ class Joiner:
             with anyio.CancelScope(shield=True):
                 try:
                     await launch(group)
+                except Exception as exc:  # each member raises it: the launch was theirs
+                    for each in group.members:
+                        each.error = exc
+                except BaseException:
+                    # The leading task was cancelled where a shield does not reach (asyncio's
+                    # own task.cancel() while a kernel was fetched): its own, not the others'.
+                    for each in group.members:
+                        each.error = AionvrtcError(self.interrupted)
+                    raise
                 finally:
                     group.done.set()
