@@ -3,7 +3,7 @@ program, alone, joined by ``ProgramBatcher``, as one batched program, and as JAX
 ``vmap`` over the same order, in one process on one GPU.
 
     python benchmarks/program_batching.py [--side 10] [--tasks 64] [--queries 4096] [--out DIR]
-        [--no-jax]
+        [--no-jax] [--profile FILE]
 
 The network: the maximum weighted independent set of a side x side king's graph
 (``tropical.problems.independent_set``), each query with its own vertex weights (integers 1 to
@@ -11,27 +11,32 @@ The network: the maximum weighted independent set of a side x side king's graph
 
 - ``program.run``: each task awaits its own call, then reads its value (a server's answer on
   the host): the calls replay one after another.
-- ``ProgramBatcher`` (the edges' tensors given once, ``shared=``; warmed ahead), value only
-  and with the assignment: each call passes its vertices' tensors, the calls of a moment
-  joined into one replay of a batched program.
+- ``ProgramBatcher`` (the edges' tensors given once, ``shared=``; warmed ahead): each call
+  passes its vertices' tensors, one array each or stacked as one (n, 2) array
+  (``stacked=True``), the calls of a moment joined into one replay of a batched program;
+  values on the GPU (each task waits and reads its own) or on the host (``host=True``: the
+  batch's read once); ``max_batch`` the tasks, or half (two groups in flight); value only,
+  and with the assignment.
 - the batched program on stacked weights (``einsum_program(..., batch=64)``): the ``vmap``
   form, one call per batch of 64 queries, values read back.
 - JAX: ``jax.jit(jax.vmap(f))`` of the pairwise steps along the same path, ``f`` taking one
   query's (n, 2) array of vertex tensors (the edges' tensors its constants), on the same
   stacked weights, values read back (``block_until_ready`` and the copy to the host).
 
-Per row: queries/s and, for the served rows, p50 and p99 latency. Values of the first queries
-are checked against the NumPy reference, and JAX's against ours. Writes
-results/program_batching-<gpu>.{json,md}.
+Per row: queries/s, for the served rows p50 and p99 latency, and the seconds before the first
+query (JAX's first call compiles). Values of the first queries are checked against the NumPy
+reference, and JAX's against ours. Writes results/program_batching-<gpu>.{json,md}; with
+``--profile``, the host's time in a ProgramBatcher's calls by function (cProfile).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,6 +46,12 @@ from benchmarks._results import RESULTS, gpu_facts, median_s, write
 from benchmarks.tropical_einsum import pairwise
 
 CHECKED = 4  # queries per row checked against the NumPy reference
+STARTED = time.perf_counter()
+
+
+def progress(what: str) -> None:
+    """A line on stderr as each part ends (a call that runs out of time shows how far it got)."""
+    print(f"{time.perf_counter() - STARTED:8.1f} s  {what}", file=sys.stderr, flush=True)
 
 
 def kings_edges(side: int) -> list[tuple[int, int]]:
@@ -53,9 +64,11 @@ def kings_edges(side: int) -> list[tuple[int, int]]:
     ]
 
 
-async def served(run: Any, queries: list[list[Any]], tasks: int, argmax: bool) -> dict[str, Any]:
+async def served(
+    run: Any, queries: list[list[Any]], tasks: int, *, argmax: bool, on_host: bool = False
+) -> dict[str, Any]:
     """``queries`` served by ``tasks`` tasks, each awaiting ``run`` for its share one after
-    another and reading its value on the host."""
+    another and reading its value on the host (``on_host``: ``run`` brought it there)."""
     import anyio
 
     import aionvrtc
@@ -68,8 +81,10 @@ async def served(run: Any, queries: list[list[Any]], tasks: int, argmax: bool) -
             began = time.perf_counter()
             done = await run(*queries[number])
             value = done[0] if argmax else done
-            await aionvrtc.synchronize()
-            values[number] = float(value.get())
+            if not on_host:
+                await aionvrtc.synchronize()
+                value = value.get()
+            values[number] = float(value)
             latencies[number] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -122,6 +137,116 @@ def jax_row(
             "first_seconds": jax_first}  # fmt: skip
 
 
+class Queries(NamedTuple):
+    """The network (``base``: its problem, ``plan``: every row's order) and the queries'
+    operands on the GPU, each the ``n`` vertices' own tensors then the edges' shared ones;
+    ``stacks`` each query's vertex tensors as one (n, 2) array."""
+
+    base: Any
+    plan: Any
+    queries: list[list[Any]]
+    stacks: list[Any]
+    n: int
+
+    def calls(self, *, stacked: bool) -> list[list[Any]]:
+        """Each query's call of a ProgramBatcher: its vertices' tensors, or their stack."""
+        return [[x] for x in self.stacks] if stacked else [q[: self.n] for q in self.queries]
+
+
+class Way(NamedTuple):
+    """How a ProgramBatcher is made (its arguments, and the program's argmax)."""
+
+    max_batch: int
+    stacked: bool = False
+    host: bool = False
+    argmax: bool = False
+
+    def __str__(self) -> str:
+        given = [f"max_batch={self.max_batch}"]
+        given += ["stacked=True"] * self.stacked + ["host=True"] * self.host
+        return f"ProgramBatcher({', '.join(given)})" + (
+            ", with the assignment" if self.argmax else ""
+        )
+
+
+async def batcher(net: Queries, way: Way) -> Any:
+    """A warmed ProgramBatcher of the program (the edges' tensors shared), and its warm-up's
+    seconds."""
+    from aionvrtc import tropical
+
+    made = await tropical.einsum_program(
+        net.base.subscripts, *net.queries[0], argmax=way.argmax, optimize=net.plan
+    )
+    given = {net.n + i: x for i, x in enumerate(net.queries[0][net.n :])}  # a call: its own
+    joiner = tropical.ProgramBatcher(
+        made, max_batch=way.max_batch, shared=given, stacked=way.stacked, host=way.host
+    )
+    began = time.perf_counter()
+    await joiner.warm()
+    return joiner, time.perf_counter() - began
+
+
+async def batcher_row(
+    net: Queries, way: Way, args: argparse.Namespace, check: Any
+) -> dict[str, Any]:
+    """The row of a ProgramBatcher made ``way``: warmed, its first group served, then every
+    query."""
+    joiner, warmed = await batcher(net, way)
+    name = str(way)
+    progress(f"{name} warmed: {warmed:.1f} s")
+    own = net.calls(stacked=way.stacked)
+    asked = {"argmax": way.argmax, "on_host": way.host}
+    await served(joiner.run, own[: args.tasks], args.tasks, **asked)
+    before = joiner.stats()
+    joined = await served(joiner.run, own, args.tasks, **asked)
+    after = joiner.stats()
+    check(name, joined.pop("values"))
+    progress(f"{name}: {joined['queries_per_second']:,.0f} queries/s")
+    return {
+        "row": name,
+        **joined,
+        "replays": after.replays - before.replays,
+        "standins": after.standins - before.standins,
+        "first_seconds": warmed,
+    }
+
+
+async def profiled(net: Queries, args: argparse.Namespace) -> None:
+    """The host's time in a ProgramBatcher's calls, by function (cProfile), into
+    ``args.profile``: where a joined query's time goes besides the GPU's."""
+    import cProfile
+    import pstats
+
+    joiner, _ = await batcher(net, Way(args.tasks, stacked=True, host=True))
+    own = net.calls(stacked=True)
+    await served(joiner.run, own[: args.tasks], args.tasks, argmax=False, on_host=True)
+    profile = cProfile.Profile()
+    profile.enable()
+    await served(joiner.run, own, args.tasks, argmax=False, on_host=True)
+    profile.disable()
+    with args.profile.open("w") as out:
+        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(40)
+        pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(60)
+    progress(f"profile written: {args.profile}")
+
+
+def on_gpu(weights: Any, edges: list[Any]) -> tuple[list[list[Any]], list[Any]]:
+    """Each query's operands on the GPU (its vertices' tensors, rows of one (n, 2) array,
+    then ``edges``), and those arrays (its stack)."""
+    import cupy
+
+    n = weights.shape[1]
+    queries, stacks = [], []
+    for w in weights:
+        own = cupy.asarray(np.stack([np.zeros(n, np.float32), w], axis=1))
+        stacks.append(own)
+        queries.append([own[v] for v in range(n)] + edges)
+    # The queries' half a million arrays live through the run: out of the collector's way, or
+    # its full passes over them would show as stalls of a few hundred ms in the latencies.
+    gc.freeze()
+    return queries, stacks
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import cupy
 
@@ -134,12 +259,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     base = tropical.problems.independent_set(edges, [1.0] * n, vertices=range(n))
     vertices = list(range(n))  # the operands that vary: the vertices' tensors, first
     shared = [cupy.asarray(x) for x in base.operands]
-    queries = []
-    for w in weights:
-        own = cupy.asarray(np.stack([np.zeros(n, np.float32), w], axis=1))
-        queries.append([own[v] for v in vertices] + shared[n:])
+    queries, stacks = on_gpu(weights, shared[n:])
     plan = tropical.einsum_plan(base.subscripts, *base.operands)  # every row's order
+    progress(f"planned: {len(plan.steps)} steps")
+    began = time.perf_counter()
     program = await tropical.einsum_program(base.subscripts, *queries[0], optimize=plan)
+    made = time.perf_counter() - began
+    progress("program made")
 
     def reference(number: int) -> float:
         operands = [np.array([0, x], np.float32) for x in weights[number]]
@@ -157,52 +283,48 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     await served(program.run, queries[: args.tasks], args.tasks, argmax=False)
     alone = await served(program.run, queries, args.tasks, argmax=False)
     check("program.run", alone.pop("values"))
-    rows.append({"row": "program.run, each call alone", **alone})
+    rows.append({"row": "program.run, each call alone", **alone, "first_seconds": made})
+    progress(f"program.run: {alone['queries_per_second']:,.0f} queries/s")
 
-    for argmax in (False, True):
-        made = await tropical.einsum_program(
-            base.subscripts, *queries[0], argmax=argmax, optimize=plan
-        )
-        given = {n + i: x for i, x in enumerate(shared[n:])}  # once: a call passes its own
-        batcher = tropical.ProgramBatcher(made, max_batch=args.tasks, shared=given)
-        began = time.perf_counter()
-        await batcher.warm()
-        warmed = time.perf_counter() - began
-        own = [q[:n] for q in queries]
-        await served(batcher.run, own[: args.tasks], args.tasks, argmax=argmax)
-        before = batcher.stats()
-        joined = await served(batcher.run, own, args.tasks, argmax=argmax)
-        after = batcher.stats()
-        check("ProgramBatcher", joined.pop("values"))
-        rows.append({
-            "row": "ProgramBatcher" + (", with the assignment" if argmax else ""),
-            **joined,
-            "replays": after.replays - before.replays,
-            "standins": after.standins - before.standins,
-            "warm_seconds": warmed,
-        })  # fmt: skip
+    net = Queries(base, plan, queries, stacks, n)
+    for way in (
+        Way(args.tasks),
+        Way(args.tasks, stacked=True),
+        Way(args.tasks, stacked=True, host=True),
+        Way(args.tasks // 2, stacked=True, host=True),
+        Way(args.tasks, stacked=True, host=True, argmax=True),
+    ):
+        rows.append(await batcher_row(net, way, args, check))
+    if args.profile:
+        await profiled(net, args)
 
     batch = args.tasks
     stacked = [
         cupy.asarray(np.stack([np.zeros((batch, n), np.float32), weights[:batch]], axis=2)[:, v])
         for v in vertices
     ] + shared[n:]
+    began = time.perf_counter()
     batched = await tropical.einsum_program(
         base.subscripts, *queries[0], batch=batch, batched=vertices, optimize=plan
     )
+    made = time.perf_counter() - began
 
     def ours() -> Any:
         return batched.run_sync(*stacked).get()
 
+    progress("batched program made")
     got = ours()
     check("batched program", [float(x) for x in got])
     seconds = median_s(ours, args.repeats)  # (ours() ran once: its check)
     rows.append({"row": f"batched program, {batch} stacked queries", "queries_per_second":
-                 batch / seconds, "batch_ms": 1e3 * seconds})  # fmt: skip
+                 batch / seconds, "batch_ms": 1e3 * seconds, "first_seconds": made})  # fmt: skip
 
+    progress(f"batched program: {rows[-1]['queries_per_second']:,.0f} queries/s")
+    measured = {"rows": rows, "steps": len(plan.steps), "vertices": n, "edges": len(edges)}
     if args.jax:
+        save(args, measured)  # (JAX's first call compiles for minutes: ours are kept meanwhile)
         rows.append(jax_row(plan, stacked, n, args, check))
-    return {"rows": rows, "steps": len(plan.steps), "vertices": n, "edges": len(edges)}
+    return measured
 
 
 def table(facts: dict[str, Any], measured: dict[str, Any], args: argparse.Namespace) -> str:
@@ -219,8 +341,8 @@ def table(facts: dict[str, Any], measured: dict[str, Any], args: argparse.Namesp
         f"back). {facts['date']}, aionvrtc {facts['aionvrtc']}, CuPy {facts['cupy']}, NVRTC "
         f"{facts['nvrtc']}" + (f", JAX {facts['jax']}" if "jax" in facts else "") + ".",
         "",
-        "| how | queries/s | p50 ms | p99 ms | replays | vs JAX |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| how | queries/s | p50 ms | p99 ms | replays | vs JAX | made in s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         ratio = f"{r['queries_per_second'] / jax_rate:.2f}x" if jax_rate else "-"
@@ -228,9 +350,13 @@ def table(facts: dict[str, Any], measured: dict[str, Any], args: argparse.Namesp
         p99 = f"{r['p99_ms']:.2f}" if "p99_ms" in r else "-"
         replays = f"{r['replays']:,}" if "replays" in r else "-"
         lines.append(
-            f"| {r['row']} | {r['queries_per_second']:,.0f} | {p50} | {p99} | {replays} | {ratio} |"
+            f"| {r['row']} | {r['queries_per_second']:,.0f} | {p50} | {p99} | {replays} "
+            f"| {ratio} | {r['first_seconds']:.1f} |"
         )
     lines += [
+        "",
+        "Made in: the seconds before the first query (the program made, its batched programs "
+        "warmed, or JAX's first call: its trace and XLA's compile).",
         "",
         f"The first {CHECKED} queries' values of every row matched the NumPy reference "
         "(`tropical.reference.einsum` along the same path).",
@@ -246,13 +372,18 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--no-jax", dest="jax", action="store_false")
+    parser.add_argument("--profile", type=Path, help="cProfile a ProgramBatcher's calls, here")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     import anyio
 
-    measured = anyio.run(measure, args)
+    save(args, anyio.run(measure, args))
+
+
+def save(args: argparse.Namespace, measured: dict[str, Any]) -> None:
+    """Write the rows measured so far."""
     facts = gpu_facts()
-    if args.jax:
+    if any(r["row"].startswith("JAX") for r in measured["rows"]):
         import jax
 
         facts["jax"] = jax.__version__

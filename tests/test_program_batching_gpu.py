@@ -1,7 +1,8 @@
 """Batched programs and joined calls on the GPU: a batched program's replay (stacked operands,
-and each query's own through ``run_members``) against each query run alone on the program of
-one, for every semiring and dtype, with the assignments; and ``ProgramBatcher`` under bursts of
-concurrent tasks on asyncio and trio, warmed and cold, against each call's own answer."""
+and each query's own through ``run_members`` and ``run_addresses``) against each query run
+alone on the program of one, for every semiring and dtype, with the assignments; and
+``ProgramBatcher`` under bursts of concurrent tasks on asyncio and trio, warmed and cold, a
+call's operands one array each or stacked, against each call's own answer."""
 
 from __future__ import annotations
 
@@ -185,6 +186,114 @@ async def test_a_cold_batch_runs_one_by_one_while_its_program_is_made(
         assert host(b) == want
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(("ring", "dtype"), [("maxplus", "float32"), ("minplus", "int64")])
+async def test_stacked_calls_pass_one_array_and_get_each_their_own_answer(
+    ring: str, dtype: str, rng: np.random.Generator
+) -> None:
+    import cupy
+
+    subscripts, shapes, path, vertices, queries = weighted_kings(rng, 5, ring, dtype, 24)
+    program = await tropical.einsum_program(
+        subscripts, *shapes, dtype=dtype, semiring=ring, argmax=True, optimize=path
+    )
+    edges = {i: x for i, x in enumerate(queries[0]) if i not in vertices}
+    on_host = dtype == "int64"  # (answers on the host, or on the GPU)
+    batcher = tropical.ProgramBatcher(
+        program, max_batch=8, shared=edges, stacked=True, host=on_host
+    )
+    assert batcher.stacked
+    assert batcher.host == on_host
+    assert await batcher.warm() == 3
+    stacks = [cupy.stack([q[i] for i in vertices]) for q in queries]
+    # One laid out otherwise (copied first: its rows are read at fixed offsets).
+    stacks[5] = cupy.asfortranarray(stacks[5])
+    assert not stacks[5].flags.c_contiguous
+    answers = await _burst(batcher, [[x] for x in stacks])
+    # This task's first call: a group of one; its second (no other task asked): alone.
+    one = [await batcher.run(stacks[number]) for number in (0, 1)]
+    stats = batcher.stats()
+    assert stats.requests == 26
+    assert stats.alone == 1
+    assert stats.standins == 0
+    assert stats.replays <= 2 + 24 // 2
+    for query, (value, assignment) in zip(queries + queries[:2], answers + one, strict=True):
+        want = tropical.reference.einsum(subscripts, *map(host, query), semiring=ring, path=path)
+        assert isinstance(value, np.ndarray if on_host else cupy.ndarray)
+        assert value.shape == ()
+        assert host(value) == want
+        check_assignment(subscripts, [host(x) for x in query], ring, want, assignment)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_run_addresses_replays_the_queries_at_those_addresses(
+    rng: np.random.Generator,
+) -> None:
+    subscripts, shapes, path, vertices, queries = weighted_kings(rng, 4, "maxplus", "float32", 5)
+    batched = await tropical.einsum_program(
+        subscripts, *shapes, dtype="float32", batch=8, batched=vertices, optimize=path
+    )
+    addresses = [
+        [q[i].data.ptr for q in queries] if i in vertices else [queries[0][i].data.ptr]
+        for i in range(len(shapes))
+    ]
+    got = host(await batched.run_addresses(addresses, len(queries)))
+    assert_same(got, host(await batched.run_members(queries)), "run_addresses")
+    for number, query in enumerate(queries):
+        want = tropical.reference.einsum(subscripts, *map(host, query), path=path)
+        assert got[number] == want
+    assert got[len(queries)] == got[len(queries) - 1]  # (a padded row: the last query again)
+    message = f"run_addresses takes, for each of the {len(shapes)} inputs, 4 addresses"
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        await batched.run_addresses(addresses, 4)
+    with pytest.raises(ValueError, match=re.escape("run_addresses takes 1 to 8 queries, got 9")):
+        await batched.run_addresses(addresses, 9)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_bad_stacked_calls_are_refused_naming_the_stack_s_shape() -> None:
+    import cupy
+
+    program = await tropical.einsum_program("i,j,ij->", (3,), (3,), (3, 3), dtype="float32")
+    edge = {2: cupy.zeros((3, 3), cupy.float32)}
+    message = (
+        "stacked=True passes a call's own operands as one array, so they must share a shape, "
+        "and this program's have 2: [(3,), (3, 3)]; pass the others as shared=, or call with "
+        "one array per operand (stacked=False)"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        tropical.ProgramBatcher(program, stacked=True)
+    batcher = tropical.ProgramBatcher(program, shared=edge, stacked=True)
+    message = (
+        "this ProgramBatcher (stacked=True) takes one array per call, its 2 own operands "
+        "stacked (shape (2, 3)), got 2 operands"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        await batcher.run(cupy.ones(3, cupy.float32), cupy.ones(3, cupy.float32))
+    message = (
+        "ProgramBatcher.run (stacked=True) takes float32 of shape (2, 3) (the 2 own operands "
+        "stacked) on device 0, got float32 of shape (3, 2) on device 0"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        await batcher.run(cupy.ones((3, 2), cupy.float32))
+    with pytest.raises(TypeError, match=re.escape("takes a cupy.ndarray, not numpy.ndarray")):
+        await batcher.run(np.ones((2, 3), np.float32))
+    assert batcher.stats().requests == 0
+    stack = cupy.asarray([[0, 1, 2], [5, 0, 0]], cupy.float32)
+    assert float(await batcher.run(stack)) == 7.0  # (max over i, j of x_i + y_j + 0)
+    # On the host: a burst's values, each its own.
+    hosted = tropical.ProgramBatcher(program, max_batch=8, shared=edge, stacked=True, host=True)
+    await hosted.warm()
+    stacks = [[stack + k] for k in range(5)]
+    values = await _burst(hosted, stacks)
+    assert [type(v) for v in values] == [np.ndarray] * 5
+    assert [float(v) for v in values] == [7.0 + 2 * k for k in range(5)]
+    assert hosted.stats().replays == 1
+
+
 def _made(batcher: tropical.ProgramBatcher, size: int) -> bool:
     """Whether the batched program of ``size`` is made (for any varying operands)."""
     return any(made == size for _, made in batcher.programs)
@@ -221,6 +330,13 @@ async def test_bad_calls_are_refused_in_their_own_task(rng: np.random.Generator)
     )
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         await one.run(cupy.ones((4, 5), cupy.float32), cupy.ones((5, 6), cupy.float32))
+    message = (  # (a call's own operands checked, named by their places in the program)
+        "einsum program operand 0 must be float32 of shape (4, 5) on device 0 (as the program "
+        "was made), got float32 of shape (5, 4) on device 0; make a program for these with "
+        "einsum_program"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        await one.run(cupy.ones((5, 4), cupy.float32))
     assert float(await one.run(cupy.full((4, 5), 2, cupy.float32))) == 3.0
     refused = 0
 

@@ -30,6 +30,7 @@ import anyio.lowlevel
 import numpy as np
 
 from ..._compiler import Compiler
+from ..._cuda import synchronize
 from ..products import Group, Joiner, Member, cupy_module, run_async
 from ._programs import EinsumProgram, make_program
 from ._runs import resolved_stream
@@ -102,10 +103,22 @@ class ProgramBatcher:
             call then passes only the others, in order, and a batch reads these once (the
             graph's tensors, where each query brings its own weights). None: a call passes
             all of them.
+        stacked: A call passes its own operands (those not ``shared``; all of one shape) as
+            one array, stacked on a new leading axis: a graph's vertex tensors as one
+            ``(n, 2)`` array, as a JAX ``vmap`` user writes a query. A call then costs the
+            host one array's check and address, not one per operand (tens of microseconds
+            for a hundred operands). False: one array per operand.
+        host: Each call gets its result on the host (a NumPy array; ``.copy()`` it to keep
+            only its own), the batch's copied back once, after one wait for the GPU, where
+            each call's own wait and copy would cost the host tens of microseconds a call
+            (what a server answering on the network spends). False: on the GPU, not waited
+            for.
 
     Attributes:
         program: The program.
         shared: The shared operands' positions, ascending.
+        stacked: Whether a call passes its own operands as one array.
+        host: Whether a call's result comes back on the host.
         sizes: The batch sizes of the batched programs, ascending: powers of two below
             ``max_batch``, then ``max_batch``.
 
@@ -114,7 +127,7 @@ class ProgramBatcher:
             int, or its operand not a ``cupy.ndarray``.
         ValueError: ``program`` is batched already; a bound is not what ``Batcher`` takes; a
             shared operand's position is not the program's, or its dtype, shape or device;
-            ``shared`` names every operand.
+            ``shared`` names every operand; ``stacked`` with own operands of many shapes.
     """
 
     def __init__(
@@ -126,6 +139,8 @@ class ProgramBatcher:
         max_delay: float = 0.0,
         max_queue: int | None = None,
         shared: Mapping[int, Any] | None = None,
+        stacked: bool = False,
+        host: bool = False,
     ) -> None:
         if not isinstance(program, EinsumProgram):
             raise TypeError(
@@ -156,10 +171,16 @@ class ProgramBatcher:
             )
         self.shared = tuple(sorted(self._shared))
         self._own = [p for p in range(count) if p not in self._shared]  # what a call passes
+        self._template: list[Any] = [self._shared.get(p) for p in range(count)]
         if self._shared:  # checked as a call's would be: these with the program's first inputs
             program.check(self._merged(tuple(program.inputs[p] for p in self._own)))
             for position, x in self._shared.items():  # read as one run by every replay
-                self._shared[position] = cupy_module().ascontiguousarray(x)
+                self._shared[position] = self._template[position] = cupy_module().ascontiguousarray(
+                    x
+                )
+        self.stacked, self.host = stacked, host
+        if stacked:
+            self._stacking(program)
         self._compiler = compiler
         self._joiner = Joiner(
             "ProgramBatcher", max_batch, max_delay, max_queue,
@@ -173,6 +194,24 @@ class ProgramBatcher:
         # Batched programs by (varying operands, size): made, being made (None), or failed.
         self._made: dict[tuple[tuple[int, ...], int], EinsumProgram | _Failed | None] = {}
         self._requests = self._replays = self._alone = self._standins = self._padded = 0
+
+    def _stacking(self, program: EinsumProgram) -> None:
+        """What ``stacked=True`` calls need: the stack's shape, each own operand's offset in
+        it, and the shared operands' addresses (every batch reads them)."""
+        shapes = sorted({program.inputs[p].shape for p in self._own})
+        if len(shapes) != 1:
+            raise ValueError(
+                f"stacked=True passes a call's own operands as one array, so they must share "
+                f"a shape, and this program's have {len(shapes)}: {shapes}; pass the others "
+                "as shared=, or call with one array per operand (stacked=False)"
+            )
+        self._stack_shape = (len(self._own), *shapes[0])
+        row = int(np.prod(shapes[0], dtype=np.int64)) * program.dtype.itemsize
+        self._offsets = np.arange(len(self._own), dtype=np.int64)[:, None] * row
+        self._addresses: list[list[int]] = [
+            [self._shared[p].data.ptr] if p in self._shared else []
+            for p in range(len(program.inputs))
+        ]
 
     @property
     def programs(self) -> dict[tuple[tuple[int, ...], int], EinsumProgram]:
@@ -221,13 +260,13 @@ class ProgramBatcher:
 
         Args:
             *operands: One query's operands, as ``program.run`` takes them: all of them, or
-                with ``shared``, the others in order.
+                with ``shared``, the others in order; with ``stacked``, one array of them.
             stream: The CuPy stream to enqueue on; only calls of one stream share a replay.
                 Default: CuPy's current stream of the program's device.
 
         Returns:
             As ``program.run``: the result, or with ``argmax=True`` the pair (result,
-            assignment).
+            assignment); the result a NumPy array where ``host``.
 
         Raises:
             TypeError: An operand is not a ``cupy.ndarray``; raised in this task, before the
@@ -244,25 +283,30 @@ class ProgramBatcher:
                 "ProgramBatcher.run takes a query's operands (a call without operands reads "
                 "the program's bound inputs: call program.run() for that)"
             )
-        if self._shared:
+        stream = resolved_stream(program.device, stream)
+        if self.stacked:
+            operands = (self._stack(operands, stream),)
+        elif self._shared:
             if len(operands) != len(self._own):
                 raise ValueError(
                     f"this ProgramBatcher's calls pass {len(self._own)} operands (the "
                     f"program's {len(program.inputs)} less the {len(self._shared)} shared), "
                     f"got {len(operands)}"
                 )
+            program.check(operands, positions=self._own)  # (the shared ones: once, at first)
             operands = self._merged(operands)
-        program.check(operands)
+        else:
+            program.check(operands)
         joiner = self._joiner
         joiner.admit()
         try:
             self._requests += 1
-            stream = resolved_stream(program.device, stream)
             key: Hashable = stream.ptr
             if joiner.max_batch == 1 or joiner.alone(key):
                 self._alone += 1
                 self._replays += 1
-                return await program.run(*operands, stream=stream)
+                done = await program.run(*self._operands(operands), stream=stream)
+                return await self._fetched(done, stream)
             member = Member(operands)
             await joiner.join(key, member, lambda: stream, self._launch)
             if member.error is not None:
@@ -278,36 +322,101 @@ class ProgramBatcher:
         program = self.program
         if len(members) == 1:
             self._replays += 1
-            members[0].result = await program.run(*members[0].asked, stream=stream)
+            done = await program.run(*self._operands(members[0].asked), stream=stream)
+            members[0].result = await self._fetched(done, stream)
             return
-        first = members[0].asked
-        varying = tuple(
-            i for i in self._own if any(m.asked[i] is not first[i] for m in members)
-        ) or (self._own[0],)  # (all the same query: each still gets a result of its own)
+        if self.stacked:  # each own operand from each call's stack
+            varying = tuple(self._own)
+        else:  # the members' operands by input (a transposition in C: hundreds, maybe)
+            columns = list(zip(*(m.asked for m in members), strict=True))
+            varying = tuple(i for i in self._own if len(set(map(id, columns[i]))) > 1) or (
+                self._own[0],
+            )  # (all the same query: each still gets a result of its own)
         size = next(s for s in self.sizes if s >= len(members))
         batched = self._ready(varying, size)
         if batched is None:  # one by one on the program, while the batched one is made
             self._standins += len(members)
             for member in members:
                 self._replays += 1
-                member.result = await program.run(*member.asked, stream=stream)
+                done = await program.run(*self._operands(member.asked), stream=stream)
+                member.result = await self._fetched(done, stream)
             return
         self._replays += 1
         self._padded += size - len(members)
-        done = await batched.run_members([m.asked for m in members], stream)
+        if self.stacked:  # the addresses of every call's rows, at once
+            bases = np.array([m.asked[0].data.ptr for m in members], np.int64)
+            addresses = self._addresses.copy()
+            for position, row in zip(self._own, (bases + self._offsets).tolist(), strict=True):
+                addresses[position] = row
+            done = await batched.run_addresses(addresses, len(members), stream)
+        else:
+            done = await batched.run_members([m.asked for m in members], stream)
+        done = await self._fetched(done, stream)
         if program.argmax:
             result, found = done
-            for q, member in enumerate(members):
-                member.result = (result[q], {name: _at(at, q) for name, at in found.items()})
+            names = list(found)
+            if program.shape:  # each index's array of the query's result shape
+                for q, member in enumerate(members):
+                    member.result = (result[q, ...], {name: found[name][q] for name in names})
+            else:  # each index's int: the batch's values as one table, a row a query
+                table = np.stack([found[name] for name in names], axis=1).tolist()
+                for q, member in enumerate(members):
+                    member.result = (result[q, ...], dict(zip(names, table[q], strict=True)))
         else:
             for q, member in enumerate(members):
-                member.result = done[q]
+                member.result = done[q, ...]
+
+    async def _fetched(self, done: Any, stream: Any) -> Any:
+        """A replay's answer (the result, or the pair with its assignment), its result brought
+        to the host once the GPU is done with it where ``host`` (else as it is)."""
+        if not self.host:
+            return done
+        result = done[0] if self.program.argmax else done
+        await synchronize(stream)
+        result = result.get(stream=stream)
+        return (result, done[1]) if self.program.argmax else result
+
+    def _stack(self, operands: Sequence[Any], stream: Any) -> Any:
+        """A ``stacked`` call's one array, checked (C-contiguous: a copy, where it is not)."""
+        cupy = cupy_module()
+        program = self.program
+        if len(operands) != 1:
+            raise ValueError(
+                f"this ProgramBatcher (stacked=True) takes one array per call, its "
+                f"{len(self._own)} own operands stacked (shape {self._stack_shape}), got "
+                f"{len(operands)} operands"
+            )
+        (stack,) = operands
+        if type(stack) is not cupy.ndarray:
+            raise TypeError(
+                f"ProgramBatcher.run (stacked=True) takes a cupy.ndarray, not "
+                f"{type(stack).__module__}.{type(stack).__name__}"
+            )
+        if (
+            stack.shape != self._stack_shape
+            or stack.dtype != program.dtype
+            or stack.data.device_id != program.device
+        ):
+            raise ValueError(
+                f"ProgramBatcher.run (stacked=True) takes {program.dtype} of shape "
+                f"{self._stack_shape} (the {len(self._own)} own operands stacked) on device "
+                f"{program.device}, got {stack.dtype} of shape {stack.shape} on device "
+                f"{stack.data.device_id}"
+            )
+        if not stack.flags.c_contiguous:  # (its rows are read at fixed offsets)
+            with stream:
+                stack = cupy.ascontiguousarray(stack)
+        return stack
+
+    def _operands(self, asked: Sequence[Any]) -> Sequence[Any]:
+        """A call's operands as ``program.run`` takes them (a stack's rows, each an operand)."""
+        return self._merged(list(asked[0])) if self.stacked else asked
 
     def _merged(self, own: Sequence[Any]) -> tuple[Any, ...]:
         """A call's operands with the shared ones in their places."""
-        merged = list(own)
-        for position in self.shared:
-            merged.insert(position, self._shared[position])
+        merged = self._template.copy()
+        for position, x in zip(self._own, own, strict=True):
+            merged[position] = x
         return tuple(merged)
 
     def _ready(self, varying: tuple[int, ...], size: int) -> EinsumProgram | None:
@@ -382,9 +491,3 @@ class ProgramBatcher:
             f"<ProgramBatcher max_batch={self._joiner.max_batch} of {self.program!r}: "
             f"{s.requests} calls in {s.replays} replays>"
         )
-
-
-def _at(at: Any, query: int) -> Any:
-    """A query's value of an index from the batch's array of it: an int for a scalar query."""
-    value = at[query]
-    return int(value) if getattr(value, "ndim", 0) == 0 else value

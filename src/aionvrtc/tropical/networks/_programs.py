@@ -484,29 +484,83 @@ class EinsumProgram:
             ValueError: The program is not batched, or ``members`` are none or more than
                 ``batch``.
         """
-        batch = self._batch
-        if batch is None or not 1 <= len(members) <= batch.size:
-            raise ValueError(
-                f"run_members takes 1 to {batch.size} queries, got {len(members)}"
-                if batch is not None
-                else "run_members needs a batched program (einsum_program(..., batch=))"
-            )
+        self._check_count("run_members", len(members))
         stream = resolved_stream(self.device, stream)
-        pointers: list[int] = []
+        addresses: list[list[int]] = []
         held: list[Any] = []
         cupy = cupy_module()
+        varying = self._varying
+        # The members' operands by input (a transposition in C: a query may have hundreds).
+        columns = list(zip(*members, strict=True))
         with OnDevice(self.device):
-            varying = self._varying
             for i, strides in enumerate(self._query_strides):
-                column = [m[i] for m in members] if i in varying else [members[0][i]]
+                column = columns[i] if i in varying else columns[i][:1]
                 # Laid out as a query's input (a C-level check of all at once), else copied.
                 if list(map(_STRIDES, column)).count(strides) != len(column):
                     with stream:
-                        column = [cupy.ascontiguousarray(x) for x in column]
+                        column = tuple(cupy.ascontiguousarray(x) for x in column)
                     held += column
-                pointers += map(_POINTER, column)
-                if i in varying:  # (the rows past the last query read it again)
-                    pointers += [pointers[-1]] * (batch.size - len(members))
+                addresses.append(list(map(_POINTER, column)))
+        return await self._run_addresses(addresses, len(members), stream, held)
+
+    async def run_addresses(
+        self, addresses: Sequence[Sequence[int]], count: int, stream: Any = None
+    ) -> Any:
+        """``run_members`` for queries given by their operands' device addresses, unchecked:
+        where a caller has them without an array per operand (``ProgramBatcher`` with
+        ``stacked=True``: a query's operands as rows of one array).
+
+        Args:
+            addresses: For each input, in order: the ``count`` queries' addresses of it (an
+                input in ``batched``), or the one address every query reads (any other). Each
+                the address of a C-contiguous array of the query's operand's shape, the
+                program's dtype and device, left alive until the call returns.
+            count: How many queries, 1 to ``batch`` (the rows past the last read it again).
+            stream: The CuPy stream to enqueue on (default: CuPy's current stream of the
+                program's device).
+
+        Returns:
+            As ``run_members``.
+
+        Raises:
+            ValueError: The program is not batched, ``count`` is not 1 to ``batch``, or
+                ``addresses`` has not an entry per input, or an entry not as many addresses
+                as its input takes.
+        """
+        self._check_count("run_addresses", count)
+        if len(addresses) != len(self.inputs) or any(
+            len(column) != (count if i in self._varying else 1)
+            for i, column in enumerate(addresses)
+        ):
+            raise ValueError(
+                f"run_addresses takes, for each of the {len(self.inputs)} inputs, {count} "
+                f"addresses (the inputs {sorted(self._varying)}) or one (the others)"
+            )
+        return await self._run_addresses(addresses, count, resolved_stream(self.device, stream), [])
+
+    def _check_count(self, what: str, count: int) -> None:
+        batch = self._batch
+        if batch is None or not 1 <= count <= batch.size:
+            raise ValueError(
+                f"{what} takes 1 to {batch.size} queries, got {count}"
+                if batch is not None
+                else f"{what} needs a batched program (einsum_program(..., batch=))"
+            )
+
+    async def _run_addresses(
+        self, addresses: Sequence[Sequence[int]], count: int, stream: Any, held: list[Any]
+    ) -> Any:
+        """The replay of ``run_members`` and ``run_addresses`` (``held``: copies of operands,
+        kept until enqueued)."""
+        batch = self._batch
+        assert batch is not None  # (checked by the callers)
+        pointers: list[int] = []
+        padding = batch.size - count
+        for i, column in enumerate(addresses):
+            pointers += column
+            if padding and i in self._varying:  # (the rows past the last query read it again)
+                pointers += [column[-1]] * padding
+        with OnDevice(self.device):
             if self._member_gathers is None:  # (its tables written on the stream it runs on)
                 with stream:
                     self._member_gathers = self._gather_launches(self._member_rows(batch))
@@ -538,27 +592,33 @@ class EinsumProgram:
             del found[self._batch.symbol]  # (the batch's own index: the query's number)
         return found
 
-    def check(self, operands: Sequence[Any]) -> None:
+    def check(self, operands: Sequence[Any], *, positions: Sequence[int] | None = None) -> None:
         """Refuse ``operands`` as ``run`` would: raise unless they are as many as the
         program's inputs, each a ``cupy.ndarray`` of its shape, the program's dtype and
         device (in any memory order: ``run`` copies one that is not C-contiguous).
 
         Args:
             operands: The operands of one call (of a batched program: with the batch's axes).
+            positions: The inputs ``operands`` are, in order (a call's own, where the others
+                were checked once: ``ProgramBatcher``'s shared operands). None: all of them.
 
         Raises:
             TypeError: An operand is not a ``cupy.ndarray``.
-            ValueError: The operands are not as many as the inputs, or one has another
-                dtype, shape or device than the program's.
+            ValueError: The operands are not as many as the inputs (as ``positions``), or one
+                has another dtype, shape or device than the program's.
         """
-        if len(operands) != len(self.inputs):
+        shapes = self._shapes if positions is None else [self._shapes[p] for p in positions]
+        if len(operands) != len(shapes):
             raise ValueError(
                 f"this einsum program takes {len(self.inputs)} operands "
                 f"({self.plan.subscripts}), got {len(operands)}"
+                if positions is None
+                else f"{len(shapes)} operands were to be checked, got {len(operands)}"
             )
-        if not self._alike(operands):
+        if not self._alike(operands, shapes):
             cupy = cupy_module()
-            for i, (x, shape) in enumerate(zip(operands, self._shapes, strict=True)):
+            numbers = range(len(shapes)) if positions is None else positions
+            for i, x, shape in zip(numbers, operands, shapes, strict=True):
                 if (
                     type(x) is not cupy.ndarray
                     or x.shape != shape
@@ -567,14 +627,14 @@ class EinsumProgram:
                 ):
                     self._refuse(i, x, shape)
 
-    def _alike(self, operands: Sequence[Any]) -> bool:
-        """Whether ``operands`` are CuPy arrays of the inputs' shapes, dtype and device,
+    def _alike(self, operands: Sequence[Any], shapes: list[tuple[int, ...]]) -> bool:
+        """Whether ``operands`` are CuPy arrays of ``shapes``, the inputs' dtype and device,
         checked a property at a time over all of them (loops in C: a network has hundreds
         of operands, each checked on every call)."""
         try:
             return (
                 set(map(type, operands)) == self._types
-                and list(map(_SHAPE, operands)) == self._shapes
+                and list(map(_SHAPE, operands)) == shapes
                 and set(map(_DTYPE, operands)) == self._dtypes
                 and set(map(_DEVICE, operands)) == self._devices
             )
@@ -598,7 +658,7 @@ class EinsumProgram:
         ):
             return sources
         # Operands laid out as the bound inputs (see _alike).
-        alike = self._alike(operands)
+        alike = self._alike(operands, self._shapes)
         if alike and list(map(_STRIDES, operands)) == self._strides:
             pointers = list(map(_POINTER, operands))
             sources = (pointers, []) if pointers != self._bound else None
