@@ -81,6 +81,12 @@ def burst(run: dict[str, Any], scenario: str, which: str, *fields: str) -> list[
     return [found[which][field] for field in fields]
 
 
+def queries(run: dict[str, Any], row: str) -> dict[str, Any]:
+    """A program_batching result's row."""
+    (found,) = [r for r in run["results"]["rows"] if r["row"] == row]
+    return dict(found)
+
+
 @dataclass(frozen=True)
 class Figure:
     quote: str  # a regex over the README, its whitespace collapsed; one group per figure
@@ -274,6 +280,11 @@ def bundle_p90(path: Path) -> list[Decimal]:
 
 SERVER = "server_load-nvidia-h100-80gb-hbm3.json"
 FIRST_BURST = "first_burst-nvidia-h100-80gb-hbm3.json"
+PROGRAM_BATCHING = "program_batching-nvidia-h100-80gb-hbm3.json"
+JOINED_64 = "ProgramBatcher(max_batch=64, stacked=True, host=True)"
+JOINED_32 = "ProgramBatcher(max_batch=32, stacked=True, host=True)"
+JAX_ROW = "JAX jit(vmap), 64 stacked queries"
+BATCHED_ROW = "batched program, 64 stacked queries"
 LAUNCH = "launch-h100-80gb-hbm3.md"
 LAUNCH_JSON = "launch-h100-80gb-hbm3.json"
 SERVICE = "compile_service-2-vcpus-{}.md"
@@ -368,6 +379,42 @@ FIGURES = [
             lambda r: [
                 *burst(r, "cold", "first", "requests_per_second"),
                 burst(r, "cold", "first", "p99_ms")[0] / 1000,
+            ]
+        ),
+    ),
+    # Many queries of one network: joined calls, the batched program and JAX
+    Figure(
+        r"each call alone on the program serves ([\d,.]+) queries/s; joined by a "
+        r"`ProgramBatcher`, ([\d,.]+) with a call's 100 vertex tensors one array each, "
+        r"([\d,.]+) stacked, ([\d,.]+) stacked with `host=True` \(p99 ([\d,.]+) ms\), and "
+        r"([\d,.]+) with `max_batch=32` as well \(p99 ([\d,.]+) ms",
+        PROGRAM_BATCHING,
+        data(
+            lambda r: [
+                queries(r, "program.run, each call alone")["queries_per_second"],
+                queries(r, "ProgramBatcher(max_batch=64)")["queries_per_second"],
+                queries(r, "ProgramBatcher(max_batch=64, stacked=True)")["queries_per_second"],
+                *(queries(r, JOINED_64)[k] for k in ("queries_per_second", "p99_ms")),
+                *(queries(r, JOINED_32)[k] for k in ("queries_per_second", "p99_ms")),
+            ]
+        ),
+    ),
+    Figure(
+        r"serves ([\d,.]+) queries/s, ([\d.]+)x that; its first call took ([\d,.]+) s \(the "
+        r"trace and XLA's compile\), where the batched programs were made in ([\d.]+) s\. The "
+        r"batched program itself on the same stacked weights serves ([\d,.]+) queries/s, "
+        r"([\d.]+)x JAX's rate",
+        PROGRAM_BATCHING,
+        data(
+            lambda r: [
+                queries(r, JAX_ROW)["queries_per_second"],
+                queries(r, JAX_ROW)["queries_per_second"]
+                / queries(r, JOINED_32)["queries_per_second"],
+                queries(r, JAX_ROW)["first_seconds"],
+                queries(r, JOINED_32)["first_seconds"],
+                queries(r, BATCHED_ROW)["queries_per_second"],
+                queries(r, BATCHED_ROW)["queries_per_second"]
+                / queries(r, JAX_ROW)["queries_per_second"],
             ]
         ),
     ),

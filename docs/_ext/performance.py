@@ -82,6 +82,7 @@ GROUPS = (
         ("launch-h100-80gb-hbm3", "Launch cost and batched requests, H100"),
         ("server_load-nvidia-h100-80gb-hbm3", "The shortest-paths server under load, H100"),
         ("first_burst-nvidia-h100-80gb-hbm3", "A server's first burst at a new batch size, H100"),
+        ("program_batching-nvidia-h100-80gb-hbm3", "Many weighted queries of one network, H100"),
     )),
 )  # fmt: skip
 
