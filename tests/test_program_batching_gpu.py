@@ -21,6 +21,7 @@ from .support.einsum import (
     IDS,
     assert_same,
     check_assignment,
+    check_assignments,
     kings_graph,
     network_values,
     random_network,
@@ -245,9 +246,14 @@ async def test_run_addresses_replays_the_queries_at_those_addresses(
         want = tropical.reference.einsum(subscripts, *map(host, query), path=path)
         assert got[number] == want
     assert got[len(queries)] == got[len(queries) - 1]  # (a padded row: the last query again)
-    message = f"run_addresses takes, for each of the {len(shapes)} inputs, 4 addresses"
-    with pytest.raises(ValueError, match="^" + re.escape(message)):
+    message = (
+        f"run_addresses takes, for each of the {len(shapes)} inputs, 4 addresses (the inputs "
+        f"{vertices}) or one (the others); got 5 for input {min(vertices)}"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         await batched.run_addresses(addresses, 4)
+    with pytest.raises(ValueError, match=re.escape(f"got {len(shapes) - 1} inputs' addresses")):
+        await batched.run_addresses(addresses[:-1], 5)
     with pytest.raises(ValueError, match=re.escape("run_addresses takes 1 to 8 queries, got 9")):
         await batched.run_addresses(addresses, 9)
 
@@ -294,6 +300,63 @@ async def test_bad_stacked_calls_are_refused_naming_the_stack_s_shape() -> None:
     assert hosted.stats().replays == 1
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_results_with_indices_come_back_to_the_host_each_call_its_own(
+    rng: np.random.Generator,
+) -> None:
+    import cupy
+
+    subscripts = "ij,jk->i"
+    program = await tropical.einsum_program(
+        subscripts, (3, 4), (4, 5), dtype="float32", argmax=True
+    )
+    batcher = tropical.ProgramBatcher(program, max_batch=4, host=True)
+    await batcher.warm()
+    queries = [
+        [
+            cupy.asarray(rng.integers(-9, 10, size=shape).astype(np.float32))
+            for shape in ((3, 4), (4, 5))
+        ]
+        for _ in range(7)
+    ]
+    answers = await _burst(batcher, queries)
+    assert batcher.stats().standins == 0
+    assert batcher.stats().replays <= 3  # (groups of up to 4)
+    for query, (value, assignment) in zip(queries, answers, strict=True):
+        operands = [host(x) for x in query]
+        want = tropical.reference.einsum(subscripts, *operands)
+        assert isinstance(value, np.ndarray)
+        np.testing.assert_array_equal(value, want)
+        assert check_assignments(subscripts, operands, "maxplus", value, assignment) == 3
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_cold_stacked_batch_runs_one_by_one_and_warm_makes_only_its_own(
+    rng: np.random.Generator,
+) -> None:
+    import cupy
+
+    subscripts, shapes, path, vertices, queries = weighted_kings(rng, 3, "maxplus", "float32", 6)
+    program = await tropical.einsum_program(subscripts, *shapes, dtype="float32", optimize=path)
+    edges = {i: x for i, x in enumerate(queries[0]) if i not in vertices}
+    batcher = tropical.ProgramBatcher(program, max_batch=8, shared=edges, stacked=True, host=True)
+    message = (
+        f"a stacked ProgramBatcher's batches vary in the calls' own operands {vertices} alone "
+        f"(each call's stack), so warm makes those: pass no batched= (got {vertices[:2]})"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        await batcher.warm(batched=vertices[:2])
+    stacks = [[cupy.stack([q[i] for i in vertices])] for q in queries]
+    answers = await _burst(batcher, stacks)
+    assert batcher.stats().standins == 6  # one by one: the batched program is not made
+    for query, value in zip(queries, answers, strict=True):
+        want = tropical.reference.einsum(subscripts, *map(host, query), path=path)
+        assert isinstance(value, np.ndarray)
+        assert value == want
+
+
 def _made(batcher: tropical.ProgramBatcher, size: int) -> bool:
     """Whether the batched program of ``size`` is made (for any varying operands)."""
     return any(made == size for _, made in batcher.programs)
@@ -337,6 +400,12 @@ async def test_bad_calls_are_refused_in_their_own_task(rng: np.random.Generator)
     )
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         await one.run(cupy.ones((5, 4), cupy.float32))
+    message = "the operands at positions [0] of this einsum program (ij,jk->) are 1, got 2"
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        program.check([cupy.ones((4, 5), cupy.float32)] * 2, positions=[0])
+    message = "positions must be the program's inputs' (0 to 1: ij,jk->), got [0, 2]"
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        program.check([cupy.ones((4, 5), cupy.float32)] * 2, positions=[0, 2])
     assert float(await one.run(cupy.full((4, 5), 2, cupy.float32))) == 3.0
     refused = 0
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..._compiler import Compiler
 from ..._cuda import synchronize
-from ..products import Group, Joiner, Member, cupy_module, run_async
+from ..products import Group, Joiner, Member, OnDevice, cupy_module, run_async
 from ._programs import EinsumProgram, make_program
 from ._runs import resolved_stream
 
@@ -69,6 +69,39 @@ class ProgramBatcherStats:
     padded: int
 
 
+class _Fetch:
+    """A replay's result, read back to the host once the GPU is done with it: by the first of
+    its calls to find it done, for all of them."""
+
+    __slots__ = ("_done", "_host", "_reader", "_result")
+
+    def __init__(self, result: Any, stream: Any, reader: Any, device: int) -> None:
+        self._result, self._reader, self._host = result, reader, None
+        with OnDevice(device):  # (an event of the stream's device)
+            self._done = cupy_module().cuda.Event(block=False, disable_timing=True)
+            self._done.record(stream)
+
+    async def read(self) -> Any:
+        await synchronize(self._done)
+        if self._host is None:  # (the replay is done: no wait for the streams' later work)
+            self._host = self._result.get(stream=self._reader)
+            self._result = None
+        return self._host
+
+
+class _Later:
+    """One call's row of a replay's result (None: the whole result), read back when asked."""
+
+    __slots__ = ("_fetch", "_row")
+
+    def __init__(self, fetch: _Fetch, row: int | None) -> None:
+        self._fetch, self._row = fetch, row
+
+    async def read(self) -> Any:
+        host = await self._fetch.read()
+        return host if self._row is None else host[self._row, ...]
+
+
 class _Failed:
     """A batched program's making that failed: when, and whether for good (a ValueError or
     TypeError: one past the device's memory, say, fails again)."""
@@ -88,7 +121,8 @@ class ProgramBatcher:
     made with ``argmax=True`` the pair (result, assignment). Calls on one stream that tasks
     make while a group is open join it, up to ``max_batch`` (see ``Batcher`` for the group's
     rules: one pass of the event loop, ``max_delay``, ``max_queue``). A group's operands that
-    are the same array in every call are read once (shared); the others are each call's own.
+    are the same array in every call are read once (shared); the others are each call's own
+    (with ``stacked``, every own operand: each call's rows).
 
     Args:
         program: The program whose calls are joined (``einsum_program``; not a batched one).
@@ -179,6 +213,7 @@ class ProgramBatcher:
                     x
                 )
         self.stacked, self.host = stacked, host
+        self._reading: Any = None  # (the stream of host=True's reads, made at the first)
         if stacked:
             self._stacking(program)
         self._compiler = compiler
@@ -236,17 +271,25 @@ class ProgramBatcher:
 
         Args:
             batched: The positions of the operands that vary from call to call (the others
-                being the same arrays in every call). None: all but the ``shared`` ones.
+                being the same arrays in every call). None: all but the ``shared`` ones (with
+                ``stacked``, the only choice).
 
         Returns:
             How many batched programs are made (``len(sizes)``, less 1: a group of one runs
             on the program itself).
 
         Raises:
+            ValueError: ``stacked``, and ``batched`` names other operands than the calls' own.
             As ``einsum_program`` raises: a kernel that cannot be fetched, a batched program
             past the device's memory.
         """
         varying = tuple(self._own if batched is None else sorted(batched))
+        if self.stacked and varying != tuple(self._own):
+            raise ValueError(
+                f"a stacked ProgramBatcher's batches vary in the calls' own operands "
+                f"{self._own} alone (each call's stack), so warm makes those: pass no batched= "
+                f"(got {list(varying)})"
+            )
         made = 0
         for size in self.sizes:
             if size > 1:
@@ -306,12 +349,13 @@ class ProgramBatcher:
                 self._alone += 1
                 self._replays += 1
                 done = await program.run(*self._operands(operands), stream=stream)
-                return await self._fetched(done, stream)
+                return await self._delivered(self._later(done, stream)) if self.host else done
             member = Member(operands)
             await joiner.join(key, member, lambda: stream, self._launch)
             if member.error is not None:
                 raise member.error
-            return member.result
+            # (Read back in this task: a caller's cancellation reaches its call alone.)
+            return await self._delivered(member.result) if self.host else member.result
         finally:
             joiner.waiting -= 1
 
@@ -323,7 +367,7 @@ class ProgramBatcher:
         if len(members) == 1:
             self._replays += 1
             done = await program.run(*self._operands(members[0].asked), stream=stream)
-            members[0].result = await self._fetched(done, stream)
+            members[0].result = self._later(done, stream) if self.host else done
             return
         if self.stacked:  # each own operand from each call's stack
             varying = tuple(self._own)
@@ -339,7 +383,7 @@ class ProgramBatcher:
             for member in members:
                 self._replays += 1
                 done = await program.run(*self._operands(member.asked), stream=stream)
-                member.result = await self._fetched(done, stream)
+                member.result = self._later(done, stream) if self.host else done
             return
         self._replays += 1
         self._padded += size - len(members)
@@ -351,30 +395,46 @@ class ProgramBatcher:
             done = await batched.run_addresses(addresses, len(members), stream)
         else:
             done = await batched.run_members([m.asked for m in members], stream)
-        done = await self._fetched(done, stream)
-        if program.argmax:
-            result, found = done
+        result, found = done if program.argmax else (done, None)
+        # Each call's result: its row of the batch's, on the GPU, or read back to the host
+        # (once, by the first call to find the GPU done: each in its own task).
+        fetch = _Fetch(result, stream, self._reader(), program.device) if self.host else None
+        rows: list[Any] = [
+            _Later(fetch, q) if fetch is not None else result[q, ...] for q in range(len(members))
+        ]
+        if found is not None:
             names = list(found)
             if program.shape:  # each index's array of the query's result shape
-                for q, member in enumerate(members):
-                    member.result = (result[q, ...], {name: found[name][q] for name in names})
-            else:  # each index's int: the batch's values as one table, a row a query
+                assignments = [{name: found[name][q] for name in names} for q in range(len(rows))]
+            elif names:  # each index's int: the batch's values as one table, a row a query
                 table = np.stack([found[name] for name in names], axis=1).tolist()
-                for q, member in enumerate(members):
-                    member.result = (result[q, ...], dict(zip(names, table[q], strict=True)))
-        else:
-            for q, member in enumerate(members):
-                member.result = done[q, ...]
+                assignments = [dict(zip(names, row, strict=True)) for row in table[: len(rows)]]
+            else:  # (no index at all: a network of scalars)
+                assignments = [{} for _ in rows]
+            rows = list(zip(rows, assignments, strict=True))
+        for member, answer in zip(members, rows, strict=True):
+            member.result = answer
 
-    async def _fetched(self, done: Any, stream: Any) -> Any:
-        """A replay's answer (the result, or the pair with its assignment), its result brought
-        to the host once the GPU is done with it where ``host`` (else as it is)."""
-        if not self.host:
-            return done
-        result = done[0] if self.program.argmax else done
-        await synchronize(stream)
-        result = result.get(stream=stream)
-        return (result, done[1]) if self.program.argmax else result
+    def _reader(self) -> Any:
+        """The stream that reads results back to the host (``host``): a stream of its own, so
+        that a read waits for its replay alone, not for the groups launched after it."""
+        if self._reading is None:
+            with OnDevice(self.program.device):
+                self._reading = cupy_module().cuda.Stream(non_blocking=True)
+        return self._reading
+
+    def _later(self, done: Any, stream: Any) -> Any:
+        """A replay's answer of one call (``program.run``'s), its result to be read back."""
+        result, found = done if self.program.argmax else (done, None)
+        later = _Later(_Fetch(result, stream, self._reader(), self.program.device), None)
+        return later if found is None else (later, found)
+
+    async def _delivered(self, answer: Any) -> Any:
+        """A call's answer with its result on the host (``host``)."""
+        if self.program.argmax:
+            later, assignment = answer
+            return await later.read(), assignment
+        return await answer.read()
 
     def _stack(self, operands: Sequence[Any], stream: Any) -> Any:
         """A ``stacked`` call's one array, checked (C-contiguous: a copy, where it is not)."""
@@ -404,7 +464,7 @@ class ProgramBatcher:
                 f"{stack.data.device_id}"
             )
         if not stack.flags.c_contiguous:  # (its rows are read at fixed offsets)
-            with stream:
+            with OnDevice(program.device), stream:
                 stack = cupy.ascontiguousarray(stack)
         return stack
 

@@ -514,7 +514,8 @@ class EinsumProgram:
             addresses: For each input, in order: the ``count`` queries' addresses of it (an
                 input in ``batched``), or the one address every query reads (any other). Each
                 the address of a C-contiguous array of the query's operand's shape, the
-                program's dtype and device, left alive until the call returns.
+                program's dtype and device, its memory not reused before the replay reads it
+                (freed, if at all, in the order of ``stream``: as CuPy frees an array).
             count: How many queries, 1 to ``batch`` (the rows past the last read it again).
             stream: The CuPy stream to enqueue on (default: CuPy's current stream of the
                 program's device).
@@ -528,13 +529,24 @@ class EinsumProgram:
                 as its input takes.
         """
         self._check_count("run_addresses", count)
-        if len(addresses) != len(self.inputs) or any(
-            len(column) != (count if i in self._varying else 1)
-            for i, column in enumerate(addresses)
-        ):
+        varying = self._varying
+        wrong = next(
+            (
+                (i, len(column))
+                for i, column in enumerate(addresses)
+                if len(column) != (count if i in varying else 1)
+            ),
+            None,
+        )
+        if len(addresses) != len(self.inputs) or wrong is not None:
+            got = (
+                f"{len(addresses)} inputs' addresses"
+                if len(addresses) != len(self.inputs) or wrong is None
+                else f"{wrong[1]} for input {wrong[0]}"
+            )
             raise ValueError(
                 f"run_addresses takes, for each of the {len(self.inputs)} inputs, {count} "
-                f"addresses (the inputs {sorted(self._varying)}) or one (the others)"
+                f"addresses (the inputs {sorted(varying)}) or one (the others); got {got}"
             )
         return await self._run_addresses(addresses, count, resolved_stream(self.device, stream), [])
 
@@ -594,8 +606,9 @@ class EinsumProgram:
 
     def check(self, operands: Sequence[Any], *, positions: Sequence[int] | None = None) -> None:
         """Refuse ``operands`` as ``run`` would: raise unless they are as many as the
-        program's inputs, each a ``cupy.ndarray`` of its shape, the program's dtype and
-        device (in any memory order: ``run`` copies one that is not C-contiguous).
+        program's inputs (or ``positions``), each a ``cupy.ndarray`` of its input's shape, the
+        program's dtype and device (in any memory order: ``run`` copies one that is not
+        C-contiguous).
 
         Args:
             operands: The operands of one call (of a batched program: with the batch's axes).
@@ -605,15 +618,27 @@ class EinsumProgram:
         Raises:
             TypeError: An operand is not a ``cupy.ndarray``.
             ValueError: The operands are not as many as the inputs (as ``positions``), or one
-                has another dtype, shape or device than the program's.
+                has another dtype, shape or device than the program's; a position is not an
+                input's.
         """
+        count = len(self._shapes)
+        if (
+            positions is not None
+            and positions
+            and not 0 <= min(positions) <= max(positions) < count
+        ):
+            raise ValueError(
+                f"positions must be the program's inputs' (0 to {count - 1}: "
+                f"{self.plan.subscripts}), got {list(positions)}"
+            )
         shapes = self._shapes if positions is None else [self._shapes[p] for p in positions]
         if len(operands) != len(shapes):
             raise ValueError(
-                f"this einsum program takes {len(self.inputs)} operands "
-                f"({self.plan.subscripts}), got {len(operands)}"
+                f"this einsum program takes {count} operands ({self.plan.subscripts}), got "
+                f"{len(operands)}"
                 if positions is None
-                else f"{len(shapes)} operands were to be checked, got {len(operands)}"
+                else f"the operands at positions {list(positions)} of this einsum program "
+                f"({self.plan.subscripts}) are {len(shapes)}, got {len(operands)}"
             )
         if not self._alike(operands, shapes):
             cupy = cupy_module()
