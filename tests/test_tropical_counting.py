@@ -5,6 +5,7 @@ int64 bound at 2^63."""
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import string
 import time
@@ -240,7 +241,7 @@ def test_the_petersen_graph_has_five_maximum_independent_sets_along_every_order(
     assert einsum(subscripts, *operands, semiring="minplus", count=True) == (0.0, 1)
 
 
-def test_counts_up_to_2_to_the_62_are_exact_and_past_int64_refused() -> None:
+def test_counts_are_exact_past_int64_in_python_ints() -> None:
     # n free bits, each of value 0 for both settings: 2^n assignments attain the value 0.
     def free(n: int) -> tuple[str, list[Any]]:
         import opt_einsum
@@ -250,19 +251,90 @@ def test_counts_up_to_2_to_the_62_are_exact_and_past_int64_refused() -> None:
 
     value, count = einsum(*free(62)[:1], *free(62)[1], semiring="maxplus", count=True)
     assert (int(value), int(count)) == (0, 1 << 62)
-    with pytest.raises(OverflowError, match=r"passes 2\^63 - 1, more than int64 holds"):
-        einsum(*free(63)[:1], *free(63)[1], semiring="maxplus", count=True)
+    assert count.dtype == np.int64  # (within int64: counted in it)
+    for n in (63, 64, 100, 200):  # past it: residues modulo primes, joined at the end
+        value, count = einsum(*free(n)[:1], *free(n)[1], semiring="maxplus", count=True)
+        assert (int(value), count.dtype, count.shape) == (0, object, ())
+        assert int(count) == 1 << n
     # Within one broadcast: 2^61 ways before, times the 4 of a 2 x 2 operand's own sum.
     subscripts, operands = free(61)
-    with pytest.raises(OverflowError, match="einsum step"):
-        einsum(subscripts.replace("->", ",\u0100\u0101->"), *operands, np.zeros((2, 2), np.int64),
-               count=True)  # fmt: skip
-    # Along an explicit order: 2^63 ways over 63 free bits.
+    _, count = einsum(subscripts.replace("->", ",\u0100\u0101->"), *operands,
+                      np.zeros((2, 2), np.int64), count=True)  # fmt: skip
+    assert int(count) == 1 << 63
+    # Along an explicit order, with an output v: 2^63 ways where v = 0 (u free besides the
+    # 62 bits), 2^62 where v = 1 (the entry where u = 1 is the zero).
     subscripts, operands = free(62)
-    path = [(0, 62)] + [(0, len(operands) - k) for k in range(1, 62)]
-    with pytest.raises(OverflowError, match="einsum step"):
-        einsum(subscripts.replace("->", ",\u0100->"), *operands, np.zeros(2, np.int64),
-               path=path, count=True)  # fmt: skip
+    cut = np.array([[0, 0], [0, np.iinfo(np.int64).min]], np.int64)
+    path = [(0, 62)] + [(0, len(operands) - k) for k in range(1, 62)] + [(0, 1)]
+    value, count = einsum(subscripts.replace("->", ",\u0100,\u0100\u0101->\u0101"), *operands,
+                          np.zeros(2, np.int64), cut, path=path, count=True)  # fmt: skip
+    assert value.tolist() == [0, 0]
+    assert count.tolist() == [1 << 63, 1 << 62]
+    # The k best count within int64: past it, refused.
+    with pytest.raises(OverflowError, match=r"passes 2\^63 - 1, more than int64 holds"):
+        einsum(*free(63)[:1], *free(63)[1], semiring="maxplus", top=2)
+
+
+def _grid_edges(n: int) -> list[tuple[int, int]]:
+    across = [(r * n + c, r * n + c + 1) for r in range(n) for c in range(n - 1)]
+    return across + [(r * n + c, (r + 1) * n + c) for r in range(n - 1) for c in range(n)]
+
+
+def _independent_sets_of_grid(n: int) -> int:
+    """The independent sets of the n x n grid graph, row by row (a transfer matrix over the
+    rows without two neighbours), in Python's integers."""
+    rows = [m for m in range(1 << n) if m & (m >> 1) == 0]
+    ways = dict.fromkeys(rows, 1)
+    for _ in range(n - 1):
+        ways = {m: sum(w for k, w in ways.items() if k & m == 0) for m in rows}
+    return sum(ways.values())
+
+
+def test_the_independent_sets_of_grids_are_counted_exactly_past_int64() -> None:
+    from aionvrtc.tropical import einsum_plan, problems
+
+    # OEIS A006506, which the transfer matrix agrees with.
+    assert [_independent_sets_of_grid(n) for n in range(1, 6)] == [2, 7, 63, 1234, 55447]
+    for n in range(1, 13):
+        # Weight 0 on every vertex: every independent set attains the maximum, 0.
+        problem = problems.independent_set(_grid_edges(n), [0.0] * n * n, vertices=range(n * n))
+        plan = einsum_plan(problem.subscripts, *problem.operands)
+        value, count = einsum(problem.subscripts, *problem.operands, count=True, path=plan.path)
+        assert float(value) == 0.0
+        assert int(count) == _independent_sets_of_grid(n), n
+        assert count.dtype == (object if n >= 11 else np.int64), n  # (past 2^63 from n = 11)
+    assert int(count) > 1 << 86
+    # Every optimal configuration: refused past the limit, naming the exact count.
+    problem = problems.independent_set(_grid_edges(11), [0.0] * 121, vertices=range(121))
+    plan = einsum_plan(problem.subscripts, *problem.operands)
+    many = f"{_independent_sets_of_grid(11):,} assignments attain the value 0.0, more than limit"
+    with pytest.raises(ValueError, match="^" + re.escape(many)):
+        configurations(problem.subscripts, *problem.operands, path=plan.path, limit=10)
+
+
+def test_residues_name_every_count_below_the_product_of_their_primes() -> None:
+    from aionvrtc.tropical.networks._residues import joined, moduli
+
+    for bound in (1 << 63, 1 << 64, 3**200, 1 << 1000):
+        primes = moduli(bound)
+        assert math.prod(primes) > bound
+        assert math.prod(primes[:-1]) <= bound * (1 << 31)  # (no more of them than it needs)
+        assert all(p < 1 << 31 for p in primes)
+        assert len(set(primes)) == len(primes)
+        # Prime: no factor up to the square root of 2^31.
+        small = np.arange(2, 46341, dtype=np.int64)
+        assert all((p % small != 0).all() for p in primes)
+    rng = np.random.default_rng(54)
+    primes = moduli(1 << 200)
+    for _ in range(50):
+        want = [int(rng.integers(0, 1 << 62)) << int(rng.integers(0, 138)) for _ in range(6)]
+        residues = [np.array([w % p for w in want], np.int64).reshape(2, 3) for p in primes]
+        got = joined(residues, primes)
+        assert got.shape == (2, 3)
+        assert got.ravel().tolist() == want
+    small = joined([np.array([5, 7], np.int64) % p for p in primes], primes)
+    assert small.dtype == np.int64  # (every count within int64: an int64 array)
+    assert small.tolist() == [5, 7]
 
 
 def test_count_bounds_the_counts_bytes_too() -> None:

@@ -1,10 +1,11 @@
 """The NumPy reference's other semirings over the same steps: counting the assignments that
-attain each value (``einsum(..., count=True)``), the k best values with their counts
-(``top=k``), and every assignment attaining a scalar contraction (``configurations``), with
-the int64 bound on counts."""
+attain each value (``einsum(..., count=True)``: exact at any size, past int64 by residues,
+_residues), the k best values with their counts (``top=k``, within int64), and every
+assignment attaining a scalar contraction (``configurations``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from ._contraction import (
     prepare,
     reduction,
 )
+from ._residues import INT64_MAX, joined, moduli
 
 __all__ = ["MAX_TOP", "best", "check_top", "configurations", "counted"]
 
@@ -69,7 +71,6 @@ def configurations(
             ``limit`` assignments attain the value, or their rows would hold more than
             ``max_bytes`` (the message says how many).
         TypeError: As ``einsum``; ``limit`` is not an int.
-        OverflowError: The count passes 2^63 - 1.
     """
     if not isinstance(limit, int) or isinstance(limit, bool):
         raise TypeError(f"limit must be an int, got {type(limit).__name__}")
@@ -159,7 +160,36 @@ def counted(
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """``einsum(..., count=True)`` along ``steps``: each operand paired with its counts (1 for
     an entry, 0 for the zero or a NaN), each step contracted in the counting semiring. Each
-    step's values go into ``kept`` too, by number, where it is given."""
+    step's values go into ``kept`` too, by number, where it is given.
+
+    A cell's count is at most the number of assignments of the summed indices: within int64,
+    the counts are int64 throughout; past it, the network is counted once modulo each of the
+    primes that bound needs (_residues), and the counts joined in Python's integers."""
+    bound = math.prod(n for c, n in sizes.items() if c not in output)
+    if bound <= INT64_MAX:
+        return _counted(ring, made, steps, output, sizes, kept=kept, modulus=None)
+    primes = moduli(bound)
+    residues = []
+    for number, prime in enumerate(primes):
+        value, residue = _counted(
+            ring, dict(made), steps, output, sizes, kept=kept if number == 0 else None,
+            modulus=prime,
+        )  # fmt: skip
+        residues.append(residue)
+    return value, joined(residues, primes)
+
+
+def _counted(
+    ring: Semiring,
+    made: dict[int, Term],
+    steps: Sequence[Step],
+    output: str,
+    sizes: Mapping[str, int],
+    *,
+    kept: dict[int, Term] | None,
+    modulus: int | None,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """``counted``'s contraction, its counts int64 or residues modulo ``modulus``."""
     n = len(made)
     counts: dict[int, np.ndarray[Any, Any]] = {
         k: entry_counts(ring, x).astype(np.int64) for k, (x, _) in made.items()
@@ -167,7 +197,9 @@ def counted(
     for number, step in enumerate(steps):
         chosen = [made.pop(i) for i in step.operands]
         tallies = [counts.pop(i) for i in step.operands]
-        value, tally = _contract_counted(ring, chosen, tallies, step.keep, sizes, number=number)
+        value, tally = _contract_counted(
+            ring, chosen, tallies, step.keep, sizes, number=number, modulus=modulus
+        )
         made[n + number], counts[n + number] = (value, step.keep), tally
         if kept is not None:
             kept[n + number] = value, step.keep
@@ -330,9 +362,11 @@ def _contract_counted(
     sizes: Mapping[str, int],
     *,
     number: int,
+    modulus: int | None = None,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """``contract`` in the counting semiring: the value as ``contract`` gives it, and the
-    number of assignments of the summed indices whose product attains it, block by block."""
+    number of assignments of the summed indices whose product attains it (modulo
+    ``modulus``, where given), block by block."""
     joint = joint_indices((s for _, s in terms), out)
     dtype = terms[0][0].dtype
     zero = ring.zero(dtype)
@@ -350,17 +384,17 @@ def _contract_counted(
         product, many = in_block(aligned[0], block), in_block(counted[0], block)
         for x, c in zip(aligned[1:], counted[1:], strict=True):
             product = combine(ring, product, in_block(x, block))
-            many = _times(many, in_block(c, block), what)
+            many = _times(many, in_block(c, block), what, modulus)
         many = np.where(entry_counts(ring, np.asarray(product)), many, 0)
         if summed:
             best = add.reduce(product, axis=summed, keepdims=True)
             hits = np.where((product == best) & (many > 0), many, 0)
-            best, many = best.squeeze(axis=summed), _sum(hits, summed, what)
+            best, many = best.squeeze(axis=summed), _sum(hits, summed, what, modulus)
         where = block[: len(out)]
         new = add(result[where], best if summed else product)
         kept = np.where(result[where] == new, tally[where], 0)
         tally[where] = _sum(np.stack([kept, np.where((best if summed else product) == new,
-                                                     many, 0)]), (0,), what)  # fmt: skip
+                                                     many, 0)]), (0,), what, modulus)  # fmt: skip
         result[where] = new
     tally[~entry_counts(ring, result)] = 0
     return result, tally
@@ -369,11 +403,15 @@ def _contract_counted(
 # Past this a product or sum of int64 counts is checked again in Python's integers: below it
 # the float64 estimate (relative error 2^-53 a step) cannot hide an overflow.
 _CHECK_ABOVE = float(1 << 62)
-_INT64_MAX = (1 << 63) - 1
 
 
-def _times(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], what: str) -> np.ndarray[Any, Any]:
-    """a * b of int64 counts, exact, or OverflowError."""
+def _times(
+    a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], what: str, modulus: int | None = None
+) -> np.ndarray[Any, Any]:
+    """a * b of int64 counts, exact, or OverflowError; modulo ``modulus`` where given (of
+    residues below 2^31: the product fits)."""
+    if modulus is not None:
+        return np.asarray(np.multiply(a, b) % modulus)
     if np.multiply(a, b, dtype=np.float64).max(initial=0.0) > _CHECK_ABOVE:
         # ndarray.astype(object) holds Python's ints (a NumPy scalar's would stay int64)
         exact = np.multiply(np.asarray(a).astype(object), np.asarray(b).astype(object))
@@ -381,15 +419,20 @@ def _times(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], what: str) -> np.nd
     return np.asarray(np.multiply(a, b))
 
 
-def _sum(x: np.ndarray[Any, Any], axes: tuple[int, ...], what: str) -> np.ndarray[Any, Any]:
-    """The sum of int64 counts over ``axes``, exact, or OverflowError."""
+def _sum(
+    x: np.ndarray[Any, Any], axes: tuple[int, ...], what: str, modulus: int | None = None
+) -> np.ndarray[Any, Any]:
+    """The sum of int64 counts over ``axes``, exact, or OverflowError; modulo ``modulus``
+    where given (of residues below 2^31 over a block: the sum fits)."""
+    if modulus is not None:
+        return np.asarray(np.sum(x, axis=axes, dtype=np.int64) % modulus)
     if np.sum(x, axis=axes, dtype=np.float64).max(initial=0.0) > _CHECK_ABOVE:
         _fits(np.sum(np.asarray(x).astype(object), axis=axes), what)
     return np.asarray(np.sum(x, axis=axes, dtype=np.int64))
 
 
 def _fits(exact: Any, what: str) -> None:
-    if max(np.ravel(exact), default=0) > _INT64_MAX:
+    if max(np.ravel(exact), default=0) > INT64_MAX:
         raise OverflowError(
             f"{what}: a count of assignments passes 2^63 - 1, more than int64 holds; count "
             "the network in parts (fix some of its indices, and add the parts' counts in "

@@ -63,21 +63,24 @@ def einsum(
             product attains the cell's value (0 where the value is the semiring's zero: an
             entry equal to the zero, or a NaN, counts for no assignment). For a scalar
             contraction of a graph problem's network: how many optimal configurations there
-            are. Counted in int64; a count past 2^63 - 1 is refused with an OverflowError.
-            Along any order the counts are those of the definition where the products are
+            are. Exact at any size: in int64 where the assignments of the summed indices
+            number at most 2^63 - 1, else modulo as many primes below 2^31 as that number
+            needs (one contraction each), joined by the Chinese remainder theorem. Along any
+            order the counts are those of the definition where the products are
             exact (integers that do not saturate, floats holding integers, the zero as the
             only infinity): where rounding or an infinity makes two products equal, an order
             that sums an index early tells them apart as the definition would not.
         top: The ``top`` best distinct values of each output cell (the largest for max-plus,
             max-times and and-or, the smallest for min-plus), best first, each with how many
-            assignments attain it, counted as ``count=True`` counts; a cell of fewer distinct
-            values is padded with the zero, of count 0. From 1 (``count=True``'s value and
-            count, on an axis of 1) to 64.
+            assignments attain it, counted as ``count=True`` counts (in int64: past 2^63 - 1,
+            refused); a cell of fewer distinct values is padded with the zero, of count 0.
+            From 1 (``count=True``'s value and count, on an axis of 1) to 64.
 
     Returns:
         The result, of the operands' dtype, with one axis per output index (0-d for
         ``"->"``-style outputs). With ``count=True`` the pair (result, counts), the counts an
-        int64 array of the result's shape. With ``top=k`` the pair (values, counts), each with
+        int64 array of the result's shape, or an array of Python's ints (dtype object) where
+        one passes 2^63 - 1. With ``top=k`` the pair (values, counts), each with
         a last axis of k after the output's.
 
     Raises:
@@ -92,13 +95,13 @@ def einsum(
             left, or the path leaves more than one; the output or an intermediate would hold
             more than ``max_bytes``; a step would join more indices in one broadcast than a
             NumPy array has dimensions (64).
-        OverflowError: With ``count=True`` or ``top=``, a count (of the output, or of an
-            intermediate) would pass 2^63 - 1.
+        OverflowError: With ``top=``, a count (of the output, or of an intermediate) would
+            pass 2^63 - 1.
         TypeError: ``top`` is not an int.
         ValueError: ``top`` is not from 1 to 64, or is given with ``count=True``.
     """
     check_top(top, count)
-    # With counts, each element also holds an int64 count; with top=k, k of each.
+    # With counts, each element also holds an int64 count (or residue); with top=k, k of each.
     extra = (8 if count or top else 0, top or 1)
     net = prepare(subscripts, operands, semiring, path, max_bytes, extra=extra)
     ring, made, steps, output, sizes = net.ring, net.made, net.steps, net.output, net.sizes
