@@ -270,6 +270,11 @@ def test_counts_are_exact_past_int64_in_python_ints() -> None:
                           np.zeros(2, np.int64), cut, path=path, count=True)  # fmt: skip
     assert value.tolist() == [0, 0]
     assert count.tolist() == [1 << 63, 1 << 62]
+    # None at all past int64 (one operand all the zero): 0, a scalar.
+    subscripts, operands = free(64)
+    nothing = np.full(2, np.iinfo(np.int64).min, np.int64)
+    value, count = einsum(subscripts, *operands[:-1], nothing, count=True)
+    assert (int(value), int(count), count.shape) == (np.iinfo(np.int64).min, 0, ())
     # The k best count within int64: past it, refused.
     with pytest.raises(OverflowError, match=r"passes 2\^63 - 1, more than int64 holds"):
         einsum(*free(63)[:1], *free(63)[1], semiring="maxplus", top=2)
@@ -315,10 +320,10 @@ def test_the_independent_sets_of_grids_are_counted_exactly_past_int64() -> None:
 def test_residues_name_every_count_below_the_product_of_their_primes() -> None:
     from aionvrtc.tropical.networks._residues import joined, moduli
 
-    for bound in (1 << 63, 1 << 64, 3**200, 1 << 1000):
+    for bound in (1 << 63, 1 << 64, 1 << 90, 3**200, 1 << 1000):
         primes = moduli(bound)
         assert math.prod(primes) > bound
-        assert math.prod(primes[:-1]) <= bound * (1 << 31)  # (no more of them than it needs)
+        assert math.prod(primes[:-1]) <= bound  # (no more of them than it needs)
         assert all(p < 1 << 31 for p in primes)
         assert len(set(primes)) == len(primes)
         # Prime: no factor up to the square root of 2^31.
@@ -335,6 +340,11 @@ def test_residues_name_every_count_below_the_product_of_their_primes() -> None:
     small = joined([np.array([5, 7], np.int64) % p for p in primes], primes)
     assert small.dtype == np.int64  # (every count within int64: an int64 array)
     assert small.tolist() == [5, 7]
+    # 0-d, each of them: 0, a multiple of the first prime (its residue 0), and past int64.
+    for count in (0, primes[0] * 5, primes[0] << 80, (1 << 63) + 1):
+        got = joined([np.array(count % p, np.int64) for p in primes], primes)
+        assert (got.shape, int(got)) == ((), count)
+        assert got.dtype == (object if count > (1 << 63) - 1 else np.int64)
 
 
 def test_count_bounds_the_counts_bytes_too() -> None:

@@ -22,7 +22,7 @@ from ._contraction import (
     prepare,
     reduction,
 )
-from ._residues import INT64_MAX, joined, moduli
+from ._residues import INT64_MAX, Joined, moduli
 
 __all__ = ["MAX_TOP", "best", "check_top", "configurations", "counted"]
 
@@ -163,20 +163,22 @@ def counted(
     step's values go into ``kept`` too, by number, where it is given.
 
     A cell's count is at most the number of assignments of the summed indices: within int64,
-    the counts are int64 throughout; past it, the network is counted once modulo each of the
-    primes that bound needs (_residues), and the counts joined in Python's integers."""
-    bound = math.prod(n for c, n in sizes.items() if c not in output)
-    if bound <= INT64_MAX:
-        return _counted(ring, made, steps, output, sizes, kept=kept, modulus=None)
-    primes = moduli(bound)
-    residues = []
-    for number, prime in enumerate(primes):
-        value, residue = _counted(
-            ring, dict(made), steps, output, sizes, kept=kept if number == 0 else None,
-            modulus=prime,
-        )  # fmt: skip
-        residues.append(residue)
-    return value, joined(residues, primes)
+    or where the counts turn out to fit (checked exactly: _times, _sum), they are int64
+    throughout; past it, the network is counted once modulo each of the primes that bound
+    needs (_residues), the counts joined in Python's integers one prime at a time."""
+    try:
+        return _counted(ring, dict(made), steps, output, sizes, kept=kept, modulus=None)
+    except OverflowError:  # (only where the bound passes int64: a count is at most it)
+        pass
+    primes = moduli(math.prod(n for c, n in sizes.items() if c not in output))
+    value, residue = _counted(  # (each run takes the operands from a copy: it pops them)
+        ring, dict(made), steps, output, sizes, kept=kept, modulus=primes[0]
+    )
+    total = Joined(primes, residue.shape)
+    total.add(residue)
+    for prime in primes[1:]:
+        total.add(_counted(ring, dict(made), steps, output, sizes, kept=None, modulus=prime)[1])
+    return value, total.counts()
 
 
 def _counted(

@@ -63,13 +63,14 @@ def einsum(
             product attains the cell's value (0 where the value is the semiring's zero: an
             entry equal to the zero, or a NaN, counts for no assignment). For a scalar
             contraction of a graph problem's network: how many optimal configurations there
-            are. Exact at any size: in int64 where the assignments of the summed indices
-            number at most 2^63 - 1, else modulo as many primes below 2^31 as that number
-            needs (one contraction each), joined by the Chinese remainder theorem. Along any
-            order the counts are those of the definition where the products are
-            exact (integers that do not saturate, floats holding integers, the zero as the
-            only infinity): where rounding or an infinity makes two products equal, an order
-            that sums an index early tells them apart as the definition would not.
+            are. Exact at any size: in int64, and where a count passes 2^63 - 1, again
+            modulo as many primes below 2^31 as the number of assignments of the summed
+            indices needs (one contraction each), joined by the Chinese remainder theorem
+            (those Python ints are not counted in ``max_bytes``). Along any order the counts
+            are those of the definition where the products are exact (integers that do not
+            saturate, floats holding integers, the zero as the only infinity): where rounding
+            or an infinity makes two products equal, an order that sums an index early tells
+            them apart as the definition would not.
         top: The ``top`` best distinct values of each output cell (the largest for max-plus,
             max-times and and-or, the smallest for min-plus), best first, each with how many
             assignments attain it, counted as ``count=True`` counts (in int64: past 2^63 - 1,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["INT64_MAX", "joined", "moduli"]
+__all__ = ["INT64_MAX", "Joined", "joined", "moduli"]
 
 INT64_MAX = (1 << 63) - 1
 # Below 2^31: a product of two residues (< 2^62) and a sum of 2^32 of them fit in an int64.
@@ -58,21 +58,48 @@ def _primes(count: int) -> tuple[int, ...]:
 def moduli(bound: int) -> tuple[int, ...]:
     """The fewest primes below 2^31 whose product passes ``bound`` (the largest a count can
     be): its residues modulo them name it."""
-    count = max(1, math.ceil((bound.bit_length() + 1) / 30))  # (each prime is over 2^30)
+    count = max(1, -(-(bound.bit_length() + 1) // 31))  # (a first guess: each is near 2^31)
+    while math.prod(_primes(count)) <= bound:
+        count += 1
+    while count > 1 and math.prod(_primes(count - 1)) > bound:
+        count -= 1
     return _primes(count)
+
+
+class Joined:
+    """Counts joined from their residues modulo ``primes`` (the Chinese remainder theorem),
+    one prime's residues at a time (``add``): one array of Python's ints held, whatever the
+    number of primes."""
+
+    def __init__(self, primes: Sequence[int], shape: tuple[int, ...]) -> None:
+        self.primes, self.shape = tuple(primes), shape
+        self._product = math.prod(self.primes)
+        # Flat: arithmetic on a 0-d array of objects gives back a bare int.
+        self._total = np.zeros(math.prod(shape), dtype=object)
+        self._added = 0
+
+    def add(self, residues: np.ndarray[Any, Any]) -> None:
+        """The counts' residues modulo the next prime (int64, of ``shape``)."""
+        p = self.primes[self._added]
+        rest = self._product // p
+        self._total += np.asarray(residues).reshape(-1).astype(object) * (rest * pow(rest, -1, p))
+        self._total %= self._product
+        self._added += 1
+
+    def counts(self) -> np.ndarray[Any, Any]:
+        """The counts: an int64 array where every one fits, else an array of Python's ints
+        (dtype object)."""
+        assert self._added == len(self.primes)
+        total = self._total.reshape(self.shape)
+        if max(self._total, default=0) <= INT64_MAX:
+            return total.astype(np.int64)
+        return total
 
 
 def joined(residues: Sequence[np.ndarray[Any, Any]], primes: Sequence[int]) -> np.ndarray[Any, Any]:
     """The counts whose residues modulo ``primes`` are ``residues`` (int64 arrays of one
-    shape), by the Chinese remainder theorem: an int64 array where every count fits, else an
-    array of Python's ints (dtype object)."""
-    product = math.prod(primes)
-    total = np.zeros(np.shape(residues[0]), dtype=object)
-    for r, p in zip(residues, primes, strict=True):
-        rest = product // p
-        # (asarray: arithmetic on a 0-d object array gives back a bare int)
-        total = np.asarray(total + np.asarray(r).astype(object) * (rest * pow(rest, -1, p)))
-    total = np.asarray(total % product, dtype=object)
-    if max(np.ravel(total), default=0) <= INT64_MAX:
-        return total.astype(np.int64)
-    return total
+    shape): ``Joined`` over all of them."""
+    made = Joined(primes, np.shape(residues[0]))
+    for r in residues:
+        made.add(r)
+    return made.counts()
