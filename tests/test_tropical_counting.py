@@ -318,7 +318,13 @@ def test_the_independent_sets_of_grids_are_counted_exactly_past_int64() -> None:
 
 
 def test_residues_name_every_count_below_the_product_of_their_primes() -> None:
-    from aionvrtc.tropical.networks._residues import joined, moduli
+    from aionvrtc.tropical.networks._residues import Joined, moduli
+
+    def joined(residues: list[np.ndarray[Any, Any]], primes: tuple[int, ...]) -> Any:
+        made = Joined(primes, residues[0].shape)
+        for r in residues:
+            made.add(r)
+        return made.counts()
 
     for bound in (1 << 63, 1 << 64, 1 << 90, 3**200, 1 << 1000):
         primes = moduli(bound)

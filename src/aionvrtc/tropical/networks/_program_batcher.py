@@ -348,8 +348,8 @@ class ProgramBatcher:
             if joiner.max_batch == 1 or joiner.alone(key):
                 self._alone += 1
                 self._replays += 1
-                done = await program.run(*self._operands(operands), stream=stream)
-                return await self._delivered(self._later(done, stream)) if self.host else done
+                answer = await self._one(operands, stream)
+                return await self._delivered(answer) if self.host else answer
             member = Member(operands)
             await joiner.join(key, member, lambda: stream, self._launch)
             if member.error is not None:
@@ -366,8 +366,7 @@ class ProgramBatcher:
         program = self.program
         if len(members) == 1:
             self._replays += 1
-            done = await program.run(*self._operands(members[0].asked), stream=stream)
-            members[0].result = self._later(done, stream) if self.host else done
+            members[0].result = await self._one(members[0].asked, stream)
             return
         if self.stacked:  # each own operand from each call's stack
             varying = tuple(self._own)
@@ -382,8 +381,7 @@ class ProgramBatcher:
             self._standins += len(members)
             for member in members:
                 self._replays += 1
-                done = await program.run(*self._operands(member.asked), stream=stream)
-                member.result = self._later(done, stream) if self.host else done
+                member.result = await self._one(member.asked, stream)
             return
         self._replays += 1
         self._padded += size - len(members)
@@ -414,6 +412,12 @@ class ProgramBatcher:
             rows = list(zip(rows, assignments, strict=True))
         for member, answer in zip(members, rows, strict=True):
             member.result = answer
+
+    async def _one(self, asked: Sequence[Any], stream: Any) -> Any:
+        """One call replayed on the program itself: its answer (its result to be read back,
+        where ``host``)."""
+        done = await self.program.run(*self._operands(asked), stream=stream)
+        return self._later(done, stream) if self.host else done
 
     def _reader(self) -> Any:
         """The stream that reads results back to the host (``host``): a stream of its own, so

@@ -457,6 +457,11 @@ class EinsumProgram:
         """
         stream = resolved_stream(self.device, stream)
         result, host = self._enqueue(operands, out, stream)
+        return await self._answered(result, host, stream)
+
+    async def _answered(self, result: Any, host: Any, stream: Any) -> Any:
+        """A replay's answer: its result, and with ``argmax`` its assignment once its copy to
+        ``host`` has landed (awaited without blocking the loop)."""
         if host is None:
             return result
         with anyio.CancelScope(shield=True):  # the copy into `host` must land before it is freed
@@ -530,20 +535,18 @@ class EinsumProgram:
         """
         self._check_count("run_addresses", count)
         varying = self._varying
-        wrong = next(
-            (
-                (i, len(column))
-                for i, column in enumerate(addresses)
-                if len(column) != (count if i in varying else 1)
-            ),
-            None,
-        )
-        if len(addresses) != len(self.inputs) or wrong is not None:
-            got = (
-                f"{len(addresses)} inputs' addresses"
-                if len(addresses) != len(self.inputs) or wrong is None
-                else f"{wrong[1]} for input {wrong[0]}"
+        if len(addresses) != len(self.inputs):
+            got: str | None = f"{len(addresses)} inputs' addresses"
+        else:
+            got = next(
+                (
+                    f"{len(column)} for input {i}"
+                    for i, column in enumerate(addresses)
+                    if len(column) != (count if i in varying else 1)
+                ),
+                None,
             )
+        if got is not None:
             raise ValueError(
                 f"run_addresses takes, for each of the {len(self.inputs)} inputs, {count} "
                 f"addresses (the inputs {sorted(varying)}) or one (the others); got {got}"
@@ -580,11 +583,7 @@ class EinsumProgram:
                 result, host = self._launch(
                     (pointers, held), None, stream, self.output.nbytes, self._member_gathers
                 )
-        if host is None:
-            return result
-        with anyio.CancelScope(shield=True):
-            await synchronize(stream)
-        return result, self._assignment(host)
+        return await self._answered(result, host, stream)
 
     def _member_rows(self, batch: Batch) -> list[tuple[int, int]]:
         """The gather's rows of ``run_members``: each batched input a row per query."""

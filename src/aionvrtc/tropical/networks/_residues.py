@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["INT64_MAX", "Joined", "joined", "moduli"]
+__all__ = ["INT64_MAX", "Joined", "moduli"]
 
 INT64_MAX = (1 << 63) - 1
 # Below 2^31: a product of two residues (< 2^62) and a sum of 2^32 of them fit in an int64.
@@ -58,12 +58,12 @@ def _primes(count: int) -> tuple[int, ...]:
 def moduli(bound: int) -> tuple[int, ...]:
     """The fewest primes below 2^31 whose product passes ``bound`` (the largest a count can
     be): its residues modulo them name it."""
-    count = max(1, -(-(bound.bit_length() + 1) // 31))  # (a first guess: each is near 2^31)
-    while math.prod(_primes(count)) <= bound:
+    primes = _primes(-(-(bound.bit_length() + 1) // 30))  # enough: each is over 2^30
+    count, product = 1, primes[0]
+    while product <= bound:
+        product *= primes[count]
         count += 1
-    while count > 1 and math.prod(_primes(count - 1)) > bound:
-        count -= 1
-    return _primes(count)
+    return primes[:count]
 
 
 class Joined:
@@ -94,12 +94,3 @@ class Joined:
         if max(self._total, default=0) <= INT64_MAX:
             return total.astype(np.int64)
         return total
-
-
-def joined(residues: Sequence[np.ndarray[Any, Any]], primes: Sequence[int]) -> np.ndarray[Any, Any]:
-    """The counts whose residues modulo ``primes`` are ``residues`` (int64 arrays of one
-    shape): ``Joined`` over all of them."""
-    made = Joined(primes, np.shape(residues[0]))
-    for r in residues:
-        made.add(r)
-    return made.counts()
