@@ -18,17 +18,19 @@ In JSON ``null`` is no edge; in an .npz, ``weights`` is an n x n float32 or floa
 ``inf`` for no edge and ``pairs`` (optional) a p x 2 integer array. Weights are non-negative and
 are computed in float32 whatever the body's format. D <- D (min,+) D, repeated until no distance
 changes (at most log2(n) times), gives every shortest distance; the argmax of each product (the
-k through which i reaches j) updates the first hop of every path. Kernels come from one
-Compiler through ``await compiler.get``: any number of concurrent requests share one compile.
+k through which i reaches j) updates the first hop of every path, in one kernel of our own per
+squaring (``HOPS``), and the queried pairs' entries are gathered on the GPU and read back
+without blocking the event loop. Kernels come from one Compiler through ``await
+compiler.get``: any number of concurrent requests share one compile.
 Concurrent requests' squarings of one size go to the GPU as one batched launch
 (``tropical.Batcher``); ``--no-batch`` launches each one alone (``tropical.matmul``).
 
 ``Server-Timing`` durations are milliseconds of wall time in the handler: ``parse`` reads and
-decodes the body; ``gpu`` enqueues the squarings and waits for them (in the batcher, then for
-the stream without blocking the event loop), which includes the time other requests' tasks run
-meanwhile; ``respond`` copies the results back (blocking until the stream's queued work is done)
-and builds the JSON answer. What a client measures beyond their sum was spent outside the
-handler: the network, HTTP parsing, waiting for the event loop.
+decodes the body; ``gpu`` enqueues the squarings and the answers' gather and copy back, and
+waits for them (in the batcher, then for the stream without blocking the event loop), which
+includes the time other requests' tasks run meanwhile; ``respond`` builds the JSON answer.
+What a client measures beyond their sum was spent outside the handler: the network, HTTP
+parsing, waiting for the event loop.
 
 Without a GPU the service compiles its kernels for ``--arch`` (default ``$AIONVRTC_ARCH``, else
 sm_90) and says what it would serve.
@@ -48,6 +50,7 @@ import numpy as np
 
 from aionvrtc import (
     Compiler,
+    KernelSpec,
     ModuleLoadError,
     NoDeviceError,
     resolve_target,
@@ -63,6 +66,50 @@ NPZ_TYPES = frozenset({"application/x-npz", "application/octet-stream"})
 NPZ_MESSAGE = 'an .npz body must be np.savez bytes holding "weights" (and "pairs")'
 
 Query = tuple[np.ndarray[Any, Any], list[tuple[int, int]]]
+
+# The work around the squarings, one launch each: the first hops from the weights, each
+# squaring's hops (and whether any distance got shorter), the answers' entries. Written with
+# CuPy's elementwise functions they took six launches a squaring, each costing the host more
+# than the GPU, and a blocking read a squaring.
+HOPS = KernelSpec(
+    r"""
+extern "C" __global__ void first_hops(float* dist, int* hop, int n) {
+    // Each node 0 from itself; a pair's first hop is its target where an edge joins them.
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
+    if (j >= n) return;
+    const size_t at = (size_t)i * n + j;
+    if (i == j) dist[at] = 0.0f;
+    hop[at] = isinf(dist[at]) ? -1 : j;
+}
+
+extern "C" __global__ void next_hops(const float* shorter, const float* dist, const int* via,
+                                     const int* hop, int* next, int* changed, int n) {
+    // Where i reaches j by a shorter way, through via: first the hop towards via. Only where
+    // shorter: on a tie the way found first is kept (taking the new one, two nodes joined by
+    // zero weights could each name the other as the first hop).
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
+    if (j >= n) return;
+    const size_t at = (size_t)i * n + j;
+    const bool better = shorter[at] < dist[at];
+    next[at] = better ? hop[(size_t)i * n + via[at]] : hop[at];
+    if (better) *changed = 1;
+}
+
+extern "C" __global__ void answers(const float* dist, const int* hop, const int* pairs,
+                                   int* out, int p, int n) {
+    // Pair q's distance (its float's bits) in out[q], and the first hops of every node
+    // towards its target in out[p + q n ...]: all that its path's walk reads.
+    const int r = blockIdx.x * blockDim.x + threadIdx.x, q = blockIdx.y;
+    if (r >= n) return;
+    const int source = pairs[2 * q], target = pairs[2 * q + 1];
+    out[p + (size_t)q * n + r] = hop[(size_t)r * n + target];
+    if (r == 0) out[q] = __float_as_int(dist[(size_t)source * n + target]);
+}
+""",
+    name_expressions=("first_hops", "next_hops", "answers"),
+    name="shortest_paths.cu",
+)
+THREADS = 256
 
 
 def parse(content_type: str, body: bytes) -> Query:
@@ -154,48 +201,83 @@ def _pairs_message(n: int) -> str:
     return f'"pairs" must be [source, target] pairs (p x 2 integers) of nodes below {n}'
 
 
-async def all_pairs(
-    compiler: Compiler, weights: np.ndarray[Any, Any], batcher: tropical.Batcher | None = None
-) -> tuple[Any, Any, int]:
-    """Distances and first hops (-1: unreachable) of every pair, and the squarings it took; the
-    products through ``batcher`` if given."""
+def pinned(count: int) -> np.ndarray[Any, Any]:
+    """``count`` int32 in pinned host memory (a copy into it runs asynchronously)."""
     import cupy
 
-    n = len(weights)
+    return np.frombuffer(cupy.cuda.alloc_pinned_memory(max(count, 1) * 4), np.int32, count)
+
+
+def grid(n: int, rows: int) -> tuple[tuple[int, int], tuple[int]]:
+    """A launch of one thread per column of ``rows`` rows of ``n``."""
+    return ((n + THREADS - 1) // THREADS, rows), (THREADS,)
+
+
+async def solve(
+    hops: Any,
+    weights: np.ndarray[Any, Any],
+    pairs: list[tuple[int, int]],
+    batcher: tropical.Batcher | None,
+    compiler: Compiler,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]:
+    """The distances of ``pairs``, for each the first hop of every node towards its target
+    (-1: unreachable), and the squarings it took; the products through ``batcher`` if given.
+
+    The squarings go on without waiting for the GPU: a squaring's flag (whether any distance
+    got shorter) is read once its copy to the host has landed, and the first that changed
+    nothing ends them (those enqueued after it change nothing either). One wait, for the
+    answers' copy to the host, which the event loop does not block on."""
+    import cupy
+
+    n, p = len(weights), len(pairs)
+    stream = cupy.cuda.get_current_stream()
     dist = cupy.asarray(weights)
-    dist[cupy.arange(n), cupy.arange(n)] = 0
-    rows = cupy.arange(n)[:, None]
-    hop = cupy.where(cupy.isfinite(dist), cupy.broadcast_to(cupy.arange(n), (n, n)), -1)
-    squarings = 0
-    while squarings < max(1, math.ceil(math.log2(max(n - 1, 1)))):
-        if batcher is not None:
-            shorter, via = await batcher.matmul(dist, dist, "minplus", argmax=True)
-        else:
-            shorter, via = await tropical.matmul(
-                dist, dist, "minplus", argmax=True, compiler=compiler
-            )
-        squarings += 1
-        # i reaches j through via: first the hop towards via (unless via is i itself).
-        through = hop[rows, cupy.maximum(via, 0)]
-        hop = cupy.where((via >= 0) & (via != rows), through, hop)
-        changed = (shorter < dist).any()
-        dist = shorter
-        # Reading `changed` now would block the event loop until the GPU is done; awaiting lets
-        # the other requests run meanwhile, and their next squarings join one batch.
-        await synchronize()
-        if not bool(changed):
-            break
-    return dist, hop, squarings
+    hop = cupy.empty((n, n), cupy.int32)
+    hops.get_function("first_hops")(*grid(n, n), (dist, hop, np.int32(n)))
+    most = max(1, math.ceil(math.log2(max(n - 1, 1))))
+    changed = cupy.zeros(most, cupy.int32)
+    # Pinned host memory, so that the copies into it run asynchronously; each is let go only
+    # after its copies have landed (the wait at the end, shielded).
+    seen, host = pinned(most), pinned(p + p * n)
+    marks: list[Any] = []
+    step, answers = hops.get_function("next_hops"), hops.get_function("answers")
+    try:
+        while len(marks) < most and not any(
+            mark.done and not seen[s] for s, mark in enumerate(marks)
+        ):
+            if batcher is not None:
+                shorter, via = await batcher.matmul(dist, dist, "minplus", argmax=True)
+            else:
+                shorter, via = await tropical.matmul(
+                    dist, dist, "minplus", argmax=True, compiler=compiler
+                )
+            following = cupy.empty_like(hop)
+            flag = changed[len(marks) :][:1]
+            step(*grid(n, n), (shorter, dist, via, hop, following, flag, np.int32(n)))
+            flag.get(stream=stream, out=seen[len(marks) :][:1], blocking=False)
+            marks.append(cupy.cuda.Event(block=False, disable_timing=True))
+            marks[-1].record(stream)
+            dist, hop = shorter, following
+        if p:
+            asked = cupy.asarray(np.array(pairs, np.int32))
+            out = cupy.empty(p + p * n, cupy.int32)
+            answers(*grid(n, p), (dist, hop, asked, out, np.int32(p), np.int32(n)))
+            out.get(stream=stream, out=host, blocking=False)
+    finally:
+        with anyio.CancelScope(shield=True):  # (cancelled too: the copies land first)
+            await synchronize(stream)
+    return host[:p].view(np.float32), host[p:].reshape(p, n), len(marks)
 
 
-def path(hop: np.ndarray[Any, Any], source: int, target: int) -> list[int]:
+def path(towards: np.ndarray[Any, Any], source: int, target: int) -> list[int]:
+    """The path from ``source`` to ``target``, from each node's first hop towards ``target``."""
     if source == target:
         return [source]
-    if hop[source, target] < 0:
+    if towards[source] < 0:
         return []
     nodes = [source]
-    while nodes[-1] != target and len(nodes) <= len(hop):
-        nodes.append(int(hop[nodes[-1], target]))
+    while nodes[-1] != target and len(nodes) <= len(towards):
+        nodes.append(int(towards[nodes[-1]]))
     return nodes
 
 
@@ -204,7 +286,8 @@ def server_timing(**seconds: float) -> dict[str, str]:
     return {"Server-Timing": ", ".join(f"{name};dur={s * 1e3:.3f}" for name, s in seconds.items())}
 
 
-def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None) -> Any:
+def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None, hops: Any = None) -> Any:
+    """The service's routes; ``hops``: the loaded module of HOPS."""
     from aiohttp import web
 
     async def shortest_paths(request: web.Request) -> web.Response:
@@ -218,16 +301,13 @@ def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None) -> Any
                 headers=server_timing(parse=time.perf_counter() - started),
             )
         parsed = time.perf_counter()
-        dist, hop, squarings = await all_pairs(compiler, weights, batcher)
+        distances, towards, squarings = await solve(hops, weights, pairs, batcher, compiler)
         computed = time.perf_counter()
-        dist_h, hop_h = dist.get(), hop.get()
         answer = {
             "n": len(weights),
             "squarings": squarings,
-            "distances": [
-                None if math.isinf(dist_h[s, t]) else float(dist_h[s, t]) for s, t in pairs
-            ],
-            "paths": [path(hop_h, s, t) for s, t in pairs],
+            "distances": [None if math.isinf(d) else float(d) for d in distances.tolist()],
+            "paths": [path(towards[q], s, t) for q, (s, t) in enumerate(pairs)],
         }
         body = json.dumps(answer)
         timing = server_timing(
@@ -264,16 +344,18 @@ async def main(port: int, arch: str | None, sizes: list[int], batch: bool) -> No
             for b in batches
         }
         async with anyio.create_task_group() as group:
-            for spec in specs:
+            for spec in (*specs, HOPS):
                 group.start_soon(compiler.compile, spec)
         batching = f"batches up to {batcher.max_batch}" if batcher is not None else "no batching"
         print(
-            f"compiled {len(specs)} min-plus kernel(s) with argmax for {target} ({batching})",
+            f"compiled {len(specs)} min-plus kernel(s) with argmax and the hops' kernels for "
+            f"{target} ({batching})",
             flush=True,
         )
         try:
             for spec in specs:
                 await compiler.get(spec)  # loaded before the first request needs them
+            hops = await compiler.get(HOPS)
         except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or a driver too old
             print(
                 f"no usable GPU for {target} here ({type(exc).__name__}): would serve "
@@ -284,7 +366,7 @@ async def main(port: int, arch: str | None, sizes: list[int], batch: bool) -> No
             return
         from aiohttp import web
 
-        runner = web.AppRunner(make_app(compiler, batcher))
+        runner = web.AppRunner(make_app(compiler, batcher, hops))
         await runner.setup()
         # A burst of new clients beyond the default backlog (128) waits a 1 s SYN retry.
         await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()

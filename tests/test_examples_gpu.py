@@ -106,7 +106,7 @@ def test_the_server_answers_concurrent_queries_correctly(cache_dir: Path) -> Non
         for weights, pairs, answer in answers:
             check_answer(weights, pairs, answer)
         counts = stats(port)
-        assert counts["compiles"] <= 2  # the warm-up's kernels (two tiles), none more
+        assert counts["compiles"] <= 3  # the warm-up's kernels (two tiles, the hops'), none more
         assert counts["requests"] > 64
         assert counts["batcher"]["requests"] > 64
 
@@ -120,7 +120,8 @@ def test_the_server_answers_npz_bodies_and_says_where_the_time_went(
         def ask(seed: int) -> tuple[np.ndarray[Any, Any], list[Any], dict[str, Any], str]:
             rng = np.random.default_rng(seed)
             n = 96  # one size: concurrent squarings can share launches
-            weights = rng.integers(1, 100, size=(n, n)).astype(np.float64)
+            # Zero weights too: ties everywhere, and ways of zero weight both ways.
+            weights = rng.integers(0, 100, size=(n, n)).astype(np.float64)
             weights[rng.random((n, n)) < 0.9] = np.inf
             pairs = rng.integers(0, n, size=(20, 2))
             body = io.BytesIO()
@@ -141,7 +142,7 @@ def test_the_server_answers_npz_bodies_and_says_where_the_time_went(
             assert list(fields) == ["parse", "gpu", "respond"]
             assert all(0 <= float(ms) < 60_000 for ms in fields.values())
         counts = stats(port)
-        assert counts["compiles"] <= 1
+        assert counts["compiles"] <= 2  # (the hops' kernels and one tile)
         if batch:
             assert counts["batcher"]["requests"] >= 128
             assert counts["batcher"]["launches"] < counts["batcher"]["requests"]
