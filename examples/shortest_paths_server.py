@@ -8,7 +8,7 @@ each answer's ``Server-Timing`` header where the request's time went.
 
     POST /shortest-paths  {"weights": [[0, 4, null], [null, 0, 1], [2, null, 0]],
                            "pairs": [[0, 2], [2, 1]]}
-    ->  {"n": 3, "squarings": 2, "distances": [5.0, 6.0], "paths": [[0, 1, 2], [2, 0, 1]]}
+    ->  {"n": 3, "squarings": 1, "distances": [5.0, 6.0], "paths": [[0, 1, 2], [2, 0, 1]]}
         Server-Timing: parse;dur=<ms>, gpu;dur=<ms>, respond;dur=<ms>
     POST /shortest-paths  with Content-Type: application/x-npz (or application/octet-stream):
                           the bytes of np.savez(f, weights=W, pairs=P), same answer
@@ -95,21 +95,28 @@ extern "C" __global__ void next_hops(const float* shorter, const float* dist, co
     if (better) *changed = 1;
 }
 
-extern "C" __global__ void answers(const float* dist, const int* hop, const int* pairs,
-                                   int* out, int p, int n) {
-    // Pair q's distance (its float's bits) in out[q], and the first hops of every node
-    // towards its target in out[p + q n ...]: all that its path's walk reads.
-    const int r = blockIdx.x * blockDim.x + threadIdx.x, q = blockIdx.y;
+extern "C" __global__ void distances(const float* dist, const int* pairs, int* out, int p,
+                                     int n) {
+    // Pair q's distance, as its float's bits (out holds the hops' columns too).
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= p) return;
+    out[q] = __float_as_int(dist[(size_t)pairs[2 * q] * n + pairs[2 * q + 1]]);
+}
+
+extern "C" __global__ void columns(const int* hop, const int* targets, int* out, int n) {
+    // Column c: every node's first hop towards targets[c], all that a path's walk reads.
+    const int r = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
     if (r >= n) return;
-    const int source = pairs[2 * q], target = pairs[2 * q + 1];
-    out[p + (size_t)q * n + r] = hop[(size_t)r * n + target];
-    if (r == 0) out[q] = __float_as_int(dist[(size_t)source * n + target]);
+    out[(size_t)c * n + r] = hop[(size_t)r * n + targets[c]];
 }
 """,
-    name_expressions=("first_hops", "next_hops", "answers"),
+    name_expressions=("first_hops", "next_hops", "distances", "columns"),
     name="shortest_paths.cu",
 )
 THREADS = 256
+# Squarings enqueued ahead of the last whose flag was read: the GPU kept busy, at most this many
+# spare squarings once the distances have settled.
+AHEAD = 2
 
 
 def parse(content_type: str, body: bytes) -> Query:
@@ -202,13 +209,15 @@ def _pairs_message(n: int) -> str:
 
 
 def pinned(count: int) -> np.ndarray[Any, Any]:
-    """``count`` int32 in pinned host memory (a copy into it runs asynchronously)."""
+    """``count`` int32 in pinned host memory (a copy into it runs asynchronously); allocated
+    in powers of two, as CuPy's pool keeps a freed block for its size alone."""
     import cupy
 
-    return np.frombuffer(cupy.cuda.alloc_pinned_memory(max(count, 1) * 4), np.int32, count)
+    size = 1 << max(count * 4 - 1, 1).bit_length()
+    return np.frombuffer(cupy.cuda.alloc_pinned_memory(size), np.int32, count)
 
 
-def grid(n: int, rows: int) -> tuple[tuple[int, int], tuple[int]]:
+def grid(n: int, rows: int = 1) -> tuple[tuple[int, int], tuple[int]]:
     """A launch of one thread per column of ``rows`` rows of ``n``."""
     return ((n + THREADS - 1) // THREADS, rows), (THREADS,)
 
@@ -219,54 +228,75 @@ async def solve(
     pairs: list[tuple[int, int]],
     batcher: tropical.Batcher | None,
     compiler: Compiler,
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]:
-    """The distances of ``pairs``, for each the first hop of every node towards its target
-    (-1: unreachable), and the squarings it took; the products through ``batcher`` if given.
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[int], int]:
+    """The distances of ``pairs``, each queried target's column of first hops (every node's,
+    -1: unreachable), each pair's column, and the squarings it took; the products through
+    ``batcher`` if given.
 
-    The squarings go on without waiting for the GPU: a squaring's flag (whether any distance
-    got shorter) is read once its copy to the host has landed, and the first that changed
-    nothing ends them (those enqueued after it change nothing either). One wait, for the
-    answers' copy to the host, which the event loop does not block on."""
+    A squaring's flag (whether any distance got shorter) is copied to the host as it ends;
+    before each squaring the loop waits, without blocking the event loop, for the flag of the
+    one AHEAD before, and stops at the first that changed nothing (those enqueued after it
+    change nothing either). The answers are gathered on the GPU and copied back the same way."""
     import cupy
 
     n, p = len(weights), len(pairs)
     stream = cupy.cuda.get_current_stream()
+    targets, column = np.unique(np.array([t for _, t in pairs], np.int32), return_inverse=True)
+    u = len(targets)
     dist = cupy.asarray(weights)
     hop = cupy.empty((n, n), cupy.int32)
-    hops.get_function("first_hops")(*grid(n, n), (dist, hop, np.int32(n)))
+    hops.get_function("first_hops")(*grid(n, n), (dist, hop, np.int32(n)), stream=stream)
     most = max(1, math.ceil(math.log2(max(n - 1, 1))))
     changed = cupy.zeros(most, cupy.int32)
-    # Pinned host memory, so that the copies into it run asynchronously; each is let go only
-    # after its copies have landed (the wait at the end, shielded).
-    seen, host = pinned(most), pinned(p + p * n)
+    # Pinned host memory, so that the copies into it run asynchronously; let go only once
+    # they have landed (the wait at the end).
+    seen, host = pinned(most), pinned(p + u * n)
     marks: list[Any] = []
-    step, answers = hops.get_function("next_hops"), hops.get_function("answers")
+    step = hops.get_function("next_hops")
     try:
-        while len(marks) < most and not any(
-            mark.done and not seen[s] for s, mark in enumerate(marks)
-        ):
+        while len(marks) < most:
+            if len(marks) >= AHEAD:
+                await synchronize(marks[len(marks) - AHEAD])
+                if not seen[len(marks) - AHEAD]:
+                    break
             if batcher is not None:
-                shorter, via = await batcher.matmul(dist, dist, "minplus", argmax=True)
+                shorter, via = await batcher.matmul(
+                    dist, dist, "minplus", argmax=True, stream=stream
+                )
             else:
                 shorter, via = await tropical.matmul(
-                    dist, dist, "minplus", argmax=True, compiler=compiler
+                    dist, dist, "minplus", argmax=True, compiler=compiler, stream=stream
                 )
             following = cupy.empty_like(hop)
             flag = changed[len(marks) :][:1]
-            step(*grid(n, n), (shorter, dist, via, hop, following, flag, np.int32(n)))
+            args = (shorter, dist, via, hop, following, flag, np.int32(n))
+            step(*grid(n, n), args, stream=stream)
             flag.get(stream=stream, out=seen[len(marks) :][:1], blocking=False)
             marks.append(cupy.cuda.Event(block=False, disable_timing=True))
             marks[-1].record(stream)
             dist, hop = shorter, following
         if p:
+            out = cupy.empty(p + u * n, cupy.int32)
             asked = cupy.asarray(np.array(pairs, np.int32))
-            out = cupy.empty(p + p * n, cupy.int32)
-            answers(*grid(n, p), (dist, hop, asked, out, np.int32(p), np.int32(n)))
+            hops.get_function("distances")(
+                *grid(p), (dist, asked, out, np.int32(p), np.int32(n)), stream=stream
+            )
+            hops.get_function("columns")(
+                *grid(n, u), (hop, cupy.asarray(targets), out[p:], np.int32(n)), stream=stream
+            )
             out.get(stream=stream, out=host, blocking=False)
     finally:
-        with anyio.CancelScope(shield=True):  # (cancelled too: the copies land first)
-            await synchronize(stream)
-    return host[:p].view(np.float32), host[p:].reshape(p, n), len(marks)
+        landed = cupy.cuda.Event(block=False, disable_timing=True)
+        landed.record(stream)
+        try:
+            with anyio.CancelScope(shield=True):
+                await synchronize(landed)
+        except BaseException:  # (asyncio's own cancel reaches through a shield)
+            landed.synchronize()  # the copies land before their memory goes back to the pool
+            raise
+    # The squarings until the first that changed nothing (the spare ones after it: not counted).
+    squarings = next((s + 1 for s in range(len(marks)) if not seen[s]), len(marks))
+    return host[:p].view(np.float32), host[p:].reshape(u, n), column.tolist(), squarings
 
 
 def path(towards: np.ndarray[Any, Any], source: int, target: int) -> list[int]:
@@ -301,13 +331,13 @@ def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None, hops: 
                 headers=server_timing(parse=time.perf_counter() - started),
             )
         parsed = time.perf_counter()
-        distances, towards, squarings = await solve(hops, weights, pairs, batcher, compiler)
+        distances, towards, column, squarings = await solve(hops, weights, pairs, batcher, compiler)
         computed = time.perf_counter()
         answer = {
             "n": len(weights),
             "squarings": squarings,
             "distances": [None if math.isinf(d) else float(d) for d in distances.tolist()],
-            "paths": [path(towards[q], s, t) for q, (s, t) in enumerate(pairs)],
+            "paths": [path(towards[column[q]], s, t) for q, (s, t) in enumerate(pairs)],
         }
         body = json.dumps(answer)
         timing = server_timing(
