@@ -251,9 +251,9 @@ def main() -> None:
         f"{warm_no_batch_s:.2f} s. {COLD_NOTE}",
         "",
         "Phases are the p50 of the server's Server-Timing (ms of wall time in the handler): "
-        "parse reads and decodes the body; gpu enqueues the squarings and waits for them (in "
-        "the batcher and for the stream, the event loop running other requests meanwhile); "
-        "respond copies the result back and builds the JSON answer. Outside is the p50 of "
+        "parse reads and decodes the body; gpu enqueues the squarings and the answers' copy "
+        "back, and waits for them (in the batcher and for the stream, the event loop running "
+        "other requests meanwhile); respond builds the JSON answer. Outside is the p50 of "
         "what the client waited beyond the three (network, HTTP, waiting for the event loop). "
         "Products/launch: the batcher's min-plus products per launch during the level.",
         "",

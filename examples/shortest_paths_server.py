@@ -8,7 +8,7 @@ each answer's ``Server-Timing`` header where the request's time went.
 
     POST /shortest-paths  {"weights": [[0, 4, null], [null, 0, 1], [2, null, 0]],
                            "pairs": [[0, 2], [2, 1]]}
-    ->  {"n": 3, "squarings": 2, "distances": [5.0, 6.0], "paths": [[0, 1, 2], [2, 0, 1]]}
+    ->  {"n": 3, "squarings": 1, "distances": [5.0, 6.0], "paths": [[0, 1, 2], [2, 0, 1]]}
         Server-Timing: parse;dur=<ms>, gpu;dur=<ms>, respond;dur=<ms>
     POST /shortest-paths  with Content-Type: application/x-npz (or application/octet-stream):
                           the bytes of np.savez(f, weights=W, pairs=P), same answer
@@ -18,17 +18,19 @@ In JSON ``null`` is no edge; in an .npz, ``weights`` is an n x n float32 or floa
 ``inf`` for no edge and ``pairs`` (optional) a p x 2 integer array. Weights are non-negative and
 are computed in float32 whatever the body's format. D <- D (min,+) D, repeated until no distance
 changes (at most log2(n) times), gives every shortest distance; the argmax of each product (the
-k through which i reaches j) updates the first hop of every path. Kernels come from one
-Compiler through ``await compiler.get``: any number of concurrent requests share one compile.
+k through which i reaches j) updates the first hop of every path, in one kernel of our own per
+squaring (``HOPS``), and the queried pairs' entries are gathered on the GPU and read back
+without blocking the event loop. Kernels come from one Compiler through ``await
+compiler.get``: any number of concurrent requests share one compile.
 Concurrent requests' squarings of one size go to the GPU as one batched launch
 (``tropical.Batcher``); ``--no-batch`` launches each one alone (``tropical.matmul``).
 
 ``Server-Timing`` durations are milliseconds of wall time in the handler: ``parse`` reads and
-decodes the body; ``gpu`` enqueues the squarings and waits for them (in the batcher, then for
-the stream without blocking the event loop), which includes the time other requests' tasks run
-meanwhile; ``respond`` copies the results back (blocking until the stream's queued work is done)
-and builds the JSON answer. What a client measures beyond their sum was spent outside the
-handler: the network, HTTP parsing, waiting for the event loop.
+decodes the body; ``gpu`` enqueues the squarings and the answers' gather and copy back, and
+waits for them (in the batcher, then for the stream without blocking the event loop), which
+includes the time other requests' tasks run meanwhile; ``respond`` builds the JSON answer.
+What a client measures beyond their sum was spent outside the handler: the network, HTTP
+parsing, waiting for the event loop.
 
 Without a GPU the service compiles its kernels for ``--arch`` (default ``$AIONVRTC_ARCH``, else
 sm_90) and says what it would serve.
@@ -48,6 +50,7 @@ import numpy as np
 
 from aionvrtc import (
     Compiler,
+    KernelSpec,
     ModuleLoadError,
     NoDeviceError,
     resolve_target,
@@ -63,6 +66,57 @@ NPZ_TYPES = frozenset({"application/x-npz", "application/octet-stream"})
 NPZ_MESSAGE = 'an .npz body must be np.savez bytes holding "weights" (and "pairs")'
 
 Query = tuple[np.ndarray[Any, Any], list[tuple[int, int]]]
+
+# The work around the squarings, one launch each: the first hops from the weights, each
+# squaring's hops (and whether any distance got shorter), the answers' entries. Written with
+# CuPy's elementwise functions they took six launches a squaring, each costing the host more
+# than the GPU, and a blocking read a squaring.
+HOPS = KernelSpec(
+    r"""
+extern "C" __global__ void first_hops(float* dist, int* hop, int n) {
+    // Each node 0 from itself; a pair's first hop is its target where an edge joins them.
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
+    if (j >= n) return;
+    const size_t at = (size_t)i * n + j;
+    if (i == j) dist[at] = 0.0f;
+    hop[at] = isinf(dist[at]) ? -1 : j;
+}
+
+extern "C" __global__ void next_hops(const float* shorter, const float* dist, const int* via,
+                                     const int* hop, int* next, int* changed, int n) {
+    // Where i reaches j by a shorter way, through via: first the hop towards via. Only where
+    // shorter: on a tie the way found first is kept (taking the new one, two nodes joined by
+    // zero weights could each name the other as the first hop).
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
+    if (j >= n) return;
+    const size_t at = (size_t)i * n + j;
+    const bool better = shorter[at] < dist[at];
+    next[at] = better ? hop[(size_t)i * n + via[at]] : hop[at];
+    if (better) *changed = 1;
+}
+
+extern "C" __global__ void distances(const float* dist, const int* pairs, int* out, int p,
+                                     int n) {
+    // Pair q's distance, as its float's bits (out holds the hops' columns too).
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= p) return;
+    out[q] = __float_as_int(dist[(size_t)pairs[2 * q] * n + pairs[2 * q + 1]]);
+}
+
+extern "C" __global__ void columns(const int* hop, const int* targets, int* out, int n) {
+    // Column c: every node's first hop towards targets[c], all that a path's walk reads.
+    const int r = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+    if (r >= n) return;
+    out[(size_t)c * n + r] = hop[(size_t)r * n + targets[c]];
+}
+""",
+    name_expressions=("first_hops", "next_hops", "distances", "columns"),
+    name="shortest_paths.cu",
+)
+THREADS = 256
+# Squarings enqueued ahead of the last whose flag was read: the GPU kept busy, at most this many
+# spare squarings once the distances have settled.
+AHEAD = 2
 
 
 def parse(content_type: str, body: bytes) -> Query:
@@ -154,48 +208,106 @@ def _pairs_message(n: int) -> str:
     return f'"pairs" must be [source, target] pairs (p x 2 integers) of nodes below {n}'
 
 
-async def all_pairs(
-    compiler: Compiler, weights: np.ndarray[Any, Any], batcher: tropical.Batcher | None = None
-) -> tuple[Any, Any, int]:
-    """Distances and first hops (-1: unreachable) of every pair, and the squarings it took; the
-    products through ``batcher`` if given."""
+def pinned(count: int) -> np.ndarray[Any, Any]:
+    """``count`` int32 in pinned host memory (a copy into it runs asynchronously); allocated
+    in powers of two, as CuPy's pool keeps a freed block for its size alone."""
     import cupy
 
-    n = len(weights)
+    size = 1 << max(count * 4 - 1, 1).bit_length()
+    return np.frombuffer(cupy.cuda.alloc_pinned_memory(size), np.int32, count)
+
+
+def grid(n: int, rows: int = 1) -> tuple[tuple[int, int], tuple[int]]:
+    """A launch of one thread per column of ``rows`` rows of ``n``."""
+    return ((n + THREADS - 1) // THREADS, rows), (THREADS,)
+
+
+async def solve(
+    hops: Any,
+    weights: np.ndarray[Any, Any],
+    pairs: list[tuple[int, int]],
+    batcher: tropical.Batcher | None,
+    compiler: Compiler,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[int], int]:
+    """The distances of ``pairs``, each queried target's column of first hops (every node's,
+    -1: unreachable), each pair's column, and the squarings it took; the products through
+    ``batcher`` if given.
+
+    A squaring's flag (whether any distance got shorter) is copied to the host as it ends;
+    before each squaring the loop waits, without blocking the event loop, for the flag of the
+    one AHEAD before, and stops at the first that changed nothing (those enqueued after it
+    change nothing either). The answers are gathered on the GPU and copied back the same way."""
+    import cupy
+
+    n, p = len(weights), len(pairs)
+    stream = cupy.cuda.get_current_stream()
+    targets, column = np.unique(np.array([t for _, t in pairs], np.int32), return_inverse=True)
+    u = len(targets)
     dist = cupy.asarray(weights)
-    dist[cupy.arange(n), cupy.arange(n)] = 0
-    rows = cupy.arange(n)[:, None]
-    hop = cupy.where(cupy.isfinite(dist), cupy.broadcast_to(cupy.arange(n), (n, n)), -1)
-    squarings = 0
-    while squarings < max(1, math.ceil(math.log2(max(n - 1, 1)))):
-        if batcher is not None:
-            shorter, via = await batcher.matmul(dist, dist, "minplus", argmax=True)
-        else:
-            shorter, via = await tropical.matmul(
-                dist, dist, "minplus", argmax=True, compiler=compiler
+    hop = cupy.empty((n, n), cupy.int32)
+    hops.get_function("first_hops")(*grid(n, n), (dist, hop, np.int32(n)), stream=stream)
+    most = max(1, math.ceil(math.log2(max(n - 1, 1))))
+    changed = cupy.zeros(most, cupy.int32)
+    # Pinned host memory, so that the copies into it run asynchronously; let go only once
+    # they have landed (the wait at the end).
+    seen, host = pinned(most), pinned(p + u * n)
+    marks: list[Any] = []
+    step = hops.get_function("next_hops")
+    try:
+        while len(marks) < most:
+            if len(marks) >= AHEAD:
+                await synchronize(marks[len(marks) - AHEAD])
+                if not seen[len(marks) - AHEAD]:
+                    break
+            if batcher is not None:
+                shorter, via = await batcher.matmul(
+                    dist, dist, "minplus", argmax=True, stream=stream
+                )
+            else:
+                shorter, via = await tropical.matmul(
+                    dist, dist, "minplus", argmax=True, compiler=compiler, stream=stream
+                )
+            following = cupy.empty_like(hop)
+            flag = changed[len(marks) :][:1]
+            args = (shorter, dist, via, hop, following, flag, np.int32(n))
+            step(*grid(n, n), args, stream=stream)
+            flag.get(stream=stream, out=seen[len(marks) :][:1], blocking=False)
+            marks.append(cupy.cuda.Event(block=False, disable_timing=True))
+            marks[-1].record(stream)
+            dist, hop = shorter, following
+        if p:
+            out = cupy.empty(p + u * n, cupy.int32)
+            asked = cupy.asarray(np.array(pairs, np.int32))
+            hops.get_function("distances")(
+                *grid(p), (dist, asked, out, np.int32(p), np.int32(n)), stream=stream
             )
-        squarings += 1
-        # i reaches j through via: first the hop towards via (unless via is i itself).
-        through = hop[rows, cupy.maximum(via, 0)]
-        hop = cupy.where((via >= 0) & (via != rows), through, hop)
-        changed = (shorter < dist).any()
-        dist = shorter
-        # Reading `changed` now would block the event loop until the GPU is done; awaiting lets
-        # the other requests run meanwhile, and their next squarings join one batch.
-        await synchronize()
-        if not bool(changed):
-            break
-    return dist, hop, squarings
+            hops.get_function("columns")(
+                *grid(n, u), (hop, cupy.asarray(targets), out[p:], np.int32(n)), stream=stream
+            )
+            out.get(stream=stream, out=host, blocking=False)
+    finally:
+        landed = cupy.cuda.Event(block=False, disable_timing=True)
+        landed.record(stream)
+        try:
+            with anyio.CancelScope(shield=True):
+                await synchronize(landed)
+        except BaseException:  # (asyncio's own cancel reaches through a shield)
+            landed.synchronize()  # the copies land before their memory goes back to the pool
+            raise
+    # The squarings until the first that changed nothing (the spare ones after it: not counted).
+    squarings = next((s + 1 for s in range(len(marks)) if not seen[s]), len(marks))
+    return host[:p].view(np.float32), host[p:].reshape(u, n), column.tolist(), squarings
 
 
-def path(hop: np.ndarray[Any, Any], source: int, target: int) -> list[int]:
+def path(towards: np.ndarray[Any, Any], source: int, target: int) -> list[int]:
+    """The path from ``source`` to ``target``, from each node's first hop towards ``target``."""
     if source == target:
         return [source]
-    if hop[source, target] < 0:
+    if towards[source] < 0:
         return []
     nodes = [source]
-    while nodes[-1] != target and len(nodes) <= len(hop):
-        nodes.append(int(hop[nodes[-1], target]))
+    while nodes[-1] != target and len(nodes) <= len(towards):
+        nodes.append(int(towards[nodes[-1]]))
     return nodes
 
 
@@ -204,7 +316,8 @@ def server_timing(**seconds: float) -> dict[str, str]:
     return {"Server-Timing": ", ".join(f"{name};dur={s * 1e3:.3f}" for name, s in seconds.items())}
 
 
-def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None) -> Any:
+def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None, hops: Any = None) -> Any:
+    """The service's routes; ``hops``: the loaded module of HOPS."""
     from aiohttp import web
 
     async def shortest_paths(request: web.Request) -> web.Response:
@@ -218,16 +331,13 @@ def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None) -> Any
                 headers=server_timing(parse=time.perf_counter() - started),
             )
         parsed = time.perf_counter()
-        dist, hop, squarings = await all_pairs(compiler, weights, batcher)
+        distances, towards, column, squarings = await solve(hops, weights, pairs, batcher, compiler)
         computed = time.perf_counter()
-        dist_h, hop_h = dist.get(), hop.get()
         answer = {
             "n": len(weights),
             "squarings": squarings,
-            "distances": [
-                None if math.isinf(dist_h[s, t]) else float(dist_h[s, t]) for s, t in pairs
-            ],
-            "paths": [path(hop_h, s, t) for s, t in pairs],
+            "distances": [None if math.isinf(d) else float(d) for d in distances.tolist()],
+            "paths": [path(towards[column[q]], s, t) for q, (s, t) in enumerate(pairs)],
         }
         body = json.dumps(answer)
         timing = server_timing(
@@ -264,16 +374,18 @@ async def main(port: int, arch: str | None, sizes: list[int], batch: bool) -> No
             for b in batches
         }
         async with anyio.create_task_group() as group:
-            for spec in specs:
+            for spec in (*specs, HOPS):
                 group.start_soon(compiler.compile, spec)
         batching = f"batches up to {batcher.max_batch}" if batcher is not None else "no batching"
         print(
-            f"compiled {len(specs)} min-plus kernel(s) with argmax for {target} ({batching})",
+            f"compiled {len(specs)} min-plus kernel(s) with argmax and the hops' kernels for "
+            f"{target} ({batching})",
             flush=True,
         )
         try:
             for spec in specs:
                 await compiler.get(spec)  # loaded before the first request needs them
+            hops = await compiler.get(HOPS)
         except (NoDeviceError, ModuleLoadError) as exc:  # no GPU here, or a driver too old
             print(
                 f"no usable GPU for {target} here ({type(exc).__name__}): would serve "
@@ -284,7 +396,7 @@ async def main(port: int, arch: str | None, sizes: list[int], batch: bool) -> No
             return
         from aiohttp import web
 
-        runner = web.AppRunner(make_app(compiler, batcher))
+        runner = web.AppRunner(make_app(compiler, batcher, hops))
         await runner.setup()
         # A burst of new clients beyond the default backlog (128) waits a 1 s SYN retry.
         await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()

@@ -99,7 +99,7 @@ def test_shortest_paths_server_compiles_and_says_what_it_would_serve(cache_dir: 
     if has_gpu():
         pytest.skip("with a GPU the server serves: test_gpu")
     out = run_example("shortest_paths_server.py", cache_dir, "--sizes", "64", "4096")
-    assert "compiled 2 min-plus kernel(s) with argmax for sm_90" in out
+    assert "compiled 2 min-plus kernel(s) with argmax and the hops' kernels for sm_90" in out
     assert "would serve POST /shortest-paths and GET /stats on port 8080" in out
 
 
@@ -150,10 +150,10 @@ def test_shortest_paths_json_requests_are_validated(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(server, "MAX_NODES", 2)
     with pytest.raises(ValueError, match="n from 1 to 2"):
         ask({"weights": [[0] * 3] * 3})
-    hop = np.array([[0, 1, 1], [-1, 1, 2], [0, 0, 2]])
-    assert path(hop, 0, 2) == [0, 1, 2]
-    assert path(hop, 1, 0) == []
-    assert path(hop, 2, 2) == [2]
+    hop = np.array([[0, 1, 1], [-1, 1, 2], [0, 0, 2]])  # (each node's first hop, by target)
+    assert path(hop[:, 2], 0, 2) == [0, 1, 2]
+    assert path(hop[:, 0], 1, 0) == []
+    assert path(hop[:, 2], 2, 2) == [2]
 
 
 def npz(**arrays: Any) -> bytes:

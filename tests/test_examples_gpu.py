@@ -88,7 +88,7 @@ def test_the_server_answers_concurrent_queries_correctly(cache_dir: Path) -> Non
 
         def ask(seed: int) -> tuple[np.ndarray[Any, Any], list[Any], dict[str, Any]]:
             rng = np.random.default_rng(seed)
-            n = int(rng.integers(2, 200))
+            n = int(rng.integers(1, 200))
             weights = rng.integers(1, 100, size=(n, n)).astype(float)
             weights[rng.random((n, n)) < 0.9] = np.inf  # sparse: long paths, some unreachable
             pairs = [[int(rng.integers(n)), int(rng.integers(n))] for _ in range(20)]
@@ -106,7 +106,7 @@ def test_the_server_answers_concurrent_queries_correctly(cache_dir: Path) -> Non
         for weights, pairs, answer in answers:
             check_answer(weights, pairs, answer)
         counts = stats(port)
-        assert counts["compiles"] <= 2  # the warm-up's kernels (two tiles), none more
+        assert counts["compiles"] <= 3  # the warm-up's kernels (two tiles, the hops'), none more
         assert counts["requests"] > 64
         assert counts["batcher"]["requests"] > 64
 
@@ -120,9 +120,11 @@ def test_the_server_answers_npz_bodies_and_says_where_the_time_went(
         def ask(seed: int) -> tuple[np.ndarray[Any, Any], list[Any], dict[str, Any], str]:
             rng = np.random.default_rng(seed)
             n = 96  # one size: concurrent squarings can share launches
-            weights = rng.integers(1, 100, size=(n, n)).astype(np.float64)
+            # Weights 0 to 2: ties everywhere, and ways of zero weight both ways (a path once
+            # looped between two nodes that each named the other as the first hop).
+            weights = rng.integers(0, 3, size=(n, n)).astype(np.float64)
             weights[rng.random((n, n)) < 0.9] = np.inf
-            pairs = rng.integers(0, n, size=(20, 2))
+            pairs = rng.integers(0, n, size=(int(rng.integers(0, 21)), 2))  # none, at times
             body = io.BytesIO()
             np.savez(body, weights=weights, pairs=pairs)
             request = urllib.request.Request(
@@ -141,7 +143,7 @@ def test_the_server_answers_npz_bodies_and_says_where_the_time_went(
             assert list(fields) == ["parse", "gpu", "respond"]
             assert all(0 <= float(ms) < 60_000 for ms in fields.values())
         counts = stats(port)
-        assert counts["compiles"] <= 1
+        assert counts["compiles"] <= 2  # (the hops' kernels and one tile)
         if batch:
             assert counts["batcher"]["requests"] >= 128
             assert counts["batcher"]["launches"] < counts["batcher"]["requests"]
