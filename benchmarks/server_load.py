@@ -6,14 +6,14 @@ where a request's time goes, with JSON and .npz bodies, with and without request
 
 Starts the server twice on a fresh cache dir, cold (its kernels compiled at start-up) and warm
 (read from disk), timing each start until it serves (each process with an empty CUDA_CACHE_PATH,
-so that NVRTC's cross-process cache cannot make the cold start warm); the warm one batches
-concurrent requests' squarings (tropical.Batcher). After it, a third start, warm, with
-``--no-batch``. Against each warm server: answers to JSON and to .npz bodies checked against
+so that NVRTC's cross-process cache cannot make the cold start warm); the warm one solves
+concurrent requests of one size together. After it, a third start, warm, with ``--no-batch``
+(each request alone). Against each warm server: answers to JSON and to .npz bodies checked against
 Floyd-Warshall first, then ``--requests`` queries (random graphs of ``--nodes`` nodes) at each
 concurrency, per body format, loopback only, each level stopped after ``--seconds``.
 Per level: the p50 of each phase the server reports in its Server-Timing header (parse, gpu,
 respond) and of what the client waited beyond them (network, HTTP, event-loop queueing), the
-client's p50 and p99 latency, requests/s, and (batching) products per batched launch.
+client's p50 and p99 latency, requests/s, and the requests solved together per group.
 Writes results/server_load-<gpu>.{json,md,png}.
 """
 
@@ -99,9 +99,9 @@ def floyd_warshall(weights: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return dist
 
 
-async def batcher_counts(session: Any, port: int) -> dict[str, int] | None:
+async def solved(session: Any, port: int) -> dict[str, int]:
     async with session.get(f"http://127.0.0.1:{port}/stats") as r:
-        counts: dict[str, int] | None = (await r.json())["batcher"]
+        counts: dict[str, int] = (await r.json())["solved"]
     return counts
 
 
@@ -120,7 +120,7 @@ async def level(
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        before = await batcher_counts(session, port)
+        before = await solved(session, port)
         deadline = time.perf_counter() + seconds
 
         async def client() -> None:
@@ -141,12 +141,10 @@ async def level(
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-        after = await batcher_counts(session, port)
+        after = await solved(session, port)
     latencies.sort()
-    products_per_launch = None
-    if before is not None and after is not None:
-        launches = after["launches"] - before["launches"]
-        products_per_launch = (after["requests"] - before["requests"]) / max(launches, 1)
+    groups = after["groups"] - before["groups"]
+    per_group = (after["requests"] - before["requests"]) / max(groups, 1)
     return {
         "concurrency": concurrency,
         "requests": len(latencies),
@@ -155,7 +153,7 @@ async def level(
         "p50_ms": statistics.median(latencies) * 1e3,
         "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3,
         "requests_per_s": len(latencies) / elapsed,
-        "products_per_launch": products_per_launch,
+        "requests_per_group": per_group,
     }
 
 
@@ -243,8 +241,9 @@ def main() -> None:
         f"each, sent as JSON or as .npz (float32 weights; a body: {sizes}); {checked} answers "
         f"of both formats checked against Floyd-Warshall first. Loopback, aiohttp client, up to "
         f"{args.requests} requests per level, each level stopped after {args.seconds:g} s. "
-        "Batch: concurrent requests' squarings share launches (tropical.Batcher); no batch: "
-        "the server started with --no-batch, each squaring its own launch.",
+        "Batch: concurrent requests of one size solved together (their weights stacked, each "
+        "squaring one batched launch for all); no batch: the server started with --no-batch, "
+        "each request solved alone.",
         "",
         f"Start until serving: cold cache {cold_s:.2f} s, warm cache {warm_s:.2f} s (batch; "
         f"its warm-up compiles each tile that a batch of up to 64 picks), no batch warm "
@@ -252,25 +251,24 @@ def main() -> None:
         "",
         "Phases are the p50 of the server's Server-Timing (ms of wall time in the handler): "
         "parse reads and decodes the body; gpu enqueues the squarings and the answers' copy "
-        "back, and waits for them (in the batcher and for the stream, the event loop running "
+        "back, and waits for them (for its group to form and run, the event loop running "
         "other requests meanwhile); respond builds the JSON answer. Outside is the p50 of "
         "what the client waited beyond the three (network, HTTP, waiting for the event loop). "
-        "Products/launch: the batcher's min-plus products per launch during the level.",
+        "Requests/group: the requests solved together per group during the level.",
         "",
         "| mode | body | concurrency | requests | parse ms | gpu ms | respond ms | outside ms "
-        "| p50 ms | p99 ms | requests/s | products/launch |",
+        "| p50 ms | p99 ms | requests/s | requests/group |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in runs:
         for lv in run["levels"]:
-            per_launch = lv["products_per_launch"]
             lines.append(
                 f"| {run['mode']} | {run['body']} | {lv['concurrency']} | {lv['requests']}"
                 f"{'*' if lv['stopped_at_time_limit'] else ''} | {lv['parse_p50_ms']:.2f} | "
                 f"{lv['gpu_p50_ms']:.2f} | {lv['respond_p50_ms']:.2f} | "
                 f"{lv['outside_p50_ms']:.2f} | {lv['p50_ms']:.2f} | {lv['p99_ms']:.2f} | "
                 f"{lv['requests_per_s']:.0f} | "
-                f"{'-' if per_launch is None else f'{per_launch:.1f}'} |"
+                f"{lv['requests_per_group']:.1f} |"
             )
     if any(lv["stopped_at_time_limit"] for run in runs for lv in run["levels"]):
         lines += ["", f"\\* stopped at the {args.seconds:g} s limit of a level."]

@@ -12,7 +12,7 @@ each answer's ``Server-Timing`` header where the request's time went.
         Server-Timing: parse;dur=<ms>, gpu;dur=<ms>, respond;dur=<ms>
     POST /shortest-paths  with Content-Type: application/x-npz (or application/octet-stream):
                           the bytes of np.savez(f, weights=W, pairs=P), same answer
-    GET /stats            the compiler's statistics, and the batcher's
+    GET /stats            the compiler's statistics, and the requests and groups solved
 
 In JSON ``null`` is no edge; in an .npz, ``weights`` is an n x n float32 or float64 array with
 ``inf`` for no edge and ``pairs`` (optional) a p x 2 integer array. Weights are non-negative and
@@ -22,14 +22,17 @@ k through which i reaches j) updates the first hop of every path, in one kernel 
 squaring (``HOPS``), and the queried pairs' entries are gathered on the GPU and read back
 without blocking the event loop. Kernels come from one Compiler through ``await
 compiler.get``: any number of concurrent requests share one compile.
-Concurrent requests' squarings of one size go to the GPU as one batched launch
-(``tropical.Batcher``); ``--no-batch`` launches each one alone (``tropical.matmul``).
+
+Concurrent requests of one graph size are solved together, as a model server batches
+requests (``Solver``): their weights stacked, each squaring one batched min-plus launch
+(``tropical.matmul`` over a batch) and one of the hops' kernel for all of them, one copy back.
+A group forms while the GPU runs the groups before it; ``--no-batch`` solves each request
+alone.
 
 ``Server-Timing`` durations are milliseconds of wall time in the handler: ``parse`` reads and
-decodes the body; ``gpu`` enqueues the squarings and the answers' gather and copy back, and
-waits for them (in the batcher, then for the stream without blocking the event loop), which
-includes the time other requests' tasks run meanwhile; ``respond`` builds the JSON answer.
-What a client measures beyond their sum was spent outside the handler: the network, HTTP
+decodes the body; ``gpu`` waits for the request's group to form and be solved (without
+blocking the event loop), which includes the time other requests' tasks run meanwhile;
+``respond`` builds the JSON answer. What a client measures beyond their sum was spent outside the handler: the network, HTTP
 parsing, waiting for the event loop.
 
 Without a GPU the service compiles its kernels for ``--arch`` (default ``$AIONVRTC_ARCH``, else
@@ -43,6 +46,7 @@ import io
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -66,18 +70,22 @@ NPZ_TYPES = frozenset({"application/x-npz", "application/octet-stream"})
 NPZ_MESSAGE = 'an .npz body must be np.savez bytes holding "weights" (and "pairs")'
 
 Query = tuple[np.ndarray[Any, Any], list[tuple[int, int]]]
+# The pairs' distances, the first hops towards each distinct target, each pair's column of
+# them, and the squarings taken.
+Answer = tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[int], int]
 
 # The work around the squarings, one launch each: the first hops from the weights, each
-# squaring's hops (and whether any distance got shorter), the answers' entries. Written with
+# squaring's hops (and which graphs got a shorter distance), the answers' entries. Written with
 # CuPy's elementwise functions they took six launches a squaring, each costing the host more
 # than the GPU, and a blocking read a squaring.
 HOPS = KernelSpec(
     r"""
+// A group's graphs are stacked: blockIdx.z the graph, blockIdx.y the row, x the column.
 extern "C" __global__ void first_hops(float* dist, int* hop, int n) {
     // Each node 0 from itself; a pair's first hop is its target where an edge joins them.
     const int j = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
     if (j >= n) return;
-    const size_t at = (size_t)i * n + j;
+    const size_t at = ((size_t)blockIdx.z * n + i) * n + j;
     if (i == j) dist[at] = 0.0f;
     hop[at] = isinf(dist[at]) ? -1 : j;
 }
@@ -87,36 +95,41 @@ extern "C" __global__ void next_hops(const float* shorter, const float* dist, co
     // Where i reaches j by a shorter way, through via: first the hop towards via. Only where
     // shorter: on a tie the way found first is kept (taking the new one, two nodes joined by
     // zero weights could each name the other as the first hop).
-    const int j = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= n) return;
-    const size_t at = (size_t)i * n + j;
+    const size_t row = ((size_t)blockIdx.z * n + blockIdx.y) * n, at = row + j;
     const bool better = shorter[at] < dist[at];
-    next[at] = better ? hop[(size_t)i * n + via[at]] : hop[at];
-    if (better) *changed = 1;
+    next[at] = better ? hop[row + via[at]] : hop[at];
+    if (better) changed[blockIdx.z] = 1;
 }
 
-extern "C" __global__ void distances(const float* dist, const int* pairs, int* out, int p,
-                                     int n) {
-    // Pair q's distance, as its float's bits (out holds the hops' columns too).
-    const int q = blockIdx.x * blockDim.x + threadIdx.x;
-    if (q >= p) return;
-    out[q] = __float_as_int(dist[(size_t)pairs[2 * q] * n + pairs[2 * q + 1]]);
-}
-
-extern "C" __global__ void columns(const int* hop, const int* targets, int* out, int n) {
-    // Column c: every node's first hop towards targets[c], all that a path's walk reads.
-    const int r = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
-    if (r >= n) return;
-    out[(size_t)c * n + r] = hop[(size_t)r * n + targets[c]];
+extern "C" __global__ void answers(const float* dist, const int* hop, const int* asked,
+                                   int* out, int pairs, int columns, int n) {
+    // out: each pair's distance (its float's bits), at asked's (row, column) of the stacked
+    // distances; then each column asked for, every node's first hop towards its target (all
+    // that a path's walk reads), asked as (the graph's first row, the target).
+    const size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q < pairs) {
+        out[q] = __float_as_int(dist[(size_t)asked[2 * q] * n + asked[2 * q + 1]]);
+        return;
+    }
+    const size_t c = (q - pairs) / n, r = (q - pairs) % n;
+    if (c >= columns) return;
+    const int* column = asked + 2 * (pairs + c);
+    out[q] = hop[((size_t)column[0] + r) * n + column[1]];
 }
 """,
-    name_expressions=("first_hops", "next_hops", "distances", "columns"),
+    name_expressions=("first_hops", "next_hops", "answers"),
     name="shortest_paths.cu",
 )
 THREADS = 256
 # Squarings enqueued ahead of the last whose flag was read: the GPU kept busy, at most this many
 # spare squarings once the distances have settled.
 AHEAD = 2
+# A group's requests at most, and the groups of one size on the GPU at once: while they run, the
+# requests arriving form the next group.
+MAX_BATCH = 64
+IN_FLIGHT = 2
 
 
 def parse(content_type: str, body: bytes) -> Query:
@@ -208,95 +221,216 @@ def _pairs_message(n: int) -> str:
     return f'"pairs" must be [source, target] pairs (p x 2 integers) of nodes below {n}'
 
 
-def pinned(count: int) -> np.ndarray[Any, Any]:
-    """``count`` int32 in pinned host memory (a copy into it runs asynchronously); allocated
-    in powers of two, as CuPy's pool keeps a freed block for its size alone."""
+def pinned(shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
+    """An array in pinned host memory (a copy to or from it runs asynchronously); allocated in
+    powers of two, as CuPy's pool keeps a freed block for its size alone."""
     import cupy
 
-    size = 1 << max(count * 4 - 1, 1).bit_length()
-    return np.frombuffer(cupy.cuda.alloc_pinned_memory(size), np.int32, count)
+    count = math.prod(shape)
+    size = 1 << max(count * np.dtype(dtype).itemsize - 1, 1).bit_length()
+    return np.frombuffer(cupy.cuda.alloc_pinned_memory(size), dtype, count).reshape(shape)
 
 
-def grid(n: int, rows: int = 1) -> tuple[tuple[int, int], tuple[int]]:
-    """A launch of one thread per column of ``rows`` rows of ``n``."""
-    return ((n + THREADS - 1) // THREADS, rows), (THREADS,)
+def blocks(threads: int) -> int:
+    return (threads + THREADS - 1) // THREADS
 
 
-async def solve(
-    hops: Any,
-    weights: np.ndarray[Any, Any],
-    pairs: list[tuple[int, int]],
-    batcher: tropical.Batcher | None,
-    compiler: Compiler,
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[int], int]:
-    """The distances of ``pairs``, each queried target's column of first hops (every node's,
-    -1: unreachable), each pair's column, and the squarings it took; the products through
-    ``batcher`` if given.
+@dataclass
+class Ask:
+    """One request's query, and once its group is solved, its answer or the group's error."""
 
-    A squaring's flag (whether any distance got shorter) is copied to the host as it ends;
-    before each squaring the loop waits, without blocking the event loop, for the flag of the
-    one AHEAD before, and stops at the first that changed nothing (those enqueued after it
-    change nothing either). The answers are gathered on the GPU and copied back the same way."""
-    import cupy
+    weights: np.ndarray[Any, Any]
+    pairs: list[tuple[int, int]]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    answer: Answer | None = None
+    error: BaseException | None = None
 
-    n, p = len(weights), len(pairs)
-    stream = cupy.cuda.get_current_stream()
-    targets, column = np.unique(np.array([t for _, t in pairs], np.int32), return_inverse=True)
-    u = len(targets)
-    dist = cupy.asarray(weights)
-    hop = cupy.empty((n, n), cupy.int32)
-    hops.get_function("first_hops")(*grid(n, n), (dist, hop, np.int32(n)), stream=stream)
-    most = max(1, math.ceil(math.log2(max(n - 1, 1))))
-    changed = cupy.zeros(most, cupy.int32)
-    # Pinned host memory, so that the copies into it run asynchronously; let go only once
-    # they have landed (the wait at the end).
-    seen, host = pinned(most), pinned(p + u * n)
-    marks: list[Any] = []
-    step = hops.get_function("next_hops")
-    try:
-        while len(marks) < most:
-            if len(marks) >= AHEAD:
-                await synchronize(marks[len(marks) - AHEAD])
-                if not seen[len(marks) - AHEAD]:
-                    break
-            if batcher is not None:
-                shorter, via = await batcher.matmul(
-                    dist, dist, "minplus", argmax=True, stream=stream
-                )
+
+class Solver:
+    """Concurrent requests of one graph size solved together, as a model server batches
+    requests: their weights stacked into one (batch, n, n) array, each squaring one batched
+    min-plus launch (``tropical.matmul``) and one launch of the hops' kernel for all of them, one
+    copy back and one wait. So a request costs the host its parse and answer, and a share of
+    a group's few launches, whatever the number of squarings.
+
+    A group forms while the GPU is busy: its task waits for one of ``in_flight`` slots of its
+    size, and every request of that size arriving meanwhile joins it, up to ``max_batch``. The
+    groups run in the solver's own task group: a client that goes away cancels its own wait,
+    never its group's work.
+    """
+
+    def __init__(
+        self, compiler: Compiler, hops: Any, tasks: Any, *, max_batch: int, in_flight: float
+    ) -> None:
+        self.compiler, self.hops, self.tasks = compiler, hops, tasks
+        self.max_batch, self.in_flight = max_batch, in_flight
+        self.forming: dict[int, list[Ask]] = {}
+        self.slots: dict[int, anyio.CapacityLimiter] = {}
+        self.streams: list[Any] = []  # one per group on the GPU; reused
+        self.requests = self.groups = 0
+
+    async def solve(self, weights: np.ndarray[Any, Any], pairs: list[tuple[int, int]]) -> Answer:
+        """The distances of ``pairs``, each queried target's column of first hops (every
+        node's; -1: unreachable), each pair's column, and the squarings it took."""
+        n, ask = len(weights), Ask(weights, pairs)
+        group = self.forming.get(n)
+        if group is None or len(group) == self.max_batch:
+            group = self.forming[n] = []
+            self.tasks.start_soon(self.run, n, group)
+        group.append(ask)
+        self.requests += 1
+        await ask.done.wait()
+        if ask.error is not None:
+            raise ask.error
+        assert ask.answer is not None
+        return ask.answer
+
+    async def run(self, n: int, group: list[Ask]) -> None:
+        """Waits for a slot of size ``n`` (requests join meanwhile), then solves the group."""
+        slots = self.slots.setdefault(n, anyio.CapacityLimiter(self.in_flight))
+        async with slots:
+            if self.forming.get(n) is group:
+                del self.forming[n]  # closed: later requests start the next group
+            self.groups += 1
+            stream = self.streams.pop() if self.streams else self.stream()
+            try:
+                answers = await self.squarings(group, stream)
+            except Exception as exc:  # the group's error is each of its requests' error
+                for ask in group:
+                    ask.error = exc
             else:
-                shorter, via = await tropical.matmul(
-                    dist, dist, "minplus", argmax=True, compiler=compiler, stream=stream
-                )
-            following = cupy.empty_like(hop)
-            flag = changed[len(marks) :][:1]
-            args = (shorter, dist, via, hop, following, flag, np.int32(n))
-            step(*grid(n, n), args, stream=stream)
-            flag.get(stream=stream, out=seen[len(marks) :][:1], blocking=False)
-            marks.append(cupy.cuda.Event(block=False, disable_timing=True))
-            marks[-1].record(stream)
-            dist, hop = shorter, following
-        if p:
-            out = cupy.empty(p + u * n, cupy.int32)
-            asked = cupy.asarray(np.array(pairs, np.int32))
-            hops.get_function("distances")(
-                *grid(p), (dist, asked, out, np.int32(p), np.int32(n)), stream=stream
-            )
-            hops.get_function("columns")(
-                *grid(n, u), (hop, cupy.asarray(targets), out[p:], np.int32(n)), stream=stream
-            )
-            out.get(stream=stream, out=host, blocking=False)
-    finally:
-        landed = cupy.cuda.Event(block=False, disable_timing=True)
-        landed.record(stream)
+                for ask, answer in zip(group, answers, strict=True):
+                    ask.answer = answer
+            finally:
+                self.streams.append(stream)
+                for ask in group:
+                    ask.done.set()
+
+    @staticmethod
+    def stream() -> Any:
+        import cupy
+
+        return cupy.cuda.Stream(non_blocking=True)
+
+    async def squarings(self, group: list[Ask], stream: Any) -> list[Answer]:
+        """The answers of ``group``'s requests (of one size), computed on ``stream``.
+
+        A squaring's flags (which graphs got a shorter distance) are copied to the host as it
+        ends; before each squaring the loop waits, without blocking the event loop, for the
+        flags of the one AHEAD before, and stops at the first that changed no graph (those
+        enqueued after it change nothing either). The answers are gathered on the GPU and
+        copied back the same way."""
+        import cupy
+
+        b, n = len(group), len(group[0].weights)
+        host = Staged(group)
+        dist = cupy.empty((b, n, n), cupy.float32)
+        dist.set(host.weights, stream=stream)
+        hop = cupy.empty((b, n, n), cupy.int32)
+        kernel = self.hops.get_function
+        kernel("first_hops")((blocks(n), n, b), (THREADS,), (dist, hop, np.int32(n)), stream=stream)
+        changed = cupy.zeros(host.seen.shape, cupy.int32)
+        marks: list[Any] = []
         try:
-            with anyio.CancelScope(shield=True):
-                await synchronize(landed)
-        except BaseException:  # (asyncio's own cancel reaches through a shield)
-            landed.synchronize()  # the copies land before their memory goes back to the pool
-            raise
-    # The squarings until the first that changed nothing (the spare ones after it: not counted).
-    squarings = next((s + 1 for s in range(len(marks)) if not seen[s]), len(marks))
-    return host[:p].view(np.float32), host[p:].reshape(u, n), column.tolist(), squarings
+            while len(marks) < len(changed):
+                if len(marks) >= AHEAD:
+                    await synchronize(marks[len(marks) - AHEAD])
+                    if not host.seen[len(marks) - AHEAD].any():
+                        break
+                shorter, via = await tropical.matmul(
+                    dist, dist, "minplus", argmax=True, compiler=self.compiler, stream=stream
+                )
+                following = cupy.empty_like(hop)
+                flags = changed[len(marks)]
+                args = (shorter, dist, via, hop, following, flags, np.int32(n))
+                kernel("next_hops")((blocks(n), n, b), (THREADS,), args, stream=stream)
+                flags.get(stream=stream, out=host.seen[len(marks)], blocking=False)
+                marks.append(cupy.cuda.Event(block=False, disable_timing=True))
+                marks[-1].record(stream)
+                dist, hop = shorter, following
+            if len(host.out):
+                out = cupy.empty(len(host.out), cupy.int32)
+                asked = cupy.empty(host.asked.shape, cupy.int32)
+                asked.set(host.asked, stream=stream)
+                args = (
+                    dist,
+                    hop,
+                    asked,
+                    out,
+                    np.int32(host.pairs),
+                    np.int32(host.columns),
+                    np.int32(n),
+                )
+                kernel("answers")((blocks(len(out)),), (THREADS,), args, stream=stream)
+                out.get(stream=stream, out=host.out, blocking=False)
+        finally:
+            landed = cupy.cuda.Event(block=False, disable_timing=True)
+            landed.record(stream)
+            try:
+                with anyio.CancelScope(shield=True):
+                    await synchronize(landed)
+            except BaseException:  # (asyncio's own cancel reaches through a shield)
+                landed.synchronize()  # the copies land before their memory goes back to the pool
+                raise
+        return host.answers(len(marks))
+
+
+class Staged:
+    """A group's host side, in pinned memory (so that the copies run asynchronously; kept
+    until they have landed): the weights stacked, the gather's addresses, and room for each
+    squaring's flags and for the answers."""
+
+    def __init__(self, group: list[Ask]) -> None:
+        self.group, b, n = group, len(group), len(group[0].weights)
+        # Each request's distinct targets: a pair's path reads its target's column alone.
+        self.targets = [np.unique([t for _, t in ask.pairs], return_inverse=True) for ask in group]
+        self.pairs = sum(len(ask.pairs) for ask in group)
+        self.columns = sum(len(distinct) for distinct, _ in self.targets)
+        self.weights = pinned((b, n, n), np.float32)
+        for member, ask in enumerate(group):
+            self.weights[member] = ask.weights
+        # The gather's addresses: each pair's (row, column) in the stacked matrices, then each
+        # distinct target's (its graph's first row, the target).
+        self.asked = pinned((self.pairs + self.columns, 2), np.int32)
+        at = 0
+        for member, ask in enumerate(group):
+            self.asked[at : at + len(ask.pairs)] = np.reshape(ask.pairs, (-1, 2))
+            self.asked[at : at + len(ask.pairs), 0] += member * n
+            at += len(ask.pairs)
+        for member, (distinct, _) in enumerate(self.targets):
+            self.asked[at : at + len(distinct)] = np.column_stack(
+                (np.full(len(distinct), member * n), distinct)
+            )
+            at += len(distinct)
+        # Row s: which graphs squaring s changed; log2(n - 1) squarings settle every distance.
+        self.seen = pinned((max(1, math.ceil(math.log2(max(n - 1, 1)))), b), np.int32)
+        self.out = pinned((self.pairs + self.columns * n,), np.int32)
+
+    def answers(self, enqueued: int) -> list[Answer]:
+        """Each request's answer, once ``enqueued`` squarings and the gather have landed."""
+        n = len(self.group[0].weights)
+        distances = self.out[: self.pairs].view(np.float32)
+        hops = self.out[self.pairs :].reshape(self.columns, n)
+        answers: list[Answer] = []
+        first_pair = first_column = 0
+        for member, (ask, (distinct, column)) in enumerate(
+            zip(self.group, self.targets, strict=True)
+        ):
+            # The squarings until the first that changed nothing (the spare ones after it, and
+            # those the other graphs needed: not counted).
+            settled = np.flatnonzero(self.seen[:enqueued, member] == 0)
+            squarings = int(settled[0]) + 1 if len(settled) else enqueued
+            pairs, columns = len(ask.pairs), len(distinct)
+            answers.append(
+                (
+                    distances[first_pair : first_pair + pairs].copy(),
+                    hops[first_column : first_column + columns].copy(),
+                    column.tolist(),
+                    squarings,
+                )
+            )
+            first_pair, first_column = first_pair + pairs, first_column + columns
+        return answers
 
 
 def path(towards: np.ndarray[Any, Any], source: int, target: int) -> list[int]:
@@ -316,8 +450,9 @@ def server_timing(**seconds: float) -> dict[str, str]:
     return {"Server-Timing": ", ".join(f"{name};dur={s * 1e3:.3f}" for name, s in seconds.items())}
 
 
-def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None, hops: Any = None) -> Any:
-    """The service's routes; ``hops``: the loaded module of HOPS."""
+def make_app(compiler: Compiler | None, solver: Solver | None = None) -> Any:
+    """The service's routes; without a solver (and compiler), bad bodies are turned away all
+    the same."""
     from aiohttp import web
 
     async def shortest_paths(request: web.Request) -> web.Response:
@@ -331,7 +466,8 @@ def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None, hops: 
                 headers=server_timing(parse=time.perf_counter() - started),
             )
         parsed = time.perf_counter()
-        distances, towards, column, squarings = await solve(hops, weights, pairs, batcher, compiler)
+        assert solver is not None
+        distances, towards, column, squarings = await solver.solve(weights, pairs)
         computed = time.perf_counter()
         answer = {
             "n": len(weights),
@@ -346,13 +482,13 @@ def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None, hops: 
         return web.Response(text=body, content_type="application/json", headers=timing)
 
     async def stats(request: web.Request) -> web.Response:
+        assert compiler is not None
+        assert solver is not None
         s = compiler.stats()
-        b = batcher.stats() if batcher is not None else None
         return web.json_response(
             {"requests": s.requests, "compiles": s.compiles, "joined": s.joined,
              "memory_hits": s.memory.hits, "disk_hits": s.disk.hits,
-             "batcher": None if b is None else
-                {"requests": b.requests, "launches": b.launches, "alone": b.alone}}
+             "solved": {"requests": solver.requests, "groups": solver.groups}}
         )  # fmt: skip
 
     app = web.Application(client_max_size=MAX_BODY)
@@ -363,20 +499,19 @@ def make_app(compiler: Compiler, batcher: tropical.Batcher | None = None, hops: 
 async def main(port: int, arch: str | None, sizes: list[int], batch: bool) -> None:
     # --arch, else $AIONVRTC_ARCH, else this GPU's; sm_90 on a machine without one.
     target = resolve_target(arch, default="sm_90")
+    max_batch = MAX_BATCH if batch else 1
     async with Compiler(arch=target) as compiler:
-        batcher = tropical.Batcher(compiler) if batch else None
         # Warm the kernels of the expected graph sizes before taking traffic; a batch's size
-        # picks its tiles, so each size's kernels for every batch the batcher can make.
-        batches = range(1, batcher.max_batch + 1) if batcher is not None else [1]
+        # picks its tiles, so each size's kernels for every batch a group can make.
         specs = {
-            tropical.kernel_spec(n, n, n, "minplus", argmax=True, batch=b)
+            spec
             for n in sizes
-            for b in batches
+            for spec in tropical.batch_specs(n, n, n, "minplus", argmax=True, max_batch=max_batch)
         }
         async with anyio.create_task_group() as group:
             for spec in (*specs, HOPS):
                 group.start_soon(compiler.compile, spec)
-        batching = f"batches up to {batcher.max_batch}" if batcher is not None else "no batching"
+        batching = f"batches up to {max_batch}" if batch else "no batching"
         print(
             f"compiled {len(specs)} min-plus kernel(s) with argmax and the hops' kernels for "
             f"{target} ({batching})",
@@ -396,15 +531,20 @@ async def main(port: int, arch: str | None, sizes: list[int], batch: bool) -> No
             return
         from aiohttp import web
 
-        runner = web.AppRunner(make_app(compiler, batcher, hops))
-        await runner.setup()
-        # A burst of new clients beyond the default backlog (128) waits a 1 s SYN retry.
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
-        print(f"serving on http://127.0.0.1:{port} ({batching})", flush=True)
-        try:
-            await anyio.sleep_forever()
-        finally:
-            await runner.cleanup()
+        async with anyio.create_task_group() as tasks:
+            # Alone, each request is solved at once; batched, IN_FLIGHT groups of a size at once.
+            in_flight = IN_FLIGHT if batch else math.inf
+            solver = Solver(compiler, hops, tasks, max_batch=max_batch, in_flight=in_flight)
+            runner = web.AppRunner(make_app(compiler, solver))
+            await runner.setup()
+            # A burst of new clients beyond the default backlog (128) waits a 1 s SYN retry.
+            await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
+            print(f"serving on http://127.0.0.1:{port} ({batching})", flush=True)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await runner.cleanup()
 
 
 if __name__ == "__main__":
@@ -416,7 +556,7 @@ if __name__ == "__main__":
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument(
         "--no-batch", dest="batch", action="store_false",
-        help="launch each request's squarings alone (tropical.matmul), not batched",
+        help="solve each request alone, not in groups of concurrent requests",
     )  # fmt: skip
     args = parser.parse_args()
     anyio.run(main, args.port, args.arch, args.sizes, args.batch)
