@@ -32,8 +32,8 @@ alone.
 ``Server-Timing`` durations are milliseconds of wall time in the handler: ``parse`` reads and
 decodes the body; ``gpu`` waits for the request's group to form and be solved (without
 blocking the event loop), which includes the time other requests' tasks run meanwhile;
-``respond`` builds the JSON answer. What a client measures beyond their sum was spent outside the handler: the network, HTTP
-parsing, waiting for the event loop.
+``respond`` builds the JSON answer. What a client measures beyond their sum was spent outside
+the handler: the network, HTTP parsing, waiting for the event loop.
 
 Without a GPU the service compiles its kernels for ``--arch`` (default ``$AIONVRTC_ARCH``, else
 sm_90) and says what it would serve.
