@@ -250,9 +250,9 @@ def main() -> None:
         f"{warm_no_batch_s:.2f} s. {COLD_NOTE}",
         "",
         "Phases are the p50 of the server's Server-Timing (ms of wall time in the handler): "
-        "parse reads and decodes the body; gpu enqueues the squarings and the answers' copy "
-        "back, and waits for them (for its group to form and run, the event loop running "
-        "other requests meanwhile); respond builds the JSON answer. Outside is the p50 of "
+        "parse reads and decodes the body; gpu waits for the request's group to form and be "
+        "solved (the event loop running other requests meanwhile); respond builds the JSON "
+        "answer. Outside is the p50 of "
         "what the client waited beyond the three (network, HTTP, waiting for the event loop). "
         "Requests/group: the requests solved together per group during the level.",
         "",

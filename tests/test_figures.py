@@ -431,8 +431,8 @@ FIGURES = [
         data(lambda r: served(r, "batch", "npz", 1, "requests_per_s", "p50_ms")),
     ),
     Figure(
-        r"batched squarings serve ([\d,.]+) and ([\d,.]+) requests/s \(p99 ([\d,.]+) ms at 64\), "
-        r"launched one by one ([\d,.]+) and ([\d,.]+) \(p99 ([\d,.]+) ms\)",
+        r"requests solved together serve ([\d,.]+) and ([\d,.]+) requests/s \(p99 ([\d,.]+) ms at "
+        r"64\), each solved\s+alone ([\d,.]+) and ([\d,.]+) \(p99 ([\d,.]+) ms\)",
         SERVER,
         data(
             lambda r: [

@@ -192,7 +192,7 @@ HEADLINES = (
         _sliced,
     ),
     Headline(
-        "The shortest-paths server, 64 clients sending `.npz` bodies, squarings batched",
+        "The shortest-paths server, 64 clients sending `.npz` bodies, requests solved together",
         "server_load-nvidia-h100-80gb-hbm3",
         _served,
     ),

@@ -236,7 +236,7 @@ def _server_load(ax: Axes, data: dict[str, Any]) -> None:
            dashed=tuple(f"{run['mode']}, {run['body']} bodies" for run in runs
                         if run["mode"] != "batch"))  # fmt: skip
     ax.set_ylim(bottom=0)
-    ax.set_title(f"Shortest-path server, {data['results']['nodes']} nodes, batching on and off")
+    ax.set_title(f"Shortest-path server, {data['results']['nodes']} nodes, batched and alone")
 
 
 @plotter("launch")
