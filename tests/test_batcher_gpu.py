@@ -20,7 +20,7 @@ import aionvrtc
 from aionvrtc import Compiler, CompilerClosed, tropical
 from aionvrtc.tropical import reference
 
-from .support.tropical_data import host, operands
+from .support.tropical_data import host, operands, until_loaded
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -338,12 +338,6 @@ async def test_batched_operands_and_empty_products_run_as_matmul(
     np.testing.assert_array_equal(host(zero), np.full((2, 3), -np.inf, np.float32))
 
 
-async def _until_loaded(compiler: Compiler, spec: Any) -> None:
-    with anyio.fail_after(120):  # a background compile on the GPU machine's CPUs
-        while compiler.loaded(spec, device=0) is None:
-            await anyio.sleep(0.02)
-
-
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
 async def test_a_new_batch_size_runs_at_once_on_a_loaded_kernel_and_then_on_its_own(
@@ -380,7 +374,7 @@ async def test_a_new_batch_size_runs_at_once_on_a_loaded_kernel_and_then_on_its_
                     want = reference.matmul(host(a), host(b), ring, argmax=argmax)
                     assert_same(result, want, argmax)
                 if burst == 0:
-                    await _until_loaded(compiler, own)
+                    await until_loaded(compiler, own)
             compiler.start_serving(None)
         stats = batcher.stats()
         # Each argmax's first burst on a stand-in where its kernel differs, its second on its
@@ -408,7 +402,7 @@ async def test_a_direct_batched_matmul_runs_on_a_loaded_kernel_meanwhile(
         want = reference.matmul(host(a3), host(b3), "maxplus")
         np.testing.assert_array_equal(host(got), want)
         own = tropical.kernel_spec(256, 256, 64, "maxplus", "float32", batch=64)
-        await _until_loaded(compiler, own)
+        await until_loaded(compiler, own)
         np.testing.assert_array_equal(host(await tropical.matmul(a3, b3, compiler=compiler)), want)
         assert compiler.stats().hot_compiles == 0
 

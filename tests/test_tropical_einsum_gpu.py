@@ -52,7 +52,7 @@ from .support.einsum import (
     tensors,
     with_output,
 )
-from .support.tropical_data import gpu, host
+from .support.tropical_data import gpu, host, until_loaded
 
 pytestmark = pytest.mark.gpu
 
@@ -392,6 +392,36 @@ async def test_stream_and_compiler(tmp_path: Path, rng: np.random.Generator) -> 
         assert_same(got, want, "behind the spinning kernel")
     # compiler=None from an event loop: aionvrtc's default Compiler.
     assert_same(await tropical.einsum(subscripts, *arrays, semiring="minplus"), want, "default")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(("ring", "dtype"), [("maxplus", np.float32), ("minplus", np.int32)])
+async def test_a_step_whose_kernel_is_not_loaded_runs_at_once_on_one_that_is(
+    tmp_path: Path, rng: np.random.Generator, ring: str, dtype: Any
+) -> None:
+    """One 256 x 64 x 256 product takes the small tiles, a batch of 64 the large ones: a
+    network of the batch, contracted while serving, runs at once on the small tiles' kernel
+    (a compile in front of it, "error" refuses) while its own loads in the background; the
+    next contraction runs on its own. Values as the reference's, both times."""
+    own = tropical.kernel_spec(256, 256, 64, ring, dtype, batch=64)
+    assert own != tropical.kernel_spec(256, 256, 64, ring, dtype)
+    small = tensors(rng, ring, dtype, [(256, 64), (64, 256)])
+    batch = tensors(rng, ring, dtype, [(64, 256, 64), (64, 64, 256)])
+    want = reference.einsum("bij,bjk->bik", *batch, semiring=ring)
+    async with Compiler(cache_dir=tmp_path) as compiler:
+        await tropical.einsum("ij,jk->ik", *map(gpu, small), semiring=ring, compiler=compiler)
+        compiles = compiler.stats().compiles
+        compiler.start_serving("error")
+        for standing_in in (True, False):
+            got = await tropical.einsum(
+                "bij,bjk->bik", *map(gpu, batch), semiring=ring, compiler=compiler
+            )
+            assert_same(got, want, f"on a stand-in: {standing_in}")
+            if standing_in:
+                await until_loaded(compiler, own)
+        stats = compiler.stats()
+        assert (stats.hot_compiles, stats.compiles) == (0, compiles + 1)  # its own, meanwhile
 
 
 def test_einsum_sync(rng: np.random.Generator) -> None:

@@ -156,3 +156,10 @@ def host(x: Any) -> np.ndarray[Any, Any]:
 
     result: np.ndarray[Any, Any] = cupy.asnumpy(x)
     return result
+
+
+async def until_loaded(compiler: Compiler, spec: KernelSpec) -> None:
+    """Wait until ``spec`` is loaded on device 0 (loading in the background)."""
+    with anyio.fail_after(120):  # a background compile on the GPU machine's CPUs
+        while compiler.loaded(spec, device=0) is None:
+            await anyio.sleep(0.02)

@@ -5,14 +5,14 @@ assignment walked back on the GPU and copied once."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..._compiler import Compiler
 from ..._cuda import Module
-from ..products import Fetch, Offload, OnDevice, Semiring, Wait, Work, cupy_module
+from ..products import Offload, OnDevice, Packed, Semiring, Wait, Work, cupy_module
 from ._plan import EinsumPlan
-from ._runs import assignment, copy_back, steps_for
+from ._runs import assignment, at_hand, copy_back, steps_for
 from ._steps import Steps, known
 
 __all__ = ["contract"]
@@ -44,8 +44,8 @@ def contract(
         )
     if steps is None:
         return _empty(planned, ring, dtype, argmax=argmax, out=out, at=(device, stream))
-    modules = yield Fetch(steps.specs, device, compiler)
-    result, arena = _enqueue(steps, modules, arrays, out, stream)
+    modules, instead = yield from at_hand(steps, device, compiler)
+    result, arena = _enqueue(steps, (modules, instead), arrays, out, stream)
     if not argmax:
         return result
     host = copy_back(steps, arena.ptr, stream)
@@ -55,10 +55,16 @@ def contract(
 
 
 def _enqueue(
-    steps: Steps, modules: Sequence[Module], arrays: Sequence[Any], out: Any, stream: Any
+    steps: Steps,
+    kernels: tuple[Sequence[Module | None], Mapping[int, tuple[Packed, Module]]],
+    arrays: Sequence[Any],
+    out: Any,
+    stream: Any,
 ) -> tuple[Any, Any]:
-    """Launch ``steps`` over ``arrays`` into ``out`` (else a new array): (the result, the
-    arena, which holds the assignment)."""
+    """Launch ``steps`` over ``arrays`` into ``out`` (else a new array), with ``kernels`` as
+    ``at_hand`` gives them (the modules by spec, and the ops that run on stand-ins): (the
+    result, the arena, which holds the assignment)."""
+    modules, instead = kernels
     cupy = cupy_module()
     # Allocated on the stream the steps run on: CuPy's pool hands memory freed on a stream only
     # to allocations on the same stream, after the work queued there.
@@ -72,6 +78,7 @@ def _enqueue(
             arena.ptr if arena is not None else 0,
             result.data.ptr,
             stream,
+            instead=instead,
         )
         if out is not None and not direct:
             cupy.copyto(out, result)

@@ -12,7 +12,21 @@ from typing import Any
 
 import numpy as np
 
-from ..products import OnDevice, Semiring, cupy_module, tables_version, tuned_tiles
+from ..._compiler import Compiler
+from ..._cuda import Module
+from ..products import (
+    Fetch,
+    Offload,
+    OnDevice,
+    Packed,
+    Semiring,
+    Work,
+    cupy_module,
+    load_soon,
+    loaded,
+    tables_version,
+    tuned_tiles,
+)
 from ..products import semiring as lookup
 from ._plan import EinsumPlan, check_step
 from ._steps import Steps, prepared
@@ -24,6 +38,7 @@ __all__ = [
     "MAX_ASSIGNMENTS",
     "MAX_ASSIGNMENT_BYTES",
     "assignment",
+    "at_hand",
     "check_arrays",
     "check_out",
     "check_plan",
@@ -209,3 +224,49 @@ def assignment(steps: Steps, host: Any) -> dict[str, Any]:
     if elements * (indices + 1) * 8 <= KEPT_HOST_BYTES:  # (a large one: to CuPy's pool)
         steps.hosts.append(host)
     return {name: row.reshape(steps.shape) for name, row in zip(names, by_index, strict=True)}
+
+
+def at_hand(
+    steps: Steps, device: int, compiler: Compiler | None
+) -> Work[tuple[list[Module | None], dict[int, tuple[Packed, Module]]]]:
+    """The kernels of a run of ``steps`` on ``device``, none compiled in front of the run that
+    it can do without: each one loaded at once (by ``steps.specs``); for one not loaded, its
+    ops (by number) run on a loaded kernel that computes the same product (``instead``, with
+    its module: a ``Batcher`` and ``matmul`` do the same) while their own loads in the
+    background. Only a kernel with an op that nothing loaded stands in for (a copy, say, or a
+    new process's first product) is fetched, compiled where new, before the run."""
+    modules = [loaded(spec, device, compiler) for spec in steps.specs]
+    missing = [number for number, module in enumerate(modules) if module is None]
+    if not missing:
+        return modules, {}
+    standins = steps.standins_made(missing)
+    if standins is None:
+        standins = yield Offload(functools.partial(steps.standins, missing))
+    instead: dict[int, tuple[Packed, Module]] = {}
+    needed: list[int] = []
+    for kernel in missing:
+        found: dict[int, tuple[Packed, Module]] = {}
+        for op in steps.users[kernel]:
+            standin = _first_loaded(standins[op], device, compiler)
+            if standin is None:
+                needed.append(kernel)
+                break
+            found[op] = standin
+        else:
+            instead.update(found)
+            load_soon(steps.specs[kernel], device, compiler)
+    if needed:
+        fetched = yield Fetch([steps.specs[kernel] for kernel in needed], device, compiler)
+        for kernel, module in zip(needed, fetched, strict=True):
+            modules[kernel] = module
+    return modules, instead
+
+
+def _first_loaded(
+    launches: Sequence[Packed], device: int, compiler: Compiler | None
+) -> tuple[Packed, Module] | None:
+    for launch in launches:
+        module = loaded(launch.spec, device, compiler)
+        if module is not None:
+            return launch, module
+    return None

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import math
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,17 @@ import numpy as np
 from ..._cuda import Module
 from ..._spec import KernelSpec
 from .._bounded import keep
-from ..products import Launch, OnDevice, Packed, Semiring, cupy_module, plan, tables_version
+from ..products import (
+    Launch,
+    OnDevice,
+    Packed,
+    Plan,
+    Semiring,
+    cupy_module,
+    plan,
+    standins,
+    tables_version,
+)
 from ._backtrace import Scan, assignment_order, backtrace_program, output_digits
 from ._kernel_specs import backtrace_spec, einsum_spec, many_spec
 from ._plan import EinsumPlan
@@ -71,12 +81,15 @@ MAX_STEPS = 256
 class Op:
     """One launch: its kernel (``module``: an index into ``Steps.specs``), where each of its
     leading arguments' addresses comes from, and the step it belongs to (the steps' count for
-    what follows the last: the final reordering and the backtrace)."""
+    what follows the last: the final reordering and the backtrace); a product's layout
+    (``product``, without arrays), from which the launches of other kernels that compute it
+    are made where a run finds its own kernel not loaded (``Steps.standins``)."""
 
     launcher: Packed
     module: int
     sources: tuple[Source, ...]
     step: int
+    product: Plan | None = None
 
 
 class _Arena:
@@ -149,6 +162,7 @@ class Steps:
         reuse: bool,
     ) -> None:
         self.plan, self.dtype, self.argmax, self.device = planned, np.dtype(dtype), argmax, device
+        self.table = table
         self.shape = tuple(planned.sizes[i] for i in planned.output)
         with OnDevice(device):
             # The vectors of ones and the backtrace's tables are written on a stream of their
@@ -163,6 +177,11 @@ class Steps:
             upload.synchronize()
         self.specs = list(made.specs)
         self.ops = tuple(made.ops)
+        # Each kernel's ops, and the stand-ins made so far, by op (see standins).
+        self.users: tuple[list[int], ...] = tuple([] for _ in self.specs)
+        for number, op in enumerate(self.ops):
+            self.users[op.module].append(number)
+        self._standins: dict[int, tuple[Launch, ...]] = {}
         # The rows of tropical_many, their addresses written per run (see enqueue).
         self._rows = np.array(made.rows, np.int64).reshape(-1, ROW_WORDS)
         self._rows_at = made.rows_at
@@ -181,20 +200,43 @@ class Steps:
         # Freed only once the device is done with every launch that may read them.
         weakref.finalize(self, _drain, device, self._keep)
 
+    def standins(self, kernels: Sequence[int]) -> dict[int, tuple[Launch, ...]]:
+        """For each op of ``kernels`` (indices into ``specs``), the launches of the other
+        kernels that compute its product, fastest first as a rule (products' ``standins``;
+        none for the copies, rows and backtrace): made once each, where a run first finds
+        one of ``kernels`` not loaded. Python, O(those ops): off the event loop."""
+        for kernel in kernels:
+            for number in self.users[kernel]:
+                if number not in self._standins:
+                    product = self.ops[number].product
+                    others = standins(product, self.table) if product is not None else []
+                    self._standins[number] = tuple(Launch.of(other) for other in others)
+        return {number: self._standins[number] for k in kernels for number in self.users[k]}
+
+    def standins_made(self, kernels: Sequence[int]) -> dict[int, tuple[Launch, ...]] | None:
+        """``standins(kernels)`` where all are made already (a lookup), else None."""
+        try:
+            return {number: self._standins[number] for k in kernels for number in self.users[k]}
+        except KeyError:
+            return None
+
     def enqueue(
         self,
-        modules: Sequence[Module],
+        modules: Sequence[Module | None],
         inputs: Sequence[int],
         arena: int,
         result: int,
         stream: Any,
         *,
         marks: list[Any] | None = None,
+        instead: Mapping[int, tuple[Packed, Module]] | None = None,
     ) -> None:
         """Enqueue every launch on ``stream``: ``modules`` by ``specs``, the inputs', arena's
         and result's addresses; first the rows of tropical_many, with this run's addresses.
-        With ``marks`` (a profile: ``benchmarks/einsum_roofline.py``), a CUDA event recorded
-        on ``stream`` before the first launch and after each one is appended to it."""
+        ``instead``: the ops (by number) that launch a stand-in, with its module, their own
+        kernel not loaded (None in ``modules``). With ``marks`` (a profile:
+        ``benchmarks/einsum_roofline.py``), a CUDA event recorded on ``stream`` before the
+        first launch and after each one is appended to it."""
         if len(self._rows):
             table = self._rows.copy()
             at_input, at_arena, at_result = self._kinds
@@ -211,10 +253,32 @@ class Steps:
             )  # fmt: skip
         if marks is not None:
             marks.append(_mark(stream))
+        if instead:
+            self._enqueue_standing_in(modules, instead, (inputs, arena, result), stream, marks)
+            return
         for op in self.ops:
             op.launcher.run_pointers(
-                modules[op.module], resolve(op.sources, inputs, arena, result), stream
+                modules[op.module],  # type: ignore[arg-type]  # (every one loaded here)
+                resolve(op.sources, inputs, arena, result),
+                stream,
             )
+            if marks is not None:
+                marks.append(_mark(stream))
+
+    def _enqueue_standing_in(
+        self,
+        modules: Sequence[Module | None],
+        instead: Mapping[int, tuple[Packed, Module]],
+        addresses: tuple[Sequence[int], int, int],
+        stream: Any,
+        marks: list[Any] | None,
+    ) -> None:
+        """enqueue's launches where some run on stand-ins (the loop apart: the common one
+        looks nothing up per op)."""
+        for number, op in enumerate(self.ops):
+            launcher, module = instead.get(number) or (op.launcher, modules[op.module])
+            assert module is not None  # (a kernel not loaded has its ops in `instead`)
+            launcher.run_pointers(module, resolve(op.sources, *addresses), stream)
             if marks is not None:
                 marks.append(_mark(stream))
 
@@ -338,7 +402,10 @@ class _Builder:
             table=self.table,
         )  # fmt: skip
         launch = Launch.of(product)
-        self.ops.append(Op(launch, self.module(launch.spec), (*pointers, c_at, index_at), number))
+        self.ops.append(
+            Op(launch, self.module(launch.spec), (*pointers, c_at, index_at), number,
+               product.unbound())
+        )  # fmt: skip
         self.writes.append((c_at, index_at))
         for offset, nbytes in temporary:
             self.arena.give(offset, nbytes)

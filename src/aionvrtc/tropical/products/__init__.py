@@ -14,8 +14,8 @@ from ._batching import Batcher, BatcherStats
 from ._calls import backward, backward_sync, matmul, matmul_sync, warm, warm_specs
 from ._figures import MODEL_FIGURES, DeviceFigures, device_figures, known_figures, probe_spec
 from ._joining import Group, Joiner, Member
-from ._launching import Launch, OnDevice, Packed, launch
-from ._product_plan import Plan, batch_specs, choose, cupy_module, kernel_spec, plan
+from ._launching import Launch, OnDevice, Packed, launch, load_soon, loaded
+from ._product_plan import Plan, batch_specs, choose, cupy_module, kernel_spec, plan, standins
 from ._reference import CHUNK_ELEMENTS, MAX_BYTES, check_max_bytes, combine, max_bytes_bound
 from ._semirings import DTYPES, SEMIRINGS, Semiring, numpy_dtype, semiring
 from ._shape_classes import (
@@ -82,6 +82,8 @@ __all__ = [
     "kernel_spec",
     "known_figures",
     "launch",
+    "load_soon",
+    "loaded",
     "matmul",
     "matmul_sync",
     "max_bytes_bound",
@@ -93,6 +95,7 @@ __all__ = [
     "run_sync",
     "semiring",
     "shape_class",
+    "standins",
     "tables_version",
     "tile_fits",
     "tile_variant",

@@ -27,6 +27,7 @@ __all__ = [
     "Packed",
     "first_error",
     "launch",
+    "load_soon",
     "loaded",
     "module",
     "module_sync",
@@ -41,6 +42,16 @@ def loaded(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module |
     """``spec``'s module on ``device`` if ``compiler`` (default: the process-wide one) has it
     loaded already, else None: dict lookups, no task switch."""
     return (compiler if compiler is not None else default_compiler()).loaded(spec, device=device)
+
+
+def load_soon(spec: KernelSpec, device: int, compiler: Compiler | None) -> None:
+    """Have ``spec`` loaded on ``device`` in the background (the Compiler asks once while it
+    loads, and again after a while where it failed for a passing reason): for a call that runs
+    on a kernel standing in for it meanwhile."""
+    try:
+        (compiler if compiler is not None else default_compiler()).prefetch([spec], device=device)
+    except Exception:  # (closed, or no way to its loop from here): the next call fetches it
+        return
 
 
 async def module(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module:

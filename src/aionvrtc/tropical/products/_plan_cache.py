@@ -23,9 +23,8 @@ from typing import Any
 from ..._compiler import Compiler
 from ..._cuda import Module
 from ..._spec import KernelSpec
-from ..._sync import default_compiler
 from .._bounded import keep
-from ._launching import BackwardLaunch, Launch, OnDevice, loaded
+from ._launching import BackwardLaunch, Launch, OnDevice, load_soon, loaded
 from ._product_plan import Plan, backward_plan, cupy_module, plan, standins
 from ._shape_classes import tables_version, tuned_tiles
 
@@ -178,18 +177,9 @@ def ready(product: Product, compiler: Compiler | None) -> tuple[Launch, Module] 
     for other in others:
         module = loaded(other.spec, other.device, compiler)
         if module is not None:
-            _load_soon(launch.spec, launch.device, compiler)
+            load_soon(launch.spec, launch.device, compiler)
             return other, module
     return None
-
-
-def _load_soon(spec: KernelSpec, device: int, compiler: Compiler | None) -> None:
-    """Have ``spec`` loaded on ``device`` in the background (the Compiler asks once while it
-    loads, and again after a while where it failed for a passing reason)."""
-    try:
-        (compiler if compiler is not None else default_compiler()).prefetch([spec], device=device)
-    except Exception:  # (closed, or no way to its loop from here): the next call fetches it
-        return
 
 
 def planned_backward(grad_c: Any, a: Any, b: Any, argmax: Any, semiring: str) -> BackwardLaunch:
