@@ -26,8 +26,9 @@ compiler.get``: any number of concurrent requests share one compile.
 Concurrent requests of one graph size are solved together, as a model server batches
 requests (``Solver``): their weights stacked, each squaring one batched min-plus launch
 (``tropical.matmul`` over a batch) and one of the hops' kernel for all of them, one copy back.
-A group forms while the GPU runs the groups before it; ``--no-batch`` solves each request
-alone.
+A group forms while the GPU runs the groups before it, and is squared until every one of its
+graphs has settled (each answer's ``squarings`` counts its own graph's); ``--no-batch`` solves
+each request alone.
 
 ``Server-Timing`` durations are milliseconds of wall time in the handler: ``parse`` reads and
 decodes the body; ``gpu`` waits for the request's group to form and be solved (without
@@ -63,6 +64,7 @@ from aionvrtc import (
 )
 
 MAX_NODES = 4096
+MAX_PAIRS = 1 << 16  # a request's; each pair's path is in the answer
 # The largest body read, and the most an .npz may decompress to: a zip's members can expand far
 # beyond its bytes on the wire. Room for float64 weights of MAX_NODES and as many pairs.
 MAX_BODY = 256 << 20
@@ -123,13 +125,15 @@ extern "C" __global__ void answers(const float* dist, const int* hop, const int*
     name="shortest_paths.cu",
 )
 THREADS = 256
-# Squarings enqueued ahead of the last whose flag was read: the GPU kept busy, at most this many
-# spare squarings once the distances have settled.
+# Squarings enqueued ahead of the last whose flags were read: the GPU kept busy, and at most
+# this many run after the first that changed nothing.
 AHEAD = 2
 # A group's requests at most, and the groups of one size on the GPU at once: while they run, the
 # requests arriving form the next group.
 MAX_BATCH = 64
 IN_FLIGHT = 2
+# A group's GPU memory at most (fewer graphs of a large size): IN_FLIGHT times this a size.
+GROUP_BYTES = 1 << 30
 
 
 def parse(content_type: str, body: bytes) -> Query:
@@ -214,6 +218,8 @@ def validate(weights: np.ndarray[Any, Any], pairs: np.ndarray[Any, Any]) -> Quer
         or ((pairs < 0) | (pairs >= n)).any()
     ):
         raise ValueError(_pairs_message(n))
+    if len(pairs) > MAX_PAIRS:
+        raise ValueError(f'"pairs" holds {len(pairs)} pairs: at most {MAX_PAIRS} a request')
     return single, [(int(s), int(t)) for s, t in pairs.tolist()]
 
 
@@ -249,14 +255,14 @@ class Ask:
 class Solver:
     """Concurrent requests of one graph size solved together, as a model server batches
     requests: their weights stacked into one (batch, n, n) array, each squaring one batched
-    min-plus launch (``tropical.matmul``) and one launch of the hops' kernel for all of them, one
-    copy back and one wait. So a request costs the host its parse and answer, and a share of
-    a group's few launches, whatever the number of squarings.
+    min-plus launch (``tropical.matmul``) and one launch of the hops' kernel for all of them,
+    the answers gathered and copied back at once. So a request costs the host its parse and
+    answer, and a share of a group's few launches, whatever the number of squarings.
 
     A group forms while the GPU is busy: its task waits for one of ``in_flight`` slots of its
-    size, and every request of that size arriving meanwhile joins it, up to ``max_batch``. The
-    groups run in the solver's own task group: a client that goes away cancels its own wait,
-    never its group's work.
+    size, and every request of that size arriving meanwhile joins it, up to ``max_batch`` (and
+    GROUP_BYTES of GPU memory). The groups run in the solver's own task group, each on a
+    stream of its own: a client that goes away cancels its own wait, never its group's work.
     """
 
     def __init__(
@@ -269,42 +275,52 @@ class Solver:
         self.streams: list[Any] = []  # one per group on the GPU; reused
         self.requests = self.groups = 0
 
+    def largest(self, n: int) -> int:
+        """The most graphs of ``n`` nodes in a group: ``max_batch``, fewer where their
+        matrices (six of n x n 4-byte values each, at most) would pass GROUP_BYTES."""
+        return max(1, min(self.max_batch, GROUP_BYTES // (24 * n * n)))
+
     async def solve(self, weights: np.ndarray[Any, Any], pairs: list[tuple[int, int]]) -> Answer:
         """The distances of ``pairs``, each queried target's column of first hops (every
         node's; -1: unreachable), each pair's column, and the squarings it took."""
         n, ask = len(weights), Ask(weights, pairs)
         group = self.forming.get(n)
-        if group is None or len(group) == self.max_batch:
+        if group is None or len(group) >= self.largest(n):
             group = self.forming[n] = []
             self.tasks.start_soon(self.run, n, group)
         group.append(ask)
         self.requests += 1
         await ask.done.wait()
-        if ask.error is not None:
-            raise ask.error
-        assert ask.answer is not None
+        if ask.answer is None:  # (one error object, raised anew in each of its requests)
+            raise RuntimeError("the request's group failed") from ask.error
         return ask.answer
 
     async def run(self, n: int, group: list[Ask]) -> None:
-        """Waits for a slot of size ``n`` (requests join meanwhile), then solves the group."""
-        slots = self.slots.setdefault(n, anyio.CapacityLimiter(self.in_flight))
-        async with slots:
+        """Waits for a slot of size ``n`` (requests join meanwhile), then solves the group.
+        Every request of the group gets its answer, or an error, whatever happens here."""
+        try:
+            async with self.slots.setdefault(n, anyio.CapacityLimiter(self.in_flight)):
+                if self.forming.get(n) is group:
+                    del self.forming[n]  # closed: later requests start the next group
+                self.groups += 1
+                stream = self.streams.pop() if self.streams else None
+                try:
+                    if stream is None:
+                        stream = self.stream()
+                    answers = await self.squarings(group, stream)
+                finally:
+                    if stream is not None:
+                        self.streams.append(stream)
+            for ask, answer in zip(group, answers, strict=True):
+                ask.answer = answer
+        except Exception as exc:  # the group's error is each of its requests' error
+            for ask in group:
+                ask.error = exc
+        finally:  # (cancelled too: the server is closing)
             if self.forming.get(n) is group:
-                del self.forming[n]  # closed: later requests start the next group
-            self.groups += 1
-            stream = self.streams.pop() if self.streams else self.stream()
-            try:
-                answers = await self.squarings(group, stream)
-            except Exception as exc:  # the group's error is each of its requests' error
-                for ask in group:
-                    ask.error = exc
-            else:
-                for ask, answer in zip(group, answers, strict=True):
-                    ask.answer = answer
-            finally:
-                self.streams.append(stream)
-                for ask in group:
-                    ask.done.set()
+                del self.forming[n]
+            for ask in group:
+                ask.done.set()
 
     @staticmethod
     def stream() -> Any:
@@ -319,53 +335,57 @@ class Solver:
         ends; before each squaring the loop waits, without blocking the event loop, for the
         flags of the one AHEAD before, and stops at the first that changed no graph (those
         enqueued after it change nothing either). The answers are gathered on the GPU and
-        copied back the same way."""
+        copied back the same way.
+
+        Every array is allocated with ``stream`` current (in blocks without an await: the
+        current stream is the thread's): CuPy's pool hands memory freed on a stream out again
+        only to allocations on that stream, after the work queued there, and these are freed
+        while their squarings may still run."""
         import cupy
 
         b, n = len(group), len(group[0].weights)
-        host = Staged(group)
-        dist = cupy.empty((b, n, n), cupy.float32)
-        dist.set(host.weights, stream=stream)
-        hop = cupy.empty((b, n, n), cupy.int32)
+        # The stacking (megabytes) off the event loop.
+        host = await anyio.to_thread.run_sync(Staged, group)
         kernel = self.hops.get_function
-        kernel("first_hops")((blocks(n), n, b), (THREADS,), (dist, hop, np.int32(n)), stream=stream)
-        changed = cupy.zeros(host.seen.shape, cupy.int32)
         marks: list[Any] = []
         try:
+            with stream:
+                dist = cupy.empty((b, n, n), cupy.float32)
+                dist.set(host.weights)
+                hop = cupy.empty((b, n, n), cupy.int32)
+                kernel("first_hops")((blocks(n), n, b), (THREADS,), (dist, hop, np.int32(n)))
+                changed = cupy.zeros(host.seen.shape, cupy.int32)
             while len(marks) < len(changed):
                 if len(marks) >= AHEAD:
                     await synchronize(marks[len(marks) - AHEAD])
                     if not host.seen[len(marks) - AHEAD].any():
                         break
-                shorter, via = await tropical.matmul(
-                    dist, dist, "minplus", argmax=True, compiler=self.compiler, stream=stream
-                )
-                following = cupy.empty_like(hop)
-                flags = changed[len(marks)]
-                args = (shorter, dist, via, hop, following, flags, np.int32(n))
-                kernel("next_hops")((blocks(n), n, b), (THREADS,), args, stream=stream)
-                flags.get(stream=stream, out=host.seen[len(marks)], blocking=False)
-                marks.append(cupy.cuda.Event(block=False, disable_timing=True))
-                marks[-1].record(stream)
+                with stream:
+                    shorter, via = cupy.empty_like(dist), cupy.empty_like(hop)
+                    following = cupy.empty_like(hop)
+                await tropical.matmul(
+                    dist, dist, "minplus", argmax=True, out=(shorter, via),
+                    compiler=self.compiler, stream=stream,
+                )  # fmt: skip
+                with stream:
+                    flags = changed[len(marks)]
+                    args = (shorter, dist, via, hop, following, flags, np.int32(n))
+                    kernel("next_hops")((blocks(n), n, b), (THREADS,), args)
+                    flags.get(out=host.seen[len(marks)], blocking=False)
+                    marks.append(stream.record())
                 dist, hop = shorter, following
             if len(host.out):
-                out = cupy.empty(len(host.out), cupy.int32)
-                asked = cupy.empty(host.asked.shape, cupy.int32)
-                asked.set(host.asked, stream=stream)
-                args = (
-                    dist,
-                    hop,
-                    asked,
-                    out,
-                    np.int32(host.pairs),
-                    np.int32(host.columns),
-                    np.int32(n),
-                )
-                kernel("answers")((blocks(len(out)),), (THREADS,), args, stream=stream)
-                out.get(stream=stream, out=host.out, blocking=False)
+                with stream:
+                    out = cupy.empty(len(host.out), cupy.int32)
+                    asked = cupy.empty(host.asked.shape, cupy.int32)
+                    asked.set(host.asked)
+                    counts = (np.int32(host.pairs), np.int32(host.columns), np.int32(n))
+                    kernel("answers")(
+                        (blocks(len(out)),), (THREADS,), (dist, hop, asked, out, *counts)
+                    )
+                    out.get(out=host.out, blocking=False)
         finally:
-            landed = cupy.cuda.Event(block=False, disable_timing=True)
-            landed.record(stream)
+            landed = stream.record()
             try:
                 with anyio.CancelScope(shield=True):
                     await synchronize(landed)

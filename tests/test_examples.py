@@ -150,6 +150,10 @@ def test_shortest_paths_json_requests_are_validated(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(server, "MAX_NODES", 2)
     with pytest.raises(ValueError, match="n from 1 to 2"):
         ask({"weights": [[0] * 3] * 3})
+    monkeypatch.setattr(server, "MAX_PAIRS", 2)
+    assert ask({"weights": [[0]], "pairs": [[0, 0]] * 2})[1] == [(0, 0), (0, 0)]
+    with pytest.raises(ValueError, match='"pairs" holds 3 pairs: at most 2 a request'):
+        ask({"weights": [[0]], "pairs": [[0, 0]] * 3})
     hop = np.array([[0, 1, 1], [-1, 1, 2], [0, 0, 2]])  # (each node's first hop, by target)
     assert path(hop[:, 2], 0, 2) == [0, 1, 2]
     assert path(hop[:, 0], 1, 0) == []

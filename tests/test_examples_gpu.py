@@ -112,6 +112,37 @@ def test_the_server_answers_concurrent_queries_correctly(cache_dir: Path) -> Non
         assert 1 <= counts["solved"]["groups"] <= 64
 
 
+def test_the_server_answers_two_sizes_at_once_under_load(cache_dir: Path) -> None:
+    """Groups of two sizes on the GPU at once, each on a stream of its own, large enough that
+    their squarings overlap (memory one group frees must not go to another while its kernels
+    still read it): every answer checked."""
+    with serving(cache_dir, "--sizes", "300", "500") as port:
+
+        def ask(seed: int) -> tuple[np.ndarray[Any, Any], list[Any], dict[str, Any]]:
+            rng = np.random.default_rng(seed)
+            n = (300, 500)[seed % 2]
+            weights = rng.integers(0, 50, size=(n, n)).astype(np.float32)
+            weights[rng.random((n, n)) < 0.99] = np.inf  # long paths: several squarings
+            pairs = rng.integers(0, n, size=(10, 2))
+            body = io.BytesIO()
+            np.savez(body, weights=weights, pairs=pairs)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/shortest-paths", data=body.getvalue(),
+                headers={"Content-Type": "application/x-npz"},
+            )  # fmt: skip
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return weights, pairs.tolist(), json.loads(response.read())
+
+        with ThreadPoolExecutor(24) as pool:
+            answers = list(pool.map(ask, range(96)))
+        for weights, pairs, answer in answers:
+            check_answer(weights, pairs, answer)
+            assert answer["n"] == len(weights)
+        counts = stats(port)
+        assert counts["solved"]["requests"] == 96
+        assert counts["solved"]["groups"] < 96
+
+
 @pytest.mark.parametrize("batch", [True, False], ids=["batch", "no-batch"])
 def test_the_server_answers_npz_bodies_and_says_where_the_time_went(
     cache_dir: Path, batch: bool
