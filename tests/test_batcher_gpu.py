@@ -359,9 +359,9 @@ async def test_a_new_batch_size_runs_at_once_on_a_loaded_kernel_and_then_on_its_
         batcher = tropical.Batcher(compiler, max_batch=64)
         for argmax in (False, True):
             probe = [cupy.asarray(x) for x in operands(rng, ring, dtype, (256, 32), (32, 256))]
-            await batcher.matmul(
-                probe[0], probe[1], ring, argmax=argmax
-            )  # alone: one product's kernel
+            # One product's kernel, loaded by a direct call: the Batcher's first request of
+            # the layout would have its batch sizes' kernels loaded in the background too.
+            await tropical.matmul(probe[0], probe[1], ring, argmax=argmax, compiler=compiler)
             compiler.start_serving("error")
             own = tropical.kernel_spec(256, 256, 32, ring, dtype, argmax=argmax, batch=64)
             for burst in range(2):
@@ -382,6 +382,41 @@ async def test_a_new_batch_size_runs_at_once_on_a_loaded_kernel_and_then_on_its_
         assert stats.standins == sum(differ.values())
         if tropical.tuning.tiled_supported(ring, np.dtype(dtype)) and np.dtype(dtype).itemsize == 4:
             assert stats.standins == 2
+        assert compiler.stats().hot_compiles == 0
+
+
+async def test_a_layouts_first_request_loads_its_batch_kernels_in_the_background(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    """A request alone (a readiness probe) has the kernels of its layout's larger batches
+    loaded in the background: a burst that comes once they are runs on its own kernel, no
+    stand-in, nothing compiled while serving."""
+    import cupy
+
+    own = tropical.kernel_spec(256, 256, 32, "minplus", argmax=True, batch=64)
+    assert own != tropical.kernel_spec(256, 256, 32, "minplus", argmax=True)
+    async with Compiler(cache_dir=tmp_path) as compiler:
+        batcher = tropical.Batcher(compiler, max_batch=64)
+        a, b = (cupy.asarray(x) for x in operands(rng, "minplus", np.float32, (256, 32), (32, 256)))
+        assert_same(
+            await batcher.matmul(a, b, "minplus", argmax=True),
+            reference.matmul(host(a), host(b), "minplus", argmax=True),
+            True,
+        )
+        await until_loaded(compiler, own)  # asked for by nothing but that request
+        compiler.start_serving("error")
+        inputs = [
+            tuple(
+                cupy.asarray(x) for x in operands(rng, "minplus", np.float32, (256, 32), (32, 256))
+            )
+            for _ in range(64)
+        ]
+        got = await gather(batcher, inputs, "minplus", True)
+        for (x, y), result in zip(inputs, got, strict=True):
+            assert_same(result, reference.matmul(host(x), host(y), "minplus", argmax=True), True)
+        stats = batcher.stats()
+        assert stats.standins == 0
+        assert stats.launches < 10  # (the burst's 64 products in few launches)
         assert compiler.stats().hot_compiles == 0
 
 

@@ -22,10 +22,11 @@ import anyio.to_thread
 import numpy as np
 
 from ..._compiler import Compiler
+from .._bounded import keep
 from ._calls import matmul, matmul_sync
 from ._joining import Group, Joiner, Member
-from ._launching import loaded, module
-from ._plan_cache import Product, find, planned_product, ready
+from ._launching import load_soon, loaded, module
+from ._plan_cache import MAX_PLANS, Product, find, planned_product, ready
 from ._product_plan import batch_specs, cupy_module
 from ._shape_classes import tuned_tiles
 from ._twins import warm_modules
@@ -77,8 +78,8 @@ class Batcher:
     cannot compile) reaches the members of that group. Requests of 3-D operands run as
     ``matmul`` runs them. A batch whose kernel is not loaded yet (a size that moves it to
     another shape class) runs at once on a loaded kernel that computes it too, while its own
-    loads in the Compiler's background lane (``stats().standins``); ``warm`` loads them all
-    ahead. The Batcher has no task of its own: usable from any task of one event loop,
+    loads in the Compiler's background lane (``stats().standins``); a layout's first request
+    queues its kernels of every batch size to load so, and ``warm`` loads them all ahead. The Batcher has no task of its own: usable from any task of one event loop,
     asyncio or trio, without a context manager.
 
     Args:
@@ -115,6 +116,7 @@ class Batcher:
             "was cancelled while the kernel was being fetched; ask again",
         )  # fmt: skip
         self._requests = self._launches = self._alone = self._standins = 0
+        self._seen: dict[Product, None] = {}  # layouts whose batch kernels were asked for
 
     @property
     def max_batch(self) -> int:
@@ -266,6 +268,8 @@ class Batcher:
                 return await matmul(
                     a, b, semiring, argmax=argmax, stream=stream, compiler=self._compiler
                 )
+            if product not in self._seen:
+                self._load_batches(product)
             if stream is None:
                 stream = cupy_module().cuda.get_current_stream(product.device)
             key = (product, stream.ptr)
@@ -282,6 +286,22 @@ class Batcher:
             return member.result
         finally:
             joiner.waiting -= 1
+
+    def _load_batches(self, product: Product) -> None:
+        """At a layout's first request, its kernel at every batch size up to ``max_batch``
+        (``batch_specs``: those not loaded) queued to load in the background, as ``warm``
+        loads them ahead: a burst that comes later runs on its own kernel, not a stand-in
+        (one of fewer, larger tiles, which runs the batch slower)."""
+        keep(self._seen, product, None, MAX_PLANS)
+        layout = product.layout
+        assert layout is not None  # (product.launch is)
+        specs = batch_specs(
+            layout.m, layout.n, layout.k, layout.ring.name, layout.dtype, argmax=product.argmax,
+            max_batch=self.max_batch, table=tuned_tiles(product.device),
+        )  # fmt: skip
+        for spec in specs:
+            if loaded(spec, product.device, self._compiler) is None:
+                load_soon(spec, product.device, self._compiler)
 
     async def _launch(self, group: Group[tuple[Product, str, Any]]) -> None:
         """Launch ``group`` as one product, each member's result its slice (an error reaches
