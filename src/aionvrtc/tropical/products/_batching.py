@@ -79,8 +79,9 @@ class Batcher:
     ``matmul`` runs them. A batch whose kernel is not loaded yet (a size that moves it to
     another shape class) runs at once on a loaded kernel that computes it too, while its own
     loads in the Compiler's background lane (``stats().standins``); a layout's first request
-    queues its kernels of every batch size to load so, and ``warm`` loads them all ahead. The Batcher has no task of its own: usable from any task of one event loop,
-    asyncio or trio, without a context manager.
+    queues its kernels of every batch size to load so, and ``warm`` loads them all ahead. The
+    Batcher has no task of its own: usable from any task of one event loop, asyncio or trio,
+    without a context manager.
 
     Args:
         compiler: The Compiler that fetches the kernels. Default: aionvrtc's process-wide
