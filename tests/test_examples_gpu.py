@@ -112,6 +112,20 @@ def test_the_server_answers_concurrent_queries_correctly(cache_dir: Path) -> Non
         assert 1 <= counts["solved"]["groups"] <= 64
 
 
+def post_npz(
+    port: int, weights: np.ndarray[Any, Any], pairs: np.ndarray[Any, Any]
+) -> tuple[dict[str, Any], str]:
+    """The server's answer to a query sent as an .npz body, and its Server-Timing header."""
+    body = io.BytesIO()
+    np.savez(body, weights=weights, pairs=pairs)
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/shortest-paths", data=body.getvalue(),
+        headers={"Content-Type": "application/x-npz"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read()), response.headers["Server-Timing"]
+
+
 def test_the_server_answers_two_sizes_at_once_under_load(cache_dir: Path) -> None:
     """Groups of two sizes on the GPU at once, each on a stream of its own, large enough that
     their squarings overlap (memory one group frees must not go to another while its kernels
@@ -124,14 +138,8 @@ def test_the_server_answers_two_sizes_at_once_under_load(cache_dir: Path) -> Non
             weights = rng.integers(0, 50, size=(n, n)).astype(np.float32)
             weights[rng.random((n, n)) < 0.99] = np.inf  # long paths: several squarings
             pairs = rng.integers(0, n, size=(10, 2))
-            body = io.BytesIO()
-            np.savez(body, weights=weights, pairs=pairs)
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{port}/shortest-paths", data=body.getvalue(),
-                headers={"Content-Type": "application/x-npz"},
-            )  # fmt: skip
-            with urllib.request.urlopen(request, timeout=120) as response:
-                return weights, pairs.tolist(), json.loads(response.read())
+            answer, _ = post_npz(port, weights, pairs)
+            return weights, pairs.tolist(), answer
 
         with ThreadPoolExecutor(24) as pool:
             answers = list(pool.map(ask, range(96)))
@@ -157,15 +165,8 @@ def test_the_server_answers_npz_bodies_and_says_where_the_time_went(
             weights = rng.integers(0, 3, size=(n, n)).astype(np.float64)
             weights[rng.random((n, n)) < 0.9] = np.inf
             pairs = rng.integers(0, n, size=(int(rng.integers(0, 21)), 2))  # none, at times
-            body = io.BytesIO()
-            np.savez(body, weights=weights, pairs=pairs)
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{port}/shortest-paths", data=body.getvalue(),
-                headers={"Content-Type": "application/x-npz"},
-            )  # fmt: skip
-            with urllib.request.urlopen(request, timeout=120) as response:
-                timing = response.headers["Server-Timing"]
-                return weights, pairs.tolist(), json.loads(response.read()), timing
+            answer, timing = post_npz(port, weights, pairs)
+            return weights, pairs.tolist(), answer, timing
 
         with ThreadPoolExecutor(32) as pool:
             answers = list(pool.map(ask, range(128)))

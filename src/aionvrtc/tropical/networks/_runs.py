@@ -14,6 +14,7 @@ import numpy as np
 
 from ..._compiler import Compiler
 from ..._cuda import Module
+from ..._spec import KernelSpec
 from ..products import (
     Fetch,
     Offload,
@@ -244,6 +245,7 @@ def at_hand(
         standins = yield Offload(functools.partial(steps.standins, missing))
     instead: dict[int, tuple[Packed, Module]] = {}
     needed: list[int] = []
+    later: list[KernelSpec] = []
     for kernel in missing:
         found: dict[int, tuple[Packed, Module]] = {}
         for op in steps.users[kernel]:
@@ -254,7 +256,9 @@ def at_hand(
             found[op] = standin
         else:
             instead.update(found)
-            load_soon(steps.specs[kernel], device, compiler)
+            later.append(steps.specs[kernel])
+    if later:
+        load_soon(later, device, compiler)
     if needed:
         fetched = yield Fetch([steps.specs[kernel] for kernel in needed], device, compiler)
         for kernel, module in zip(needed, fetched, strict=True):

@@ -290,7 +290,7 @@ class Batcher:
 
     def _load_batches(self, product: Product) -> None:
         """At a layout's first request, its kernel at every batch size up to ``max_batch``
-        (``batch_specs``: those not loaded) queued to load in the background, as ``warm``
+        (``batch_specs``) queued to load in the background (those not loaded yet), as ``warm``
         loads them ahead: a burst that comes later runs on its own kernel, not a stand-in
         (one of fewer, larger tiles, which runs the batch slower)."""
         keep(self._seen, product, None, MAX_PLANS)
@@ -300,9 +300,7 @@ class Batcher:
             layout.m, layout.n, layout.k, layout.ring.name, layout.dtype, argmax=product.argmax,
             max_batch=self.max_batch, table=tuned_tiles(product.device),
         )  # fmt: skip
-        for spec in specs:
-            if loaded(spec, product.device, self._compiler) is None:
-                load_soon(spec, product.device, self._compiler)
+        load_soon(specs, product.device, self._compiler)
 
     async def _launch(self, group: Group[tuple[Product, str, Any]]) -> None:
         """Launch ``group`` as one product, each member's result its slice (an error reaches

@@ -44,12 +44,12 @@ def loaded(spec: KernelSpec, device: int, compiler: Compiler | None) -> Module |
     return (compiler if compiler is not None else default_compiler()).loaded(spec, device=device)
 
 
-def load_soon(spec: KernelSpec, device: int, compiler: Compiler | None) -> None:
-    """Have ``spec`` loaded on ``device`` in the background (the Compiler asks once while it
-    loads, and again after a while where it failed for a passing reason): for a call that runs
-    on a kernel standing in for it meanwhile."""
+def load_soon(specs: Sequence[KernelSpec], device: int, compiler: Compiler | None) -> None:
+    """Have ``specs`` loaded on ``device`` in the background, those not loaded there yet (the
+    Compiler asks once while one loads, and again after a while where it failed for a passing
+    reason): for a call that runs on a kernel standing in for one meanwhile."""
     try:
-        (compiler if compiler is not None else default_compiler()).prefetch([spec], device=device)
+        (compiler if compiler is not None else default_compiler()).prefetch(specs, device=device)
     except Exception:  # (closed, or no way to its loop from here): the next call fetches it
         return
 

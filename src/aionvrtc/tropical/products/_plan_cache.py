@@ -177,7 +177,7 @@ def ready(product: Product, compiler: Compiler | None) -> tuple[Launch, Module] 
     for other in others:
         module = loaded(other.spec, other.device, compiler)
         if module is not None:
-            load_soon(launch.spec, launch.device, compiler)
+            load_soon([launch.spec], launch.device, compiler)
             return other, module
     return None
 
