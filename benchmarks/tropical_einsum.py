@@ -217,7 +217,7 @@ def measure(module: Any, net: Any, args: argparse.Namespace) -> dict[str, Any]: 
         import torch
 
         contract = torch_engine(plan, maximise)
-        ts = [torch.from_numpy(x).cuda() for x in net.operands]
+        ts = [torch.tensor(x).cuda() for x in net.operands]  # (a copy: read-only arrays)
         got_torch = float(contract(*ts))
         assert got_torch == value, (got_torch, value)
         row["torch_ms"] = median_ms(lambda: contract(*ts), torch.cuda.synchronize, eager)

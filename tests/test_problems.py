@@ -343,9 +343,12 @@ def test_a_graph_of_more_vertices_than_a_network_can_index_is_refused() -> None:
 def test_tropical_exports_the_module() -> None:
     assert tropical.problems is problems
     assert set(problems.__all__) == {
-        "MAX_DEGREE", "Problem", "independent_set", "max_cut", "maximal_independent_set",
-        "spin_glass",
+        "MAX_DEGREE", "MAX_K", "Problem", "Property", "Counted", "Solution", "SizeMax", "SizeMin",
+        "CountingAll", "CountingMax", "CountingMin", "SingleConfigMax", "SingleConfigMin",
+        "ConfigsMax", "ConfigsMin", "ConfigsAll", "independent_set", "max_cut",
+        "maximal_independent_set", "spin_glass",
     }  # fmt: skip
+    assert all(hasattr(problems, name) for name in problems.__all__)
 
 
 def test_every_optimal_configuration_read_back() -> None:

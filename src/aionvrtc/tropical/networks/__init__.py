@@ -14,12 +14,13 @@ from ._plan import EinsumPlan, StepCost
 from ._planner import einsum_plan
 from ._program_batcher import ProgramBatcher, ProgramBatcherStats
 from ._programs import EinsumProgram, clear_programs, einsum_program, einsum_program_sync
-from ._subscripts import MAX_INDICES
+from ._subscripts import MAX_INDICES, NetworkSubscripts
 
 __all__ = [
     "MAX_INDICES",
     "EinsumPlan",
     "EinsumProgram",
+    "NetworkSubscripts",
     "ProgramBatcher",
     "ProgramBatcherStats",
     "StepCost",

@@ -15,6 +15,7 @@ from ._eager import contract
 from ._planner import planned_for
 from ._runs import check_arrays, check_out, check_scalar, resolved_stream
 from ._sliced import check_devices, in_slices
+from ._subscripts import check_semiring
 
 __all__ = ["einsum", "einsum_sync"]
 
@@ -218,6 +219,7 @@ def _einsum(
     compiler: Compiler | None,
 ) -> Work[Any]:
     """The body of ``einsum`` and ``einsum_sync`` (see _twins)."""
+    check_semiring(subscripts, semiring)
     ring, arrays, device = check_arrays(operands, semiring)
     limit = _memory_limit(memory_limit, device)
     planned = yield from planned_for(subscripts, arrays, optimize, memory_limit=limit)

@@ -15,6 +15,7 @@ from ._plan import EinsumPlan
 from ._planner import einsum_plan
 from ._runs import check_scalar
 from ._slicing import best_slice, sum_into
+from ._subscripts import check_semiring
 
 __all__ = ["einsum"]
 
@@ -87,6 +88,7 @@ def einsum(
             "has no argmax)"
         )
     ring = lookup(semiring)
+    check_semiring(subscripts, semiring)
     arrays = [np.asarray(x) for x in operands]
     planned = einsum_plan(subscripts, *arrays, optimize=optimize, memory_limit=memory_limit)
     if argmax:

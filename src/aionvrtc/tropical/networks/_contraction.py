@@ -26,6 +26,7 @@ from ._subscripts import (
     MAX_NDIM,
     check_dtypes,
     check_output,
+    check_semiring,
     index_sizes,
     parse_subscripts,
 )
@@ -91,6 +92,7 @@ def prepare(
     order, and each result's bytes, an element taking ``extra`` = (bytes beside the value, how
     many of each) of it."""
     ring = lookup(semiring)
+    check_semiring(subscripts, semiring)
     inputs, output = parse_subscripts(subscripts, len(operands))
     check_max_bytes(max_bytes)
     arrays = [np.asarray(x) for x in operands]

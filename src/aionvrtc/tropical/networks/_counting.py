@@ -34,6 +34,7 @@ def configurations(
     path: Sequence[Sequence[int]] | None = None,
     max_bytes: int = MAX_BYTES,
     limit: int = 10_000,
+    first: bool = False,
 ) -> tuple[Any, str, np.ndarray[Any, Any]]:
     """Every assignment of the indices that attains a scalar contraction's value: for a graph
     problem's network, every optimal configuration.
@@ -59,6 +60,8 @@ def configurations(
             the rows' bytes at its peak: the rows, their next extension, and the sorted copy.
         limit: The most assignments returned (default 10,000). Past it the call raises a
             ValueError saying how many there are.
+        first: Return one assignment alone, the first the walk finds, however many there are
+            (``limit`` is not checked): a walk of one row.
 
     Returns:
         The triple (value, indices, rows): the value as ``einsum`` gives it; the indices, a
@@ -87,7 +90,9 @@ def configurations(
     results: dict[int, Term] = dict(net.made)  # every operand and step result, by number
     value, counts = counted(ring, dict(net.made), steps, "", sizes, kept=results)
     count, width = int(counts), len(net.letters)
-    if count > limit:
+    if first:
+        count = min(count, 1)
+    elif count > limit:
         raise ValueError(
             f"{count:,} assignments attain the value {value}, more than limit={limit:,}: "
             "pass a larger limit, or count them alone with einsum(..., count=True)"
@@ -104,6 +109,8 @@ def configurations(
         at = [column[c] for c in keep]
         hits = [_attaining(ring, step, results, row, cell=target[tuple(row[at])], column=column,
                            sizes=sizes) for row in rows]  # fmt: skip
+        if first:
+            hits = [h[:1] for h in hits]
         rows = np.repeat(rows, [len(h) for h in hits], axis=0)
         if hits:
             summed = _summed(step)

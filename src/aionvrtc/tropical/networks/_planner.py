@@ -199,8 +199,9 @@ def _plan(
         path, given = optimize.path, optimize.slicing.indices if optimize.slicing else ()
     else:
         path, given = _path(tuple(inputs), output, tuple(sorted(sizes.items())), optimize)
+    # A plain str: the plan is kept for any semiring (a network's own is checked by each run).
     planned = _program(
-        subscripts, inputs=inputs, output=output, sizes=sizes, strides=strides, path=path
+        str(subscripts), inputs=inputs, output=output, sizes=sizes, strides=strides, path=path
     )
     itemsize = next((x.itemsize for x in operands if hasattr(x, "itemsize")), WIDEST)
     sliced = _sliced(planned, given, memory_limit, itemsize)

@@ -49,6 +49,7 @@ from ._planner import planned_for
 from ._rows import THREADS, Group, many_blocks, many_row, read_in_place, tiny
 from ._runs import assignment, check_out, copy_back, resolved_stream, steps_for
 from ._steps import MAX_GATHER, MAX_STEPS, Op, Steps, backtrace_launch, resolve, steps_key
+from ._subscripts import check_semiring
 
 __all__ = [
     "MAX_PROGRAMS",
@@ -1130,6 +1131,7 @@ def make_program(
     every call would cost its capture each time (0.3 s for a slice of 4,703 steps) and hold
     every intermediate at once."""
     ring = lookup(semiring)
+    check_semiring(subscripts, semiring)
     shapes, kind, where = _arguments(operands, dtype, device)
     ring.check_dtype(kind)
     asked = None if batch is None else check_batch(batch, batched, len(shapes))

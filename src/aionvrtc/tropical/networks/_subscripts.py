@@ -15,8 +15,10 @@ from ..products import Semiring, check_size
 __all__ = [
     "MAX_INDICES",
     "MAX_NDIM",
+    "NetworkSubscripts",
     "check_dtypes",
     "check_output",
+    "check_semiring",
     "index_sizes",
     "parse_subscripts",
 ]
@@ -31,6 +33,37 @@ MAX_NDIM = 64
 # has 1,112,064 of them: chr(i + 2048) for the last, U+10FFFF, past the 2,048 surrogates skipped.
 MAX_INDICES = 1_112_064
 _SUM_SOME = "sum some of them away (name an output without them after '->')"
+
+
+class NetworkSubscripts(str):
+    """The subscripts of a network whose tensors hold one semiring's zero where an assignment is
+    forbidden (a problem's network, ``tropical.problems``): a str, that also names the semiring
+    and what the network is, so that a contraction in another semiring is refused. Read under
+    another semiring the same tensors give a number that answers no question (a spin glass's
+    highest energy as its ground state, a forbidden set as the best), silently."""
+
+    __slots__ = ("semiring", "what")
+    semiring: str
+    what: str
+
+    def __new__(cls, text: str, semiring: str, what: str) -> NetworkSubscripts:
+        made = super().__new__(cls, text)
+        made.semiring, made.what = semiring, what
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (pickled to Ray's workers with its semiring)
+        return NetworkSubscripts, (str(self), self.semiring, self.what)
+
+
+def check_semiring(subscripts: object, semiring: str) -> None:
+    """Refuse a network's subscripts (``NetworkSubscripts``) in another semiring than its own."""
+    own = getattr(subscripts, "semiring", None)
+    if isinstance(subscripts, NetworkSubscripts) and semiring != own:
+        raise ValueError(
+            f"these subscripts are {subscripts.what}'s network, whose tensors are contracted in "
+            f"{own!r}, not {semiring!r}: pass semiring={own!r} (problem.semiring), or ask "
+            "problem.solve(...) for the property, which picks the semiring"
+        )
 
 
 def _is_index(ch: str) -> bool:

@@ -1,0 +1,359 @@
+"""A problem's network and what it means: ``Problem`` holds the network a builder made, answers
+a property in the semiring that property needs (``solve``, on the CPU or a GPU), and reads an
+assignment back in the problem's own terms (vertices, edges, spins), rescored from its input."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import anyio.to_thread
+
+from ..networks import NetworkSubscripts
+from ..products import MAX_BYTES
+from ._contracting import Network
+from ._properties import (
+    ConfigsAll,
+    ConfigsMax,
+    ConfigsMin,
+    Counted,
+    CountingAll,
+    CountingMax,
+    CountingMin,
+    Property,
+    SingleConfigMax,
+    SingleConfigMin,
+    SizeMax,
+    SizeMin,
+    Solution,
+)
+from ._reading import Array, Edge, Vertex, neighbours_of
+
+__all__ = ["Problem", "made"]
+
+T = TypeVar("T")
+# What a GPU answers today: the value, and an assignment attaining it.
+_ON_GPU = (SizeMax, SizeMin, SingleConfigMax, SingleConfigMin)
+
+
+def made(
+    kind: str,
+    terms: Sequence[str],
+    operands: Sequence[Array],
+    semiring: str,
+    *,
+    vertices: tuple[Vertex, ...],
+    edges: tuple[Edge, ...],
+    indices: Mapping[Vertex, str],
+    vertex_weights: tuple[float, ...],
+    edge_weights: tuple[float, ...],
+) -> Problem:
+    """A builder's problem: its subscripts naming its semiring, its operands read-only (a
+    tensor changed in place would no longer be the problem's, nor would its order)."""
+    for x in operands:
+        x.setflags(write=False)
+    article = "an" if kind[0] in "aeiou" else "a"
+    subscripts = NetworkSubscripts(",".join(terms) + "->", semiring, f"{article} {kind} problem")
+    return Problem(kind, subscripts, tuple(operands), semiring, vertices, edges, indices,
+                   vertex_weights, edge_weights)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Problem:
+    """A graph problem as a tropical tensor network, the questions it answers (``solve``), and
+    the way back from an assignment.
+
+    ``problem.solve(property)`` answers one property (``SizeMax()``, ``CountingAll()``,
+    ``ConfigsMin()``, ...) in the semiring it needs, on the CPU (the NumPy reference) or on a
+    GPU (``device=``). The network is einsum's too: ``await tropical.einsum(problem.subscripts,
+    *map(cupy.asarray, problem.operands), semiring=problem.semiring)`` contracts it on the GPU,
+    ``tropical.reference.einsum`` with the same arguments on the CPU, the scalar being the
+    problem's optimum; in another semiring the subscripts are refused (their tensors hold this
+    semiring's zero where a configuration is forbidden, and would answer no question).
+
+    Attributes:
+        kind: ``"independent set"``, ``"max cut"``, ``"spin glass"`` or ``"maximal independent
+            set"``.
+        subscripts: The network's subscripts, one index per vertex (``opt_einsum.get_symbol(i)``
+            for the i-th vertex of ``vertices``), ``"->"`` at the end: a scalar contraction. A
+            str that names its semiring (``networks.NetworkSubscripts``).
+        operands: The tensors, read-only NumPy arrays of ``dtype``, one per term of
+            ``subscripts``.
+        semiring: The semiring to contract in: ``"maxplus"`` or ``"minplus"``.
+        vertices: The graph's vertices, in the order of their indices.
+        edges: The graph's edges, as given.
+        indices: Each vertex's index in ``subscripts``.
+        vertex_weights: The weight (or field) of each vertex, in the order of ``vertices``.
+        edge_weights: The weight (or coupling) of each edge, in the order of ``edges``.
+    """
+
+    kind: str
+    subscripts: str
+    operands: tuple[Array, ...]
+    semiring: str
+    vertices: tuple[Vertex, ...]
+    edges: tuple[Edge, ...]
+    indices: Mapping[Vertex, str]
+    vertex_weights: tuple[float, ...]
+    edge_weights: tuple[float, ...]
+
+    def configuration(self, assignment: Mapping[str, int] | Sequence[int]) -> dict[Vertex, int]:
+        """Each vertex's value, 0 or 1, in an assignment of the network's indices.
+
+        Args:
+            assignment: What ``tropical.einsum(..., argmax=True)`` gives: a mapping from each
+                index to its value; or one value per vertex, in the order of ``vertices``. A
+                row of ``reference.configurations`` is in the order of its indices, which is
+                not always that of ``vertices``: pass ``dict(zip(indices, row))``.
+
+        Returns:
+            A dict from each vertex to its value.
+
+        Raises:
+            ValueError: An index of a vertex is missing from ``assignment``, a sequence has
+                another length than ``vertices``, or a value is not 0 or 1.
+        """
+        if isinstance(assignment, Mapping):
+            missing = [v for v in self.vertices if self.indices[v] not in assignment]
+            if missing:
+                raise ValueError(
+                    f"the assignment has no value for the index of vertex {missing[0]!r} "
+                    f"({self.indices[missing[0]]!r}) and {len(missing) - 1} more: pass the "
+                    "assignment of this problem's network, as einsum(..., argmax=True) gives it"
+                )
+            values = [assignment[self.indices[v]] for v in self.vertices]
+        else:
+            values = list(assignment)
+            if len(values) != len(self.vertices):
+                raise ValueError(
+                    f"the configuration has {len(values)} values for {len(self.vertices)} "
+                    "vertices: pass one value per vertex, in the order of problem.vertices"
+                )
+        bad = next((v for v, x in zip(self.vertices, values, strict=True) if x not in (0, 1)), None)
+        if bad is not None:
+            x = values[self.vertices.index(bad)]
+            raise ValueError(f"vertex {bad!r} has the value {x!r}: each vertex's is 0 or 1")
+        return {v: int(x) for v, x in zip(self.vertices, values, strict=True)}
+
+    def selected(self, assignment: Mapping[str, int] | Sequence[int]) -> list[Vertex]:
+        """The vertices whose value is 1: the set (independent set, maximal independent set),
+        one side of the cut (max cut), the spins up (spin glass); in the order of ``vertices``.
+
+        Args:
+            assignment: As ``configuration`` takes it.
+
+        Returns:
+            The vertices at 1.
+
+        Raises:
+            ValueError: As ``configuration``.
+        """
+        return [v for v, x in self.configuration(assignment).items() if x]
+
+    def cut(self, assignment: Mapping[str, int] | Sequence[int]) -> list[Edge]:
+        """The edges whose ends have different values: the cut (max cut), the unsatisfied
+        ferromagnetic bonds (spin glass); in the order of ``edges``.
+
+        Args:
+            assignment: As ``configuration`` takes it.
+
+        Returns:
+            The edges cut.
+
+        Raises:
+            ValueError: As ``configuration``.
+        """
+        x = self.configuration(assignment)
+        return [(u, v) for u, v in self.edges if x[u] != x[v]]
+
+    def spins(self, assignment: Mapping[str, int] | Sequence[int]) -> dict[Vertex, int]:
+        """Each vertex's spin, -1 (value 0) or +1 (value 1).
+
+        Args:
+            assignment: As ``configuration`` takes it.
+
+        Returns:
+            A dict from each vertex to its spin.
+
+        Raises:
+            ValueError: As ``configuration``.
+        """
+        return {v: 2 * x - 1 for v, x in self.configuration(assignment).items()}
+
+    def value(self, assignment: Mapping[str, int] | Sequence[int]) -> float:
+        """The problem's objective at an assignment, computed from the graph (not from the
+        network): what the contraction gives where the assignment attains it.
+
+        The weight of the set (independent set, maximal independent set), the weight of the
+        cut (max cut), the energy sum of J_uv s_u s_v + h_v s_v (spin glass), in float64. For
+        integer weights this is the contraction's value exactly; for weights that are not
+        integers the contraction, summed in the operands' dtype in another order, can differ
+        in its last bits (compare with a tolerance).
+
+        Args:
+            assignment: As ``configuration`` takes it.
+
+        Returns:
+            The objective, a float.
+
+        Raises:
+            ValueError: As ``configuration``; or the set is not independent (two of its
+                vertices share an edge), or for the maximal independent set not maximal (a
+                vertex outside it has no neighbour in it).
+        """
+        x = self.configuration(assignment)
+        vertex_terms = zip(self.vertices, self.vertex_weights, strict=True)
+        if self.kind == "max cut":
+            pairs = zip(self.edges, self.edge_weights, strict=True)
+            return math.fsum(w for (u, v), w in pairs if x[u] != x[v])
+        if self.kind == "spin glass":
+            s = {v: 2 * b - 1 for v, b in x.items()}
+            pairs = zip(self.edges, self.edge_weights, strict=True)
+            couplings = (j * s[u] * s[v] for (u, v), j in pairs)
+            return math.fsum(itertools.chain(couplings, (h * s[v] for v, h in vertex_terms)))
+        clash = next(((u, v) for u, v in self.edges if x[u] and x[v]), None)
+        if clash is not None:
+            raise ValueError(f"the set is not independent: vertices {clash[0]!r} and "
+                             f"{clash[1]!r} share an edge")  # fmt: skip
+        if self.kind == "maximal independent set":
+            neighbours = neighbours_of(self.vertices, self.edges)
+            free = next((v for v in self.vertices if not x[v] and not any(
+                x[u] for u in neighbours[v])), None)  # fmt: skip
+            if free is not None:
+                raise ValueError(f"the independent set is not maximal: vertex {free!r} could "
+                                 "join it")  # fmt: skip
+        return math.fsum(w for v, w in vertex_terms if x[v])
+
+    def answer(self, configuration: Mapping[Vertex, int]) -> Any:
+        """A configuration (each vertex's value, as ``configuration`` gives it) in the problem's
+        own terms: the vertices of the set (independent sets), the vertices on the side at 1
+        (max cut: ``cut`` names the edges), each vertex's spin (spin glass)."""
+        if self.kind == "spin glass":
+            return {v: 2 * x - 1 for v, x in configuration.items()}
+        return [v for v, x in configuration.items() if x]
+
+    def solve(
+        self,
+        wanted: Property[T],
+        *,
+        device: int | None = None,
+        optimize: Any = "auto",
+        max_bytes: int = MAX_BYTES,
+    ) -> T:
+        """Answer one property of the problem: its best values, their counts, the count of
+        every valid configuration, one or every best configuration.
+
+        Each property's network is the problem's own in the semiring it needs (``SizeMin`` of
+        an independent set is contracted in min-plus), along one order found once
+        (``einsum_plan(..., optimize=optimize)``). On the CPU the NumPy reference contracts it
+        (counts exact at any size); on a GPU ``tropical.einsum`` does, for the properties its
+        kernels compute today: ``SizeMax(1)``, ``SizeMin(1)``, ``SingleConfigMax()`` and
+        ``SingleConfigMin()``.
+
+        Args:
+            wanted: The property: ``SizeMax(k)``, ``SizeMin(k)``, ``CountingMax(k)``,
+                ``CountingMin(k)``, ``CountingAll()``, ``SingleConfigMax()``,
+                ``SingleConfigMin()``, ``ConfigsMax(limit)``, ``ConfigsMin(limit)``,
+                ``ConfigsAll(limit)``.
+            device: None: on the CPU. A GPU's number: there (CuPy), for the properties above.
+            optimize: The contraction order, as ``einsum_plan`` takes it (a strategy's name, an
+                optimizer, a path).
+            max_bytes: On the CPU, the most bytes one intermediate may hold (with its counts,
+                or its k best), as ``reference.einsum`` takes it.
+
+        Returns:
+            The property's answer, of the type it names: a list of values (``Size*``), of
+            ``Counted`` pairs (``Counting*``), an int (``CountingAll``), a ``Solution``
+            (``SingleConfig*``), a list of them (``Configs*``).
+
+        Raises:
+            TypeError: ``wanted`` is not a property; ``max_bytes`` is not an int.
+            ValueError: A property the GPU does not compute yet, with ``device``; an
+                intermediate past ``max_bytes``; more configurations than ``limit``.
+            OverflowError: ``CountingMax(k)``/``CountingMin(k)`` with k > 1, a count past
+                2^63 - 1 (``k=1`` counts exactly at any size).
+        """
+        self._check(wanted, device)
+        network = self.network(wanted.sense, optimize)
+        if device is None:
+            return self._on_cpu(wanted, network, max_bytes)
+        argmax = isinstance(wanted, SingleConfigMax | SingleConfigMin)
+        return self._from_gpu(wanted, *network.gpu_sync(device, argmax=argmax))
+
+    async def solve_async(
+        self,
+        wanted: Property[T],
+        *,
+        device: int | None = None,
+        optimize: Any = "auto",
+        max_bytes: int = MAX_BYTES,
+    ) -> T:
+        """``solve`` for an event loop, which it never blocks: the CPU's contractions and the
+        planning run in a worker thread, a GPU's through ``await tropical.einsum``. Arguments,
+        result and errors as ``solve``'s."""
+        self._check(wanted, device)
+        if device is None:
+            run = functools.partial(self.solve, wanted, optimize=optimize, max_bytes=max_bytes)
+            return await anyio.to_thread.run_sync(run)
+        plan = functools.partial(self.network, wanted.sense, optimize)
+        network = await anyio.to_thread.run_sync(plan)
+        argmax = isinstance(wanted, SingleConfigMax | SingleConfigMin)
+        return self._from_gpu(wanted, *await network.gpu(device, argmax=argmax))
+
+    def network(self, sense: str = "max", optimize: Any = "auto") -> Network:
+        """The problem's network for ``sense`` (``"max"``, ``"min"``, ``"all"``: see
+        ``Property.sense``) with its order, the subscripts a plain str in its semiring."""
+        own = Network.planned(self.subscripts, self.operands, self.semiring, optimize)
+        return own.towards(sense)
+
+    def _check(self, wanted: object, device: int | None) -> None:
+        if not isinstance(wanted, Property):
+            raise TypeError(
+                f"solve takes a property such as problems.SizeMax() or problems.CountingAll(), "
+                f"got {type(wanted).__name__}"
+            )
+        if device is None:
+            return
+        if not isinstance(device, int) or isinstance(device, bool):
+            raise TypeError(f"device must be a GPU's number or None, got {type(device).__name__}")
+        k = getattr(wanted, "k", 1)
+        if not isinstance(wanted, _ON_GPU) or k != 1:
+            raise ValueError(
+                f"{wanted!r} runs on the CPU (device=None): a GPU's kernels find the best value "
+                "and a configuration attaining it (SizeMax(), SizeMin(), SingleConfigMax(), "
+                "SingleConfigMin()); counts, the k best and every configuration come from the "
+                "NumPy reference"
+            )
+
+    def _on_cpu(self, wanted: Property[T], network: Network, max_bytes: int) -> T:
+        if isinstance(wanted, SizeMax | SizeMin):
+            return cast(T, [v for v, _ in network.best(wanted.k, max_bytes)])
+        if isinstance(wanted, CountingMax | CountingMin):
+            return cast(T, [Counted(v, c) for v, c in network.best(wanted.k, max_bytes)])
+        if isinstance(wanted, CountingAll):
+            return cast(T, sum(c for _, c in network.best(1, max_bytes)))
+        if isinstance(wanted, SingleConfigMax | SingleConfigMin):
+            letters, rows = network.rows(None, max_bytes)
+            if not len(rows):
+                raise ValueError(f"no configuration of this {self.kind} problem is valid")
+            return cast(T, self._solution(dict(zip(letters, rows[0].tolist(), strict=True))))
+        assert isinstance(wanted, ConfigsMax | ConfigsMin | ConfigsAll)
+        letters, rows = network.rows(wanted.limit, max_bytes)
+        found = [self._solution(dict(zip(letters, row, strict=True))) for row in rows.tolist()]
+        return cast(T, sorted(found, key=lambda s: tuple(s.configuration.values())))
+
+    def _from_gpu(self, wanted: Property[T], value: Any, assignment: Any) -> T:
+        if isinstance(wanted, SizeMax | SizeMin):
+            return cast(T, [] if value is None else [value])
+        if assignment is None:
+            raise ValueError(f"no configuration of this {self.kind} problem is valid")
+        return cast(T, self._solution(assignment))
+
+    def _solution(self, assignment: Mapping[str, int]) -> Solution:
+        configuration = self.configuration(assignment)
+        value = self.value(list(configuration.values()))
+        return Solution(value, configuration, self.answer(configuration))

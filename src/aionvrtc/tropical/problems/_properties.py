@@ -1,0 +1,224 @@
+"""What ``Problem.solve`` answers: one small frozen class per property, after
+GenericTensorNetworks.jl's (``SizeMax(k)``, ``CountingAll()``, ``ConfigsMax()``, ...), each
+naming what it returns; and the results that are not plain numbers (``Counted``, ``Solution``).
+
+"Size" is the problem's objective (a set's weight, a cut's weight, a spin glass's energy), "Max"
+and "Min" its largest and smallest: an independent set's optimum is ``SizeMax``, a spin glass's
+ground state ``SizeMin``, whichever semiring the problem's own network is in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+__all__ = [
+    "MAX_K",
+    "ConfigsAll",
+    "ConfigsMax",
+    "ConfigsMin",
+    "Counted",
+    "CountingAll",
+    "CountingMax",
+    "CountingMin",
+    "Property",
+    "SingleConfigMax",
+    "SingleConfigMin",
+    "SizeMax",
+    "SizeMin",
+    "Solution",
+]
+
+T = TypeVar("T")
+Sense = Literal["max", "min", "all"]
+# The most best values a property keeps (the NumPy reference's top=, a list of k per element).
+MAX_K = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """A value of the objective and how many configurations attain it (a Python int, exact at
+    any size)."""
+
+    value: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Solution:
+    """A configuration and what it means.
+
+    Attributes:
+        value: The objective at ``configuration``, worked out again from the problem's input
+            (``Problem.value``), in float64.
+        configuration: Each vertex's value (0 or 1), in the order of ``Problem.vertices``.
+        answer: The configuration in the problem's own terms (``Problem.answer``): the vertices
+            of the set (independent sets), the vertices on one side (max cut), each vertex's
+            spin, -1 or +1 (spin glass).
+    """
+
+    value: float
+    configuration: dict[Hashable, int]
+    answer: Any
+
+
+class Property(Generic[T]):
+    """A question ``Problem.solve`` answers, ``T`` the type of its answer.
+
+    Attributes:
+        sense: ``"max"`` or ``"min"``: the end of the objective asked about; ``"all"`` for a
+            property of every valid configuration.
+    """
+
+    __slots__ = ()
+    sense: Sense
+
+
+def _k(k: object) -> None:
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise TypeError(f"k must be an int (how many best values), got {type(k).__name__}")
+    if not 1 <= k <= MAX_K:
+        raise ValueError(f"k must be from 1 to {MAX_K}, got {k}")
+
+
+def _limit(limit: object) -> None:
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise TypeError(f"limit must be an int, got {type(limit).__name__}")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+
+
+@dataclass(frozen=True, slots=True)
+class SizeMax(Property[list[float]]):
+    """The ``k`` largest distinct values of the objective, largest first (fewer where fewer
+    exist): for ``k=1``, the maximum.
+
+    Attributes:
+        k: How many, from 1 to ``MAX_K`` (64).
+    """
+
+    k: int = 1
+    sense: Sense = field(default="max", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _k(self.k)
+
+
+@dataclass(frozen=True, slots=True)
+class SizeMin(Property[list[float]]):
+    """The ``k`` smallest distinct values of the objective, smallest first (fewer where fewer
+    exist): for ``k=1``, the minimum.
+
+    Attributes:
+        k: How many, from 1 to ``MAX_K`` (64).
+    """
+
+    k: int = 1
+    sense: Sense = field(default="min", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _k(self.k)
+
+
+@dataclass(frozen=True, slots=True)
+class CountingMax(Property[list[Counted]]):
+    """The ``k`` largest distinct values of the objective, largest first, each with how many
+    configurations attain it. For ``k=1`` the count is exact at any size (past 2^63 - 1 by
+    residues modulo primes, joined by the Chinese remainder theorem); for more, within int64.
+
+    Attributes:
+        k: How many, from 1 to ``MAX_K`` (64).
+    """
+
+    k: int = 1
+    sense: Sense = field(default="max", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _k(self.k)
+
+
+@dataclass(frozen=True, slots=True)
+class CountingMin(Property[list[Counted]]):
+    """``CountingMax`` at the other end: the ``k`` smallest values, smallest first, with their
+    counts.
+
+    Attributes:
+        k: How many, from 1 to ``MAX_K`` (64).
+    """
+
+    k: int = 1
+    sense: Sense = field(default="min", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _k(self.k)
+
+
+@dataclass(frozen=True, slots=True)
+class CountingAll(Property[int]):
+    """How many valid configurations there are (independent sets, maximal independent sets,
+    cuts, spin configurations), exact at any size."""
+
+    sense: Sense = field(default="all", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SingleConfigMax(Property[Solution]):
+    """One configuration of the largest objective."""
+
+    sense: Sense = field(default="max", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SingleConfigMin(Property[Solution]):
+    """One configuration of the smallest objective."""
+
+    sense: Sense = field(default="min", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigsMax(Property[list[Solution]]):
+    """Every configuration of the largest objective, in increasing order of their values read
+    as a row (vertex by vertex); refused past ``limit``, saying how many there are, before any
+    is listed.
+
+    Attributes:
+        limit: The most configurations returned (default 10,000).
+    """
+
+    limit: int = 10_000
+    sense: Sense = field(default="max", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _limit(self.limit)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigsMin(Property[list[Solution]]):
+    """``ConfigsMax`` at the other end: every configuration of the smallest objective.
+
+    Attributes:
+        limit: The most configurations returned (default 10,000).
+    """
+
+    limit: int = 10_000
+    sense: Sense = field(default="min", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _limit(self.limit)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigsAll(Property[list[Solution]]):
+    """Every valid configuration, whatever its objective; refused past ``limit`` as
+    ``ConfigsMax`` is.
+
+    Attributes:
+        limit: The most configurations returned (default 10,000).
+    """
+
+    limit: int = 10_000
+    sense: Sense = field(default="all", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _limit(self.limit)
