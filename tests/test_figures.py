@@ -347,18 +347,27 @@ FIGURES = [
     # A server's first burst at a new batch size
     Figure(
         r"the first burst of 64 served ([\d,.]+) requests/s with a p99 of ([\d,.]+) ms, ([\d,]+) "
-        r"of its ([\d,]+) launches on the stand-in",
+        r"of its ([\d,]+) launches on the stand-in.*?NVRTC,\s+([\d.]+)\s+times\s+the\s+rate\s+of"
+        r"\s+the\s+same\s+burst\s+served\s+again\s+warm\s+\(([\d,.]+)\s+requests/s\)\s+and\s+"
+        r"([\d.]+)\s+times\s+its\s+p99\s+\(([\d,.]+)\s+ms\)",
         FIRST_BURST,
         data(
-            lambda r: burst(
-                r,
-                "probed",
-                "first",
-                "requests_per_second",
-                "p99_ms",
-                "standin_launches",
-                "launches",
-            )
+            lambda r: [
+                *burst(
+                    r,
+                    "probed",
+                    "first",
+                    "requests_per_second",
+                    "p99_ms",
+                    "standin_launches",
+                    "launches",
+                ),
+                burst(r, "probed", "first", "requests_per_second")[0]
+                / burst(r, "probed", "warm", "requests_per_second")[0],
+                *burst(r, "probed", "warm", "requests_per_second"),
+                burst(r, "probed", "first", "p99_ms")[0] / burst(r, "probed", "warm", "p99_ms")[0],
+                *burst(r, "probed", "warm", "p99_ms"),
+            ]
         ),
     ),
     Figure(
