@@ -6,11 +6,13 @@ thread; counts past 2^63 exact through one call."""
 from __future__ import annotations
 
 import itertools
+import math
 import pickle
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+import networkx as nx
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,6 +29,8 @@ from aionvrtc.tropical.problems import (
     CountingAll,
     CountingMax,
     CountingMin,
+    GraphPolynomial,
+    PartitionFunction,
     Property,
     SingleConfigMax,
     SingleConfigMin,
@@ -125,6 +129,15 @@ def test_every_property_against_brute_force(
     every = problem.solve(ConfigsAll())
     assert [tuple(s.configuration.values()) for s in every] == sorted(scored)
     assert [s.value for s in every] == [scored[x] for x in sorted(scored)]
+
+    assert problem.solve(GraphPolynomial()) == {int(v): count[v] for v in distinct}
+    # exp(-beta * energy), the energy minus the size where the optimum is the largest.
+    sign = 1 if problem.semiring == "maxplus" else -1
+    for beta in (0.0, 0.7, -1.3):
+        z = math.fsum(math.exp(sign * beta * v) for v in scored.values())
+        assert problem.solve(PartitionFunction(beta)) == pytest.approx(z, rel=1e-12)
+        log_z = problem.solve(PartitionFunction(beta, log=True))
+        assert log_z == pytest.approx(math.log(z), rel=1e-12, abs=1e-12)
 
 
 def test_solutions_read_back_in_the_problems_own_terms() -> None:
@@ -264,3 +277,109 @@ def test_counts_past_int64_are_exact_through_one_call() -> None:
     assert grid.solve(CountingAll()) == sum(ways.values()) > 1 << 63
     # The empty set alone has the smallest size.
     assert grid.solve(CountingMin()) == [Counted(0.0, 1)]
+
+
+def test_the_independence_polynomial_of_known_graphs() -> None:
+    petersen = problems.independent_set(nx.petersen_graph())
+    assert petersen.solve(GraphPolynomial()) == {0: 1, 1: 10, 2: 30, 3: 30, 4: 5}
+    # The n x n grid graph's independent sets by size, from a row-by-row transfer matrix in
+    # Python's integers; summed, OEIS A006506 (2, 7, 63, 1234, 55447, ...), past 2^63 at 11.
+    known = {1: 2, 2: 7, 3: 63, 4: 1234, 5: 55447}
+    for n in (1, 2, 3, 4, 5, 11):
+        grid = problems.independent_set(_grid(n), vertices=range(n * n))
+        by_size = _grid_polynomial(n)
+        assert grid.solve(GraphPolynomial()) == by_size, n
+        assert sum(by_size.values()) == known.get(n, sum(by_size.values())), n
+    assert sum(by_size.values()) > 1 << 63  # (n = 11)
+    # The frustrated triangle's energies.
+    glass = problems.spin_glass([(0, 1), (1, 2), (0, 2)], [1, 1, 1])
+    assert glass.solve(GraphPolynomial()) == {-1: 6, 3: 2}
+
+
+def _grid(n: int) -> list[Edge]:
+    edges = [(r * n + c, r * n + c + 1) for r in range(n) for c in range(n - 1)]
+    return edges + [(r * n + c, (r + 1) * n + c) for r in range(n - 1) for c in range(n)]
+
+
+def _grid_polynomial(n: int) -> dict[int, int]:
+    """How many independent sets of the n x n grid have each size: rows as bit masks without
+    two neighbours, each row's polynomial carried to the next."""
+    rows = [m for m in range(1 << n) if m & (m >> 1) == 0]
+    ways = {m: {m.bit_count(): 1} for m in rows}
+    for _ in range(n - 1):
+        after: dict[int, dict[int, int]] = {}
+        for m in rows:
+            made: dict[int, int] = {}
+            for k, poly in ways.items():
+                if k & m == 0:
+                    for size, c in poly.items():
+                        made[size + m.bit_count()] = made.get(size + m.bit_count(), 0) + c
+            after[m] = made
+        ways = after
+    total: dict[int, int] = {}
+    for poly in ways.values():
+        for size, c in poly.items():
+            total[size] = total.get(size, 0) + c
+    return dict(sorted(total.items()))
+
+
+def test_the_partition_function_stays_finite_in_logs() -> None:
+    grid = problems.independent_set(_grid(6), vertices=range(36))
+    poly = grid.solve(GraphPolynomial())
+    # ln Z from the polynomial, at a beta where Z itself passes float64's range.
+    beta = 60.0
+    top = max(poly)
+    want = beta * top + math.log(math.fsum(c * math.exp(beta * (s - top)) for s, c in poly.items()))
+    assert grid.solve(PartitionFunction(beta, log=True)) == pytest.approx(want, rel=1e-12)
+    with pytest.raises(OverflowError, match=r"log=True\) for ln Z"):
+        grid.solve(PartitionFunction(beta))
+    assert grid.solve(PartitionFunction(1.0)) == pytest.approx(
+        math.fsum(c * math.exp(s) for s, c in poly.items()), rel=1e-12
+    )
+    with pytest.raises(ValueError, match="beta must be finite, got inf"):
+        PartitionFunction(math.inf)
+    with pytest.raises(TypeError, match="beta must be a real number, got str"):
+        PartitionFunction("1")  # type: ignore[arg-type]
+
+
+def test_a_polynomial_needs_integer_sizes() -> None:
+    mis = problems.independent_set([(0, 1), (1, 2)], [1.5, 1, 1])
+    with pytest.raises(ValueError, match="not an integer: a polynomial's powers are integers"):
+        mis.solve(GraphPolynomial())
+    wide = problems.independent_set([(0, 1), (1, 2)], [10_000, 1, 1])
+    with pytest.raises(ValueError, match="more than 4,096"):
+        wide.solve(GraphPolynomial())
+
+
+def test_the_best_values_need_no_count_that_fits_int64() -> None:
+    # A 70-cycle whose one edge weighs 1: cut or not, each by 2^69 configurations.
+    weights = [1] + [0] * 69
+    ring = problems.max_cut([(i, (i + 1) % 70) for i in range(70)], weights)
+    assert ring.solve(SizeMax(2)) == [1.0, 0.0]
+    assert ring.solve(SizeMin(3)) == [0.0, 1.0]
+    assert ring.solve(CountingMax()) == [Counted(1.0, 1 << 69)]  # exact past int64
+    with pytest.raises(OverflowError, match="passes 2\\^63 - 1"):
+        ring.solve(CountingMax(2))  # (k > 1 counts within int64)
+
+
+def test_answers_of_integer_weights_are_exact_ints() -> None:
+    heavy = problems.independent_set([(0, 1)], [2**60 + 1, 3], dtype="int64")
+    assert heavy.solve(SizeMax()) == [2**60 + 1]
+    best = heavy.solve(SingleConfigMax())
+    assert (best.value, type(best.value), best.answer) == (2**60 + 1, int, [0])
+
+
+def test_a_semiring_object_and_a_bad_sense() -> None:
+    glass = problems.spin_glass([(0, 1), (1, 2), (0, 2)], [1, 1, 1])
+    ring = tropical.SEMIRINGS["minplus"]
+    # (the reference takes a Semiring where it takes a name)
+    as_object: Any = ring
+    other: Any = tropical.SEMIRINGS["maxplus"]
+    assert float(reference.einsum(glass.subscripts, *glass.operands, semiring=as_object)) == -1.0
+    with pytest.raises(ValueError, match="in 'minplus', not 'maxplus'"):
+        reference.einsum(glass.subscripts, *glass.operands, semiring=other)
+    with pytest.raises(ValueError, match="sense must be one of 'max', 'min', 'all', 'every'"):
+        glass.network("MAX")
+    assert glass.network("max").semiring == "maxplus"
+    with pytest.raises(TypeError, match="solve takes a property such as"):
+        glass.solve(problems.Property())

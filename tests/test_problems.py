@@ -345,7 +345,8 @@ def test_tropical_exports_the_module() -> None:
     assert set(problems.__all__) == {
         "MAX_DEGREE", "MAX_K", "Problem", "Property", "Counted", "Solution", "SizeMax", "SizeMin",
         "CountingAll", "CountingMax", "CountingMin", "SingleConfigMax", "SingleConfigMin",
-        "ConfigsMax", "ConfigsMin", "ConfigsAll", "independent_set", "max_cut",
+        "ConfigsMax", "ConfigsMin", "ConfigsAll", "GraphPolynomial", "PartitionFunction",
+        "independent_set", "max_cut",
         "maximal_independent_set", "spin_glass",
     }  # fmt: skip
     assert all(hasattr(problems, name) for name in problems.__all__)

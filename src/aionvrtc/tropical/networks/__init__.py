@@ -9,15 +9,18 @@ The face of the tensor networks: ``aionvrtc.tropical`` re-exports the public nam
 """
 
 from ._calls import einsum, einsum_sync
+from ._counting import MAX_TOP
 from ._orders import roofline_objective
 from ._plan import EinsumPlan, StepCost
 from ._planner import einsum_plan
 from ._program_batcher import ProgramBatcher, ProgramBatcherStats
 from ._programs import EinsumProgram, clear_programs, einsum_program, einsum_program_sync
+from ._reference import top_values
 from ._subscripts import MAX_INDICES, NetworkSubscripts
 
 __all__ = [
     "MAX_INDICES",
+    "MAX_TOP",
     "EinsumPlan",
     "EinsumProgram",
     "NetworkSubscripts",
@@ -31,4 +34,5 @@ __all__ = [
     "einsum_program_sync",
     "einsum_sync",
     "roofline_objective",
+    "top_values",
 ]

@@ -24,7 +24,7 @@ from ._contraction import (
 )
 from ._residues import INT64_MAX, Joined, moduli
 
-__all__ = ["MAX_TOP", "best", "check_top", "configurations", "counted"]
+__all__ = ["MAX_TOP", "best", "check_top", "configurations", "counted", "weighted_residues"]
 
 
 def configurations(
@@ -197,12 +197,18 @@ def _counted(
     *,
     kept: dict[int, Term] | None,
     modulus: int | None,
+    weights: Mapping[int, np.ndarray[Any, Any]] | None = None,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """``counted``'s contraction, its counts int64 or residues modulo ``modulus``."""
+    """``counted``'s contraction, its counts int64 or residues modulo ``modulus``. With
+    ``weights`` (residues modulo ``modulus``, one array per operand), an entry counts for its
+    weight rather than for 1: each count is the sum over the assignments that attain the value
+    of the product of their entries' weights."""
     n = len(made)
     counts: dict[int, np.ndarray[Any, Any]] = {
         k: entry_counts(ring, x).astype(np.int64) for k, (x, _) in made.items()
     }
+    if weights is not None:
+        counts = {k: np.where(c, weights[k], 0) for k, c in counts.items()}
     for number, step in enumerate(steps):
         chosen = [made.pop(i) for i in step.operands]
         tallies = [counts.pop(i) for i in step.operands]
@@ -219,6 +225,23 @@ def _counted(
         np.ascontiguousarray(align(x, letters, output)),
         np.ascontiguousarray(align(counts[k], letters, output)),
     )
+
+
+def weighted_residues(
+    ring: Semiring,
+    made: dict[int, Term],
+    steps: Sequence[Step],
+    sizes: Mapping[str, int],
+    *,
+    weights: Mapping[int, np.ndarray[Any, Any]],
+    modulus: int,
+) -> int:
+    """A scalar network's sum, over the assignments attaining its value, of the product of
+    their entries' ``weights`` (residues modulo the prime ``modulus``, below 2^31, one array
+    per operand), modulo ``modulus``: for a network whose every entry is 0 (or the zero), the
+    sum over every valid assignment."""
+    return int(_counted(ring, dict(made), steps, "", sizes, kept=None, modulus=modulus,
+                        weights=weights)[1])  # fmt: skip
 
 
 def check_top(top: object, count: bool) -> None:
@@ -244,9 +267,11 @@ def best(
     *,
     top: int,
     max_bytes: int,
+    counting: bool = True,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """``einsum(..., top=k)`` along ``steps``: each operand as lists of k (value, count) pairs,
-    its entry first, each step's products and sums kept to the k best distinct values."""
+    its entry first, each step's products and sums kept to the k best distinct values. Without
+    ``counting``, the values alone: each count held at 1 (attained) or 0, never overflowing."""
     n = len(made)
     for k, (x, held) in made.items():  # each operand's lists, checked before any is made
         check_size(f"einsum operand {k} ({held!r}) as lists of top={top}", x.size,
@@ -263,7 +288,9 @@ def best(
     letters = {k: t for k, (_, t) in made.items()}
     for number, step in enumerate(steps):
         chosen = [(*lists.pop(i), letters.pop(i)) for i in step.operands]
-        lists[n + number] = _contract_best(ring, chosen, step.keep, sizes, top, number=number)
+        lists[n + number] = _contract_best(
+            ring, chosen, step.keep, sizes, top, number=number, counting=counting
+        )
         letters[n + number] = step.keep
     ((k, (values, counts)),) = lists.items()
     if letters[k] == output:
@@ -283,6 +310,7 @@ def _contract_best(
     top: int,
     *,
     number: int,
+    counting: bool,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """One step with lists of ``top`` (value, count) pairs on a last axis: the pairs of each
     product formed two lists at a time, kept to the best, then merged over the summed indices
@@ -304,12 +332,13 @@ def _contract_best(
         for x, m in aligned[1:]:
             pv = combine(ring, v[..., :, None], in_block(x, pick)[..., None, :])
             pc = _times(c[..., :, None], in_block(m, pick)[..., None, :], what)
-            v, c = _kept(ring, pv.reshape(*pv.shape[:-2], -1), pc.reshape(*pc.shape[:-2], -1), top)
+            v, c = _kept(ring, pv.reshape(*pv.shape[:-2], -1), pc.reshape(*pc.shape[:-2], -1), top,
+                         counting=counting)  # fmt: skip
         where = block[: len(out)]
         lead = v.shape[: len(out)]
         v = np.concatenate([values[where], v.reshape(*lead, -1)], axis=-1)
         c = np.concatenate([counts[where], c.reshape(*lead, -1)], axis=-1)
-        values[where], counts[where] = _kept(ring, v, c, top, what=what)
+        values[where], counts[where] = _kept(ring, v, c, top, what=what, counting=counting)
     return values, counts
 
 
@@ -327,9 +356,12 @@ def _kept(
     top: int,
     *,
     what: str = "einsum",
+    counting: bool = True,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """The ``top`` best distinct values along the last axis, best first, each with the sum of
-    its counts (the zero, and pairs of count 0, count for nothing); padded with the zero."""
+    its counts (the zero, and pairs of count 0, count for nothing); padded with the zero.
+    Without ``counting`` each count is held at 1 (the counts given are 0 or 1 then: their sums
+    stay far from overflowing)."""
     zero = ring.zero(values.dtype)
     counts = np.where(entry_counts(ring, values), counts, 0)
     values = np.where(counts > 0, values, zero)
@@ -347,13 +379,15 @@ def _kept(
     keep = group < top
     out_v = np.full((len(v), top), zero, values.dtype)
     out_v[rows[keep & starts], group[keep & starts]] = v[keep & starts]
-    if np.sum(c, axis=-1, dtype=np.float64).max(initial=0.0) > _CHECK_ABOVE:
+    if counting and np.sum(c, axis=-1, dtype=np.float64).max(initial=0.0) > _CHECK_ABOVE:
         exact = np.zeros((len(v), top), object)
         np.add.at(exact, (rows[keep], group[keep]), c[keep].astype(object))
         _fits(exact, what)
     out_c = np.zeros((len(v), top), np.int64)
     np.add.at(out_c, (rows[keep], group[keep]), c[keep])
     out_c[out_v == zero] = 0
+    if not counting:
+        np.minimum(out_c, 1, out=out_c)
     return out_v.reshape(*lead, top), out_c.reshape(*lead, top)
 
 

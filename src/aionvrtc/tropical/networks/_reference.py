@@ -13,7 +13,7 @@ from ..products import MAX_BYTES
 from ._contraction import align, contract, prepare
 from ._counting import best, check_top, configurations, counted
 
-__all__ = ["configurations", "einsum"]
+__all__ = ["configurations", "einsum", "top_values"]
 
 
 def einsum(
@@ -116,3 +116,20 @@ def einsum(
         made[n + number] = contract(ring, chosen, step.keep, sizes), step.keep
     ((x, letters),) = made.values()
     return np.ascontiguousarray(align(x, letters, output)) if letters != output else x
+
+
+def top_values(
+    subscripts: str,
+    *operands: Any,
+    top: int,
+    semiring: str = "maxplus",
+    path: Sequence[Sequence[int]] | None = None,
+    max_bytes: int = MAX_BYTES,
+) -> Any:
+    """``einsum(..., top=k)``'s values alone: the k best distinct values of each output cell,
+    padded with the zero, without counting the assignments that reach them (so that no count
+    past 2^63 - 1 refuses them). Arguments and errors as ``einsum``'s (no OverflowError)."""
+    check_top(top, False)
+    net = prepare(subscripts, operands, semiring, path, max_bytes, extra=(8, top))
+    ring, made, steps, output, sizes = net.ring, net.made, net.steps, net.output, net.sizes
+    return best(ring, made, steps, output, sizes, top=top, max_bytes=max_bytes, counting=False)[0]

@@ -55,13 +55,14 @@ class NetworkSubscripts(str):
         return NetworkSubscripts, (str(self), self.semiring, self.what)
 
 
-def check_semiring(subscripts: object, semiring: str) -> None:
+def check_semiring(subscripts: object, semiring: object) -> None:
     """Refuse a network's subscripts (``NetworkSubscripts``) in another semiring than its own."""
     own = getattr(subscripts, "semiring", None)
-    if isinstance(subscripts, NetworkSubscripts) and semiring != own:
+    asked = getattr(semiring, "name", semiring)  # (a Semiring, or its name)
+    if isinstance(subscripts, NetworkSubscripts) and asked != own:
         raise ValueError(
             f"these subscripts are {subscripts.what}'s network, whose tensors are contracted in "
-            f"{own!r}, not {semiring!r}: pass semiring={own!r} (problem.semiring), or ask "
+            f"{own!r}, not {asked!r}: pass semiring={own!r} (problem.semiring), or ask "
             "problem.solve(...) for the property, which picks the semiring"
         )
 

@@ -1,60 +1,92 @@
 """The contractions behind each property, on a network's subscripts and operands alone (a
 problem's meaning is read above, in _problem): its tensors in the semiring a property asks
 (forbidden entries hold the semiring's zero, so the other end of the objective is the same
-tensors with the other zero), the order found once, then the NumPy reference's value, counts,
-k best and configurations, or the GPU's value and assignment."""
+tensors with the other zero), the plan found once, then the NumPy reference's value, counts,
+k best, configurations and sums, or the GPU's value and assignment."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..networks import einsum, einsum_plan, einsum_sync
+from ..networks import EinsumPlan, einsum_plan, einsum_sync, top_values
 from ..products import SEMIRINGS, cupy_module
-from ..reference import configurations
+from ..reference import configurations, partition_function, polynomial
 from ..reference import einsum as numpy_einsum
 from ._reading import Array
 
-__all__ = ["Network"]
+__all__ = ["SENSES", "Network"]
+
+SENSES = ("max", "min", "all", "every")
 
 
 @dataclass(frozen=True, slots=True)
 class Network:
-    """A scalar network in one semiring: what einsum takes, and its order (a path), found once
-    for every semiring it is asked in."""
+    """A scalar network in one semiring: what einsum takes, and its plan, found once for every
+    semiring it is asked in (the plan holds the order, and any slicing the optimizer chose)."""
 
     subscripts: str
     operands: tuple[Array, ...]
     semiring: str
-    path: tuple[tuple[int, ...], ...]
+    plan: EinsumPlan
 
     @classmethod
     def planned(
         cls, subscripts: str, operands: Sequence[Array], semiring: str, optimize: Any
     ) -> Network:
-        path = einsum_plan(subscripts, *operands, optimize=optimize).path
-        return cls(subscripts, tuple(operands), semiring, tuple(map(tuple, path)))
+        plan = einsum_plan(subscripts, *operands, optimize=optimize)
+        return cls(subscripts, tuple(operands), semiring, plan)
+
+    @property
+    def path(self) -> list[tuple[int, ...]]:
+        return [tuple(step) for step in self.plan.path]
 
     def towards(self, sense: str) -> Network:
         """The same tensors in the semiring of ``sense`` (``"max"``: max-plus, ``"min"``:
-        min-plus): each forbidden entry (the own semiring's zero) the other's zero; or for
+        min-plus): each forbidden entry (the own semiring's zero) the other's zero; for
         ``"all"`` every allowed entry 0 in the own semiring, so that every valid configuration
-        attains the optimum, 0 (counting those counts them all)."""
+        attains the optimum, 0 (counting those counts them all); for ``"every"`` as they are."""
+        if sense not in SENSES:
+            raise ValueError(f"sense must be one of {', '.join(map(repr, SENSES))}, got {sense!r}")
         own = SEMIRINGS[self.semiring]
         dtype = self.operands[0].dtype
+        if sense == "every":  # the sizes as they are: the zero alone marks what is invalid
+            return self
         if sense == "all":
             zero = own.zero(dtype)
             made = tuple(np.where(x == zero, zero, x.dtype.type(0)) for x in self.operands)
-            return Network(str(self.subscripts), made, self.semiring, self.path)
+            return dataclasses.replace(self, subscripts=str(self.subscripts), operands=made)
         wanted = "maxplus" if sense == "max" else "minplus"
         if wanted == self.semiring:
             return self
         zero, other = own.zero(dtype), SEMIRINGS[wanted].zero(dtype)
         made = tuple(np.where(x == zero, other, x) for x in self.operands)
-        return Network(str(self.subscripts), made, wanted, self.path)
+        return Network(str(self.subscripts), made, wanted, self.plan)
+
+    def values(self, k: int, max_bytes: int) -> list[Any]:
+        """The ``k`` best distinct values, best first; fewer where fewer exist. Not counted:
+        no count past 2^63 - 1 stands in their way."""
+        zero = SEMIRINGS[self.semiring].zero(self.operands[0].dtype)
+        if k == 1:
+            value = numpy_einsum(
+                *self._arguments(), semiring=self.semiring, path=self.path, max_bytes=max_bytes
+            )
+            found = [value]
+        else:
+            found = list(
+                top_values(
+                    *self._arguments(),
+                    top=k,
+                    semiring=self.semiring,
+                    path=self.path,
+                    max_bytes=max_bytes,
+                )
+            )
+        return [_scalar(v) for v in found if v != zero and v == v]  # noqa: PLR0124  # (NaN)
 
     def best(self, k: int, max_bytes: int) -> list[tuple[Any, int]]:
         """The ``k`` best distinct values, best first, each with its count (a Python int): for
@@ -86,46 +118,40 @@ class Network:
         )
         return letters, rows
 
-    def on_device(self, device: int) -> tuple[Any, ...]:
-        """The operands on GPU ``device``, each copied once."""
+    def polynomial(self, max_bytes: int) -> dict[int, int]:
+        """How many valid assignments have each size (exact)."""
+        return polynomial(
+            *self._arguments(), semiring=self.semiring, path=self.path, max_bytes=max_bytes
+        )
+
+    def log_partition(self, beta: float, max_bytes: int) -> float:
+        """ln of the sum over the valid assignments of exp(beta * size)."""
+        return partition_function(
+            *self._arguments(),
+            beta=beta,
+            semiring=self.semiring,
+            path=self.path,
+            max_bytes=max_bytes,
+        )
+
+    def on_gpu(self, device: int, *, argmax: bool) -> tuple[Any, Mapping[str, int] | None]:
+        """The value as Python's scalar, and with ``argmax`` an assignment attaining it, on GPU
+        ``device`` along the plan (its slicing too), from a thread that may block; (None,
+        None) where the value is the semiring's zero: nothing attains it."""
         cupy = cupy_module()
         with cupy.cuda.Device(device):
-            return tuple(cupy.asarray(x) for x in self.operands)
-
-    def gpu_sync(self, device: int, *, argmax: bool) -> tuple[Any, Mapping[str, int] | None]:
-        """The value (and an assignment) on GPU ``device``, from a thread that may block."""
+            arrays = [cupy.asarray(x) for x in self.operands]
         found = einsum_sync(
-            self.subscripts,
-            *self.on_device(device),
-            semiring=self.semiring,
-            argmax=argmax,
-            optimize=self.path,
+            self.subscripts, *arrays, semiring=self.semiring, argmax=argmax, optimize=self.plan
         )
-        return _read(found, argmax, self.semiring)
-
-    async def gpu(self, device: int, *, argmax: bool) -> tuple[Any, Mapping[str, int] | None]:
-        """``gpu_sync`` for an event loop: it is not blocked."""
-        found = await einsum(
-            self.subscripts,
-            *self.on_device(device),
-            semiring=self.semiring,
-            argmax=argmax,
-            optimize=self.path,
-        )
-        return _read(found, argmax, self.semiring)
+        value, assignment = found if argmax else (found, None)
+        host = value.get()
+        if host == SEMIRINGS[self.semiring].zero(host.dtype):
+            return None, None
+        return _scalar(host), assignment
 
     def _arguments(self) -> tuple[Any, ...]:
         return (self.subscripts, *self.operands)
-
-
-def _read(found: Any, argmax: bool, ring: str) -> tuple[Any, Mapping[str, int] | None]:
-    """The value as Python's scalar, and the assignment; (None, None) where the value is the
-    semiring's zero: nothing attains it."""
-    value, assignment = found if argmax else (found, None)
-    host = value.get()
-    if host == SEMIRINGS[ring].zero(host.dtype):
-        return None, None
-    return _scalar(host), assignment
 
 
 def _scalar(x: Any) -> Any:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -24,6 +25,8 @@ from ._properties import (
     CountingAll,
     CountingMax,
     CountingMin,
+    GraphPolynomial,
+    PartitionFunction,
     Property,
     SingleConfigMax,
     SingleConfigMin,
@@ -38,6 +41,19 @@ __all__ = ["Problem", "made"]
 T = TypeVar("T")
 # What a GPU answers today: the value, and an assignment attaining it.
 _ON_GPU = (SizeMax, SizeMin, SingleConfigMax, SingleConfigMin)
+_PROPERTIES = (
+    *_ON_GPU,
+    CountingMax,
+    CountingMin,
+    CountingAll,
+    ConfigsMax,
+    ConfigsMin,
+    ConfigsAll,
+    GraphPolynomial,
+    PartitionFunction,
+)
+# ln of float64's largest value: Z = e^x for x past it is infinite.
+_LARGEST_LOG = math.log(sys.float_info.max)
 
 
 def made(
@@ -189,7 +205,8 @@ class Problem:
         network): what the contraction gives where the assignment attains it.
 
         The weight of the set (independent set, maximal independent set), the weight of the
-        cut (max cut), the energy sum of J_uv s_u s_v + h_v s_v (spin glass), in float64. For
+        cut (max cut), the energy sum of J_uv s_u s_v + h_v s_v (spin glass): an exact int for
+        an integer dtype (whose weights are ints), else the correctly rounded float64 sum. For
         integer weights this is the contraction's value exactly; for weights that are not
         integers the contraction, summed in the operands' dtype in another order, can differ
         in its last bits (compare with a tolerance).
@@ -198,7 +215,7 @@ class Problem:
             assignment: As ``configuration`` takes it.
 
         Returns:
-            The objective, a float.
+            The objective: an int (integer dtypes), else a float.
 
         Raises:
             ValueError: As ``configuration``; or the set is not independent (two of its
@@ -209,12 +226,12 @@ class Problem:
         vertex_terms = zip(self.vertices, self.vertex_weights, strict=True)
         if self.kind == "max cut":
             pairs = zip(self.edges, self.edge_weights, strict=True)
-            return math.fsum(w for (u, v), w in pairs if x[u] != x[v])
+            return _total(w for (u, v), w in pairs if x[u] != x[v])
         if self.kind == "spin glass":
             s = {v: 2 * b - 1 for v, b in x.items()}
             pairs = zip(self.edges, self.edge_weights, strict=True)
             couplings = (j * s[u] * s[v] for (u, v), j in pairs)
-            return math.fsum(itertools.chain(couplings, (h * s[v] for v, h in vertex_terms)))
+            return _total(itertools.chain(couplings, (h * s[v] for v, h in vertex_terms)))
         clash = next(((u, v) for u, v in self.edges if x[u] and x[v]), None)
         if clash is not None:
             raise ValueError(f"the set is not independent: vertices {clash[0]!r} and "
@@ -226,7 +243,7 @@ class Problem:
             if free is not None:
                 raise ValueError(f"the independent set is not maximal: vertex {free!r} could "
                                  "join it")  # fmt: skip
-        return math.fsum(w for v, w in vertex_terms if x[v])
+        return _total(w for v, w in vertex_terms if x[v])
 
     def answer(self, configuration: Mapping[Vertex, int]) -> Any:
         """A configuration (each vertex's value, as ``configuration`` gives it) in the problem's
@@ -258,31 +275,34 @@ class Problem:
             wanted: The property: ``SizeMax(k)``, ``SizeMin(k)``, ``CountingMax(k)``,
                 ``CountingMin(k)``, ``CountingAll()``, ``SingleConfigMax()``,
                 ``SingleConfigMin()``, ``ConfigsMax(limit)``, ``ConfigsMin(limit)``,
-                ``ConfigsAll(limit)``.
+                ``ConfigsAll(limit)``, ``GraphPolynomial()``, ``PartitionFunction(beta)``.
             device: None: on the CPU. A GPU's number: there (CuPy), for the properties above.
             optimize: The contraction order, as ``einsum_plan`` takes it (a strategy's name, an
-                optimizer, a path).
+                optimizer, a path, a plan); on a GPU its slicing too (a cotengra optimizer
+                with ``slicing_opts``, or a plan made with ``memory_limit=``).
             max_bytes: On the CPU, the most bytes one intermediate may hold (with its counts,
                 or its k best), as ``reference.einsum`` takes it.
 
         Returns:
             The property's answer, of the type it names: a list of values (``Size*``), of
             ``Counted`` pairs (``Counting*``), an int (``CountingAll``), a ``Solution``
-            (``SingleConfig*``), a list of them (``Configs*``).
+            (``SingleConfig*``), a list of them (``Configs*``), a dict from size to count
+            (``GraphPolynomial``), a float (``PartitionFunction``).
 
         Raises:
             TypeError: ``wanted`` is not a property; ``max_bytes`` is not an int.
             ValueError: A property the GPU does not compute yet, with ``device``; an
                 intermediate past ``max_bytes``; more configurations than ``limit``.
             OverflowError: ``CountingMax(k)``/``CountingMin(k)`` with k > 1, a count past
-                2^63 - 1 (``k=1`` counts exactly at any size).
+                2^63 - 1 (``k=1`` counts exactly at any size); ``PartitionFunction(beta)``, Z
+                past float64's range (``log=True`` gives ln Z).
         """
         self._check(wanted, device)
         network = self.network(wanted.sense, optimize)
         if device is None:
             return self._on_cpu(wanted, network, max_bytes)
         argmax = isinstance(wanted, SingleConfigMax | SingleConfigMin)
-        return self._from_gpu(wanted, *network.gpu_sync(device, argmax=argmax))
+        return self._from_gpu(wanted, *network.on_gpu(device, argmax=argmax))
 
     async def solve_async(
         self,
@@ -292,26 +312,24 @@ class Problem:
         optimize: Any = "auto",
         max_bytes: int = MAX_BYTES,
     ) -> T:
-        """``solve`` for an event loop, which it never blocks: the CPU's contractions and the
-        planning run in a worker thread, a GPU's through ``await tropical.einsum``. Arguments,
-        result and errors as ``solve``'s."""
+        """``solve`` for an event loop, which it never blocks: the call runs in a worker thread
+        (the planning, the CPU's contractions, a GPU's copies and its wait for the result).
+        Cancelled, it returns at once and the thread's work runs to its end, its answer
+        dropped. Arguments, result and errors as ``solve``'s (checked before the thread)."""
         self._check(wanted, device)
-        if device is None:
-            run = functools.partial(self.solve, wanted, optimize=optimize, max_bytes=max_bytes)
-            return await anyio.to_thread.run_sync(run)
-        plan = functools.partial(self.network, wanted.sense, optimize)
-        network = await anyio.to_thread.run_sync(plan)
-        argmax = isinstance(wanted, SingleConfigMax | SingleConfigMin)
-        return self._from_gpu(wanted, *await network.gpu(device, argmax=argmax))
+        run = functools.partial(
+            self.solve, wanted, device=device, optimize=optimize, max_bytes=max_bytes
+        )
+        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
 
-    def network(self, sense: str = "max", optimize: Any = "auto") -> Network:
-        """The problem's network for ``sense`` (``"max"``, ``"min"``, ``"all"``: see
-        ``Property.sense``) with its order, the subscripts a plain str in its semiring."""
+    def network(self, sense: str = "every", optimize: Any = "auto") -> Network:
+        """The problem's network for ``sense`` (``"max"``, ``"min"``, ``"all"``, ``"every"``:
+        see ``Property.sense``) in the semiring it needs, with its order."""
         own = Network.planned(self.subscripts, self.operands, self.semiring, optimize)
         return own.towards(sense)
 
     def _check(self, wanted: object, device: int | None) -> None:
-        if not isinstance(wanted, Property):
+        if not isinstance(wanted, _PROPERTIES):
             raise TypeError(
                 f"solve takes a property such as problems.SizeMax() or problems.CountingAll(), "
                 f"got {type(wanted).__name__}"
@@ -331,11 +349,25 @@ class Problem:
 
     def _on_cpu(self, wanted: Property[T], network: Network, max_bytes: int) -> T:
         if isinstance(wanted, SizeMax | SizeMin):
-            return cast(T, [v for v, _ in network.best(wanted.k, max_bytes)])
+            return cast(T, network.values(wanted.k, max_bytes))
         if isinstance(wanted, CountingMax | CountingMin):
             return cast(T, [Counted(v, c) for v, c in network.best(wanted.k, max_bytes)])
         if isinstance(wanted, CountingAll):
             return cast(T, sum(c for _, c in network.best(1, max_bytes)))
+        if isinstance(wanted, GraphPolynomial):
+            return cast(T, network.polynomial(max_bytes))
+        if isinstance(wanted, PartitionFunction):
+            # exp(-beta * energy): the energy is minus the size where the optimum is the largest.
+            sign = 1 if self.semiring == "maxplus" else -1
+            log_z = network.log_partition(sign * wanted.beta, max_bytes)
+            if wanted.log:
+                return cast(T, log_z)
+            if log_z > _LARGEST_LOG:
+                raise OverflowError(
+                    f"Z = e^{log_z:.6g} passes float64's range: ask PartitionFunction(beta, "
+                    "log=True) for ln Z"
+                )
+            return cast(T, math.exp(log_z))
         if isinstance(wanted, SingleConfigMax | SingleConfigMin):
             letters, rows = network.rows(None, max_bytes)
             if not len(rows):
@@ -357,3 +389,12 @@ class Problem:
         configuration = self.configuration(assignment)
         value = self.value(list(configuration.values()))
         return Solution(value, configuration, self.answer(configuration))
+
+
+def _total(terms: Iterable[float]) -> float:
+    """The exact sum of ints (an int: integer dtypes' weights are ints), else the correctly
+    rounded sum of floats."""
+    listed = list(terms)
+    if all(isinstance(t, int) for t in listed):
+        return sum(listed)
+    return math.fsum(listed)

@@ -9,9 +9,12 @@ ground state ``SizeMin``, whichever semiring the problem's own network is in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
+
+from ..networks import MAX_TOP
 
 __all__ = [
     "MAX_K",
@@ -22,6 +25,8 @@ __all__ = [
     "CountingAll",
     "CountingMax",
     "CountingMin",
+    "GraphPolynomial",
+    "PartitionFunction",
     "Property",
     "SingleConfigMax",
     "SingleConfigMin",
@@ -31,9 +36,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Sense = Literal["max", "min", "all"]
+Sense = Literal["max", "min", "all", "every"]
 # The most best values a property keeps (the NumPy reference's top=, a list of k per element).
-MAX_K = 64
+MAX_K = MAX_TOP
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +73,8 @@ class Property(Generic[T]):
 
     Attributes:
         sense: ``"max"`` or ``"min"``: the end of the objective asked about; ``"all"`` for a
-            property of every valid configuration.
+            property of every valid configuration alike (a count, a list); ``"every"`` for a
+            sum over them of their sizes (a polynomial, a partition function).
     """
 
     __slots__ = ()
@@ -222,3 +228,38 @@ class ConfigsAll(Property[list[Solution]]):
 
     def __post_init__(self) -> None:
         _limit(self.limit)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphPolynomial(Property[dict[int, int]]):
+    """The polynomial of sizes, exactly: each size a valid configuration has, mapped to how many
+    have it (for unit weights: the independence polynomial of an independent set, the cut
+    polynomial of a max cut; a spin glass's energies). Sizes must be integers (integer
+    weights). Evaluated modulo primes at one point per size and interpolated, the primes'
+    coefficients joined by the Chinese remainder theorem, so any count is exact."""
+
+    sense: Sense = field(default="every", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionFunction(Property[float]):
+    """Z, the sum over the valid configurations of exp(-beta * energy), in float64: the energy
+    is the size for a problem whose optimum is the smallest (spin glass, the smallest maximal
+    independent set), its negative for one whose optimum is the largest (independent set, max
+    cut), so that a large beta favours the optimum in both.
+
+    Attributes:
+        beta: The inverse temperature, a finite real number.
+        log: Return ln Z instead, which never overflows (Z passes float64's range past about
+            e^709: asked for then, Z raises an OverflowError).
+    """
+
+    beta: float
+    log: bool = False
+    sense: Sense = field(default="every", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.beta, bool) or not isinstance(self.beta, int | float):
+            raise TypeError(f"beta must be a real number, got {type(self.beta).__name__}")
+        if not math.isfinite(self.beta):
+            raise ValueError(f"beta must be finite, got {self.beta}")
