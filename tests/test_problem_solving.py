@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import pickle
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,9 @@ from aionvrtc.tropical.problems import (
     GraphPolynomial,
     PartitionFunction,
     Property,
+    SampleAll,
+    SampleMax,
+    SampleMin,
     SingleConfigMax,
     SingleConfigMin,
     SizeMax,
@@ -131,6 +135,13 @@ def test_every_property_against_brute_force(
     assert [s.value for s in every] == [scored[x] for x in sorted(scored)]
 
     assert problem.solve(GraphPolynomial()) == {int(v): count[v] for v in distinct}
+    # Samples: each an optimum (or a valid configuration), its value worked out again.
+    for drawn, end in ((SampleMax(5, seed), distinct[-1]), (SampleMin(5, seed), distinct[0])):
+        found = problem.solve(drawn)
+        assert len(found) == 5
+        assert all(scored[tuple(s.configuration.values())] == s.value == end for s in found)
+    found = problem.solve(SampleAll(5, seed))
+    assert all(scored[tuple(s.configuration.values())] == s.value for s in found)
     # exp(-beta * energy), the energy minus the size where the optimum is the largest.
     sign = 1 if problem.semiring == "maxplus" else -1
     for beta in (0.0, 0.7, -1.3):
@@ -383,3 +394,24 @@ def test_a_semiring_object_and_a_bad_sense() -> None:
     assert glass.network("max").semiring == "maxplus"
     with pytest.raises(TypeError, match="solve takes a property such as"):
         glass.solve(problems.Property())
+
+
+def test_samples_are_uniform_over_the_configurations() -> None:
+    # A star: the centre alone, or any set of its 5 leaves: 33 independent sets, the centre
+    # in 1 of them (a walk that took each branch with equal odds would take it half the time).
+    star = problems.independent_set([(0, leaf) for leaf in range(1, 6)])
+    drawn = star.solve(SampleAll(33_000, seed=20261207))
+    seen = Counter(tuple(s.configuration.values()) for s in drawn)
+    assert len(seen) == 33
+    assert all(850 < n < 1150 for n in seen.values())  # 1,000 each expected (sd 31)
+    # The six ground states of the frustrated triangle, each about a sixth of the draws.
+    glass = problems.spin_glass([(0, 1), (1, 2), (0, 2)], [1, 1, 1])
+    ground = Counter(tuple(s.answer.values()) for s in glass.solve(SampleMin(6_000, seed=7)))
+    assert len(ground) == 6
+    assert all(850 < n < 1150 for n in ground.values())
+    # The same seed draws the same samples.
+    assert glass.solve(SampleMin(50, seed=3)) == glass.solve(SampleMin(50, seed=3))
+    with pytest.raises(ValueError, match="count must be at least 1, got 0"):
+        SampleMax(0)
+    with pytest.raises(TypeError, match="count must be an int \\(how many samples\\), got float"):
+        SampleAll(2.0)  # type: ignore[arg-type]

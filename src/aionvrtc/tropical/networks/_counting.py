@@ -24,7 +24,15 @@ from ._contraction import (
 )
 from ._residues import INT64_MAX, Joined, moduli
 
-__all__ = ["MAX_TOP", "best", "check_top", "configurations", "counted", "weighted_residues"]
+__all__ = [
+    "MAX_TOP",
+    "best",
+    "check_top",
+    "configurations",
+    "counted",
+    "samples",
+    "weighted_residues",
+]
 
 
 def configurations(
@@ -126,6 +134,112 @@ def configurations(
     return value, net.letters, rows
 
 
+def samples(
+    subscripts: str,
+    *operands: Any,
+    count: int,
+    seed: Any = None,
+    semiring: str = "maxplus",
+    path: Sequence[Sequence[int]] | None = None,
+    max_bytes: int = MAX_BYTES,
+) -> tuple[Any, str, np.ndarray[Any, Any]]:
+    """Assignments drawn uniformly at random, with replacement, from those that attain a scalar
+    contraction's value, without listing them: the network is counted once (each step's values
+    and counts kept, the counts in float64), then each sample is walked from the last step back
+    to the first as ``configurations`` walks, taking at each step one of the branches that
+    attain its value with a probability proportional to the assignments below it (the product
+    of its operands' counts). Uniform up to float64's rounding of the counts (a relative error
+    of about 2^-53 a step).
+
+    Args:
+        subscripts: As ``einsum``; the output has no index.
+        *operands: As ``einsum``.
+        count: How many samples, at least 1.
+        seed: What ``numpy.random.default_rng`` takes (None: fresh entropy).
+        semiring: As ``einsum``.
+        path: As ``einsum``.
+        max_bytes: As ``einsum``, for each result with its counts, and for the rows.
+
+    Returns:
+        The triple (value, indices, rows), as ``configurations`` gives it, one row a sample, in
+        the order drawn; no rows where the value is the semiring's zero.
+
+    Raises:
+        ValueError: As ``einsum``; the output has an index; ``count`` is below 1.
+        TypeError: As ``einsum``; ``count`` is not an int.
+    """
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise TypeError(f"count must be an int, got {type(count).__name__}")
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    rng = np.random.default_rng(seed)
+    net = prepare(subscripts, operands, semiring, path, max_bytes, extra=(8, 2))
+    if net.output:
+        raise ValueError(
+            f"samples takes a scalar contraction (subscripts ending in '->'), not one with the "
+            f"output {net.output!r}"
+        )
+    ring, steps, sizes, width = net.ring, net.steps, net.sizes, len(net.letters)
+    check_size(f"samples' rows ({count:,} samples of {width} indices)", count * width,
+               itemsize=8, limit=max_bytes, bound=max_bytes_bound(max_bytes),
+               fix="draw fewer at a time")  # fmt: skip
+    results: dict[int, Term] = dict(net.made)
+    tallies: dict[int, np.ndarray[Any, Any]] = {}
+    value, total = _counted(ring, dict(net.made), steps, "", sizes, kept=results, modulus=None,
+                            tallies=tallies)  # fmt: skip
+    column = {c: i for i, c in enumerate(net.letters)}
+    rows = np.zeros((count if total > 0 else 0, width), np.int64)
+    for number in reversed(range(len(steps))):
+        step, n = steps[number], len(net.made)
+        target, keep = results[n + number]
+        at, summed = [column[c] for c in keep], _summed(step)
+        shape = [sizes[c] for c in summed]
+        fixed = np.array([column[c] for c in summed], np.int64)  # the columns the step fixes
+        # The rows that agree on the indices the step keeps share its branches: one draw each.
+        keys, group = np.unique(rows[:, at], axis=0, return_inverse=True)
+        for number_in, key in enumerate(keys):
+            members = np.flatnonzero(group.reshape(-1) == number_in)
+            weights = _branches(ring, step, (results, tallies), rows[members[0]],
+                                target[tuple(key)], column=column, shape=shape)  # fmt: skip
+            chosen = rng.choice(weights.size, size=len(members), p=weights / weights.sum())
+            picked = np.stack(np.unravel_index(chosen, shape), axis=1) if shape else chosen[:, None]
+            if summed:
+                rows[np.ix_(members, fixed)] = picked
+    return value, net.letters, rows
+
+
+def _branches(
+    ring: Semiring,
+    step: Step,
+    kept: tuple[Mapping[int, Term], Mapping[int, np.ndarray[Any, Any]]],
+    row: np.ndarray[Any, Any],
+    cell: Any,
+    *,
+    column: Mapping[str, int],
+    shape: Sequence[int],
+) -> np.ndarray[Any, Any]:
+    """Over the values of the indices ``step`` sums (flat, in the order of ``_summed``), its
+    kept indices at their values in ``row``: the assignments below each that attain ``cell``
+    (the product of its operands' counts where their product attains it, else 0); ``kept``:
+    every operand's and step's values and counts, by number."""
+    results, tallies = kept
+    summed = _summed(step)
+    product: Any = None
+    weight: Any = None
+    for k in step.operands:
+        x, letters = results[k]
+        where = tuple(row[column[c]] if c in step.keep else slice(None) for c in letters)
+        rest = "".join(c for c in letters if c not in step.keep)
+        part = align(np.asarray(x[where]), rest, summed)
+        many = align(np.asarray(tallies[k][where]), rest, summed)
+        product = part if product is None else combine(ring, product, part)
+        weight = many if weight is None else weight * many
+    product = np.broadcast_to(np.asarray(product), shape)
+    weight = np.broadcast_to(np.asarray(weight), shape)
+    hits = (product == cell) & entry_counts(ring, product)
+    return np.where(hits, weight, 0.0).ravel()
+
+
 def _summed(step: Step) -> str:
     """The indices ``step`` sums away, each once, in the order they first appear."""
     return "".join(dict.fromkeys(c for t in step.inputs for c in t if c not in step.keep))
@@ -198,26 +312,34 @@ def _counted(
     kept: dict[int, Term] | None,
     modulus: int | None,
     weights: Mapping[int, np.ndarray[Any, Any]] | None = None,
+    tallies: dict[int, np.ndarray[Any, Any]] | None = None,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """``counted``'s contraction, its counts int64 or residues modulo ``modulus``. With
     ``weights`` (residues modulo ``modulus``, one array per operand), an entry counts for its
     weight rather than for 1: each count is the sum over the assignments that attain the value
-    of the product of their entries' weights."""
+    of the product of their entries' weights. With ``tallies``, the counts are float64 (close,
+    never overflowing: what sampling weighs branches by), and each operand's and step's go
+    into it, by number."""
     n = len(made)
+    kind = np.float64 if tallies is not None else np.int64
     counts: dict[int, np.ndarray[Any, Any]] = {
-        k: entry_counts(ring, x).astype(np.int64) for k, (x, _) in made.items()
+        k: entry_counts(ring, x).astype(kind) for k, (x, _) in made.items()
     }
     if weights is not None:
         counts = {k: np.where(c, weights[k], 0) for k, c in counts.items()}
+    if tallies is not None:
+        tallies.update(counts)
     for number, step in enumerate(steps):
         chosen = [made.pop(i) for i in step.operands]
-        tallies = [counts.pop(i) for i in step.operands]
+        taken = [counts.pop(i) for i in step.operands]
         value, tally = _contract_counted(
-            ring, chosen, tallies, step.keep, sizes, number=number, modulus=modulus
+            ring, chosen, taken, step.keep, sizes, number=number, modulus=modulus
         )
         made[n + number], counts[n + number] = (value, step.keep), tally
         if kept is not None:
             kept[n + number] = value, step.keep
+        if tallies is not None:
+            tallies[n + number] = tally
     ((k, (x, letters)),) = made.items()
     if letters == output:
         return x, counts[k]
@@ -415,7 +537,7 @@ def _contract_counted(
     zero = ring.zero(dtype)
     add = reduction(ring)
     result = np.full([sizes[c] for c in out], zero, dtype=dtype)
-    tally = np.zeros([sizes[c] for c in out], dtype=np.int64)
+    tally = np.zeros([sizes[c] for c in out], dtype=tallies[0].dtype)
     shape = [sizes[c] for c in joint]
     if 0 in shape:
         return result, tally
@@ -452,7 +574,9 @@ def _times(
     a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], what: str, modulus: int | None = None
 ) -> np.ndarray[Any, Any]:
     """a * b of int64 counts, exact, or OverflowError; modulo ``modulus`` where given (of
-    residues below 2^31: the product fits)."""
+    residues below 2^31: the product fits). Float counts (sampling's) multiply as floats."""
+    if np.asarray(a).dtype.kind == "f":
+        return np.asarray(np.multiply(a, b))
     if modulus is not None:
         return np.asarray(np.multiply(a, b) % modulus)
     if np.multiply(a, b, dtype=np.float64).max(initial=0.0) > _CHECK_ABOVE:
@@ -466,7 +590,10 @@ def _sum(
     x: np.ndarray[Any, Any], axes: tuple[int, ...], what: str, modulus: int | None = None
 ) -> np.ndarray[Any, Any]:
     """The sum of int64 counts over ``axes``, exact, or OverflowError; modulo ``modulus``
-    where given (of residues below 2^31 over a block: the sum fits)."""
+    where given (of residues below 2^31 over a block: the sum fits). Float counts (sampling's)
+    sum as floats."""
+    if np.asarray(x).dtype.kind == "f":
+        return np.asarray(np.sum(x, axis=axes))
     if modulus is not None:
         return np.asarray(np.sum(x, axis=axes, dtype=np.int64) % modulus)
     if np.sum(x, axis=axes, dtype=np.float64).max(initial=0.0) > _CHECK_ABOVE:

@@ -11,9 +11,9 @@ import numpy as np
 
 from ..products import MAX_BYTES
 from ._contraction import align, contract, prepare
-from ._counting import best, check_top, configurations, counted
+from ._counting import best, check_top, configurations, counted, samples
 
-__all__ = ["configurations", "einsum", "top_values"]
+__all__ = ["configurations", "einsum", "samples", "top_values"]
 
 
 def einsum(

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..networks import EinsumPlan, einsum_plan, einsum_sync, top_values
 from ..products import SEMIRINGS, cupy_module
-from ..reference import configurations, partition_function, polynomial
+from ..reference import configurations, partition_function, polynomial, samples
 from ..reference import einsum as numpy_einsum
 from ._reading import Array
 
@@ -115,6 +115,19 @@ class Network:
             max_bytes=max_bytes,
             limit=limit or 1,
             first=limit is None,
+        )
+        return letters, rows
+
+    def drawn(self, count: int, seed: Any, max_bytes: int) -> tuple[str, Array]:
+        """``count`` assignments attaining the value, drawn uniformly: the indices, and a row
+        of values each; no row where nothing attains a value."""
+        _, letters, rows = samples(
+            *self._arguments(),
+            count=count,
+            seed=seed,
+            semiring=self.semiring,
+            path=self.path,
+            max_bytes=max_bytes,
         )
         return letters, rows
 

@@ -28,6 +28,9 @@ from ._properties import (
     GraphPolynomial,
     PartitionFunction,
     Property,
+    SampleAll,
+    SampleMax,
+    SampleMin,
     SingleConfigMax,
     SingleConfigMin,
     SizeMax,
@@ -51,6 +54,9 @@ _PROPERTIES = (
     ConfigsAll,
     GraphPolynomial,
     PartitionFunction,
+    SampleMax,
+    SampleMin,
+    SampleAll,
 )
 # ln of float64's largest value: Z = e^x for x past it is infinite.
 _LARGEST_LOG = math.log(sys.float_info.max)
@@ -275,7 +281,8 @@ class Problem:
             wanted: The property: ``SizeMax(k)``, ``SizeMin(k)``, ``CountingMax(k)``,
                 ``CountingMin(k)``, ``CountingAll()``, ``SingleConfigMax()``,
                 ``SingleConfigMin()``, ``ConfigsMax(limit)``, ``ConfigsMin(limit)``,
-                ``ConfigsAll(limit)``, ``GraphPolynomial()``, ``PartitionFunction(beta)``.
+                ``ConfigsAll(limit)``, ``GraphPolynomial()``, ``PartitionFunction(beta)``,
+                ``SampleMax(count)``, ``SampleMin(count)``, ``SampleAll(count)``.
             device: None: on the CPU. A GPU's number: there (CuPy), for the properties above.
             optimize: The contraction order, as ``einsum_plan`` takes it (a strategy's name, an
                 optimizer, a path, a plan); on a GPU its slicing too (a cotengra optimizer
@@ -286,7 +293,8 @@ class Problem:
         Returns:
             The property's answer, of the type it names: a list of values (``Size*``), of
             ``Counted`` pairs (``Counting*``), an int (``CountingAll``), a ``Solution``
-            (``SingleConfig*``), a list of them (``Configs*``), a dict from size to count
+            (``SingleConfig*``), a list of them (``Configs*``, ``Sample*``: in the order
+            drawn), a dict from size to count
             (``GraphPolynomial``), a float (``PartitionFunction``).
 
         Raises:
@@ -368,6 +376,13 @@ class Problem:
                     "log=True) for ln Z"
                 )
             return cast(T, math.exp(log_z))
+        if isinstance(wanted, SampleMax | SampleMin | SampleAll):
+            letters, rows = network.drawn(wanted.count, wanted.seed, max_bytes)
+            if not len(rows):
+                raise ValueError(f"no configuration of this {self.kind} problem is valid")
+            return cast(
+                T, [self._solution(dict(zip(letters, r, strict=True))) for r in rows.tolist()]
+            )
         if isinstance(wanted, SingleConfigMax | SingleConfigMin):
             letters, rows = network.rows(None, max_bytes)
             if not len(rows):

@@ -28,6 +28,9 @@ __all__ = [
     "GraphPolynomial",
     "PartitionFunction",
     "Property",
+    "SampleAll",
+    "SampleMax",
+    "SampleMin",
     "SingleConfigMax",
     "SingleConfigMin",
     "SizeMax",
@@ -263,3 +266,62 @@ class PartitionFunction(Property[float]):
             raise TypeError(f"beta must be a real number, got {type(self.beta).__name__}")
         if not math.isfinite(self.beta):
             raise ValueError(f"beta must be finite, got {self.beta}")
+
+
+def _count(count: object) -> None:
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise TypeError(f"count must be an int (how many samples), got {type(count).__name__}")
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+
+
+@dataclass(frozen=True, slots=True)
+class SampleMax(Property[list[Solution]]):
+    """Configurations of the largest objective drawn uniformly at random, with replacement,
+    without listing them all (the count of each branch weighs it: any number of optima).
+
+    Attributes:
+        count: How many, at least 1.
+        seed: What ``numpy.random.default_rng`` takes (None: fresh entropy).
+    """
+
+    count: int
+    seed: Any = None
+    sense: Sense = field(default="max", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _count(self.count)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleMin(Property[list[Solution]]):
+    """``SampleMax`` at the other end: configurations of the smallest objective.
+
+    Attributes:
+        count: How many, at least 1.
+        seed: What ``numpy.random.default_rng`` takes (None: fresh entropy).
+    """
+
+    count: int
+    seed: Any = None
+    sense: Sense = field(default="min", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _count(self.count)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleAll(Property[list[Solution]]):
+    """Valid configurations drawn uniformly at random, whatever their objective.
+
+    Attributes:
+        count: How many, at least 1.
+        seed: What ``numpy.random.default_rng`` takes (None: fresh entropy).
+    """
+
+    count: int
+    seed: Any = None
+    sense: Sense = field(default="all", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _count(self.count)
