@@ -36,6 +36,8 @@ from ..products import (
     Semiring,
     Work,
     cupy_module,
+    load_soon,
+    loaded,
     numpy_dtype,
     run_async,
     run_sync,
@@ -1126,7 +1128,8 @@ def make_program(
     batched: Sequence[int] | None = None,
 ) -> Work[EinsumProgram | None]:
     """The body of ``einsum_program`` and ``einsum_program_sync`` (see _twins); with
-    ``only_kept``, None where the cache would not keep the program (past MAX_PROGRAM_BYTES): a
+    ``only_kept``, None where the cache would not keep the program (past MAX_PROGRAM_BYTES), or
+    where its kernels are not all loaded yet (they load in the background meanwhile): a
     sliced einsum then launches the slices' prepared steps, where a program made again for
     every call would cost its capture each time (0.3 s for a slice of 4,703 steps) and hold
     every intermediate at once."""
@@ -1160,7 +1163,14 @@ def make_program(
     keep(_sizes, key, nbytes, MAX_STEPS)
     if only_kept and nbytes > MAX_PROGRAM_BYTES:
         return None
-    *modules, gather, many = yield Fetch(_specs(steps, ring), where, compiler)
+    specs = _specs(steps, ring)
+    if only_kept and any(loaded(spec, where, compiler) is None for spec in specs):
+        # A sliced run waits for no kernel it can do without: it launches its slices' steps
+        # (on stand-ins where their own are not loaded) while the program's load; a later run
+        # replays the program.
+        load_soon(specs, where, compiler)
+        return None
+    *modules, gather, many = yield Fetch(specs, where, compiler)
     # Preparing the launches and capturing them takes milliseconds to a second: off the loop.
     program = yield Offload(
         functools.partial(EinsumProgram, steps, modules, gather, many, ring.name, batch=queries)

@@ -7,9 +7,11 @@ as a CUDA graph) per slice, gathering that slice's operands by address: the oper
 a sliced index are first laid out once per call as a stack of their slices (each slice's part
 one contiguous run), the others are read as they are. Where the program would not be kept
 (past MAX_PROGRAM_BYTES: it holds every intermediate at once, and made again for every call it
-would cost its capture each time) or cannot be made (out of memory), the slice's prepared steps
-are launched one by one from the operands' addresses moved to that slice's views instead,
-reusing the space of what no later step reads. Other devices
+would cost its capture each time), cannot be made (out of memory), or would wait for a kernel
+not loaded yet (the program's kernels then load in the background, for a later call), the
+slice's prepared steps are launched one by one from the operands' addresses moved to that
+slice's views instead, reusing the space of what no later step reads; a step whose kernel is
+not loaded runs on one that is and computes the same product (``at_hand``). Other devices
 get a copy of the operands, made on the caller's stream after the work queued there, which
 their streams wait for by an event; the result's stream waits for theirs the same way before
 their sums are copied over, and they wait for those copies before their memory is let go.
@@ -20,20 +22,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..._compiler import Compiler
 from ..._cuda import Module
-from ..products import Fetch, Offload, OnDevice, Semiring, Wait, Work, cupy_module, run_sync
+from ..products import Offload, OnDevice, Packed, Semiring, Wait, Work, cupy_module, run_sync
 from ..products import semiring as lookup
 from ._eager import contract
 from ._plan import EinsumPlan
 from ._planner import planned_for
 from ._programs import EinsumProgram, make_program
 from ._runs import (
+    at_hand,
     check_arrays,
     check_plan,
     resolved_stream,
@@ -55,7 +58,9 @@ class _Lane:
     arrays: Sequence[Any]
     each: EinsumPlan
     steps: Steps | None  # without a program
-    modules: Sequence[Module]
+    modules: Sequence[Module | None]
+    # The ops (by number) that launch a stand-in, their own kernel not loaded (see at_hand).
+    instead: Mapping[int, tuple[Packed, Module]] = dataclasses.field(default_factory=dict)
     program: EinsumProgram | None = None
     total: Any = None
     scores: Any = None
@@ -165,7 +170,7 @@ def _lanes(
         except cupy_module().cuda.memory.OutOfMemoryError:
             program = None
         if program is not None:
-            lanes.append(_Lane(place, there, here, each, None, (), program))
+            lanes.append(_Lane(place, there, here, each, None, (), program=program))
             continue
         steps = known(each, ring, dtype, argmax=False, device=place)
         if steps is None:
@@ -173,8 +178,8 @@ def _lanes(
                 functools.partial(steps_for, each, ring, dtype, argmax=False, device=place)
             )
         assert steps is not None  # (no index of size 0)
-        modules = yield Fetch(steps.specs, place, compiler)
-        lanes.append(_Lane(place, there, here, each, steps, modules))
+        modules, instead = yield from at_hand(steps, place, compiler)
+        lanes.append(_Lane(place, there, here, each, steps, modules, instead))
     return lanes
 
 
@@ -314,6 +319,7 @@ def _launches(lane: _Lane, slicing: Slicing, inputs: Sequence[str]) -> Any:
             at,
             result.data.ptr,
             lane.stream,
+            instead=lane.instead,
         )
         return result
 

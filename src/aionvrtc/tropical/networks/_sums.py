@@ -112,7 +112,7 @@ def partition_function(
     Args:
         subscripts: As ``einsum``; the output has no index.
         *operands: As ``einsum``.
-        beta: A finite float (negative for exp(-|beta| * size)).
+        beta: A finite float (a negative one weighs the smallest sizes most).
         semiring: The semiring whose zero marks an invalid entry.
         path: As ``einsum``.
         max_bytes: As ``einsum``.
