@@ -3,13 +3,15 @@ ground state and the maximal independent set, each a network of one index per ve
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..products import SEMIRINGS
-from ._problem import Problem, made
+from ._problem import Problem, made, total
 from ._reading import (
     Array,
     Edge,
@@ -24,7 +26,56 @@ from ._reading import (
     weights_of,
 )
 
-__all__ = ["MAX_DEGREE", "independent_set", "max_cut", "maximal_independent_set", "spin_glass"]
+__all__ = [
+    "MAX_DEGREE",
+    "GraphMeaning",
+    "independent_set",
+    "max_cut",
+    "maximal_independent_set",
+    "spin_glass",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphMeaning:
+    """What a configuration of one of the four graph problems means: its objective from the
+    graph's weights, and its answer (the set, the side, the spins)."""
+
+    kind: str
+    vertices: tuple[Vertex, ...]
+    edges: tuple[Edge, ...]
+    vertex_weights: tuple[float, ...]
+    edge_weights: tuple[float, ...]
+    noun: str = "vertex"
+
+    def value(self, configuration: Mapping[Any, int]) -> float:
+        x = configuration
+        vertex_terms = zip(self.vertices, self.vertex_weights, strict=True)
+        if self.kind == "max cut":
+            pairs = zip(self.edges, self.edge_weights, strict=True)
+            return total(w for (u, v), w in pairs if x[u] != x[v])
+        if self.kind == "spin glass":
+            s = {v: 2 * b - 1 for v, b in x.items()}
+            pairs = zip(self.edges, self.edge_weights, strict=True)
+            couplings = (j * s[u] * s[v] for (u, v), j in pairs)
+            return total(itertools.chain(couplings, (h * s[v] for v, h in vertex_terms)))
+        clash = next(((u, v) for u, v in self.edges if x[u] and x[v]), None)
+        if clash is not None:
+            raise ValueError(f"the set is not independent: vertices {clash[0]!r} and "
+                             f"{clash[1]!r} share an edge")  # fmt: skip
+        if self.kind == "maximal independent set":
+            neighbours = neighbours_of(self.vertices, self.edges)
+            free = next((v for v in self.vertices if not x[v] and not any(
+                x[u] for u in neighbours[v])), None)  # fmt: skip
+            if free is not None:
+                raise ValueError(f"the independent set is not maximal: vertex {free!r} could "
+                                 "join it")  # fmt: skip
+        return total(w for v, w in vertex_terms if x[v])
+
+    def answer(self, configuration: Mapping[Any, int]) -> Any:
+        if self.kind == "spin glass":
+            return {v: 2 * x - 1 for v, x in configuration.items()}
+        return [v for v, x in configuration.items() if x]
 
 
 # A vertex's tensor in the maximal independent set joins it with all its neighbours: 2^(d + 1)
@@ -93,6 +144,7 @@ def independent_set(
         indices=index,
         vertex_weights=tuple(w),
         edge_weights=(0.0,) * len(edges),
+        meaning=GraphMeaning("independent set", found, edges, tuple(w), (0.0,) * len(edges)),
     )
 
 
@@ -190,6 +242,7 @@ def spin_glass(
         indices=index,
         vertex_weights=tuple(h),
         edge_weights=tuple(j),
+        meaning=GraphMeaning("spin glass", found, edges, tuple(h), tuple(j)),
     )
 
 
@@ -266,6 +319,9 @@ def maximal_independent_set(
         indices=index,
         vertex_weights=tuple(w),
         edge_weights=(0.0,) * len(edges),
+        meaning=GraphMeaning(
+            "maximal independent set", found, edges, tuple(w), (0.0,) * len(edges)
+        ),
     )
 
 
@@ -297,4 +353,5 @@ def _edge_network(
         indices=index,
         vertex_weights=(0.0,) * len(found),
         edge_weights=weights,
+        meaning=GraphMeaning(kind, found, edges, (0.0,) * len(found), weights),
     )

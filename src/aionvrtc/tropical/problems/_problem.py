@@ -5,12 +5,11 @@ assignment back in the problem's own terms (vertices, edges, spins), rescored fr
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import anyio.to_thread
 
@@ -37,9 +36,9 @@ from ._properties import (
     SizeMin,
     Solution,
 )
-from ._reading import Array, Edge, Vertex, neighbours_of
+from ._reading import Array, Edge, Vertex
 
-__all__ = ["Problem", "made"]
+__all__ = ["Meaning", "Problem", "made", "total"]
 
 T = TypeVar("T")
 # What a GPU answers today: the value, and an assignment attaining it.
@@ -73,21 +72,44 @@ def made(
     indices: Mapping[Vertex, str],
     vertex_weights: tuple[float, ...],
     edge_weights: tuple[float, ...],
+    meaning: Meaning,
+    variables: tuple[Any, ...] | None = None,
+    domain: int = 2,
 ) -> Problem:
     """A builder's problem: its subscripts naming its semiring, its operands read-only (a
-    tensor changed in place would no longer be the problem's, nor would its order)."""
+    tensor changed in place would no longer be the problem's, nor would its order); its
+    variables the vertices unless given."""
     for x in operands:
         x.setflags(write=False)
     article = "an" if kind[0] in "aeiou" else "a"
     subscripts = NetworkSubscripts(",".join(terms) + "->", semiring, f"{article} {kind} problem")
     return Problem(kind, subscripts, tuple(operands), semiring, vertices, edges, indices,
-                   vertex_weights, edge_weights)  # fmt: skip
+                   vertex_weights, edge_weights, vertices if variables is None else variables,
+                   domain, meaning)  # fmt: skip
+
+
+class Meaning(Protocol):
+    """What a problem's configurations mean, from its input: each builder's own."""
+
+    @property
+    def noun(self) -> str:
+        """What a variable is: ``"vertex"``, ``"edge"``, ``"set"``, ``"variable"``, ``"car"``."""
+        ...
+
+    def value(self, configuration: Mapping[Any, int]) -> float:
+        """The objective at ``configuration`` (each variable's value), worked out from the
+        input; ValueError where the configuration is not valid, naming why."""
+        ...
+
+    def answer(self, configuration: Mapping[Any, int]) -> Any:
+        """``configuration`` in the problem's own terms."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Problem:
-    """A graph problem as a tropical tensor network, the questions it answers (``solve``), and
-    the way back from an assignment.
+    """A problem as a tropical tensor network, the questions it answers (``solve``), and the
+    way back from an assignment.
 
     ``problem.solve(property)`` answers one property (``SizeMax()``, ``CountingAll()``,
     ``ConfigsMin()``, ...) in the semiring it needs, on the CPU (the NumPy reference) or on a
@@ -98,19 +120,28 @@ class Problem:
     semiring's zero where a configuration is forbidden, and would answer no question).
 
     Attributes:
-        kind: ``"independent set"``, ``"max cut"``, ``"spin glass"`` or ``"maximal independent
-            set"``.
-        subscripts: The network's subscripts, one index per vertex (``opt_einsum.get_symbol(i)``
-            for the i-th vertex of ``vertices``), ``"->"`` at the end: a scalar contraction. A
-            str that names its semiring (``networks.NetworkSubscripts``).
+        kind: ``"independent set"``, ``"max cut"``, ``"spin glass"``, ``"maximal independent
+            set"``, ``"coloring"``, ``"dominating set"``, ``"matching"``, ``"set packing"``,
+            ``"set covering"``, ``"satisfiability"`` or ``"paint shop"``.
+        subscripts: The network's subscripts, one index per variable
+            (``opt_einsum.get_symbol(i)`` for the i-th of ``variables``), ``"->"`` at the end:
+            a scalar contraction. A str that names its semiring
+            (``networks.NetworkSubscripts``).
         operands: The tensors, read-only NumPy arrays of ``dtype``, one per term of
             ``subscripts``.
         semiring: The semiring to contract in: ``"maxplus"`` or ``"minplus"``.
-        vertices: The graph's vertices, in the order of their indices.
+        vertices: The graph's vertices, in the order of their indices (empty for a problem
+            of no graph: set packing, set covering, satisfiability, paint shop).
         edges: The graph's edges, as given.
-        indices: Each vertex's index in ``subscripts``.
+        indices: Each variable's index in ``subscripts``.
         vertex_weights: The weight (or field) of each vertex, in the order of ``vertices``.
         edge_weights: The weight (or coupling) of each edge, in the order of ``edges``.
+        variables: What the indices stand for, in their order: the vertices (the edges for
+            matching, the sets' places in the family for set packing and covering, the
+            variables' numbers for satisfiability, the cars for the paint shop).
+        domain: How many values each variable takes: 2, or q for coloring.
+        meaning: What a configuration means, from the input: its value (``value``, checked)
+            and its answer (``answer``).
     """
 
     kind: str
@@ -122,44 +153,56 @@ class Problem:
     indices: Mapping[Vertex, str]
     vertex_weights: tuple[float, ...]
     edge_weights: tuple[float, ...]
+    variables: tuple[Any, ...]
+    domain: int
+    meaning: Meaning
 
-    def configuration(self, assignment: Mapping[str, int] | Sequence[int]) -> dict[Vertex, int]:
-        """Each vertex's value, 0 or 1, in an assignment of the network's indices.
+    def configuration(self, assignment: Mapping[str, int] | Sequence[int]) -> dict[Any, int]:
+        """Each variable's value in an assignment of the network's indices: for the graph
+        problems, each vertex's 0 or 1 (a color from 0 to q - 1 for coloring; each edge's for
+        matching, each set's for set packing and covering, each variable's for satisfiability,
+        each car's first color for the paint shop).
 
         Args:
             assignment: What ``tropical.einsum(..., argmax=True)`` gives: a mapping from each
-                index to its value; or one value per vertex, in the order of ``vertices``. A
-                row of ``reference.configurations`` is in the order of its indices, which is
-                not always that of ``vertices``: pass ``dict(zip(indices, row))``.
+                index to its value; or one value per variable, in the order of ``variables``.
+                A row of ``reference.configurations`` is in the order of its indices, which is
+                not always that of ``variables``: pass ``dict(zip(indices, row))``.
 
         Returns:
-            A dict from each vertex to its value.
+            A dict from each variable to its value.
 
         Raises:
-            ValueError: An index of a vertex is missing from ``assignment``, a sequence has
-                another length than ``vertices``, or a value is not 0 or 1.
+            ValueError: An index of a variable is missing from ``assignment``, a sequence has
+                another length than ``variables``, or a value is not one a variable takes (0 or
+                1; from 0 to q - 1 for coloring).
         """
+        noun, names = self.meaning.noun, self.variables
+        plural = "vertices" if noun == "vertex" else f"{noun}s"
         if isinstance(assignment, Mapping):
-            missing = [v for v in self.vertices if self.indices[v] not in assignment]
+            missing = [v for v in names if self.indices[v] not in assignment]
             if missing:
                 raise ValueError(
-                    f"the assignment has no value for the index of vertex {missing[0]!r} "
+                    f"the assignment has no value for the index of {noun} {missing[0]!r} "
                     f"({self.indices[missing[0]]!r}) and {len(missing) - 1} more: pass the "
                     "assignment of this problem's network, as einsum(..., argmax=True) gives it"
                 )
-            values = [assignment[self.indices[v]] for v in self.vertices]
+            values = [assignment[self.indices[v]] for v in names]
         else:
             values = list(assignment)
-            if len(values) != len(self.vertices):
+            if len(values) != len(names):
                 raise ValueError(
-                    f"the configuration has {len(values)} values for {len(self.vertices)} "
-                    "vertices: pass one value per vertex, in the order of problem.vertices"
+                    f"the configuration has {len(values)} values for {len(names)} {plural}: "
+                    f"pass one value per {noun}, in the order of problem.variables"
                 )
-        bad = next((v for v, x in zip(self.vertices, values, strict=True) if x not in (0, 1)), None)
+        taken = range(self.domain)
+        bad = next((i for i, x in enumerate(values) if x not in taken), None)
         if bad is not None:
-            x = values[self.vertices.index(bad)]
-            raise ValueError(f"vertex {bad!r} has the value {x!r}: each vertex's is 0 or 1")
-        return {v: int(x) for v, x in zip(self.vertices, values, strict=True)}
+            most = "0 or 1" if self.domain == 2 else f"from 0 to {self.domain - 1}"
+            raise ValueError(
+                f"{noun} {names[bad]!r} has the value {values[bad]!r}: each {noun}'s is {most}"
+            )
+        return {v: int(x) for v, x in zip(names, values, strict=True)}
 
     def selected(self, assignment: Mapping[str, int] | Sequence[int]) -> list[Vertex]:
         """The vertices whose value is 1: the set (independent set, maximal independent set),
@@ -228,36 +271,16 @@ class Problem:
                 vertices share an edge), or for the maximal independent set not maximal (a
                 vertex outside it has no neighbour in it).
         """
-        x = self.configuration(assignment)
-        vertex_terms = zip(self.vertices, self.vertex_weights, strict=True)
-        if self.kind == "max cut":
-            pairs = zip(self.edges, self.edge_weights, strict=True)
-            return _total(w for (u, v), w in pairs if x[u] != x[v])
-        if self.kind == "spin glass":
-            s = {v: 2 * b - 1 for v, b in x.items()}
-            pairs = zip(self.edges, self.edge_weights, strict=True)
-            couplings = (j * s[u] * s[v] for (u, v), j in pairs)
-            return _total(itertools.chain(couplings, (h * s[v] for v, h in vertex_terms)))
-        clash = next(((u, v) for u, v in self.edges if x[u] and x[v]), None)
-        if clash is not None:
-            raise ValueError(f"the set is not independent: vertices {clash[0]!r} and "
-                             f"{clash[1]!r} share an edge")  # fmt: skip
-        if self.kind == "maximal independent set":
-            neighbours = neighbours_of(self.vertices, self.edges)
-            free = next((v for v in self.vertices if not x[v] and not any(
-                x[u] for u in neighbours[v])), None)  # fmt: skip
-            if free is not None:
-                raise ValueError(f"the independent set is not maximal: vertex {free!r} could "
-                                 "join it")  # fmt: skip
-        return _total(w for v, w in vertex_terms if x[v])
+        return self.meaning.value(self.configuration(assignment))
 
-    def answer(self, configuration: Mapping[Vertex, int]) -> Any:
-        """A configuration (each vertex's value, as ``configuration`` gives it) in the problem's
-        own terms: the vertices of the set (independent sets), the vertices on the side at 1
-        (max cut: ``cut`` names the edges), each vertex's spin (spin glass)."""
-        if self.kind == "spin glass":
-            return {v: 2 * x - 1 for v, x in configuration.items()}
-        return [v for v, x in configuration.items() if x]
+    def answer(self, configuration: Mapping[Any, int]) -> Any:
+        """A configuration (each variable's value, as ``configuration`` gives it) in the
+        problem's own terms: the vertices of the set (independent sets, dominating sets), the
+        vertices on the side at 1 (max cut: ``cut`` names the edges), each vertex's spin (spin
+        glass) or color (coloring), the edges matched (matching), the sets chosen, by their
+        place in the family (set packing, set covering), each variable's truth
+        (satisfiability), each position's color (paint shop)."""
+        return self.meaning.answer(configuration)
 
     def solve(
         self,
@@ -406,7 +429,7 @@ class Problem:
         return Solution(value, configuration, self.answer(configuration))
 
 
-def _total(terms: Iterable[float]) -> float:
+def total(terms: Iterable[float]) -> float:
     """The exact sum of ints (an int: integer dtypes' weights are ints), else the correctly
     rounded sum of floats."""
     listed = list(terms)
