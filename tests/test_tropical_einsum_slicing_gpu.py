@@ -278,8 +278,8 @@ def test_slices_replay_a_program_only_where_the_cache_keeps_it(
     made: list[Any] = []
 
     class Counted(_programs.EinsumProgram):
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
             made.append(self)
 
     monkeypatch.setattr(_programs, "EinsumProgram", Counted)

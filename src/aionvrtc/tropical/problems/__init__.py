@@ -24,7 +24,10 @@ problem's optimum. Every vertex ``v`` has one index ``x_v`` in {0, 1} (``problem
 The face of the problems: ``aionvrtc.tropical.problems`` is this package.
 """
 
-from ._graphs import MAX_DEGREE, independent_set, max_cut, maximal_independent_set, spin_glass
+from ._constraints import MAX_DEGREE
+from ._families import set_covering, set_packing
+from ._graphs import independent_set, max_cut, maximal_independent_set, spin_glass
+from ._neighbourhoods import MAX_COLORS, coloring, dominating_set, matching
 from ._problem import Problem
 from ._properties import (
     MAX_K,
@@ -47,8 +50,10 @@ from ._properties import (
     SizeMin,
     Solution,
 )
+from ._sequences import paint_shop, satisfiability
 
 __all__ = [
+    "MAX_COLORS",
     "MAX_DEGREE",
     "MAX_K",
     "ConfigsAll",
@@ -70,8 +75,15 @@ __all__ = [
     "SizeMax",
     "SizeMin",
     "Solution",
+    "coloring",
+    "dominating_set",
     "independent_set",
+    "matching",
     "max_cut",
     "maximal_independent_set",
+    "paint_shop",
+    "satisfiability",
+    "set_covering",
+    "set_packing",
     "spin_glass",
 ]

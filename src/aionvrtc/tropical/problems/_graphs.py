@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..products import SEMIRINGS
+from ._constraints import MAX_DEGREE
 from ._problem import Problem, made, total
 from ._reading import (
     Array,
@@ -27,7 +28,6 @@ from ._reading import (
 )
 
 __all__ = [
-    "MAX_DEGREE",
     "GraphMeaning",
     "independent_set",
     "max_cut",
@@ -76,11 +76,6 @@ class GraphMeaning:
         if self.kind == "spin glass":
             return {v: 2 * x - 1 for v, x in configuration.items()}
         return [v for v, x in configuration.items() if x]
-
-
-# A vertex's tensor in the maximal independent set joins it with all its neighbours: 2^(d + 1)
-# elements for degree d, 128 MiB of float32 at 24.
-MAX_DEGREE = 24
 
 
 def independent_set(

@@ -69,7 +69,7 @@ def made(
     *,
     vertices: tuple[Vertex, ...],
     edges: tuple[Edge, ...],
-    indices: Mapping[Vertex, str],
+    indices: Mapping[Any, str],
     vertex_weights: tuple[float, ...],
     edge_weights: tuple[float, ...],
     meaning: Meaning,
@@ -150,7 +150,7 @@ class Problem:
     semiring: str
     vertices: tuple[Vertex, ...]
     edges: tuple[Edge, ...]
-    indices: Mapping[Vertex, str]
+    indices: Mapping[Any, str]
     vertex_weights: tuple[float, ...]
     edge_weights: tuple[float, ...]
     variables: tuple[Any, ...]

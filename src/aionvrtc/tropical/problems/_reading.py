@@ -179,24 +179,29 @@ def weights_of(
     what: str,
     *,
     edges: bool,
+    noun: str | None = None,
 ) -> tuple[float, ...]:
     """One weight per vertex (or edge) of ``owners``, from what the builder was given: none
     (1 each), a networkx attribute's name, a mapping (an edge's key either way round), or a
     sequence in their order."""
-    noun, plural = ("edge", "edges") if edges else ("vertex", "vertices")
+    if noun is None:
+        noun, plural = ("edge", "edges") if edges else ("vertex", "vertices")
+    else:
+        plural = f"{noun}s"
     if weights is None:
         values: list[Any] = [1.0] * len(owners)
     elif isinstance(weights, str):
         if not hasattr(graph, "nodes"):
-            raise ValueError(f"{what} names an attribute ({weights!r}), but the graph is an edge "
-                             "list: pass a sequence or a mapping")  # fmt: skip
+            given = "there is no graph" if graph is None else "the graph is an edge list"
+            raise ValueError(f"{what} names an attribute ({weights!r}), but {given}: pass a "
+                             "sequence or a mapping")  # fmt: skip
         table = graph.edges if edges else graph.nodes
         lacking = next((o for o in owners if weights not in table[o]), None)
         if lacking is not None:
             raise ValueError(f"{noun} {lacking!r} has no attribute {weights!r} ({what})")
         values = [table[o][weights] for o in owners]
     elif isinstance(weights, Mapping):
-        values = [_given(weights, o, what, edge=edges) for o in owners]
+        values = [_given(weights, o, what, edge=edges, noun=noun) for o in owners]
     else:
         values = list(weights)
         if len(values) != len(owners):
@@ -205,12 +210,12 @@ def weights_of(
     return _checked(values, dtype, what, owners, noun)
 
 
-def _given(weights: Mapping[Any, Any], owner: Any, what: str, *, edge: bool) -> Any:
+def _given(weights: Mapping[Any, Any], owner: Any, what: str, *, edge: bool, noun: str) -> Any:
     """``owner``'s value in ``weights``: an edge's under (u, v) or (v, u), the same if both."""
     keys = (owner, owner[::-1]) if edge else (owner,)
     found = [weights[k] for k in keys if k in weights]
     if not found:
-        raise ValueError(f"{what} has no value for {'edge' if edge else 'vertex'} {owner!r}")
+        raise ValueError(f"{what} has no value for {noun} {owner!r}")
     if len(found) == 2 and found[0] != found[1]:
         raise ValueError(f"{what} gives edge {owner!r} two values, {found[0]!r} as {owner!r} "
                          f"and {found[1]!r} as {owner[::-1]!r}: give one")  # fmt: skip
