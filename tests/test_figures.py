@@ -173,6 +173,17 @@ def data(pick: Callable[[Any], Sequence[float]]) -> Read:
     return lambda path: [number(x) for x in pick(json.loads(path.read_text(encoding="utf-8")))]
 
 
+def prop(result: Any, vertices: int, name: str, scale: float) -> float:
+    """A property's seconds (times ``scale``) on the random 3-regular graph's independent set
+    of ``vertices`` vertices, from a problem_properties run."""
+    (row,) = [
+        r for r in result["results"]
+        if r["network"].startswith(f"MIS of the random 3-regular graph ({vertices} vertices")
+    ]  # fmt: skip
+    (entry,) = [e for e in row["properties"] if e["property"] == name]
+    return float(entry["seconds"]) * scale
+
+
 def network(result: Any, problem: str, graph: str, vertices: int) -> dict[str, Any]:
     """The tensor-network run's row of one network."""
     found = [
@@ -424,6 +435,29 @@ FIGURES = [
                 queries(r, BATCHED_ROW)["queries_per_second"],
                 queries(r, BATCHED_ROW)["queries_per_second"]
                 / queries(r, JAX_ROW)["queries_per_second"],
+            ]
+        ),
+    ),
+    # Every property of a problem, on the CPU
+    Figure(
+        r"the maximum independent set of the published 100-vertex random 3-regular graph takes "
+        r"([\d.]+) ms; counting its optima ([\d.]+) ms, one optimal configuration ([\d.]+) ms, "
+        r"100 samples ([\d.]+) ms and the partition function ([\d.]+) ms, while the four best "
+        r"sizes take ([\d.]+) s \(each intermediate a list of 4\) and the independence "
+        r"polynomial ([\d.]+) s",
+        "problem_properties-2-vcpus.json",
+        data(
+            lambda r: [
+                prop(r, 100, name, scale)
+                for name, scale in (
+                    ("SizeMax() (the value)", 1e3),
+                    ("CountingMax()", 1e3),
+                    ("SingleConfigMax()", 1e3),
+                    ("SampleMax(100)", 1e3),
+                    ("PartitionFunction(1.0, log=True)", 1e3),
+                    ("SizeMax(4)", 1),
+                    ("GraphPolynomial()", 1),
+                )
             ]
         ),
     ),

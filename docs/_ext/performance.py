@@ -78,6 +78,9 @@ GROUPS = (
         ("einsum_planners-2-vcpus", "Contraction orders by planner, 2 vCPUs"),
         ("einsum_orders-2-vcpus", "Contraction orders by their modelled time on an H200"),
     )),
+    Group("problems", (
+        ("problem_properties-2-vcpus", "Every property of a problem on the CPU, 2 vCPUs"),
+    )),
     Group("serving", (
         ("launch-h100-80gb-hbm3", "Launch cost and batched requests, H100"),
         ("server_load-nvidia-h100-80gb-hbm3", "The shortest-paths server under load, H100"),

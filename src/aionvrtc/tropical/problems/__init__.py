@@ -1,4 +1,4 @@
-"""Graph problems as tropical tensor networks, and the questions they answer in one call.
+"""Combinatorial problems as tropical tensor networks, and the questions they answer in one call.
 
 Build the network of a problem from a graph, then ask it: ``problem.solve(SizeMax())`` (the
 optimum), ``problem.solve(CountingMax())`` (how many configurations attain it),
@@ -20,6 +20,13 @@ problem's optimum. Every vertex ``v`` has one index ``x_v`` in {0, 1} (``problem
 - ``maximal_independent_set``: the minimum (or maximum) weight of a maximal independent set:
   one that no vertex can join. In min-plus by default (the independent domination number of
   the graph, for unit weights); in max-plus it equals the maximum independent set.
+- ``coloring``: the least weight of the edges whose ends share one of q colors, in min-plus.
+- ``dominating_set``: the minimum (weighted) dominating set, in min-plus.
+- ``matching``: the maximum (weighted) matching, its edges the variables, in max-plus.
+- ``set_packing`` and ``set_covering``: of a family of sets, the heaviest disjoint sets
+  (max-plus) and the lightest sets that cover the universe (min-plus).
+- ``satisfiability``: the most weight of CNF clauses an assignment satisfies, in max-plus.
+- ``paint_shop``: the fewest color changes of the binary paint shop, in min-plus.
 
 The face of the problems: ``aionvrtc.tropical.problems`` is this package.
 """
