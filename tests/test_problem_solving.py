@@ -130,6 +130,10 @@ def test_every_property_against_brute_force(
         rows = [tuple(s.configuration.values()) for s in found]
         assert rows == sorted(x for x, v in scored.items() if v == end)
         assert all(s.value == end for s in found)
+    top = problem.solve(ConfigsMax(k=k))
+    assert [(s.value, tuple(s.configuration.values())) for s in top] == [
+        (v, x) for v in largest for x in sorted(x for x, s in scored.items() if s == v)
+    ]
     every = problem.solve(ConfigsAll())
     assert [tuple(s.configuration.values()) for s in every] == sorted(scored)
     assert [s.value for s in every] == [scored[x] for x in sorted(scored)]
@@ -374,6 +378,7 @@ def test_the_best_values_need_no_count_that_fits_int64() -> None:
 
 
 def test_answers_of_integer_weights_are_exact_ints() -> None:
+    assert type(problems.independent_set([(0, 1)]).solve(SingleConfigMin()).value) is float
     heavy = problems.independent_set([(0, 1)], [2**60 + 1, 3], dtype="int64")
     assert heavy.solve(SizeMax()) == [2**60 + 1]
     best = heavy.solve(SingleConfigMax())

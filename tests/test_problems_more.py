@@ -8,6 +8,7 @@ refuses, named."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,9 @@ from aionvrtc.tropical.problems import (
     CountingMax,
     CountingMin,
     GraphPolynomial,
+    PartitionFunction,
+    SampleMax,
+    SampleMin,
     SingleConfigMax,
     SingleConfigMin,
     SizeMax,
@@ -73,6 +77,16 @@ def check_against(problem: problems.Problem, score: Scorer, maximise: bool) -> N
     every = problem.solve(ConfigsAll())
     assert [tuple(s.configuration.values()) for s in every] == sorted(scored)
     assert problem.solve(GraphPolynomial()) == {int(v): counts[v] for v in sorted(counts)}
+    # The configurations of the three best values, best value first.
+    top = problem.solve(ConfigsMax(k=3) if maximise else ConfigsMin(k=3))
+    assert [(s.value, tuple(s.configuration.values())) for s in top] == [
+        (v, x) for v in distinct[:3] for x in sorted(x for x, s in scored.items() if s == v)
+    ]
+    # exp(-beta * energy): the energy minus the size where the optimum is the largest.
+    z = math.fsum(math.exp((1 if maximise else -1) * 0.5 * v) for v in scored.values())
+    assert problem.solve(PartitionFunction(0.5)) == pytest.approx(z, rel=1e-12)
+    drawn = problem.solve(SampleMax(4, 1) if maximise else SampleMin(4, 1))
+    assert all(scored[tuple(s.configuration.values())] == distinct[0] for s in drawn)
 
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

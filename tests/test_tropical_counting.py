@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from aionvrtc.tropical import SEMIRINGS
 from aionvrtc.tropical.networks import _contraction as contraction  # the NumPy einsum's steps
-from aionvrtc.tropical.networks import _counting as counting  # and the walk back of its counts
+from aionvrtc.tropical.networks import _walks as walks  # the walk back of the counts
 from aionvrtc.tropical.reference import configurations, einsum
 
 from .support.einsum import (
@@ -459,7 +459,7 @@ def test_configurations_let_each_step_result_go_once_the_walk_has_passed_it(
     steps = len(operands) - 1
     alive: list[int] = []
     results: dict[int, weakref.ref[Any]] = {}
-    attaining = counting._attaining
+    attaining = walks._attaining
 
     def watched(ring: Any, step: Any, held: Any, *args: Any, **kwargs: Any) -> Any:
         if not results:  # the first call: every step's result is there
@@ -470,7 +470,7 @@ def test_configurations_let_each_step_result_go_once_the_walk_has_passed_it(
         alive.append(sum(ref() is not None for ref in results.values()))
         return attaining(ring, step, held, *args, **kwargs)
 
-    monkeypatch.setattr(counting, "_attaining", watched)
+    monkeypatch.setattr(walks, "_attaining", watched)
     value, _, rows = configurations(subscripts, *operands, path=[(0, 1)] * steps)
     assert (float(value), len(rows)) == (4.0, 5)
     assert len(results) == steps - 1

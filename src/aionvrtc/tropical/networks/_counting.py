@@ -1,7 +1,7 @@
 """The NumPy reference's other semirings over the same steps: counting the assignments that
 attain each value (``einsum(..., count=True)``: exact at any size, past int64 by residues,
-_residues), the k best values with their counts (``top=k``, within int64), and every
-assignment attaining a scalar contraction (``configurations``)."""
+_residues), and the k best values with their counts (``top=k``, within int64). The walks back
+through a counted contraction (every optimal assignment, samples) are _walks'."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..products import MAX_BYTES, Semiring, check_size, combine, max_bytes_bound
+from ..products import Semiring, check_size, combine, max_bytes_bound
 from ._contraction import (
     Step,
     Term,
@@ -19,7 +19,6 @@ from ._contraction import (
     blocks,
     in_block,
     joint_indices,
-    prepare,
     reduction,
 )
 from ._residues import INT64_MAX, Joined, moduli
@@ -28,246 +27,11 @@ __all__ = [
     "MAX_TOP",
     "best",
     "check_top",
-    "configurations",
+    "count_along",
     "counted",
-    "samples",
+    "entry_counts",
     "weighted_residues",
 ]
-
-
-def configurations(
-    subscripts: str,
-    *operands: Any,
-    semiring: str = "maxplus",
-    path: Sequence[Sequence[int]] | None = None,
-    max_bytes: int = MAX_BYTES,
-    limit: int = 10_000,
-    first: bool = False,
-) -> tuple[Any, str, np.ndarray[Any, Any]]:
-    """Every assignment of the indices that attains a scalar contraction's value: for a graph
-    problem's network, every optimal configuration.
-
-    The bounded method: the network is contracted once in the counting semiring
-    (``einsum(..., count=True)``: the value, the count of the assignments attaining it, and each
-    step's result kept); then, from the last step back to the first, each partial assignment is
-    extended by the values of the indices a step sums at which its operands' product attains
-    the step's value, so only branches that reach the value are followed: the work past the
-    contraction is about the number of assignments times the number of steps. Exact where
-    ``count=True`` is. Every step's result is kept through the contraction (``max_bytes``
-    bounds each, not their sum), and let go once the walk back has passed it. The count is
-    known before the walk: past ``limit``, or where the rows would pass ``max_bytes``, the
-    call is refused before any row is made.
-
-    Args:
-        subscripts: As ``einsum``; the output has no index (``"...->"``).
-        *operands: As ``einsum``.
-        semiring: As ``einsum``.
-        path: As ``einsum``.
-        max_bytes: As ``einsum``, for the results with their counts; and the most bytes the
-            rows may hold (8 per index of each assignment). The walk holds up to three times
-            the rows' bytes at its peak: the rows, their next extension, and the sorted copy.
-        limit: The most assignments returned (default 10,000). Past it the call raises a
-            ValueError saying how many there are.
-        first: Return one assignment alone, the first the walk finds, however many there are
-            (``limit`` is not checked): a walk of one row.
-
-    Returns:
-        The triple (value, indices, rows): the value as ``einsum`` gives it; the indices, a
-        str, each once, in the order they first appear in ``subscripts``; an int64 array of
-        one row per assignment and one column per index, the rows in increasing order. No
-        rows where the value is the semiring's zero.
-
-    Raises:
-        ValueError: As ``einsum``; the output has an index; ``limit`` is below 1; more than
-            ``limit`` assignments attain the value, or their rows would hold more than
-            ``max_bytes`` (the message says how many).
-        TypeError: As ``einsum``; ``limit`` is not an int.
-    """
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise TypeError(f"limit must be an int, got {type(limit).__name__}")
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
-    net = prepare(subscripts, operands, semiring, path, max_bytes, extra=(8, 1))
-    if net.output:
-        raise ValueError(
-            f"configurations takes a scalar contraction (subscripts ending in '->'), not one "
-            f"with the output {net.output!r}: the assignments of a cell are those of the "
-            "network with the output's indices fixed to it (slice the operands there)"
-        )
-    ring, steps, sizes, n = net.ring, net.steps, net.sizes, len(net.made)
-    results: dict[int, Term] = dict(net.made)  # every operand and step result, by number
-    value, counts = counted(ring, dict(net.made), steps, "", sizes, kept=results)
-    count, width = int(counts), len(net.letters)
-    if first:
-        count = min(count, 1)
-    elif count > limit:
-        raise ValueError(
-            f"{count:,} assignments attain the value {value}, more than limit={limit:,}: "
-            "pass a larger limit, or count them alone with einsum(..., count=True)"
-        )
-    check_size(f"configurations' rows ({count:,} assignments of {width} indices)",
-               count * width, itemsize=8, limit=max_bytes, bound=max_bytes_bound(max_bytes),
-               fix="count them alone with einsum(..., count=True)")  # fmt: skip
-    column = {c: i for i, c in enumerate(net.letters)}
-    # Partial assignments, one per row; a column is read once the step that fixes it is walked.
-    rows = np.zeros((1 if count else 0, width), np.int64)
-    for number in reversed(range(len(steps))):
-        step = steps[number]
-        target, keep = results[n + number]
-        at = [column[c] for c in keep]
-        hits = [_attaining(ring, step, results, row, cell=target[tuple(row[at])], column=column,
-                           sizes=sizes) for row in rows]  # fmt: skip
-        if first:
-            hits = [h[:1] for h in hits]
-        rows = np.repeat(rows, [len(h) for h in hits], axis=0)
-        if hits:
-            summed = _summed(step)
-            rows[:, [column[c] for c in summed]] = np.concatenate(hits)
-        # The walk has passed this step's result, and the operands (not step results) that
-        # this step alone takes: no step left to walk reads them.
-        del results[n + number]
-        for k in step.operands:
-            if k < n:
-                del results[k]
-    if width:  # the rows in increasing order (lexsort's last key is its first)
-        rows = rows[np.lexsort(rows.T[::-1])]
-    return value, net.letters, rows
-
-
-def samples(
-    subscripts: str,
-    *operands: Any,
-    count: int,
-    seed: Any = None,
-    semiring: str = "maxplus",
-    path: Sequence[Sequence[int]] | None = None,
-    max_bytes: int = MAX_BYTES,
-) -> tuple[Any, str, np.ndarray[Any, Any]]:
-    """Assignments drawn uniformly at random, with replacement, from those that attain a scalar
-    contraction's value, without listing them: the network is counted once (each step's values
-    and counts kept, the counts in float64), then each sample is walked from the last step back
-    to the first as ``configurations`` walks, taking at each step one of the branches that
-    attain its value with a probability proportional to the assignments below it (the product
-    of its operands' counts). Uniform up to float64's rounding of the counts (a relative error
-    of about 2^-53 a step).
-
-    Args:
-        subscripts: As ``einsum``; the output has no index.
-        *operands: As ``einsum``.
-        count: How many samples, at least 1.
-        seed: What ``numpy.random.default_rng`` takes (None: fresh entropy).
-        semiring: As ``einsum``.
-        path: As ``einsum``.
-        max_bytes: As ``einsum``, for each result with its counts, and for the rows.
-
-    Returns:
-        The triple (value, indices, rows), as ``configurations`` gives it, one row a sample, in
-        the order drawn; no rows where the value is the semiring's zero.
-
-    Raises:
-        ValueError: As ``einsum``; the output has an index; ``count`` is below 1.
-        TypeError: As ``einsum``; ``count`` is not an int.
-    """
-    if not isinstance(count, int) or isinstance(count, bool):
-        raise TypeError(f"count must be an int, got {type(count).__name__}")
-    if count < 1:
-        raise ValueError(f"count must be at least 1, got {count}")
-    rng = np.random.default_rng(seed)
-    net = prepare(subscripts, operands, semiring, path, max_bytes, extra=(8, 2))
-    if net.output:
-        raise ValueError(
-            f"samples takes a scalar contraction (subscripts ending in '->'), not one with the "
-            f"output {net.output!r}"
-        )
-    ring, steps, sizes, width = net.ring, net.steps, net.sizes, len(net.letters)
-    check_size(f"samples' rows ({count:,} samples of {width} indices)", count * width,
-               itemsize=8, limit=max_bytes, bound=max_bytes_bound(max_bytes),
-               fix="draw fewer at a time")  # fmt: skip
-    results: dict[int, Term] = dict(net.made)
-    tallies: dict[int, np.ndarray[Any, Any]] = {}
-    value, total = _counted(ring, dict(net.made), steps, "", sizes, kept=results, modulus=None,
-                            tallies=tallies)  # fmt: skip
-    column = {c: i for i, c in enumerate(net.letters)}
-    rows = np.zeros((count if total > 0 else 0, width), np.int64)
-    for number in reversed(range(len(steps))):
-        step, n = steps[number], len(net.made)
-        target, keep = results[n + number]
-        at, summed = [column[c] for c in keep], _summed(step)
-        shape = [sizes[c] for c in summed]
-        fixed = np.array([column[c] for c in summed], np.int64)  # the columns the step fixes
-        # The rows that agree on the indices the step keeps share its branches: one draw each.
-        keys, group = np.unique(rows[:, at], axis=0, return_inverse=True)
-        for number_in, key in enumerate(keys):
-            members = np.flatnonzero(group.reshape(-1) == number_in)
-            weights = _branches(ring, step, (results, tallies), rows[members[0]],
-                                target[tuple(key)], column=column, shape=shape)  # fmt: skip
-            chosen = rng.choice(weights.size, size=len(members), p=weights / weights.sum())
-            picked = np.stack(np.unravel_index(chosen, shape), axis=1) if shape else chosen[:, None]
-            if summed:
-                rows[np.ix_(members, fixed)] = picked
-    return value, net.letters, rows
-
-
-def _branches(
-    ring: Semiring,
-    step: Step,
-    kept: tuple[Mapping[int, Term], Mapping[int, np.ndarray[Any, Any]]],
-    row: np.ndarray[Any, Any],
-    cell: Any,
-    *,
-    column: Mapping[str, int],
-    shape: Sequence[int],
-) -> np.ndarray[Any, Any]:
-    """Over the values of the indices ``step`` sums (flat, in the order of ``_summed``), its
-    kept indices at their values in ``row``: the assignments below each that attain ``cell``
-    (the product of its operands' counts where their product attains it, else 0); ``kept``:
-    every operand's and step's values and counts, by number."""
-    results, tallies = kept
-    summed = _summed(step)
-    product: Any = None
-    weight: Any = None
-    for k in step.operands:
-        x, letters = results[k]
-        where = tuple(row[column[c]] if c in step.keep else slice(None) for c in letters)
-        rest = "".join(c for c in letters if c not in step.keep)
-        part = align(np.asarray(x[where]), rest, summed)
-        many = align(np.asarray(tallies[k][where]), rest, summed)
-        product = part if product is None else combine(ring, product, part)
-        weight = many if weight is None else weight * many
-    product = np.broadcast_to(np.asarray(product), shape)
-    weight = np.broadcast_to(np.asarray(weight), shape)
-    hits = (product == cell) & entry_counts(ring, product)
-    return np.where(hits, weight, 0.0).ravel()
-
-
-def _summed(step: Step) -> str:
-    """The indices ``step`` sums away, each once, in the order they first appear."""
-    return "".join(dict.fromkeys(c for t in step.inputs for c in t if c not in step.keep))
-
-
-def _attaining(
-    ring: Semiring,
-    step: Step,
-    results: Mapping[int, Term],
-    row: np.ndarray[Any, Any],
-    *,
-    cell: Any,
-    column: Mapping[str, int],
-    sizes: Mapping[str, int],
-) -> np.ndarray[Any, Any]:
-    """The values of the indices ``step`` sums (a row each, in the order of ``_summed``) at
-    which, its kept indices at their values in ``row``, the product of its operands attains
-    ``cell`` (never the zero)."""
-    summed = _summed(step)
-    product: Any = None
-    for k in step.operands:
-        x, letters = results[k]
-        picked = x[tuple(row[column[c]] if c in step.keep else slice(None) for c in letters)]
-        part = align(np.asarray(picked), "".join(c for c in letters if c not in step.keep),
-                      summed)  # fmt: skip
-        product = part if product is None else combine(ring, product, part)
-    product = np.broadcast_to(np.asarray(product), [sizes[c] for c in summed])
-    return np.argwhere((product == cell) & entry_counts(ring, product))
 
 
 def counted(
@@ -288,21 +52,21 @@ def counted(
     throughout; past it, the network is counted once modulo each of the primes that bound
     needs (_residues), the counts joined in Python's integers one prime at a time."""
     try:
-        return _counted(ring, dict(made), steps, output, sizes, kept=kept, modulus=None)
+        return count_along(ring, dict(made), steps, output, sizes, kept=kept, modulus=None)
     except OverflowError:  # (only where the bound passes int64: a count is at most it)
         pass
     primes = moduli(math.prod(n for c, n in sizes.items() if c not in output))
-    value, residue = _counted(  # (each run takes the operands from a copy: it pops them)
+    value, residue = count_along(  # (each run takes the operands from a copy: it pops them)
         ring, dict(made), steps, output, sizes, kept=kept, modulus=primes[0]
     )
     total = Joined(primes, residue.shape)
     total.add(residue)
     for prime in primes[1:]:
-        total.add(_counted(ring, dict(made), steps, output, sizes, kept=None, modulus=prime)[1])
+        total.add(count_along(ring, dict(made), steps, output, sizes, kept=None, modulus=prime)[1])
     return value, total.counts()
 
 
-def _counted(
+def count_along(
     ring: Semiring,
     made: dict[int, Term],
     steps: Sequence[Step],
@@ -317,9 +81,10 @@ def _counted(
     """``counted``'s contraction, its counts int64 or residues modulo ``modulus``. With
     ``weights`` (residues modulo ``modulus``, one array per operand), an entry counts for its
     weight rather than for 1: each count is the sum over the assignments that attain the value
-    of the product of their entries' weights. With ``tallies``, the counts are float64 (close,
-    never overflowing: what sampling weighs branches by), and each operand's and step's go
-    into it, by number."""
+    of the product of their entries' weights. With ``tallies``, the counts are float64, each
+    step's scaled by its largest (what sampling weighs branches by: the product of a step's
+    operands' counts, whose ratios a factor on an operand leaves alone), and each operand's and
+    step's go into it, by number."""
     n = len(made)
     kind = np.float64 if tallies is not None else np.int64
     counts: dict[int, np.ndarray[Any, Any]] = {
@@ -332,13 +97,16 @@ def _counted(
     for number, step in enumerate(steps):
         chosen = [made.pop(i) for i in step.operands]
         taken = [counts.pop(i) for i in step.operands]
-        value, tally = _contract_counted(
+        value, tally = _contractcount_along(
             ring, chosen, taken, step.keep, sizes, number=number, modulus=modulus
         )
         made[n + number], counts[n + number] = (value, step.keep), tally
         if kept is not None:
             kept[n + number] = value, step.keep
-        if tallies is not None:
+        if tallies is not None:  # (float counts scaled: a branch's odds are unchanged)
+            top = float(np.max(tally, initial=0.0))
+            tally = tally / top if top > 0 else tally
+            counts[n + number] = tally
             tallies[n + number] = tally
     ((k, (x, letters)),) = made.items()
     if letters == output:
@@ -362,7 +130,7 @@ def weighted_residues(
     their entries' ``weights`` (residues modulo the prime ``modulus``, below 2^31, one array
     per operand), modulo ``modulus``: for a network whose every entry is 0 (or the zero), the
     sum over every valid assignment."""
-    return int(_counted(ring, dict(made), steps, "", sizes, kept=None, modulus=modulus,
+    return int(count_along(ring, dict(made), steps, "", sizes, kept=None, modulus=modulus,
                         weights=weights)[1])  # fmt: skip
 
 
@@ -390,10 +158,12 @@ def best(
     top: int,
     max_bytes: int,
     counting: bool = True,
+    kept: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] | None = None,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """``einsum(..., top=k)`` along ``steps``: each operand as lists of k (value, count) pairs,
     its entry first, each step's products and sums kept to the k best distinct values. Without
-    ``counting``, the values alone: each count held at 1 (attained) or 0, never overflowing."""
+    ``counting``, the values alone: each count held at 1 (attained) or 0, never overflowing.
+    Every operand's and step's lists go into ``kept`` too, by number, where it is given."""
     n = len(made)
     for k, (x, held) in made.items():  # each operand's lists, checked before any is made
         check_size(f"einsum operand {k} ({held!r}) as lists of top={top}", x.size,
@@ -407,6 +177,8 @@ def best(
         values[..., 0] = np.where(entries, x, ring.zero(x.dtype))
         counts[..., 0] = entries
         lists[k] = values, counts
+    if kept is not None:
+        kept.update(lists)
     letters = {k: t for k, (_, t) in made.items()}
     for number, step in enumerate(steps):
         chosen = [(*lists.pop(i), letters.pop(i)) for i in step.operands]
@@ -414,6 +186,8 @@ def best(
             ring, chosen, step.keep, sizes, top, number=number, counting=counting
         )
         letters[n + number] = step.keep
+        if kept is not None:
+            kept[n + number] = lists[n + number]
     ((k, (values, counts)),) = lists.items()
     if letters[k] == output:
         return values, counts
@@ -519,7 +293,7 @@ def entry_counts(ring: Semiring, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any
     return np.asarray((x != zero) & (x == x))  # noqa: PLR0124  # x == x is False for a NaN
 
 
-def _contract_counted(
+def _contractcount_along(
     ring: Semiring,
     terms: Sequence[Term],
     tallies: Sequence[np.ndarray[Any, Any]],

@@ -1158,6 +1158,13 @@ def make_program(
         return found
     if only_kept and _sizes.get(key, 0) > MAX_PROGRAM_BYTES:  # known: without preparing again
         return None
+    # A sliced run waits for no kernel it can do without: it launches its slices' steps (on
+    # stand-ins where their own are not loaded) while the program's load, and a later run
+    # replays the program. Its gather and row kernels are known before its steps are prepared.
+    around = _around(ring, np.dtype(kind), argmax)
+    if only_kept and any(loaded(spec, where, compiler) is None for spec in around):
+        load_soon(around, where, compiler)
+        return None
     steps = yield Offload(functools.partial(_steps, planned, ring.name, kind, argmax, where))
     nbytes = _layout(steps).nbytes
     keep(_sizes, key, nbytes, MAX_STEPS)
@@ -1165,9 +1172,6 @@ def make_program(
         return None
     specs = _specs(steps, ring)
     if only_kept and any(loaded(spec, where, compiler) is None for spec in specs):
-        # A sliced run waits for no kernel it can do without: it launches its slices' steps
-        # (on stand-ins where their own are not loaded) while the program's load; a later run
-        # replays the program.
         load_soon(specs, where, compiler)
         return None
     *modules, gather, many = yield Fetch(specs, where, compiler)
@@ -1181,11 +1185,12 @@ def make_program(
 
 def _specs(steps: Steps, ring: Semiring) -> list[KernelSpec]:
     """A program's kernels: its steps', then its gather and its launch of many small steps."""
-    return [
-        *steps.specs,
-        einsum_spec("gather", steps.dtype.itemsize),
-        many_spec(ring, steps.dtype, argmax=steps.argmax),
-    ]
+    return [*steps.specs, *_around(ring, steps.dtype, steps.argmax)]
+
+
+def _around(ring: Semiring, dtype: np.dtype[Any], argmax: bool) -> list[KernelSpec]:
+    """A program's kernels beside its steps': its gather, its launch of many small steps."""
+    return [einsum_spec("gather", dtype.itemsize), many_spec(ring, dtype, argmax=argmax)]
 
 
 def _steps(planned: EinsumPlan, ring: str, dtype: Any, argmax: bool, device: int) -> Steps:

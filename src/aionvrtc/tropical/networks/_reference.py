@@ -11,9 +11,10 @@ import numpy as np
 
 from ..products import MAX_BYTES
 from ._contraction import align, contract, prepare
-from ._counting import best, check_top, configurations, counted, samples
+from ._counting import best, check_top, counted
+from ._walks import configurations, samples, top_configurations
 
-__all__ = ["configurations", "einsum", "samples", "top_values"]
+__all__ = ["configurations", "einsum", "samples", "top_configurations", "top_values"]
 
 
 def einsum(

@@ -6,19 +6,20 @@ semiring's zero (nor a NaN); its size is the ordinary sum of its entries."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import opt_einsum
 
 from ..products import MAX_BYTES
-from ._contraction import Network, prepare
+from ._contraction import Network, align, blocks, in_block, joint_indices, prepare
 from ._counting import counted, entry_counts, weighted_residues
 from ._residues import Joined, moduli
 
 __all__ = ["MAX_SPAN", "partition_function", "polynomial"]
 
+# Integers below this are exact in float64: the sizes' bound.
+_EXACT = float(1 << 53)
 # The most sizes a polynomial spans (its degree less its lowest power, plus 1): one contraction
 # per size and prime.
 MAX_SPAN = 4096
@@ -64,6 +65,11 @@ def polynomial(
     sizes: dict[int, np.ndarray[Any, Any]] = {}
     for k, (x, letters) in net.made.items():
         held = np.where(valid[k], x, 0)
+        if not np.all(np.abs(held.astype(np.float64)) < _EXACT):  # (an infinity, 1e20, NaN)
+            raise ValueError(
+                f"polynomial: operand {k} ({letters!r}) holds an entry of 2^53 or more in "
+                "absolute value: scale the weights to small integers"
+            )
         if not np.array_equal(held, np.round(held)):
             raise ValueError(
                 f"polynomial: operand {k} ({letters!r}) holds an entry that is not an integer: "
@@ -77,29 +83,31 @@ def polynomial(
     if not int(total):
         return {}
     low, high = _ends(net, valid, sizes, path)
-    # Every size is low plus a multiple of `step` (a spin glass's energies step by 2): the
-    # polynomial over x^low is one in y = x^step, of span / step fewer powers to evaluate.
-    step = math.gcd(*(math.gcd(*np.unique(t[valid[k]] - t[valid[k]].min(initial=0)).tolist())
+    # Each entry as its operand's least valid entry plus a multiple u of `step`, the gcd of all
+    # their differences (a spin glass's energies step by 2): a size is the sum of the least
+    # entries, `base`, plus step times the sum of the u's, and the polynomial is one in x^step
+    # over those sums, of (high - low) / step + 1 powers, evaluated at z^u.
+    least = {k: int(t[valid[k]].min()) if valid[k].any() else 0 for k, t in sizes.items()}
+    step = math.gcd(*(math.gcd(*np.unique(t[valid[k]] - least[k]).tolist())
                       for k, t in sizes.items() if valid[k].any())) or 1  # fmt: skip
-    if ((high - low) // step + 1) ** step >= 1 << 30:  # y's points 1, 2^step, ... past a prime
-        step = 1
+    units = {k: np.where(valid[k], (t - least[k]) // step, 0) for k, t in sizes.items()}
+    lowest = (low - sum(least.values())) // step  # the least sum of u's
     span = (high - low) // step + 1
     if span > MAX_SPAN:
         raise ValueError(
-            f"polynomial: the sizes span {low:,} to {high:,}, {span:,} powers, more than "
-            f"{MAX_SPAN:,} (one contraction each): scale the weights to small integers"
+            f"polynomial: the sizes run from {low:,} to {high:,} in steps of {step:,}, {span:,} "
+            f"powers, more than {MAX_SPAN:,} (one contraction each): scale the weights down"
         )
     primes = moduli(int(total))
     joined = Joined(primes, (span,))
+    points = list(range(1, span + 1))  # (distinct, each below every prime)
     for p in primes:
         values = []
-        points = list(range(1, span + 1))
-        at_y = [x**step for x in points]  # distinct, each below every prime
-        for point in points:
-            weights = {k: _powers(t, point, p) for k, t in sizes.items()}
+        for z in points:
+            weights = {k: _powers(u, z, p) for k, u in units.items()}
             at = weighted_residues(ring, level, steps, shape, weights=weights, modulus=p)
-            values.append(at * pow(point, -low, p) % p)  # the polynomial over x^low
-        joined.add(np.array(_interpolated(at_y, values, p), np.int64))
+            values.append(at * pow(z, -lowest, p) % p)  # over z^lowest: a polynomial from z^0
+        joined.add(np.array(_interpolated(points, values, p), np.int64))
     counts = joined.counts()
     return {low + i * step: int(c) for i, c in enumerate(counts) if int(c)}
 
@@ -112,9 +120,10 @@ def partition_function(
     path: Sequence[Sequence[int]] | None = None,
     max_bytes: int = MAX_BYTES,
 ) -> float:
-    """The natural log of the sum over every valid assignment of exp(beta * size), in float64:
-    each operand and each step's result scaled by its largest element (the scales summed as
-    logs), so that no sum overflows whatever beta and the sizes.
+    """The natural log of the sum over every valid assignment of exp(beta * size), in float64
+    and in log space: each step takes the logs of its operands, and the largest log of each
+    block of its sums out before their exponentials (log-sum-exp), so that no sum overflows
+    and none that matters underflows, whatever beta and the sizes.
 
     Args:
         subscripts: As ``einsum``; the output has no index.
@@ -136,29 +145,45 @@ def partition_function(
     if not math.isfinite(beta):
         raise ValueError(f"beta must be finite, got {beta}")
     net = _scalar(subscripts, operands, semiring, path, max_bytes, what="partition_function")
-    scale = 0.0
-    held: dict[int, tuple[np.ndarray[Any, Any], str]] = {}
+    logs: dict[int, tuple[np.ndarray[Any, Any], str]] = {}
     for k, (x, letters) in net.made.items():
         valid = entry_counts(net.ring, x)
-        exponent = np.where(valid, float(beta) * np.where(valid, x, 0).astype(np.float64), -np.inf)
-        top = float(exponent.max(initial=-np.inf))
-        if top == -np.inf:
-            return -math.inf
-        scale += top
-        held[k] = np.exp(exponent - top), letters
+        sized = float(beta) * np.where(valid, x, 0).astype(np.float64)
+        logs[k] = np.where(valid, sized, -np.inf), letters
     n = len(net.made)
     for number, step in enumerate(net.steps):
-        chosen = [held.pop(i) for i in step.operands]
-        spec = ",".join(t for _, t in chosen) + "->" + step.keep
-        # (opt_einsum's contract: NumPy's einsum takes ASCII letters alone)
-        made = np.asarray(opt_einsum.contract(spec, *(x for x, _ in chosen)))
-        top = float(np.max(made, initial=0.0))
-        if top == 0.0:
-            return -math.inf
-        scale += math.log(top)
-        held[n + number] = made / top, step.keep
-    ((x, _),) = held.values()
-    return scale + math.log(float(x))
+        chosen = [logs.pop(i) for i in step.operands]
+        logs[n + number] = _log_sum(chosen, step.keep, net.sizes), step.keep
+    ((x, _),) = logs.values()
+    return float(x)
+
+
+def _log_sum(
+    terms: Sequence[tuple[np.ndarray[Any, Any], str]], out: str, sizes: Mapping[str, int]
+) -> np.ndarray[Any, Any]:
+    """One step in log space: ln of the sum over the summed indices of exp of the sum of the
+    terms' logs, block by block (each block's largest log taken out before its exponentials,
+    the blocks joined by logaddexp), so that nothing overflows or underflows that matters."""
+    joint = joint_indices((t for _, t in terms), out)
+    shape = [sizes[c] for c in joint]
+    result = np.full([sizes[c] for c in out], -np.inf)
+    if 0 in shape:
+        return result
+    aligned = [align(x, letters, joint) for x, letters in terms]
+    summed = tuple(range(len(out), len(joint)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for block in blocks(shape):
+            total: Any = in_block(aligned[0], block)
+            for x in aligned[1:]:
+                total = total + in_block(x, block)
+            within = [len(range(size)[cut]) for size, cut in zip(shape, block, strict=True)]
+            total = np.broadcast_to(total, within)
+            top = np.max(total, axis=summed, keepdims=True) if summed else total
+            shift = np.where(np.isfinite(top), top, 0.0)
+            part = np.log(np.sum(np.exp(total - shift), axis=summed, keepdims=True)) + shift
+            where = block[: len(out)]
+            result[where] = np.logaddexp(result[where], part.reshape(result[where].shape))
+    return result
 
 
 def _scalar(

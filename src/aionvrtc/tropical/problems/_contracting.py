@@ -15,7 +15,13 @@ import numpy as np
 
 from ..networks import EinsumPlan, einsum_plan, einsum_sync, top_values
 from ..products import SEMIRINGS, cupy_module
-from ..reference import configurations, partition_function, polynomial, samples
+from ..reference import (
+    configurations,
+    partition_function,
+    polynomial,
+    samples,
+    top_configurations,
+)
 from ..reference import einsum as numpy_einsum
 from ._reading import Array
 
@@ -116,6 +122,15 @@ class Network:
             limit=limit or 1,
             first=limit is None,
         )
+        return letters, rows
+
+    def top_rows(self, k: int, limit: int, max_bytes: int) -> tuple[str, list[Array]]:
+        """Every assignment attaining one of the ``k`` best values: the indices, and for each
+        value (best first) a row of values each."""
+        _, letters, rows = top_configurations(
+            *self._arguments(), top=k, semiring=self.semiring, path=self.path,
+            max_bytes=max_bytes, limit=limit,
+        )  # fmt: skip
         return letters, rows
 
     def drawn(self, count: int, seed: Any, max_bytes: int) -> tuple[str, Array]:

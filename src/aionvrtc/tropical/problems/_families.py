@@ -18,7 +18,7 @@ from ._reading import Array, Weights, check_bounded, checked_dtype, indices_of, 
 __all__ = ["set_covering", "set_packing"]
 
 
-def _read_family(sets: object) -> tuple[frozenset[Hashable], ...]:
+def _read_family(sets: object) -> tuple[tuple[Hashable, ...], ...]:
     """The family, each set checked: an iterable of hashable elements, not empty."""
     if isinstance(sets, (str, bytes, Mapping)) or not isinstance(sets, Iterable):
         raise TypeError(
@@ -33,7 +33,7 @@ def _read_family(sets: object) -> tuple[frozenset[Hashable], ...]:
                 "is taken for no set: pass a list of its elements)"
             )
         try:
-            made_set = frozenset(members)
+            made_set = tuple(dict.fromkeys(members))  # (each once, in order)
         except TypeError:
             raise TypeError(f"set {place} holds an element that is not hashable") from None
         if not made_set:
@@ -45,7 +45,7 @@ def _read_family(sets: object) -> tuple[frozenset[Hashable], ...]:
 
 
 def _holders(
-    family: Sequence[frozenset[Hashable]], universe: Iterable[Hashable]
+    family: Sequence[tuple[Hashable, ...]], universe: Iterable[Hashable]
 ) -> dict[Hashable, list[int]]:
     """Each element of ``universe``, in order, and the places of the sets that hold it."""
     held: dict[Hashable, list[int]] = {e: [] for e in universe}
@@ -56,7 +56,7 @@ def _holders(
 
 
 def _network(
-    family: Sequence[frozenset[Hashable]],
+    family: Sequence[tuple[Hashable, ...]],
     held: Mapping[Hashable, list[int]],
     w: Sequence[float],
     *,
@@ -81,9 +81,10 @@ def _network(
 
 @dataclass(frozen=True, slots=True)
 class _Packing:
-    family: tuple[frozenset[Hashable], ...]
+    family: tuple[tuple[Hashable, ...], ...]
     weights: tuple[float, ...]
     noun: str = "set"
+    ints: bool = False  # (an integer dtype: sums as ints)
 
     def value(self, configuration: Mapping[Any, int]) -> float:
         seen: dict[Hashable, int] = {}
@@ -96,7 +97,7 @@ class _Packing:
                             "packed sets are disjoint"
                         )
                     seen[element] = place
-        return total(w for s, w in enumerate(self.weights) if configuration[s])
+        return total([w for s, w in enumerate(self.weights) if configuration[s]], ints=self.ints)
 
     def answer(self, configuration: Mapping[Any, int]) -> Any:
         return [s for s, x in configuration.items() if x]
@@ -145,17 +146,18 @@ def set_packing(
         indices=index,
         vertex_weights=(),
         edge_weights=(),
-        meaning=_Packing(family, w),
+        meaning=_Packing(family, w, ints=dtype.kind == "i"),
         variables=places,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class _Covering:
-    family: tuple[frozenset[Hashable], ...]
+    family: tuple[tuple[Hashable, ...], ...]
     universe: tuple[Hashable, ...]
     weights: tuple[float, ...]
     noun: str = "set"
+    ints: bool = False  # (an integer dtype: sums as ints)
 
     def value(self, configuration: Mapping[Any, int]) -> float:
         chosen = [members for place, members in enumerate(self.family) if configuration[place]]
@@ -163,7 +165,7 @@ class _Covering:
         missing = next((e for e in self.universe if e not in covered), None)
         if missing is not None:
             raise ValueError(f"element {missing!r} is in no chosen set: the sets do not cover")
-        return total(w for s, w in enumerate(self.weights) if configuration[s])
+        return total([w for s, w in enumerate(self.weights) if configuration[s]], ints=self.ints)
 
     def answer(self, configuration: Mapping[Any, int]) -> Any:
         return [s for s, x in configuration.items() if x]
@@ -225,6 +227,6 @@ def set_covering(
         indices=index,
         vertex_weights=(),
         edge_weights=(),
-        meaning=_Covering(family, wanted, w),
+        meaning=_Covering(family, wanted, w, ints=dtype.kind == "i"),
         variables=places,
     )

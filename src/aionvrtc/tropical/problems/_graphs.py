@@ -47,18 +47,20 @@ class GraphMeaning:
     vertex_weights: tuple[float, ...]
     edge_weights: tuple[float, ...]
     noun: str = "vertex"
+    ints: bool = False  # (an integer dtype: sums as ints)
 
     def value(self, configuration: Mapping[Any, int]) -> float:
         x = configuration
         vertex_terms = zip(self.vertices, self.vertex_weights, strict=True)
         if self.kind == "max cut":
             pairs = zip(self.edges, self.edge_weights, strict=True)
-            return total(w for (u, v), w in pairs if x[u] != x[v])
+            return total([w for (u, v), w in pairs if x[u] != x[v]], ints=self.ints)
         if self.kind == "spin glass":
             s = {v: 2 * b - 1 for v, b in x.items()}
             pairs = zip(self.edges, self.edge_weights, strict=True)
             couplings = (j * s[u] * s[v] for (u, v), j in pairs)
-            return total(itertools.chain(couplings, (h * s[v] for v, h in vertex_terms)))
+            terms = itertools.chain(couplings, (h * s[v] for v, h in vertex_terms))
+            return total(list(terms), ints=self.ints)
         clash = next(((u, v) for u, v in self.edges if x[u] and x[v]), None)
         if clash is not None:
             raise ValueError(f"the set is not independent: vertices {clash[0]!r} and "
@@ -70,7 +72,7 @@ class GraphMeaning:
             if free is not None:
                 raise ValueError(f"the independent set is not maximal: vertex {free!r} could "
                                  "join it")  # fmt: skip
-        return total(w for v, w in vertex_terms if x[v])
+        return total([w for v, w in vertex_terms if x[v]], ints=self.ints)
 
     def answer(self, configuration: Mapping[Any, int]) -> Any:
         if self.kind == "spin glass":
@@ -139,7 +141,9 @@ def independent_set(
         indices=index,
         vertex_weights=tuple(w),
         edge_weights=(0.0,) * len(edges),
-        meaning=GraphMeaning("independent set", found, edges, tuple(w), (0.0,) * len(edges)),
+        meaning=GraphMeaning(
+            "independent set", found, edges, tuple(w), (0.0,) * len(edges), ints=dtype.kind == "i"
+        ),
     )
 
 
@@ -237,7 +241,9 @@ def spin_glass(
         indices=index,
         vertex_weights=tuple(h),
         edge_weights=tuple(j),
-        meaning=GraphMeaning("spin glass", found, edges, tuple(h), tuple(j)),
+        meaning=GraphMeaning(
+            "spin glass", found, edges, tuple(h), tuple(j), ints=dtype.kind == "i"
+        ),
     )
 
 
@@ -315,7 +321,12 @@ def maximal_independent_set(
         vertex_weights=tuple(w),
         edge_weights=(0.0,) * len(edges),
         meaning=GraphMeaning(
-            "maximal independent set", found, edges, tuple(w), (0.0,) * len(edges)
+            "maximal independent set",
+            found,
+            edges,
+            tuple(w),
+            (0.0,) * len(edges),
+            ints=dtype.kind == "i",
         ),
     )
 
@@ -348,5 +359,7 @@ def _edge_network(
         indices=index,
         vertex_weights=(0.0,) * len(found),
         edge_weights=weights,
-        meaning=GraphMeaning(kind, found, edges, (0.0,) * len(found), weights),
+        meaning=GraphMeaning(
+            kind, found, edges, (0.0,) * len(found), weights, ints=dtype.kind == "i"
+        ),
     )

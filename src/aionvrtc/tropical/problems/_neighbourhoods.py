@@ -38,10 +38,13 @@ class _Coloring:
     edges: tuple[Edge, ...]
     weights: tuple[float, ...]
     noun: str = "vertex"
+    ints: bool = False  # (an integer dtype: sums as ints)
 
     def value(self, configuration: Mapping[Any, int]) -> float:
         pairs = zip(self.edges, self.weights, strict=True)
-        return total(w for (u, v), w in pairs if configuration[u] == configuration[v])
+        return total(
+            [w for (u, v), w in pairs if configuration[u] == configuration[v]], ints=self.ints
+        )
 
     def answer(self, configuration: Mapping[Any, int]) -> Any:
         return dict(configuration)
@@ -103,7 +106,7 @@ def coloring(
         indices=index,
         vertex_weights=(0.0,) * len(found),
         edge_weights=w,
-        meaning=_Coloring(found, edges, w),
+        meaning=_Coloring(found, edges, w, ints=dtype.kind == "i"),
         domain=colors,
     )
 
@@ -114,6 +117,7 @@ class _Dominating:
     edges: tuple[Edge, ...]
     weights: tuple[float, ...]
     noun: str = "vertex"
+    ints: bool = False  # (an integer dtype: sums as ints)
 
     def value(self, configuration: Mapping[Any, int]) -> float:
         around = neighbours_of(self.vertices, self.edges)
@@ -122,9 +126,8 @@ class _Dominating:
                 raise ValueError(
                     f"vertex {v!r} is not dominated: neither it nor a neighbour is in the set"
                 )
-        return total(
-            w for v, w in zip(self.vertices, self.weights, strict=True) if configuration[v]
-        )
+        chosen = [w for v, w in zip(self.vertices, self.weights, strict=True) if configuration[v]]
+        return total(chosen, ints=self.ints)
 
     def answer(self, configuration: Mapping[Any, int]) -> Any:
         return [v for v, x in configuration.items() if x]
@@ -179,7 +182,7 @@ def dominating_set(
         indices=index,
         vertex_weights=w,
         edge_weights=(0.0,) * len(edges),
-        meaning=_Dominating(found, edges, w),
+        meaning=_Dominating(found, edges, w, ints=dtype.kind == "i"),
     )
 
 
@@ -188,6 +191,7 @@ class _Matching:
     edges: tuple[Edge, ...]
     weights: tuple[float, ...]
     noun: str = "edge"
+    ints: bool = False  # (an integer dtype: sums as ints)
 
     def value(self, configuration: Mapping[Any, int]) -> float:
         held: dict[Any, Edge] = {}
@@ -202,7 +206,7 @@ class _Matching:
                     )
                 held[end] = edge
         pairs = zip(self.edges, self.weights, strict=True)
-        return total(w for edge, w in pairs if configuration[edge])
+        return total([w for edge, w in pairs if configuration[edge]], ints=self.ints)
 
     def answer(self, configuration: Mapping[Any, int]) -> Any:
         return [edge for edge, x in configuration.items() if x]
@@ -265,6 +269,6 @@ def matching(
         indices=index,
         vertex_weights=(0.0,) * len(found),
         edge_weights=w,
-        meaning=_Matching(edges, w),
+        meaning=_Matching(edges, w, ints=dtype.kind == "i"),
         variables=edges,
     )

@@ -412,6 +412,13 @@ class Problem:
                 raise ValueError(f"no configuration of this {self.kind} problem is valid")
             return cast(T, self._solution(dict(zip(letters, rows[0].tolist(), strict=True))))
         assert isinstance(wanted, ConfigsMax | ConfigsMin | ConfigsAll)
+        if not isinstance(wanted, ConfigsAll) and wanted.k > 1:
+            letters, blocks = network.top_rows(wanted.k, wanted.limit, max_bytes)
+            listed = []  # each value's configurations, best value first
+            for block in blocks:
+                found = [self._solution(dict(zip(letters, r, strict=True))) for r in block.tolist()]
+                listed += sorted(found, key=lambda s: tuple(s.configuration.values()))
+            return cast(T, listed)
         letters, rows = network.rows(wanted.limit, max_bytes)
         found = [self._solution(dict(zip(letters, row, strict=True))) for row in rows.tolist()]
         return cast(T, sorted(found, key=lambda s: tuple(s.configuration.values())))
@@ -429,10 +436,10 @@ class Problem:
         return Solution(value, configuration, self.answer(configuration))
 
 
-def total(terms: Iterable[float]) -> float:
+def total(terms: Iterable[float], *, ints: bool) -> float:
     """The exact sum of ints (an int: integer dtypes' weights are ints), else the correctly
-    rounded sum of floats."""
+    rounded sum of floats (a float, 0.0 for none)."""
     listed = list(terms)
-    if all(isinstance(t, int) for t in listed):
-        return sum(listed)
+    if ints:
+        return sum(int(t) for t in listed)
     return math.fsum(listed)

@@ -10,6 +10,7 @@ ground state ``SizeMin``, whichever semiring the problem's own network is in.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -187,34 +188,42 @@ class SingleConfigMin(Property[Solution]):
 
 @dataclass(frozen=True, slots=True)
 class ConfigsMax(Property[list[Solution]]):
-    """Every configuration of the largest objective, in increasing order of their values read
-    as a row (vertex by vertex); refused past ``limit``, saying how many there are, before any
-    is listed.
+    """Every configuration of the largest objective (of the ``k`` largest values, largest
+    first), each value's in increasing order of their values read as a row (variable by
+    variable); refused past ``limit``, saying how many there are, before any is listed.
 
     Attributes:
-        limit: The most configurations returned (default 10,000).
+        limit: The most configurations returned, over all the values (default 10,000).
+        k: How many of the largest values, from 1 to ``MAX_K`` (64); past 1, the counts are
+            within int64 (as ``CountingMax(k)``'s).
     """
 
     limit: int = 10_000
+    k: int = 1
     sense: Sense = field(default="max", init=False, repr=False)
 
     def __post_init__(self) -> None:
         _limit(self.limit)
+        _k(self.k)
 
 
 @dataclass(frozen=True, slots=True)
 class ConfigsMin(Property[list[Solution]]):
-    """``ConfigsMax`` at the other end: every configuration of the smallest objective.
+    """``ConfigsMax`` at the other end: every configuration of the smallest objective (of the
+    ``k`` smallest values, smallest first).
 
     Attributes:
-        limit: The most configurations returned (default 10,000).
+        limit: The most configurations returned, over all the values (default 10,000).
+        k: How many of the smallest values, from 1 to ``MAX_K`` (64).
     """
 
     limit: int = 10_000
+    k: int = 1
     sense: Sense = field(default="min", init=False, repr=False)
 
     def __post_init__(self) -> None:
         _limit(self.limit)
+        _k(self.k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +271,7 @@ class PartitionFunction(Property[float]):
     sense: Sense = field(default="every", init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.beta, bool) or not isinstance(self.beta, int | float):
+        if isinstance(self.beta, bool) or not isinstance(self.beta, numbers.Real):
             raise TypeError(f"beta must be a real number, got {type(self.beta).__name__}")
         if not math.isfinite(self.beta):
             raise ValueError(f"beta must be finite, got {self.beta}")

@@ -54,8 +54,10 @@ def _read_clauses(
     largest = max(abs(x) for clause in read for x in clause)
     if variables is None:
         return tuple(read), largest
-    if not isinstance(variables, int) or isinstance(variables, bool) or variables < 1:
-        raise ValueError(f"variables must be a positive int (how many), got {variables!r}")
+    if not isinstance(variables, int) or isinstance(variables, bool):
+        raise TypeError(f"variables must be an int (how many), got {type(variables).__name__}")
+    if variables < 1:
+        raise ValueError(f"variables must be at least 1, got {variables}")
     for number, clause in enumerate(read):
         out = next((x for x in clause if abs(x) > variables), None)
         if out is not None:
@@ -75,10 +77,13 @@ class _Clauses:
     clauses: tuple[tuple[int, ...], ...]
     weights: tuple[float, ...]
     noun: str = "variable"
+    ints: bool = False  # (an integer dtype: sums as ints)
 
     def value(self, configuration: Mapping[Any, int]) -> float:
         pairs = zip(self.clauses, self.weights, strict=True)
-        return total(w for clause, w in pairs if _satisfied(clause, configuration))
+        return total(
+            [w for clause, w in pairs if _satisfied(clause, configuration)], ints=self.ints
+        )
 
     def answer(self, configuration: Mapping[Any, int]) -> Any:
         return {k: bool(x) for k, x in configuration.items()}
@@ -151,7 +156,7 @@ def satisfiability(
         indices=index,
         vertex_weights=(),
         edge_weights=(),
-        meaning=_Clauses(read, w),
+        meaning=_Clauses(read, w, ints=dtype.kind == "i"),
         variables=names,
     )
 
@@ -160,6 +165,7 @@ def satisfiability(
 class _PaintShop:
     sequence: tuple[Hashable, ...]
     noun: str = "car"
+    ints: bool = False  # (an integer dtype: sums as ints)
 
     def colors(self, configuration: Mapping[Any, int]) -> list[int]:
         seen: set[Hashable] = set()
@@ -171,7 +177,8 @@ class _PaintShop:
 
     def value(self, configuration: Mapping[Any, int]) -> float:
         painted = self.colors(configuration)
-        return sum(a != b for a, b in itertools.pairwise(painted))
+        changes = [1 for a, b in itertools.pairwise(painted) if a != b]
+        return total(changes, ints=self.ints)
 
     def answer(self, configuration: Mapping[Any, int]) -> Any:
         return self.colors(configuration)
@@ -244,6 +251,6 @@ def paint_shop(sequence: Iterable[Hashable], *, dtype: Any = "float32") -> Probl
         indices=index,
         vertex_weights=(),
         edge_weights=(),
-        meaning=_PaintShop(cars),
+        meaning=_PaintShop(cars, ints=dtype.kind == "i"),
         variables=names,
     )
