@@ -274,12 +274,21 @@ class Problem:
         return self.meaning.value(self.configuration(assignment))
 
     def answer(self, configuration: Mapping[Any, int]) -> Any:
-        """A configuration (each variable's value, as ``configuration`` gives it) in the
-        problem's own terms: the vertices of the set (independent sets, dominating sets), the
-        vertices on the side at 1 (max cut: ``cut`` names the edges), each vertex's spin (spin
-        glass) or color (coloring), the edges matched (matching), the sets chosen, by their
-        place in the family (set packing, set covering), each variable's truth
-        (satisfiability), each position's color (paint shop)."""
+        """A configuration in the problem's own terms.
+
+        Args:
+            configuration: Each variable's value, as ``configuration`` gives it.
+
+        Returns:
+            The vertices of the set (independent sets, dominating sets), the vertices on the
+            side at 1 (max cut: ``cut`` names the edges), each vertex's spin (spin glass) or
+            color (coloring), the edges matched (matching), the sets chosen, by their place in
+            the family (set packing, set covering), each variable's truth (satisfiability),
+            each position's color (paint shop).
+
+        Raises:
+            KeyError: ``configuration`` lacks a variable.
+        """
         return self.meaning.answer(configuration)
 
     def solve(
@@ -346,7 +355,22 @@ class Problem:
         """``solve`` for an event loop, which it never blocks: the call runs in a worker thread
         (the planning, the CPU's contractions, a GPU's copies and its wait for the result).
         Cancelled, it returns at once and the thread's work runs to its end, its answer
-        dropped. Arguments, result and errors as ``solve``'s (checked before the thread)."""
+        dropped.
+
+        Args:
+            wanted: As ``solve``.
+            device: As ``solve``.
+            optimize: As ``solve``.
+            max_bytes: As ``solve``.
+
+        Returns:
+            As ``solve``.
+
+        Raises:
+            TypeError: As ``solve``, before the thread starts.
+            ValueError: As ``solve``; a property the GPU does not compute, before the thread.
+            OverflowError: As ``solve``.
+        """
         self._check(wanted, device)
         run = functools.partial(
             self.solve, wanted, device=device, optimize=optimize, max_bytes=max_bytes
@@ -354,8 +378,18 @@ class Problem:
         return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
 
     def network(self, sense: str = "every", optimize: Any = "auto") -> Network:
-        """The problem's network for ``sense`` (``"max"``, ``"min"``, ``"all"``, ``"every"``:
-        see ``Property.sense``) in the semiring it needs, with its order."""
+        """The problem's network for a property's sense, in the semiring it needs, with its plan.
+
+        Args:
+            sense: ``"max"``, ``"min"``, ``"all"`` or ``"every"``: see ``Property.sense``.
+            optimize: The order, as ``einsum_plan`` takes it.
+
+        Returns:
+            The network: its subscripts, operands, semiring and plan.
+
+        Raises:
+            ValueError: ``sense`` is not one of the four; what ``einsum_plan`` refuses.
+        """
         own = Network.planned(self.subscripts, self.operands, self.semiring, optimize)
         return own.towards(sense)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Hashable
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from ..networks import MAX_TOP
 
@@ -47,8 +47,12 @@ MAX_K = MAX_TOP
 
 @dataclass(frozen=True, slots=True)
 class Counted:
-    """A value of the objective and how many configurations attain it (a Python int, exact at
-    any size)."""
+    """A value of the objective and how many configurations attain it.
+
+    Attributes:
+        value: The value.
+        count: How many configurations attain it: a Python int, exact at any size.
+    """
 
     value: float
     count: int
@@ -61,10 +65,11 @@ class Solution:
     Attributes:
         value: The objective at ``configuration``, worked out again from the problem's input
             (``Problem.value``), in float64.
-        configuration: Each vertex's value (0 or 1), in the order of ``Problem.vertices``.
+        configuration: Each variable's value, in the order of ``Problem.variables``.
         answer: The configuration in the problem's own terms (``Problem.answer``): the vertices
-            of the set (independent sets), the vertices on one side (max cut), each vertex's
-            spin, -1 or +1 (spin glass).
+            of the set (independent sets, dominating sets), the vertices on one side (max
+            cut), each vertex's spin, -1 or +1 (spin glass) or color (coloring), the edges
+            matched, the sets' places, each variable's truth, each position's color.
     """
 
     value: float
@@ -82,7 +87,7 @@ class Property(Generic[T]):
     """
 
     __slots__ = ()
-    sense: Sense
+    sense: ClassVar[Sense]
 
 
 def _k(k: object) -> None:
@@ -109,7 +114,7 @@ class SizeMax(Property[list[float]]):
     """
 
     k: int = 1
-    sense: Sense = field(default="max", init=False, repr=False)
+    sense: ClassVar[Sense] = "max"
 
     def __post_init__(self) -> None:
         _k(self.k)
@@ -125,7 +130,7 @@ class SizeMin(Property[list[float]]):
     """
 
     k: int = 1
-    sense: Sense = field(default="min", init=False, repr=False)
+    sense: ClassVar[Sense] = "min"
 
     def __post_init__(self) -> None:
         _k(self.k)
@@ -142,7 +147,7 @@ class CountingMax(Property[list[Counted]]):
     """
 
     k: int = 1
-    sense: Sense = field(default="max", init=False, repr=False)
+    sense: ClassVar[Sense] = "max"
 
     def __post_init__(self) -> None:
         _k(self.k)
@@ -158,7 +163,7 @@ class CountingMin(Property[list[Counted]]):
     """
 
     k: int = 1
-    sense: Sense = field(default="min", init=False, repr=False)
+    sense: ClassVar[Sense] = "min"
 
     def __post_init__(self) -> None:
         _k(self.k)
@@ -169,21 +174,21 @@ class CountingAll(Property[int]):
     """How many valid configurations there are (independent sets, maximal independent sets,
     cuts, spin configurations), exact at any size."""
 
-    sense: Sense = field(default="all", init=False, repr=False)
+    sense: ClassVar[Sense] = "all"
 
 
 @dataclass(frozen=True, slots=True)
 class SingleConfigMax(Property[Solution]):
     """One configuration of the largest objective."""
 
-    sense: Sense = field(default="max", init=False, repr=False)
+    sense: ClassVar[Sense] = "max"
 
 
 @dataclass(frozen=True, slots=True)
 class SingleConfigMin(Property[Solution]):
     """One configuration of the smallest objective."""
 
-    sense: Sense = field(default="min", init=False, repr=False)
+    sense: ClassVar[Sense] = "min"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +205,7 @@ class ConfigsMax(Property[list[Solution]]):
 
     limit: int = 10_000
     k: int = 1
-    sense: Sense = field(default="max", init=False, repr=False)
+    sense: ClassVar[Sense] = "max"
 
     def __post_init__(self) -> None:
         _limit(self.limit)
@@ -219,7 +224,7 @@ class ConfigsMin(Property[list[Solution]]):
 
     limit: int = 10_000
     k: int = 1
-    sense: Sense = field(default="min", init=False, repr=False)
+    sense: ClassVar[Sense] = "min"
 
     def __post_init__(self) -> None:
         _limit(self.limit)
@@ -236,7 +241,7 @@ class ConfigsAll(Property[list[Solution]]):
     """
 
     limit: int = 10_000
-    sense: Sense = field(default="all", init=False, repr=False)
+    sense: ClassVar[Sense] = "all"
 
     def __post_init__(self) -> None:
         _limit(self.limit)
@@ -250,7 +255,7 @@ class GraphPolynomial(Property[dict[int, int]]):
     weights). Evaluated modulo primes at one point per size and interpolated, the primes'
     coefficients joined by the Chinese remainder theorem, so any count is exact."""
 
-    sense: Sense = field(default="every", init=False, repr=False)
+    sense: ClassVar[Sense] = "every"
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,11 +269,15 @@ class PartitionFunction(Property[float]):
         beta: The inverse temperature, a finite real number.
         log: Return ln Z instead, which never overflows (Z passes float64's range past about
             e^709: asked for then, Z raises an OverflowError).
+
+    Raises:
+        TypeError: ``beta`` is not a real number.
+        ValueError: ``beta`` is not finite.
     """
 
     beta: float
     log: bool = False
-    sense: Sense = field(default="every", init=False, repr=False)
+    sense: ClassVar[Sense] = "every"
 
     def __post_init__(self) -> None:
         if isinstance(self.beta, bool) or not isinstance(self.beta, numbers.Real):
@@ -296,7 +305,7 @@ class SampleMax(Property[list[Solution]]):
 
     count: int
     seed: Any = None
-    sense: Sense = field(default="max", init=False, repr=False)
+    sense: ClassVar[Sense] = "max"
 
     def __post_init__(self) -> None:
         _count(self.count)
@@ -313,7 +322,7 @@ class SampleMin(Property[list[Solution]]):
 
     count: int
     seed: Any = None
-    sense: Sense = field(default="min", init=False, repr=False)
+    sense: ClassVar[Sense] = "min"
 
     def __post_init__(self) -> None:
         _count(self.count)
@@ -330,7 +339,7 @@ class SampleAll(Property[list[Solution]]):
 
     count: int
     seed: Any = None
-    sense: Sense = field(default="all", init=False, repr=False)
+    sense: ClassVar[Sense] = "all"
 
     def __post_init__(self) -> None:
         _count(self.count)
