@@ -38,6 +38,7 @@ from aionvrtc.tropical.problems import (
     SampleMin,
     SingleConfigMax,
     SingleConfigMin,
+    SingleConfigsMin,
     SizeMax,
     SizeMin,
     Solution,
@@ -130,6 +131,9 @@ def test_every_property_against_brute_force(
         rows = [tuple(s.configuration.values()) for s in found]
         assert rows == sorted(x for x, v in scored.items() if v == end)
         assert all(s.value == end for s in found)
+    one_each = problem.solve(SingleConfigsMin(k))
+    assert [s.value for s in one_each] == smallest
+    assert all(scored[tuple(s.configuration.values())] == s.value for s in one_each)
     top = problem.solve(ConfigsMax(k=k))
     assert [(s.value, tuple(s.configuration.values())) for s in top] == [
         (v, x) for v in largest for x in sorted(x for x, s in scored.items() if s == v)

@@ -346,8 +346,9 @@ def test_tropical_exports_the_module() -> None:
         "MAX_DEGREE", "MAX_K", "Problem", "Property", "Counted", "Solution", "SizeMax", "SizeMin",
         "CountingAll", "CountingMax", "CountingMin", "SingleConfigMax", "SingleConfigMin",
         "ConfigsMax", "ConfigsMin", "ConfigsAll", "GraphPolynomial", "PartitionFunction",
-        "SampleMax", "SampleMin", "SampleAll", "MAX_COLORS", "coloring", "dominating_set",
-        "matching", "set_packing", "set_covering", "satisfiability", "paint_shop",
+        "SampleMax", "SampleMin", "SampleAll", "SingleConfigsMax", "SingleConfigsMin",
+        "MAX_COLORS", "coloring", "dominating_set", "matching", "set_packing", "set_covering",
+        "satisfiability", "paint_shop",
         "independent_set", "max_cut",
         "maximal_independent_set", "spin_glass",
     }  # fmt: skip

@@ -32,6 +32,8 @@ from aionvrtc.tropical.problems import (
     SampleMin,
     SingleConfigMax,
     SingleConfigMin,
+    SingleConfigsMax,
+    SingleConfigsMin,
     SizeMax,
     SizeMin,
 )
@@ -82,6 +84,9 @@ def check_against(problem: problems.Problem, score: Scorer, maximise: bool) -> N
     assert [(s.value, tuple(s.configuration.values())) for s in top] == [
         (v, x) for v in distinct[:3] for x in sorted(x for x, s in scored.items() if s == v)
     ]
+    singles = problem.solve(SingleConfigsMax(3) if maximise else SingleConfigsMin(3))
+    assert [s.value for s in singles] == distinct[:3]
+    assert all(scored[tuple(s.configuration.values())] == s.value for s in singles)
     # exp(-beta * energy): the energy minus the size where the optimum is the largest.
     z = math.fsum(math.exp((1 if maximise else -1) * 0.5 * v) for v in scored.values())
     assert problem.solve(PartitionFunction(0.5)) == pytest.approx(z, rel=1e-12)

@@ -263,6 +263,7 @@ def top_configurations(
     path: Sequence[Sequence[int]] | None = None,
     max_bytes: int = MAX_BYTES,
     limit: int = 10_000,
+    first: bool = False,
 ) -> tuple[list[Any], str, list[np.ndarray[Any, Any]]]:
     """Every assignment that attains one of the ``top`` best values of a scalar contraction.
 
@@ -284,6 +285,8 @@ def top_configurations(
             reference's left-to-right order may join every operand in one step).
         max_bytes: As ``einsum``, for the lists; and for the rows.
         limit: The most assignments returned, over all the values (default 10,000).
+        first: One assignment of each value alone, the first the walk finds, however many
+            there are (``limit`` is not checked).
 
     Returns:
         The triple (values, indices, rows): the best values, best first (fewer where fewer
@@ -313,8 +316,8 @@ def top_configurations(
     values, counts = best(ring, dict(net.made), steps, "", sizes, top=top, max_bytes=max_bytes,
                           kept=lists)  # fmt: skip
     found = [(v, int(c)) for v, c in zip(values.tolist(), counts.tolist(), strict=True) if c]
-    total = sum(c for _, c in found)
-    if total > limit:
+    total = len(found) if first else sum(c for _, c in found)
+    if total > limit and not first:
         raise ValueError(
             f"{total:,} assignments attain the {len(found)} best values, more than "
             f"limit={limit:,}: pass a larger limit, or count them alone with einsum(..., top=k)"
@@ -336,8 +339,9 @@ def top_configurations(
         extended = []
         for row, pending, place in rows:
             wanted = pending.pop(n + number)
-            for summed, targets in _best_branches(ring, step, lists, letters, row, wanted=wanted,
-                                                  column=column, sizes=sizes):  # fmt: skip
+            ways = _best_branches(ring, step, lists, letters, row, wanted=wanted, column=column,
+                                  sizes=sizes)  # fmt: skip
+            for summed, targets in ways[:1] if first else ways:
                 made = row.copy()
                 made[[column[c] for c in _summed(step)]] = summed
                 after = dict(pending)

@@ -124,12 +124,12 @@ class Network:
         )
         return letters, rows
 
-    def top_rows(self, k: int, limit: int, max_bytes: int) -> tuple[str, list[Array]]:
-        """Every assignment attaining one of the ``k`` best values: the indices, and for each
-        value (best first) a row of values each."""
+    def top_rows(self, k: int, limit: int | None, max_bytes: int) -> tuple[str, list[Array]]:
+        """Every assignment attaining one of the ``k`` best values (None: one of each alone):
+        the indices, and for each value (best first) a row of values each."""
         _, letters, rows = top_configurations(
             *self._arguments(), top=k, semiring=self.semiring, path=self.path,
-            max_bytes=max_bytes, limit=limit,
+            max_bytes=max_bytes, limit=limit or 1, first=limit is None,
         )  # fmt: skip
         return letters, rows
 

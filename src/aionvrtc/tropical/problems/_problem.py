@@ -32,6 +32,8 @@ from ._properties import (
     SampleMin,
     SingleConfigMax,
     SingleConfigMin,
+    SingleConfigsMax,
+    SingleConfigsMin,
     SizeMax,
     SizeMin,
     Solution,
@@ -56,6 +58,8 @@ _PROPERTIES = (
     SampleMax,
     SampleMin,
     SampleAll,
+    SingleConfigsMax,
+    SingleConfigsMin,
 )
 # ln of float64's largest value: Z = e^x for x past it is infinite.
 _LARGEST_LOG = math.log(sys.float_info.max)
@@ -440,6 +444,10 @@ class Problem:
             return cast(
                 T, [self._solution(dict(zip(letters, r, strict=True))) for r in rows.tolist()]
             )
+        if isinstance(wanted, SingleConfigsMax | SingleConfigsMin):
+            letters, blocks = network.top_rows(wanted.k, None, max_bytes)
+            return cast(T, [self._solution(dict(zip(letters, b[0].tolist(), strict=True)))
+                            for b in blocks])  # fmt: skip
         if isinstance(wanted, SingleConfigMax | SingleConfigMin):
             letters, rows = network.rows(None, max_bytes)
             if not len(rows):

@@ -34,6 +34,8 @@ __all__ = [
     "SampleMin",
     "SingleConfigMax",
     "SingleConfigMin",
+    "SingleConfigsMax",
+    "SingleConfigsMin",
     "SizeMax",
     "SizeMin",
     "Solution",
@@ -189,6 +191,38 @@ class SingleConfigMin(Property[Solution]):
     """One configuration of the smallest objective."""
 
     sense: ClassVar[Sense] = "min"
+
+
+@dataclass(frozen=True, slots=True)
+class SingleConfigsMax(Property[list[Solution]]):
+    """One configuration of each of the ``k`` largest values, largest first: the first that the
+    walk back through the k best lists finds (GenericTensorNetworks.jl's ``SingleConfigMax(k)``).
+
+    Attributes:
+        k: How many of the largest values, from 1 to ``MAX_K`` (64).
+    """
+
+    k: int = 1
+    sense: ClassVar[Sense] = "max"
+
+    def __post_init__(self) -> None:
+        _k(self.k)
+
+
+@dataclass(frozen=True, slots=True)
+class SingleConfigsMin(Property[list[Solution]]):
+    """``SingleConfigsMax`` at the other end: one configuration of each of the ``k`` smallest
+    values, smallest first.
+
+    Attributes:
+        k: How many of the smallest values, from 1 to ``MAX_K`` (64).
+    """
+
+    k: int = 1
+    sense: ClassVar[Sense] = "min"
+
+    def __post_init__(self) -> None:
+        _k(self.k)
 
 
 @dataclass(frozen=True, slots=True)
