@@ -21,6 +21,7 @@ from ._reading import (
     Weights,
     check_bounded,
     checked_dtype,
+    edge_terms,
     indices_of,
     neighbours_of,
     read_graph,
@@ -341,14 +342,11 @@ def _edge_network(
     tensors: list[Array],
     dtype: np.dtype[Any],
 ) -> Problem:
-    """A network of one tensor per edge, and ``[0, 0]`` after them for each vertex on no edge:
-    every vertex has its index, and the networks of graphs without such vertices are the
-    edges' alone (their orders kept in files stay valid)."""
+    """A network of one tensor per edge, and ``[0, 0]`` after them for each vertex on no edge
+    (``edge_terms``)."""
     index = indices_of(found)
-    touched = {v for edge in edges for v in edge}
-    alone = [v for v in found if v not in touched]
-    terms = [index[u] + index[v] for u, v in edges] + [index[v] for v in alone]
-    operands = tensors + [np.zeros(2, dtype)] * len(alone)
+    terms, alone = edge_terms(found, edges, index)
+    operands = tensors + [np.zeros(2, dtype)] * alone
     return made(
         kind,
         terms,

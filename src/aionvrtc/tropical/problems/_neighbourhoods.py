@@ -20,6 +20,7 @@ from ._reading import (
     Weights,
     check_bounded,
     checked_dtype,
+    edge_terms,
     indices_of,
     neighbours_of,
     read_graph,
@@ -90,12 +91,10 @@ def coloring(
     w = weights_of(graph, edges, weights, dtype, "weights", edges=True)
     check_bounded(dtype, "weights", w)
     index = indices_of(found)
-    touched = {v for edge in edges for v in edge}
-    alone = [v for v in found if v not in touched]
-    terms = [index[u] + index[v] for u, v in edges] + [index[v] for v in alone]
+    terms, alone = edge_terms(found, edges, index)
     same = np.eye(colors, dtype=bool)
     operands = [np.where(same, x, 0).astype(dtype) for x in w]
-    operands += [np.zeros(colors, dtype)] * len(alone)
+    operands += [np.zeros(colors, dtype)] * alone
     return made(
         "coloring",
         terms,

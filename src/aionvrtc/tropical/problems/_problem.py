@@ -441,29 +441,24 @@ class Problem:
             letters, rows = network.drawn(wanted.count, wanted.seed, max_bytes)
             if not len(rows):
                 raise ValueError(f"no configuration of this {self.kind} problem is valid")
-            return cast(
-                T, [self._solution(dict(zip(letters, r, strict=True))) for r in rows.tolist()]
-            )
+            return cast(T, self._solutions(letters, rows))
         if isinstance(wanted, SingleConfigsMax | SingleConfigsMin):
             letters, blocks = network.top_rows(wanted.k, None, max_bytes)
-            return cast(T, [self._solution(dict(zip(letters, b[0].tolist(), strict=True)))
-                            for b in blocks])  # fmt: skip
+            return cast(T, [self._solutions(letters, block[:1])[0] for block in blocks])
         if isinstance(wanted, SingleConfigMax | SingleConfigMin):
             letters, rows = network.rows(None, max_bytes)
             if not len(rows):
                 raise ValueError(f"no configuration of this {self.kind} problem is valid")
-            return cast(T, self._solution(dict(zip(letters, rows[0].tolist(), strict=True))))
+            return cast(T, self._solutions(letters, rows[:1])[0])
         assert isinstance(wanted, ConfigsMax | ConfigsMin | ConfigsAll)
         if not isinstance(wanted, ConfigsAll) and wanted.k > 1:
             letters, blocks = network.top_rows(wanted.k, wanted.limit, max_bytes)
-            listed = []  # each value's configurations, best value first
-            for block in blocks:
-                found = [self._solution(dict(zip(letters, r, strict=True))) for r in block.tolist()]
-                listed += sorted(found, key=lambda s: tuple(s.configuration.values()))
-            return cast(T, listed)
+            # Each value's configurations in order, the best value's first.
+            return cast(
+                T, [s for block in blocks for s in _in_order(self._solutions(letters, block))]
+            )
         letters, rows = network.rows(wanted.limit, max_bytes)
-        found = [self._solution(dict(zip(letters, row, strict=True))) for row in rows.tolist()]
-        return cast(T, sorted(found, key=lambda s: tuple(s.configuration.values())))
+        return cast(T, _in_order(self._solutions(letters, rows)))
 
     def _from_gpu(self, wanted: Property[T], value: Any, assignment: Any) -> T:
         if isinstance(wanted, SizeMax | SizeMin):
@@ -471,6 +466,10 @@ class Problem:
         if assignment is None:
             raise ValueError(f"no configuration of this {self.kind} problem is valid")
         return cast(T, self._solution(assignment))
+
+    def _solutions(self, letters: str, rows: Array) -> list[Solution]:
+        """A Solution of each row of the values of the indices ``letters``, in the rows' order."""
+        return [self._solution(dict(zip(letters, row, strict=True))) for row in rows.tolist()]
 
     def _solution(self, assignment: Mapping[str, int]) -> Solution:
         configuration = self.configuration(assignment)
@@ -485,3 +484,8 @@ def total(terms: Iterable[float], *, ints: bool) -> float:
     if ints:
         return sum(int(t) for t in listed)
     return math.fsum(listed)
+
+
+def _in_order(found: list[Solution]) -> list[Solution]:
+    """Solutions in increasing order of their configurations read variable by variable."""
+    return sorted(found, key=lambda s: tuple(s.configuration.values()))

@@ -23,6 +23,7 @@ __all__ = [
     "Weights",
     "check_bounded",
     "checked_dtype",
+    "edge_terms",
     "indices_of",
     "neighbours_of",
     "read_graph",
@@ -159,6 +160,17 @@ def checked_dtype(dtype: Any) -> np.dtype[Any]:
 
 def indices_of(found: Sequence[Vertex]) -> dict[Vertex, str]:
     return {v: str(opt_einsum.get_symbol(i)) for i, v in enumerate(found)}
+
+
+def edge_terms(
+    found: Sequence[Vertex], edges: Sequence[Edge], index: Mapping[Vertex, str]
+) -> tuple[list[str], int]:
+    """A network of one term per edge, then one per vertex on no edge (every vertex has its
+    index; a graph without such vertices has the edges' terms alone, so orders kept in files
+    stay valid): the terms, and how many vertices are alone."""
+    touched = {v for edge in edges for v in edge}
+    alone = [v for v in found if v not in touched]
+    return [index[u] + index[v] for u, v in edges] + [index[v] for v in alone], len(alone)
 
 
 def neighbours_of(found: Sequence[Vertex], edges: Iterable[Edge]) -> dict[Vertex, list[Vertex]]:
