@@ -163,3 +163,44 @@ async def until_loaded(compiler: Compiler, spec: KernelSpec) -> None:
     with anyio.fail_after(120):  # a background compile on the GPU machine's CPUs
         while compiler.loaded(spec, device=0) is None:
             await anyio.sleep(0.02)
+
+
+def brute_force_counts(
+    a: np.ndarray[Any, Any],
+    b: np.ndarray[Any, Any],
+    ring: str,
+    counts: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None,
+    modulus: int | None = None,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A counted product by the definition, in Python's integers: each value (``brute_force``'s)
+    with the sum, over the k whose product attains it, of the product of the two entries'
+    counts (1 each without ``counts``); none where the value is the zero; modulo ``modulus``,
+    else -1 past 2^63 - 1 or where a negative count takes part."""
+    value, _ = brute_force(a, b, ring)
+    semiring = SEMIRINGS[ring]
+    zero = semiring.zero(a.dtype)
+    na, nb = (
+        counts
+        if counts is not None
+        else (((x != zero) & ~np.isnan(x.astype(np.float64))).astype(np.int64) for x in (a, b))
+    )
+    m, k = a.shape
+    n = b.shape[1]
+    found = np.zeros((m, n), np.int64)
+    for i in range(m):
+        for j in range(n):
+            if value[i, j] == zero or value[i, j] != value[i, j]:
+                continue
+            terms = [
+                (int(na[i, t]), int(nb[t, j]))
+                for t in range(k)
+                if _mul(ring, a[i, t], b[t, j], a.dtype) == value[i, j]
+            ]
+            if modulus is not None:
+                found[i, j] = sum(x * y for x, y in terms) % modulus
+            elif any(x < 0 or y < 0 for x, y in terms):
+                found[i, j] = -1
+            else:
+                total = sum(x * y for x, y in terms)
+                found[i, j] = total if total < 1 << 63 else -1
+    return value, found

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..products import Semiring, check_size, combine, max_bytes_bound
+from ..products import Semiring, check_size, combine, entry_counts, max_bytes_bound
 from ._contraction import (
     Step,
     Term,
@@ -29,7 +29,6 @@ __all__ = [
     "check_top",
     "count_along",
     "counted",
-    "entry_counts",
     "weighted_residues",
 ]
 
@@ -285,12 +284,6 @@ def _kept(
     if not counting:
         np.minimum(out_c, 1, out=out_c)
     return out_v.reshape(*lead, top), out_c.reshape(*lead, top)
-
-
-def entry_counts(ring: Semiring, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """True where an entry counts for an assignment: it is neither the zero nor a NaN."""
-    zero = ring.zero(x.dtype)
-    return np.asarray((x != zero) & (x == x))  # noqa: PLR0124  # x == x is False for a NaN
 
 
 def _contractcount_along(

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ..products import MAX_BYTES
+from ..products import MAX_BYTES, entry_counts
 from ._contraction import Network, align, blocks, in_block, joint_indices, prepare
-from ._counting import counted, entry_counts, weighted_residues
+from ._counting import counted, weighted_residues
 from ._residues import Joined, moduli
 
 __all__ = ["MAX_SPAN", "partition_function", "polynomial"]

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import opt_einsum
 
-from ..products import MAX_BYTES, Semiring, check_size, combine, max_bytes_bound
+from ..products import MAX_BYTES, Semiring, check_size, combine, entry_counts, max_bytes_bound
 from ._contraction import Step, Term, align, prepare
-from ._counting import best, count_along, counted, entry_counts
+from ._counting import best, count_along, counted
 
 __all__ = ["configurations", "samples", "top_configurations"]
 

@@ -12,6 +12,7 @@ a call is run and its kernels fetched (``run_async``, ``Fetch``...), launches (`
 
 from ._batching import Batcher, BatcherStats
 from ._calls import backward, backward_sync, matmul, matmul_sync, warm, warm_specs
+from ._counts import MAX_MODULUS, entry_counts
 from ._figures import MODEL_FIGURES, DeviceFigures, device_figures, known_figures, probe_spec
 from ._joining import Group, Joiner, Member
 from ._launching import Launch, OnDevice, Packed, launch, load_soon, loaded
@@ -43,6 +44,7 @@ __all__ = [
     "DTYPES",
     "LAYOUTS",
     "MAX_BYTES",
+    "MAX_MODULUS",
     "MODEL_FIGURES",
     "ROWS_KMAX",
     "SEMIRINGS",
@@ -77,6 +79,7 @@ __all__ = [
     "combine",
     "cupy_module",
     "device_figures",
+    "entry_counts",
     "family_spec",
     "gemm_spec",
     "kernel_spec",

@@ -12,8 +12,9 @@ import anyio.to_thread
 from ..._compiler import Compiler
 from ..._spec import KernelSpec
 from ..._target import Target, TargetLike, as_target, resolve_target
-from ._launching import first_error, loaded
-from ._plan_cache import planned_backward, planned_product, ready
+from ._counts import check_counted
+from ._launching import first_error, load_soon, loaded
+from ._plan_cache import planned_backward, planned_counted, planned_product, ready
 from ._product_plan import batch_specs
 from ._specs import all_specs, pairs
 from ._twins import Fetch, Work, run_async, run_sync
@@ -32,6 +33,8 @@ async def matmul(
     argmax: bool = False,
     out: Any = None,
     accumulate: bool = False,
+    counts: Any = None,
+    modulus: int | None = None,
     stream: Any = None,
     compiler: Compiler | None = None,
 ) -> Any:
@@ -59,25 +62,40 @@ async def matmul(
         argmax: Also compute the int32 index of the winning k: the smallest on ties, -1 where
             C is the semiring's zero.
         out: The array that receives C, of C's shape and dtype on the operands' device; with
-            ``argmax``, a (C, argmax) pair of such arrays, the argmax int32. Default: new arrays.
-        accumulate: Compute C = C (+) A (x) B into ``out``, which must then be given.
+            ``argmax``, a (C, argmax) pair of such arrays, the argmax int32; with ``counts``, a
+            (C, counts) pair, the counts int64. Default: new arrays.
+        accumulate: Compute C = C (+) A (x) B into ``out``, which must then be given (with
+            ``counts``, the counts there joined too).
+        counts: Also count, for each element of C, the ways it is attained: True (each entry
+            of ``a`` and ``b`` counts once, except the semiring's zero and NaN), or a pair
+            (counts of ``a``, counts of ``b``) of non-negative int64 CuPy arrays of their
+            shapes, any strides. A product's count is the product of its two entries'; equal
+            products' counts add, a better product's replace them. Not with ``argmax``.
+        modulus: With ``counts``, count modulo this int from 2 to 2^31 - 1 (a prime: residues
+            modulo several are joined by the Chinese remainder theorem). Default: exact int64
+            counts, -1 where one passes 2^63 - 1 (and in every count made from it), never a
+            wrong count.
         stream: The CuPy stream the work is enqueued on. Default: CuPy's current stream.
         compiler: The Compiler that fetches the kernel. Default: aionvrtc's process-wide
             Compiler.
 
     Returns:
         C, of shape (M, N), or (batch, M, N) where an operand is 3-D (``out`` where given,
-        else a new array). With ``argmax=True``, the pair (C, argmax).
+        else a new array). With ``argmax=True``, the pair (C, argmax); with ``counts``, the
+        pair (C, counts).
 
     Raises:
         TypeError: ``a``, ``b`` or ``out`` is not a CuPy array; ``a`` and ``b`` differ in
-            dtype, or have one that ``semiring`` does not take; with ``argmax``, ``out`` is not
-            a pair.
+            dtype, or have one that ``semiring`` does not take; with ``argmax`` or ``counts``,
+            ``out`` is not a pair; ``counts`` is neither True nor a pair of CuPy arrays;
+            ``modulus`` is not an int.
         ValueError: ``semiring`` is not one of the four; an operand is not 2-D or 3-D, ``a``'s
             columns do not match ``b``'s rows, or the batch sizes differ and neither is 1; the
-            operands or ``out`` are on different devices; ``out`` is not of C's shape and dtype
-            (the argmax not int32); ``accumulate`` without ``out``.
-        cupy.cuda.memory.OutOfMemoryError: C or the argmax does not fit in GPU memory.
+            operands, their counts or ``out`` are on different devices; ``out`` is not of C's
+            shape and dtype (the argmax not int32, the counts not int64); ``accumulate``
+            without ``out``; ``counts`` with ``argmax``, or not int64 of their operands'
+            shapes; ``modulus`` out of range, or without ``counts``.
+        cupy.cuda.memory.OutOfMemoryError: C, the argmax or the counts do not fit in GPU memory.
         CompileError: NVRTC refused the kernel. This and the errors below come from the
             kernel's first use on a device only.
         NvrtcError: NVRTC cannot be used, or cannot compile for this GPU.
@@ -94,6 +112,8 @@ async def matmul(
             argmax=argmax,
             out=out,
             accumulate=accumulate,
+            counts=counts,
+            modulus=modulus,
             stream=stream,
             compiler=compiler,
         )
@@ -108,6 +128,8 @@ def matmul_sync(
     argmax: bool = False,
     out: Any = None,
     accumulate: bool = False,
+    counts: Any = None,
+    modulus: int | None = None,
     stream: Any = None,
     compiler: Compiler | None = None,
 ) -> Any:
@@ -126,19 +148,23 @@ def matmul_sync(
         out: The array that receives C; with ``argmax``, a (C, argmax) pair. Default: new
             arrays.
         accumulate: Compute C = C (+) A (x) B into ``out``, which must then be given.
+        counts: Also count the ways each element of C is attained (as ``matmul``).
+        modulus: With ``counts``, count modulo this int (as ``matmul``).
         stream: The CuPy stream the work is enqueued on. Default: CuPy's current stream.
         compiler: The Compiler that fetches the kernel. Default: aionvrtc's process-wide
             Compiler, usable from any thread. Another must run in a portal
             (``Compiler.use_portal``), or this must be a worker thread of its event loop.
 
     Returns:
-        C, or the pair (C, argmax) with ``argmax=True``, as ``matmul`` returns them.
+        C, or the pair (C, argmax) with ``argmax=True`` or (C, counts) with ``counts``, as
+        ``matmul`` returns them.
 
     Raises:
-        TypeError: ``a``, ``b`` or ``out`` is not a CuPy array, or the dtypes do not fit (as
-            for ``matmul``).
-        ValueError: The semiring, shapes, devices or ``out`` do not fit (as for ``matmul``).
-        cupy.cuda.memory.OutOfMemoryError: C or the argmax does not fit in GPU memory.
+        TypeError: ``a``, ``b`` or ``out`` is not a CuPy array, or the dtypes, ``counts`` or
+            ``modulus`` do not fit (as for ``matmul``).
+        ValueError: The semiring, shapes, devices, ``out``, ``counts`` or ``modulus`` do not
+            fit (as for ``matmul``).
+        cupy.cuda.memory.OutOfMemoryError: C, the argmax or the counts do not fit in GPU memory.
         CompileError: NVRTC refused the kernel. This and the errors below come from the
             kernel's first use on a device only.
         NvrtcError: NVRTC cannot be used, or cannot compile for this GPU.
@@ -156,6 +182,8 @@ def matmul_sync(
             argmax=argmax,
             out=out,
             accumulate=accumulate,
+            counts=counts,
+            modulus=modulus,
             stream=stream,
             compiler=compiler,
         )
@@ -170,10 +198,16 @@ def _matmul(
     argmax: bool,
     out: Any,
     accumulate: bool,
+    counts: Any,
+    modulus: int | None,
     stream: Any,
     compiler: Compiler | None,
 ) -> Work[Any]:
     """The body of ``matmul`` and ``matmul_sync`` (see _twins)."""
+    if check_counted(counts, modulus, argmax=argmax):
+        counted = _counted(a, b, semiring, counts, modulus, out=out, accumulate=accumulate,
+                           stream=stream, compiler=compiler)  # fmt: skip
+        return (yield from counted)
     product, c, index = planned_product(
         a, b, semiring, argmax=argmax, out=out, accumulate=accumulate
     )
@@ -190,6 +224,42 @@ def _matmul(
     else:
         product.fill_outputs(c, index, stream)
     return (c, index) if argmax else c
+
+
+def _counted(
+    a: Any,
+    b: Any,
+    semiring: str,
+    counts: Any,
+    modulus: int | None,
+    *,
+    out: Any,
+    accumulate: bool,
+    stream: Any,
+    compiler: Compiler | None,
+) -> Work[tuple[Any, Any]]:
+    """A counted product: its own kernel where loaded, else the other form's where that is
+    (its own loading in the background), else its own fetched."""
+    product, (c, made) = planned_counted(
+        a, b, semiring, counts, modulus, out=out, accumulate=accumulate
+    )
+    launch = product.launch
+    if launch is None:
+        product.fill_outputs(c, made, stream)
+        return c, made
+    found = loaded(launch.spec, launch.device, compiler)
+    if found is None:
+        other = product.standin
+        assert other is not None
+        found = loaded(other.spec, other.device, compiler)
+        if found is not None:
+            load_soon([launch.spec], launch.device, compiler)
+            launch = other
+        else:
+            [found] = yield Fetch((launch.spec,), launch.device, compiler)
+    given = (None, None) if counts is True else counts
+    launch.run(found, (a, given[0], b, given[1], c, made), stream)
+    return c, made
 
 
 # -- backward --------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from ..._compiler import Compiler
 from ..._cuda import Module
 from ..._spec import KernelSpec
 from .._bounded import keep
+from ._counted import CountedProduct, plan_counted
 from ._launching import BackwardLaunch, Launch, OnDevice, load_soon, loaded
 from ._product_plan import Plan, backward_plan, cupy_module, plan, standins
 from ._shape_classes import tables_version, tuned_tiles
@@ -34,6 +35,7 @@ __all__ = [
     "clear",
     "find",
     "planned_backward",
+    "planned_counted",
     "planned_product",
     "ready",
 ]
@@ -44,6 +46,7 @@ MAX_PLANS = 4096
 
 _products: dict[Any, Product] = {}
 _backwards: dict[Any, BackwardLaunch] = {}
+_counted: dict[Any, CountedProduct] = {}
 # Each product's stand-in launches, made at its first call that found its kernel missing.
 _standins: dict[Product, tuple[Launch, ...]] = {}
 
@@ -182,6 +185,34 @@ def ready(product: Product, compiler: Compiler | None) -> tuple[Launch, Module] 
     return None
 
 
+def planned_counted(
+    a: Any, b: Any, semiring: str, counts: Any, modulus: int | None, *, out: Any, accumulate: bool
+) -> tuple[CountedProduct, tuple[Any, Any]]:
+    """A counted product (``plan_counted``) and its outputs (C, counts), planned once per
+    layout of the operands, their counts and ``out``."""
+    try:
+        given = None if counts is True else _pair(counts)
+        made = None if out is None else _pair(out)
+        key = (semiring, modulus, bool(accumulate), _layout(a), _layout(b), given, made)
+        found = _counted[key]
+        return found, found.outputs(out)
+    except KeyError:
+        pass
+    except (AttributeError, TypeError, ValueError):
+        key = None  # not CuPy arrays (or not a pair): planned, which says what was wrong
+    planned, outputs = plan_counted(a, b, semiring, counts, modulus, out=out,
+                                    accumulate=accumulate)  # fmt: skip
+    if key is not None:
+        keep(_counted, key, planned, MAX_PLANS)
+    return planned, outputs
+
+
+def _pair(given: Any) -> tuple[Any, Any]:
+    if type(given) is not tuple or len(given) != 2:
+        raise AttributeError  # planning says what it must be
+    return _layout(given[0]), _layout(given[1])
+
+
 def planned_backward(grad_c: Any, a: Any, b: Any, argmax: Any, semiring: str) -> BackwardLaunch:
     """The backward's launch, planned once per layout (its gradients: ``gradients``)."""
     try:
@@ -202,3 +233,4 @@ def clear() -> None:
     _products.clear()
     _backwards.clear()
     _standins.clear()
+    _counted.clear()

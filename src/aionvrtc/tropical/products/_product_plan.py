@@ -32,7 +32,9 @@ __all__ = [
     "choose",
     "cupy_module",
     "kernel_spec",
+    "output_strides",
     "plan",
+    "require_cupy",
     "standins",
     "strides",
 ]
@@ -48,7 +50,7 @@ def cupy_module() -> Any:
     return cupy
 
 
-def _require_cupy(x: Any, what: str) -> Any:
+def require_cupy(x: Any, what: str) -> Any:
     cupy = cupy_module()
     if not isinstance(x, cupy.ndarray):
         hint = ": move it with cupy.asarray(...)" if isinstance(x, np.ndarray) else ""
@@ -180,8 +182,8 @@ def plan(
         cupy.cuda.memory.OutOfMemoryError: The outputs do not fit in GPU memory.
     """
     ring = semiring(semiring_name)
-    a = _require_cupy(a, "a")
-    b = _require_cupy(b, "b")
+    a = require_cupy(a, "a")
+    b = require_cupy(b, "b")
     shapes = check_operands(ring, a, b)
     if a.device.id != b.device.id:
         raise ValueError(f"a is on device {a.device.id} and b on device {b.device.id}")
@@ -203,12 +205,13 @@ def plan(
     return Plan(
         ring, spec, a, b, c, index, a_strides, b_strides,
         batch, m, n, k, a.device.id, batched, tile, rows, transposed,
-        a.dtype, _strides3(c, batched), None if index is None else _strides3(index, batched),
+        a.dtype, output_strides(c, batched),
+        None if index is None else output_strides(index, batched),
         bool(accumulate),
     )  # fmt: skip
 
 
-def _strides3(x: Any, batched: bool) -> Strides:
+def output_strides(x: Any, batched: bool) -> Strides:
     """Element strides (batch, rows, columns) of an output; the batch stride 0 without a
     batch dimension."""
     each = tuple(s // x.itemsize for s in x.strides)
@@ -402,7 +405,7 @@ def _outputs(
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError("with argmax=True, out must be a (values, argmax) pair of arrays")
         c, index = out
-        _require_cupy(index, "out[1] (argmax)")
+        require_cupy(index, "out[1] (argmax)")
         if index.dtype != np.int32 or index.shape != shape:
             raise ValueError(
                 f"out[1] (argmax) must be int32 of shape {shape}, "
@@ -410,7 +413,7 @@ def _outputs(
             )
     else:
         c, index = out, None
-    _require_cupy(c, "out")
+    require_cupy(c, "out")
     if c.dtype != a.dtype or c.shape != shape:
         raise ValueError(
             f"out must be {a.dtype} of shape {shape}, got {c.dtype} of shape {c.shape}"
@@ -443,7 +446,7 @@ class BackwardPlan:
 def backward_plan(grad_c: Any, a: Any, b: Any, argmax: Any, semiring_name: str) -> BackwardPlan:
     ring = semiring(semiring_name)
     for x, what in ((grad_c, "grad_c"), (a, "a"), (b, "b"), (argmax, "argmax")):
-        _require_cupy(x, what)
+        require_cupy(x, what)
     spec = backward_spec(ring, a.dtype)
     dims = check_operands(ring, a, b)
     shape = (dims.batch, dims.m, dims.n) if dims.batched else (dims.m, dims.n)

@@ -17,9 +17,12 @@ from ._semirings import DTYPES, SEMIRINGS, Semiring, as_dtype, semiring
 from ._shape_classes import ROWS_KMAX, TILES, Tile, tile_variant
 
 __all__ = [
+    "COUNTED_FORMS",
+    "COUNTINGS",
     "LAYOUTS",
     "all_specs",
     "backward_spec",
+    "counted_spec",
     "family_digest",
     "family_source",
     "family_spec",
@@ -36,7 +39,7 @@ LAYOUTS: tuple[Layout, ...] = ("rowmajor", "strided")
 OPTIONS = ("-std=c++17",)
 
 
-Family = Literal["gemm", "tiled", "rows", "backward", "einsum", "probe"]
+Family = Literal["gemm", "tiled", "rows", "backward", "einsum", "probe", "counted"]
 # The headers each family's source includes (kernels/): a kernel's key covers its family's
 # source and these, and nothing of the other families.
 _INCLUDES: dict[Family, tuple[str, ...]] = {
@@ -46,6 +49,7 @@ _INCLUDES: dict[Family, tuple[str, ...]] = {
     "backward": (),
     "einsum": ("tropical_common.cuh",),
     "probe": (),
+    "counted": ("tropical_common.cuh",),
 }
 
 
@@ -205,6 +209,31 @@ def tiled_spec(
     return family_spec("tiled", expression)
 
 
+Counting = Literal["ones", "exact", "modular"]
+# ones: each operand entry counts for 1 (no count arrays read); exact: int64 counts, -1 past
+# 2^63 - 1; modular: residues modulo a prime below 2^31. (tropical_counted.cu's Ones, Exact and
+# Modular.)
+COUNTINGS: tuple[Counting, ...] = ("ones", "exact", "modular")
+CountedForm = Literal["tiles", "rows"]
+# tiles: 64 x 64 tiles of C per block; rows: a thread per output, for products with few rows or
+# few columns.
+COUNTED_FORMS: tuple[CountedForm, ...] = ("tiles", "rows")
+
+
+@functools.cache
+def counted_spec(
+    ring: Semiring, dtype: np.dtype[np.generic], *, counting: Counting, form: CountedForm
+) -> KernelSpec:
+    """The spec of one counted-product kernel (tropical_counted.cu): values and the counts of
+    the ways each is attained, any strides, batches, accumulating or not (arguments)."""
+    ring.check_dtype(dtype)
+    if counting not in COUNTINGS or form not in COUNTED_FORMS:
+        raise ValueError(f"no counted kernel {form!r} counting {counting!r}")
+    template = "tropical_counted" if form == "tiles" else "tropical_counted_rows"
+    expression = f"{template}<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {counting.capitalize()}>"
+    return family_spec("counted", expression)
+
+
 def backward_spec(semiring_name: str | Semiring, dtype: Any) -> KernelSpec:
     """The spec of the backward kernel of a product under ``semiring_name``: the kernel that
     ``backward`` launches. Max-plus and min-plus share one.
@@ -245,8 +274,9 @@ def all_specs(
     dtypes: what ``warm`` compiles.
 
     The generic kernels of each variant (argmax, accumulate) and layout, the tuned ones with
-    each tile of ``TILES`` and the skinny ones where they serve, and the backward kernels of
-    the float types. Combinations a semiring does not define are skipped.
+    each tile of ``TILES`` and the skinny ones where they serve, the backward kernels of the
+    float types, and the counted kernels (``matmul(..., counts=...)``) of each counting and
+    form. Combinations a semiring does not define are skipped.
 
     Args:
         semirings: The semirings' names, such as ``["maxplus"]``. Default: all four.
@@ -280,6 +310,10 @@ def all_specs(
                 specs += [rows_spec(ring, dtype, accumulate=acc, kmax=kmax) for kmax in ROWS_KMAX]
         if name != "andor" and dtype.kind == "f":
             specs.append(_backward_spec(ring, dtype))
+        specs += [
+            counted_spec(ring, dtype, counting=counting, form=form)
+            for counting, form in itertools.product(COUNTINGS, COUNTED_FORMS)
+        ]
     return list(dict.fromkeys(specs))  # max-plus and min-plus share backward kernels
 
 

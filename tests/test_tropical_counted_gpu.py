@@ -1,0 +1,172 @@
+"""Counted products on the GPU against the NumPy reference, on fresh random inputs (seeds
+printed): every semiring and type, each counting (each entry once, given int64 counts, modulo a
+prime) in both kernel forms, strided views, batches, ``out=`` and ``accumulate``, K = 0, the
+int64 bound, and a product whose kernel is not loaded running at once on the other form's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aionvrtc import Compiler, tropical
+from aionvrtc.tropical import SEMIRINGS, reference
+from aionvrtc.tropical.products._counted import counted_form
+from aionvrtc.tropical.products._specs import counted_spec
+
+from .support.tropical_data import gpu, host, operands, until_loaded
+
+pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
+
+CASES = [(s, np.dtype(d)) for s, ring in SEMIRINGS.items() for d in ring.dtypes]
+IDS = [f"{s}-{d}" for s, d in CASES]
+# (M, K, N): the skinny form on tall, wide and small products, the tiled form on odd sizes
+# past a tile and on a long K.
+SIZES = [(1, 1, 1), (4100, 9, 3), (2, 20, 3000), (15, 40, 15), (70, 33, 90), (130, 600, 65)]
+PRIME = 2_147_483_647
+
+
+def draw(rng: np.random.Generator, ring: str, dtype: Any, m: int, k: int, n: int) -> Any:
+    """Operands with many ties (counts above 1), and about a tenth of their entries the
+    semiring's zero."""
+    a, b = operands(rng, ring, dtype, (m, k), (k, n), ties=True)
+    zero = SEMIRINGS[ring].zero(np.dtype(dtype))
+    for x in (a, b):
+        x[rng.random(x.shape) < 0.1] = zero
+    return a, b
+
+
+def assert_counted(got: Any, want: Any) -> None:
+    np.testing.assert_array_equal(host(got[0]), want[0])
+    np.testing.assert_array_equal(host(got[1]), want[1])
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_counted_products_match_the_reference(
+    rng: np.random.Generator, ring: str, dtype: Any
+) -> None:
+    forms = set()
+    for m, k, n in SIZES:
+        forms.add(counted_form(m, n))
+        a, b = draw(rng, ring, dtype, m, k, n)
+        given = (rng.integers(0, 1 << 20, a.shape), rng.integers(0, 1 << 20, b.shape))
+        for counts in (True, given):
+            on_gpu = True if counts is True else tuple(gpu(x) for x in given)
+            for modulus in (None, PRIME):
+                got = tropical.matmul_sync(gpu(a), gpu(b), ring, counts=on_gpu, modulus=modulus)
+                want = reference.matmul(a, b, ring, counts=counts, modulus=modulus)
+                assert_counted(got, want)
+    assert forms == {"rows", "tiles"}
+
+
+@pytest.mark.parametrize("ring", ["maxplus", "minplus", "andor"])
+@pytest.mark.parametrize(("m", "k", "n"), [(300, 50, 70), (2000, 12, 5)])
+def test_views_and_broadcast_batches_are_read_in_place(
+    rng: np.random.Generator, ring: str, m: int, k: int, n: int
+) -> None:
+    import cupy
+
+    dtype = np.bool_ if ring == "andor" else np.int32
+    a, b = draw(rng, ring, dtype, m, k, 2 * n)
+    na, nb = rng.integers(0, 50, a.shape), rng.integers(0, 50, b.shape)
+    # A transposed (k contiguous no more), B every other column, their counts likewise.
+    ga = cupy.asfortranarray(gpu(a))
+    gna = cupy.asfortranarray(gpu(na))
+    gb, gnb = gpu(b)[:, ::2], gpu(nb)[:, ::2]
+    got = tropical.matmul_sync(ga, gb, ring, counts=(gna, gnb))
+    assert_counted(got, reference.matmul(a, b[:, ::2], ring, counts=(na, nb[:, ::2])))
+    # Three batches of A against one B (broadcast), the counts given per batch.
+    a3, _ = draw(rng, ring, dtype, 3 * m, k, 1)
+    a3 = a3.reshape(3, m, k)
+    na3 = rng.integers(0, 50, a3.shape)
+    got = tropical.matmul_sync(gpu(a3), gb[None], ring, counts=(gpu(na3), gnb[None]),
+                               modulus=7)  # fmt: skip
+    want = reference.matmul(a3, b[None, :, ::2], ring, counts=(na3, nb[None, :, ::2]), modulus=7)
+    assert_counted(got, want)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(100, 30, 80), (3000, 8, 2)])
+def test_out_and_accumulate_join_the_counts_there(
+    rng: np.random.Generator, m: int, k: int, n: int
+) -> None:
+    import cupy
+
+    a, b = draw(rng, "maxplus", np.int64, m, k, n)
+    c, d = draw(rng, "maxplus", np.int64, m, k, n)
+    out = (cupy.empty((m, n), np.int64), cupy.empty((m, n), np.int64))
+    assert tropical.matmul_sync(gpu(a), gpu(b), counts=True, out=out) is out
+    first = reference.matmul(a, b, counts=True)
+    assert_counted(out, first)
+    tropical.matmul_sync(gpu(c), gpu(d), counts=True, out=out, accumulate=True)
+    second = reference.matmul(c, d, counts=True)
+    # (C, counts) (+) (C', counts'): the better value's counts, both where they are equal.
+    value = np.maximum(first[0], second[0])
+    count = np.where(first[0] == value, first[1], 0) + np.where(second[0] == value, second[1], 0)
+    count[value == SEMIRINGS["maxplus"].zero(np.dtype(np.int64))] = 0
+    assert_counted(out, (value, count))
+
+
+def test_a_sum_over_no_k_is_the_zero_counted_none(rng: np.random.Generator) -> None:
+    import cupy
+
+    a, b = cupy.empty((5, 0), np.float32), cupy.empty((0, 7), np.float32)
+    value, count = tropical.matmul_sync(a, b, "minplus", counts=True)
+    assert np.all(host(value) == np.inf)
+    assert np.all(host(count) == 0)
+    out = (cupy.full((5, 7), 3.0, np.float32), cupy.full((5, 7), 4, np.int64))
+    tropical.matmul_sync(a, b, "minplus", counts=True, out=out, accumulate=True)
+    assert np.all(host(out[0]) == 3.0)  # C (+) zero = C
+    assert np.all(host(out[1]) == 4)
+    empty = tropical.matmul_sync(cupy.empty((0, 3), np.float32), cupy.empty((3, 4), np.float32),
+                                 counts=True)  # fmt: skip
+    assert empty[0].shape == empty[1].shape == (0, 4)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(64, 40, 64), (1000, 40, 2)])
+def test_an_exact_count_past_int64_is_minus_one_on_the_gpu(m: int, k: int, n: int) -> None:
+    # Every product ties at 0; each count 2^58, so each output's sum of 40 is past 2^63.
+    a, b = np.zeros((m, k), np.int32), np.zeros((k, n), np.int32)
+    na, nb = np.full(a.shape, 1 << 29, np.int64), np.full(b.shape, 1 << 29, np.int64)
+    got = tropical.matmul_sync(gpu(a), gpu(b), counts=(gpu(na), gpu(nb)))
+    assert np.all(host(got[1]) == -1)
+    assert_counted(got, reference.matmul(a, b, counts=(na, nb)))
+    got = tropical.matmul_sync(gpu(a), gpu(b), counts=(gpu(na), gpu(nb)), modulus=PRIME)
+    assert np.all(host(got[1]) == (40 << 58) % PRIME)
+
+
+async def test_a_counted_product_waits_for_no_kernel_the_other_form_can_stand_in_for(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    async with Compiler(cache_dir=tmp_path) as compiler:
+        a, b = draw(rng, "maxplus", np.float32, 3000, 16, 4)  # the skinny form's
+        await tropical.matmul(gpu(a), gpu(b), counts=True, compiler=compiler)
+        compiler.start_serving("error")  # a compile in front of the call would raise
+        x, y = draw(rng, "maxplus", np.float32, 200, 16, 300)  # the tiled form's, not loaded
+        got = await tropical.matmul(gpu(x), gpu(y), counts=True, compiler=compiler)
+        assert_counted(got, reference.matmul(x, y, counts=True))
+        own = counted_spec(SEMIRINGS["maxplus"], np.dtype(np.float32), counting="ones",
+                           form="tiles")  # fmt: skip
+        await until_loaded(compiler, own)  # loaded in the background meanwhile
+        got = await tropical.matmul(gpu(x), gpu(y), counts=True, compiler=compiler)
+        assert_counted(got, reference.matmul(x, y, counts=True))
+        assert compiler.stats().hot_compiles == 0
+
+
+def test_counted_arguments_on_the_gpu_name_what_is_wrong() -> None:
+    import cupy
+
+    a, b = cupy.zeros((2, 3), np.float32), cupy.zeros((3, 4), np.float32)
+    na, nb = cupy.ones((2, 3), np.int64), cupy.ones((3, 4), np.int64)
+    with pytest.raises(ValueError, match=r"counts of b must be int64 of b's shape \(3, 4\)"):
+        tropical.matmul_sync(a, b, counts=(na, nb.astype(np.int32)))
+    with pytest.raises(TypeError, match=r"counts\[0\] must be a cupy\.ndarray"):
+        tropical.matmul_sync(a, b, counts=(np.ones((2, 3), np.int64), nb))
+    with pytest.raises(TypeError, match=r"with counts, out must be a \(values, counts\) pair"):
+        tropical.matmul_sync(a, b, counts=True, out=cupy.zeros((2, 4), np.float32))
+    wrong = (cupy.zeros((2, 4), np.float32), cupy.zeros((2, 4), np.int32))
+    with pytest.raises(ValueError, match=r"out\[1\] \(counts\) must be int64 of shape \(2, 4\)"):
+        tropical.matmul_sync(a, b, counts=True, out=wrong)
+    with pytest.raises(ValueError, match="accumulate=True needs out"):
+        tropical.matmul_sync(a, b, counts=True, accumulate=True)
