@@ -172,3 +172,52 @@ def test_counted_arguments_on_the_gpu_name_what_is_wrong() -> None:
         tropical.matmul_sync(a, b, counts=True, out=wrong)
     with pytest.raises(ValueError, match="accumulate=True needs out"):
         tropical.matmul_sync(a, b, counts=True, accumulate=True)
+
+
+# -- counted contractions ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_counted_einsum_matches_the_reference(
+    rng: np.random.Generator, ring: str, dtype: Any
+) -> None:
+    from .support.einsum import network_values, random_network, relayout, with_output
+
+    for _ in range(4):
+        subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(5, 9)))
+        if rng.random() < 0.5:
+            subscripts = with_output(rng, subscripts)
+        if ring == "andor":
+            operands = [rng.random(s) < 0.7 for s in shapes]
+        else:
+            operands = network_values(rng, ring, dtype, shapes)
+            if ring == "maxmul":
+                operands = [abs(x) for x in operands]
+        viewed = [
+            relayout(x, [int(i) for i in rng.permutation(x.ndim)],
+                     list(rng.random(x.ndim) < 0.5), bool(rng.random() < 0.5), gpu)
+            for x in operands
+        ]  # fmt: skip
+        value, count = tropical.einsum_sync(subscripts, *viewed, semiring=ring, count=True)
+        want_value, want = reference.einsum(subscripts, *operands, semiring=ring, count=True)
+        np.testing.assert_array_equal(host(value), want_value)
+        np.testing.assert_array_equal(host(count), want)
+
+
+def test_the_petersen_graph_has_five_maximum_independent_sets_on_the_gpu() -> None:
+    from .support.einsum import PETERSEN, independent_sets
+
+    subscripts, operands = independent_sets(10, PETERSEN, "maxplus", np.float32)
+    value, count = tropical.einsum_sync(subscripts, *(gpu(x) for x in operands), count=True)
+    assert (float(value), int(count)) == (4.0, 5)
+
+
+def test_counts_past_int64_are_joined_on_the_host() -> None:
+    names = [chr(c) for c in range(ord("a"), ord("z") + 1)] * 2
+    names = names[:26] + [c.upper() for c in names[26:]]
+    operands = [gpu(np.zeros(4, np.int64)) for _ in names]
+    value, count = tropical.einsum_sync(",".join(names) + "->", *operands, count=True)
+    assert int(value) == 0
+    assert isinstance(count, np.ndarray)
+    assert count.dtype == object
+    assert count[()] == 4**52  # 2^104: joined from its residues modulo four primes

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..._compiler import Compiler
 from ..products import Work, cupy_module, run_async, run_sync
+from ._counted import contract_counted
 from ._eager import contract
 from ._planner import planned_for
 from ._runs import check_arrays, check_out, check_scalar, resolved_stream
@@ -25,6 +26,7 @@ async def einsum(
     *operands: Any,
     semiring: str = "maxplus",
     argmax: bool = False,
+    count: bool = False,
     optimize: Any = "auto",
     memory_limit: float | None = None,
     devices: Sequence[int] | None = None,
@@ -65,6 +67,14 @@ async def einsum(
         argmax: Also find an assignment that attains the result: for a scalar contraction
             (an output of no indices, such as ``"ij,jk->"``) one, else one for each element
             of the result (not in slices: a sliced einsum's must be a scalar).
+        count: Also count, for each element of the result, the assignments of the summed
+            indices that attain it (each entry counting once, except the semiring's zero and
+            NaN), as ``reference.einsum(..., count=True)`` does: each step a counted product
+            (``matmul(..., counts=...)``), exact in int64; where a count passes 2^63 - 1 the
+            network is counted again modulo primes below 2^31, the residues joined on the host
+            (the call then waits for the GPU). Whole, on the operands' device, into new
+            arrays: not with ``argmax``, ``memory_limit``, ``devices``, ``out`` or a sliced
+            plan.
         optimize: The order of the pairwise contractions, as ``einsum_plan`` takes it: an
             opt_einsum strategy name, an opt_einsum optimizer, a cotengra optimizer, an
             explicit path, or an ``EinsumPlan`` from ``einsum_plan`` (which also says which
@@ -90,13 +100,18 @@ async def einsum(
         dict giving every index of ``subscripts`` a value at which the product of the
         operands' entries attains the result; for a result with indices, each index's int64
         array of the result's shape, holding the value at which each element is attained
-        (an output index's array is that element's position).
+        (an output index's array is that element's position). With ``count=True`` the pair
+        (result, counts): the counts a CuPy int64 array of the result's shape where every one
+        fits, else a NumPy array of Python's ints.
 
     Raises:
         TypeError: ``subscripts`` is not a str; an operand is not a ``cupy.ndarray`` (for a
             NumPy array the message says to move it with ``cupy.asarray``); the operands'
             dtypes differ, or ``semiring`` does not take theirs; ``out`` is not a
             ``cupy.ndarray``.
+        TypeError: ``count`` is not a bool.
+        ValueError: ``count=True`` with ``argmax``, ``memory_limit``, ``devices``, ``out`` or
+            a sliced plan.
         ValueError: Bad arguments: no operands, or operands on more than one device;
             ``semiring`` is not one of ``SEMIRINGS``; ``memory_limit`` is neither bytes
             (an int > 0) nor a fraction (0 < f <= 1); ``devices`` is not a list of distinct
@@ -131,6 +146,7 @@ async def einsum(
             operands,
             semiring=semiring,
             argmax=argmax,
+            count=count,
             optimize=optimize,
             memory_limit=memory_limit,
             devices=devices,
@@ -146,6 +162,7 @@ def einsum_sync(
     *operands: Any,
     semiring: str = "maxplus",
     argmax: bool = False,
+    count: bool = False,
     optimize: Any = "auto",
     memory_limit: float | None = None,
     devices: Sequence[int] | None = None,
@@ -164,6 +181,7 @@ def einsum_sync(
         semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
         argmax: Also find an assignment that attains the result (of each element, for a
             result with indices).
+        count: Also count the assignments attaining each element (as ``einsum``).
         optimize: The order, as ``einsum_plan`` takes it (a plan skips planning).
         memory_limit: Contract in slices of at most this much in an intermediate: bytes, or a
             fraction of the device's free memory (``0 < f <= 1``).
@@ -175,13 +193,15 @@ def einsum_sync(
             Compiler).
 
     Returns:
-        As ``einsum``: the result, or with ``argmax=True`` the pair (result, assignment).
+        As ``einsum``: the result, or with ``argmax=True`` the pair (result, assignment),
+        with ``count=True`` the pair (result, counts).
 
     Raises:
         TypeError: As ``einsum``: ``subscripts`` is not a str, an operand or ``out`` is not a
-            ``cupy.ndarray``, or the operands' dtypes differ or are not the semiring's.
-        ValueError: As ``einsum``: bad arguments, what ``einsum_plan`` refuses, and what the
-            device cannot run.
+            ``cupy.ndarray``, the operands' dtypes differ or are not the semiring's, or
+            ``count`` is not a bool.
+        ValueError: As ``einsum``: bad arguments (``count=True`` with what it does not
+            take among them), what ``einsum_plan`` refuses, and what the device cannot run.
         cupy.cuda.memory.OutOfMemoryError: As ``einsum``: the memory in use on the device
             leaves too little for the contraction.
         RuntimeError: ``compiler`` is not open yet, or a kernel must be fetched through a
@@ -195,6 +215,7 @@ def einsum_sync(
             operands,
             semiring=semiring,
             argmax=argmax,
+            count=count,
             optimize=optimize,
             memory_limit=memory_limit,
             devices=devices,
@@ -211,6 +232,7 @@ def _einsum(
     *,
     semiring: str,
     argmax: bool,
+    count: bool,
     optimize: Any,
     memory_limit: float | None,
     devices: Sequence[int] | None,
@@ -220,6 +242,7 @@ def _einsum(
 ) -> Work[Any]:
     """The body of ``einsum`` and ``einsum_sync`` (see _twins)."""
     check_semiring(subscripts, semiring)
+    _check_count(count, argmax=argmax, memory_limit=memory_limit, devices=devices, out=out)
     ring, arrays, device = check_arrays(operands, semiring)
     limit = _memory_limit(memory_limit, device)
     planned = yield from planned_for(subscripts, arrays, optimize, memory_limit=limit)
@@ -227,6 +250,13 @@ def _einsum(
         check_scalar(planned, "a sliced einsum")
     check_out(out, arrays[0].dtype, tuple(planned.sizes[i] for i in planned.output), device)
     stream = resolved_stream(device, stream)
+    if count:
+        if planned.slicing is not None:
+            raise ValueError(_WHOLE)
+        counted = contract_counted(
+            planned, ring, arrays, device=device, stream=stream, compiler=compiler
+        )
+        return (yield from counted)
     if planned.slicing is not None or devices is not None:
         places = check_devices(devices, device)
         if planned.slicing is not None:
@@ -240,6 +270,28 @@ def _einsum(
         compiler=compiler,
     )  # fmt: skip
     return (yield from whole)
+
+
+_WHOLE = (
+    "count=True runs whole, on the operands' device, and into new arrays: pass no "
+    "memory_limit, devices or out, and no plan with a slicing (counted slices are not here yet)"
+)
+
+
+def _check_count(
+    count: object, *, argmax: bool, memory_limit: object, devices: object, out: object
+) -> None:
+    if not isinstance(count, bool):
+        raise TypeError(f"count must be True or False, got {type(count).__name__}")
+    if not count:
+        return
+    if argmax:
+        raise ValueError(
+            "pass count=True or argmax=True, not both: the assignment comes from the "
+            "contraction without counts"
+        )
+    if memory_limit is not None or devices is not None or out is not None:
+        raise ValueError(_WHOLE)
 
 
 def _memory_limit(memory_limit: float | None, device: int) -> int | None:

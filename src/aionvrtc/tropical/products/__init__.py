@@ -11,7 +11,7 @@ a call is run and its kernels fetched (``run_async``, ``Fetch``...), launches (`
 """
 
 from ._batching import Batcher, BatcherStats
-from ._calls import backward, backward_sync, matmul, matmul_sync, warm, warm_specs
+from ._calls import backward, backward_sync, matmul, matmul_sync, matmul_work, warm, warm_specs
 from ._counts import MAX_MODULUS, entry_counts
 from ._figures import MODEL_FIGURES, DeviceFigures, device_figures, known_figures, probe_spec
 from ._joining import Group, Joiner, Member
@@ -89,6 +89,7 @@ __all__ = [
     "loaded",
     "matmul",
     "matmul_sync",
+    "matmul_work",
     "max_bytes_bound",
     "numpy_dtype",
     "plan",

@@ -22,7 +22,15 @@ from ._twins import Fetch, Work, run_async, run_sync
 if TYPE_CHECKING:
     import cupy
 
-__all__ = ["backward", "backward_sync", "matmul", "matmul_sync", "warm", "warm_specs"]
+__all__ = [
+    "backward",
+    "backward_sync",
+    "matmul",
+    "matmul_sync",
+    "matmul_work",
+    "warm",
+    "warm_specs",
+]
 
 
 async def matmul(
@@ -105,7 +113,7 @@ async def matmul(
         RuntimeError: ``compiler`` has not been opened (``async with``).
     """
     return await run_async(
-        _matmul(
+        matmul_work(
             a,
             b,
             semiring,
@@ -175,7 +183,7 @@ def matmul_sync(
             worker thread of its event loop.
     """
     return run_sync(
-        _matmul(
+        matmul_work(
             a,
             b,
             semiring,
@@ -190,7 +198,7 @@ def matmul_sync(
     )
 
 
-def _matmul(
+def matmul_work(
     a: Any,
     b: Any,
     semiring: str,
@@ -203,7 +211,8 @@ def _matmul(
     stream: Any,
     compiler: Compiler | None,
 ) -> Work[Any]:
-    """The body of ``matmul`` and ``matmul_sync`` (see _twins)."""
+    """The body of ``matmul`` and ``matmul_sync`` (see _twins): what a contraction's step
+    runs inside its own body (``yield from``)."""
     if check_counted(counts, modulus, argmax=argmax):
         counted = _counted(a, b, semiring, counts, modulus, out=out, accumulate=accumulate,
                            stream=stream, compiler=compiler)  # fmt: skip

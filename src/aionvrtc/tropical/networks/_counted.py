@@ -1,0 +1,195 @@
+"""Counted contractions (``einsum(..., count=True)`` on the GPU): a plan's steps followed with
+each operand's counts beside its values, every step one counted product
+(``matmul(..., counts=...)``).
+
+The run reads the plan as the eager run does (each step's two reads, copied to an order first
+or viewed in place, the reductions times a vector of ones) but over array objects rather than
+an arena of offsets, so that one body serves CuPy on the GPU and NumPy with the reference's
+counted product on a CPU (the tests follow every plan there). Each operand's counts lie with
+its values' element strides, so each read's view applies to both. Counts are exact in int64
+first; where one passes 2^63 - 1 (a -1 on the GPU) the network is counted again modulo each of
+the primes a count's bound needs, the residues joined on the host (_residues), as the NumPy
+reference counts past int64."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..._compiler import Compiler
+from ..products import OnDevice, Semiring, Wait, Work, cupy_module, entry_counts, matmul_work
+from ._plan import EinsumPlan
+from ._residues import INT64_MAX, Joined, moduli
+from ._terms import Term, View, contiguous
+
+__all__ = ["Counted", "Product", "contract_counted", "count_bound", "counted_run", "joined"]
+
+# A counted product of 3-D views (a, b, counts of a, counts of b): (values, counts), as a body
+# that may yield what it needs done (fetches: products' Work).
+Product = Callable[[Any, Any, Any, Any], Generator[Any, Any, tuple[Any, Any]]]
+# An operand: its values, their counts laid out alike, and how the plan sees it.
+Counted = tuple[Any, Any, Term]
+
+
+def counted_run(
+    planned: EinsumPlan,
+    ring: Semiring,
+    values: Sequence[Any],
+    *,
+    xp: Any,
+    product: Product,
+    on: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> Generator[Any, Any, tuple[Any, Any]]:
+    """``planned`` contracted over ``values`` (its inputs, laid out as planned) with each
+    entry counting once: (the result, the count of the assignments attaining each element),
+    the result in the output's order. ``xp`` is the array module (CuPy, or NumPy for the
+    tests), ``product`` each step's counted product, and ``on`` the context each stretch of
+    array work runs in (the caller's stream)."""
+    sizes = planned.sizes
+    dtype = np.dtype(values[0].dtype)
+    shape = tuple(sizes[i] for i in planned.output)
+    if 0 in sizes.values():  # an empty sum, or an empty result: the zero, attained by none
+        with on():
+            return xp.full(shape, ring.zero(dtype), dtype), xp.zeros(shape, np.int64)
+    with on():
+        made: dict[int, Counted] = {
+            i: (x, _counts_like(xp, ring, x), term)
+            for i, (x, term) in enumerate(zip(values, planned.terms, strict=True))
+        }
+    for step in planned.steps:
+        chosen = [made.pop(o) for o in step.operands]
+        if step.swapped:
+            chosen = chosen[::-1]
+        with on():
+            reads = [
+                _read(xp, operand, view, sizes)
+                for operand, view in zip(chosen, (step.first, step.second), strict=False)
+                if view is not None
+            ]
+            if step.second is None:  # a reduction: times a vector of ones, each counting once
+                k = step.first.shape[2]
+                ones = (xp.full(k, ring.one(dtype), dtype), xp.ones(k, np.int64))
+                reads.append(tuple(_strided(xp, x, (1, k, 1), (0, 1, 1)) for x in ones))
+        (a, na), (b, nb) = reads
+        value, count = yield from product(a, b, na, nb)
+        result = Term(step.result, contiguous([sizes[i] for i in step.result]))
+        made[step.number] = (value, count, result)
+    ((value, count, term),) = made.values()
+    with on():
+        if term.indices != tuple(planned.output) or not planned.steps:
+            value, count = (_ordered(xp, x, term, planned.output, sizes) for x in (value, count))
+        if not planned.steps:  # the result is never an input itself
+            value, count = value.copy(), count.copy()
+        return value.reshape(shape), count.reshape(shape)
+
+
+def _counts_like(xp: Any, ring: Semiring, x: Any) -> Any:
+    """The counts of ``x``'s entries (1 each, 0 for the zero and NaN), int64 with ``x``'s
+    element strides (the plan's views of ``x`` read them too): over a buffer spanning every
+    element ``x`` reaches, as a view of ``x``'s would."""
+    each = [s // x.itemsize for s in x.strides]
+    low = sum(s * (n - 1) for s, n in zip(each, x.shape, strict=True) if s < 0)
+    high = sum(s * (n - 1) for s, n in zip(each, x.shape, strict=True) if s > 0)
+    buffer = xp.zeros(max(high - low + 1, 1) if x.size else 1, np.int64)
+    counts = _strided(xp, buffer[-low:], x.shape, each)
+    if x.size:
+        counts[...] = entry_counts(ring, x)
+    return counts
+
+
+def _read(xp: Any, operand: Counted, view: View, sizes: Any) -> tuple[Any, Any]:
+    """The 3-D views (values, counts) a step takes of ``operand``: copied to ``view.copy``'s
+    order first where the plan says so."""
+    value, count, term = operand
+    if view.copy is not None:
+        value, count = (_ordered(xp, x, term, view.copy, sizes) for x in (value, count))
+    return (_strided(xp, value, view.shape, view.strides),
+            _strided(xp, count, view.shape, view.strides))  # fmt: skip
+
+
+def _ordered(xp: Any, x: Any, term: Term, order: Sequence[str], sizes: Any) -> Any:
+    """``x`` (laid out as ``term`` says, from its first element) copied to C order over
+    ``order``."""
+    stride_of = dict(zip(term.indices, term.strides, strict=True))
+    shape = [sizes[i] for i in order]
+    return xp.ascontiguousarray(_strided(xp, x, shape, [stride_of[i] for i in order]))
+
+
+def _strided(xp: Any, x: Any, shape: Sequence[int], strides: Sequence[int]) -> Any:
+    """A view of ``x``'s memory from its first element, of ``shape`` and element ``strides``."""
+    return xp.lib.stride_tricks.as_strided(
+        x, shape=tuple(shape), strides=tuple(s * x.itemsize for s in strides)
+    )
+
+
+def contract_counted(
+    planned: EinsumPlan,
+    ring: Semiring,
+    arrays: Sequence[Any],
+    *,
+    device: int,
+    stream: Any,
+    compiler: Compiler | None,
+) -> Work[tuple[Any, Any]]:
+    """``planned`` contracted over CuPy ``arrays`` on ``device`` with counts, enqueued on
+    ``stream``: (the result, its counts). The counts are a CuPy int64 array where every one
+    fits; past 2^63 - 1 (counted again modulo primes, after waiting for the GPU) a NumPy array
+    of Python's ints."""
+    cupy = cupy_module()
+
+    @contextlib.contextmanager
+    def on() -> Any:
+        # Allocations on the stream the products run on: CuPy's pool hands memory freed on a
+        # stream only to allocations on the same stream, after the work queued there.
+        with OnDevice(device), stream:
+            yield
+
+    def modulo(modulus: int | None) -> Product:
+        def product(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
+            shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2])
+            with on():
+                out = (cupy.empty(shape, a.dtype), cupy.empty(shape, np.int64))
+            made: tuple[Any, Any] = yield from matmul_work(
+                a, b, ring.name, argmax=False, out=out, accumulate=False, counts=(na, nb),
+                modulus=modulus, stream=stream, compiler=compiler,
+            )  # fmt: skip
+            return made
+
+        return product
+
+    run = counted_run(planned, ring, arrays, xp=cupy, product=modulo(None), on=on)
+    value, count = yield from run
+    if count_bound(planned) <= INT64_MAX:
+        return value, count  # no count can pass int64: nothing to wait for
+    yield Wait(stream)
+    with on():
+        overflowed = bool((count < 0).any())
+    if not overflowed:
+        return value, count
+    primes = moduli(count_bound(planned))
+    residues = []
+    for prime in primes:
+        run = counted_run(planned, ring, arrays, xp=cupy, product=modulo(prime), on=on)
+        residues.append((yield from run)[1])
+    yield Wait(stream)
+    with on():
+        return value, joined([cupy.asnumpy(r) for r in residues], primes)
+
+
+def count_bound(planned: EinsumPlan) -> int:
+    """The most assignments a count of ``planned``'s result can reach: those of the indices
+    its output does not keep."""
+    return math.prod(n for i, n in planned.sizes.items() if i not in planned.output)
+
+
+def joined(residues: Sequence[np.ndarray[Any, Any]], primes: Sequence[int]) -> Any:
+    """Counts from their residues modulo ``primes`` (host arrays, one per prime): int64 where
+    every one fits, else Python's ints (dtype object)."""
+    total = Joined(primes, residues[0].shape)
+    for residue in residues:
+        total.add(residue)
+    return total.counts()
