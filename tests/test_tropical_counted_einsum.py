@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from aionvrtc import tropical
 from aionvrtc.tropical import SEMIRINGS, reference
-from aionvrtc.tropical.networks._counted import count_bound, counted_run, joined
+from aionvrtc.tropical.networks._counted import (
+    count_bound,
+    counted_run,
+    counted_slices,
+    join_counted,
+    joined,
+)
 from aionvrtc.tropical.networks._residues import moduli
 
 from .support.einsum import (
@@ -32,14 +38,23 @@ from .test_tropical_counting import exact_operands
 
 
 def follow(plan: Any, ring: str, arrays: Any, modulus: int | None = None) -> Any:
-    """``counted_run`` on NumPy arrays, each step by the reference's counted product."""
+    """``counted_run`` on NumPy arrays, each step by the reference's counted product; in
+    slices (``counted_slices``) where ``plan`` has a slicing."""
 
     def product(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
         made = reference.matmul(a, b, ring, counts=(na, nb), modulus=modulus)
         return made  # type: ignore[no-any-return]
         yield  # (a body that needs nothing done)
 
-    run = counted_run(plan, SEMIRINGS[ring], arrays, xp=np, product=product)
+    semiring = SEMIRINGS[ring]
+    slicing = plan.slicing
+    if slicing is None:
+        run = counted_run(plan, semiring, arrays, xp=np, product=product)
+    else:
+        views = slicing.views(plan.inputs, arrays, 0)
+        each = tropical.einsum_plan(slicing.subscripts, *views, optimize=plan.path)
+        run = counted_slices(plan, each, semiring, arrays, xp=np, product=product,
+                             modulus=modulus)  # fmt: skip
     try:
         next(run)
     except StopIteration as done:
@@ -114,6 +129,45 @@ def test_larger_networks_in_shuffled_layouts_count_as_the_reference(ring: str, d
     assert copies >= 5  # (the plans copied: the copies' order is followed too)
 
 
+def test_sliced_networks_join_their_slices_counts() -> None:
+    seed = 57
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    sliced = 0
+    for _ in range(10):
+        subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(6, 9)))
+        if rng.random() < 0.5:
+            subscripts = with_output(rng, subscripts, most=1)
+        operands = network_values(rng, "maxplus", "int64", shapes)
+        want_value, want = reference.einsum(subscripts, *operands, count=True)
+        largest = tropical.einsum_plan(subscripts, *operands).largest_intermediate
+        plan = tropical.einsum_plan(subscripts, *operands)
+        for elements in (largest // 4, largest // 2):
+            try:
+                plan = tropical.einsum_plan(subscripts, *operands, memory_limit=8 * elements)
+                break
+            except ValueError:  # no slicing of this order fits so little
+                continue
+        sliced += plan.slicing is not None
+        for modulus in (None, 7):
+            value, count = follow(plan, "maxplus", operands, modulus=modulus)
+            np.testing.assert_array_equal(value, want_value)
+            np.testing.assert_array_equal(count, want if modulus is None else want % modulus)
+    assert sliced >= 5
+
+
+def test_joined_pairs_keep_the_better_value_and_add_equal_ones() -> None:
+    ring = SEMIRINGS["maxplus"]
+    total = (np.array([1, 5, 5, 5]), np.array([3, 4, 1 << 62, 2]))
+    part = (np.array([2, 5, 5, 4]), np.array([7, 6, 1 << 62, 9]))
+    value, count = join_counted(ring, np, total, part, None)
+    assert value.tolist() == [2, 5, 5, 5]
+    assert count.tolist() == [7, 10, -1, 2]  # 2^63 passes int64: -1, never a wrapped count
+    # Modulo a prime, of residues: equal values' counts add and wrap.
+    total, part = (total[0], np.array([3, 4, 6, 2])), (part[0], np.array([6, 6, 5, 5]))
+    assert join_counted(ring, np, total, part, 7)[1].tolist() == [6, 3, 4, 2]
+
+
 def test_counts_past_int64_are_joined_from_their_residues() -> None:
     # 52 variables of 4 values, no constraint: 4^52 = 2^104 assignments attain the maximum, 0.
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
@@ -139,7 +193,8 @@ def test_counts_past_int64_are_joined_from_their_residues() -> None:
     [
         ({"count": True, "argmax": True}, ValueError, "pass count=True or argmax=True, not both"),
         ({"count": "yes"}, TypeError, "count must be True or False, got str"),
-        ({"count": True, "memory_limit": 1 << 20}, ValueError, "count=True runs whole"),
+        ({"count": True, "devices": [0]}, ValueError, "count=True runs on the operands' device"),
+        ({"count": True, "out": np.zeros((2, 2))}, ValueError, "pass no devices or out"),
     ],
 )
 def test_a_counted_einsums_arguments_are_checked_first(

@@ -221,3 +221,26 @@ def test_counts_past_int64_are_joined_on_the_host() -> None:
     assert isinstance(count, np.ndarray)
     assert count.dtype == object
     assert count[()] == 4**52  # 2^104: joined from its residues modulo four primes
+
+
+def test_a_sliced_counted_einsum_joins_its_slices(rng: np.random.Generator) -> None:
+    from .support.einsum import network_values, random_network
+
+    sliced = 0
+    for _ in range(4):
+        subscripts, shapes = random_network(rng, int(rng.integers(8, 13)), int(rng.integers(7, 10)))
+        operands = network_values(rng, "maxplus", np.int32, shapes)
+        largest = tropical.einsum_plan(subscripts, *operands).largest_intermediate
+        on_gpu = [gpu(x) for x in operands]
+        try:
+            value, count = tropical.einsum_sync(
+                subscripts, *on_gpu, count=True, memory_limit=4 * max(1, largest // 4)
+            )
+        except ValueError:  # no slicing of this order fits so little
+            value, count = tropical.einsum_sync(subscripts, *on_gpu, count=True,
+                                                memory_limit=4 * largest // 2)  # fmt: skip
+        sliced += 1
+        want_value, want = reference.einsum(subscripts, *operands, count=True)
+        np.testing.assert_array_equal(host(value), want_value)
+        np.testing.assert_array_equal(host(count), want)
+    assert sliced == 4

@@ -72,9 +72,9 @@ async def einsum(
             NaN), as ``reference.einsum(..., count=True)`` does: each step a counted product
             (``matmul(..., counts=...)``), exact in int64; where a count passes 2^63 - 1 the
             network is counted again modulo primes below 2^31, the residues joined on the host
-            (the call then waits for the GPU). Whole, on the operands' device, into new
-            arrays: not with ``argmax``, ``memory_limit``, ``devices``, ``out`` or a sliced
-            plan.
+            (the call then waits for the GPU). In slices too (``memory_limit``), their
+            counts joined as the products join them; on the operands' device, into new
+            arrays: not with ``argmax``, ``devices`` or ``out``.
         optimize: The order of the pairwise contractions, as ``einsum_plan`` takes it: an
             opt_einsum strategy name, an opt_einsum optimizer, a cotengra optimizer, an
             explicit path, or an ``EinsumPlan`` from ``einsum_plan`` (which also says which
@@ -110,8 +110,7 @@ async def einsum(
             dtypes differ, or ``semiring`` does not take theirs; ``out`` is not a
             ``cupy.ndarray``.
         TypeError: ``count`` is not a bool.
-        ValueError: ``count=True`` with ``argmax``, ``memory_limit``, ``devices``, ``out`` or
-            a sliced plan.
+        ValueError: ``count=True`` with ``argmax``, ``devices`` or ``out``.
         ValueError: Bad arguments: no operands, or operands on more than one device;
             ``semiring`` is not one of ``SEMIRINGS``; ``memory_limit`` is neither bytes
             (an int > 0) nor a fraction (0 < f <= 1); ``devices`` is not a list of distinct
@@ -242,7 +241,7 @@ def _einsum(
 ) -> Work[Any]:
     """The body of ``einsum`` and ``einsum_sync`` (see _twins)."""
     check_semiring(subscripts, semiring)
-    _check_count(count, argmax=argmax, memory_limit=memory_limit, devices=devices, out=out)
+    _check_count(count, argmax=argmax, devices=devices, out=out)
     ring, arrays, device = check_arrays(operands, semiring)
     limit = _memory_limit(memory_limit, device)
     planned = yield from planned_for(subscripts, arrays, optimize, memory_limit=limit)
@@ -251,8 +250,6 @@ def _einsum(
     check_out(out, arrays[0].dtype, tuple(planned.sizes[i] for i in planned.output), device)
     stream = resolved_stream(device, stream)
     if count:
-        if planned.slicing is not None:
-            raise ValueError(_WHOLE)
         counted = contract_counted(
             planned, ring, arrays, device=device, stream=stream, compiler=compiler
         )
@@ -272,15 +269,13 @@ def _einsum(
     return (yield from whole)
 
 
-_WHOLE = (
-    "count=True runs whole, on the operands' device, and into new arrays: pass no "
-    "memory_limit, devices or out, and no plan with a slicing (counted slices are not here yet)"
+_ONE_DEVICE = (
+    "count=True runs on the operands' device (in slices too), into new arrays: pass no "
+    "devices or out (counted runs spread over devices are not here yet)"
 )
 
 
-def _check_count(
-    count: object, *, argmax: bool, memory_limit: object, devices: object, out: object
-) -> None:
+def _check_count(count: object, *, argmax: bool, devices: object, out: object) -> None:
     if not isinstance(count, bool):
         raise TypeError(f"count must be True or False, got {type(count).__name__}")
     if not count:
@@ -290,8 +285,8 @@ def _check_count(
             "pass count=True or argmax=True, not both: the assignment comes from the "
             "contraction without counts"
         )
-    if memory_limit is not None or devices is not None or out is not None:
-        raise ValueError(_WHOLE)
+    if devices is not None or out is not None:
+        raise ValueError(_ONE_DEVICE)
 
 
 def _memory_limit(memory_limit: float | None, device: int) -> int | None:

@@ -23,10 +23,20 @@ import numpy as np
 from ..._compiler import Compiler
 from ..products import OnDevice, Semiring, Wait, Work, cupy_module, entry_counts, matmul_work
 from ._plan import EinsumPlan
+from ._planner import planned_for
 from ._residues import INT64_MAX, Joined, moduli
 from ._terms import Term, View, contiguous
 
-__all__ = ["Counted", "Product", "contract_counted", "count_bound", "counted_run", "joined"]
+__all__ = [
+    "Counted",
+    "Product",
+    "contract_counted",
+    "count_bound",
+    "counted_run",
+    "counted_slices",
+    "join_counted",
+    "joined",
+]
 
 # A counted product of 3-D views (a, b, counts of a, counts of b): (values, counts), as a body
 # that may yield what it needs done (fetches: products' Work).
@@ -85,6 +95,48 @@ def counted_run(
         if not planned.steps:  # the result is never an input itself
             value, count = value.copy(), count.copy()
         return value.reshape(shape), count.reshape(shape)
+
+
+def counted_slices(
+    planned: EinsumPlan,
+    each: EinsumPlan,
+    ring: Semiring,
+    values: Sequence[Any],
+    *,
+    xp: Any,
+    product: Product,
+    modulus: int | None,
+    on: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> Generator[Any, Any, tuple[Any, Any]]:
+    """``counted_run`` of a sliced ``planned``: each slice's views of ``values`` along
+    ``each`` (the plan of one slice), the slices' (value, count) pairs joined in turn
+    (``join_counted``)."""
+    slicing = planned.slicing
+    assert slicing is not None
+    total: tuple[Any, Any] | None = None
+    for number in slicing:
+        views = slicing.views(planned.inputs, values, number)
+        part = yield from counted_run(each, ring, views, xp=xp, product=product, on=on)
+        with on():
+            total = part if total is None else join_counted(ring, xp, total, part, modulus)
+    assert total is not None
+    return total
+
+
+def join_counted(
+    ring: Semiring, xp: Any, total: tuple[Any, Any], part: tuple[Any, Any], modulus: int | None
+) -> tuple[Any, Any]:
+    """(value, count) pairs joined elementwise as the counted kernels join them: the better
+    value with its count, the counts added where the values are equal (exact, -1 past
+    2^63 - 1 or from a -1; else modulo ``modulus``)."""
+    (old, before), (new, more) = total, part
+    best = {"max": xp.fmax, "min": xp.fmin, "or": xp.logical_or}[ring.add](old, new)
+    left, right = xp.where(old == best, before, 0), xp.where(new == best, more, 0)
+    with np.errstate(over="ignore"):  # (int64 sums that wrap are marked below)
+        both = left + right
+    if modulus is not None:
+        return best, xp.where(both >= modulus, both - modulus, both)
+    return best, xp.where((left < 0) | (right < 0) | (both < 0), -1, both)
 
 
 def _counts_like(xp: Any, ring: Semiring, x: Any) -> Any:
@@ -161,8 +213,19 @@ def contract_counted(
 
         return product
 
-    run = counted_run(planned, ring, arrays, xp=cupy, product=modulo(None), on=on)
-    value, count = yield from run
+    slicing, each = planned.slicing, planned
+    if slicing is not None:  # one slice's plan, along the whole's order (as _sliced's)
+        views = slicing.views(planned.inputs, arrays, 0)
+        each = yield from planned_for(slicing.subscripts, views, planned.path)
+
+    def run(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
+        product = modulo(modulus)
+        if slicing is None:
+            return counted_run(planned, ring, arrays, xp=cupy, product=product, on=on)
+        return counted_slices(planned, each, ring, arrays, xp=cupy, product=product,
+                              modulus=modulus, on=on)  # fmt: skip
+
+    value, count = yield from run(None)
     if count_bound(planned) <= INT64_MAX:
         return value, count  # no count can pass int64: nothing to wait for
     yield Wait(stream)
@@ -173,8 +236,7 @@ def contract_counted(
     primes = moduli(count_bound(planned))
     residues = []
     for prime in primes:
-        run = counted_run(planned, ring, arrays, xp=cupy, product=modulo(prime), on=on)
-        residues.append((yield from run)[1])
+        residues.append((yield from run(prime))[1])
     yield Wait(stream)
     with on():
         return value, joined([cupy.asnumpy(r) for r in residues], primes)
