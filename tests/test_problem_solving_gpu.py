@@ -1,6 +1,7 @@
 """``Problem.solve(..., device=0)`` on the GPU against the same call on the CPU: the best
-value at either end and a configuration attaining it, for every problem on seeded random
-graphs, blocking and async. Each test prints its seed."""
+value at either end, its count, the count of every valid configuration and a configuration
+attaining the best, for every problem on seeded random graphs, blocking and async. Each test
+prints its seed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import pytest
 
 from aionvrtc.tropical import problems
 from aionvrtc.tropical.problems import (
+    CountingAll,
+    CountingMax,
+    CountingMin,
     SingleConfigMax,
     SingleConfigMin,
     SizeMax,
@@ -54,6 +58,13 @@ def test_the_gpu_answers_as_the_cpu_does() -> None:
                 # The configuration attains the optimum, worked out from the graph again.
                 assert one.value == pytest.approx(want[0], abs=1e-9), problem.kind
                 assert list(one.configuration) == list(problem.vertices)
+            # The counts, exact: einsum(..., count=True) on the GPU, the reference on the CPU.
+            for counting in (CountingMax(), CountingMin()):
+                got = problem.solve(counting, device=0)
+                want_counted = problem.solve(counting)
+                assert [c.count for c in got] == [c.count for c in want_counted], problem.kind
+                assert [c.value for c in got] == pytest.approx([c.value for c in want_counted])
+            assert problem.solve(CountingAll(), device=0) == problem.solve(CountingAll())
 
 
 def test_solve_async_on_the_gpu() -> None:

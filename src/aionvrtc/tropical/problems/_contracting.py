@@ -166,17 +166,31 @@ class Network:
         """The value as Python's scalar, and with ``argmax`` an assignment attaining it, on GPU
         ``device`` along the plan (its slicing too), from a thread that may block; (None,
         None) where the value is the semiring's zero: nothing attains it."""
-        cupy = cupy_module()
-        with cupy.cuda.Device(device):
-            arrays = [cupy.asarray(x) for x in self.operands]
         found = einsum_sync(
-            self.subscripts, *arrays, semiring=self.semiring, argmax=argmax, optimize=self.plan
-        )
+            self.subscripts, *self._uploaded(device), semiring=self.semiring, argmax=argmax,
+            optimize=self.plan,
+        )  # fmt: skip
         value, assignment = found if argmax else (found, None)
         host = value.get()
         if host == SEMIRINGS[self.semiring].zero(host.dtype):
             return None, None
         return _scalar(host), assignment
+
+    def counted_on_gpu(self, device: int) -> list[tuple[Any, int]]:
+        """``best(1)`` on GPU ``device`` along the plan (its slicing too), from a thread that
+        may block: the value with its count (a Python int, exact at any size), or nothing
+        where no configuration is valid."""
+        value, count = einsum_sync(
+            self.subscripts, *self._uploaded(device), semiring=self.semiring, count=True,
+            optimize=self.plan,
+        )  # fmt: skip
+        many = int(count)  # (a CuPy int64, or past it Python's int in a NumPy array)
+        return [(_scalar(value.get()), many)] if many else []
+
+    def _uploaded(self, device: int) -> list[Any]:
+        cupy = cupy_module()
+        with cupy.cuda.Device(device):
+            return [cupy.asarray(x) for x in self.operands]
 
     def _arguments(self) -> tuple[Any, ...]:
         return (self.subscripts, *self.operands)

@@ -44,7 +44,9 @@ __all__ = ["Meaning", "Problem", "made", "total"]
 
 T = TypeVar("T")
 # What a GPU answers today: the value, and an assignment attaining it.
-_ON_GPU = (SizeMax, SizeMin, SingleConfigMax, SingleConfigMin)
+_ON_GPU = (
+    SizeMax, SizeMin, CountingMax, CountingMin, CountingAll, SingleConfigMax, SingleConfigMin,
+)  # fmt: skip
 _PROPERTIES = (
     *_ON_GPU,
     CountingMax,
@@ -310,8 +312,9 @@ class Problem:
         an independent set is contracted in min-plus), along one order found once
         (``einsum_plan(..., optimize=optimize)``). On the CPU the NumPy reference contracts it
         (counts exact at any size); on a GPU ``tropical.einsum`` does, for the properties its
-        kernels compute today: ``SizeMax(1)``, ``SizeMin(1)``, ``SingleConfigMax()`` and
-        ``SingleConfigMin()``.
+        kernels compute today: ``SizeMax(1)``, ``SizeMin(1)``, ``CountingMax(1)``,
+        ``CountingMin(1)``, ``CountingAll()`` (``einsum(..., count=True)``: exact at any
+        size), ``SingleConfigMax()`` and ``SingleConfigMin()``.
 
         Args:
             wanted: The property: ``SizeMax(k)``, ``SizeMin(k)``, ``CountingMax(k)``,
@@ -345,6 +348,11 @@ class Problem:
         network = self.network(wanted.sense, optimize)
         if device is None:
             return self._on_cpu(wanted, network, max_bytes)
+        if isinstance(wanted, CountingMax | CountingMin | CountingAll):
+            best = network.counted_on_gpu(device)
+            if isinstance(wanted, CountingAll):
+                return cast(T, sum(c for _, c in best))
+            return cast(T, [Counted(v, c) for v, c in best])
         argmax = isinstance(wanted, SingleConfigMax | SingleConfigMin)
         return self._from_gpu(wanted, *network.on_gpu(device, argmax=argmax))
 
@@ -410,10 +418,11 @@ class Problem:
         k = getattr(wanted, "k", 1)
         if not isinstance(wanted, _ON_GPU) or k != 1:
             raise ValueError(
-                f"{wanted!r} runs on the CPU (device=None): a GPU's kernels find the best value "
-                "and a configuration attaining it (SizeMax(), SizeMin(), SingleConfigMax(), "
-                "SingleConfigMin()); counts, the k best and every configuration come from the "
-                "NumPy reference"
+                f"{wanted!r} runs on the CPU (device=None): a GPU's kernels find the best value, "
+                "its count and a configuration attaining it (SizeMax(), SizeMin(), "
+                "CountingMax(), CountingMin(), CountingAll(), SingleConfigMax(), "
+                "SingleConfigMin()); the k best and every configuration come from the NumPy "
+                "reference"
             )
 
     def _on_cpu(self, wanted: Property[T], network: Network, max_bytes: int) -> T:
