@@ -19,7 +19,13 @@ from aionvrtc.tropical.products._counted import (  # the launch arithmetic, with
     counted_grid,
 )
 from aionvrtc.tropical.products._counts import barrett
-from aionvrtc.tropical.products._specs import COUNTED_FORMS, COUNTINGS, counted_spec
+from aionvrtc.tropical.products._specs import (
+    COUNTED_FORMS,
+    COUNTINGS,
+    TOP_BOUNDS,
+    counted_spec,
+    top_spec,
+)
 
 from .support.tropical_data import brute_force_counts, compile_each_for_sm_90, operands
 
@@ -183,8 +189,16 @@ def test_counted_launches_take_the_form_and_grid_of_their_shape() -> None:
 def test_every_counted_kernel_is_in_all_specs_and_compiles_for_sm_90(tmp_path: Path) -> None:
     specs = tropical.all_specs()
     counted = [s for s in specs if s.name == "tropical_counted.cu"]
-    # Every semiring and type, each counting (ones, exact, modular) in each form.
+    # Every semiring and type, each counting (ones, exact, modular) in each form; the k-best
+    # kernels of each bound on k.
     assert len(counted) == len(CASES) * len(COUNTINGS) * len(COUNTED_FORMS)
+    tops = [s for s in specs if s.name == "tropical_top.cu"]
+    assert len(tops) == len(CASES) * len(TOP_BOUNDS)
+    assert top_spec(SEMIRINGS["minplus"], np.dtype(np.int64), kmax=8).name_expressions == (
+        "tropical_top<long long, MinPlus, 8>",
+    )
+    with pytest.raises(ValueError, match=r"no k-best kernel for lists of 5: the bounds are"):
+        top_spec(SEMIRINGS["minplus"], np.dtype(np.int64), kmax=5)
     ring, dtype = SEMIRINGS["maxplus"], np.dtype(np.float32)
     assert counted_spec(ring, dtype, counting="exact", form="tiles").name_expressions == (
         "tropical_counted<float, MaxPlus, Exact>",
@@ -203,4 +217,6 @@ def test_every_counted_kernel_is_in_all_specs_and_compiles_for_sm_90(tmp_path: P
         for c in COUNTINGS
         for f in COUNTED_FORMS
     ]
+    for s, d in (("maxplus", "float32"), ("andor", "bool")):
+        chosen += [top_spec(SEMIRINGS[s], np.dtype(d), kmax=k) for k in TOP_BOUNDS]
     compile_each_for_sm_90(chosen, tmp_path)

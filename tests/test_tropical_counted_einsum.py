@@ -22,6 +22,7 @@ from aionvrtc.tropical.networks._counted import (
     join_counted,
     joined,
 )
+from aionvrtc.tropical.networks._counting import _contract_best  # the CPU's k-best step
 from aionvrtc.tropical.networks._residues import moduli
 
 from .support.einsum import (
@@ -168,6 +169,66 @@ def test_joined_pairs_keep_the_better_value_and_add_equal_ones() -> None:
     assert join_counted(ring, np, total, part, 7)[1].tolist() == [6, 3, 4, 2]
 
 
+def follow_top(plan: Any, ring: str, arrays: Any, top: int) -> Any:
+    """``counted_run`` with lists of ``top`` on NumPy arrays, each step by the CPU's k-best
+    step (the reference's ``einsum(..., top=k)``'s)."""
+    semiring = SEMIRINGS[ring]
+
+    def product(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
+        batch = max(a.shape[0], b.shape[0])
+        a, na = (np.broadcast_to(x, (batch, *x.shape[1:])) for x in (a, na))
+        b, nb = (np.broadcast_to(x, (batch, *x.shape[1:])) for x in (b, nb))
+        sizes = {"b": batch, "m": a.shape[1], "k": a.shape[2], "n": b.shape[2]}
+        terms = [(a, na, "bmk"), (b, nb, "bkn")]
+        made = _contract_best(semiring, terms, "bmn", sizes, top, number=0, counting=True)
+        return made  # type: ignore[no-any-return]
+        yield  # (a body that needs nothing done)
+
+    run = counted_run(plan, semiring, arrays, xp=np, product=product, top=top)
+    try:
+        next(run)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("the run asked for something")
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+@settings(derandomize=True, max_examples=100, deadline=None)
+@given(data=st.data())
+def test_the_gpus_k_best_run_follows_every_plan(ring: str, dtype: Any, data: st.DataObject) -> None:
+    dtype = np.dtype(dtype)
+    subscripts, drawn = data.draw(expressions(ring, dtype))
+    operands = exact_operands(data, ring, dtype, drawn)
+    viewed = [relayout(x, *data.draw(layouts(x.ndim))) for x in operands]
+    top = data.draw(st.sampled_from([1, 2, 3, 5]), label="top")
+    want = reference.einsum(subscripts, *operands, semiring=ring, top=top)
+    plan = tropical.einsum_plan(subscripts, *viewed, optimize=pairwise_path(data, len(operands)))
+    values, counts = follow_top(plan, ring, viewed, top)
+    np.testing.assert_array_equal(values, want[0])
+    np.testing.assert_array_equal(counts, want[1])
+
+
+def test_the_k_best_of_larger_networks_in_shuffled_layouts() -> None:
+    seed = 58
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    for top in (2, 4, 8):
+        subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(5, 9)))
+        subscripts = with_output(rng, subscripts, most=1)
+        operands = network_values(rng, "maxplus", "int32", shapes)
+        viewed = [
+            relayout(x, [int(i) for i in rng.permutation(x.ndim)],
+                     list(rng.random(x.ndim) < 0.5), bool(rng.random() < 0.5))
+            for x in operands
+        ]  # fmt: skip
+        want = reference.einsum(subscripts, *operands, top=top)
+        plan = tropical.einsum_plan(subscripts, *viewed, optimize="greedy")
+        values, counts = follow_top(plan, "maxplus", viewed, top)
+        np.testing.assert_array_equal(values, want[0])
+        np.testing.assert_array_equal(counts, want[1])
+        assert (counts[..., 1] > 0).any()  # (second best values exist: the lists are used)
+
+
 def test_counts_past_int64_are_joined_from_their_residues() -> None:
     # 52 variables of 4 values, no constraint: 4^52 = 2^104 assignments attain the maximum, 0.
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
@@ -193,8 +254,14 @@ def test_counts_past_int64_are_joined_from_their_residues() -> None:
     [
         ({"count": True, "argmax": True}, ValueError, "pass count=True or argmax=True, not both"),
         ({"count": "yes"}, TypeError, "count must be True or False, got str"),
-        ({"count": True, "devices": [0]}, ValueError, "count=True runs on the operands' device"),
+        ({"count": True, "devices": [0]}, ValueError, "count=True and top=k run on the operands'"),
         ({"count": True, "out": np.zeros((2, 2))}, ValueError, "pass no devices or out"),
+        ({"top": 17}, ValueError, "top must be at most 16 on the GPU .* got 17"),
+        ({"top": 0}, ValueError, "top must be from 1 to 64, got 0"),
+        ({"top": 2.0}, TypeError, "top must be an int"),
+        ({"top": 2, "count": True}, ValueError, "pass count=True or top=k, not both"),
+        ({"top": 2, "argmax": True}, ValueError, "pass top=k or argmax=True, not both"),
+        ({"top": 2, "devices": [0]}, ValueError, "top=k run on the operands' device"),
     ],
 )
 def test_a_counted_einsums_arguments_are_checked_first(

@@ -244,3 +244,41 @@ def test_a_sliced_counted_einsum_joins_its_slices(rng: np.random.Generator) -> N
         np.testing.assert_array_equal(host(value), want_value)
         np.testing.assert_array_equal(host(count), want)
     assert sliced >= 2
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_the_k_best_on_the_gpu_match_the_reference(
+    rng: np.random.Generator, ring: str, dtype: Any
+) -> None:
+    from .support.einsum import network_values, random_network, relayout, with_output
+
+    for top in (1, 3, 8, 16):
+        subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(5, 9)))
+        if rng.random() < 0.5:
+            subscripts = with_output(rng, subscripts, most=1)
+        if ring == "andor":
+            operands = [rng.random(s) < 0.7 for s in shapes]
+        else:
+            operands = network_values(rng, ring, dtype, shapes)
+            if ring == "maxmul":
+                operands = [abs(x) for x in operands]
+        viewed = [
+            relayout(x, [int(i) for i in rng.permutation(x.ndim)],
+                     list(rng.random(x.ndim) < 0.5), bool(rng.random() < 0.5), gpu)
+            for x in operands
+        ]  # fmt: skip
+        values, counts = tropical.einsum_sync(subscripts, *viewed, semiring=ring, top=top)
+        want = reference.einsum(subscripts, *operands, semiring=ring, top=top)
+        np.testing.assert_array_equal(host(values), want[0])
+        np.testing.assert_array_equal(host(counts), want[1])
+
+
+def test_the_petersen_graphs_three_best_sizes_and_their_counts() -> None:
+    from .support.einsum import PETERSEN, independent_sets
+
+    subscripts, operands = independent_sets(10, PETERSEN, "maxplus", np.float32)
+    values, counts = tropical.einsum_sync(subscripts, *(gpu(x) for x in operands), top=3)
+    want = reference.einsum(subscripts, *operands, top=3)
+    assert host(values).tolist() == want[0].tolist() == [4.0, 3.0, 2.0]
+    assert host(counts).tolist() == want[1].tolist()
+    assert host(counts)[0] == 5

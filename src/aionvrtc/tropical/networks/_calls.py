@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from ..._compiler import Compiler
-from ..products import Work, cupy_module, run_async, run_sync
+from ..products import MAX_TOP_GPU, Work, cupy_module, run_async, run_sync
 from ._counted import contract_counted
+from ._counting import MAX_TOP, check_top
 from ._eager import contract
 from ._planner import planned_for
 from ._runs import check_arrays, check_out, check_scalar, resolved_stream
@@ -27,6 +28,7 @@ async def einsum(
     semiring: str = "maxplus",
     argmax: bool = False,
     count: bool = False,
+    top: int | None = None,
     optimize: Any = "auto",
     memory_limit: float | None = None,
     devices: Sequence[int] | None = None,
@@ -75,6 +77,12 @@ async def einsum(
             (the call then waits for the GPU). In slices too (``memory_limit``), their
             counts joined as the products join them; on the operands' device, into new
             arrays: not with ``argmax``, ``devices`` or ``out``.
+        top: The ``top`` best distinct values of each element instead (1 to 16), each with
+            its count, as ``reference.einsum(..., top=k)`` keeps them: lists on a last axis,
+            best first, padded with the zero (count 0). Each step keeps its k best (a k-best
+            kernel, the lists in registers); exact in int64 (OverflowError past it). Whole,
+            on the operands' device, into new arrays: not with ``count``, ``argmax``,
+            ``memory_limit``, ``devices`` or ``out``.
         optimize: The order of the pairwise contractions, as ``einsum_plan`` takes it: an
             opt_einsum strategy name, an opt_einsum optimizer, a cotengra optimizer, an
             explicit path, or an ``EinsumPlan`` from ``einsum_plan`` (which also says which
@@ -102,15 +110,18 @@ async def einsum(
         array of the result's shape, holding the value at which each element is attained
         (an output index's array is that element's position). With ``count=True`` the pair
         (result, counts): the counts a CuPy int64 array of the result's shape where every one
-        fits, else a NumPy array of Python's ints.
+        fits, else a NumPy array of Python's ints. With ``top=k`` the pair (values, counts),
+        each of the result's shape and a last axis of k.
 
     Raises:
         TypeError: ``subscripts`` is not a str; an operand is not a ``cupy.ndarray`` (for a
             NumPy array the message says to move it with ``cupy.asarray``); the operands'
             dtypes differ, or ``semiring`` does not take theirs; ``out`` is not a
             ``cupy.ndarray``.
-        TypeError: ``count`` is not a bool.
-        ValueError: ``count=True`` with ``argmax``, ``devices`` or ``out``.
+        TypeError: ``count`` is not a bool; ``top`` is not an int.
+        ValueError: ``count=True`` or ``top`` with ``argmax``, ``devices`` or ``out``, or
+            with each other; ``top`` below 1 or past 16, or with a slicing.
+        OverflowError: With ``top``, a count past 2^63 - 1.
         ValueError: Bad arguments: no operands, or operands on more than one device;
             ``semiring`` is not one of ``SEMIRINGS``; ``memory_limit`` is neither bytes
             (an int > 0) nor a fraction (0 < f <= 1); ``devices`` is not a list of distinct
@@ -146,6 +157,7 @@ async def einsum(
             semiring=semiring,
             argmax=argmax,
             count=count,
+            top=top,
             optimize=optimize,
             memory_limit=memory_limit,
             devices=devices,
@@ -162,6 +174,7 @@ def einsum_sync(
     semiring: str = "maxplus",
     argmax: bool = False,
     count: bool = False,
+    top: int | None = None,
     optimize: Any = "auto",
     memory_limit: float | None = None,
     devices: Sequence[int] | None = None,
@@ -181,6 +194,7 @@ def einsum_sync(
         argmax: Also find an assignment that attains the result (of each element, for a
             result with indices).
         count: Also count the assignments attaining each element (as ``einsum``).
+        top: The ``top`` best values of each element with their counts (as ``einsum``).
         optimize: The order, as ``einsum_plan`` takes it (a plan skips planning).
         memory_limit: Contract in slices of at most this much in an intermediate: bytes, or a
             fraction of the device's free memory (``0 < f <= 1``).
@@ -193,14 +207,17 @@ def einsum_sync(
 
     Returns:
         As ``einsum``: the result, or with ``argmax=True`` the pair (result, assignment),
-        with ``count=True`` the pair (result, counts).
+        with ``count=True`` the pair (result, counts), with ``top=k`` the pair (values,
+        counts).
 
     Raises:
         TypeError: As ``einsum``: ``subscripts`` is not a str, an operand or ``out`` is not a
             ``cupy.ndarray``, the operands' dtypes differ or are not the semiring's, or
-            ``count`` is not a bool.
-        ValueError: As ``einsum``: bad arguments (``count=True`` with what it does not
-            take among them), what ``einsum_plan`` refuses, and what the device cannot run.
+            ``count`` is not a bool, or ``top`` not an int.
+        ValueError: As ``einsum``: bad arguments (``count=True`` or ``top`` with what they
+            do not take among them), what ``einsum_plan`` refuses, and what the device cannot
+            run.
+        OverflowError: As ``einsum``: with ``top``, a count past 2^63 - 1.
         cupy.cuda.memory.OutOfMemoryError: As ``einsum``: the memory in use on the device
             leaves too little for the contraction.
         RuntimeError: ``compiler`` is not open yet, or a kernel must be fetched through a
@@ -215,6 +232,7 @@ def einsum_sync(
             semiring=semiring,
             argmax=argmax,
             count=count,
+            top=top,
             optimize=optimize,
             memory_limit=memory_limit,
             devices=devices,
@@ -232,6 +250,7 @@ def _einsum(
     semiring: str,
     argmax: bool,
     count: bool,
+    top: int | None,
     optimize: Any,
     memory_limit: float | None,
     devices: Sequence[int] | None,
@@ -241,7 +260,7 @@ def _einsum(
 ) -> Work[Any]:
     """The body of ``einsum`` and ``einsum_sync`` (see _twins)."""
     check_semiring(subscripts, semiring)
-    _check_count(count, argmax=argmax, devices=devices, out=out)
+    _check_count(count, top, argmax=argmax, devices=devices, out=out)
     ring, arrays, device = check_arrays(operands, semiring)
     limit = _memory_limit(memory_limit, device)
     planned = yield from planned_for(subscripts, arrays, optimize, memory_limit=limit)
@@ -249,9 +268,14 @@ def _einsum(
         check_scalar(planned, "a sliced einsum")
     check_out(out, arrays[0].dtype, tuple(planned.sizes[i] for i in planned.output), device)
     stream = resolved_stream(device, stream)
-    if count:
+    if count or top is not None:
+        if top is not None and planned.slicing is not None:
+            raise ValueError(
+                f"top={top} runs whole: pass no memory_limit, and no plan with a slicing "
+                "(the k best in slices are not here yet; count=True runs in slices)"
+            )
         counted = contract_counted(
-            planned, ring, arrays, device=device, stream=stream, compiler=compiler
+            planned, ring, arrays, device=device, stream=stream, compiler=compiler, top=top
         )
         return (yield from counted)
     if planned.slicing is not None or devices is not None:
@@ -270,19 +294,26 @@ def _einsum(
 
 
 _ONE_DEVICE = (
-    "count=True runs on the operands' device (in slices too), into new arrays: pass no "
-    "devices or out (counted runs spread over devices are not here yet)"
+    "count=True and top=k run on the operands' device, into new arrays: pass no devices or "
+    "out (counted runs spread over devices are not here yet)"
 )
 
 
-def _check_count(count: object, *, argmax: bool, devices: object, out: object) -> None:
+def _check_count(count: object, top: object, *, argmax: bool, devices: object, out: object) -> None:
     if not isinstance(count, bool):
         raise TypeError(f"count must be True or False, got {type(count).__name__}")
-    if not count:
+    check_top(top, count)
+    if top is not None and top > MAX_TOP_GPU:  # type: ignore[operator]  # (an int: checked)
+        raise ValueError(
+            f"top must be at most {MAX_TOP_GPU} on the GPU (each output's list is kept in "
+            f"registers), got {top}; tropical.reference.einsum takes up to {MAX_TOP}"
+        )
+    if not count and top is None:
         return
     if argmax:
+        asked = "count=True" if count else "top=k"
         raise ValueError(
-            "pass count=True or argmax=True, not both: the assignment comes from the "
+            f"pass {asked} or argmax=True, not both: the assignment comes from the "
             "contraction without counts"
         )
     if devices is not None or out is not None:

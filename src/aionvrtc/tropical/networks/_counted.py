@@ -21,7 +21,16 @@ from typing import Any
 import numpy as np
 
 from ..._compiler import Compiler
-from ..products import OnDevice, Semiring, Wait, Work, cupy_module, entry_counts, matmul_work
+from ..products import (
+    OnDevice,
+    Semiring,
+    Wait,
+    Work,
+    cupy_module,
+    entry_counts,
+    matmul_work,
+    top_product,
+)
 from ._plan import EinsumPlan
 from ._planner import planned_for
 from ._residues import INT64_MAX, Joined, moduli
@@ -52,22 +61,25 @@ def counted_run(
     *,
     xp: Any,
     product: Product,
+    top: int | None = None,
     on: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> Generator[Any, Any, tuple[Any, Any]]:
     """``planned`` contracted over ``values`` (its inputs, laid out as planned) with each
     entry counting once: (the result, the count of the assignments attaining each element),
-    the result in the output's order. ``xp`` is the array module (CuPy, or NumPy for the
-    tests), ``product`` each step's counted product, and ``on`` the context each stretch of
-    array work runs in (the caller's stream)."""
+    the result in the output's order. With ``top``, each element is a list of the ``top`` best
+    distinct values and their counts instead, on a last axis (``einsum(..., top=k)``), every
+    operand and step laid out so. ``xp`` is the array module (CuPy, or NumPy for the tests),
+    ``product`` each step's counted (or k-best) product, and ``on`` the context each stretch
+    of array work runs in (the caller's stream)."""
     sizes = planned.sizes
     dtype = np.dtype(values[0].dtype)
-    shape = tuple(sizes[i] for i in planned.output)
+    shape = tuple(sizes[i] for i in planned.output) + (() if top is None else (top,))
     if 0 in sizes.values():  # an empty sum, or an empty result: the zero, attained by none
         with on():
             return xp.full(shape, ring.zero(dtype), dtype), xp.zeros(shape, np.int64)
     with on():
         made: dict[int, Counted] = {
-            i: (x, _counts_like(xp, ring, x), term)
+            i: (*_entries(xp, ring, x, top), term)
             for i, (x, term) in enumerate(zip(values, planned.terms, strict=True))
         }
     for step in planned.steps:
@@ -76,14 +88,14 @@ def counted_run(
             chosen = chosen[::-1]
         with on():
             reads = [
-                _read(xp, operand, view, sizes)
+                _read(xp, operand, view, sizes, top)
                 for operand, view in zip(chosen, (step.first, step.second), strict=False)
                 if view is not None
             ]
             if step.second is None:  # a reduction: times a vector of ones, each counting once
                 k = step.first.shape[2]
-                ones = (xp.full(k, ring.one(dtype), dtype), xp.ones(k, np.int64))
-                reads.append(tuple(_strided(xp, x, (1, k, 1), (0, 1, 1)) for x in ones))
+                ones = _ones(xp, ring, dtype, k, top)
+                reads.append(tuple(_strided(xp, x, (1, k, 1), (0, 1, 1), top) for x in ones))
         (a, na), (b, nb) = reads
         value, count = yield from product(a, b, na, nb)
         result = Term(step.result, contiguous([sizes[i] for i in step.result]))
@@ -91,7 +103,9 @@ def counted_run(
     ((value, count, term),) = made.values()
     with on():
         if term.indices != tuple(planned.output) or not planned.steps:
-            value, count = (_ordered(xp, x, term, planned.output, sizes) for x in (value, count))
+            value, count = (
+                _ordered(xp, x, term, planned.output, sizes, top=top) for x in (value, count)
+            )
         if not planned.steps:  # the result is never an input itself
             value, count = value.copy(), count.copy()
         return value.reshape(shape), count.reshape(shape)
@@ -139,40 +153,67 @@ def join_counted(
     return best, xp.where((left < 0) | (right < 0) | (both < 0), -1, both)
 
 
-def _counts_like(xp: Any, ring: Semiring, x: Any) -> Any:
-    """The counts of ``x``'s entries (1 each, 0 for the zero and NaN), int64 with ``x``'s
-    element strides (the plan's views of ``x`` read them too): over a buffer spanning every
-    element ``x`` reaches, as a view of ``x``'s would."""
+def _entries(xp: Any, ring: Semiring, x: Any, top: int | None) -> tuple[Any, Any]:
+    """``x``'s entries (values, counts), laid out with ``x``'s element strides (the plan's
+    views of ``x`` read them too): ``x`` itself and its counts (1 each, 0 for the zero and
+    NaN); with ``top``, lists of ``top`` of both, each entry first and the zero (count 0)
+    after it. Over buffers spanning every element ``x`` reaches, as a view of ``x``'s would."""
     each = [s // x.itemsize for s in x.strides]
     low = sum(s * (n - 1) for s, n in zip(each, x.shape, strict=True) if s < 0)
     high = sum(s * (n - 1) for s, n in zip(each, x.shape, strict=True) if s > 0)
-    buffer = xp.zeros(max(high - low + 1, 1) if x.size else 1, np.int64)
-    counts = _strided(xp, buffer[-low:], x.shape, each)
+    span = (max(high - low + 1, 1) if x.size else 1) * (top or 1)
+    start = -low * (top or 1)
+    counts = _strided(xp, xp.zeros(span, np.int64)[start:], x.shape, each, top)
+    entries = entry_counts(ring, x) if x.size else None
+    if top is None:
+        if x.size:
+            counts[...] = entries
+        return x, counts
+    zero = ring.zero(x.dtype)
+    lists = _strided(xp, xp.full(span, zero, x.dtype)[start:], x.shape, each, top)
     if x.size:
-        counts[...] = entry_counts(ring, x)
-    return counts
+        lists[..., 0] = xp.where(entries, x, zero)
+        counts[..., 0] = entries
+    return lists, counts
 
 
-def _read(xp: Any, operand: Counted, view: View, sizes: Any) -> tuple[Any, Any]:
-    """The 3-D views (values, counts) a step takes of ``operand``: copied to ``view.copy``'s
-    order first where the plan says so."""
+def _ones(xp: Any, ring: Semiring, dtype: Any, k: int, top: int | None) -> tuple[Any, Any]:
+    """A vector of ``k`` of the semiring's ones, each counting once (lists of ``top`` where
+    given: the one first)."""
+    if top is None:
+        return xp.full(k, ring.one(dtype), dtype), xp.ones(k, np.int64)
+    values, counts = xp.full((k, top), ring.zero(dtype), dtype), xp.zeros((k, top), np.int64)
+    values[:, 0], counts[:, 0] = ring.one(dtype), 1
+    return values, counts
+
+
+def _read(xp: Any, operand: Counted, view: View, sizes: Any, top: int | None) -> tuple[Any, Any]:
+    """The 3-D views (values, counts) a step takes of ``operand`` (4-D with ``top``: the lists
+    last): copied to ``view.copy``'s order first where the plan says so."""
     value, count, term = operand
     if view.copy is not None:
-        value, count = (_ordered(xp, x, term, view.copy, sizes) for x in (value, count))
-    return (_strided(xp, value, view.shape, view.strides),
-            _strided(xp, count, view.shape, view.strides))  # fmt: skip
+        value, count = (_ordered(xp, x, term, view.copy, sizes, top=top) for x in (value, count))
+    return (_strided(xp, value, view.shape, view.strides, top),
+            _strided(xp, count, view.shape, view.strides, top))  # fmt: skip
 
 
-def _ordered(xp: Any, x: Any, term: Term, order: Sequence[str], sizes: Any) -> Any:
+def _ordered(
+    xp: Any, x: Any, term: Term, order: Sequence[str], sizes: Any, *, top: int | None
+) -> Any:
     """``x`` (laid out as ``term`` says, from its first element) copied to C order over
-    ``order``."""
+    ``order`` (the lists last, with ``top``)."""
     stride_of = dict(zip(term.indices, term.strides, strict=True))
     shape = [sizes[i] for i in order]
-    return xp.ascontiguousarray(_strided(xp, x, shape, [stride_of[i] for i in order]))
+    return xp.ascontiguousarray(_strided(xp, x, shape, [stride_of[i] for i in order], top))
 
 
-def _strided(xp: Any, x: Any, shape: Sequence[int], strides: Sequence[int]) -> Any:
-    """A view of ``x``'s memory from its first element, of ``shape`` and element ``strides``."""
+def _strided(
+    xp: Any, x: Any, shape: Sequence[int], strides: Sequence[int], top: int | None = None
+) -> Any:
+    """A view of ``x``'s memory from its first element, of ``shape`` and element ``strides``;
+    with ``top``, of lists of ``top`` on a last axis (each stride in whole lists)."""
+    if top is not None:
+        shape, strides = (*shape, top), (*(s * top for s in strides), 1)
     return xp.lib.stride_tricks.as_strided(
         x, shape=tuple(shape), strides=tuple(s * x.itemsize for s in strides)
     )
@@ -186,11 +227,13 @@ def contract_counted(
     device: int,
     stream: Any,
     compiler: Compiler | None,
+    top: int | None = None,
 ) -> Work[tuple[Any, Any]]:
     """``planned`` contracted over CuPy ``arrays`` on ``device`` with counts, enqueued on
     ``stream``: (the result, its counts). The counts are a CuPy int64 array where every one
     fits; past 2^63 - 1 (counted again modulo primes, after waiting for the GPU) a NumPy array
-    of Python's ints."""
+    of Python's ints. With ``top``, (the ``top`` best values, their counts) on a last axis,
+    whole (the caller refuses a slicing), OverflowError where a count passes int64."""
     cupy = cupy_module()
 
     @contextlib.contextmanager
@@ -213,6 +256,20 @@ def contract_counted(
 
         return product
 
+    if top is not None:
+        value, count = yield from counted_run(
+            planned, ring, arrays, xp=cupy, product=_listed(ring, top, on, stream, compiler),
+            top=top, on=on,
+        )  # fmt: skip
+        if count_bound(planned) > INT64_MAX:
+            yield Wait(stream)
+            with on():
+                if bool((count < 0).any()):
+                    raise OverflowError(
+                        f"einsum(top={top}): a count of assignments passes 2^63 - 1, more than "
+                        "int64 holds; count=True counts the best value exactly at any size"
+                    )
+        return value, count
     slicing, each = planned.slicing, planned
     if slicing is not None:  # one slice's plan, along the whole's order (as _sliced's)
         views = slicing.views(planned.inputs, arrays, 0)
@@ -240,6 +297,28 @@ def contract_counted(
     yield Wait(stream)
     with on():
         return value, joined([cupy.asnumpy(r) for r in residues], primes)
+
+
+def _listed(
+    ring: Semiring,
+    top: int,
+    on: Callable[[], contextlib.AbstractContextManager[Any]],
+    stream: Any,
+    compiler: Compiler | None,
+) -> Product:
+    """Each step's k-best product on the GPU, into new lists made on ``stream``."""
+    cupy = cupy_module()
+
+    def product(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
+        shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2], top)
+        with on():
+            out = (cupy.empty(shape, a.dtype), cupy.empty(shape, np.int64))
+        made: tuple[Any, Any] = yield from top_product(
+            (a, b, na, nb), out, ring=ring, counting=True, stream=stream, compiler=compiler
+        )
+        return made
+
+    return product
 
 
 def count_bound(planned: EinsumPlan) -> int:

@@ -34,6 +34,7 @@ from ._shape_classes import (
 )
 from ._shapes import check_operands, check_size
 from ._specs import LAYOUTS, all_specs, backward_spec, family_spec, gemm_spec, tiled_supported
+from ._top import MAX_TOP_GPU, top_product
 from ._tune import autotune, random_operands, timed
 from ._twins import Fetch, Offload, Wait, Work, run_async, run_sync
 
@@ -45,6 +46,7 @@ __all__ = [
     "LAYOUTS",
     "MAX_BYTES",
     "MAX_MODULUS",
+    "MAX_TOP_GPU",
     "MODEL_FIGURES",
     "ROWS_KMAX",
     "SEMIRINGS",
@@ -105,6 +107,7 @@ __all__ = [
     "tile_variant",
     "tiled_supported",
     "timed",
+    "top_product",
     "tuned_tiles",
     "warm",
     "warm_specs",

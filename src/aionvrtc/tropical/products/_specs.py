@@ -31,6 +31,7 @@ __all__ = [
     "rows_spec",
     "tiled_spec",
     "tiled_supported",
+    "top_spec",
 ]
 
 Layout = Literal["rowmajor", "strided"]
@@ -39,7 +40,7 @@ LAYOUTS: tuple[Layout, ...] = ("rowmajor", "strided")
 OPTIONS = ("-std=c++17",)
 
 
-Family = Literal["gemm", "tiled", "rows", "backward", "einsum", "probe", "counted"]
+Family = Literal["gemm", "tiled", "rows", "backward", "einsum", "probe", "counted", "top"]
 # The headers each family's source includes (kernels/): a kernel's key covers its family's
 # source and these, and nothing of the other families.
 _INCLUDES: dict[Family, tuple[str, ...]] = {
@@ -49,7 +50,8 @@ _INCLUDES: dict[Family, tuple[str, ...]] = {
     "backward": (),
     "einsum": ("tropical_common.cuh",),
     "probe": (),
-    "counted": ("tropical_common.cuh",),
+    "counted": ("tropical_common.cuh", "tropical_counts.cuh"),
+    "top": ("tropical_common.cuh", "tropical_counts.cuh"),
 }
 
 
@@ -234,6 +236,21 @@ def counted_spec(
     return family_spec("counted", expression)
 
 
+# The k-best kernel's bounds on k (its lists in registers): a list of k takes the least that
+# holds it. (The reference's einsum takes top up to 64, the CPU's.)
+TOP_BOUNDS = (4, 8, 16)
+
+
+@functools.cache
+def top_spec(ring: Semiring, dtype: np.dtype[np.generic], *, kmax: int) -> KernelSpec:
+    """The spec of one k-best kernel (tropical_top.cu): lists of up to ``kmax`` (value,
+    count) pairs."""
+    ring.check_dtype(dtype)
+    if kmax not in TOP_BOUNDS:
+        raise ValueError(f"no k-best kernel for lists of {kmax}: the bounds are {TOP_BOUNDS}")
+    return family_spec("top", f"tropical_top<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {kmax}>")
+
+
 def backward_spec(semiring_name: str | Semiring, dtype: Any) -> KernelSpec:
     """The spec of the backward kernel of a product under ``semiring_name``: the kernel that
     ``backward`` launches. Max-plus and min-plus share one.
@@ -275,8 +292,9 @@ def all_specs(
 
     The generic kernels of each variant (argmax, accumulate) and layout, the tuned ones with
     each tile of ``TILES`` and the skinny ones where they serve, the backward kernels of the
-    float types, and the counted kernels (``matmul(..., counts=...)``) of each counting and
-    form. Combinations a semiring does not define are skipped.
+    float types, the counted kernels (``matmul(..., counts=...)``) of each counting and form,
+    and the k-best kernels (``einsum(..., top=k)``) of each bound on k. Combinations a semiring
+    does not define are skipped.
 
     Args:
         semirings: The semirings' names, such as ``["maxplus"]``. Default: all four.
@@ -314,6 +332,7 @@ def all_specs(
             counted_spec(ring, dtype, counting=counting, form=form)
             for counting, form in itertools.product(COUNTINGS, COUNTED_FORMS)
         ]
+        specs += [top_spec(ring, dtype, kmax=kmax) for kmax in TOP_BOUNDS]
     return list(dict.fromkeys(specs))  # max-plus and min-plus share backward kernels
 
 
