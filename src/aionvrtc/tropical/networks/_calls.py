@@ -80,9 +80,10 @@ async def einsum(
         top: The ``top`` best distinct values of each element instead (1 to 16), each with
             its count, as ``reference.einsum(..., top=k)`` keeps them: lists on a last axis,
             best first, padded with the zero (count 0). Each step keeps its k best (a k-best
-            kernel, the lists in registers); exact in int64 (OverflowError past it). Whole,
-            on the operands' device, into new arrays: not with ``count``, ``argmax``,
-            ``memory_limit``, ``devices`` or ``out``.
+            kernel, the lists in registers); the counts exact in int64, -1 where one passes
+            2^63 - 1 (never a wrong number; the values stand). Whole, on the operands'
+            device, into new arrays: not with ``count``, ``argmax``, ``memory_limit``,
+            ``devices`` or ``out``.
         optimize: The order of the pairwise contractions, as ``einsum_plan`` takes it: an
             opt_einsum strategy name, an opt_einsum optimizer, a cotengra optimizer, an
             explicit path, or an ``EinsumPlan`` from ``einsum_plan`` (which also says which
@@ -121,7 +122,6 @@ async def einsum(
         TypeError: ``count`` is not a bool; ``top`` is not an int.
         ValueError: ``count=True`` or ``top`` with ``argmax``, ``devices`` or ``out``, or
             with each other; ``top`` below 1 or past 16, or with a slicing.
-        OverflowError: With ``top``, a count past 2^63 - 1.
         ValueError: Bad arguments: no operands, or operands on more than one device;
             ``semiring`` is not one of ``SEMIRINGS``; ``memory_limit`` is neither bytes
             (an int > 0) nor a fraction (0 < f <= 1); ``devices`` is not a list of distinct
@@ -217,7 +217,6 @@ def einsum_sync(
         ValueError: As ``einsum``: bad arguments (``count=True`` or ``top`` with what they
             do not take among them), what ``einsum_plan`` refuses, and what the device cannot
             run.
-        OverflowError: As ``einsum``: with ``top``, a count past 2^63 - 1.
         cupy.cuda.memory.OutOfMemoryError: As ``einsum``: the memory in use on the device
             leaves too little for the contraction.
         RuntimeError: ``compiler`` is not open yet, or a kernel must be fetched through a

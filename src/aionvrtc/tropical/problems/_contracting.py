@@ -187,6 +187,17 @@ class Network:
         many = int(count)  # (a CuPy int64, or past it Python's int in a NumPy array)
         return [(_scalar(value.get()), many)] if many else []
 
+    def top_on_gpu(self, device: int, k: int) -> list[tuple[Any, int]]:
+        """The ``k`` best distinct values, best first, each with its count (-1 past
+        2^63 - 1), on GPU ``device`` along the plan, from a thread that may block; fewer
+        where fewer exist."""
+        values, counts = einsum_sync(
+            self.subscripts, *self._uploaded(device), semiring=self.semiring, top=k,
+            optimize=self.plan,
+        )  # fmt: skip
+        pairs = zip(values.get().tolist(), counts.get().tolist(), strict=True)
+        return [(value, count) for value, count in pairs if count != 0]
+
     def _uploaded(self, device: int) -> list[Any]:
         cupy = cupy_module()
         with cupy.cuda.Device(device):

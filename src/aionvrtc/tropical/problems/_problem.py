@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar, cast
 import anyio.to_thread
 
 from ..networks import NetworkSubscripts
-from ..products import MAX_BYTES
+from ..products import MAX_BYTES, MAX_TOP_GPU
 from ._contracting import Network
 from ._properties import (
     ConfigsAll,
@@ -312,9 +312,10 @@ class Problem:
         an independent set is contracted in min-plus), along one order found once
         (``einsum_plan(..., optimize=optimize)``). On the CPU the NumPy reference contracts it
         (counts exact at any size); on a GPU ``tropical.einsum`` does, for the properties its
-        kernels compute today: ``SizeMax(1)``, ``SizeMin(1)``, ``CountingMax(1)``,
-        ``CountingMin(1)``, ``CountingAll()`` (``einsum(..., count=True)``: exact at any
-        size), ``SingleConfigMax()`` and ``SingleConfigMin()``.
+        kernels compute today: ``SizeMax(k)``, ``SizeMin(k)``, ``CountingMax(k)``,
+        ``CountingMin(k)`` for k up to 16 (``einsum(..., top=k)``; with k=1 the counts come
+        from ``einsum(..., count=True)``, exact at any size), ``CountingAll()``,
+        ``SingleConfigMax()`` and ``SingleConfigMin()``.
 
         Args:
             wanted: The property: ``SizeMax(k)``, ``SizeMin(k)``, ``CountingMax(k)``,
@@ -348,6 +349,17 @@ class Problem:
         network = self.network(wanted.sense, optimize)
         if device is None:
             return self._on_cpu(wanted, network, max_bytes)
+        k = getattr(wanted, "k", 1)
+        if k > 1:  # the k best: lists on the GPU
+            best = network.top_on_gpu(device, k)
+            if isinstance(wanted, SizeMax | SizeMin):
+                return cast(T, [value for value, _ in best])
+            if any(count < 0 for _, count in best):
+                raise OverflowError(
+                    f"{wanted!r}: a count passes 2^63 - 1, more than int64 holds; "
+                    f"{type(wanted).__name__}() counts the best value exactly at any size"
+                )
+            return cast(T, [Counted(v, c) for v, c in best])
         if isinstance(wanted, CountingMax | CountingMin | CountingAll):
             best = network.counted_on_gpu(device)
             if isinstance(wanted, CountingAll):
@@ -416,13 +428,14 @@ class Problem:
         if not isinstance(device, int) or isinstance(device, bool):
             raise TypeError(f"device must be a GPU's number or None, got {type(device).__name__}")
         k = getattr(wanted, "k", 1)
-        if not isinstance(wanted, _ON_GPU) or k != 1:
+        ranked = isinstance(wanted, SizeMax | SizeMin | CountingMax | CountingMin)
+        if not isinstance(wanted, _ON_GPU) or k > (MAX_TOP_GPU if ranked else 1):
             raise ValueError(
-                f"{wanted!r} runs on the CPU (device=None): a GPU's kernels find the best value, "
-                "its count and a configuration attaining it (SizeMax(), SizeMin(), "
-                "CountingMax(), CountingMin(), CountingAll(), SingleConfigMax(), "
-                "SingleConfigMin()); the k best and every configuration come from the NumPy "
-                "reference"
+                f"{wanted!r} runs on the CPU (device=None): a GPU's kernels find the k best "
+                f"values (up to {MAX_TOP_GPU}) with their counts and a configuration attaining "
+                "the best (SizeMax(k), SizeMin(k), CountingMax(k), CountingMin(k), "
+                "CountingAll(), SingleConfigMax(), SingleConfigMin()); every configuration, "
+                "samples and the sums come from the NumPy reference"
             )
 
     def _on_cpu(self, wanted: Property[T], network: Network, max_bytes: int) -> T:
