@@ -9,6 +9,8 @@
 #                                                           (-m gpu and all they name), doctor
 #   bash benchmarks/gpu_suite.sh roofline [pytest args...]  the checks given, then the networks'
 #                                                           step profiles (einsum_roofline.py)
+#   bash benchmarks/gpu_suite.sh counting [pytest args...]  the checks given, then counted products
+#                                                           and counting's networks (SMALL=1: small)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/aionvrtc-out}
@@ -23,16 +25,24 @@ if ! python3 -c "import sys, cuda.pathfinder as p; sys.exit(p.locate_nvidia_head
   export CUDA_PATH=/tmp/site/nvidia/cu13
 fi
 mode=service
-case "${1:-}" in tropical | check | roofline) mode=$1; shift ;; esac
+case "${1:-}" in tropical | check | roofline | counting) mode=$1; shift ;; esac
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 python3 -m aionvrtc doctor --json > "$OUT/doctor.json" 2>&1
-if [ $mode = check ] || [ $mode = roofline ]; then set -- -m gpu "$@"; fi
+if [ $mode = check ] || [ $mode = roofline ] || [ $mode = counting ]; then set -- -m gpu "$@"; fi
 timeout "${TESTS_TIMEOUT:-3000}" python3 -m pytest -p no:cacheprovider -ra "$@" > "$OUT/pytest.log" 2>&1
 tests=$?
 gpu=$(head -2 "$OUT/nvidia-smi.csv" | tail -1 | cut -d, -f1)
 if [ $mode = check ]; then
   first=0 second=0
+elif [ $mode = counting ]; then
+  python3 benchmarks/counted_products.py --out "$OUT" > "$OUT/counted_products.log" 2>&1
+  first=$?
+  small=()
+  if [ "${SMALL:-0}" = 1 ]; then small=(--small); fi
+  python3 benchmarks/counted_networks.py "${small[@]}" --out "$OUT" \
+    > "$OUT/counted_networks.log" 2>&1
+  second=$?
 elif [ $mode = roofline ]; then
   # PYTHONHASHSEED: opt_einsum's random-greedy orders (tropical_einsum.py's networks) hang on it.
   PYTHONHASHSEED=0 python3 benchmarks/einsum_roofline.py --out "$OUT" \
