@@ -95,6 +95,8 @@ def test_an_exact_count_past_int64_is_minus_one_never_a_wrapped_number() -> None
     assert count([1 << 62, 1 << 62], [1, 1]) == -1  # 2^63: the sum overflows
     assert count([1 << 40, 1], [1 << 30, 1]) == -1  # 2^70: a product overflows
     assert count([-1, 5], [1, 1]) == -1  # a count that overflowed before stays -1
+    # A negative count (an overflow's -1) read modulo p by its 64 bits, as the kernels read it.
+    assert count([-1, 0], [1, 1], 7) == ((1 << 64) - 1) % 7
     # Modulo a prime the same counts are residues: 2^63 mod p.
     p = PRIMES[0]
     assert count([1 << 62, 1 << 62], [1, 1], p) == (1 << 63) % p

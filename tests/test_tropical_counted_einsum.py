@@ -229,6 +229,17 @@ def test_the_k_best_of_larger_networks_in_shuffled_layouts() -> None:
         assert (counts[..., 1] > 0).any()  # (second best values exist: the lists are used)
 
 
+def test_the_bound_on_a_count_takes_the_inputs_indices_not_the_planners() -> None:
+    # A long sum into one output is cut in parts (a hidden index of the parts): the bound on
+    # the count is the inputs' 4,096 assignments still.
+    x = np.zeros(4096, np.float32)
+    plan = tropical.einsum_plan("j,j->", x, x)
+    assert set(plan.sizes) > {"j"}  # (the split's own index)
+    assert count_bound(plan) == 4096
+    value, count = follow(plan, "maxplus", [x, x])
+    assert (float(value), int(count)) == (0.0, 4096)
+
+
 def test_counts_past_int64_are_joined_from_their_residues() -> None:
     # 52 variables of 4 values, no constraint: 4^52 = 2^104 assignments attain the maximum, 0.
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [

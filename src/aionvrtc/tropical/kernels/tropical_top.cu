@@ -2,8 +2,8 @@
 // k (value, count) pairs, distinct values best first, padded with the semiring's zero (count
 // 0). A product of two lists is every pair's (value (x), counts multiplied); the sum keeps the
 // k best distinct values, the counts of equal values added. The counts are exact (Exact of
-// tropical_counts.cuh: -1 past 2^63 - 1), or with counting = 0 held at 1 (the values alone, as
-// SizeMax(k) asks: nothing to overflow). The reference's einsum(..., top=k) on the GPU.
+// tropical_counts.cuh: -1 past 2^63 - 1, the values standing). The reference's einsum(...,
+// top=k) on the GPU.
 //
 // A thread per output list, kept in registers (KMAX, a template bound on k), the outputs in
 // C's order (n fastest) with a grid-stride loop. A list's entries are contiguous (k of them);
@@ -15,14 +15,14 @@
 // first worse value, each displaced entry carried one place down (the last one out falls off).
 template <typename S, typename T, int KMAX>
 __device__ __forceinline__ void insert(T (&best)[KMAX], long long (&many)[KMAX], int k, T v,
-                                       long long c, int counting) {
+                                       long long c) {
     const Modulus exact = {0, 0};
     bool placed = false;
     #pragma unroll
     for (int p = 0; p < KMAX; ++p) {
         if (p >= k || placed) continue;
         if (many[p] != 0 && best[p] == v) {
-            many[p] = counting ? Exact::add(many[p], c, exact) : 1;
+            many[p] = Exact::add(many[p], c, exact);
             placed = true;
         } else if (many[p] == 0 || S::better(v, best[p])) {
             const T was = best[p];
@@ -41,13 +41,17 @@ __global__ void __launch_bounds__(256) tropical_top(
     const T* __restrict__ A, const long long* __restrict__ NA,
     const T* __restrict__ B, const long long* __restrict__ NB,
     T* V, long long* NV,
-    long long M, long long N, long long K, long long batch, int k, int counting,
+    long long M, long long N, long long K, long long batch, int k,
     long long sab, long long sam, long long sak,
     long long sbb, long long sbk, long long sbn,
     long long svb, long long svm, long long svn) {
     const Modulus exact = {0, 0};
     const T zero = S::template zero<T>();
     const long long total = batch * M * N;
+    // k - 1 hidden from the optimiser: the unrolled select of the k-th entry below, folded into
+    // best[k - 1], would move the lists out of registers into local memory.
+    int last_at;
+    asm("mov.b32 %0, %1;" : "=r"(last_at) : "r"(k - 1));
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
          t += (long long)gridDim.x * blockDim.x) {
         const long long n = t % N, r = t / N, m = r % M, b = r / M;
@@ -70,17 +74,14 @@ __global__ void __launch_bounds__(256) tropical_top(
                     const T v = S::mul(a, bj);
                     if (v == zero || v != v) break;  // the zero (or NaN): so is every later one
                     // Strictly worse than the k-th value kept: so is every later pair of a.
-                    // (The k-th picked by an unrolled select: an index the compiler cannot
-                    // see would move the lists out of registers.)
                     T last = zero;
                     long long held = 0;
                     #pragma unroll
                     for (int p = 0; p < KMAX; ++p)
-                        if (p == k - 1) { last = best[p]; held = many[p]; }
+                        if (p == last_at) { last = best[p]; held = many[p]; }
                     if (held != 0 && S::better(last, v)) break;
                     first = false;
-                    insert<S>(best, many, k, v, counting ? Exact::mul(ca, cb, exact) : 1LL,
-                              counting);
+                    insert<S>(best, many, k, v, Exact::mul(ca, cb, exact));
                 }
                 if (first) break;  // a's next values with b's best are worse still
             }

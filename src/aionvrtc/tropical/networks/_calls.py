@@ -15,7 +15,7 @@ from ._counted import contract_counted
 from ._counting import MAX_TOP, check_top
 from ._eager import contract
 from ._planner import planned_for
-from ._runs import check_arrays, check_out, check_scalar, resolved_stream
+from ._runs import check_arrays, check_counted_plan, check_out, check_scalar, resolved_stream
 from ._sliced import check_devices, in_slices
 from ._subscripts import check_semiring
 
@@ -74,9 +74,10 @@ async def einsum(
             NaN), as ``reference.einsum(..., count=True)`` does: each step a counted product
             (``matmul(..., counts=...)``), exact in int64; where a count passes 2^63 - 1 the
             network is counted again modulo primes below 2^31, the residues joined on the host
-            (the call then waits for the GPU). In slices too (``memory_limit``), their
-            counts joined as the products join them; on the operands' device, into new
-            arrays: not with ``argmax``, ``devices`` or ``out``.
+            (the call then waits for the GPU). In slices too (``memory_limit``: each
+            intermediate's values and counts together within it), their counts joined as the
+            products join them; on the operands' device, into new arrays: not with
+            ``argmax``, ``devices`` or ``out``.
         top: The ``top`` best distinct values of each element instead (1 to 16), each with
             its count, as ``reference.einsum(..., top=k)`` keeps them: lists on a last axis,
             best first, padded with the zero (count 0). Each step keeps its k best (a k-best
@@ -259,9 +260,12 @@ def _einsum(
 ) -> Work[Any]:
     """The body of ``einsum`` and ``einsum_sync`` (see _twins)."""
     check_semiring(subscripts, semiring)
-    _check_count(count, top, argmax=argmax, devices=devices, out=out)
+    _check_count(count, top, argmax=argmax, memory_limit=memory_limit, devices=devices, out=out)
     ring, arrays, device = check_arrays(operands, semiring)
     limit = _memory_limit(memory_limit, device)
+    if count and limit is not None:  # the counts' bytes too: slices whose pairs fit the limit
+        itemsize = arrays[0].dtype.itemsize
+        limit = max(1, limit * itemsize // (itemsize + 8))
     planned = yield from planned_for(subscripts, arrays, optimize, memory_limit=limit)
     if argmax and planned.slicing is not None:
         check_scalar(planned, "a sliced einsum")
@@ -269,10 +273,8 @@ def _einsum(
     stream = resolved_stream(device, stream)
     if count or top is not None:
         if top is not None and planned.slicing is not None:
-            raise ValueError(
-                f"top={top} runs whole: pass no memory_limit, and no plan with a slicing "
-                "(the k best in slices are not here yet; count=True runs in slices)"
-            )
+            raise ValueError(_TOP_WHOLE)
+        check_counted_plan(planned, arrays[0].dtype, top=top, device=device)
         counted = contract_counted(
             planned, ring, arrays, device=device, stream=stream, compiler=compiler, top=top
         )
@@ -298,7 +300,15 @@ _ONE_DEVICE = (
 )
 
 
-def _check_count(count: object, top: object, *, argmax: bool, devices: object, out: object) -> None:
+_TOP_WHOLE = (
+    "top=k runs whole: pass no memory_limit, and no plan with a slicing (the k best in slices "
+    "are not here yet; count=True runs in slices)"
+)
+
+
+def _check_count(
+    count: object, top: object, *, argmax: bool, memory_limit: object, devices: object, out: object
+) -> None:
     if not isinstance(count, bool):
         raise TypeError(f"count must be True or False, got {type(count).__name__}")
     check_top(top, count)
@@ -317,6 +327,8 @@ def _check_count(count: object, top: object, *, argmax: bool, devices: object, o
         )
     if devices is not None or out is not None:
         raise ValueError(_ONE_DEVICE)
+    if top is not None and memory_limit is not None:
+        raise ValueError(_TOP_WHOLE)
 
 
 def _memory_limit(memory_limit: float | None, device: int) -> int | None:

@@ -98,6 +98,8 @@ def counted_run(
                 reads.append(tuple(_strided(xp, x, (1, k, 1), (0, 1, 1), top) for x in ones))
         (a, na), (b, nb) = reads
         value, count = yield from product(a, b, na, nb)
+        # What the step read goes now (a copy's memory back to the pool for the next step).
+        del reads, a, na, b, nb, chosen
         result = Term(step.result, contiguous([sizes[i] for i in step.result]))
         made[step.number] = (value, count, result)
     ((value, count, term),) = made.values()
@@ -305,7 +307,7 @@ def _listed(
         with on():
             out = (cupy.empty(shape, a.dtype), cupy.empty(shape, np.int64))
         made: tuple[Any, Any] = yield from top_product(
-            (a, b, na, nb), out, ring=ring, counting=True, stream=stream, compiler=compiler
+            (a, b, na, nb), out, ring=ring, stream=stream, compiler=compiler
         )
         return made
 
@@ -313,9 +315,10 @@ def _listed(
 
 
 def count_bound(planned: EinsumPlan) -> int:
-    """The most assignments a count of ``planned``'s result can reach: those of the indices
-    its output does not keep."""
-    return math.prod(n for i, n in planned.sizes.items() if i not in planned.output)
+    """The most assignments a count of ``planned``'s result can reach: those of the inputs'
+    indices that its output does not keep (not the planner's own, which split a sum)."""
+    summed = set().union(*planned.inputs) - set(planned.output)
+    return math.prod(planned.sizes[i] for i in summed)
 
 
 def joined(residues: Sequence[np.ndarray[Any, Any]], primes: Sequence[int]) -> Any:

@@ -148,6 +148,19 @@ def check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) ->
         )
 
 
+def check_counted_plan(planned: EinsumPlan, dtype: Any, *, top: int | None, device: int) -> None:
+    """Refuse, before anything is allocated, a counted run (``count=True``, or lists of the
+    ``top`` best) whose output or an intermediate, with its int64 counts beside each value,
+    would pass the device's memory."""
+    limit = _device_bytes(device)
+    itemsize = (np.dtype(dtype).itemsize + 8) * (top or 1)
+    each = "an int64 count beside each value" + (f", {top} of each in a list" if top else "")
+    bound = f"the {limit:,} bytes of device {device}'s memory ({each})"
+    check_output(planned.output, planned.sizes, itemsize=itemsize, limit=limit, bound=bound)
+    for number, step in enumerate(planned.steps):
+        check_step(number, step, itemsize=itemsize, limit=limit, bound=bound)
+
+
 def check_elements(planned: EinsumPlan, limit: int, bound: str) -> None:
     """With argmax=True each element of the result gets an assignment of every index (a block
     of the backtrace each, its int64 values copied back to the host)."""

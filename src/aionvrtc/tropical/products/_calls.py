@@ -80,7 +80,9 @@ async def matmul(
             shapes, any strides. A product's count is the product of its two entries'; equal
             products' counts add, a better product's replace them. Not with ``argmax``.
         modulus: With ``counts``, count modulo this int from 2 to 2^31 - 1 (a prime: residues
-            modulo several are joined by the Chinese remainder theorem). Default: exact int64
+            modulo several are joined by the Chinese remainder theorem); the counts given are
+            reduced first (a negative one, an exact count's -1, read as its 64 bits unsigned,
+            as the reference reads it: pass counts, not overflow marks). Default: exact int64
             counts, -1 where one passes 2^63 - 1 (and in every count made from it), never a
             wrong count.
         stream: The CuPy stream the work is enqueued on. Default: CuPy's current stream.

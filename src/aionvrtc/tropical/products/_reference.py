@@ -128,6 +128,13 @@ def _counted_product(
         )
 
 
+def _residue(x: np.ndarray[Any, Any], modulus: int) -> np.ndarray[Any, Any]:
+    """Counts modulo ``modulus`` as the kernels read them: a negative count (an exact one's
+    -1, not a residue) by its 64 bits unsigned."""
+    wrapped = (1 << 64) % modulus
+    return np.asarray(np.where(x < 0, (x % modulus + wrapped) % modulus, x % modulus))
+
+
 def _ways(
     left: np.ndarray[Any, Any],
     right: np.ndarray[Any, Any],
@@ -137,7 +144,7 @@ def _ways(
     """The sum over axis 1 of left * right where ``hit``: as the kernels count (Exact or
     Modular in tropical_counted.cu)."""
     if modulus is not None:
-        each = (left % modulus) * (right % modulus) % modulus  # each below 2^62
+        each = _residue(left, modulus) * _residue(right, modulus) % modulus  # each below 2^62
         return np.asarray(np.sum(np.where(hit, each, 0), axis=1) % modulus)
     negative = hit & ((left < 0) | (right < 0))
     estimate = np.sum(np.where(hit, left.astype(np.float64) * right, 0.0), axis=1)

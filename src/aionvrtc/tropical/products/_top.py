@@ -26,7 +26,6 @@ def top_product(
     out: tuple[Any, Any],
     *,
     ring: Semiring,
-    counting: bool,
     stream: Any,
     compiler: Compiler | None,
 ) -> Work[tuple[Any, Any]]:
@@ -34,7 +33,7 @@ def top_product(
     (a, b, counts of a, counts of b): CuPy views of shapes (batch, M, K, k) and (batch, K, N,
     k) (a batch of 1 broadcasts) whose last axis is contiguous and whose other strides are
     whole lists, each count array laid out as its values; ``out`` (values, counts) contiguous
-    (batch, M, N, k). Without ``counting`` each count is held at 1. Returns ``out``."""
+    (batch, M, N, k). A count past 2^63 - 1 is -1 (the values stand). Returns ``out``."""
     a, b, na, nb = operands
     values, counts = out
     k = a.shape[3]
@@ -49,7 +48,7 @@ def top_product(
     if total == 0:
         return out
     grid = (max(1, min(-(-total // _THREADS), _MAX_BLOCKS)), 1, 1)
-    args = [0] * 6 + [m, n, a.shape[2], batch, k, int(counting)]
+    args = [0] * 6 + [m, n, a.shape[2], batch, k]
     args += [s for three in lists for s in three]
     launcher = Packed(spec, device, grid, (_THREADS, 1, 1), args)
     found = loaded(spec, device, compiler)
