@@ -157,6 +157,31 @@ def test_sliced_networks_join_their_slices_counts() -> None:
     assert sliced >= 5
 
 
+def test_sliced_networks_merge_their_slices_k_best_lists() -> None:
+    seed = 59
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    sliced = 0
+    for top in (2, 3, 5, 2, 3, 5):
+        subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(6, 9)))
+        if rng.random() < 0.5:
+            subscripts = with_output(rng, subscripts, most=1)
+        operands = network_values(rng, "minplus", "float64", shapes)
+        want = reference.einsum(subscripts, *operands, semiring="minplus", top=top)
+        plan = tropical.einsum_plan(subscripts, *operands)
+        for elements in (plan.largest_intermediate // 4, plan.largest_intermediate // 2):
+            try:
+                plan = tropical.einsum_plan(subscripts, *operands, memory_limit=8 * elements)
+                break
+            except ValueError:  # no slicing of this order fits so little
+                continue
+        sliced += plan.slicing is not None
+        values, counts = follow_top(plan, "minplus", operands, top)
+        np.testing.assert_array_equal(values, want[0])
+        np.testing.assert_array_equal(counts, want[1])
+    assert sliced >= 3
+
+
 def test_joined_pairs_keep_the_better_value_and_add_equal_ones() -> None:
     ring = SEMIRINGS["maxplus"]
     total = (np.array([1, 5, 5, 5]), np.array([3, 4, 1 << 62, 2]))
@@ -171,7 +196,8 @@ def test_joined_pairs_keep_the_better_value_and_add_equal_ones() -> None:
 
 def follow_top(plan: Any, ring: str, arrays: Any, top: int) -> Any:
     """``counted_run`` with lists of ``top`` on NumPy arrays, each step by the CPU's k-best
-    step (the reference's ``einsum(..., top=k)``'s)."""
+    step (the reference's ``einsum(..., top=k)``'s); in slices, their lists merged, where
+    ``plan`` has a slicing."""
     semiring = SEMIRINGS[ring]
 
     def product(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
@@ -184,7 +210,14 @@ def follow_top(plan: Any, ring: str, arrays: Any, top: int) -> Any:
         return made  # type: ignore[no-any-return]
         yield  # (a body that needs nothing done)
 
-    run = counted_run(plan, semiring, arrays, xp=np, product=product, top=top)
+    slicing = plan.slicing
+    if slicing is None:
+        run = counted_run(plan, semiring, arrays, xp=np, product=product, top=top)
+    else:
+        views = slicing.views(plan.inputs, arrays, 0)
+        each = tropical.einsum_plan(slicing.subscripts, *views, optimize=plan.path)
+        run = counted_slices(plan, each, semiring, arrays, xp=np, product=product,
+                             modulus=None, top=top)  # fmt: skip
     try:
         next(run)
     except StopIteration as done:

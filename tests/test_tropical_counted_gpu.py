@@ -282,3 +282,27 @@ def test_the_petersen_graphs_three_best_sizes_and_their_counts() -> None:
     assert host(values).tolist() == want[0].tolist() == [4.0, 3.0, 2.0]
     assert host(counts).tolist() == want[1].tolist()
     assert host(counts)[0] == 5
+
+
+def test_a_sliced_k_best_einsum_merges_its_slices_lists(rng: np.random.Generator) -> None:
+    from .support.einsum import network_values, random_network
+
+    sliced = 0
+    for top in (2, 5, 8, 3):
+        subscripts, shapes = random_network(rng, int(rng.integers(8, 13)), int(rng.integers(7, 10)))
+        operands = network_values(rng, "minplus", np.float64, shapes)
+        on_gpu = [gpu(x) for x in operands]
+        plan = tropical.einsum_plan(subscripts, *on_gpu)
+        for elements in (plan.largest_intermediate // 4, plan.largest_intermediate // 2):
+            try:
+                plan = tropical.einsum_plan(subscripts, *on_gpu, memory_limit=8 * elements)
+                break
+            except ValueError:  # no slicing of this order fits so little
+                continue
+        sliced += plan.slicing is not None
+        values, counts = tropical.einsum_sync(subscripts, *on_gpu, semiring="minplus",
+                                              top=top, optimize=plan)  # fmt: skip
+        want = reference.einsum(subscripts, *operands, semiring="minplus", top=top)
+        np.testing.assert_array_equal(host(values), want[0])
+        np.testing.assert_array_equal(host(counts), want[1])
+    assert sliced >= 2

@@ -82,9 +82,9 @@ async def einsum(
             its count, as ``reference.einsum(..., top=k)`` keeps them: lists on a last axis,
             best first, padded with the zero (count 0). Each step keeps its k best (a k-best
             kernel, the lists in registers); the counts exact in int64, -1 where one passes
-            2^63 - 1 (never a wrong number; the values stand). Whole, on the operands'
-            device, into new arrays: not with ``count``, ``argmax``, ``memory_limit``,
-            ``devices`` or ``out``.
+            2^63 - 1 (never a wrong number; the values stand). In slices too (each slice's
+            lists merged), on the operands' device, into new arrays: not with ``count``,
+            ``argmax``, ``devices`` or ``out``.
         optimize: The order of the pairwise contractions, as ``einsum_plan`` takes it: an
             opt_einsum strategy name, an opt_einsum optimizer, a cotengra optimizer, an
             explicit path, or an ``EinsumPlan`` from ``einsum_plan`` (which also says which
@@ -122,7 +122,7 @@ async def einsum(
             ``cupy.ndarray``.
         TypeError: ``count`` is not a bool; ``top`` is not an int.
         ValueError: ``count=True`` or ``top`` with ``argmax``, ``devices`` or ``out``, or
-            with each other; ``top`` below 1 or past 16, or with a slicing.
+            with each other; ``top`` below 1 or past 16.
         ValueError: Bad arguments: no operands, or operands on more than one device;
             ``semiring`` is not one of ``SEMIRINGS``; ``memory_limit`` is neither bytes
             (an int > 0) nor a fraction (0 < f <= 1); ``devices`` is not a list of distinct
@@ -260,20 +260,19 @@ def _einsum(
 ) -> Work[Any]:
     """The body of ``einsum`` and ``einsum_sync`` (see _twins)."""
     check_semiring(subscripts, semiring)
-    _check_count(count, top, argmax=argmax, memory_limit=memory_limit, devices=devices, out=out)
+    _check_count(count, top, argmax=argmax, devices=devices, out=out)
     ring, arrays, device = check_arrays(operands, semiring)
     limit = _memory_limit(memory_limit, device)
-    if count and limit is not None:  # the counts' bytes too: slices whose pairs fit the limit
+    if (count or top is not None) and limit is not None:
+        # The counts' bytes too (top's lists of them): slices whose lists fit the limit.
         itemsize = arrays[0].dtype.itemsize
-        limit = max(1, limit * itemsize // (itemsize + 8))
+        limit = max(1, limit * itemsize // ((itemsize + 8) * (top or 1)))
     planned = yield from planned_for(subscripts, arrays, optimize, memory_limit=limit)
     if argmax and planned.slicing is not None:
         check_scalar(planned, "a sliced einsum")
     check_out(out, arrays[0].dtype, tuple(planned.sizes[i] for i in planned.output), device)
     stream = resolved_stream(device, stream)
     if count or top is not None:
-        if top is not None and planned.slicing is not None:
-            raise ValueError(_TOP_WHOLE)
         check_counted_plan(planned, arrays[0].dtype, top=top, device=device)
         counted = contract_counted(
             planned, ring, arrays, device=device, stream=stream, compiler=compiler, top=top
@@ -300,15 +299,7 @@ _ONE_DEVICE = (
 )
 
 
-_TOP_WHOLE = (
-    "top=k runs whole: pass no memory_limit, and no plan with a slicing (the k best in slices "
-    "are not here yet; count=True runs in slices)"
-)
-
-
-def _check_count(
-    count: object, top: object, *, argmax: bool, memory_limit: object, devices: object, out: object
-) -> None:
+def _check_count(count: object, top: object, *, argmax: bool, devices: object, out: object) -> None:
     if not isinstance(count, bool):
         raise TypeError(f"count must be True or False, got {type(count).__name__}")
     check_top(top, count)
@@ -327,8 +318,6 @@ def _check_count(
         )
     if devices is not None or out is not None:
         raise ValueError(_ONE_DEVICE)
-    if top is not None and memory_limit is not None:
-        raise ValueError(_TOP_WHOLE)
 
 
 def _memory_limit(memory_limit: float | None, device: int) -> int | None:

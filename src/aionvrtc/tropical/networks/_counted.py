@@ -122,21 +122,51 @@ def counted_slices(
     xp: Any,
     product: Product,
     modulus: int | None,
+    top: int | None = None,
     on: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> Generator[Any, Any, tuple[Any, Any]]:
     """``counted_run`` of a sliced ``planned``: each slice's views of ``values`` along
     ``each`` (the plan of one slice), the slices' (value, count) pairs joined in turn
-    (``join_counted``)."""
+    (``join_counted``), or with ``top`` their lists merged by ``product`` (``_merged``)."""
     slicing = planned.slicing
     assert slicing is not None
     total: tuple[Any, Any] | None = None
     for number in slicing:
         views = slicing.views(planned.inputs, values, number)
-        part = yield from counted_run(each, ring, views, xp=xp, product=product, on=on)
-        with on():
-            total = part if total is None else join_counted(ring, xp, total, part, modulus)
+        run = counted_run(each, ring, views, xp=xp, product=product, top=top, on=on)
+        part = yield from run
+        if total is None:
+            total = part
+        elif top is not None:
+            total = yield from _merged(ring, xp, (total, part), product=product, on=on)
+        else:
+            with on():
+                total = join_counted(ring, xp, total, part, modulus)
     assert total is not None
     return total
+
+
+def _merged(
+    ring: Semiring,
+    xp: Any,
+    pairs: tuple[tuple[Any, Any], tuple[Any, Any]],
+    *,
+    product: Product,
+    on: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> Generator[Any, Any, tuple[Any, Any]]:
+    """Two sets of lists (values, counts; the lists on a last axis) merged into the best of
+    both, the counts of equal values added: each pair of lists is a sum over two, a k-best
+    product with a vector of two ones."""
+    (old, before), (new, more) = pairs
+    shape, top = old.shape, old.shape[-1]
+    elements = math.prod(shape[:-1])
+    with on():
+        a, na = (xp.stack(pair, axis=-2).reshape(elements, 1, 2, top)
+                 for pair in ((old, new), (before, more)))  # fmt: skip
+        ones = _ones(xp, ring, old.dtype, 2, top)
+        b, nb = (_strided(xp, x, (1, 2, 1), (0, 1, 1), top) for x in ones)
+    value, count = yield from product(a, b, na, nb)
+    return value.reshape(shape), count.reshape(shape)
 
 
 def join_counted(
@@ -235,7 +265,7 @@ def contract_counted(
     ``stream``: (the result, its counts). The counts are a CuPy int64 array where every one
     fits; past 2^63 - 1 (counted again modulo primes, after waiting for the GPU) a NumPy array
     of Python's ints. With ``top``, (the ``top`` best values, their counts) on a last axis,
-    whole (the caller refuses a slicing), a count past 2^63 - 1 there -1."""
+    a count past 2^63 - 1 there -1."""
     cupy = cupy_module()
 
     @contextlib.contextmanager
@@ -258,24 +288,21 @@ def contract_counted(
 
         return product
 
-    if top is not None:  # (a count past int64 is -1: the values stand, exact)
-        return (yield from counted_run(
-            planned, ring, arrays, xp=cupy, product=_listed(ring, top, on, stream, compiler),
-            top=top, on=on,
-        ))  # fmt: skip
     slicing, each = planned.slicing, planned
     if slicing is not None:  # one slice's plan, along the whole's order (as _sliced's)
         views = slicing.views(planned.inputs, arrays, 0)
         each = yield from planned_for(slicing.subscripts, views, planned.path)
 
     def run(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
-        product = modulo(modulus)
+        product = modulo(modulus) if top is None else _listed(ring, top, on, stream, compiler)
         if slicing is None:
-            return counted_run(planned, ring, arrays, xp=cupy, product=product, on=on)
+            return counted_run(planned, ring, arrays, xp=cupy, product=product, top=top, on=on)
         return counted_slices(planned, each, ring, arrays, xp=cupy, product=product,
-                              modulus=modulus, on=on)  # fmt: skip
+                              modulus=modulus, top=top, on=on)  # fmt: skip
 
     value, count = yield from run(None)
+    if top is not None:  # (a count past int64 is -1: the values stand, exact)
+        return value, count
     if count_bound(planned) <= INT64_MAX:
         return value, count  # no count can pass int64: nothing to wait for
     yield Wait(stream)

@@ -339,9 +339,8 @@ class Problem:
 
         Raises:
             TypeError: ``wanted`` is not a property; ``max_bytes`` is not an int.
-            ValueError: A property the GPU does not compute yet, with ``device`` (the k best
-                of a sliced plan among them); an intermediate past ``max_bytes``; more
-                configurations than ``limit``.
+            ValueError: A property the GPU does not compute yet, with ``device``; an
+                intermediate past ``max_bytes``; more configurations than ``limit``.
             OverflowError: ``CountingMax(k)``/``CountingMin(k)`` with k > 1, a count past
                 2^63 - 1 (``k=1`` counts exactly at any size); ``PartitionFunction(beta)``, Z
                 past float64's range (``log=True`` gives ln Z).
@@ -352,11 +351,6 @@ class Problem:
             return self._on_cpu(wanted, network, max_bytes)
         k = getattr(wanted, "k", 1)
         if k > 1:  # the k best: lists on the GPU
-            if network.plan.slicing is not None:
-                raise ValueError(
-                    f"{wanted!r} runs whole on a GPU (the k best in slices are not here yet): "
-                    "pass an optimize= without a slicing, or solve it on the CPU (device=None)"
-                )
             best = network.top_on_gpu(device, k)
             if isinstance(wanted, SizeMax | SizeMin):
                 return cast(T, [value for value, _ in best])
