@@ -30,6 +30,7 @@ from .support.einsum import (
     PETERSEN,
     brute_force,
     every_product,
+    exact_operands,
     expressions,
     output_shape,
 )
@@ -48,29 +49,6 @@ def brute_force_counts(
         if value[cell] != zero and p == value[cell]:
             counts[cell] += 1
     return counts
-
-
-def exact_values(ring: str, dtype: np.dtype[Any]) -> list[Any]:
-    """The zero and small integers: values whose products are exact (no rounding, no
-    saturation, no infinity but the zero), where counting along any order is."""
-    if dtype == np.bool_:
-        return [False, True]
-    zero = SEMIRINGS[ring].zero(dtype)
-    if ring == "maxmul":
-        return [0, 1, 2, 3]
-    return [zero, -2, -1, 0, 1, 2]
-
-
-def exact_operands(
-    data: st.DataObject, ring: str, dtype: np.dtype[Any], drawn: Sequence[np.ndarray[Any, Any]]
-) -> list[np.ndarray[Any, Any]]:
-    """Operands of the shapes drawn, their values drawn from the exact ones: ties are frequent."""
-    values = exact_values(ring, dtype)
-    return [
-        np.asarray(data.draw(st.lists(st.sampled_from(values), min_size=x.size, max_size=x.size)),
-                   dtype).reshape(x.shape)
-        for x in drawn
-    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)

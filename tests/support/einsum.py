@@ -433,3 +433,26 @@ def run_plan(
     ((x, term),) = live.values()
     order = [term.indices.index(i) for i in plan.output]
     return _axes(x, term, sizes).transpose(order).copy()  # C order (a 0-d one stays 0-d)
+
+
+def exact_values(ring: str, dtype: np.dtype[Any]) -> list[Any]:
+    """The zero and small integers: values whose products are exact (no rounding, no
+    saturation, no infinity but the zero), where counting along any order is."""
+    if dtype == np.bool_:
+        return [False, True]
+    zero = SEMIRINGS[ring].zero(dtype)
+    if ring == "maxmul":
+        return [0, 1, 2, 3]
+    return [zero, -2, -1, 0, 1, 2]
+
+
+def exact_operands(
+    data: st.DataObject, ring: str, dtype: np.dtype[Any], drawn: Sequence[np.ndarray[Any, Any]]
+) -> list[np.ndarray[Any, Any]]:
+    """Operands of the shapes drawn, their values drawn from the exact ones: ties are frequent."""
+    values = exact_values(ring, dtype)
+    return [
+        np.asarray(data.draw(st.lists(st.sampled_from(values), min_size=x.size, max_size=x.size)),
+                   dtype).reshape(x.shape)
+        for x in drawn
+    ]  # fmt: skip
