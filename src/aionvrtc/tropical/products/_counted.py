@@ -14,7 +14,7 @@ import numpy as np
 
 from ..._cuda import Module
 from ._counts import barrett, check_count_arrays
-from ._launching import Packed
+from ._launching import THREADS, Packed, thread_blocks, tile_grid
 from ._product_plan import Strides, cupy_module, output_strides, require_cupy, strides
 from ._semirings import semiring
 from ._shapes import check_operands
@@ -33,10 +33,7 @@ __all__ = [
 # Products with fewer rows or columns than this take the skinny counted kernel (a thread per
 # output): the tiled kernel's 64 x 64 tiles would leave three quarters of its threads idle.
 ROWS_BELOW = 16
-_THREADS = 256
-_TILE = 64
-_MAX_GRID_YZ = 65535
-_MAX_BLOCKS = 1 << 20  # the skinny kernel's grid; a grid-stride loop covers the rest
+_TILE = 64  # tropical_counted's CBM and CBN
 
 
 def counted_form(m: int, n: int) -> CountedForm:
@@ -48,8 +45,8 @@ def counted_grid(form: CountedForm, m: int, n: int, batch: int) -> tuple[int, in
     """The grid of a counted product: a block per 64 x 64 tile of C (column tiles and batches
     past 65535 looped over), or for the skinny kernel a thread per output."""
     if form == "tiles":
-        return -(-m // _TILE), min(-(-n // _TILE), _MAX_GRID_YZ), min(batch, _MAX_GRID_YZ)
-    return max(1, min(-(-(batch * m * n) // _THREADS), _MAX_BLOCKS)), 1, 1
+        return tile_grid(m, n, batch, _TILE, _TILE)
+    return thread_blocks(batch * m * n), 1, 1
 
 
 def counted_args(
@@ -157,7 +154,7 @@ def plan_counted(
                 counted_spec(ring, a.dtype, counting=counting, form=form),
                 device,
                 counted_grid(form, m, n, batch),
-                (_THREADS, 1, 1),
+                (THREADS, 1, 1),
                 args,
             )
             for form in (own, "rows" if own == "tiles" else "tiles")

@@ -21,6 +21,7 @@ from ..._sync import default_compiler
 from ._product_plan import BackwardPlan, Plan, cupy_module, strides
 
 __all__ = [
+    "THREADS",
     "BackwardLaunch",
     "Launch",
     "OnDevice",
@@ -31,9 +32,11 @@ __all__ = [
     "loaded",
     "module",
     "module_sync",
+    "thread_blocks",
+    "tile_grid",
 ]
 
-_THREADS = 256
+THREADS = 256  # a block's threads, for every product kernel but the tuned tiles
 _TILE = 64
 _MAX_GRID_YZ = 65535
 
@@ -239,9 +242,9 @@ class Launch(Packed):
                 checks.append((1, ((0, 16),)))
             if each[8] == 1 and all(s % 4 == 0 for s in each[6:8]):
                 checks.append((2, ((2, 4 * item),)))
-            grid = (min(-(-m // _THREADS), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
+            grid = (min(-(-m // THREADS), 1 << 16), 1, min(plan.batch, _MAX_GRID_YZ))
             return cls(
-                plan.spec, plan.device, grid, (_THREADS, 1, 1),
+                plan.spec, plan.device, grid, (THREADS, 1, 1),
                 [0, 0, 0, m, n, plan.k, plan.batch, *each, 0], order=order, checks=tuple(checks),
             )  # fmt: skip
         if plan.tile is not None:
@@ -251,7 +254,8 @@ class Launch(Packed):
                 checks.append((1, ((0, 16), (1, 16))))
             args = [0, 0, 0, 0, *sizes, sab, sam, sbb, sbk, scb, scm, scn, sib, sim, sin, 0]
             block = ((bm // tm) * (bn // tn), 1, 1)
-            return cls(plan.spec, plan.device, _grid(plan, bm, bn), block, args, order=order,
+            grid = tile_grid(plan.m, plan.n, plan.batch, bm, bn)
+            return cls(plan.spec, plan.device, grid, block, args, order=order,
                        checks=tuple(checks))  # fmt: skip
         args = [
             0, 0, 0, 0, *sizes, sab, sam, sak, sbb, sbk, sbn, scb, scm, scn, sib, sim, sin,
@@ -259,8 +263,8 @@ class Launch(Packed):
         return cls(
             plan.spec,
             plan.device,
-            _grid(plan, _TILE, _TILE),
-            (_THREADS, 1, 1),
+            tile_grid(plan.m, plan.n, plan.batch, _TILE, _TILE),
+            (THREADS, 1, 1),
             args,
             order=order,
             checks=None,
@@ -308,19 +312,16 @@ def launch(plan: Plan, module: Module, stream: Any) -> None:
     Launch.of(plan).run(module, (plan.a, plan.b, plan.c, plan.index), stream)
 
 
-def _grid(plan: Plan, bm: int, bn: int) -> tuple[int, int, int]:
-    # Row tiles on x (up to 2**31 - 1); column tiles and batches beyond 65535 are looped over.
-    return (
-        -(-plan.m // bm),
-        min(-(-plan.n // bn), _MAX_GRID_YZ),
-        min(plan.batch, _MAX_GRID_YZ),
-    )
+def tile_grid(m: int, n: int, batch: int, bm: int, bn: int) -> tuple[int, int, int]:
+    """The grid of a product in ``bm`` x ``bn`` tiles of C: row tiles on x (up to 2**31 - 1);
+    column tiles and batches beyond 65535 are looped over."""
+    return -(-m // bm), min(-(-n // bn), _MAX_GRID_YZ), min(batch, _MAX_GRID_YZ)
 
 
-def _backward_blocks(total: int) -> int:
-    """The backward kernel's grid for ``total`` outputs: a thread per output, up to 2**20
-    blocks (a grid-stride loop covers the rest)."""
-    return max(1, min(-(-total // _THREADS), 1 << 20))
+def thread_blocks(total: int) -> int:
+    """The grid of a kernel with a thread per each of ``total`` outputs: up to 2**20 blocks of
+    ``THREADS`` (a grid-stride loop covers the rest)."""
+    return max(1, min(-(-total // THREADS), 1 << 20))
 
 
 class BackwardLaunch(Packed):
@@ -341,8 +342,8 @@ class BackwardLaunch(Packed):
             *_contiguous(plan.a.shape), *_contiguous(plan.b.shape),
         ]  # fmt: skip
         total = dims.batch * dims.m * dims.n
-        super().__init__(plan.spec, plan.device, (_backward_blocks(total), 1, 1),
-                         (_THREADS, 1, 1), args)  # fmt: skip
+        super().__init__(plan.spec, plan.device, (thread_blocks(total), 1, 1),
+                         (THREADS, 1, 1), args)  # fmt: skip
         self.empty = total == 0  # nothing flows back: the gradients stay zero
         self.a_shape, self.b_shape, self.dtype = plan.a.shape, plan.b.shape, plan.a.dtype
         # grad_b starts at a 256-byte boundary after grad_a, as an allocation of its own would.

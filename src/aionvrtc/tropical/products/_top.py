@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._compiler import Compiler
-from ._launching import Packed, loaded
+from ._launching import THREADS, Packed, loaded, thread_blocks
 from ._semirings import Semiring
 from ._specs import TOP_BOUNDS, top_spec
 from ._twins import Fetch, Work
@@ -17,8 +17,6 @@ __all__ = ["MAX_TOP_GPU", "top_product"]
 
 # The longest list the GPU keeps (its registers hold each output's).
 MAX_TOP_GPU = TOP_BOUNDS[-1]
-_THREADS = 256
-_MAX_BLOCKS = 1 << 20
 
 
 def top_product(
@@ -47,10 +45,10 @@ def top_product(
     total = batch * m * n
     if total == 0:
         return out
-    grid = (max(1, min(-(-total // _THREADS), _MAX_BLOCKS)), 1, 1)
+    grid = (thread_blocks(total), 1, 1)
     args = [0] * 6 + [m, n, a.shape[2], batch, k]
     args += [s for three in lists for s in three]
-    launcher = Packed(spec, device, grid, (_THREADS, 1, 1), args)
+    launcher = Packed(spec, device, grid, (THREADS, 1, 1), args)
     found = loaded(spec, device, compiler)
     if found is None:
         [found] = yield Fetch((spec,), device, compiler)
