@@ -15,7 +15,14 @@ import numpy as np
 from ..._cuda import Module
 from ._counts import barrett, check_count_arrays
 from ._launching import THREADS, Packed, thread_blocks, tile_grid
-from ._product_plan import Strides, cupy_module, output_strides, require_cupy, strides
+from ._product_plan import (
+    Strides,
+    check_out_devices,
+    cupy_module,
+    output_strides,
+    require_cupy,
+    strides,
+)
 from ._semirings import semiring
 from ._shapes import check_operands
 from ._specs import CountedForm, Counting, counted_spec
@@ -187,10 +194,5 @@ def _outputs(a: Any, shape: tuple[int, ...], *, out: Any, accumulate: bool) -> t
             f"out[1] (counts) must be int64 of shape {shape}, got {made.dtype} of shape "
             f"{made.shape}"
         )
-    for x, what in ((c, "out[0]"), (made, "out[1] (counts)")):
-        if x.device.id != a.device.id:
-            raise ValueError(
-                f"{what} is on device {x.device.id}, a and b on device {a.device.id}: make it "
-                f"there (with cupy.cuda.Device({a.device.id}): ...)"
-            )
+    check_out_devices(((c, "out[0]"), (made, "out[1] (counts)")), a.device.id)
     return c, made

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,6 +30,7 @@ __all__ = [
     "Plan",
     "backward_plan",
     "batch_specs",
+    "check_out_devices",
     "choose",
     "cupy_module",
     "kernel_spec",
@@ -418,13 +420,18 @@ def _outputs(
         raise ValueError(
             f"out must be {a.dtype} of shape {shape}, got {c.dtype} of shape {c.shape}"
         )
-    for x, what in ((c, "out"), (index, "out[1] (argmax)")):
-        if x is not None and x.device.id != a.device.id:
-            raise ValueError(
-                f"{what} is on device {x.device.id}, a and b on device {a.device.id}: make it "
-                f"there (with cupy.cuda.Device({a.device.id}): ...)"
-            )
+    check_out_devices(((c, "out"), (index, "out[1] (argmax)")), a.device.id)
     return c, index
+
+
+def check_out_devices(outputs: Sequence[tuple[Any, str]], device: int) -> None:
+    """Each of ``outputs`` (an array, or None, and its name) on ``device``, the operands'."""
+    for x, what in outputs:
+        if x is not None and x.device.id != device:
+            raise ValueError(
+                f"{what} is on device {x.device.id}, a and b on device {device}: make it "
+                f"there (with cupy.cuda.Device({device}): ...)"
+            )
 
 
 # -- backward --------------------------------------------------------------------------------
