@@ -275,18 +275,24 @@ def contract_counted(
         with OnDevice(device), stream:
             yield
 
-    def modulo(modulus: int | None) -> Product:
-        def product(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
-            shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2])
+    def product(modulus: int | None) -> Product:
+        """Each step's counted product (modulo ``modulus``), or with ``top`` its k-best one,
+        on the GPU into new arrays made on ``stream``."""
+
+        def step(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
+            shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2], *([top] if top else []))
             with on():
                 out = (cupy.empty(shape, a.dtype), cupy.empty(shape, np.int64))
-            made: tuple[Any, Any] = yield from matmul_work(
-                a, b, ring.name, argmax=False, out=out, accumulate=False, counts=(na, nb),
-                modulus=modulus, stream=stream, compiler=compiler,
+            work = (
+                matmul_work(a, b, ring.name, argmax=False, out=out, accumulate=False,
+                            counts=(na, nb), modulus=modulus, stream=stream, compiler=compiler)
+                if top is None
+                else top_product((a, b, na, nb), out, ring=ring, stream=stream, compiler=compiler)
             )  # fmt: skip
+            made: tuple[Any, Any] = yield from work
             return made
 
-        return product
+        return step
 
     slicing, each = planned.slicing, planned
     if slicing is not None:  # one slice's plan, along the whole's order (as _sliced's)
@@ -294,10 +300,10 @@ def contract_counted(
         each = yield from planned_for(slicing.subscripts, views, planned.path)
 
     def run(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
-        product = modulo(modulus) if top is None else _listed(ring, top, on, stream, compiler)
+        step = product(modulus)
         if slicing is None:
-            return counted_run(planned, ring, arrays, xp=cupy, product=product, top=top, on=on)
-        return counted_slices(planned, each, ring, arrays, xp=cupy, product=product,
+            return counted_run(planned, ring, arrays, xp=cupy, product=step, top=top, on=on)
+        return counted_slices(planned, each, ring, arrays, xp=cupy, product=step,
                               modulus=modulus, top=top, on=on)  # fmt: skip
 
     value, count = yield from run(None)
@@ -317,28 +323,6 @@ def contract_counted(
     yield Wait(stream)
     with on():
         return value, joined([cupy.asnumpy(r) for r in residues], primes)
-
-
-def _listed(
-    ring: Semiring,
-    top: int,
-    on: Callable[[], contextlib.AbstractContextManager[Any]],
-    stream: Any,
-    compiler: Compiler | None,
-) -> Product:
-    """Each step's k-best product on the GPU, into new lists made on ``stream``."""
-    cupy = cupy_module()
-
-    def product(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
-        shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2], top)
-        with on():
-            out = (cupy.empty(shape, a.dtype), cupy.empty(shape, np.int64))
-        made: tuple[Any, Any] = yield from top_product(
-            (a, b, na, nb), out, ring=ring, stream=stream, compiler=compiler
-        )
-        return made
-
-    return product
 
 
 def count_bound(planned: EinsumPlan) -> int:
