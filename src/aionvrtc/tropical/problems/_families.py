@@ -141,11 +141,7 @@ def set_packing(
         terms,
         operands,
         "maxplus",
-        vertices=(),
-        edges=(),
         indices=index,
-        vertex_weights=(),
-        edge_weights=(),
         meaning=_Packing(family, w, ints=dtype.kind == "i"),
         variables=places,
     )
@@ -222,11 +218,7 @@ def set_covering(
         terms,
         operands,
         "minplus",
-        vertices=(),
-        edges=(),
         indices=index,
-        vertex_weights=(),
-        edge_weights=(),
         meaning=_Covering(family, wanted, w, ints=dtype.kind == "i"),
         variables=places,
     )

@@ -73,18 +73,18 @@ def made(
     operands: Sequence[Array],
     semiring: str,
     *,
-    vertices: tuple[Vertex, ...],
-    edges: tuple[Edge, ...],
     indices: Mapping[Any, str],
-    vertex_weights: tuple[float, ...],
-    edge_weights: tuple[float, ...],
     meaning: Meaning,
+    vertices: tuple[Vertex, ...] = (),
+    edges: tuple[Edge, ...] = (),
+    vertex_weights: tuple[float, ...] = (),
+    edge_weights: tuple[float, ...] = (),
     variables: tuple[Any, ...] | None = None,
     domain: int = 2,
 ) -> Problem:
     """A builder's problem: its subscripts naming its semiring, its operands read-only (a
     tensor changed in place would no longer be the problem's, nor would its order); its
-    variables the vertices unless given."""
+    variables the vertices unless given (a problem on no graph has none)."""
     for x in operands:
         x.setflags(write=False)
     article = "an" if kind[0] in "aeiou" else "a"

@@ -151,11 +151,7 @@ def satisfiability(
         terms,
         operands,
         "maxplus",
-        vertices=(),
-        edges=(),
         indices=index,
-        vertex_weights=(),
-        edge_weights=(),
         meaning=_Clauses(read, w, ints=dtype.kind == "i"),
         variables=names,
     )
@@ -246,11 +242,7 @@ def paint_shop(sequence: Iterable[Hashable], *, dtype: Any = "float32") -> Probl
         terms,
         operands,
         "minplus",
-        vertices=(),
-        edges=(),
         indices=index,
-        vertex_weights=(),
-        edge_weights=(),
         meaning=_PaintShop(cars, ints=dtype.kind == "i"),
         variables=names,
     )
