@@ -107,7 +107,17 @@ def _limit(limit: object) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class SizeMax(Property[list[float]]):
+class _Ranked(Property[T]):
+    """A property of the ``k`` best values (``k`` checked)."""
+
+    k: int = 1
+
+    def __post_init__(self) -> None:
+        _k(self.k)
+
+
+@dataclass(frozen=True, slots=True)
+class SizeMax(_Ranked[list[float]]):
     """The ``k`` largest distinct values of the objective, largest first (fewer where fewer
     exist): for ``k=1``, the maximum.
 
@@ -115,15 +125,11 @@ class SizeMax(Property[list[float]]):
         k: How many, from 1 to ``MAX_K`` (64).
     """
 
-    k: int = 1
     sense: ClassVar[Sense] = "max"
-
-    def __post_init__(self) -> None:
-        _k(self.k)
 
 
 @dataclass(frozen=True, slots=True)
-class SizeMin(Property[list[float]]):
+class SizeMin(_Ranked[list[float]]):
     """The ``k`` smallest distinct values of the objective, smallest first (fewer where fewer
     exist): for ``k=1``, the minimum.
 
@@ -131,15 +137,11 @@ class SizeMin(Property[list[float]]):
         k: How many, from 1 to ``MAX_K`` (64).
     """
 
-    k: int = 1
     sense: ClassVar[Sense] = "min"
-
-    def __post_init__(self) -> None:
-        _k(self.k)
 
 
 @dataclass(frozen=True, slots=True)
-class CountingMax(Property[list[Counted]]):
+class CountingMax(_Ranked[list[Counted]]):
     """The ``k`` largest distinct values of the objective, largest first, each with how many
     configurations attain it. For ``k=1`` the count is exact at any size (past 2^63 - 1 by
     residues modulo primes, joined by the Chinese remainder theorem); for more, within int64.
@@ -148,15 +150,11 @@ class CountingMax(Property[list[Counted]]):
         k: How many, from 1 to ``MAX_K`` (64).
     """
 
-    k: int = 1
     sense: ClassVar[Sense] = "max"
-
-    def __post_init__(self) -> None:
-        _k(self.k)
 
 
 @dataclass(frozen=True, slots=True)
-class CountingMin(Property[list[Counted]]):
+class CountingMin(_Ranked[list[Counted]]):
     """``CountingMax`` at the other end: the ``k`` smallest values, smallest first, with their
     counts.
 
@@ -164,11 +162,7 @@ class CountingMin(Property[list[Counted]]):
         k: How many, from 1 to ``MAX_K`` (64).
     """
 
-    k: int = 1
     sense: ClassVar[Sense] = "min"
-
-    def __post_init__(self) -> None:
-        _k(self.k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +188,7 @@ class SingleConfigMin(Property[Solution]):
 
 
 @dataclass(frozen=True, slots=True)
-class SingleConfigsMax(Property[list[Solution]]):
+class SingleConfigsMax(_Ranked[list[Solution]]):
     """One configuration of each of the ``k`` largest values, largest first: the first that the
     walk back through the k best lists finds (GenericTensorNetworks.jl's ``SingleConfigMax(k)``).
 
@@ -202,15 +196,11 @@ class SingleConfigsMax(Property[list[Solution]]):
         k: How many of the largest values, from 1 to ``MAX_K`` (64).
     """
 
-    k: int = 1
     sense: ClassVar[Sense] = "max"
-
-    def __post_init__(self) -> None:
-        _k(self.k)
 
 
 @dataclass(frozen=True, slots=True)
-class SingleConfigsMin(Property[list[Solution]]):
+class SingleConfigsMin(_Ranked[list[Solution]]):
     """``SingleConfigsMax`` at the other end: one configuration of each of the ``k`` smallest
     values, smallest first.
 
@@ -218,11 +208,7 @@ class SingleConfigsMin(Property[list[Solution]]):
         k: How many of the smallest values, from 1 to ``MAX_K`` (64).
     """
 
-    k: int = 1
     sense: ClassVar[Sense] = "min"
-
-    def __post_init__(self) -> None:
-        _k(self.k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,15 +306,24 @@ class PartitionFunction(Property[float]):
             raise ValueError(f"beta must be finite, got {self.beta}")
 
 
-def _count(count: object) -> None:
-    if not isinstance(count, int) or isinstance(count, bool):
-        raise TypeError(f"count must be an int (how many samples), got {type(count).__name__}")
-    if count < 1:
-        raise ValueError(f"count must be at least 1, got {count}")
+@dataclass(frozen=True, slots=True)
+class _Drawn(Property[list[Solution]]):
+    """Configurations drawn at random (``count`` checked)."""
+
+    count: int
+    seed: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count, int) or isinstance(self.count, bool):
+            raise TypeError(
+                f"count must be an int (how many samples), got {type(self.count).__name__}"
+            )
+        if self.count < 1:
+            raise ValueError(f"count must be at least 1, got {self.count}")
 
 
 @dataclass(frozen=True, slots=True)
-class SampleMax(Property[list[Solution]]):
+class SampleMax(_Drawn):
     """Configurations of the largest objective drawn uniformly at random, with replacement,
     without listing them all (the count of each branch weighs it: any number of optima).
 
@@ -337,16 +332,11 @@ class SampleMax(Property[list[Solution]]):
         seed: What ``numpy.random.default_rng`` takes (None: fresh entropy).
     """
 
-    count: int
-    seed: Any = None
     sense: ClassVar[Sense] = "max"
-
-    def __post_init__(self) -> None:
-        _count(self.count)
 
 
 @dataclass(frozen=True, slots=True)
-class SampleMin(Property[list[Solution]]):
+class SampleMin(_Drawn):
     """``SampleMax`` at the other end: configurations of the smallest objective.
 
     Attributes:
@@ -354,16 +344,11 @@ class SampleMin(Property[list[Solution]]):
         seed: What ``numpy.random.default_rng`` takes (None: fresh entropy).
     """
 
-    count: int
-    seed: Any = None
     sense: ClassVar[Sense] = "min"
-
-    def __post_init__(self) -> None:
-        _count(self.count)
 
 
 @dataclass(frozen=True, slots=True)
-class SampleAll(Property[list[Solution]]):
+class SampleAll(_Drawn):
     """Valid configurations drawn uniformly at random, whatever their objective.
 
     Attributes:
@@ -371,9 +356,4 @@ class SampleAll(Property[list[Solution]]):
         seed: What ``numpy.random.default_rng`` takes (None: fresh entropy).
     """
 
-    count: int
-    seed: Any = None
     sense: ClassVar[Sense] = "all"
-
-    def __post_init__(self) -> None:
-        _count(self.count)
