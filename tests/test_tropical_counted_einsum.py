@@ -34,28 +34,40 @@ from .support.einsum import (
     network_values,
     random_network,
     relayout,
+    sliced_plan,
     with_output,
 )
 
 
-def follow(plan: Any, ring: str, arrays: Any, modulus: int | None = None) -> Any:
-    """``counted_run`` on NumPy arrays, each step by the reference's counted product; in
-    slices (``counted_slices``) where ``plan`` has a slicing."""
+def follow(
+    plan: Any, ring: str, arrays: Any, modulus: int | None = None, *, top: int | None = None
+) -> Any:
+    """``counted_run`` on NumPy arrays, each step by the reference's counted product, or with
+    ``top`` by the CPU's k-best step (the reference's ``einsum(..., top=k)``'s); in slices
+    (``counted_slices``: counts joined, lists merged) where ``plan`` has a slicing."""
+    semiring = SEMIRINGS[ring]
 
     def product(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
-        made = reference.matmul(a, b, ring, counts=(na, nb), modulus=modulus)
+        if top is None:
+            made = reference.matmul(a, b, ring, counts=(na, nb), modulus=modulus)
+        else:
+            batch = max(a.shape[0], b.shape[0])
+            a, na = (np.broadcast_to(x, (batch, *x.shape[1:])) for x in (a, na))
+            b, nb = (np.broadcast_to(x, (batch, *x.shape[1:])) for x in (b, nb))
+            sizes = {"b": batch, "m": a.shape[1], "k": a.shape[2], "n": b.shape[2]}
+            terms = [(a, na, "bmk"), (b, nb, "bkn")]
+            made = _contract_best(semiring, terms, "bmn", sizes, top, number=0, counting=True)
         return made  # type: ignore[no-any-return]
         yield  # (a body that needs nothing done)
 
-    semiring = SEMIRINGS[ring]
     slicing = plan.slicing
     if slicing is None:
-        run = counted_run(plan, semiring, arrays, xp=np, product=product)
+        run = counted_run(plan, semiring, arrays, xp=np, product=product, top=top)
     else:
         views = slicing.views(plan.inputs, arrays, 0)
         each = tropical.einsum_plan(slicing.subscripts, *views, optimize=plan.path)
         run = counted_slices(plan, each, semiring, arrays, xp=np, product=product,
-                             modulus=modulus)  # fmt: skip
+                             modulus=modulus, top=top)  # fmt: skip
     try:
         next(run)
     except StopIteration as done:
@@ -141,14 +153,7 @@ def test_sliced_networks_join_their_slices_counts() -> None:
             subscripts = with_output(rng, subscripts, most=1)
         operands = network_values(rng, "maxplus", "int64", shapes)
         want_value, want = reference.einsum(subscripts, *operands, count=True)
-        largest = tropical.einsum_plan(subscripts, *operands).largest_intermediate
-        plan = tropical.einsum_plan(subscripts, *operands)
-        for elements in (largest // 4, largest // 2):
-            try:
-                plan = tropical.einsum_plan(subscripts, *operands, memory_limit=8 * elements)
-                break
-            except ValueError:  # no slicing of this order fits so little
-                continue
+        plan = sliced_plan(subscripts, operands)
         sliced += plan.slicing is not None
         for modulus in (None, 7):
             value, count = follow(plan, "maxplus", operands, modulus=modulus)
@@ -168,15 +173,9 @@ def test_sliced_networks_merge_their_slices_k_best_lists() -> None:
             subscripts = with_output(rng, subscripts, most=1)
         operands = network_values(rng, "minplus", "float64", shapes)
         want = reference.einsum(subscripts, *operands, semiring="minplus", top=top)
-        plan = tropical.einsum_plan(subscripts, *operands)
-        for elements in (plan.largest_intermediate // 4, plan.largest_intermediate // 2):
-            try:
-                plan = tropical.einsum_plan(subscripts, *operands, memory_limit=8 * elements)
-                break
-            except ValueError:  # no slicing of this order fits so little
-                continue
+        plan = sliced_plan(subscripts, operands)
         sliced += plan.slicing is not None
-        values, counts = follow_top(plan, "minplus", operands, top)
+        values, counts = follow(plan, "minplus", operands, top=top)
         np.testing.assert_array_equal(values, want[0])
         np.testing.assert_array_equal(counts, want[1])
     assert sliced >= 3
@@ -194,37 +193,6 @@ def test_joined_pairs_keep_the_better_value_and_add_equal_ones() -> None:
     assert join_counted(ring, np, total, part, 7)[1].tolist() == [6, 3, 4, 2]
 
 
-def follow_top(plan: Any, ring: str, arrays: Any, top: int) -> Any:
-    """``counted_run`` with lists of ``top`` on NumPy arrays, each step by the CPU's k-best
-    step (the reference's ``einsum(..., top=k)``'s); in slices, their lists merged, where
-    ``plan`` has a slicing."""
-    semiring = SEMIRINGS[ring]
-
-    def product(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
-        batch = max(a.shape[0], b.shape[0])
-        a, na = (np.broadcast_to(x, (batch, *x.shape[1:])) for x in (a, na))
-        b, nb = (np.broadcast_to(x, (batch, *x.shape[1:])) for x in (b, nb))
-        sizes = {"b": batch, "m": a.shape[1], "k": a.shape[2], "n": b.shape[2]}
-        terms = [(a, na, "bmk"), (b, nb, "bkn")]
-        made = _contract_best(semiring, terms, "bmn", sizes, top, number=0, counting=True)
-        return made
-        yield  # (a body that needs nothing done)
-
-    slicing = plan.slicing
-    if slicing is None:
-        run = counted_run(plan, semiring, arrays, xp=np, product=product, top=top)
-    else:
-        views = slicing.views(plan.inputs, arrays, 0)
-        each = tropical.einsum_plan(slicing.subscripts, *views, optimize=plan.path)
-        run = counted_slices(plan, each, semiring, arrays, xp=np, product=product,
-                             modulus=None, top=top)  # fmt: skip
-    try:
-        next(run)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("the run asked for something")
-
-
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
 @settings(derandomize=True, max_examples=100, deadline=None)
 @given(data=st.data())
@@ -236,7 +204,7 @@ def test_the_gpus_k_best_run_follows_every_plan(ring: str, dtype: Any, data: st.
     top = data.draw(st.sampled_from([1, 2, 3, 5]), label="top")
     want = reference.einsum(subscripts, *operands, semiring=ring, top=top)
     plan = tropical.einsum_plan(subscripts, *viewed, optimize=pairwise_path(data, len(operands)))
-    values, counts = follow_top(plan, ring, viewed, top)
+    values, counts = follow(plan, ring, viewed, top=top)
     np.testing.assert_array_equal(values, want[0])
     np.testing.assert_array_equal(counts, want[1])
 
@@ -256,7 +224,7 @@ def test_the_k_best_of_larger_networks_in_shuffled_layouts() -> None:
         ]  # fmt: skip
         want = reference.einsum(subscripts, *operands, top=top)
         plan = tropical.einsum_plan(subscripts, *viewed, optimize="greedy")
-        values, counts = follow_top(plan, "maxplus", viewed, top)
+        values, counts = follow(plan, "maxplus", viewed, top=top)
         np.testing.assert_array_equal(values, want[0])
         np.testing.assert_array_equal(counts, want[1])
         assert (counts[..., 1] > 0).any()  # (second best values exist: the lists are used)

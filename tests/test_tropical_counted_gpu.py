@@ -16,6 +16,15 @@ from aionvrtc.tropical import SEMIRINGS, reference
 from aionvrtc.tropical.products._counted import counted_form
 from aionvrtc.tropical.products._specs import counted_spec
 
+from .support.einsum import (
+    PETERSEN,
+    independent_sets,
+    network_values,
+    random_network,
+    relayout,
+    sliced_plan,
+    with_output,
+)
 from .support.tropical_data import gpu, host, operands, until_loaded
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
@@ -177,27 +186,35 @@ def test_counted_arguments_on_the_gpu_name_what_is_wrong() -> None:
 # -- counted contractions ----------------------------------------------------------------------
 
 
+def drawn_network(
+    rng: np.random.Generator, ring: str, dtype: Any, *, most: int
+) -> tuple[str, list[Any], list[Any]]:
+    """A random network, half of them with up to ``most`` output indices, whose products are
+    exact in ``ring`` (no saturation, no rounding): its subscripts, its operands, and those on
+    the GPU each in a drawn memory layout (transposed, reversed, gapped)."""
+    subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(5, 9)))
+    if rng.random() < 0.5:
+        subscripts = with_output(rng, subscripts, most=most)
+    if ring == "andor":
+        operands = [rng.random(s) < 0.7 for s in shapes]
+    else:
+        operands = network_values(rng, ring, dtype, shapes)
+        if ring == "maxmul":  # 0 to 2: products of ten stay exact
+            operands = [np.minimum(abs(x), 2).astype(dtype) for x in operands]
+    viewed = [
+        relayout(x, [int(i) for i in rng.permutation(x.ndim)],
+                 list(rng.random(x.ndim) < 0.5), bool(rng.random() < 0.5), gpu)
+        for x in operands
+    ]  # fmt: skip
+    return subscripts, operands, viewed
+
+
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
 def test_counted_einsum_matches_the_reference(
     rng: np.random.Generator, ring: str, dtype: Any
 ) -> None:
-    from .support.einsum import network_values, random_network, relayout, with_output
-
     for _ in range(4):
-        subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(5, 9)))
-        if rng.random() < 0.5:
-            subscripts = with_output(rng, subscripts)
-        if ring == "andor":
-            operands = [rng.random(s) < 0.7 for s in shapes]
-        else:
-            operands = network_values(rng, ring, dtype, shapes)
-            if ring == "maxmul":  # 0 to 2: products of ten stay exact (no saturation, rounding)
-                operands = [np.minimum(abs(x), 2).astype(dtype) for x in operands]
-        viewed = [
-            relayout(x, [int(i) for i in rng.permutation(x.ndim)],
-                     list(rng.random(x.ndim) < 0.5), bool(rng.random() < 0.5), gpu)
-            for x in operands
-        ]  # fmt: skip
+        subscripts, operands, viewed = drawn_network(rng, ring, dtype, most=2)
         value, count = tropical.einsum_sync(subscripts, *viewed, semiring=ring, count=True)
         want_value, want = reference.einsum(subscripts, *operands, semiring=ring, count=True)
         np.testing.assert_array_equal(host(value), want_value)
@@ -205,8 +222,6 @@ def test_counted_einsum_matches_the_reference(
 
 
 def test_the_petersen_graph_has_five_maximum_independent_sets_on_the_gpu() -> None:
-    from .support.einsum import PETERSEN, independent_sets
-
     subscripts, operands = independent_sets(10, PETERSEN, "maxplus", np.float32)
     value, count = tropical.einsum_sync(subscripts, *(gpu(x) for x in operands), count=True)
     assert (float(value), int(count)) == (4.0, 5)
@@ -224,20 +239,12 @@ def test_counts_past_int64_are_joined_on_the_host() -> None:
 
 
 def test_a_sliced_counted_einsum_joins_its_slices(rng: np.random.Generator) -> None:
-    from .support.einsum import network_values, random_network
-
     sliced = 0
     for _ in range(4):
         subscripts, shapes = random_network(rng, int(rng.integers(8, 13)), int(rng.integers(7, 10)))
         operands = network_values(rng, "maxplus", np.int32, shapes)
         on_gpu = [gpu(x) for x in operands]
-        plan = tropical.einsum_plan(subscripts, *on_gpu)
-        for elements in (plan.largest_intermediate // 4, plan.largest_intermediate // 2):
-            try:
-                plan = tropical.einsum_plan(subscripts, *on_gpu, memory_limit=4 * elements)
-                break
-            except ValueError:  # no slicing of this order fits so little
-                continue
+        plan = sliced_plan(subscripts, on_gpu)
         sliced += plan.slicing is not None
         value, count = tropical.einsum_sync(subscripts, *on_gpu, count=True, optimize=plan)
         want_value, want = reference.einsum(subscripts, *operands, count=True)
@@ -250,23 +257,8 @@ def test_a_sliced_counted_einsum_joins_its_slices(rng: np.random.Generator) -> N
 def test_the_k_best_on_the_gpu_match_the_reference(
     rng: np.random.Generator, ring: str, dtype: Any
 ) -> None:
-    from .support.einsum import network_values, random_network, relayout, with_output
-
     for top in (1, 3, 8, 16):
-        subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(5, 9)))
-        if rng.random() < 0.5:
-            subscripts = with_output(rng, subscripts, most=1)
-        if ring == "andor":
-            operands = [rng.random(s) < 0.7 for s in shapes]
-        else:
-            operands = network_values(rng, ring, dtype, shapes)
-            if ring == "maxmul":  # 0 to 2: products of ten stay exact (no saturation, rounding)
-                operands = [np.minimum(abs(x), 2).astype(dtype) for x in operands]
-        viewed = [
-            relayout(x, [int(i) for i in rng.permutation(x.ndim)],
-                     list(rng.random(x.ndim) < 0.5), bool(rng.random() < 0.5), gpu)
-            for x in operands
-        ]  # fmt: skip
+        subscripts, operands, viewed = drawn_network(rng, ring, dtype, most=1)
         values, counts = tropical.einsum_sync(subscripts, *viewed, semiring=ring, top=top)
         want = reference.einsum(subscripts, *operands, semiring=ring, top=top)
         np.testing.assert_array_equal(host(values), want[0])
@@ -274,8 +266,6 @@ def test_the_k_best_on_the_gpu_match_the_reference(
 
 
 def test_the_petersen_graphs_three_best_sizes_and_their_counts() -> None:
-    from .support.einsum import PETERSEN, independent_sets
-
     subscripts, operands = independent_sets(10, PETERSEN, "maxplus", np.float32)
     values, counts = tropical.einsum_sync(subscripts, *(gpu(x) for x in operands), top=3)
     want = reference.einsum(subscripts, *operands, top=3)
@@ -285,20 +275,12 @@ def test_the_petersen_graphs_three_best_sizes_and_their_counts() -> None:
 
 
 def test_a_sliced_k_best_einsum_merges_its_slices_lists(rng: np.random.Generator) -> None:
-    from .support.einsum import network_values, random_network
-
     sliced = 0
     for top in (2, 5, 8, 3):
         subscripts, shapes = random_network(rng, int(rng.integers(8, 13)), int(rng.integers(7, 10)))
         operands = network_values(rng, "minplus", np.float64, shapes)
         on_gpu = [gpu(x) for x in operands]
-        plan = tropical.einsum_plan(subscripts, *on_gpu)
-        for elements in (plan.largest_intermediate // 4, plan.largest_intermediate // 2):
-            try:
-                plan = tropical.einsum_plan(subscripts, *on_gpu, memory_limit=8 * elements)
-                break
-            except ValueError:  # no slicing of this order fits so little
-                continue
+        plan = sliced_plan(subscripts, on_gpu)
         sliced += plan.slicing is not None
         values, counts = tropical.einsum_sync(subscripts, *on_gpu, semiring="minplus",
                                               top=top, optimize=plan)  # fmt: skip

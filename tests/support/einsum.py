@@ -456,3 +456,16 @@ def exact_operands(
                    dtype).reshape(x.shape)
         for x in drawn
     ]  # fmt: skip
+
+
+def sliced_plan(subscripts: str, operands: Sequence[Any]) -> EinsumPlan:
+    """``subscripts``'s plan over ``operands`` in slices of a quarter of its largest
+    intermediate, else of half where no slicing of its order fits a quarter, else unsliced."""
+    plan = einsum_plan(subscripts, *operands)
+    itemsize = operands[0].itemsize
+    for elements in (plan.largest_intermediate // 4, plan.largest_intermediate // 2):
+        try:
+            return einsum_plan(subscripts, *operands, memory_limit=itemsize * elements)
+        except ValueError:  # no slicing of this order fits so little
+            continue
+    return plan
