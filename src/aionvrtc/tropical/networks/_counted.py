@@ -34,6 +34,7 @@ from ..products import (
 from ._plan import EinsumPlan
 from ._planner import planned_for
 from ._residues import INT64_MAX, Joined, moduli
+from ._slicing import added
 from ._terms import Term, View, contiguous
 
 __all__ = [
@@ -176,7 +177,7 @@ def join_counted(
     value with its count, the counts added where the values are equal (exact, -1 past
     2^63 - 1 or from a -1; else modulo ``modulus``)."""
     (old, before), (new, more) = total, part
-    best = {"max": xp.fmax, "min": xp.fmin, "or": xp.logical_or}[ring.add](old, new)
+    best = added(ring.add, xp)(old, new)
     left, right = xp.where(old == best, before, 0), xp.where(new == best, more, 0)
     with np.errstate(over="ignore"):  # (int64 sums that wrap are marked below)
         both = left + right

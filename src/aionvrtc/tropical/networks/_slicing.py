@@ -19,7 +19,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Slicing", "TooSmall", "best_slice", "complexity", "slicing_for", "sum_into", "view_at"]
+__all__ = [
+    "Slicing",
+    "TooSmall",
+    "added",
+    "best_slice",
+    "complexity",
+    "slicing_for",
+    "sum_into",
+    "view_at",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +83,17 @@ def view_at(x: Any, letters: str, values: Mapping[str, int]) -> Any:
     return x[tuple(values.get(letter, slice(None)) for letter in letters)]
 
 
+def added(add: str, xp: Any) -> Any:
+    """The semiring's (+), its ``add`` ("max", "min", "or"), as ``xp``'s (NumPy's or CuPy's)
+    ufunc."""
+    # fmax and fmin take the number over a NaN, as the reference does (the kernels make none).
+    return {"max": xp.fmax, "min": xp.fmin, "or": xp.logical_or}[add]
+
+
 def sum_into(add: str, xp: Any, total: Any, part: Any) -> None:
     """``total = total (+) part`` in place, (+) the semiring's ``add`` ("max", "min", "or"),
     with ``xp`` NumPy or CuPy."""
-    # fmax and fmin take the number over a NaN, as the reference does (the kernels make none).
-    ufunc = {"max": xp.fmax, "min": xp.fmin, "or": xp.logical_or}[add]
-    ufunc(total, part, out=total)
+    added(add, xp)(total, part, out=total)
 
 
 def best_slice(add: str, values: Any) -> int:
