@@ -11,6 +11,7 @@ rows so memory stays bounded.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -72,20 +73,28 @@ def _product(
     index: np.ndarray[Any, Any],
 ) -> None:
     """value, index = A (x) B and its argmax, written into the (M, N) arrays given."""
-    m, k = a.shape
-    n = b.shape[1]
     zero = ring.zero(a.dtype)
     value[...] = zero
     index[...] = -1
+    for rows, block, best in _blocks(ring, a, b):
+        first = np.argmax(block == best[:, None, :], axis=1).astype(np.int32)
+        value[rows] = best
+        index[rows] = np.where(best == zero, -1, first)
+
+
+def _blocks(
+    ring: Semiring, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]
+) -> Iterator[tuple[slice, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    """A (x) B a block of A's rows at a time (memory stays bounded): the rows, their (r, K, N)
+    products and the sum of those over K. Nothing where a side is empty."""
+    m, k = a.shape
+    n = b.shape[1]
     if k == 0 or m == 0 or n == 0:
         return
-    rows = max(1, CHUNK_ELEMENTS // max(1, k * n))
-    for start in range(0, m, rows):
-        block = combine(ring, a[start : start + rows, :, None], b[None, :, :])  # (r, K, N)
-        best = _best(ring, block)
-        first = np.argmax(block == best[:, None, :], axis=1).astype(np.int32)
-        value[start : start + rows] = best
-        index[start : start + rows] = np.where(best == zero, -1, first)
+    step = max(1, CHUNK_ELEMENTS // max(1, k * n))
+    for start in range(0, m, step):
+        block = combine(ring, a[start : start + step, :, None], b[None, :, :])  # (r, K, N)
+        yield slice(start, start + step), block, _best(ring, block)
 
 
 def _best(ring: Semiring, block: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -110,22 +119,13 @@ def _counted_product(
     entries' counts; exact with -1 past 2^63 - 1 (a negative count given stays -1), or modulo
     ``modulus``."""
     a, na, b, nb = operands
-    m, k = a.shape
-    n = b.shape[1]
     value[...] = ring.zero(a.dtype)
     count[...] = 0
-    if k == 0 or m == 0 or n == 0:
-        return
-    rows = max(1, CHUNK_ELEMENTS // max(1, k * n))
-    for start in range(0, m, rows):
-        block = combine(ring, a[start : start + rows, :, None], b[None, :, :])  # (r, K, N)
-        best = _best(ring, block)
+    for rows, block, best in _blocks(ring, a, b):
         hit = (block == best[:, None, :]) & entry_counts(ring, block)
-        left, right = na[start : start + rows, :, None], nb[None, :, :]
-        value[start : start + rows] = best
-        count[start : start + rows] = np.where(
-            entry_counts(ring, best), _ways(left, right, hit, modulus), 0
-        )
+        left, right = na[rows, :, None], nb[None, :, :]
+        value[rows] = best
+        count[rows] = np.where(entry_counts(ring, best), _ways(left, right, hit, modulus), 0)
 
 
 def _residue(x: np.ndarray[Any, Any], modulus: int) -> np.ndarray[Any, Any]:
