@@ -5,7 +5,6 @@ arguments once, and a call writes its six pointers."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +13,7 @@ import numpy as np
 
 from ..._cuda import Module
 from ._counts import barrett, check_count_arrays
-from ._launching import THREADS, Packed, thread_blocks, tile_grid
+from ._launching import THREADS, Packed, fill, thread_blocks, tile_grid
 from ._product_plan import (
     Strides,
     check_out_devices,
@@ -103,15 +102,8 @@ class CountedProduct:
 
     def fill_outputs(self, c: Any, counts: Any, stream: Any) -> None:
         """What a product with no kernel to run leaves in C and its counts."""
-        if self.fill is None:
-            return
-        cupy = cupy_module()
-        with (
-            cupy.cuda.Device(self.device),
-            stream if stream is not None else contextlib.nullcontext(),
-        ):
-            c.fill(self.fill)
-            counts.fill(0)
+        if self.fill is not None:
+            fill(self.device, stream, ((c, self.fill), (counts, 0)))
 
 
 def plan_counted(

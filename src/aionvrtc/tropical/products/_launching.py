@@ -4,6 +4,7 @@ writes its operands' pointers and calls cuLaunchKernel."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
@@ -26,6 +27,7 @@ __all__ = [
     "Launch",
     "OnDevice",
     "Packed",
+    "fill",
     "first_error",
     "launch",
     "load_soon",
@@ -310,6 +312,16 @@ def launch(plan: Plan, module: Module, stream: Any) -> None:
             ``matmul`` launches nothing for those).
     """
     Launch.of(plan).run(module, (plan.a, plan.b, plan.c, plan.index), stream)
+
+
+def fill(device: int, stream: Any, arrays: Sequence[tuple[Any, Any]]) -> None:
+    """Fill each (array, value) of ``arrays`` on ``stream`` (None: CuPy's current one) of
+    ``device``, the array None skipped: what a product with no kernel to run leaves."""
+    cupy = cupy_module()
+    with cupy.cuda.Device(device), stream if stream is not None else contextlib.nullcontext():
+        for x, value in arrays:
+            if x is not None:
+                x.fill(value)
 
 
 def tile_grid(m: int, n: int, batch: int, bm: int, bn: int) -> tuple[int, int, int]:

@@ -16,7 +16,6 @@ kernel of its own.)
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ from ..._cuda import Module
 from ..._spec import KernelSpec
 from .._bounded import keep
 from ._counted import CountedProduct, plan_counted
-from ._launching import BackwardLaunch, Launch, OnDevice, load_soon, loaded
+from ._launching import BackwardLaunch, Launch, OnDevice, fill, load_soon, loaded
 from ._product_plan import Plan, backward_plan, cupy_module, plan, standins
 from ._shape_classes import tables_version, tuned_tiles
 
@@ -79,16 +78,8 @@ class Product:
 
     def fill_outputs(self, c: Any, index: Any, stream: Any) -> None:
         """Write what a product with no kernel to run leaves in C (and the argmax)."""
-        if self.fill is None:
-            return
-        cupy = cupy_module()
-        with (
-            cupy.cuda.Device(self.device),
-            stream if stream is not None else contextlib.nullcontext(),
-        ):
-            c.fill(self.fill)
-            if index is not None:
-                index.fill(-1)
+        if self.fill is not None:
+            fill(self.device, stream, ((c, self.fill), (index, -1)))
 
 
 def _layout(x: Any) -> tuple[Any, ...]:
