@@ -34,6 +34,7 @@ from .support.einsum import (
     network_values,
     random_network,
     relayout,
+    shuffled,
     sliced_plan,
     with_output,
 )
@@ -126,12 +127,7 @@ def test_larger_networks_in_shuffled_layouts_count_as_the_reference(ring: str, d
         if rng.random() < 0.5:
             subscripts = with_output(rng, subscripts)
         operands = network_values(rng, ring, dtype, shapes)
-        viewed = []
-        for x in operands:
-            perm = [int(i) for i in rng.permutation(x.ndim)]
-            viewed.append(
-                relayout(x, perm, list(rng.random(x.ndim) < 0.5), bool(rng.random() < 0.5))
-            )
+        viewed = [shuffled(rng, x) for x in operands]
         want_value, want = reference.einsum(subscripts, *operands, semiring=ring, count=True)
         plan = tropical.einsum_plan(subscripts, *viewed, optimize="greedy")
         copies += sum(v is not None and v.copy is not None
@@ -217,11 +213,7 @@ def test_the_k_best_of_larger_networks_in_shuffled_layouts() -> None:
         subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(5, 9)))
         subscripts = with_output(rng, subscripts, most=1)
         operands = network_values(rng, "maxplus", "int32", shapes)
-        viewed = [
-            relayout(x, [int(i) for i in rng.permutation(x.ndim)],
-                     list(rng.random(x.ndim) < 0.5), bool(rng.random() < 0.5))
-            for x in operands
-        ]  # fmt: skip
+        viewed = [shuffled(rng, x) for x in operands]
         want = reference.einsum(subscripts, *operands, top=top)
         plan = tropical.einsum_plan(subscripts, *viewed, optimize="greedy")
         values, counts = follow(plan, "maxplus", viewed, top=top)

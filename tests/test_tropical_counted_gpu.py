@@ -21,7 +21,7 @@ from .support.einsum import (
     independent_sets,
     network_values,
     random_network,
-    relayout,
+    shuffled,
     sliced_plan,
     with_output,
 )
@@ -201,11 +201,7 @@ def drawn_network(
         operands = network_values(rng, ring, dtype, shapes)
         if ring == "maxmul":  # 0 to 2: products of ten stay exact
             operands = [np.minimum(abs(x), 2).astype(dtype) for x in operands]
-    viewed = [
-        relayout(x, [int(i) for i in rng.permutation(x.ndim)],
-                 list(rng.random(x.ndim) < 0.5), bool(rng.random() < 0.5), gpu)
-        for x in operands
-    ]  # fmt: skip
+    viewed = [shuffled(rng, x, gpu) for x in operands]
     return subscripts, operands, viewed
 
 

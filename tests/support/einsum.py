@@ -105,6 +105,15 @@ def relayout(
     return view.transpose(inverse)[axes]
 
 
+def shuffled(
+    rng: np.random.Generator, x: Array, upload: Callable[[Array], Any] = np.asarray
+) -> Any:
+    """``relayout`` of ``x`` in a layout drawn from ``rng``: its axes stored in a random
+    order, each reversed or not, the innermost gapped or not."""
+    perm = [int(i) for i in rng.permutation(x.ndim)]
+    return relayout(x, perm, list(rng.random(x.ndim) < 0.5), bool(rng.random() < 0.5), upload)
+
+
 @st.composite
 def layouts(draw: st.DrawFn, ndim: int) -> tuple[list[int], list[bool], bool]:
     """Arguments of ``relayout`` for an operand of ``ndim`` axes."""
