@@ -97,9 +97,19 @@ def measure(net: Any, repeats: int, small: bool) -> dict[str, Any]:
     value_s, found = timed(value, repeats)
     counted_s, (counted_value, count) = timed(counted, repeats)
     top_s, (values, counts) = timed(best3, repeats)
+    # Compiled: the value's program beside the counted one's (each a CUDA graph replayed).
+    began = time.perf_counter()
+    counting = tropical.counted_program_sync(net.subscripts, *arrays, semiring=ring,
+                                             optimize=plan)  # fmt: skip
+    counted_making = time.perf_counter() - began
+    valuing = tropical.einsum_program_sync(net.subscripts, *arrays, semiring=ring, optimize=plan)
+    value_program_s, replayed = timed(lambda: valuing.run_sync(*arrays), repeats)
+    counted_program_s, (_, replayed_count) = timed(lambda: counting.run_sync(*arrays), repeats)
+    assert float(replayed) == float(found), net.name
     assert float(counted_value) == float(found), (net.name, counted_value, found)
     assert float(values.get()[0]) == float(found), net.name
     total = host_count(count)
+    assert host_count(replayed_count) == total, (net.name, host_count(replayed_count), total)
     assert int(counts.get()[0]) in (total, -1), net.name  # (-1: past int64, the lists' mark)
     # Another slicing of the same order: the counts joined over slices must agree.
     quarter = max(1, plan.largest_intermediate // 4) * arrays[0].itemsize
@@ -126,6 +136,12 @@ def measure(net: Any, repeats: int, small: bool) -> dict[str, Any]:
         "top3_s": top_s,
         "counted_over_value": counted_s / value_s,
         "top3_over_value": top_s / value_s,
+        "value_program_s": value_program_s,
+        "counted_program_s": counted_program_s,
+        "counted_program_over_value_program": counted_program_s / value_program_s,
+        "counted_program_making_s": counted_making,
+        "counted_program_bytes": counting.nbytes,
+        "value_program_bytes": valuing.nbytes,
         "second_slicing": str(sliced.slicing.indices if sliced.slicing else None),
     }
     if small:  # the NumPy reference along the same order
@@ -133,7 +149,9 @@ def measure(net: Any, repeats: int, small: bool) -> dict[str, Any]:
                                             path=plan.path, count=True)  # fmt: skip
         assert (float(want_value), int(want)) == (row["value"], total), net.name
         row["reference"] = "agrees"
-    print(net.name, {k: row[k] for k in ("value", "count", "value_s", "counted_s", "top3_s")})
+    shown = ("value", "count", "value_s", "counted_s", "top3_s", "value_program_s",
+             "counted_program_s", "counted_program_bytes")  # fmt: skip
+    print(net.name, {k: row[k] for k in shown})
     return row
 
 
@@ -144,11 +162,14 @@ def table(f: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"Driver {f['driver']}, CuPy {f['cupy']}, NVRTC {f['nvrtc']}, {f['date']}. Each "
         "network along its kept path (the square spin glasses swept row by row), median "
         "seconds with the GPU's work done: the value (`einsum`), the value with its count "
-        "(`count=True`) and the 3 best sizes with their counts (`top=3`). Each count agreed "
-        "with a second run in other slices of the same order.",
+        "(`count=True`) and the 3 best sizes with their counts (`top=3`), each launched step "
+        "by step; then compiled, the value's program (`einsum_program`) beside the counted "
+        "one's (`counted_program`), each a CUDA graph replayed. Each count agreed with a "
+        "second run in other slices of the same order, and with the counted program's.",
         "",
-        "| network | value | count | 3 best (count) | value | counted | 3 best |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| network | value | count | 3 best (count) | value | counted | 3 best | value, "
+        "program | counted, program |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         best = ", ".join(f"{v:g} ({c:,})" for v, c in r["best3"])
@@ -156,7 +177,9 @@ def table(f: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"| {r['network']} | {r['value']:g} | {r['count']:,} | {best} | "
             f"{r['value_s'] * 1e3:.1f} ms | {r['counted_s'] * 1e3:.1f} ms "
             f"({r['counted_over_value']:.1f}x) | {r['top3_s'] * 1e3:.1f} ms "
-            f"({r['top3_over_value']:.1f}x) |"
+            f"({r['top3_over_value']:.1f}x) | {r['value_program_s'] * 1e3:.1f} ms | "
+            f"{r['counted_program_s'] * 1e3:.1f} ms "
+            f"({r['counted_program_over_value_program']:.1f}x) |"
         )
     return "\n".join(lines) + "\n"
 

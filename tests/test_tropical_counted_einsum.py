@@ -274,3 +274,32 @@ def test_a_counted_einsums_arguments_are_checked_first(
     a = np.zeros((2, 3), np.float32)
     with pytest.raises(error, match=message):
         tropical.einsum_sync("ij,jk->ik", a, a.T, **options)
+
+
+@pytest.mark.parametrize(
+    ("operands", "options", "error", "message"),
+    [
+        ([(2, 3), (3, 2)], {"top": 17}, ValueError, "top must be at most 16 on the GPU, got 17"),
+        ([(2, 3), (3, 2)], {"top": 0}, ValueError, "top must be from 1 to 64, got 0"),
+        ([(2, 0), (0, 2)], {}, ValueError, "index 'j' has size 0, so the result is the"),
+        ([(2, 3), (3, 2)], {"semiring": "andor"}, ValueError, "andor takes bool"),
+        ([(2, 3), (3,)], {}, ValueError, r"operand 1 has 1 dimension\(s\)"),
+        ([], {}, ValueError, "counted_program needs at least one operand"),
+    ],
+)
+def test_a_counted_programs_arguments_are_checked_before_the_gpu(
+    operands: list[Any], options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    subscripts = "ij,jk->ik" if len(operands) == 2 else ""
+    with pytest.raises(error, match=message):
+        tropical.counted_program_sync(subscripts, *operands, dtype="float32", device=0,
+                                      **options)  # fmt: skip
+
+
+def test_a_counted_program_refuses_a_sliced_plan_naming_einsum() -> None:
+    subscripts, shapes = random_network(np.random.default_rng(7), 10, 8)
+    operands = [np.zeros(s, np.float32) for s in shapes]
+    plan = sliced_plan(subscripts, operands)
+    assert plan.slicing is not None
+    with pytest.raises(ValueError, match=r"the plan is sliced \(.* pass the plan to einsum"):
+        tropical.counted_program_sync(subscripts, *operands, optimize=plan, device=0)

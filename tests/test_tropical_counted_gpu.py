@@ -195,14 +195,21 @@ def drawn_network(
     subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(5, 9)))
     if rng.random() < 0.5:
         subscripts = with_output(rng, subscripts, most=most)
+    return (subscripts, *exact_values(rng, ring, dtype, shapes))
+
+
+def exact_values(
+    rng: np.random.Generator, ring: str, dtype: Any, shapes: Any
+) -> tuple[list[Any], list[Any]]:
+    """Operands of ``shapes`` whose products are exact in ``ring``, and those on the GPU each
+    in a drawn memory layout (transposed, reversed, gapped)."""
     if ring == "andor":
         operands = [rng.random(s) < 0.7 for s in shapes]
     else:
         operands = network_values(rng, ring, dtype, shapes)
         if ring == "maxmul":  # 0 to 2: products of ten stay exact
             operands = [np.minimum(abs(x), 2).astype(dtype) for x in operands]
-    viewed = [shuffled(rng, x, gpu) for x in operands]
-    return subscripts, operands, viewed
+    return operands, [shuffled(rng, x, gpu) for x in operands]
 
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
@@ -284,3 +291,105 @@ def test_a_sliced_k_best_einsum_merges_its_slices_lists(rng: np.random.Generator
         np.testing.assert_array_equal(host(values), want[0])
         np.testing.assert_array_equal(host(counts), want[1])
     assert sliced >= 2
+
+
+# -- counted programs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_a_counted_program_replays_fresh_operands_as_the_reference_counts_them(
+    rng: np.random.Generator, ring: str, dtype: Any
+) -> None:
+    for top in (None, 1, 3, 8):
+        subscripts, operands, viewed = drawn_network(rng, ring, dtype, most=2)
+        program = tropical.counted_program_sync(subscripts, *viewed, semiring=ring, top=top)
+        for _ in range(2):  # the same program on fresh operands (in fresh layouts) each time
+            got = program.run_sync(*viewed)
+            want = reference.einsum(subscripts, *operands, semiring=ring, count=top is None,
+                                    top=top)  # fmt: skip
+            assert program.shape == want[0].shape
+            np.testing.assert_array_equal(host(got[0]), want[0])
+            np.testing.assert_array_equal(host(got[1]), want[1])
+            operands, viewed = exact_values(rng, ring, dtype, [x.shape for x in operands])
+        assert tropical.counted_program_sync(subscripts, *viewed, semiring=ring,
+                                             top=top) is program  # fmt: skip
+
+
+def test_a_counted_program_holds_its_live_set_not_every_intermediate(
+    rng: np.random.Generator,
+) -> None:
+    # A chain of 40 products of 512 x 512 int32 matrices, left to right: 40 MiB of inputs,
+    # then 80 MiB of their counts and 39 intermediates of 3 MiB (values and counts), of which
+    # a run holds those of the step it is at: about two intermediates and an input's counts.
+    names = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("ABCDEFGHIJKLMNO")
+    subscripts = ",".join(names[i] + names[i + 1] for i in range(40)) + f"->{names[0]}{names[40]}"
+    operands = [rng.integers(-1000, 1000, (512, 512)).astype(np.int32) for _ in range(40)]
+    on_gpu = [gpu(x) for x in operands]
+    path = [(0, 1)] + [(0, 39 - t) for t in range(1, 39)]  # the next input times the result
+    program = tropical.counted_program_sync(subscripts, *on_gpu, optimize=path)
+    mib = 1 << 20
+    print(f"counted program of the chain: {program.nbytes / mib:.1f} MiB")
+    assert 40 * mib <= program.nbytes < 40 * mib + 8 * 3 * mib, program.nbytes / mib
+    value, count = program.run_sync(*on_gpu)
+    want_value, want = reference.einsum(subscripts, *operands, count=True, path=path)
+    np.testing.assert_array_equal(host(value), want_value)
+    np.testing.assert_array_equal(host(count), want)
+
+
+def test_a_counted_programs_counts_past_int64_are_joined_on_the_host() -> None:
+    names = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    names += [c.upper() for c in names]
+    operands = [gpu(np.zeros(4, np.int64)) for _ in names]
+    program = tropical.counted_program_sync(",".join(names) + "->", *operands)
+    value, count = program.run_sync(*operands)
+    assert int(value) == 0
+    assert count.dtype == object
+    assert count[()] == 4**52
+
+
+async def test_counted_program_calls_on_other_streams_and_threads_each_get_their_own(
+    rng: np.random.Generator,
+) -> None:
+    import anyio.to_thread
+    import cupy
+
+    subscripts, shapes = random_network(rng, 9, 7)
+    draws = [network_values(rng, "maxplus", np.float32, shapes) for _ in range(6)]
+    program = await tropical.counted_program(subscripts, *(gpu(x) for x in draws[0]))
+
+    def call(operands: list[Any]) -> tuple[Any, Any]:
+        with cupy.cuda.Stream(non_blocking=True) as stream:
+            got = program.run_sync(*(gpu(x) for x in operands), stream=stream)
+            stream.synchronize()
+        return host(got[0]), host(got[1])
+
+    results: list[Any] = [None] * len(draws)
+
+    async def one(i: int) -> None:
+        results[i] = await anyio.to_thread.run_sync(call, draws[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(draws)):
+            tg.start_soon(one, i)
+    for drawn, (value, count) in zip(draws, results, strict=True):
+        want_value, want = reference.einsum(subscripts, *drawn, count=True)
+        np.testing.assert_array_equal(value, want_value)
+        np.testing.assert_array_equal(count, want)
+    value, count = await program.run(*(gpu(x) for x in draws[1]))
+    np.testing.assert_array_equal(host(count), reference.einsum(subscripts, *draws[1],
+                                                                count=True)[1])  # fmt: skip
+
+
+def test_a_counted_program_names_wrong_operands() -> None:
+    subscripts, operands = independent_sets(10, PETERSEN, "maxplus", np.float32)
+    on_gpu = [gpu(x) for x in operands]
+    program = tropical.counted_program_sync(subscripts, *on_gpu)
+    assert (float(program.run_sync()[0]), int(program.run_sync(*on_gpu)[1])) == (4.0, 5)
+    with pytest.raises(ValueError, match=f"takes {len(on_gpu)} operands, got 1"):
+        program.run_sync(on_gpu[0])
+    with pytest.raises(TypeError, match="operand 0 must be a CuPy array, not ndarray"):
+        program.run_sync(operands[0], *on_gpu[1:])
+    wrong = [on_gpu[0].astype(np.float64), *on_gpu[1:]]
+    with pytest.raises(ValueError, match=r"operand 0 is float64\[2\] on device 0; this program "
+                                         r"takes float32\[2\]"):  # fmt: skip
+        program.run_sync(*wrong)

@@ -9,6 +9,13 @@ The face of the tensor networks: ``aionvrtc.tropical`` re-exports the public nam
 """
 
 from ._calls import einsum, einsum_sync
+from ._counted_programs import (
+    MAX_COUNTED_PROGRAMS,
+    CountedProgram,
+    clear_counted_programs,
+    counted_program,
+    counted_program_sync,
+)
 from ._counting import MAX_TOP
 from ._orders import roofline_objective
 from ._plan import EinsumPlan, StepCost
@@ -19,15 +26,20 @@ from ._reference import top_values
 from ._subscripts import MAX_INDICES, NetworkSubscripts
 
 __all__ = [
+    "MAX_COUNTED_PROGRAMS",
     "MAX_INDICES",
     "MAX_TOP",
+    "CountedProgram",
     "EinsumPlan",
     "EinsumProgram",
     "NetworkSubscripts",
     "ProgramBatcher",
     "ProgramBatcherStats",
     "StepCost",
+    "clear_counted_programs",
     "clear_programs",
+    "counted_program",
+    "counted_program_sync",
     "einsum",
     "einsum_plan",
     "einsum_program",

@@ -42,10 +42,13 @@ __all__ = [
     "Product",
     "contract_counted",
     "count_bound",
+    "counted_product",
     "counted_run",
     "counted_slices",
+    "exact_counts",
     "join_counted",
     "joined",
+    "on_stream",
 ]
 
 # A counted product of 3-D views (a, b, counts of a, counts of b): (values, counts), as a body
@@ -78,13 +81,16 @@ def counted_run(
     if 0 in sizes.values():  # an empty sum, or an empty result: the zero, attained by none
         with on():
             return xp.full(shape, ring.zero(dtype), dtype), xp.zeros(shape, np.int64)
-    with on():
-        made: dict[int, Counted] = {
-            i: (*_entries(xp, ring, x, top), term)
-            for i, (x, term) in enumerate(zip(values, planned.terms, strict=True))
-        }
+    # An input's counts (and with ``top`` its lists) are made when a step first reads it, so
+    # a run holds those of the inputs it is reading, not of every input at once.
+    inputs = dict(enumerate(zip(values, planned.terms, strict=True)))
+    made: dict[int, Counted] = {}
     for step in planned.steps:
-        chosen = [made.pop(o) for o in step.operands]
+        with on():
+            chosen = [
+                made.pop(o) if o in made else _entries(xp, ring, *inputs.pop(o), top)
+                for o in step.operands
+            ]
         if step.swapped:
             chosen = chosen[::-1]
         with on():
@@ -103,6 +109,9 @@ def counted_run(
         del reads, a, na, b, nb, chosen
         result = Term(step.result, contiguous([sizes[i] for i in step.result]))
         made[step.number] = (value, count, result)
+    if not planned.steps:  # one input, the result itself
+        with on():
+            made[0] = _entries(xp, ring, *inputs.pop(0), top)
     ((value, count, term),) = made.values()
     with on():
         if term.indices != tuple(planned.output) or not planned.steps:
@@ -186,10 +195,10 @@ def join_counted(
     return best, xp.where((left < 0) | (right < 0) | (both < 0), -1, both)
 
 
-def _entries(xp: Any, ring: Semiring, x: Any, top: int | None) -> tuple[Any, Any]:
-    """``x``'s entries (values, counts), laid out with ``x``'s element strides (the plan's
-    views of ``x`` read them too): ``x`` itself and its counts (1 each, 0 for the zero and
-    NaN); with ``top``, lists of ``top`` of both, each entry first and the zero (count 0)
+def _entries(xp: Any, ring: Semiring, x: Any, term: Term, top: int | None) -> Counted:
+    """``x``'s entries (values, counts, ``term``), laid out with ``x``'s element strides (the
+    plan's views of ``x`` read them too): ``x`` itself and its counts (1 each, 0 for the zero
+    and NaN); with ``top``, lists of ``top`` of both, each entry first and the zero (count 0)
     after it. Over buffers spanning every element ``x`` reaches, as a view of ``x``'s would."""
     each = [s // x.itemsize for s in x.strides]
     low = sum(s * (n - 1) for s, n in zip(each, x.shape, strict=True) if s < 0)
@@ -201,13 +210,13 @@ def _entries(xp: Any, ring: Semiring, x: Any, top: int | None) -> tuple[Any, Any
     if top is None:
         if x.size:
             counts[...] = entries
-        return x, counts
+        return x, counts, term
     zero = ring.zero(x.dtype)
     lists = _strided(xp, xp.full(span, zero, x.dtype)[start:], x.shape, each, top)
     if x.size:
         lists[..., 0] = xp.where(entries, x, zero)
         counts[..., 0] = entries
-    return lists, counts
+    return lists, counts, term
 
 
 def _ones(xp: Any, ring: Semiring, dtype: Any, k: int, top: int | None) -> tuple[Any, Any]:
@@ -267,7 +276,29 @@ def contract_counted(
     fits; past 2^63 - 1 (counted again modulo primes, after waiting for the GPU) a NumPy array
     of Python's ints. With ``top``, (the ``top`` best values, their counts) on a last axis,
     a count past 2^63 - 1 there -1."""
-    cupy = cupy_module()
+    on = on_stream(device, stream)
+    slicing, each = planned.slicing, planned
+    if slicing is not None:  # one slice's plan, along the whole's order (as _sliced's)
+        views = slicing.views(planned.inputs, arrays, 0)
+        each = yield from planned_for(slicing.subscripts, views, planned.path)
+
+    def run(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
+        step = counted_product(ring, top=top, modulus=modulus, stream=stream, on=on,
+                               compiler=compiler)  # fmt: skip
+        if slicing is None:
+            return counted_run(planned, ring, arrays, xp=cupy_module(), product=step, top=top,
+                               on=on)  # fmt: skip
+        return counted_slices(planned, each, ring, arrays, xp=cupy_module(), product=step,
+                              modulus=modulus, top=top, on=on)  # fmt: skip
+
+    value, count = yield from run(None)
+    if top is not None:  # (a count past int64 is -1: the values stand, exact)
+        return value, count
+    return value, (yield from exact_counts(planned, count, run, stream=stream, on=on))
+
+
+def on_stream(device: int, stream: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """The context a counted run's array work takes on ``device``: ``stream`` current."""
 
     @contextlib.contextmanager
     def on() -> Any:
@@ -276,54 +307,66 @@ def contract_counted(
         with OnDevice(device), stream:
             yield
 
-    def product(modulus: int | None) -> Product:
-        """Each step's counted product (modulo ``modulus``), or with ``top`` its k-best one,
-        on the GPU into new arrays made on ``stream``."""
+    return on
 
-        def step(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
-            shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2], *([top] if top else []))
-            with on():
-                out = (cupy.empty(shape, a.dtype), cupy.empty(shape, np.int64))
-            work = (
-                matmul_work(a, b, ring.name, argmax=False, out=out, accumulate=False,
-                            counts=(na, nb), modulus=modulus, stream=stream, compiler=compiler)
-                if top is None
-                else top_product((a, b, na, nb), out, ring=ring, stream=stream, compiler=compiler)
-            )  # fmt: skip
-            made: tuple[Any, Any] = yield from work
-            return made
 
-        return step
+def counted_product(
+    ring: Semiring,
+    *,
+    top: int | None,
+    modulus: int | None,
+    stream: Any,
+    on: Callable[[], contextlib.AbstractContextManager[Any]],
+    compiler: Compiler | None,
+    standins: bool = True,
+) -> Product:
+    """Each step's counted product (modulo ``modulus``), or with ``top`` its k-best one, on
+    the GPU into new arrays made in ``on``; ``standins``: a counted product whose kernel is
+    not loaded may run on the other form's meanwhile (else its own is fetched)."""
+    cupy = cupy_module()
 
-    slicing, each = planned.slicing, planned
-    if slicing is not None:  # one slice's plan, along the whole's order (as _sliced's)
-        views = slicing.views(planned.inputs, arrays, 0)
-        each = yield from planned_for(slicing.subscripts, views, planned.path)
+    def step(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
+        shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2], *([top] if top else []))
+        with on():
+            out = (cupy.empty(shape, a.dtype), cupy.empty(shape, np.int64))
+        work = (
+            matmul_work(a, b, ring.name, argmax=False, out=out, accumulate=False,
+                        counts=(na, nb), modulus=modulus, stream=stream, compiler=compiler,
+                        standins=standins)
+            if top is None
+            else top_product((a, b, na, nb), out, ring=ring, stream=stream, compiler=compiler)
+        )  # fmt: skip
+        made: tuple[Any, Any] = yield from work
+        return made
 
-    def run(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
-        step = product(modulus)
-        if slicing is None:
-            return counted_run(planned, ring, arrays, xp=cupy, product=step, top=top, on=on)
-        return counted_slices(planned, each, ring, arrays, xp=cupy, product=step,
-                              modulus=modulus, top=top, on=on)  # fmt: skip
+    return step
 
-    value, count = yield from run(None)
-    if top is not None:  # (a count past int64 is -1: the values stand, exact)
-        return value, count
+
+def exact_counts(
+    planned: EinsumPlan,
+    count: Any,
+    run: Callable[[int | None], Generator[Any, Any, tuple[Any, Any]]],
+    *,
+    stream: Any,
+    on: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> Work[Any]:
+    """``count`` (int64, enqueued on ``stream``), or where one passed 2^63 - 1 (a -1) the
+    counts again: ``run(p)`` (the counted run modulo ``p``) for each of the primes a count's
+    bound needs, the residues joined on the host (a NumPy array of Python's ints then)."""
     if count_bound(planned) <= INT64_MAX:
-        return value, count  # no count can pass int64: nothing to wait for
+        return count  # no count can pass int64: nothing to wait for
     yield Wait(stream)
     with on():
         overflowed = bool((count < 0).any())
     if not overflowed:
-        return value, count
+        return count
     primes = moduli(count_bound(planned))
     residues = []
     for prime in primes:
         residues.append((yield from run(prime))[1])
     yield Wait(stream)
     with on():
-        return value, joined([cupy.asnumpy(r) for r in residues], primes)
+        return joined([cupy_module().asnumpy(r) for r in residues], primes)
 
 
 def count_bound(planned: EinsumPlan) -> int:

@@ -61,6 +61,7 @@ __all__ = [
     "einsum_program",
     "einsum_program_sync",
     "make_program",
+    "program_arguments",
 ]
 
 # Programs kept in the process, the least recently used dropped first past either bound (the
@@ -914,33 +915,34 @@ def _keep(key: Any, program: EinsumProgram) -> None:
             held -= _programs.pop(k).nbytes
 
 
-def _arguments(
-    operands: Sequence[Any], dtype: Any, device: int | None
+def program_arguments(
+    operands: Sequence[Any], dtype: Any, device: int | None, *, caller: str = "einsum_program"
 ) -> tuple[list[tuple[int, ...]], np.dtype[Any], int]:
-    """Shapes, dtype and device from arrays, or shapes with ``dtype`` (and ``device``)."""
+    """Shapes, dtype and device from arrays, or shapes with ``dtype`` (and ``device``); an
+    error names ``caller``."""
     cupy = cupy_module()
     if not operands:
-        raise ValueError("einsum_program needs at least one operand (an array or a shape)")
+        raise ValueError(f"{caller} needs at least one operand (an array or a shape)")
     arrays = [x for x in operands if hasattr(x, "shape") and hasattr(x, "dtype")]
     if arrays and len(arrays) != len(operands):
-        raise TypeError("einsum_program takes arrays, or shapes with dtype=, not both")
+        raise TypeError(f"{caller} takes arrays, or shapes with dtype=, not both")
     given = None if dtype is None else numpy_dtype(dtype, "dtype")  # ValueError naming it
     if arrays:
         dtypes = {np.dtype(x.dtype) for x in arrays}
         if len(dtypes) > 1 or (given is not None and given not in dtypes):
             raise ValueError(
-                f"einsum_program operands have dtypes {sorted(map(str, dtypes))}"
+                f"{caller} operands have dtypes {sorted(map(str, dtypes))}"
                 + (f" and dtype={given} was given" if given is not None else "")
                 + "; give one dtype"
             )
         devices = sorted({x.device.id for x in arrays if isinstance(x, cupy.ndarray)})
         if len(devices) > 1:
-            raise ValueError(f"einsum_program operands are on devices {devices}; use one")
+            raise ValueError(f"{caller} operands are on devices {devices}; use one")
         if device is None:
             device = devices[0] if devices else cupy.cuda.Device().id
         return [tuple(x.shape) for x in arrays], dtypes.pop(), device
     if given is None:
-        raise TypeError("einsum_program of shapes needs dtype= (or pass arrays)")
+        raise TypeError(f"{caller} of shapes needs dtype= (or pass arrays)")
     for i, x in enumerate(operands):
         # NumPy's integers too: shapes are often worked out with NumPy.
         if not isinstance(x, tuple | list) or not all(
@@ -948,7 +950,7 @@ def _arguments(
         ):
             shown = repr(x)[:80]
             raise TypeError(
-                f"einsum_program operand {i} must be an array or a shape tuple of ints, not {shown}"
+                f"{caller} operand {i} must be an array or a shape tuple of ints, not {shown}"
             )
     return (
         [tuple(int(n) for n in x) for x in operands],
@@ -1135,7 +1137,7 @@ def make_program(
     every intermediate at once."""
     ring = lookup(semiring)
     check_semiring(subscripts, semiring)
-    shapes, kind, where = _arguments(operands, dtype, device)
+    shapes, kind, where = program_arguments(operands, dtype, device)
     ring.check_dtype(kind)
     asked = None if batch is None else check_batch(batch, batched, len(shapes))
     planned = yield from planned_for(subscripts, shapes, optimize)

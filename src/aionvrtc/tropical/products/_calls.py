@@ -212,12 +212,15 @@ def matmul_work(
     modulus: int | None,
     stream: Any,
     compiler: Compiler | None,
+    standins: bool = True,
 ) -> Work[Any]:
     """The body of ``matmul`` and ``matmul_sync`` (see _twins): what a contraction's step
-    runs inside its own body (``yield from``)."""
+    runs inside its own body (``yield from``). ``standins``: a product whose kernel is not
+    loaded may run on another that is, its own loading meanwhile; else its own is fetched (a
+    program captures the kernels it will replay)."""
     if check_counted(counts, modulus, argmax=argmax):
         counted = _counted(a, b, semiring, counts, modulus, out=out, accumulate=accumulate,
-                           stream=stream, compiler=compiler)  # fmt: skip
+                           stream=stream, compiler=compiler, standins=standins)  # fmt: skip
         return (yield from counted)
     product, c, index = planned_product(
         a, b, semiring, argmax=argmax, out=out, accumulate=accumulate
@@ -226,7 +229,7 @@ def matmul_work(
     if launch is not None:
         found = loaded(launch.spec, launch.device, compiler)
         if found is None:  # a kernel that can stand in, else its own fetched
-            standin = ready(product, compiler)
+            standin = ready(product, compiler) if standins else None
             if standin is not None:
                 launch, found = standin
             else:
@@ -248,9 +251,10 @@ def _counted(
     accumulate: bool,
     stream: Any,
     compiler: Compiler | None,
+    standins: bool,
 ) -> Work[tuple[Any, Any]]:
-    """A counted product: its own kernel where loaded, else the other form's where that is
-    (its own loading in the background), else its own fetched."""
+    """A counted product: its own kernel where loaded, else (with ``standins``) the other
+    form's where that is (its own loading in the background), else its own fetched."""
     product, (c, made) = planned_counted(
         a, b, semiring, counts, modulus, out=out, accumulate=accumulate
     )
@@ -262,7 +266,7 @@ def _counted(
     if found is None:
         other = product.standin
         assert other is not None
-        found = loaded(other.spec, other.device, compiler)
+        found = loaded(other.spec, other.device, compiler) if standins else None
         if found is not None:
             load_soon([launch.spec], launch.device, compiler)
             launch = other
