@@ -112,6 +112,10 @@ class CountedProgram:
             call overwrites.
         nbytes: The device memory the program holds, in bytes: its inputs, its result and the
             run's intermediates, each reused once the run is done with it.
+
+    Raises:
+        cupy.cuda.runtime.CUDARuntimeError: The output's device is not one this process sees
+            (the program's event is made there).
     """
 
     def __init__(
