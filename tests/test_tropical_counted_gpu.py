@@ -319,8 +319,10 @@ def test_a_counted_program_holds_its_live_set_not_every_intermediate(
     rng: np.random.Generator,
 ) -> None:
     # A chain of 40 products of 512 x 512 int32 matrices, left to right: 40 MiB of inputs,
-    # then 80 MiB of their counts and 39 intermediates of 3 MiB (values and counts), of which
-    # a run holds those of the step it is at: about two intermediates and an input's counts.
+    # 80 MiB of their counts, and for each product (its sum split in 4 by the planner) a
+    # (4, 512, 512) intermediate of 12 MiB (values and counts) reduced to one of 3 MiB. A run
+    # holds those of the step it is at: about 57 MiB with the inputs, where every intermediate
+    # at once would be over 700 MiB. (CuPy's pool rounds, splits and merges its blocks.)
     names = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("ABCDEFGHIJKLMNO")
     subscripts = ",".join(names[i] + names[i + 1] for i in range(40)) + f"->{names[0]}{names[40]}"
     operands = [rng.integers(-1000, 1000, (512, 512)).astype(np.int32) for _ in range(40)]
@@ -329,7 +331,7 @@ def test_a_counted_program_holds_its_live_set_not_every_intermediate(
     program = tropical.counted_program_sync(subscripts, *on_gpu, optimize=path)
     mib = 1 << 20
     print(f"counted program of the chain: {program.nbytes / mib:.1f} MiB")
-    assert 40 * mib <= program.nbytes < 40 * mib + 8 * 3 * mib, program.nbytes / mib
+    assert 40 * mib <= program.nbytes < 72 * mib, program.nbytes / mib
     value, count = program.run_sync(*on_gpu)
     want_value, want = reference.einsum(subscripts, *operands, count=True, path=path)
     np.testing.assert_array_equal(host(value), want_value)
@@ -384,7 +386,10 @@ def test_a_counted_program_names_wrong_operands() -> None:
     subscripts, operands = independent_sets(10, PETERSEN, "maxplus", np.float32)
     on_gpu = [gpu(x) for x in operands]
     program = tropical.counted_program_sync(subscripts, *on_gpu)
-    assert (float(program.run_sync()[0]), int(program.run_sync(*on_gpu)[1])) == (4.0, 5)
+    value, count = program.run_sync(*on_gpu)
+    assert (float(value), int(count)) == (4.0, 5)
+    value, count = program.run_sync()  # the inputs as the last call left them
+    assert (float(value), int(count)) == (4.0, 5)
     with pytest.raises(ValueError, match=f"takes {len(on_gpu)} operands, got 1"):
         program.run_sync(on_gpu[0])
     with pytest.raises(TypeError, match="operand 0 must be a CuPy array, not ndarray"):

@@ -321,8 +321,8 @@ def counted_product(
     standins: bool = True,
 ) -> Product:
     """Each step's counted product (modulo ``modulus``), or with ``top`` its k-best one, on
-    the GPU into new arrays made in ``on``; ``standins``: a counted product whose kernel is
-    not loaded may run on the other form's meanwhile (else its own is fetched)."""
+    the GPU into new arrays made in ``on``; ``standins`` as ``matmul_work``'s (False: each
+    product's own kernel, always asked for)."""
     cupy = cupy_module()
 
     def step(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
@@ -334,7 +334,8 @@ def counted_product(
                         counts=(na, nb), modulus=modulus, stream=stream, compiler=compiler,
                         standins=standins)
             if top is None
-            else top_product((a, b, na, nb), out, ring=ring, stream=stream, compiler=compiler)
+            else top_product((a, b, na, nb), out, ring=ring, stream=stream, compiler=compiler,
+                             standins=standins)
         )  # fmt: skip
         made: tuple[Any, Any] = yield from work
         return made

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..._compiler import Compiler
+from ..._cuda import Module
 from .._bounded import keep
 from ..products import (
     MAX_TOP_GPU,
@@ -95,6 +96,8 @@ class CountedProgram:
         inputs: The bound input buffers, C-contiguous CuPy arrays in ``pool``.
         output: The bound result (values, counts), in ``pool``.
         graph: The captured graph of the counted run over ``inputs`` into ``output``.
+        modules: The loaded modules whose kernels ``graph`` launches (held: a module dropped
+            by its Compiler would be unloaded under the graph).
         pool: The CuPy memory pool that holds every buffer the graph reads and writes.
         compiler: The Compiler that fetched the kernels (the recount past int64 fetches its
             own through it).
@@ -127,6 +130,7 @@ class CountedProgram:
         inputs: Sequence[Any],
         output: tuple[Any, Any],
         graph: Any,
+        modules: Sequence[Module],
         pool: Any,
         compiler: Compiler | None,
     ) -> None:
@@ -136,9 +140,9 @@ class CountedProgram:
         self.inputs, self.output = tuple(inputs), output
         self.dtype = np.dtype(output[0].dtype)
         self.device, self.shape = output[0].device.id, tuple(output[0].shape)
-        self.nbytes = int(pool.total_bytes())
-        self._graph, self._pool = graph, pool
-        with OnDevice(self.device):
+        self._graph, self._pool, self._modules = graph, pool, tuple(modules)
+        with OnDevice(self.device):  # (a pool counts the bytes of the current device)
+            self.nbytes = int(pool.total_bytes())
             self._done = cupy.cuda.Event(block=False, disable_timing=True)
         # The pool goes back to the device only once the last call's work is done.
         weakref.finalize(self, _settle, self._done, [pool, graph, self.inputs, output])
@@ -191,8 +195,8 @@ class CountedProgram:
         if self.top is not None or count_bound(self.plan) <= INT64_MAX:
             return value, count
         on = on_stream(self.device, stream)
-        with on():  # laid out as the plan reads them (the next call may refill the inputs)
-            arrays = [cupy_module().ascontiguousarray(x) for x in operands]
+        with on():  # copies laid out as the plan reads them (the next call refills the inputs)
+            arrays = [cupy_module().array(x, order="C", copy=True) for x in operands]
 
         def again(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
             step = counted_product(self._ring, top=None, modulus=modulus, stream=stream,
@@ -223,7 +227,7 @@ class CountedProgram:
         ``stream`` after the previous call's work."""
         cupy = cupy_module()
         with self._lock, OnDevice(self.device), stream:
-            if self._last is not None and self._last != stream.ptr:
+            if self._last is not None:  # (two streams may share a handle: always)
                 stream.wait_event(self._done)
             for x, bound in zip(operands, self.inputs, strict=True):
                 if x.data.ptr != bound.data.ptr or x.strides != bound.strides:
@@ -422,12 +426,12 @@ def _made(
     yield Wait(stream)
     # Capturing runs the whole plan's Python (milliseconds to a second): off the loop.
     captured = yield Offload(
-        functools.partial(_capture, planned, ring, inputs, top=top, stream=stream, on=on,
-                          compiler=compiler)
+        functools.partial(_capture, planned, ring, inputs, top=top, device=device,
+                          stream=stream, on=on, compiler=compiler)
     )  # fmt: skip
-    graph, output = captured
+    graph, output, modules = captured
     return CountedProgram(planned, ring, top, inputs=inputs, output=output, graph=graph,
-                          pool=pool, compiler=compiler)  # fmt: skip
+                          modules=modules, pool=pool, compiler=compiler)  # fmt: skip
 
 
 def _capture(
@@ -436,31 +440,41 @@ def _capture(
     inputs: Sequence[Any],
     *,
     top: int | None,
+    device: int,
     stream: Any,
     on: Callable[[], contextlib.AbstractContextManager[Any]],
     compiler: Compiler | None,
-) -> tuple[Any, tuple[Any, Any]]:
+) -> tuple[Any, tuple[Any, Any], list[Module]]:
     """The counted run over ``inputs`` captured from ``stream``: (the graph, the result and
-    its counts it writes). Every kernel is loaded (the warm run fetched them), so the run
-    asks for nothing: a request is an error here."""
+    its counts it writes, the modules it launches). Every kernel is loaded (the warm run
+    fetched them), so the run asks for nothing: a request is an error here."""
     cupy = cupy_module()
     product: Product = counted_product(ring, top=top, modulus=None, stream=stream, on=on,
                                        compiler=compiler, standins=False)  # fmt: skip
     run = counted_run(planned, ring, inputs, xp=cupy, product=product, top=top, on=on)
-    with on():
+    modules: list[Module] = []
+    # A thread's first OnDevice on its current device binds the context (a cudaFree): here,
+    # not in the capture.
+    with OnDevice(device), OnDevice(device), on():
         stream.begin_capture()
         try:
-            output = _loaded_only(run, compiler)
-        finally:
-            graph = stream.end_capture()
+            output = _loaded_only(run, compiler, modules)
+        except BaseException:
+            with contextlib.suppress(Exception):  # (an invalidated capture says so again)
+                stream.end_capture()
+            raise
+        graph = stream.end_capture()
         graph.upload(stream)
     stream.synchronize()
-    return graph, output
+    return graph, output, modules
 
 
-def _loaded_only(work: Generator[Any, Any, tuple[Any, Any]], compiler: Compiler | None) -> Any:
-    """``work`` driven without waiting on anything: a fetch answered from the loaded modules
-    (RuntimeError where one is not), any other request refused."""
+def _loaded_only(
+    work: Generator[Any, Any, tuple[Any, Any]], compiler: Compiler | None, modules: list[Module]
+) -> Any:
+    """``work`` driven without waiting on anything: a fetch answered from the loaded modules,
+    each added to ``modules`` (RuntimeError where one is not loaded), any other request
+    refused."""
     try:
         request = next(work)
         while True:
@@ -472,6 +486,7 @@ def _loaded_only(work: Generator[Any, Any, tuple[Any, Any]], compiler: Compiler 
             if any(module is None for module in found):
                 work.close()
                 raise RuntimeError("a counted program's kernel was unloaded before its capture")
+            modules.extend(found)  # type: ignore[arg-type]  # (none is None: checked)
             request = work.send(found)
     except StopIteration as done:
         return done.value

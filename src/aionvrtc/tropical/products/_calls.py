@@ -216,8 +216,9 @@ def matmul_work(
 ) -> Work[Any]:
     """The body of ``matmul`` and ``matmul_sync`` (see _twins): what a contraction's step
     runs inside its own body (``yield from``). ``standins``: a product whose kernel is not
-    loaded may run on another that is, its own loading meanwhile; else its own is fetched (a
-    program captures the kernels it will replay)."""
+    loaded may run on another that is, its own loading meanwhile; else its own kernel, always
+    asked for (a Fetch, answered at once where it is loaded), so that a program's capture
+    knows every module its graph launches."""
     if check_counted(counts, modulus, argmax=argmax):
         counted = _counted(a, b, semiring, counts, modulus, out=out, accumulate=accumulate,
                            stream=stream, compiler=compiler, standins=standins)  # fmt: skip
@@ -227,7 +228,7 @@ def matmul_work(
     )
     launch = product.launch
     if launch is not None:
-        found = loaded(launch.spec, launch.device, compiler)
+        found = loaded(launch.spec, launch.device, compiler) if standins else None
         if found is None:  # a kernel that can stand in, else its own fetched
             standin = ready(product, compiler) if standins else None
             if standin is not None:
@@ -262,7 +263,7 @@ def _counted(
     if launch is None:
         product.fill_outputs(c, made, stream)
         return c, made
-    found = loaded(launch.spec, launch.device, compiler)
+    found = loaded(launch.spec, launch.device, compiler) if standins else None
     if found is None:
         other = product.standin
         assert other is not None

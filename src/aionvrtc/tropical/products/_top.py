@@ -26,12 +26,14 @@ def top_product(
     ring: Semiring,
     stream: Any,
     compiler: Compiler | None,
+    standins: bool = True,
 ) -> Work[tuple[Any, Any]]:
     """Enqueue ``out`` = the k best of (a, counts of a) (x) (b, counts of b), ``operands``
     (a, b, counts of a, counts of b): CuPy views of shapes (batch, M, K, k) and (batch, K, N,
     k) (a batch of 1 broadcasts) whose last axis is contiguous and whose other strides are
     whole lists, each count array laid out as its values; ``out`` (values, counts) contiguous
-    (batch, M, N, k). A count past 2^63 - 1 is -1 (the values stand). Returns ``out``."""
+    (batch, M, N, k). A count past 2^63 - 1 is -1 (the values stand). Returns ``out``.
+    ``standins`` as ``matmul_work``'s: False, the kernel is always asked for (a Fetch)."""
     a, b, na, nb = operands
     values, counts = out
     k = a.shape[3]
@@ -49,7 +51,7 @@ def top_product(
     args = [0] * 6 + [m, n, a.shape[2], batch, k]
     args += [s for three in lists for s in three]
     launcher = Packed(spec, device, grid, (THREADS, 1, 1), args)
-    found = loaded(spec, device, compiler)
+    found = loaded(spec, device, compiler) if standins else None
     if found is None:
         [found] = yield Fetch((spec,), device, compiler)
     pointers = [x.data.ptr for x in (a, na, b, nb, values, counts)]
