@@ -279,7 +279,13 @@ def test_a_counted_einsums_arguments_are_checked_first(
 @pytest.mark.parametrize(
     ("operands", "options", "error", "message"),
     [
-        ([(2, 3), (3, 2)], {"top": 17}, ValueError, "top must be at most 16 on the GPU, got 17"),
+        (
+            [(2, 3), (3, 2)],
+            {"top": 17},
+            ValueError,
+            r"top must be at most 16 on the GPU \(each output's list is kept in registers\), "
+            "got 17",
+        ),
         ([(2, 3), (3, 2)], {"top": 0}, ValueError, "top must be from 1 to 64, got 0"),
         ([(2, 0), (0, 2)], {}, ValueError, "index 'j' has size 0, so the result is the"),
         ([(2, 3), (3, 2)], {"semiring": "andor"}, ValueError, "andor takes bool"),

@@ -10,9 +10,8 @@ from typing import Any
 import numpy as np
 
 from ..._compiler import Compiler
-from ..products import MAX_TOP_GPU, Work, cupy_module, run_async, run_sync
-from ._counted import contract_counted
-from ._counting import MAX_TOP, check_top
+from ..products import Work, cupy_module, run_async, run_sync
+from ._counted import check_top_on_gpu, contract_counted
 from ._eager import contract
 from ._planner import planned_for
 from ._runs import check_arrays, check_counted_plan, check_out, check_scalar, resolved_stream
@@ -302,12 +301,7 @@ _ONE_DEVICE = (
 def _check_count(count: object, top: object, *, argmax: bool, devices: object, out: object) -> None:
     if not isinstance(count, bool):
         raise TypeError(f"count must be True or False, got {type(count).__name__}")
-    check_top(top, count)
-    if top is not None and top > MAX_TOP_GPU:  # type: ignore[operator]  # (an int: checked)
-        raise ValueError(
-            f"top must be at most {MAX_TOP_GPU} on the GPU (each output's list is kept in "
-            f"registers), got {top}; tropical.reference.einsum takes up to {MAX_TOP}"
-        )
+    check_top_on_gpu(top, count)
     if not count and top is None:
         return
     if argmax:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..._compiler import Compiler
 from ..products import (
+    MAX_TOP_GPU,
     OnDevice,
     Semiring,
     Wait,
@@ -31,6 +32,7 @@ from ..products import (
     matmul_work,
     top_product,
 )
+from ._counting import MAX_TOP, check_top
 from ._plan import EinsumPlan
 from ._planner import planned_for
 from ._residues import INT64_MAX, Joined, moduli
@@ -40,10 +42,11 @@ from ._terms import Term, View, contiguous
 __all__ = [
     "Counted",
     "Product",
+    "check_top_on_gpu",
     "contract_counted",
     "count_bound",
-    "counted_product",
     "counted_run",
+    "counted_runs",
     "counted_slices",
     "exact_counts",
     "join_counted",
@@ -261,6 +264,17 @@ def _strided(
     )
 
 
+def check_top_on_gpu(top: object, count: bool) -> None:
+    """``top`` as ``check_top`` takes it with ``count``, and within the lists the GPU keeps:
+    TypeError or ValueError naming what is wrong."""
+    check_top(top, count)
+    if top is not None and top > MAX_TOP_GPU:  # type: ignore[operator]  # (an int: checked)
+        raise ValueError(
+            f"top must be at most {MAX_TOP_GPU} on the GPU (each output's list is kept in "
+            f"registers), got {top}; tropical.reference.einsum takes up to {MAX_TOP}"
+        )
+
+
 def contract_counted(
     planned: EinsumPlan,
     ring: Semiring,
@@ -281,16 +295,8 @@ def contract_counted(
     if slicing is not None:  # one slice's plan, along the whole's order (as _sliced's)
         views = slicing.views(planned.inputs, arrays, 0)
         each = yield from planned_for(slicing.subscripts, views, planned.path)
-
-    def run(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
-        step = counted_product(ring, top=top, modulus=modulus, stream=stream, on=on,
-                               compiler=compiler)  # fmt: skip
-        if slicing is None:
-            return counted_run(planned, ring, arrays, xp=cupy_module(), product=step, top=top,
-                               on=on)  # fmt: skip
-        return counted_slices(planned, each, ring, arrays, xp=cupy_module(), product=step,
-                              modulus=modulus, top=top, on=on)  # fmt: skip
-
+    run = counted_runs(planned, ring, arrays, each=each, top=top, stream=stream, on=on,
+                       compiler=compiler)  # fmt: skip
     value, count = yield from run(None)
     if top is not None:  # (a count past int64 is -1: the values stand, exact)
         return value, count
@@ -310,7 +316,36 @@ def on_stream(device: int, stream: Any) -> Callable[[], contextlib.AbstractConte
     return on
 
 
-def counted_product(
+def counted_runs(
+    planned: EinsumPlan,
+    ring: Semiring,
+    arrays: Sequence[Any],
+    *,
+    each: EinsumPlan | None = None,
+    top: int | None,
+    stream: Any,
+    on: Callable[[], contextlib.AbstractContextManager[Any]],
+    compiler: Compiler | None,
+    standins: bool = True,
+) -> Callable[[int | None], Generator[Any, Any, tuple[Any, Any]]]:
+    """The counted run of ``planned`` over CuPy ``arrays`` on the GPU, as a function of the
+    modulus (None: exact int64): ``counted_run``, or for a sliced plan ``counted_slices``
+    with ``each`` (one slice's plan), each step a ``_counted_product``."""
+
+    def run(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
+        step = _counted_product(ring, top=top, modulus=modulus, stream=stream, on=on,
+                                compiler=compiler, standins=standins)  # fmt: skip
+        if planned.slicing is None:
+            return counted_run(planned, ring, arrays, xp=cupy_module(), product=step, top=top,
+                               on=on)  # fmt: skip
+        assert each is not None
+        return counted_slices(planned, each, ring, arrays, xp=cupy_module(), product=step,
+                              modulus=modulus, top=top, on=on)  # fmt: skip
+
+    return run
+
+
+def _counted_product(
     ring: Semiring,
     *,
     top: int | None,

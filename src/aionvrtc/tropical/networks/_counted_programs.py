@@ -28,7 +28,6 @@ from ..._compiler import Compiler
 from ..._cuda import Module
 from .._bounded import keep
 from ..products import (
-    MAX_TOP_GPU,
     Offload,
     OnDevice,
     Semiring,
@@ -40,18 +39,10 @@ from ..products import (
     run_sync,
 )
 from ..products import semiring as lookup
-from ._counted import (
-    Product,
-    count_bound,
-    counted_product,
-    counted_run,
-    exact_counts,
-    on_stream,
-)
-from ._counting import check_top
+from ._counted import check_top_on_gpu, count_bound, counted_runs, exact_counts, on_stream
 from ._plan import EinsumPlan
 from ._planner import planned_for
-from ._programs import program_arguments
+from ._programs import program_arguments, settle
 from ._residues import INT64_MAX
 from ._runs import check_counted_plan, resolved_stream
 from ._subscripts import check_semiring
@@ -145,7 +136,7 @@ class CountedProgram:
             self.nbytes = int(pool.total_bytes())
             self._done = cupy.cuda.Event(block=False, disable_timing=True)
         # The pool goes back to the device only once the last call's work is done.
-        weakref.finalize(self, _settle, self._done, [pool, graph, self.inputs, output])
+        weakref.finalize(self, settle, self._done, [pool, graph, self.inputs, output])
         self._last: int | None = None  # the stream of the last call
         self._lock = threading.Lock()
 
@@ -197,13 +188,8 @@ class CountedProgram:
         on = on_stream(self.device, stream)
         with on():  # copies laid out as the plan reads them (the next call refills the inputs)
             arrays = [cupy_module().array(x, order="C", copy=True) for x in operands]
-
-        def again(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
-            step = counted_product(self._ring, top=None, modulus=modulus, stream=stream,
-                                   on=on, compiler=self._compiler)  # fmt: skip
-            return counted_run(self.plan, self._ring, arrays, xp=cupy_module(), product=step,
-                               on=on)  # fmt: skip
-
+        again = counted_runs(self.plan, self._ring, arrays, top=None, stream=stream, on=on,
+                             compiler=self._compiler)  # fmt: skip
         return value, (yield from exact_counts(self.plan, count, again, stream=stream, on=on))
 
     def _check(self, operands: Sequence[Any]) -> None:
@@ -237,13 +223,6 @@ class CountedProgram:
             self._done.record(stream)
             self._last = stream.ptr
         return value, count
-
-
-def _settle(done: Any, held: list[Any]) -> None:
-    """Wait for the last call's work before the program's memory goes back to the device."""
-    with contextlib.suppress(Exception):  # (at exit, the device may be gone already)
-        done.synchronize()
-    held.clear()
 
 
 async def counted_program(
@@ -366,9 +345,7 @@ def make_counted_program(
     """The body of ``counted_program`` and ``counted_program_sync`` (see _twins)."""
     ring = lookup(semiring)
     check_semiring(subscripts, semiring)
-    check_top(top, False)
-    if top is not None and top > MAX_TOP_GPU:
-        raise ValueError(f"top must be at most {MAX_TOP_GPU} on the GPU, got {top}")
+    check_top_on_gpu(top, False)
     shapes, kind, where = program_arguments(operands, dtype, device, caller="counted_program")
     ring.check_dtype(kind)
     planned = yield from planned_for(subscripts, shapes, optimize)
@@ -420,14 +397,14 @@ def _made(
 
     with on():  # (any values: every launch is the same whatever they are)
         inputs = [cupy.full(shape, ring.one(dtype), dtype) for shape in planned.shapes()]
-    warm = counted_product(ring, top=top, modulus=None, stream=stream, on=on,
-                           compiler=compiler, standins=False)  # fmt: skip
-    yield from counted_run(planned, ring, inputs, xp=cupy, product=warm, top=top, on=on)
+    run = counted_runs(planned, ring, inputs, top=top, stream=stream, on=on, compiler=compiler,
+                       standins=False)  # fmt: skip
+    yield from run(None)
     yield Wait(stream)
     # Capturing runs the whole plan's Python (milliseconds to a second): off the loop.
     captured = yield Offload(
-        functools.partial(_capture, planned, ring, inputs, top=top, device=device,
-                          stream=stream, on=on, compiler=compiler)
+        functools.partial(_capture, run(None), device=device, stream=stream, on=on,
+                          compiler=compiler)
     )  # fmt: skip
     graph, output, modules = captured
     return CountedProgram(planned, ring, top, inputs=inputs, output=output, graph=graph,
@@ -435,23 +412,16 @@ def _made(
 
 
 def _capture(
-    planned: EinsumPlan,
-    ring: Semiring,
-    inputs: Sequence[Any],
+    run: Generator[Any, Any, tuple[Any, Any]],
     *,
-    top: int | None,
     device: int,
     stream: Any,
     on: Callable[[], contextlib.AbstractContextManager[Any]],
     compiler: Compiler | None,
 ) -> tuple[Any, tuple[Any, Any], list[Module]]:
-    """The counted run over ``inputs`` captured from ``stream``: (the graph, the result and
-    its counts it writes, the modules it launches). Every kernel is loaded (the warm run
+    """The counted ``run`` (not started yet) captured from ``stream``: (the graph, the result
+    and its counts it writes, the modules it launches). Every kernel is loaded (the warm run
     fetched them), so the run asks for nothing: a request is an error here."""
-    cupy = cupy_module()
-    product: Product = counted_product(ring, top=top, modulus=None, stream=stream, on=on,
-                                       compiler=compiler, standins=False)  # fmt: skip
-    run = counted_run(planned, ring, inputs, xp=cupy, product=product, top=top, on=on)
     modules: list[Module] = []
     # A thread's first OnDevice on its current device binds the context (a cudaFree): here,
     # not in the capture.
@@ -478,7 +448,7 @@ def _loaded_only(
     try:
         request = next(work)
         while True:
-            specs = getattr(request, "specs", None)
+            specs = getattr(request, "specs", None)  # (a Fetch's)
             if specs is None:
                 work.close()
                 raise RuntimeError(f"a counted program's capture cannot wait ({request!r})")

@@ -62,6 +62,7 @@ __all__ = [
     "einsum_program_sync",
     "make_program",
     "program_arguments",
+    "settle",
 ]
 
 # Programs kept in the process, the least recently used dropped first past either bound (the
@@ -237,7 +238,7 @@ class EinsumProgram:
             self._done = cupy.cuda.Event(block=False, disable_timing=True)
         # The buffers go back to CuPy's pool only once the last call's work is done (a call
         # does not wait for the GPU; the program may be dropped right after one).
-        weakref.finalize(self, _settle, self._done, [self._memory, self._tables, self._gathers])
+        weakref.finalize(self, settle, self._done, [self._memory, self._tables, self._gathers])
         self._last: int | None = None  # the stream of the last call
         self._lock = threading.Lock()
 
@@ -804,7 +805,7 @@ def _walks(launcher: Packed) -> bool:
     return launcher.spec.name_expressions[0].startswith("einsum_backtrace<")
 
 
-def _settle(done: Any, held: list[Any]) -> None:
+def settle(done: Any, held: list[Any]) -> None:
     """Wait for a program's last call before its buffers (``held``) go back to the pool."""
     with contextlib.suppress(Exception):  # (the process ends, the GPU is lost)
         done.synchronize()
