@@ -249,9 +249,9 @@ def test_solve_refuses_what_it_cannot_answer() -> None:
     assert str(caught.value) == (
         "solve takes a property such as problems.SizeMax() or problems.CountingAll(), got str"
     )
-    # Past 16 best values, every configuration and samples are the CPU's, refused before any
-    # GPU work.
-    cpu_only: list[Property[Any]] = [CountingMax(17), SizeMax(20), ConfigsMin(), SampleMax(3)]
+    # Past 16 best values, the configurations of the k best and samples are the CPU's, refused
+    # before any GPU work.
+    cpu_only: list[Property[Any]] = [CountingMax(17), SizeMax(20), ConfigsMin(k=2), SampleMax(3)]
     for wanted in cpu_only:
         with pytest.raises(ValueError, match="runs on the CPU") as refused:
             mis.solve(wanted, device=0)

@@ -11,6 +11,9 @@ import pytest
 
 from aionvrtc.tropical import problems
 from aionvrtc.tropical.problems import (
+    ConfigsAll,
+    ConfigsMax,
+    ConfigsMin,
     CountingAll,
     CountingMax,
     CountingMin,
@@ -88,3 +91,24 @@ def test_solve_async_on_the_gpu() -> None:
     size, ground = anyio.run(main)
     assert size == mis.solve(SizeMax())
     assert ground.value == pytest.approx(glass.solve(SizeMin())[0], abs=1e-9)
+
+
+def test_every_best_configuration_on_the_gpu_is_the_cpus() -> None:
+    """``ConfigsMax``, ``ConfigsMin`` and ``ConfigsAll`` (tropical.configurations: the counted
+    contraction and the walk back on the GPU) on small random graphs, as the CPU lists them."""
+    print(f"seed {SEED + 2}")
+    rng = np.random.default_rng(SEED + 2)
+    listed = 0
+    for _ in range(4):
+        n = int(rng.integers(6, 12))
+        edges = [(u, v) for u in range(n) for v in range(u + 1, n) if rng.random() < 3 / n]
+        for problem in (
+            problems.independent_set(edges, vertices=range(n)),
+            problems.max_cut(edges, vertices=range(n), dtype="int32"),
+            problems.maximal_independent_set(edges, vertices=range(n)),
+        ):
+            for wanted in (ConfigsMax(), ConfigsMin(), ConfigsAll(limit=1 << 12)):
+                got = problem.solve(wanted, device=0)
+                assert got == problem.solve(wanted), (problem.kind, wanted)
+                listed += len(got)
+    assert listed >= 50

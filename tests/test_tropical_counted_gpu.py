@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -398,3 +399,60 @@ def test_a_counted_program_names_wrong_operands() -> None:
     with pytest.raises(ValueError, match=r"operand 0 is float64\[2\] on device 0; this program "
                                          r"takes float32\[2\]"):  # fmt: skip
         program.run_sync(*wrong)
+
+
+# -- every optimum (configurations) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)
+def test_every_optimum_on_the_gpu_is_the_references(
+    rng: np.random.Generator, ring: str, dtype: Any
+) -> None:
+    listed = 0
+    for _ in range(4):
+        subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(5, 9)))
+        operands, viewed = exact_values(rng, ring, dtype, shapes)
+        want_value, letters, want = reference.configurations(
+            subscripts, *operands, semiring=ring, limit=1 << 20
+        )
+        value, indices, rows = tropical.configurations_sync(
+            subscripts, *viewed, semiring=ring, limit=1 << 20
+        )
+        assert indices == letters
+        np.testing.assert_array_equal(host(value), want_value)
+        assert (rows.dtype, rows.shape) == (np.int64, want.shape)
+        np.testing.assert_array_equal(host(rows), want)
+        _, _, first = tropical.configurations_sync(subscripts, *viewed, semiring=ring, first=True)
+        assert len(first) == min(len(want), 1)
+        assert all(any((host(first)[0] == row).all() for row in want) for _ in first)
+        listed += len(want)
+    assert listed >= 4
+
+
+def test_the_petersen_graphs_five_maximum_independent_sets_listed_on_the_gpu() -> None:
+    subscripts, operands = independent_sets(10, PETERSEN, "maxplus", np.float32)
+    on_gpu = [gpu(x) for x in operands]
+    value, letters, rows = tropical.configurations_sync(subscripts, *on_gpu)
+    assert (float(value), letters, host(rows).shape) == (4.0, "abcdefghij", (5, 10))
+    assert host(rows).sum(axis=1).tolist() == [4] * 5
+    with pytest.raises(
+        ValueError, match=r"^5 assignments attain the value 4\.0, more than limit=4"
+    ):
+        tropical.configurations_sync(subscripts, *on_gpu, limit=4)
+
+    async def listed() -> Any:
+        return await tropical.configurations(subscripts, *on_gpu, semiring="maxplus")
+
+    _, _, again = anyio.run(listed)
+    np.testing.assert_array_equal(host(again), host(rows))
+
+
+def test_a_long_sum_cut_in_parts_is_walked_whole_on_the_gpu(rng: np.random.Generator) -> None:
+    a = rng.integers(0, 4, size=(2, 4096)).astype(np.int32)
+    b = rng.integers(0, 4, size=(4096, 2)).astype(np.int32)
+    plan = tropical.einsum_plan("ij,jk->", a, b, optimize=[(0, 1)])
+    assert any(step.split is not None for step in plan.steps)
+    _, _, want = reference.configurations("ij,jk->", a, b, limit=1 << 20)
+    _, _, rows = tropical.configurations_sync("ij,jk->", gpu(a), gpu(b), optimize=plan,
+                                              limit=1 << 20)  # fmt: skip
+    np.testing.assert_array_equal(host(rows), want)

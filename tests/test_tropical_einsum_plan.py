@@ -605,7 +605,7 @@ F4 = np.dtype(np.float32)
 def test_einsum_refuses_an_output_or_intermediate_larger_than_the_device(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_runs, "_device_bytes", lambda device: 1500)
+    monkeypatch.setattr(_runs, "device_bytes", lambda device: 1500)
     memory = "more than the 1,500 bytes of device 3's memory"
     matmul = einsum_plan("ij,jk->ik", (20, 10), (10, 20))
     with pytest.raises(ValueError, match=_exactly(
@@ -628,7 +628,7 @@ def test_einsum_with_argmax_refuses_a_plan_whose_argmaxes_together_pass_the_devi
 ) -> None:
     # A ring of five 8 x 8 matrices: three results of 64 elements and a scalar, each step's
     # 512 bytes (with its argmax) within 600, the argmaxes kept for the walk back 772 bytes.
-    monkeypatch.setattr(_runs, "_device_bytes", lambda device: 600)
+    monkeypatch.setattr(_runs, "device_bytes", lambda device: 600)
     ring = einsum_plan("ab,bc,cd,de,ea->", *[(8, 8)] * 5, optimize=[(0, 1)] * 4)
     assert [step.size for step in ring.steps] == [64, 64, 64, 1]
     _runs.check_plan(ring, F4, argmax=False, device=2)
@@ -645,7 +645,7 @@ def test_einsum_with_argmax_refuses_a_plan_whose_argmaxes_together_pass_the_devi
 def test_einsum_with_argmax_refuses_a_product_over_more_k_than_an_int32_numbers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_runs, "_device_bytes", lambda device: 1 << 40)
+    monkeypatch.setattr(_runs, "device_bytes", lambda device: 1 << 40)
     k = _runs.ARGMAX_MAX_K + 1  # odd: not cut in parts (see _split)
     plan = einsum_plan("i,i->", (k,), (k,))
     assert [s.first.shape[2] for s in plan.steps] == [k]

@@ -1,9 +1,10 @@
 """Tropical tensor networks: a contraction's subscripts, its plan (the order, each step as a
 batched product, its slicing), the steps prepared for a device, the kernel of many small
 products and which steps it takes, the backtrace of the argmaxes; and its runs: eager
-(``einsum``), compiled into a CUDA graph (``einsum_program``, over a batch of queries too, and
-concurrent calls joined by ``ProgramBatcher``), in slices over the host's GPUs, and on a Ray
-cluster (``tropical.cluster``).
+(``einsum``, with counts or the k best too; every assignment attaining the value,
+``configurations``), compiled into a CUDA graph (``einsum_program``, over a batch of queries
+too, and concurrent calls joined by ``ProgramBatcher``), in slices over the host's GPUs, and
+on a Ray cluster (``tropical.cluster``).
 
 The face of the tensor networks: ``aionvrtc.tropical`` re-exports the public names.
 """
@@ -16,6 +17,7 @@ from ._counted_programs import (
     counted_program,
     counted_program_sync,
 )
+from ._counted_walks import configurations, configurations_sync
 from ._counting import MAX_TOP
 from ._orders import roofline_objective
 from ._plan import EinsumPlan, StepCost
@@ -38,6 +40,8 @@ __all__ = [
     "StepCost",
     "clear_counted_programs",
     "clear_programs",
+    "configurations",
+    "configurations_sync",
     "counted_program",
     "counted_program_sync",
     "einsum",

@@ -70,6 +70,7 @@ def counted_run(
     product: Product,
     top: int | None = None,
     on: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    kept: dict[int, Any] | None = None,
 ) -> Generator[Any, Any, tuple[Any, Any]]:
     """``planned`` contracted over ``values`` (its inputs, laid out as planned) with each
     entry counting once: (the result, the count of the assignments attaining each element),
@@ -77,7 +78,9 @@ def counted_run(
     distinct values and their counts instead, on a last axis (``einsum(..., top=k)``), every
     operand and step laid out so. ``xp`` is the array module (CuPy, or NumPy for the tests),
     ``product`` each step's counted (or k-best) product, and ``on`` the context each stretch
-    of array work runs in (the caller's stream)."""
+    of array work runs in (the caller's stream). Where ``kept`` is given, each step's values
+    go into it by the number of its result (contiguous over ``step.result``), held past the
+    run (the walk of ``_counted_walks`` reads them)."""
     sizes = planned.sizes
     dtype = np.dtype(values[0].dtype)
     shape = tuple(sizes[i] for i in planned.output) + (() if top is None else (top,))
@@ -108,6 +111,8 @@ def counted_run(
                 reads.append(tuple(_strided(xp, x, (1, k, 1), (0, 1, 1), top) for x in ones))
         (a, na), (b, nb) = reads
         value, count = yield from product(a, b, na, nb)
+        if kept is not None:
+            kept[step.number] = value
         # What the step read goes now (a copy's memory back to the pool for the next step).
         del reads, a, na, b, nb, chosen
         result = Term(step.result, contiguous([sizes[i] for i in step.result]))
@@ -327,18 +332,21 @@ def counted_runs(
     on: Callable[[], contextlib.AbstractContextManager[Any]],
     compiler: Compiler | None,
     standins: bool = True,
+    kept: dict[int, Any] | None = None,
 ) -> Callable[[int | None], Generator[Any, Any, tuple[Any, Any]]]:
     """The counted run of ``planned`` over CuPy ``arrays`` on the GPU, as a function of the
-    modulus (None: exact int64): ``counted_run``, or for a sliced plan ``counted_slices``
-    with ``each`` (one slice's plan), each step a ``_counted_product``."""
+    modulus (None: exact int64): ``counted_run`` (each step's values into ``kept`` where
+    given), or for a sliced plan ``counted_slices`` with ``each`` (one slice's plan), each
+    step a ``_counted_product``."""
 
     def run(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
         step = _counted_product(ring, top=top, modulus=modulus, stream=stream, on=on,
                                 compiler=compiler, standins=standins)  # fmt: skip
         if planned.slicing is None:
             return counted_run(planned, ring, arrays, xp=cupy_module(), product=step, top=top,
-                               on=on)  # fmt: skip
+                               on=on, kept=kept)  # fmt: skip
         assert each is not None
+        assert kept is None  # (the walk takes a whole run)
         return counted_slices(planned, each, ring, arrays, xp=cupy_module(), product=step,
                               modulus=modulus, top=top, on=on)  # fmt: skip
 

@@ -41,10 +41,12 @@ __all__ = [
     "assignment",
     "at_hand",
     "check_arrays",
+    "check_counted_plan",
     "check_out",
     "check_plan",
     "check_scalar",
     "copy_back",
+    "device_bytes",
     "resolved_stream",
     "steps_for",
 ]
@@ -120,7 +122,7 @@ def check_plan(planned: EinsumPlan, dtype: Any, *, argmax: bool, device: int) ->
     # No array larger than the device's memory can be allocated (one that fits may still
     # meet others in use: CuPy's OutOfMemoryError says so then). With argmax=True each result
     # has an int32 argmax beside it.
-    limit = _device_bytes(device)
+    limit = device_bytes(device)
     bound = f"the {limit:,} bytes of device {device}'s memory"
     check_output(planned.output, planned.sizes, itemsize=dtype.itemsize, limit=limit, bound=bound)
     itemsize = dtype.itemsize + (4 if argmax else 0)
@@ -152,7 +154,7 @@ def check_counted_plan(planned: EinsumPlan, dtype: Any, *, top: int | None, devi
     """Refuse, before anything is allocated, a counted run (``count=True``, or lists of the
     ``top`` best) whose output or an intermediate, with its int64 counts beside each value,
     would pass the device's memory."""
-    limit = _device_bytes(device)
+    limit = device_bytes(device)
     itemsize = (np.dtype(dtype).itemsize + 8) * (top or 1)
     each = "an int64 count beside each value" + (f", {top} of each in a list" if top else "")
     bound = f"the {limit:,} bytes of device {device}'s memory ({each})"
@@ -176,7 +178,7 @@ def check_elements(planned: EinsumPlan, limit: int, bound: str) -> None:
 
 
 @functools.cache
-def _device_bytes(device: int) -> int:
+def device_bytes(device: int) -> int:
     """The memory of ``device``, in bytes (it does not change while the process runs)."""
     _, total = cupy_module().cuda.Device(device).mem_info
     return int(total)

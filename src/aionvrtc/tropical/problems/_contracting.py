@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..networks import EinsumPlan, einsum_plan, einsum_sync, top_values
+from ..networks import EinsumPlan, configurations_sync, einsum_plan, einsum_sync, top_values
 from ..products import SEMIRINGS, cupy_module
 from ..reference import (
     configurations,
@@ -197,6 +197,16 @@ class Network:
         )  # fmt: skip
         pairs = zip(values.get().tolist(), counts.get().tolist(), strict=True)
         return [(value, count) for value, count in pairs if count != 0]
+
+    def rows_on_gpu(self, device: int, limit: int) -> tuple[str, Array]:
+        """Every assignment attaining the value, on GPU ``device`` along the plan (unsliced),
+        from a thread that may block: the indices, and one row of values each (on the
+        host); no row where nothing attains a value."""
+        _, letters, rows = configurations_sync(
+            self.subscripts, *self._uploaded(device), semiring=self.semiring, limit=limit,
+            optimize=self.plan,
+        )  # fmt: skip
+        return letters, rows.get()
 
     def _uploaded(self, device: int) -> list[Any]:
         cupy = cupy_module()

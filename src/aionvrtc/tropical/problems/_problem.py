@@ -46,6 +46,7 @@ T = TypeVar("T")
 # What a GPU answers today: the value, and an assignment attaining it.
 _ON_GPU = (
     SizeMax, SizeMin, CountingMax, CountingMin, CountingAll, SingleConfigMax, SingleConfigMin,
+    ConfigsMax, ConfigsMin, ConfigsAll,
 )  # fmt: skip
 _PROPERTIES = (
     *_ON_GPU,
@@ -315,7 +316,9 @@ class Problem:
         kernels compute today: ``SizeMax(k)``, ``SizeMin(k)``, ``CountingMax(k)``,
         ``CountingMin(k)`` for k up to 16 (``einsum(..., top=k)``; with k=1 the counts come
         from ``einsum(..., count=True)``, exact at any size), ``CountingAll()``,
-        ``SingleConfigMax()`` and ``SingleConfigMin()``.
+        ``SingleConfigMax()``, ``SingleConfigMin()``, and every best configuration:
+        ``ConfigsMax(limit)``, ``ConfigsMin(limit)`` and ``ConfigsAll(limit)``
+        (``tropical.configurations``: the counted contraction and the walk back on the GPU).
 
         Args:
             wanted: The property: ``SizeMax(k)``, ``SizeMin(k)``, ``CountingMax(k)``,
@@ -365,6 +368,9 @@ class Problem:
             if isinstance(wanted, CountingAll):
                 return cast(T, sum(c for _, c in best))
             return cast(T, [Counted(v, c) for v, c in best])
+        if isinstance(wanted, ConfigsMax | ConfigsMin | ConfigsAll):
+            letters, rows = network.rows_on_gpu(device, wanted.limit)
+            return cast(T, _in_order(self._solutions(letters, rows)))
         argmax = isinstance(wanted, SingleConfigMax | SingleConfigMin)
         return self._from_gpu(wanted, *network.on_gpu(device, argmax=argmax))
 
@@ -434,8 +440,9 @@ class Problem:
                 f"{wanted!r} runs on the CPU (device=None): a GPU's kernels find the k best "
                 f"values (up to {MAX_TOP_GPU}) with their counts and a configuration attaining "
                 "the best (SizeMax(k), SizeMin(k), CountingMax(k), CountingMin(k), "
-                "CountingAll(), SingleConfigMax(), SingleConfigMin()); every configuration, "
-                "samples and the sums come from the NumPy reference"
+                "CountingAll(), SingleConfigMax(), SingleConfigMin()) and every configuration "
+                "of the best (ConfigsMax(limit), ConfigsMin(limit), ConfigsAll(limit)); every "
+                "configuration of the k best, samples and the sums come from the NumPy reference"
             )
 
     def _on_cpu(self, wanted: Property[T], network: Network, max_bytes: int) -> T:
