@@ -1,14 +1,17 @@
 """Counting on the GPU along the published problems' kept paths: the number of maximum independent
 sets of the 200- and 220-vertex random 3-regular graphs and of the 38 x 38 king's subgraph, their
 3 best sizes with their counts, and the ground-state count of the L x L spin glass (couplings
-+-1) for L = 20 and 25, each beside the value's time along the same path in the same run.
++-1) for L = 20 and 25, each beside the value's time along the same path in the same run; and
+where at most LISTED configurations attain the optimum, every one listed on the GPU
+(``tropical.configurations``).
 
     python benchmarks/counted_networks.py [--out DIR] [--repeats 3] [--small]
 
 Each count is checked by a second run along another slicing of the same order (``memory_limit``
 a quarter of the largest intermediate): slices join their counts as the products do, so equal
 counts from both say the joins and the steps agree. ``--small`` runs small instances (60- and
-80-vertex graphs, 10 x 10 king's subgraph, L = 8 and 10), each also against the NumPy reference.
+80-vertex graphs, 10 x 10 king's subgraph, L = 8 and 10), each also against the NumPy reference
+(the configurations too, timed on this host's CPU beside the GPU's).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from benchmarks._results import RESULTS, gpu_facts, median_s, write
 from benchmarks.tropical_einsum import example
 
 PUBLISHED_PATHS = RESULTS / "tensor_network_published-paths.json"
+# The most optimal configurations listed (tropical.configurations' limit).
+LISTED = 100_000
 
 
 def instances(small: bool) -> list[Any]:
@@ -144,14 +149,28 @@ def measure(net: Any, repeats: int, small: bool) -> dict[str, Any]:
         "value_program_bytes": valuing.nbytes,
         "second_slicing": str(sliced.slicing.indices if sliced.slicing else None),
     }
+    listed: Any = None
+    if 0 < total <= LISTED and plan.slicing is None:  # every optimum, listed on the GPU
+        row["configurations_s"], (_, _, listed) = timed(
+            lambda: tropical.configurations_sync(net.subscripts, *arrays, semiring=ring,
+                                                 optimize=plan, limit=LISTED),
+            repeats,
+        )  # fmt: skip
+        assert len(listed) == total, (net.name, len(listed), total)
     if small:  # the NumPy reference along the same order
         want_value, want = reference.einsum(net.subscripts, *net.operands, semiring=ring,
                                             path=plan.path, count=True)  # fmt: skip
         assert (float(want_value), int(want)) == (row["value"], total), net.name
+        if listed is not None:
+            began = time.perf_counter()
+            _, _, rows = reference.configurations(net.subscripts, *net.operands, semiring=ring,
+                                                  path=plan.path, limit=LISTED)  # fmt: skip
+            row["configurations_cpu_s"] = time.perf_counter() - began
+            assert rows.tolist() == listed.get().tolist(), net.name
         row["reference"] = "agrees"
     shown = ("value", "count", "value_s", "counted_s", "top3_s", "value_program_s",
-             "counted_program_s", "counted_program_bytes")  # fmt: skip
-    print(net.name, {k: row[k] for k in shown})
+             "counted_program_s", "counted_program_bytes", "configurations_s")  # fmt: skip
+    print(net.name, {k: row.get(k) for k in shown})
     return row
 
 
@@ -165,21 +184,28 @@ def table(f: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "(`count=True`) and the 3 best sizes with their counts (`top=3`), each launched step "
         "by step; then compiled, the value's program (`einsum_program`) beside the counted "
         "one's (`counted_program`), each a CUDA graph replayed. Each count agreed with a "
-        "second run in other slices of the same order, and with the counted program's.",
+        "second run in other slices of the same order, and with the counted program's. Every "
+        f"optimal configuration listed (`configurations`, where at most {LISTED:,}), beside "
+        "the NumPy reference's on the CPU where it ran (`--small`).",
         "",
         "| network | value | count | 3 best (count) | value | counted | 3 best | value, "
-        "program | counted, program |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "program | counted, program | every optimum |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         best = ", ".join(f"{v:g} ({c:,})" for v, c in r["best3"])
+        every = "-"
+        if "configurations_s" in r:
+            every = f"{r['configurations_s'] * 1e3:.1f} ms"
+        if "configurations_cpu_s" in r:
+            every += f" (CPU {r['configurations_cpu_s'] * 1e3:.1f} ms)"
         lines.append(
             f"| {r['network']} | {r['value']:g} | {r['count']:,} | {best} | "
             f"{r['value_s'] * 1e3:.1f} ms | {r['counted_s'] * 1e3:.1f} ms "
             f"({r['counted_over_value']:.1f}x) | {r['top3_s'] * 1e3:.1f} ms "
             f"({r['top3_over_value']:.1f}x) | {r['value_program_s'] * 1e3:.1f} ms | "
             f"{r['counted_program_s'] * 1e3:.1f} ms "
-            f"({r['counted_program_over_value_program']:.1f}x) |"
+            f"({r['counted_program_over_value_program']:.1f}x) | {every} |"
         )
     return "\n".join(lines) + "\n"
 
