@@ -389,8 +389,8 @@ def _configurations(
     with on():
         many = int(count)
     letters = walked_indices(planned)
-    if first:
-        many = min(many, 1)
+    if first:  # (a count past int64, -1, is many too)
+        many = 1 if many else 0
     elif many < 0 or many > limit:
         how = "more than 2^63 - 1" if many < 0 else f"{many:,}"
         raise ValueError(
