@@ -5,6 +5,7 @@ drawn networks in drawn memory layouts and along drawn orders; and the GPU call'
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -14,10 +15,10 @@ from hypothesis import strategies as st
 
 from aionvrtc import tropical
 from aionvrtc.tropical import SEMIRINGS, reference
-from aionvrtc.tropical.networks._counted import count_bound, join_counted, joined
+from aionvrtc.tropical.networks._counted import count_bound, join_counted, joined, merged
 from aionvrtc.tropical.networks._residues import moduli
 
-from .support.counted import follow
+from .support.counted import driven, follow, numpy_product
 from .support.einsum import (
     CASES,
     IDS,
@@ -113,6 +114,42 @@ def test_sliced_networks_join_their_slices_counts() -> None:
             np.testing.assert_array_equal(value, want_value)
             np.testing.assert_array_equal(count, want if modulus is None else want % modulus)
     assert sliced >= 5
+
+
+def test_devices_shares_of_the_slices_join_into_the_whole() -> None:
+    """Slice n on device n modulo their count (``counted_slices(..., numbers=)``), each
+    device's part joined on the operands' (counts added, lists merged) as ``_over_lanes``
+    joins them: the whole network's counts and lists."""
+    seed = 58
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    spread = 0
+    for lanes, top in ((2, None), (3, None), (2, 3), (3, 5), (4, None), (2, 2)):
+        subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(6, 9)))
+        if rng.random() < 0.5:
+            subscripts = with_output(rng, subscripts, most=1)
+        operands = network_values(rng, "maxplus", "int64", shapes)
+        plan = sliced_plan(subscripts, operands)
+        if plan.slicing is None or plan.slicing.count < lanes:
+            continue
+        spread += 1
+        parts = [
+            follow(plan, "maxplus", operands, top=top,
+                   numbers=range(n, plan.slicing.count, lanes))
+            for n in range(lanes)
+        ]  # fmt: skip
+        total = parts[0]
+        for part in parts[1:]:
+            if top is None:
+                total = join_counted(SEMIRINGS["maxplus"], np, total, part, None)
+            else:
+                merge = numpy_product("maxplus", top=top)
+                total = driven(merged(SEMIRINGS["maxplus"], np, (total, part), product=merge,
+                                      on=contextlib.nullcontext))  # fmt: skip
+        want = reference.einsum(subscripts, *operands, count=top is None, top=top)
+        np.testing.assert_array_equal(total[0], want[0])
+        np.testing.assert_array_equal(total[1], want[1])
+    assert spread >= 4
 
 
 def test_sliced_networks_merge_their_slices_k_best_lists() -> None:
@@ -215,14 +252,13 @@ def test_counts_past_int64_are_joined_from_their_residues() -> None:
     [
         ({"count": True, "argmax": True}, ValueError, "pass count=True or argmax=True, not both"),
         ({"count": "yes"}, TypeError, "count must be True or False, got str"),
-        ({"count": True, "devices": [0]}, ValueError, "count=True and top=k run on the operands'"),
-        ({"count": True, "out": np.zeros((2, 2))}, ValueError, "pass no devices or out"),
+        ({"count": True, "out": np.zeros((2, 2))}, ValueError, "return new arrays .*: pass no out"),
         ({"top": 17}, ValueError, "top must be at most 16 on the GPU .* got 17"),
         ({"top": 0}, ValueError, "top must be from 1 to 64, got 0"),
         ({"top": 2.0}, TypeError, "top must be an int"),
         ({"top": 2, "count": True}, ValueError, "pass count=True or top=k, not both"),
         ({"top": 2, "argmax": True}, ValueError, "pass top=k or argmax=True, not both"),
-        ({"top": 2, "devices": [0]}, ValueError, "top=k run on the operands' device"),
+        ({"top": 2, "out": np.zeros((2, 2))}, ValueError, r"^count=True and top=k return new"),
     ],
 )
 def test_a_counted_einsums_arguments_are_checked_first(

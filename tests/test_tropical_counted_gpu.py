@@ -456,3 +456,31 @@ def test_a_long_sum_cut_in_parts_is_walked_whole_on_the_gpu(rng: np.random.Gener
     _, _, rows = tropical.configurations_sync("ij,jk->", gpu(a), gpu(b), optimize=plan,
                                               limit=1 << 20)  # fmt: skip
     np.testing.assert_array_equal(host(rows), want)
+
+
+# -- over the host's devices ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("top", [None, 3])
+def test_counted_slices_over_two_devices_join_on_the_operands_device(
+    rng: np.random.Generator, top: int | None
+) -> None:
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs: run it on a machine with two")
+    spread = 0
+    for home, devices in ((0, [0, 1]), (1, [0, 1]), (0, [1])):
+        subscripts, shapes = random_network(rng, int(rng.integers(8, 13)), int(rng.integers(7, 10)))
+        operands = network_values(rng, "maxplus", np.int32, shapes)
+        with cupy.cuda.Device(home):
+            on_gpu = [gpu(x) for x in operands]
+            plan = sliced_plan(subscripts, on_gpu)
+            spread += plan.slicing is not None
+            value, count = tropical.einsum_sync(subscripts, *on_gpu, count=top is None, top=top,
+                                                optimize=plan, devices=devices)  # fmt: skip
+        assert value.device.id == count.device.id == home  # joined where the operands are
+        want = reference.einsum(subscripts, *operands, count=top is None, top=top)
+        np.testing.assert_array_equal(host(value), want[0])
+        np.testing.assert_array_equal(host(count), want[1])
+    assert spread >= 2

@@ -14,7 +14,7 @@ from aionvrtc.tropical import SEMIRINGS, reference
 from aionvrtc.tropical.networks._counted import counted_run, counted_slices
 from aionvrtc.tropical.networks._counting import _contract_best  # the CPU's k-best step
 
-__all__ = ["follow"]
+__all__ = ["driven", "follow", "numpy_product"]
 
 
 def follow(
@@ -25,11 +25,38 @@ def follow(
     *,
     top: int | None = None,
     kept: dict[int, Any] | None = None,
+    numbers: Any = None,
 ) -> Any:
     """``counted_run`` on NumPy arrays, each step by the reference's counted product, or with
     ``top`` by the CPU's k-best step (the reference's ``einsum(..., top=k)``'s); in slices
-    (``counted_slices``: counts joined, lists merged) where ``plan`` has a slicing. ``kept``
-    as ``counted_run`` takes it (each step's values into it)."""
+    (``counted_slices``: counts joined, lists merged) where ``plan`` has a slicing, the slices
+    ``numbers`` alone where given. ``kept`` as ``counted_run`` takes it (each step's values
+    into it)."""
+    semiring = SEMIRINGS[ring]
+    product = numpy_product(ring, modulus=modulus, top=top)
+    slicing = plan.slicing
+    if slicing is None:
+        run = counted_run(plan, semiring, arrays, xp=np, product=product, top=top, kept=kept)
+    else:
+        views = slicing.views(plan.inputs, arrays, 0)
+        each = tropical.einsum_plan(slicing.subscripts, *views, optimize=plan.path)
+        run = counted_slices(plan, each, semiring, arrays, xp=np, product=product,
+                             modulus=modulus, top=top, numbers=numbers)  # fmt: skip
+    return driven(run)
+
+
+def driven(run: Generator[Any, Any, Any]) -> Any:
+    """What a body that needs nothing done returns."""
+    try:
+        next(run)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("the run asked for something")
+
+
+def numpy_product(ring: str, *, modulus: int | None = None, top: int | None = None) -> Any:
+    """A counted run's step on NumPy arrays: the reference's counted product (modulo
+    ``modulus``), or with ``top`` the CPU's k-best step."""
     semiring = SEMIRINGS[ring]
 
     def product(a: Any, b: Any, na: Any, nb: Any) -> Generator[Any, Any, tuple[Any, Any]]:
@@ -45,16 +72,4 @@ def follow(
         return made  # type: ignore[no-any-return]
         yield  # (a body that needs nothing done)
 
-    slicing = plan.slicing
-    if slicing is None:
-        run = counted_run(plan, semiring, arrays, xp=np, product=product, top=top, kept=kept)
-    else:
-        views = slicing.views(plan.inputs, arrays, 0)
-        each = tropical.einsum_plan(slicing.subscripts, *views, optimize=plan.path)
-        run = counted_slices(plan, each, semiring, arrays, xp=np, product=product,
-                             modulus=modulus, top=top)  # fmt: skip
-    try:
-        next(run)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("the run asked for something")
+    return product

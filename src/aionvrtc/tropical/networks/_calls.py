@@ -74,16 +74,16 @@ async def einsum(
             (``matmul(..., counts=...)``), exact in int64; where a count passes 2^63 - 1 the
             network is counted again modulo primes below 2^31, the residues joined on the host
             (the call then waits for the GPU). In slices too (``memory_limit``: each
-            intermediate's values and counts together within it), their counts joined as the
-            products join them; on the operands' device, into new arrays: not with
-            ``argmax``, ``devices`` or ``out``.
+            intermediate's values and counts together within it), over ``devices`` too,
+            their counts joined as the products join them, on the operands' device; into new
+            arrays: not with ``argmax`` or ``out``.
         top: The ``top`` best distinct values of each element instead (1 to 16), each with
             its count, as ``reference.einsum(..., top=k)`` keeps them: lists on a last axis,
             best first, padded with the zero (count 0). Each step keeps its k best (a k-best
             kernel, the lists in registers); the counts exact in int64, -1 where one passes
             2^63 - 1 (never a wrong number; the values stand). In slices too (each slice's
-            lists merged), on the operands' device, into new arrays: not with ``count``,
-            ``argmax``, ``devices`` or ``out``.
+            lists merged), over ``devices`` too, on the operands' device, into new arrays:
+            not with ``count``, ``argmax`` or ``out``.
         optimize: The order of the pairwise contractions, as ``einsum_plan`` takes it: an
             opt_einsum strategy name, an opt_einsum optimizer, a cotengra optimizer, an
             explicit path, or an ``EinsumPlan`` from ``einsum_plan`` (which also says which
@@ -120,8 +120,8 @@ async def einsum(
             dtypes differ, or ``semiring`` does not take theirs; ``out`` is not a
             ``cupy.ndarray``.
         TypeError: ``count`` is not a bool; ``top`` is not an int.
-        ValueError: ``count=True`` or ``top`` with ``argmax``, ``devices`` or ``out``, or
-            with each other; ``top`` below 1 or past 16.
+        ValueError: ``count=True`` or ``top`` with ``argmax`` or ``out``, or with each
+            other; ``top`` below 1 or past 16.
         ValueError: Bad arguments: no operands, or operands on more than one device;
             ``semiring`` is not one of ``SEMIRINGS``; ``memory_limit`` is neither bytes
             (an int > 0) nor a fraction (0 < f <= 1); ``devices`` is not a list of distinct
@@ -259,7 +259,7 @@ def _einsum(
 ) -> Work[Any]:
     """The body of ``einsum`` and ``einsum_sync`` (see _twins)."""
     check_semiring(subscripts, semiring)
-    _check_count(count, top, argmax=argmax, devices=devices, out=out)
+    _check_count(count, top, argmax=argmax, out=out)
     ring, arrays, device = check_arrays(operands, semiring)
     limit = _memory_limit(memory_limit, device)
     if (count or top is not None) and limit is not None:
@@ -273,9 +273,11 @@ def _einsum(
     stream = resolved_stream(device, stream)
     if count or top is not None:
         check_counted_plan(planned, arrays[0].dtype, top=top, device=device)
+        places = check_devices(devices, device) if devices is not None else []
         counted = contract_counted(
-            planned, ring, arrays, device=device, stream=stream, compiler=compiler, top=top
-        )
+            planned, ring, arrays, device=device, stream=stream, compiler=compiler, top=top,
+            devices=places,
+        )  # fmt: skip
         return (yield from counted)
     if planned.slicing is not None or devices is not None:
         places = check_devices(devices, device)
@@ -292,13 +294,10 @@ def _einsum(
     return (yield from whole)
 
 
-_ONE_DEVICE = (
-    "count=True and top=k run on the operands' device, into new arrays: pass no devices or "
-    "out (counted runs spread over devices are not here yet)"
-)
+_NEW_ARRAYS = "count=True and top=k return new arrays (the result with its counts): pass no out"
 
 
-def _check_count(count: object, top: object, *, argmax: bool, devices: object, out: object) -> None:
+def _check_count(count: object, top: object, *, argmax: bool, out: object) -> None:
     if not isinstance(count, bool):
         raise TypeError(f"count must be True or False, got {type(count).__name__}")
     check_top_on_gpu(top, count)
@@ -310,8 +309,8 @@ def _check_count(count: object, top: object, *, argmax: bool, devices: object, o
             f"pass {asked} or argmax=True, not both: the assignment comes from the "
             "contraction without counts"
         )
-    if devices is not None or out is not None:
-        raise ValueError(_ONE_DEVICE)
+    if out is not None:
+        raise ValueError(_NEW_ARRAYS)
 
 
 def _memory_limit(memory_limit: float | None, device: int) -> int | None:

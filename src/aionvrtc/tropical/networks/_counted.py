@@ -14,6 +14,7 @@ reference counts past int64."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
@@ -36,11 +37,13 @@ from ._counting import MAX_TOP, check_top
 from ._plan import EinsumPlan
 from ._planner import planned_for
 from ._residues import INT64_MAX, Joined, moduli
+from ._runs import copied_to
 from ._slicing import added
 from ._terms import Term, View, contiguous
 
 __all__ = [
     "Counted",
+    "CountedLane",
     "Product",
     "check_top_on_gpu",
     "contract_counted",
@@ -51,6 +54,7 @@ __all__ = [
     "exact_counts",
     "join_counted",
     "joined",
+    "merged",
     "on_stream",
 ]
 
@@ -142,21 +146,23 @@ def counted_slices(
     modulus: int | None,
     top: int | None = None,
     on: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    numbers: Sequence[int] | None = None,
 ) -> Generator[Any, Any, tuple[Any, Any]]:
     """``counted_run`` of a sliced ``planned``: each slice's views of ``values`` along
     ``each`` (the plan of one slice), the slices' (value, count) pairs joined in turn
-    (``join_counted``), or with ``top`` their lists merged by ``product`` (``_merged``)."""
+    (``join_counted``), or with ``top`` their lists merged by ``product`` (``merged``); the
+    slices ``numbers`` alone where given (a device's share)."""
     slicing = planned.slicing
     assert slicing is not None
     total: tuple[Any, Any] | None = None
-    for number in slicing:
+    for number in slicing if numbers is None else numbers:
         views = slicing.views(planned.inputs, values, number)
         run = counted_run(each, ring, views, xp=xp, product=product, top=top, on=on)
         part = yield from run
         if total is None:
             total = part
         elif top is not None:
-            total = yield from _merged(ring, xp, (total, part), product=product, on=on)
+            total = yield from merged(ring, xp, (total, part), product=product, on=on)
         else:
             with on():
                 total = join_counted(ring, xp, total, part, modulus)
@@ -164,7 +170,7 @@ def counted_slices(
     return total
 
 
-def _merged(
+def merged(
     ring: Semiring,
     xp: Any,
     pairs: tuple[tuple[Any, Any], tuple[Any, Any]],
@@ -289,19 +295,26 @@ def contract_counted(
     stream: Any,
     compiler: Compiler | None,
     top: int | None = None,
+    devices: Sequence[int] = (),
 ) -> Work[tuple[Any, Any]]:
     """``planned`` contracted over CuPy ``arrays`` on ``device`` with counts, enqueued on
     ``stream``: (the result, its counts). The counts are a CuPy int64 array where every one
     fits; past 2^63 - 1 (counted again modulo primes, after waiting for the GPU) a NumPy array
     of Python's ints. With ``top``, (the ``top`` best values, their counts) on a last axis,
-    a count past 2^63 - 1 there -1."""
+    a count past 2^63 - 1 there -1. A sliced plan's slices spread over ``devices`` where
+    they name another than ``device`` (slice n on the n-th modulo their count, each with a
+    copy of the operands and its own stream), the devices' parts joined on ``device``."""
     on = on_stream(device, stream)
     slicing, each = planned.slicing, planned
+    lanes: list[CountedLane] = []
     if slicing is not None:  # one slice's plan, along the whole's order (as _sliced's)
         views = slicing.views(planned.inputs, arrays, 0)
         each = yield from planned_for(slicing.subscripts, views, planned.path)
+        if any(place != device for place in devices):
+            lanes = yield from _lanes(planned, arrays, device=device,
+                                      devices=devices[: slicing.count], stream=stream)  # fmt: skip
     run = counted_runs(planned, ring, arrays, each=each, top=top, stream=stream, on=on,
-                       compiler=compiler)  # fmt: skip
+                       compiler=compiler, lanes=lanes)  # fmt: skip
     value, count = yield from run(None)
     if top is not None:  # (a count past int64 is -1: the values stand, exact)
         return value, count
@@ -333,15 +346,20 @@ def counted_runs(
     compiler: Compiler | None,
     standins: bool = True,
     kept: dict[int, Any] | None = None,
+    lanes: Sequence[CountedLane] = (),
 ) -> Callable[[int | None], Generator[Any, Any, tuple[Any, Any]]]:
     """The counted run of ``planned`` over CuPy ``arrays`` on the GPU, as a function of the
     modulus (None: exact int64): ``counted_run`` (each step's values into ``kept`` where
     given), or for a sliced plan ``counted_slices`` with ``each`` (one slice's plan), each
-    step a ``_counted_product``."""
+    step a ``_counted_product``; over ``lanes`` where given (a share of the slices on each,
+    the parts joined on ``stream``)."""
 
     def run(modulus: int | None) -> Generator[Any, Any, tuple[Any, Any]]:
         step = _counted_product(ring, top=top, modulus=modulus, stream=stream, on=on,
                                 compiler=compiler, standins=standins)  # fmt: skip
+        if lanes:
+            return _over_lanes(planned, ring, lanes, step, modulus=modulus, top=top,
+                               stream=stream, on=on, compiler=compiler)  # fmt: skip
         if planned.slicing is None:
             return counted_run(planned, ring, arrays, xp=cupy_module(), product=step, top=top,
                                on=on, kept=kept)  # fmt: skip
@@ -351,6 +369,98 @@ def counted_runs(
                               modulus=modulus, top=top, on=on)  # fmt: skip
 
     return run
+
+
+@dataclasses.dataclass(frozen=True)
+class CountedLane:
+    """One device's share of a sliced counted run: the device, its stream, the operands
+    there, and one slice's plan for them."""
+
+    device: int
+    stream: Any
+    arrays: Sequence[Any]
+    each: EinsumPlan
+
+
+def _lanes(
+    planned: EinsumPlan, arrays: Sequence[Any], *, device: int, devices: Sequence[int], stream: Any
+) -> Work[list[CountedLane]]:
+    """A lane on each of ``devices``: the operands there (a copy but on ``device``, the
+    operands', made once for every run of the call) and one slice's plan for them."""
+    slicing = planned.slicing
+    assert slicing is not None
+    lanes = []
+    for place in devices:
+        here, there = (arrays, stream) if place == device else copied_to(arrays, place, stream)
+        views = slicing.views(planned.inputs, here, 0)
+        each = yield from planned_for(slicing.subscripts, views, planned.path)
+        lanes.append(CountedLane(place, there, here, each))
+    return lanes
+
+
+def _over_lanes(
+    planned: EinsumPlan,
+    ring: Semiring,
+    lanes: Sequence[CountedLane],
+    merge: Product,
+    *,
+    modulus: int | None,
+    top: int | None,
+    stream: Any,
+    on: Callable[[], contextlib.AbstractContextManager[Any]],
+    compiler: Compiler | None,
+) -> Generator[Any, Any, tuple[Any, Any]]:
+    """The slices of ``planned``, slice n on ``lanes[n % len(lanes)]`` (each lane's share
+    enqueued on its own stream, so the devices run side by side), each lane's part copied to
+    ``stream``'s device once its stream is done, and joined there (top's lists merged by
+    ``merge``, a k-best product there)."""
+    slicing = planned.slicing
+    assert slicing is not None
+    parts = []
+    for number, lane in enumerate(lanes):
+        there = on_stream(lane.device, lane.stream)
+        step = _counted_product(ring, top=top, modulus=modulus, stream=lane.stream, on=there,
+                                compiler=compiler)  # fmt: skip
+        share = range(number, slicing.count, len(lanes))
+        part = yield from counted_slices(planned, lane.each, ring, lane.arrays,
+                                         xp=cupy_module(), product=step, modulus=modulus,
+                                         top=top, on=there, numbers=share)  # fmt: skip
+        parts.append(part)
+    total: tuple[Any, Any] | None = None
+    away = []
+    for lane, (value, count) in zip(lanes, parts, strict=True):
+        part = (value, count)
+        if lane.stream is not stream:  # (another device's: copied here after its work)
+            with OnDevice(lane.device):
+                done = lane.stream.record()
+            with on():
+                stream.wait_event(done)
+                part = (_brought(value, stream), _brought(count, stream))
+            away.append(lane)
+        if total is None:
+            total = part
+        elif top is not None:
+            total = yield from merged(ring, cupy_module(), (total, part), product=merge, on=on)
+        else:
+            with on():
+                total = join_counted(ring, cupy_module(), total, part, modulus)
+    if away:  # each lane's memory goes back to its pool after the copies
+        with on():
+            copied = stream.record()
+        for lane in away:
+            with OnDevice(lane.device):
+                lane.stream.wait_event(copied)
+    assert total is not None
+    return total
+
+
+def _brought(x: Any, stream: Any) -> Any:
+    """A copy of ``x`` (C-contiguous, on another device) on the current one, enqueued on
+    ``stream``."""
+    copy = cupy_module().empty(x.shape, x.dtype)
+    if x.size:
+        copy.data.copy_from_device_async(x.data, x.nbytes, stream)
+    return copy
 
 
 def _counted_product(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,8 +46,10 @@ __all__ = [
     "check_out",
     "check_plan",
     "check_scalar",
+    "copied_to",
     "copy_back",
     "device_bytes",
+    "lane_stream",
     "resolved_stream",
     "steps_for",
 ]
@@ -289,3 +292,40 @@ def _first_loaded(
         if module is not None:
             return launch, module
     return None
+
+
+def copied_to(arrays: Sequence[Any], place: int, stream: Any) -> tuple[list[Any], Any]:
+    """The operands copied to device ``place`` (C order), after the work queued on ``stream``
+    (the operands' device's), and the stream of ``place`` that copied them, on which all of
+    that device's share is allocated and run: memory CuPy's pool hands out again on that
+    stream is reused only after the work queued there."""
+    cupy = cupy_module()
+    source = arrays[0].device.id
+    with OnDevice(source), stream:
+        runs = [cupy.ascontiguousarray(x) for x in arrays]  # (the operands themselves, mostly)
+        ready = stream.record()
+    there = lane_stream(place)
+    with OnDevice(place), there:
+        there.wait_event(ready)
+        copies = [cupy.empty(x.shape, x.dtype) for x in arrays]
+        for x, y in zip(runs, copies, strict=True):
+            if x.size:
+                y.data.copy_from_device_async(x.data, x.nbytes, there)
+        copied = there.record()
+    with OnDevice(source):
+        stream.wait_event(copied)  # the contiguous runs go back to the pool after the copies
+    return copies, there
+
+
+_lane_streams = threading.local()
+
+
+def lane_stream(device: int) -> Any:
+    """This thread's stream for its share of a sliced run on ``device``: one for the thread's
+    life, not one a call (CuPy's pool keeps memory freed on a stream for that stream)."""
+    found: dict[int, Any] = getattr(_lane_streams, "by_device", None) or {}
+    _lane_streams.by_device = found
+    if device not in found:
+        with OnDevice(device):
+            found[device] = cupy_module().cuda.Stream(non_blocking=True)
+    return found[device]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +38,7 @@ from ._runs import (
     at_hand,
     check_arrays,
     check_plan,
+    copied_to,
     resolved_stream,
     steps_for,
 )
@@ -158,7 +158,7 @@ def _lanes(
     dtype = arrays[0].dtype
     lanes: list[_Lane] = []
     for place in devices:
-        here, there = (arrays, stream) if place == device else _copied(arrays, place, stream)
+        here, there = (arrays, stream) if place == device else copied_to(arrays, place, stream)
         views = slicing.views(planned.inputs, here, 0)
         each = yield from planned_for(slicing.subscripts, views, planned.path)
         try:
@@ -181,43 +181,6 @@ def _lanes(
         modules, instead = yield from at_hand(steps, place, compiler)
         lanes.append(_Lane(place, there, here, each, steps, modules, instead))
     return lanes
-
-
-def _copied(arrays: Sequence[Any], place: int, stream: Any) -> tuple[list[Any], Any]:
-    """The operands copied to device ``place`` (C order), after the work queued on ``stream``
-    (the operands' device's), and the stream of ``place`` that copied them, on which all of
-    that device's share is allocated and run: memory CuPy's pool hands out again on that
-    stream is reused only after the work queued there."""
-    cupy = cupy_module()
-    source = arrays[0].device.id
-    with OnDevice(source), stream:
-        runs = [cupy.ascontiguousarray(x) for x in arrays]  # (the operands themselves, mostly)
-        ready = stream.record()
-    there = _lane_stream(place)
-    with OnDevice(place), there:
-        there.wait_event(ready)
-        copies = [cupy.empty(x.shape, x.dtype) for x in arrays]
-        for x, y in zip(runs, copies, strict=True):
-            if x.size:
-                y.data.copy_from_device_async(x.data, x.nbytes, there)
-        copied = there.record()
-    with OnDevice(source):
-        stream.wait_event(copied)  # the contiguous runs go back to the pool after the copies
-    return copies, there
-
-
-_streams = threading.local()
-
-
-def _lane_stream(device: int) -> Any:
-    """This thread's stream for its share of slices on ``device``: one for the thread's life,
-    not one a call (CuPy's pool keeps memory freed on a stream for that stream)."""
-    found: dict[int, Any] = getattr(_streams, "by_device", None) or {}
-    _streams.by_device = found
-    if device not in found:
-        with OnDevice(device):
-            found[device] = cupy_module().cuda.Stream(non_blocking=True)
-    return found[device]
 
 
 def _run(
