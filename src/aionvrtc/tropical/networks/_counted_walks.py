@@ -42,6 +42,7 @@ from ._plan import EinsumPlan
 from ._planner import planned_for
 from ._runs import check_arrays, check_counted_plan, device_bytes, resolved_stream
 from ._subscripts import check_semiring
+from ._terms import contiguous
 
 __all__ = [
     "MAX_GATHER",
@@ -128,7 +129,7 @@ def walk(
     rows = xp.zeros((1 if alive else 0, len(letters)), np.int64)
     for node in reversed(nodes):
         # The node's result goes once walked; an input, once its one reader is (a step's
-        # result read here is its own node's target, walked next).
+        # result read here is its own node's target, walked later).
         target, keep = arrays.pop(node.number)
         operands = [arrays[o] for o in node.operands]
         for o in node.operands:
@@ -164,12 +165,16 @@ def _extended(
     wanted = _picked(xp, cells, keep, rows, column)
     per_row = min(branches, gather)
     row_chunk = max(1, gather // per_row)
+    strides = contiguous(shape)
+    chunks = [(s0, min(s0 + per_row, branches)) for s0 in range(0, branches, per_row)]
+    # Each chunk's values of the summed indices, made once for every chunk of rows where one
+    # chunk spans the branches (by C strides: cupy.unravel_index waits for the GPU).
+    ready = [_values(xp, *chunks[0], shape, strides)] if len(chunks) == 1 else None
     made = []
     for r0 in range(0, len(rows), row_chunk):
         part = rows[r0 : r0 + row_chunk]
-        for s0 in range(0, branches, per_row):
-            s1 = min(s0 + per_row, branches)
-            where = xp.unravel_index(xp.arange(s0, s1, dtype=np.int64), shape) if shape else ()
+        for number, (s0, s1) in enumerate(chunks):
+            where = ready[number] if ready else _values(xp, s0, s1, shape, strides)
             product: Any = None
             for x, indices in operands:
                 index = tuple(
@@ -185,11 +190,18 @@ def _extended(
                 row_at, branch_at = row_at[:1], branch_at[:1]
             grown = part[row_at]
             if shape:
-                grown[:, at] = xp.stack(xp.unravel_index(branch_at + s0, shape), axis=1)
+                grown[:, at] = xp.stack([w[branch_at] for w in where], axis=1)
             made.append(grown)
             if first and len(grown):
                 return grown
     return xp.concatenate(made) if made else rows[:0]
+
+
+def _values(xp: Any, start: int, stop: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
+    """The values of each summed index (of ``shape``, in C order) at the flat positions
+    ``start`` to ``stop``: one int64 array an index."""
+    flat = xp.arange(start, stop, dtype=np.int64)
+    return [(flat // stride) % size for size, stride in zip(shape, strides, strict=True)]
 
 
 def _picked(xp: Any, x: Any, indices: Sequence[str], rows: Any, column: Mapping[str, int]) -> Any:
@@ -235,7 +247,8 @@ async def configurations(
     back to the first, each extended at a step by the values of the indices it sums at which
     the step's operands attain the row's cell, all rows at once: the work past the contraction
     is about the number of assignments times the number of steps. The call waits for the GPU
-    (the count, and each step's rows), without blocking the event loop.
+    (for the count, and at each step for the rows it extends), without blocking the event
+    loop.
 
     Args:
         subscripts: As ``einsum``; the output has no index (``"...->"``).
@@ -265,7 +278,8 @@ async def configurations(
             many); every step's values, or the rows, would pass the device's memory.
         cupy.cuda.memory.OutOfMemoryError: The memory in use on the device leaves too little
             for the contraction's kept values or the rows.
-        RuntimeError: ``compiler`` is not open yet.
+        RuntimeError: ``compiler`` is not open yet; the walk found another number of
+            assignments than the count (a defect, never expected: please report it).
         aionvrtc.AionvrtcError: As ``einsum``: a kernel could not be fetched.
     """
     return await run_async(
@@ -398,13 +412,20 @@ def _configurations(
             "pass a larger limit, or count them alone with einsum(..., count=True)"
         )
     bound = device_bytes(device)
-    check_size(f"configurations' rows ({many:,} assignments of {len(letters)} indices)",
-               many * len(letters), itemsize=8, limit=bound,
-               bound=f"the {bound:,} bytes of device {device}'s memory",
+    # The walk holds up to three times the rows at its peak: the rows, their next extension,
+    # and the sorted copy (as the reference's).
+    check_size(f"configurations' rows ({many:,} assignments of {len(letters)} indices, three "
+               "times over at the walk's peak)", 3 * many * len(letters), itemsize=8,
+               limit=bound, bound=f"the {bound:,} bytes of device {device}'s memory",
                fix="count them alone with einsum(..., count=True)")  # fmt: skip
     rows = yield Offload(
         functools.partial(_walked, planned, ring, arrays, kept, first=first, on=on)
     )
+    if len(rows) != many:  # (never: the walk follows the kernels' values exactly)
+        raise RuntimeError(
+            f"configurations walked {len(rows):,} assignments back where the count is {many:,}: "
+            "the GPU's products and the walk's disagree; please report this"
+        )
     return value, letters, rows
 
 

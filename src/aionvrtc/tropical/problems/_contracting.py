@@ -199,12 +199,14 @@ class Network:
         return [(value, count) for value, count in pairs if count != 0]
 
     def rows_on_gpu(self, device: int, limit: int) -> tuple[str, Array]:
-        """Every assignment attaining the value, on GPU ``device`` along the plan (unsliced),
-        from a thread that may block: the indices, and one row of values each (on the
-        host); no row where nothing attains a value."""
+        """Every assignment attaining the value, on GPU ``device`` along the plan's order
+        (whole: the walk keeps every step's values, so a sliced plan's path is planned again
+        without its slicing), from a thread that may block: the indices, and one row of
+        values each (on the host); no row where nothing attains a value."""
+        plan = self.plan.path if self.plan.slicing is not None else self.plan
         _, letters, rows = configurations_sync(
             self.subscripts, *self._uploaded(device), semiring=self.semiring, limit=limit,
-            optimize=self.plan,
+            optimize=plan,
         )  # fmt: skip
         return letters, rows.get()
 
