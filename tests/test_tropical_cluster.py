@@ -5,6 +5,7 @@ refused. Seeded: the networks are the same every run."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -105,3 +106,100 @@ def test_without_a_cluster_it_says_to_start_one() -> None:
     assert done.stdout.strip() == (
         "no Ray cluster: call ray.init(address=...) (or ray.init() for one on this machine) first"
     )
+
+
+# -- a contraction that lives on the cluster -----------------------------------------------------
+
+
+def test_a_contraction_on_the_cluster_is_contracted_again_with_each_call(
+    local_cluster: None,
+) -> None:
+    subscripts, operands = network(19, "maxplus", "int64")
+    _, plan, want = in_eighths(subscripts, operands, "maxplus")
+    with cluster.Contraction(subscripts, *operands, optimize=plan, backend="numpy") as held:
+        assert len(held.shares) == 2  # (the cluster's two CPUs)
+        assert held.shares[0][0] == 0
+        assert held.shares[-1][1] == plan.slicing.count
+        for _ in range(3):
+            np.testing.assert_array_equal(held(), want)
+        assert held.puts == len(operands)
+        assert held.fetched() == [len(operands)] * 2  # each operand fetched once by each actor
+        # The same operands again (equal copies): nothing is put or fetched again.
+        np.testing.assert_array_equal(held(*[x.copy() for x in operands]), want)
+        assert held.puts == len(operands)
+        # One operand changed: it alone is put, and fetched once by each actor.
+        changed = list(operands)
+        changed[3] = changed[3] + 1
+        np.testing.assert_array_equal(
+            held(*changed), reference.einsum(subscripts, *changed, path=plan.path)
+        )
+        assert held.puts == len(operands) + 1
+        assert held.fetched() == [len(operands) + 1] * 2
+        np.testing.assert_array_equal(
+            held(), reference.einsum(subscripts, *changed, path=plan.path)
+        )  # (what a call changed is held)
+
+
+def test_a_contraction_awaited_from_an_event_loop(local_cluster: None) -> None:
+    import anyio
+
+    subscripts, operands = network(23, "minplus", "float64")
+    _, plan, want = in_eighths(subscripts, operands, "minplus")
+    held = cluster.Contraction(
+        subscripts, *operands, semiring="minplus", optimize=plan, actors=1, backend="numpy"
+    )
+    try:
+
+        async def twice() -> list[Any]:
+            return [await held.run(), await held.run(*operands)]
+
+        for got in anyio.run(twice):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        held.close()
+    with pytest.raises(ValueError, match="this Contraction is closed: make a new one"):
+        held()
+
+
+def test_a_contractions_killed_worker_is_started_again_with_the_right_value(
+    local_cluster: None,
+) -> None:
+    """An actor killed between calls, and one killed while a call runs: Ray starts it again
+    and retries the call there, the operands fetched again; never a wrong value. Without
+    retries, a killed actor's call raises Ray's error."""
+    subscripts, operands = network(29, "maxplus", "int32")
+    _, plan, want = in_eighths(subscripts, operands, "maxplus")
+    with cluster.Contraction(subscripts, *operands, optimize=plan, backend="numpy") as held:
+        np.testing.assert_array_equal(held(), want)
+        ray.kill(held.actors[0], no_restart=False)
+        np.testing.assert_array_equal(held(), want)
+        assert held.fetched()[0] == len(operands)  # (all again, on the restarted actor)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            running = pool.submit(held)  # a call in flight, its first actor killed under it
+            ray.kill(held.actors[0], no_restart=False)
+            np.testing.assert_array_equal(running.result(timeout=120), want)
+    with cluster.Contraction(
+        subscripts, *operands, optimize=plan, backend="numpy", retries=0
+    ) as fragile:
+        np.testing.assert_array_equal(fragile(), want)
+        ray.kill(fragile.actors[0])
+        with pytest.raises(ray.exceptions.RayActorError):
+            fragile()
+
+
+def test_what_a_contraction_refuses(local_cluster: None) -> None:
+    subscripts, operands = network(31, "maxplus", "float32")
+    with pytest.raises(ValueError, match="actors must be an int >= 1, got 0"):
+        cluster.Contraction(subscripts, *operands, actors=0, backend="numpy")
+    with pytest.raises(ValueError, match=r"^actors must be at most the cluster's 2 CPUs .* got 3"):
+        cluster.Contraction(subscripts, *operands, actors=3, backend="numpy")
+    with pytest.raises(ValueError, match="retries must be an int >= 0, got -1"):
+        cluster.Contraction(subscripts, *operands, retries=-1, backend="numpy")
+    with pytest.raises(RuntimeError, match="the Ray cluster has no GPU, so no actor of"):
+        cluster.Contraction(subscripts, *operands)
+    with cluster.Contraction(subscripts, *operands, backend="numpy") as held:
+        with pytest.raises(ValueError, match=r"pass every operand anew \(\d+\), or none"):
+            held(operands[0])
+        wrong = [x.astype(np.float64) for x in operands]
+        with pytest.raises(ValueError, match=r"operand 0 must be of shape .* and dtype float32"):
+            held(*wrong)

@@ -16,8 +16,16 @@ slice numbers (as many tasks as the cluster has GPUs, by default), contracts the
 each of its slices' value. Scheduling, retries of a task whose worker died, and moving the
 arrays are Ray's. With ``argmax=True`` (GPUs only) one more task contracts the winning slice
 with its argmax. Needs ``pip install 'aionvrtc[ray]'``.
+
+A network contracted again and again lives on the cluster as a ``Contraction``: its operands
+put once, Ray actors (one a GPU) holding the plan, the operands on their GPUs and what they
+prepared and compiled across calls, a call sending only the operands that changed::
+
+    with cluster.Contraction(subscripts, *operands, optimize=plan) as contraction:
+        value = contraction()            # the operands held
+        value = contraction(*changed)    # those that differ put again, the rest reused
 """
 
-from .networks._cluster import einsum
+from .networks._cluster import Contraction, einsum
 
-__all__ = ["einsum"]
+__all__ = ["Contraction", "einsum"]

@@ -1,6 +1,7 @@
-"""``tropical.cluster.einsum``: a sliced contraction's slices as Ray tasks (tropical/cluster.py
-says how it is used), and the tasks' bodies: a share of the slices on a GPU (_sliced) or with
-the NumPy reference, and the winning slice's assignment."""
+"""``tropical.cluster``: a sliced contraction's slices as Ray tasks (``einsum``), or held by Ray
+actors across calls (``Contraction``); tropical/cluster.py says how they are used. The tasks'
+and actors' bodies: a share of the slices on a GPU (_sliced) or with the NumPy reference, and
+the winning slice's assignment."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..products import Semiring, cupy_module
 from ..products import semiring as lookup
 from ._plan import EinsumPlan
 from ._planner import einsum_plan
@@ -17,7 +19,7 @@ from ._runs import check_scalar
 from ._slicing import best_slice, sum_into
 from ._subscripts import check_semiring
 
-__all__ = ["einsum"]
+__all__ = ["Contraction", "einsum"]
 
 _BACKENDS = ("cupy", "numpy")
 
@@ -80,6 +82,46 @@ def einsum(
     """
     import ray
 
+    planned, arrays, shares = _planned(
+        subscripts, operands, semiring=semiring, argmax=argmax, optimize=optimize,
+        memory_limit=memory_limit, workers=tasks, backend=backend, name="tasks",
+        caller="tropical.cluster.einsum",
+    )  # fmt: skip
+    options = {"num_gpus": 1} if backend == "cupy" else {"num_cpus": 1}
+    task = ray.remote(_contract).options(**options)
+    stored = [ray.put(x) for x in arrays]
+    plan = ray.put(planned)
+    done = ray.get([
+        task.remote(plan, semiring, backend, share, argmax, *stored) for share in shares
+    ])  # fmt: skip
+    total, best = _summed(lookup(semiring), done, argmax=argmax)
+    if best is None:
+        return total
+    found = ray.get(
+        ray.remote(_assignment).options(num_gpus=1).remote(plan, semiring, best, *stored)
+    )
+    return total, found
+
+
+def _planned(
+    subscripts: str,
+    operands: Sequence[Any],
+    *,
+    semiring: str,
+    argmax: bool,
+    optimize: Any,
+    memory_limit: int | None,
+    workers: int | None,
+    backend: str,
+    name: str,
+    caller: str,
+) -> tuple[EinsumPlan, list[Any], list[tuple[int, int]]]:
+    """What ``einsum`` and ``Contraction`` check first, and plan: the plan, the operands as
+    NumPy arrays, and the shares of consecutive slices, at most ``workers`` (the argument
+    ``name``; default: the cluster's GPUs, or CPUs for ``backend="numpy"``), as even as they
+    come."""
+    import ray
+
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
     if argmax and backend != "cupy":
@@ -87,12 +129,11 @@ def einsum(
             "argmax=True finds the assignment on a GPU: use backend='cupy' (the NumPy reference "
             "has no argmax)"
         )
-    ring = lookup(semiring)
     check_semiring(subscripts, semiring)
     arrays = [np.asarray(x) for x in operands]
     planned = einsum_plan(subscripts, *arrays, optimize=optimize, memory_limit=memory_limit)
     if argmax:
-        check_scalar(planned, "tropical.cluster.einsum")
+        check_scalar(planned, caller)
     count = planned.slicing.count if planned.slicing is not None else 1
     if not ray.is_initialized():
         raise RuntimeError(
@@ -103,34 +144,31 @@ def einsum(
     available = int(ray.cluster_resources().get(resource, 0))  # type: ignore[no-untyped-call]
     if backend == "cupy" and available < 1:
         raise RuntimeError(
-            "the Ray cluster has no GPU, so no task of backend='cupy' could ever run; start "
-            "workers with GPUs, or pass backend='numpy' for CPU workers"
+            f"the Ray cluster has no GPU, so no {name[:-1]} of backend='cupy' could ever run; "
+            "start workers with GPUs, or pass backend='numpy' for CPU workers"
         )
-    if tasks is None:
-        tasks = max(1, available)
-    if isinstance(tasks, bool) or not isinstance(tasks, int | np.integer) or tasks < 1:
-        raise ValueError(f"tasks must be an int >= 1, got {tasks!r}")
-    options = {"num_gpus": 1} if backend == "cupy" else {"num_cpus": 1}
-    task = ray.remote(_contract).options(**options)
-    stored = [ray.put(x) for x in arrays]
-    plan = ray.put(planned)
-    # At most ``tasks`` shares of consecutive slices, as even as they come.
-    cuts = np.linspace(0, count, min(int(tasks), count) + 1).round().astype(int)
-    done = ray.get([
-        task.remote(plan, ring.name, backend, (int(a), int(b)), argmax, *stored)
-        for a, b in itertools.pairwise(cuts)
-    ])  # fmt: skip
+    if workers is None:
+        workers = max(1, available)
+    if isinstance(workers, bool) or not isinstance(workers, int | np.integer) or workers < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {workers!r}")
+    if name == "actors" and workers > available:  # (an actor holds its GPU or CPU for life)
+        raise ValueError(
+            f"actors must be at most the cluster's {available} {resource}s (each actor holds "
+            f"one for its life, so one more would wait forever), got {workers}"
+        )
+    cuts = np.linspace(0, count, min(int(workers), count) + 1).round().astype(int)
+    return planned, arrays, [(int(a), int(b)) for a, b in itertools.pairwise(cuts)]
+
+
+def _summed(ring: Semiring, done: Sequence[tuple[Any, Any]], *, argmax: bool) -> tuple[Any, Any]:
+    """The shares' sums summed (``done``: each share's sum and its slices' values, in slice
+    order), and with ``argmax`` the number of the first slice that attains the total."""
     total = np.array(done[0][0])  # (Ray's results are read-only views of its store)
     for part, _ in done[1:]:
         sum_into(ring.add, np, total, part)
     if not argmax:
-        return total
-    values = np.concatenate([scores for _, scores in done])
-    best = best_slice(ring.add, values)
-    found = ray.get(
-        ray.remote(_assignment).options(num_gpus=1).remote(plan, ring.name, best, *stored)
-    )
-    return total, found
+        return total, None
+    return total, best_slice(ring.add, np.concatenate([scores for _, scores in done]))
 
 
 def _contract(
@@ -177,3 +215,255 @@ def _assignment(planned: EinsumPlan, semiring: str, best: int, *arrays: Any) -> 
     from ._sliced import assignment_sync
 
     return assignment_sync(planned, semiring, arrays, best)
+
+
+class Contraction:
+    """A contraction that lives on a Ray cluster, contracted again with each call.
+
+    Made once: the plan is made here, the operands are put once in Ray's object store, and
+    one Ray actor per share of the slices (one GPU each, or one CPU with
+    ``backend="numpy"``) holds the plan, its copy of the operands (on its GPU), and what it
+    prepared and compiled for its slices (the plans of one slice, the prepared steps, the
+    programs: ``tropical.einsum``'s caches, in the actor's process) across calls. A call
+    (``contraction()``, or ``await contraction.run()``) sends each actor only the references
+    of the operands; an operand given anew to a call is put again only where it differs
+    from the one held, and each actor fetches only the operands it has not seen. The
+    actors' sums are summed here; with ``argmax=True`` the actor holding the winning slice
+    finds its assignment.
+
+    Scheduling, object transfer and retries stay Ray's: an actor whose worker dies is
+    started again (``retries`` times) and the call it was running is retried there, the
+    operands fetched again from the store, so a call gives the right value or raises
+    ``ray.exceptions.RayActorError``, never a wrong value. ``close()`` (or ``with``) ends
+    the actors.
+
+    Args:
+        subscripts: NumPy's einsum grammar, as ``tropical.einsum`` takes it.
+        *operands: The tensors: NumPy arrays (or what ``numpy.asarray`` takes) of one dtype
+            that ``semiring`` takes.
+        semiring: ``"maxplus"``, ``"minplus"``, ``"maxmul"`` or ``"andor"``.
+        argmax: Also find an assignment that attains the result (scalar contractions,
+            ``backend="cupy"``).
+        optimize: The order, as ``einsum_plan`` takes it (a plan from ``einsum_plan``, with
+            its slicing, to plan once).
+        memory_limit: Bytes: slice the contraction so that no intermediate of a slice holds
+            more.
+        actors: How many actors share the slices (default: the cluster's GPUs, or its CPUs
+            with ``backend="numpy"``); never more than the slices. Each holds its GPU (or
+            CPU) until ``close()``.
+        backend: ``"cupy"`` (each actor on a GPU, ``tropical.einsum``'s sliced run) or
+            ``"numpy"`` (the NumPy reference on a CPU worker, for tests and machines without
+            GPUs).
+        retries: How many times an actor is started again after its worker died, and a call
+            it was running retried (Ray's ``max_restarts`` and ``max_task_retries``).
+
+    Attributes:
+        plan: The ``EinsumPlan`` the actors run.
+        shares: Each actor's slices, as (first, past the last) slice numbers.
+        actors: The Ray actors, one per share, in order (``[]`` once closed).
+        puts: How many operands were put in the object store so far (once each when made,
+            then one per operand that a call changed).
+
+    Raises:
+        ImportError: Ray is not installed (``pip install 'aionvrtc[ray]'``).
+        ValueError: What ``tropical.cluster.einsum`` refuses; ``actors`` is not an int >= 1,
+            or more than the cluster's GPUs (CPUs for ``backend="numpy"``); ``retries`` is
+            not an int >= 0.
+        RuntimeError: As ``tropical.cluster.einsum``: no Ray cluster, or one without a GPU
+            for ``backend="cupy"``.
+    """
+
+    def __init__(
+        self,
+        subscripts: str,
+        *operands: Any,
+        semiring: str = "maxplus",
+        argmax: bool = False,
+        optimize: Any = "auto",
+        memory_limit: int | None = None,
+        actors: int | None = None,
+        backend: str = "cupy",
+        retries: int = 3,
+    ) -> None:
+        import ray
+
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        self.plan, arrays, self.shares = _planned(
+            subscripts, operands, semiring=semiring, argmax=argmax, optimize=optimize,
+            memory_limit=memory_limit, workers=actors, backend=backend, name="actors",
+            caller="tropical.cluster.Contraction",
+        )  # fmt: skip
+        self._ring, self._argmax = lookup(semiring), argmax
+        self._layouts = [(x.shape, x.dtype) for x in arrays]
+        self._refs = [ray.put(x) for x in arrays]
+        self.puts = len(self._refs)
+        resources = {"num_gpus": 1} if backend == "cupy" else {"num_cpus": 1}
+        holder = ray.remote(_Holder).options(
+            max_restarts=retries, max_task_retries=retries, **resources
+        )
+        # The plan's reference is held as long as the actors are: an actor started again
+        # after its worker died is made from it again.
+        self._plan = ray.put(self.plan)
+        self.actors: list[Any] = [
+            holder.remote(self._plan, semiring, backend, share, argmax) for share in self.shares
+        ]
+
+    def __call__(self, *operands: Any) -> Any:
+        """Contract again: with the operands held, or with ``operands`` (every one, in order;
+        those that differ from the held ones are put and sent).
+
+        Args:
+            *operands: None, or every operand anew: NumPy arrays of the shapes and dtype the
+                contraction was made with.
+
+        Returns:
+            As ``tropical.cluster.einsum``: the result, a NumPy array; with ``argmax=True``
+            the pair (value, assignment).
+
+        Raises:
+            ValueError: Operands of another number, shape or dtype; the contraction is closed.
+            ray.exceptions.RayActorError: An actor's worker died more than ``retries`` times.
+        """
+        import ray
+
+        done = ray.get(self._submit(operands))
+        total, best = _summed(self._ring, done, argmax=self._argmax)
+        if best is None:
+            return total
+        return total, ray.get(self._holder_of(best).assignment.remote(best, self._refs))
+
+    async def run(self, *operands: Any) -> Any:
+        """``contraction(*operands)`` for an event loop: the actors' results awaited, the
+        loop never blocked.
+
+        Args:
+            *operands: As ``__call__``.
+
+        Returns:
+            As ``__call__``.
+
+        Raises:
+            ValueError: As ``__call__``.
+            ray.exceptions.RayActorError: As ``__call__``.
+        """
+        refs = self._submit(operands)
+        done = [await ref for ref in refs]
+        total, best = _summed(self._ring, done, argmax=self._argmax)
+        if best is None:
+            return total
+        return total, await self._holder_of(best).assignment.remote(best, self._refs)
+
+    def fetched(self) -> list[int]:
+        """How many operands each actor has fetched from the object store so far (each once,
+        then those that calls changed; all again after a restart).
+
+        Returns:
+            One count per actor, in the order of ``shares``.
+
+        Raises:
+            ValueError: The contraction is closed.
+        """
+        import ray
+
+        return list(ray.get([actor.fetched.remote() for actor in self._live()]))
+
+    def close(self) -> None:
+        """End the actors (their GPUs' memory let go). Calls after raise a ValueError."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+
+    def __enter__(self) -> Contraction:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _live(self) -> list[Any]:
+        if not self.actors:
+            raise ValueError("this Contraction is closed: make a new one")
+        return self.actors
+
+    def _submit(self, operands: Sequence[Any]) -> list[Any]:
+        """The operands given anew (checked, the changed ones put), then each actor's call."""
+        import ray
+
+        actors = self._live()
+        if operands:
+            if len(operands) != len(self._refs):
+                raise ValueError(
+                    f"pass every operand anew ({len(self._refs)}), or none to contract the "
+                    f"ones held; got {len(operands)}"
+                )
+            for i, x in enumerate(operands):
+                new = np.asarray(x)
+                shape, dtype = self._layouts[i]
+                if (new.shape, new.dtype) != (shape, dtype):
+                    raise ValueError(
+                        f"operand {i} must be of shape {shape} and dtype {dtype}, as the "
+                        f"contraction was made with; got {new.shape} and {new.dtype}"
+                    )
+                if not np.array_equal(new, ray.get(self._refs[i]), equal_nan=new.dtype.kind == "f"):
+                    self._refs[i] = ray.put(new)
+                    self.puts += 1
+        # The references nested in a list: Ray leaves them unresolved, and each actor fetches
+        # only those it has not seen.
+        return [actor.contract.remote(self._refs) for actor in actors]
+
+    def _holder_of(self, number: int) -> Any:
+        """The actor whose share holds slice ``number``."""
+        for actor, (first, last) in zip(self._live(), self.shares, strict=True):
+            if first <= number < last:
+                return actor
+        raise AssertionError(f"no share holds slice {number}")
+
+
+class _Holder:
+    """A Ray actor's state: the plan, its share of the slices, and the operands it fetched
+    (by the references it was sent; on its GPU for ``backend="cupy"``)."""
+
+    def __init__(
+        self, planned: EinsumPlan, semiring: str, backend: str, share: tuple[int, int], scored: bool
+    ) -> None:
+        self._planned, self._semiring, self._backend = planned, semiring, backend
+        self._numbers, self._scored = range(*share), scored
+        self._held: list[tuple[Any, Any]] = []  # (reference, array) per operand
+        self._fetched = 0
+
+    def contract(self, refs: Sequence[Any]) -> tuple[Any, Any]:
+        """The sum of this share's slices and each one's value, over the operands ``refs``."""
+        arrays = self._arrays(refs)
+        if self._backend == "numpy":
+            return _on_cpu(self._planned, self._semiring, self._numbers, arrays, self._scored)
+        from ._sliced import partial_sync
+
+        return partial_sync(self._planned, self._semiring, arrays, self._numbers,
+                            scored=self._scored)  # fmt: skip
+
+    def assignment(self, best: int, refs: Sequence[Any]) -> dict[str, int]:
+        """The assignment of slice ``best`` (this share's), on this actor's GPU."""
+        from ._sliced import assignment_sync
+
+        return assignment_sync(self._planned, self._semiring, self._arrays(refs), best)
+
+    def fetched(self) -> int:
+        return self._fetched
+
+    def _arrays(self, refs: Sequence[Any]) -> list[Any]:
+        """The operands of ``refs``: those held, the others fetched (and on a GPU, copied
+        there once)."""
+        import ray
+
+        if len(self._held) != len(refs):
+            self._held = [(None, None)] * len(refs)
+        for i, ref in enumerate(refs):
+            if self._held[i][0] != ref:
+                array = ray.get(ref)
+                if self._backend == "cupy":
+                    array = cupy_module().asarray(array)
+                self._held[i] = (ref, array)
+                self._fetched += 1
+        return [array for _, array in self._held]
