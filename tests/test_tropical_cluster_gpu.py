@@ -46,3 +46,36 @@ def test_slices_as_ray_tasks_on_gpus(gpu_cluster: int, ring: str, dtype: str) ->
     )
     np.testing.assert_array_equal(value, want)
     check_assignment(subscripts, operands, ring, want, assignment)
+
+
+@pytest.mark.parametrize(("ring", "dtype"), [("maxplus", "float32"), ("minplus", "int64")])
+def test_a_contraction_on_gpu_actors_is_contracted_again(
+    gpu_cluster: int, ring: str, dtype: str
+) -> None:
+    """Actors holding the plan, the operands on their GPUs and the programs: repeated calls,
+    an operand changed (it alone put and fetched), the assignment from the winning slice's
+    actor, and an actor killed between calls, started again."""
+    seed = 47 if ring == "maxplus" else 53
+    print(f"seed {seed}, {gpu_cluster} GPU(s)")
+    rng = np.random.default_rng(seed)
+    subscripts, shapes = random_network(rng, 10, 9)
+    operands = network_values(rng, ring, dtype, shapes)
+    _, plan, want = in_eighths(subscripts, operands, ring)
+    with cluster.Contraction(subscripts, *operands, semiring=ring, optimize=plan,
+                             argmax=True) as held:  # fmt: skip
+        assert len(held.actors) == gpu_cluster
+        for _ in range(3):
+            value, assignment = held()
+            np.testing.assert_array_equal(value, want)
+            check_assignment(subscripts, operands, ring, want, assignment)
+        changed = list(operands)
+        changed[2] = network_values(rng, ring, dtype, [operands[2].shape])[0]  # (fresh values)
+        from aionvrtc.tropical import reference
+
+        again = reference.einsum(subscripts, *changed, semiring=ring, path=plan.path)
+        value, assignment = held(*changed)
+        np.testing.assert_array_equal(value, again)
+        check_assignment(subscripts, changed, ring, again, assignment)
+        assert held.puts == len(operands) + 1
+        ray.kill(held.actors[0], no_restart=False)
+        np.testing.assert_array_equal(held()[0], again)

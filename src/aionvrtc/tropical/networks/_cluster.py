@@ -297,6 +297,9 @@ class Contraction:
         self._ring, self._argmax = lookup(semiring), argmax
         self._layouts = [(x.shape, x.dtype) for x in arrays]
         self._refs = [ray.put(x) for x in arrays]
+        # What each reference holds, to compare an operand given anew with (views of the
+        # object store's copies on this node: no copy of ours).
+        self._stored = [ray.get(ref) for ref in self._refs]
         self.puts = len(self._refs)
         resources = {"num_gpus": 1} if backend == "cupy" else {"num_cpus": 1}
         holder = ray.remote(_Holder).options(
@@ -369,12 +372,15 @@ class Contraction:
         return list(ray.get([actor.fetched.remote() for actor in self._live()]))
 
     def close(self) -> None:
-        """End the actors (their GPUs' memory let go). Calls after raise a ValueError."""
+        """End the actors (their GPUs' memory let go) and let go of the operands in the object
+        store. Calls after raise a ValueError."""
         import ray
 
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
+        self._stored = []  # (the operands' objects let go with their references)
+        self._refs = []
 
     def __enter__(self) -> Contraction:
         return self
@@ -406,8 +412,9 @@ class Contraction:
                         f"operand {i} must be of shape {shape} and dtype {dtype}, as the "
                         f"contraction was made with; got {new.shape} and {new.dtype}"
                     )
-                if not np.array_equal(new, ray.get(self._refs[i]), equal_nan=new.dtype.kind == "f"):
+                if not np.array_equal(new, self._stored[i], equal_nan=new.dtype.kind == "f"):
                     self._refs[i] = ray.put(new)
+                    self._stored[i] = ray.get(self._refs[i])
                     self.puts += 1
         # The references nested in a list: Ray leaves them unresolved, and each actor fetches
         # only those it has not seen.
