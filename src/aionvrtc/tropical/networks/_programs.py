@@ -46,6 +46,7 @@ from ..products import semiring as lookup
 from ._batched import batched_network, check_batch
 from ._fusion import grouped_plan, groups
 from ._kernel_specs import einsum_spec, many_spec
+from ._lifetimes import LANES, lanes
 from ._plan import EinsumPlan
 from ._planner import planned_for
 from ._rows import THREADS, Group, many_blocks, many_row, read_in_place, tiny
@@ -78,7 +79,6 @@ _STRIDES = operator.attrgetter("strides")
 _DTYPE = operator.attrgetter("dtype")
 _DEVICE = operator.attrgetter("data.device_id")
 _POINTER = operator.attrgetter("data.ptr")
-_LANES = 8  # streams a capture forks: the most steps the graph runs side by side on its own
 # The groups of steps of a level that are small run in one launch of tropical_many (one per
 # size class), each reading its operands as they are: a group of several steps (see _fusion),
 # a tiny lone step, and one that would copy an operand first (_fusion.read_in_place).
@@ -822,15 +822,8 @@ class _Lanes:
         cupy = cupy_module()
         self._depends = depends
         self._main = main
-        self._streams = [main] + [cupy.cuda.Stream(non_blocking=True) for _ in range(_LANES - 1)]
-        self._lane: list[int] = []
-        tail: list[int] = [-1] * _LANES  # each stream's last step
-        for step, before in enumerate(depends):
-            lane = next((lane for lane, last in enumerate(tail) if last in before), -1)
-            if lane < 0:
-                lane = min(range(_LANES), key=lambda n: tail[n])
-            self._lane.append(lane)
-            tail[lane] = step
+        self._streams = [main] + [cupy.cuda.Stream(non_blocking=True) for _ in range(LANES - 1)]
+        self._lane = lanes(depends, LANES)
         self._events: dict[int, Any] = {}
         self._current = -1
         self._forked = False
