@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from aionvrtc import tropical
 from aionvrtc.tropical import reference
 
 from .support import ROOT
@@ -22,6 +23,7 @@ from .support.einsum import in_eighths, network_values, random_network
 ray = pytest.importorskip("ray", reason="tropical.cluster needs Ray: pip install 'aionvrtc[ray]'")
 
 from aionvrtc.tropical import cluster  # noqa: E402  (after ray, which it needs)
+from aionvrtc.tropical.networks import _cluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +157,23 @@ def test_a_contraction_awaited_from_an_event_loop(local_cluster: None) -> None:
 
         for got in anyio.run(twice):
             np.testing.assert_array_equal(got, want)
+        # Calls side by side with other operands: each gets its own operands' value.
+        other = [x + 1 if i % 2 else x for i, x in enumerate(operands)]
+        other_want = reference.einsum(subscripts, *other, semiring="minplus", path=plan.path)
+
+        async def side_by_side() -> list[Any]:
+            found: list[Any] = [None] * 6
+
+            async def call(n: int) -> None:
+                found[n] = await held.run(*(operands if n % 2 else other))
+
+            async with anyio.create_task_group() as group:
+                for n in range(6):
+                    group.start_soon(call, n)
+            return found
+
+        for n, got in enumerate(anyio.run(side_by_side)):
+            np.testing.assert_array_equal(got, want if n % 2 else other_want)
     finally:
         held.close()
     with pytest.raises(ValueError, match="this Contraction is closed: make a new one"):
@@ -187,19 +206,50 @@ def test_a_contractions_killed_worker_is_started_again_with_the_right_value(
             fragile()
 
 
-def test_what_a_contraction_refuses(local_cluster: None) -> None:
+def test_a_semiring_object_is_taken_as_its_name(local_cluster: None) -> None:
+    subscripts, operands = network(37, "minplus", "int32")
+    want = reference.einsum(subscripts, *operands, semiring="minplus")
+    ring = tropical.SEMIRINGS["minplus"]
+    got = cluster.einsum(subscripts, *operands, semiring=ring, backend="numpy")  # type: ignore[arg-type]
+    np.testing.assert_array_equal(got, want)
+    with cluster.Contraction(subscripts, *operands, semiring=ring, backend="numpy") as held:  # type: ignore[arg-type]
+        np.testing.assert_array_equal(held(), want)
+    with pytest.raises(ValueError, match="semiring"):
+        cluster.einsum(subscripts, *operands, semiring="bogus", backend="numpy")
+
+
+def test_what_a_contraction_refuses(local_cluster: None, monkeypatch: pytest.MonkeyPatch) -> None:
     subscripts, operands = network(31, "maxplus", "float32")
     with pytest.raises(ValueError, match="actors must be an int >= 1, got 0"):
         cluster.Contraction(subscripts, *operands, actors=0, backend="numpy")
-    with pytest.raises(ValueError, match=r"^actors must be at most the cluster's 2 CPUs .* got 3"):
-        cluster.Contraction(subscripts, *operands, actors=3, backend="numpy")
+    _, plan, _ = in_eighths(subscripts, operands, "maxplus")
+    with pytest.raises(ValueError, match=r"^actors: 3 wanted, but 2 of the cluster's 2 CPUs"):
+        cluster.Contraction(subscripts, *operands, optimize=plan, actors=3, backend="numpy")
+    # (unsliced, one actor is all a contraction takes)
+    with cluster.Contraction(subscripts, *operands, actors=3, backend="numpy") as one:
+        assert one.shares == [(0, 1)]
+    with pytest.raises(TypeError, match="einsum operands must have one dtype"):
+        cluster.Contraction(subscripts, operands[0].astype(np.float64), *operands[1:],
+                            backend="numpy")  # fmt: skip
     with pytest.raises(ValueError, match="retries must be an int >= 0, got -1"):
         cluster.Contraction(subscripts, *operands, retries=-1, backend="numpy")
     with pytest.raises(RuntimeError, match="the Ray cluster has no GPU, so no actor of"):
         cluster.Contraction(subscripts, *operands)
-    with cluster.Contraction(subscripts, *operands, backend="numpy") as held:
+    with cluster.Contraction(subscripts, *operands, optimize=plan, backend="numpy") as held:
         with pytest.raises(ValueError, match=r"pass every operand anew \(\d+\), or none"):
             held(operands[0])
         wrong = [x.astype(np.float64) for x in operands]
         with pytest.raises(ValueError, match=r"operand 0 must be of shape .* and dtype float32"):
             held(*wrong)
+        # A refused call changes nothing held: the operands before the wrong one neither.
+        want = reference.einsum(subscripts, *operands)
+        late = [x + 1 for x in operands[:-1]] + [operands[-1].astype(np.float64)]
+        with pytest.raises(ValueError, match=rf"operand {len(operands) - 1} must be of shape"):
+            held(*late)
+        assert held.puts == len(operands)
+        np.testing.assert_array_equal(held(), want)
+        # Both CPUs are held by this contraction's actors: another is refused, not left
+        # waiting forever.
+        monkeypatch.setattr(_cluster, "ACTORS_WAIT", 0.5)  # (it waits for none to end)
+        with pytest.raises(ValueError, match="but 0 of the cluster's 2 CPUs are free now"):
+            cluster.Contraction(subscripts, *operands, backend="numpy")

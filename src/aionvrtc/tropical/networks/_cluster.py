@@ -6,6 +6,8 @@ the winning slice's assignment."""
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,11 +19,13 @@ from ._plan import EinsumPlan
 from ._planner import einsum_plan
 from ._runs import check_scalar
 from ._slicing import best_slice, sum_into
-from ._subscripts import check_semiring
+from ._subscripts import check_dtypes, check_semiring
 
 __all__ = ["Contraction", "einsum"]
 
 _BACKENDS = ("cupy", "numpy")
+# Seconds a Contraction waits for its GPUs (or CPUs) to be free before it refuses.
+ACTORS_WAIT = 10.0
 
 
 def einsum(
@@ -82,7 +86,7 @@ def einsum(
     """
     import ray
 
-    planned, arrays, shares = _planned(
+    ring, planned, arrays, shares = _planned(
         subscripts, operands, semiring=semiring, argmax=argmax, optimize=optimize,
         memory_limit=memory_limit, workers=tasks, backend=backend, name="tasks",
         caller="tropical.cluster.einsum",
@@ -92,13 +96,13 @@ def einsum(
     stored = [ray.put(x) for x in arrays]
     plan = ray.put(planned)
     done = ray.get([
-        task.remote(plan, semiring, backend, share, argmax, *stored) for share in shares
+        task.remote(plan, ring.name, backend, share, argmax, *stored) for share in shares
     ])  # fmt: skip
-    total, best = _summed(lookup(semiring), done, argmax=argmax)
+    total, best = _summed(ring, done, argmax=argmax)
     if best is None:
         return total
     found = ray.get(
-        ray.remote(_assignment).options(num_gpus=1).remote(plan, semiring, best, *stored)
+        ray.remote(_assignment).options(num_gpus=1).remote(plan, ring.name, best, *stored)
     )
     return total, found
 
@@ -115,11 +119,11 @@ def _planned(
     backend: str,
     name: str,
     caller: str,
-) -> tuple[EinsumPlan, list[Any], list[tuple[int, int]]]:
-    """What ``einsum`` and ``Contraction`` check first, and plan: the plan, the operands as
-    NumPy arrays, and the shares of consecutive slices, at most ``workers`` (the argument
-    ``name``; default: the cluster's GPUs, or CPUs for ``backend="numpy"``), as even as they
-    come."""
+) -> tuple[Semiring, EinsumPlan, list[Any], list[tuple[int, int]]]:
+    """What ``einsum`` and ``Contraction`` check first, and plan: the semiring, the plan, the
+    operands as NumPy arrays, and the shares of consecutive slices, at most ``workers`` (the
+    argument ``name``; default: the cluster's GPUs, or CPUs for ``backend="numpy"``; for
+    actors, those free now), as even as they come."""
     import ray
 
     if backend not in _BACKENDS:
@@ -129,6 +133,7 @@ def _planned(
             "argmax=True finds the assignment on a GPU: use backend='cupy' (the NumPy reference "
             "has no argmax)"
         )
+    ring = lookup(semiring)
     check_semiring(subscripts, semiring)
     arrays = [np.asarray(x) for x in operands]
     planned = einsum_plan(subscripts, *arrays, optimize=optimize, memory_limit=memory_limit)
@@ -147,17 +152,37 @@ def _planned(
             f"the Ray cluster has no GPU, so no {name[:-1]} of backend='cupy' could ever run; "
             "start workers with GPUs, or pass backend='numpy' for CPU workers"
         )
-    if workers is None:
-        workers = max(1, available)
-    if isinstance(workers, bool) or not isinstance(workers, int | np.integer) or workers < 1:
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int | np.integer) or workers < 1
+    ):
         raise ValueError(f"{name} must be an int >= 1, got {workers!r}")
-    if name == "actors" and workers > available:  # (an actor holds its GPU or CPU for life)
-        raise ValueError(
-            f"actors must be at most the cluster's {available} {resource}s (each actor holds "
-            f"one for its life, so one more would wait forever), got {workers}"
-        )
+    if name == "actors":  # an actor holds its GPU (or CPU) for life: those free
+        free = _free(resource, int(workers or 1), ACTORS_WAIT)
+        wanted = min(int(workers if workers is not None else max(1, free)), count)
+        if wanted > free:
+            raise ValueError(
+                f"actors: {wanted} wanted, but {free} of the cluster's {available} {resource}s "
+                "are free now (an actor holds one for its life, so one more would wait "
+                "forever): pass fewer, or close() the Contractions holding them"
+            )
+        workers = wanted
+    elif workers is None:
+        workers = max(1, available)
     cuts = np.linspace(0, count, min(int(workers), count) + 1).round().astype(int)
-    return planned, arrays, [(int(a), int(b)) for a, b in itertools.pairwise(cuts)]
+    return ring, planned, arrays, [(int(a), int(b)) for a, b in itertools.pairwise(cuts)]
+
+
+def _free(resource: str, wanted: int, wait: float) -> int:
+    """How many of the cluster's ``resource`` are free, waiting up to ``wait`` seconds for
+    ``wanted`` (actors just ended give theirs back a moment after)."""
+    import ray
+
+    deadline = time.monotonic() + wait
+    while True:
+        free = int(ray.available_resources().get(resource, 0))  # type: ignore[no-untyped-call]
+        if free >= wanted or time.monotonic() > deadline:
+            return free
+        time.sleep(0.05)
 
 
 def _summed(ring: Semiring, done: Sequence[tuple[Any, Any]], *, argmax: bool) -> tuple[Any, Any]:
@@ -248,9 +273,9 @@ class Contraction:
             its slicing, to plan once).
         memory_limit: Bytes: slice the contraction so that no intermediate of a slice holds
             more.
-        actors: How many actors share the slices (default: the cluster's GPUs, or its CPUs
-            with ``backend="numpy"``); never more than the slices. Each holds its GPU (or
-            CPU) until ``close()``.
+        actors: How many actors share the slices (default: the cluster's GPUs free now, or
+            its CPUs with ``backend="numpy"``); never more than the slices. Each holds its GPU
+            (or CPU) until ``close()``.
         backend: ``"cupy"`` (each actor on a GPU, ``tropical.einsum``'s sliced run) or
             ``"numpy"`` (the NumPy reference on a CPU worker, for tests and machines without
             GPUs).
@@ -266,9 +291,10 @@ class Contraction:
 
     Raises:
         ImportError: Ray is not installed (``pip install 'aionvrtc[ray]'``).
+        TypeError: The operands' dtypes differ, or ``semiring`` does not take theirs.
         ValueError: What ``tropical.cluster.einsum`` refuses; ``actors`` is not an int >= 1,
-            or more than the cluster's GPUs (CPUs for ``backend="numpy"``); ``retries`` is
-            not an int >= 0.
+            or more than the cluster's GPUs (CPUs for ``backend="numpy"``) free within
+            ``ACTORS_WAIT`` seconds; ``retries`` is not an int >= 0.
         RuntimeError: As ``tropical.cluster.einsum``: no Ray cluster, or one without a GPU
             for ``backend="cupy"``.
     """
@@ -287,15 +313,17 @@ class Contraction:
     ) -> None:
         import ray
 
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        if isinstance(retries, bool) or not isinstance(retries, int | np.integer) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-        self.plan, arrays, self.shares = _planned(
+        self._ring, self.plan, arrays, self.shares = _planned(
             subscripts, operands, semiring=semiring, argmax=argmax, optimize=optimize,
             memory_limit=memory_limit, workers=actors, backend=backend, name="actors",
             caller="tropical.cluster.Contraction",
         )  # fmt: skip
-        self._ring, self._argmax = lookup(semiring), argmax
+        check_dtypes(self._ring, arrays)  # (before any actor: each call would fail)
+        self._argmax = argmax
         self._layouts = [(x.shape, x.dtype) for x in arrays]
+        self._lock = threading.Lock()
         self._refs = [ray.put(x) for x in arrays]
         # What each reference holds, to compare an operand given anew with (views of the
         # object store's copies on this node: no copy of ours).
@@ -303,13 +331,14 @@ class Contraction:
         self.puts = len(self._refs)
         resources = {"num_gpus": 1} if backend == "cupy" else {"num_cpus": 1}
         holder = ray.remote(_Holder).options(
-            max_restarts=retries, max_task_retries=retries, **resources
+            max_restarts=int(retries), max_task_retries=int(retries), **resources
         )
         # The plan's reference is held as long as the actors are: an actor started again
         # after its worker died is made from it again.
-        self._plan = ray.put(self.plan)
+        self._plan: Any = ray.put(self.plan)
         self.actors: list[Any] = [
-            holder.remote(self._plan, semiring, backend, share, argmax) for share in self.shares
+            holder.remote(self._plan, self._ring.name, backend, share, argmax)
+            for share in self.shares
         ]
 
     def __call__(self, *operands: Any) -> Any:
@@ -330,11 +359,11 @@ class Contraction:
         """
         import ray
 
-        done = ray.get(self._submit(operands))
-        total, best = _summed(self._ring, done, argmax=self._argmax)
+        calls, refs = self._submit(operands)
+        total, best = _summed(self._ring, ray.get(calls), argmax=self._argmax)
         if best is None:
             return total
-        return total, ray.get(self._holder_of(best).assignment.remote(best, self._refs))
+        return total, ray.get(self._holder_of(best).assignment.remote(best, refs))
 
     async def run(self, *operands: Any) -> Any:
         """``contraction(*operands)`` for an event loop: the actors' results awaited, the
@@ -350,12 +379,15 @@ class Contraction:
             ValueError: As ``__call__``.
             ray.exceptions.RayActorError: As ``__call__``.
         """
-        refs = self._submit(operands)
-        done = [await ref for ref in refs]
+        import anyio.to_thread
+
+        # (the operands compared and put in a worker thread: O(their bytes))
+        calls, refs = await anyio.to_thread.run_sync(self._submit, operands)
+        done = [await call for call in calls]
         total, best = _summed(self._ring, done, argmax=self._argmax)
         if best is None:
             return total
-        return total, await self._holder_of(best).assignment.remote(best, self._refs)
+        return total, await self._holder_of(best).assignment.remote(best, refs)
 
     def fetched(self) -> list[int]:
         """How many operands each actor has fetched from the object store so far (each once,
@@ -381,6 +413,7 @@ class Contraction:
         self.actors = []
         self._stored = []  # (the operands' objects let go with their references)
         self._refs = []
+        self._plan = None
 
     def __enter__(self) -> Contraction:
         return self
@@ -393,32 +426,36 @@ class Contraction:
             raise ValueError("this Contraction is closed: make a new one")
         return self.actors
 
-    def _submit(self, operands: Sequence[Any]) -> list[Any]:
-        """The operands given anew (checked, the changed ones put), then each actor's call."""
+    def _submit(self, operands: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """The operands given anew (every one checked first, then the changed ones put),
+        then each actor's call: the calls, and the references they were sent (the
+        assignment's call is sent the same)."""
         import ray
 
         actors = self._live()
-        if operands:
-            if len(operands) != len(self._refs):
+        given = [np.asarray(x) for x in operands]
+        if given and len(given) != len(self._refs):
+            raise ValueError(
+                f"pass every operand anew ({len(self._refs)}), or none to contract the ones "
+                f"held; got {len(given)}"
+            )
+        for i, new in enumerate(given):
+            shape, dtype = self._layouts[i]
+            if (new.shape, new.dtype) != (shape, dtype):
                 raise ValueError(
-                    f"pass every operand anew ({len(self._refs)}), or none to contract the "
-                    f"ones held; got {len(operands)}"
+                    f"operand {i} must be of shape {shape} and dtype {dtype}, as the "
+                    f"contraction was made with; got {new.shape} and {new.dtype}"
                 )
-            for i, x in enumerate(operands):
-                new = np.asarray(x)
-                shape, dtype = self._layouts[i]
-                if (new.shape, new.dtype) != (shape, dtype):
-                    raise ValueError(
-                        f"operand {i} must be of shape {shape} and dtype {dtype}, as the "
-                        f"contraction was made with; got {new.shape} and {new.dtype}"
-                    )
+        with self._lock:  # (calls from several threads: each sends one call's operands)
+            for i, new in enumerate(given):
                 if not np.array_equal(new, self._stored[i], equal_nan=new.dtype.kind == "f"):
                     self._refs[i] = ray.put(new)
                     self._stored[i] = ray.get(self._refs[i])
                     self.puts += 1
-        # The references nested in a list: Ray leaves them unresolved, and each actor fetches
-        # only those it has not seen.
-        return [actor.contract.remote(self._refs) for actor in actors]
+            refs = list(self._refs)
+            # The references nested in a list: Ray leaves them unresolved, and each actor
+            # fetches only those it has not seen.
+            return [actor.contract.remote(refs) for actor in actors], refs
 
     def _holder_of(self, number: int) -> Any:
         """The actor whose share holds slice ``number``."""

@@ -359,7 +359,8 @@ def counted_runs(
                                 compiler=compiler, standins=standins)  # fmt: skip
         if lanes:
             return _over_lanes(planned, ring, lanes, step, modulus=modulus, top=top,
-                               stream=stream, on=on, compiler=compiler)  # fmt: skip
+                               stream=stream, on=on, compiler=compiler,
+                               standins=standins)  # fmt: skip
         if planned.slicing is None:
             return counted_run(planned, ring, arrays, xp=cupy_module(), product=step, top=top,
                                on=on, kept=kept)  # fmt: skip
@@ -409,18 +410,19 @@ def _over_lanes(
     stream: Any,
     on: Callable[[], contextlib.AbstractContextManager[Any]],
     compiler: Compiler | None,
+    standins: bool = True,
 ) -> Generator[Any, Any, tuple[Any, Any]]:
     """The slices of ``planned``, slice n on ``lanes[n % len(lanes)]`` (each lane's share
-    enqueued on its own stream, so the devices run side by side), each lane's part copied to
-    ``stream``'s device once its stream is done, and joined there (top's lists merged by
-    ``merge``, a k-best product there)."""
+    enqueued on its own stream, so a device runs while the next lane's share is enqueued),
+    each lane's part copied to ``stream``'s device once its stream is done, and joined there
+    (top's lists merged by ``merge``, a k-best product there)."""
     slicing = planned.slicing
     assert slicing is not None
     parts = []
     for number, lane in enumerate(lanes):
         there = on_stream(lane.device, lane.stream)
         step = _counted_product(ring, top=top, modulus=modulus, stream=lane.stream, on=there,
-                                compiler=compiler)  # fmt: skip
+                                compiler=compiler, standins=standins)  # fmt: skip
         share = range(number, slicing.count, len(lanes))
         part = yield from counted_slices(planned, lane.each, ring, lane.arrays,
                                          xp=cupy_module(), product=step, modulus=modulus,
@@ -457,6 +459,7 @@ def _over_lanes(
 def _brought(x: Any, stream: Any) -> Any:
     """A copy of ``x`` (C-contiguous, on another device) on the current one, enqueued on
     ``stream``."""
+    assert x.flags.c_contiguous  # (every part a run makes: its own arrays)
     copy = cupy_module().empty(x.shape, x.dtype)
     if x.size:
         copy.data.copy_from_device_async(x.data, x.nbytes, stream)
