@@ -18,7 +18,7 @@ from aionvrtc.tropical import SEMIRINGS, reference
 from aionvrtc.tropical.networks._counted import count_bound, join_counted, joined, merged
 from aionvrtc.tropical.networks._residues import moduli
 
-from .support.counted import driven, follow, numpy_product
+from .support.counted import driven, follow, numpy_product, pairwise_path
 from .support.einsum import (
     CASES,
     IDS,
@@ -32,19 +32,6 @@ from .support.einsum import (
     sliced_plan,
     with_output,
 )
-
-
-def pairwise_path(data: st.DataObject, n: int) -> list[tuple[int, ...]]:
-    """A random order of pairs, as the GPU's plans take them; for one operand, its own sums
-    as a step."""
-    if n == 1:
-        return [(0,)]
-    path: list[tuple[int, ...]] = []
-    while n > 1:
-        picked = data.draw(st.permutations(range(n)), label="order")[:2]
-        path.append(tuple(sorted(picked)))
-        n -= 1
-    return path
 
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)

@@ -24,7 +24,7 @@ from aionvrtc.tropical.networks._counted_walks import (
     walked_indices,
 )
 
-from .support.counted import follow
+from .support.counted import follow, pairwise_path
 from .support.einsum import (
     CASES,
     IDS,
@@ -57,16 +57,6 @@ def tied_values(rng: np.random.Generator, ring: str, dtype: Any, shapes: Any) ->
         np.where(rng.random(shape) < 0.1, zero, rng.integers(low, 3, size=shape)).astype(dtype)
         for shape in shapes
     ]
-
-
-def pairwise_path(data: st.DataObject, n: int) -> list[tuple[int, ...]]:
-    if n == 1:
-        return [(0,)]
-    path: list[tuple[int, ...]] = []
-    while n > 1:
-        path.append(tuple(sorted(data.draw(st.permutations(range(n)), label="order")[:2])))
-        n -= 1
-    return path
 
 
 @pytest.mark.parametrize(("ring", "dtype"), CASES, ids=IDS)

@@ -8,13 +8,14 @@ from collections.abc import Generator
 from typing import Any
 
 import numpy as np
+from hypothesis import strategies as st
 
 from aionvrtc import tropical
 from aionvrtc.tropical import SEMIRINGS, reference
 from aionvrtc.tropical.networks._counted import counted_run, counted_slices
 from aionvrtc.tropical.networks._counting import _contract_best  # the CPU's k-best step
 
-__all__ = ["driven", "follow", "numpy_product"]
+__all__ = ["driven", "follow", "numpy_product", "pairwise_path"]
 
 
 def follow(
@@ -73,3 +74,16 @@ def numpy_product(ring: str, *, modulus: int | None = None, top: int | None = No
         yield  # (a body that needs nothing done)
 
     return product
+
+
+def pairwise_path(data: st.DataObject, n: int) -> list[tuple[int, ...]]:
+    """A random order of pairs, as the GPU's plans take them; for one operand, its own sums
+    as a step."""
+    if n == 1:
+        return [(0,)]
+    path: list[tuple[int, ...]] = []
+    while n > 1:
+        picked = data.draw(st.permutations(range(n)), label="order")[:2]
+        path.append(tuple(sorted(picked)))
+        n -= 1
+    return path

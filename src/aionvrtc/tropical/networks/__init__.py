@@ -26,6 +26,7 @@ from ._program_batcher import ProgramBatcher, ProgramBatcherStats
 from ._programs import EinsumProgram, clear_programs, einsum_program, einsum_program_sync
 from ._reference import top_values
 from ._subscripts import MAX_INDICES, NetworkSubscripts
+from ._walks import check_limit
 
 __all__ = [
     "MAX_COUNTED_PROGRAMS",
@@ -38,6 +39,7 @@ __all__ = [
     "ProgramBatcher",
     "ProgramBatcherStats",
     "StepCost",
+    "check_limit",
     "clear_counted_programs",
     "clear_programs",
     "configurations",

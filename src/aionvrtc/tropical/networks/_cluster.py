@@ -204,8 +204,8 @@ def _contract(
     scored: bool,
     *arrays: Any,
 ) -> tuple[Any, Any]:
-    """In a Ray task: the sum of the slices ``range(*numbers)`` of ``planned`` and each one's
-    value (scalar contractions; else None)."""
+    """In a Ray task or a Contraction's actor: the sum of the slices ``range(*numbers)`` of
+    ``planned`` and each one's value (scalar contractions; else None)."""
     if backend == "numpy":
         return _on_cpu(planned, semiring, range(*numbers), arrays, scored)
     from ._sliced import partial_sync
@@ -236,7 +236,8 @@ def _on_cpu(
 
 
 def _assignment(planned: EinsumPlan, semiring: str, best: int, *arrays: Any) -> dict[str, int]:
-    """In a Ray task on a GPU: the assignment of slice ``best`` (or of the whole contraction)."""
+    """In a Ray task or a Contraction's actor, on a GPU: the assignment of slice ``best`` (or
+    of the whole contraction)."""
     from ._sliced import assignment_sync
 
     return assignment_sync(planned, semiring, arrays, best)
@@ -473,25 +474,18 @@ class _Holder:
         self, planned: EinsumPlan, semiring: str, backend: str, share: tuple[int, int], scored: bool
     ) -> None:
         self._planned, self._semiring, self._backend = planned, semiring, backend
-        self._numbers, self._scored = range(*share), scored
+        self._share, self._scored = share, scored
         self._held: list[tuple[Any, Any]] = []  # (reference, array) per operand
         self._fetched = 0
 
     def contract(self, refs: Sequence[Any]) -> tuple[Any, Any]:
         """The sum of this share's slices and each one's value, over the operands ``refs``."""
-        arrays = self._arrays(refs)
-        if self._backend == "numpy":
-            return _on_cpu(self._planned, self._semiring, self._numbers, arrays, self._scored)
-        from ._sliced import partial_sync
-
-        return partial_sync(self._planned, self._semiring, arrays, self._numbers,
-                            scored=self._scored)  # fmt: skip
+        return _contract(self._planned, self._semiring, self._backend, self._share,
+                         self._scored, *self._arrays(refs))  # fmt: skip
 
     def assignment(self, best: int, refs: Sequence[Any]) -> dict[str, int]:
         """The assignment of slice ``best`` (this share's), on this actor's GPU."""
-        from ._sliced import assignment_sync
-
-        return assignment_sync(self._planned, self._semiring, self._arrays(refs), best)
+        return _assignment(self._planned, self._semiring, best, *self._arrays(refs))
 
     def fetched(self) -> int:
         return self._fetched

@@ -56,6 +56,7 @@ __all__ = [
     "joined",
     "merged",
     "on_stream",
+    "strided",
 ]
 
 # A counted product of 3-D views (a, b, counts of a, counts of b): (values, counts), as a body
@@ -112,7 +113,7 @@ def counted_run(
             if step.second is None:  # a reduction: times a vector of ones, each counting once
                 k = step.first.shape[2]
                 ones = _ones(xp, ring, dtype, k, top)
-                reads.append(tuple(_strided(xp, x, (1, k, 1), (0, 1, 1), top) for x in ones))
+                reads.append(tuple(strided(xp, x, (1, k, 1), (0, 1, 1), top) for x in ones))
         (a, na), (b, nb) = reads
         value, count = yield from product(a, b, na, nb)
         if kept is not None:
@@ -188,7 +189,7 @@ def merged(
         a, na = (xp.stack(pair, axis=-2).reshape(elements, 1, 2, top)
                  for pair in ((old, new), (before, more)))  # fmt: skip
         ones = _ones(xp, ring, old.dtype, 2, top)
-        b, nb = (_strided(xp, x, (1, 2, 1), (0, 1, 1), top) for x in ones)
+        b, nb = (strided(xp, x, (1, 2, 1), (0, 1, 1), top) for x in ones)
     value, count = yield from product(a, b, na, nb)
     return value.reshape(shape), count.reshape(shape)
 
@@ -219,14 +220,14 @@ def _entries(xp: Any, ring: Semiring, x: Any, term: Term, top: int | None) -> Co
     high = sum(s * (n - 1) for s, n in zip(each, x.shape, strict=True) if s > 0)
     span = (max(high - low + 1, 1) if x.size else 1) * (top or 1)
     start = -low * (top or 1)
-    counts = _strided(xp, xp.zeros(span, np.int64)[start:], x.shape, each, top)
+    counts = strided(xp, xp.zeros(span, np.int64)[start:], x.shape, each, top)
     entries = entry_counts(ring, x) if x.size else None
     if top is None:
         if x.size:
             counts[...] = entries
         return x, counts, term
     zero = ring.zero(x.dtype)
-    lists = _strided(xp, xp.full(span, zero, x.dtype)[start:], x.shape, each, top)
+    lists = strided(xp, xp.full(span, zero, x.dtype)[start:], x.shape, each, top)
     if x.size:
         lists[..., 0] = xp.where(entries, x, zero)
         counts[..., 0] = entries
@@ -249,8 +250,8 @@ def _read(xp: Any, operand: Counted, view: View, sizes: Any, top: int | None) ->
     value, count, term = operand
     if view.copy is not None:
         value, count = (_ordered(xp, x, term, view.copy, sizes, top=top) for x in (value, count))
-    return (_strided(xp, value, view.shape, view.strides, top),
-            _strided(xp, count, view.shape, view.strides, top))  # fmt: skip
+    return (strided(xp, value, view.shape, view.strides, top),
+            strided(xp, count, view.shape, view.strides, top))  # fmt: skip
 
 
 def _ordered(
@@ -260,10 +261,10 @@ def _ordered(
     ``order`` (the lists last, with ``top``)."""
     stride_of = dict(zip(term.indices, term.strides, strict=True))
     shape = [sizes[i] for i in order]
-    return xp.ascontiguousarray(_strided(xp, x, shape, [stride_of[i] for i in order], top))
+    return xp.ascontiguousarray(strided(xp, x, shape, [stride_of[i] for i in order], top))
 
 
-def _strided(
+def strided(
     xp: Any, x: Any, shape: Sequence[int], strides: Sequence[int], top: int | None = None
 ) -> Any:
     """A view of ``x``'s memory from its first element, of ``shape`` and element ``strides``;

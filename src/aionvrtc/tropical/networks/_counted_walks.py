@@ -37,12 +37,13 @@ from ..products import (
     run_async,
     run_sync,
 )
-from ._counted import counted_runs, on_stream
+from ._counted import counted_runs, on_stream, strided
 from ._plan import EinsumPlan
 from ._planner import planned_for
 from ._runs import check_arrays, check_counted_plan, device_bytes, resolved_stream
 from ._subscripts import check_semiring
 from ._terms import contiguous
+from ._walks import check_limit
 
 __all__ = [
     "MAX_GATHER",
@@ -112,7 +113,7 @@ def walk(
     column = {c: i for i, c in enumerate(letters)}
     # Every operand by number: a view over its indices, and the indices.
     arrays: dict[int, tuple[Any, tuple[str, ...]]] = {
-        i: (_viewed(xp, x, [sizes[c] for c in term.indices], term.strides), term.indices)
+        i: (strided(xp, x, [sizes[c] for c in term.indices], term.strides), term.indices)
         for i, (x, term) in enumerate(zip(values, planned.terms, strict=True))
     }
     for step in planned.steps:  # (a split step's partials: not read, let go)
@@ -209,13 +210,6 @@ def _picked(xp: Any, x: Any, indices: Sequence[str], rows: Any, column: Mapping[
     if not indices:
         return xp.broadcast_to(xp.asarray(x), (len(rows),))
     return x[tuple(rows[:, column[c]] for c in indices)]
-
-
-def _viewed(xp: Any, x: Any, shape: Sequence[int], strides: Sequence[int]) -> Any:
-    """A view of ``x``'s memory from its first element, of ``shape`` and element
-    ``strides``."""
-    byte_strides = tuple(s * x.itemsize for s in strides)
-    return xp.lib.stride_tricks.as_strided(x, shape=tuple(shape), strides=byte_strides)
 
 
 def in_order(xp: Any, rows: Any) -> Any:
@@ -344,10 +338,7 @@ def configurations_sync(
 
 def check_walk(limit: object, first: object) -> None:
     """``limit`` and ``first`` as ``configurations`` takes them: TypeError or ValueError."""
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise TypeError(f"limit must be an int, got {type(limit).__name__}")
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
+    check_limit(limit)
     if not isinstance(first, bool):
         raise TypeError(f"first must be True or False, got {type(first).__name__}")
 

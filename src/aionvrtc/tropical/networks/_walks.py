@@ -15,7 +15,16 @@ from ..products import MAX_BYTES, Semiring, check_size, combine, entry_counts, m
 from ._contraction import Step, Term, align, prepare
 from ._counting import best, count_along, counted
 
-__all__ = ["configurations", "samples", "top_configurations"]
+__all__ = ["check_limit", "configurations", "samples", "top_configurations"]
+
+
+def check_limit(limit: object) -> None:
+    """``limit`` (the most assignments listed) as every listing takes it: an int >= 1, else
+    TypeError or ValueError naming it."""
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise TypeError(f"limit must be an int, got {type(limit).__name__}")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
 
 
 def configurations(
@@ -66,10 +75,7 @@ def configurations(
             ``max_bytes`` (the message says how many).
         TypeError: As ``einsum``; ``limit`` is not an int.
     """
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise TypeError(f"limit must be an int, got {type(limit).__name__}")
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
+    check_limit(limit)
     net = prepare(subscripts, operands, semiring, path, max_bytes, extra=(8, 1))
     if net.output:
         raise ValueError(
@@ -298,10 +304,7 @@ def top_configurations(
         OverflowError: A count passes 2^63 - 1.
         TypeError: As ``einsum``.
     """
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise TypeError(f"limit must be an int, got {type(limit).__name__}")
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
+    check_limit(limit)
     if path is None:  # pairwise steps: a step of m operands walks top^m entries a cell
         shapes = [np.shape(x) for x in operands]
         path = opt_einsum.contract_path(subscripts, *shapes, shapes=True, optimize="greedy")[0]

@@ -15,7 +15,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from ..networks import MAX_TOP
+from ..networks import MAX_TOP, check_limit
 
 __all__ = [
     "MAX_K",
@@ -97,13 +97,6 @@ def _k(k: object) -> None:
         raise TypeError(f"k must be an int (how many best values), got {type(k).__name__}")
     if not 1 <= k <= MAX_K:
         raise ValueError(f"k must be from 1 to {MAX_K}, got {k}")
-
-
-def _limit(limit: object) -> None:
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise TypeError(f"limit must be an int, got {type(limit).__name__}")
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +221,7 @@ class ConfigsMax(Property[list[Solution]]):
     sense: ClassVar[Sense] = "max"
 
     def __post_init__(self) -> None:
-        _limit(self.limit)
+        check_limit(self.limit)
         _k(self.k)
 
 
@@ -247,7 +240,7 @@ class ConfigsMin(Property[list[Solution]]):
     sense: ClassVar[Sense] = "min"
 
     def __post_init__(self) -> None:
-        _limit(self.limit)
+        check_limit(self.limit)
         _k(self.k)
 
 
@@ -264,7 +257,7 @@ class ConfigsAll(Property[list[Solution]]):
     sense: ClassVar[Sense] = "all"
 
     def __post_init__(self) -> None:
-        _limit(self.limit)
+        check_limit(self.limit)
 
 
 @dataclass(frozen=True, slots=True)
