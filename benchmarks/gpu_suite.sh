@@ -11,6 +11,9 @@
 #                                                           step profiles (einsum_roofline.py)
 #   bash benchmarks/gpu_suite.sh counting [pytest args...]  the checks given, then counted products
 #                                                           and counting's networks (SMALL=1: small)
+#   bash benchmarks/gpu_suite.sh slices [pytest args...]    the checks given, then the published
+#                                                           problems whole and in slices, with each
+#                                                           slice's program (SMALL=1: small)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/aionvrtc-out}
@@ -25,16 +28,21 @@ if ! python3 -c "import sys, cuda.pathfinder as p; sys.exit(p.locate_nvidia_head
   export CUDA_PATH=/tmp/site/nvidia/cu13
 fi
 mode=service
-case "${1:-}" in tropical | check | roofline | counting) mode=$1; shift ;; esac
+case "${1:-}" in tropical | check | roofline | counting | slices) mode=$1; shift ;; esac
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 python3 -m aionvrtc doctor --json > "$OUT/doctor.json" 2>&1
-if [ $mode = check ] || [ $mode = roofline ] || [ $mode = counting ]; then set -- -m gpu "$@"; fi
+if [ $mode != service ] && [ $mode != tropical ]; then set -- -m gpu "$@"; fi
 timeout "${TESTS_TIMEOUT:-3000}" python3 -m pytest -p no:cacheprovider -ra "$@" > "$OUT/pytest.log" 2>&1
 tests=$?
 gpu=$(head -2 "$OUT/nvidia-smi.csv" | tail -1 | cut -d, -f1)
 if [ $mode = check ]; then
   first=0 second=0
+elif [ $mode = slices ]; then
+  small=()
+  if [ "${SMALL:-0}" = 1 ]; then small=(--small); fi
+  python3 benchmarks/sliced_programs.py "${small[@]}" --out "$OUT" > "$OUT/sliced_programs.log" 2>&1
+  first=$? second=0
 elif [ $mode = counting ]; then
   python3 benchmarks/counted_products.py --out "$OUT" > "$OUT/counted_products.log" 2>&1
   first=$?

@@ -243,10 +243,10 @@ def backtrace_us(program: Any, repeats: int) -> float:
     its graph ends with (which walks the program's groups of steps, not the steps one by one)."""
     import cupy
 
-    from aionvrtc.tropical.networks._programs import _walks
+    from aionvrtc.tropical.networks._steps import walks
 
     ((launcher, module, pointers),) = [
-        launch for launch in program._units()[-1] if _walks(launch[0])
+        launch for launch in program._units()[-1] if walks(launch[0])
     ]
     cupy.cuda.Device().synchronize()  # (the units' tables are uploaded on the current stream)
     stream = cupy.cuda.Stream(non_blocking=True)

@@ -408,8 +408,9 @@ def test_a_counted_program_names_wrong_operands() -> None:
 def test_every_optimum_on_the_gpu_is_the_references(
     rng: np.random.Generator, ring: str, dtype: Any
 ) -> None:
-    listed = 0
-    for _ in range(4):
+    listed = drawn = 0
+    while drawn < 4 or (listed < 4 and drawn < 16):  # (most draws have one optimum)
+        drawn += 1
         subscripts, shapes = random_network(rng, int(rng.integers(6, 11)), int(rng.integers(5, 9)))
         operands, viewed = exact_values(rng, ring, dtype, shapes)
         want_value, letters, want = reference.configurations(

@@ -323,6 +323,23 @@ def test_statistics_of_a_chain_along_two_paths() -> None:
     assert (empty.products, empty.largest_intermediate, empty.copies) == (0, 12, 0)
 
 
+def test_the_live_set_counts_each_result_until_its_last_reader() -> None:
+    # A chain of five along ((0, 1), (1, 2), (0, 1), (0, 1)): ij,jk -> ik (10 x 30), then
+    # lm,mn -> ln (40 x 60), then kl,ik -> il (10 x 40); ln lives until the last step.
+    shapes = [(10, 20), (20, 30), (30, 40), (40, 50), (50, 60)]
+    chain = einsum_plan("ij,jk,kl,lm,mn->in", *shapes, optimize=[(0, 1), (1, 2), (0, 1), (0, 1)])
+    assert [s.size for s in chain.steps] == [300, 2400, 400, 600]
+    assert [s.operands for s in chain.steps] == [(0, 1), (3, 4), (2, 5), (6, 7)]
+    # The last step, ln,il -> in, with both it reads alive: 2400 + 400 + 600 (step 2 held
+    # ik and ln with its own result: 300 + 2400 + 400, less).
+    assert chain.live_elements == 2400 + 400 + 600
+    assert chain.live_elements <= sum(s.size for s in chain.steps)
+    # The copies a step reads count while it runs (see the test of copies above: b sits
+    # between a and c in both, so both are copied), beside its result of 3.
+    copied = einsum_plan("abc,cba->b", (4, 3, 8), (8, 3, 4))
+    assert (copied.copied_elements, copied.live_elements) == (96 + 96, 96 + 96 + 3)
+
+
 SIZE_0 = [
     ("ab,->ab", [(2, 0), ()]),
     ("abc,c->ab", [(2, 0, 3), (3,)]),

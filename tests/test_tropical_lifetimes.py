@@ -1,17 +1,26 @@
 """A compiled program's buffers placed by their lifetimes (``_lifetimes``), checked against the
 graph's order worked out again by brute force: on drawn graphs of units (each after some
 earlier ones, on the lanes the capture forks), no two buffers whose uses are not all ordered
-share a byte; and what reuse gives where the order allows it."""
+share a byte; and what reuse gives where the order allows it. Then the schedule of a
+program's units (``_schedule``) on real plans, and its arena's offsets moved."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aionvrtc.tropical import einsum_plan
+from aionvrtc.tropical.networks._backtrace import Scan
+from aionvrtc.tropical.networks._fusion import groups
 from aionvrtc.tropical.networks._lifetimes import Buffer, before, lanes, placed
+from aionvrtc.tropical.networks._schedule import Arena, schedule
+from aionvrtc.tropical.networks._steps import ARENA, INPUT, VALUE
+
+from .support.einsum import kings_graph, random_network
 
 
 @st.composite
@@ -28,7 +37,7 @@ def graphs(draw: st.DrawFn) -> tuple[list[list[int]], list[int], list[Buffer]]:
     buffers = []
     for _ in range(draw(st.integers(0, 30))):
         writer = draw(st.integers(0, count - 1))
-        later = [v for v in range(count) if order[v] >> writer & 1]
+        later = [v for v in range(count) if order.precedes(writer, v)]
         readers = draw(st.lists(st.sampled_from(later), max_size=3)) if later else []
         size = draw(st.sampled_from([1, 100, 256, 1000, 4096, 70_000]))
         buffers.append(Buffer(size, frozenset([writer, *readers])))
@@ -70,7 +79,8 @@ def test_buffers_share_bytes_only_where_their_uses_are_ordered(drawn: Any) -> No
     depends, on, buffers = drawn
     preceding = closure(depends, on)
     order = before(depends, on)
-    assert [{u for u in range(len(depends)) if bits >> u & 1} for bits in order] == preceding
+    units = range(len(depends))
+    assert [{v for v in units if order.precedes(v, u)} for u in units] == preceding
     offsets, size = placed(buffers, order)
     aligned = [-(-b.nbytes // 256) * 256 for b in buffers]
     assert all(at % 256 == 0 for at in offsets)
@@ -115,3 +125,42 @@ def test_a_buffer_no_unit_uses_takes_no_space_and_order_is_checked() -> None:
     assert (offsets, size) == ([0], 0)
     with pytest.raises(ValueError, match="unit 0 depends on unit 1, which does not come first"):
         before([[1], []], [0, 0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_programs_units_run_each_group_once_after_the_groups_it_reads(seed: int) -> None:
+    """The schedule of drawn networks (and a king's subgraph, whose chains groups shorten):
+    every group in one unit, launched with the small groups of its level in one launch of
+    tropical_many, or alone; each unit after the units that make what it reads."""
+    rng = np.random.default_rng(seed)
+    if seed == 0:
+        subscripts, shapes, path = kings_graph(4)
+        plan = einsum_plan(subscripts, *shapes, optimize=path)
+    else:
+        subscripts, shapes = random_network(rng, int(rng.integers(4, 12)), 7)
+        plan = einsum_plan(subscripts, *shapes, optimize="greedy")
+    made = schedule(plan)
+    assert made.made == tuple(groups(plan))
+    placed = [group for unit in made.units for group in unit.groups]
+    assert sorted(g.root for g in placed) == sorted(g.root for g in made.made)
+    assert all(unit.many or len(unit.groups) == 1 for unit in made.units)
+    unit_of = {g.root: u for u, unit in enumerate(made.units) for g in unit.groups}
+    inputs = len(plan.terms)
+    for u, unit in enumerate(made.units):
+        assert all(d < u for d in made.depends[u])
+        makers = {unit_of[o - inputs] for g in unit.groups for o in g.leaves if o >= inputs}
+        assert set(made.depends[u]) == makers
+    if seed == 0:  # the king's chains run as groups of several steps, in few launches
+        assert len(made.made) < len(plan.steps)
+        assert len(made.units) < len(made.made)
+
+
+def test_an_arena_placed_anew_moves_each_block_and_what_lies_in_it() -> None:
+    # Three blocks as the steps placed them (at 0, 256 and 1024), placed anew at 256, 0, 0.
+    moved = Arena(512, (0, 256, 1024), (256, 0, 0))
+    assert [moved.at(v) for v in (0, 200, 256, 300, 1024, 1100)] == [256, 456, 0, 44, 0, 76]
+    sources = ((INPUT, 1024), (ARENA, 300), (VALUE, 7), (ARENA, 1024))
+    assert moved.moved(sources) == ((INPUT, 1024), (ARENA, 44), (VALUE, 7), (ARENA, 0))
+    scan = Scan(0, 1024, 2, 3, 4, (1, 2, 3), (4, 5, 6))
+    assert moved.where(scan) == Scan(256, 0, 2, 3, 4, (1, 2, 3), (4, 5, 6))
+    assert moved.where(300) == 44

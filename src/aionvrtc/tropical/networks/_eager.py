@@ -48,7 +48,7 @@ def contract(
     result, arena = _enqueue(steps, (modules, instead), arrays, out, stream)
     if not argmax:
         return result
-    host = copy_back(steps, arena.ptr, stream)
+    host = copy_back(steps, arena.ptr + steps.assignment, stream)
     yield Wait(stream)  # the copy into `host` (from the arena) lands before either is freed
     del arena
     return result, assignment(steps, host)

@@ -214,6 +214,29 @@ class EinsumPlan:
         return max((step.size for step in self.steps), default=0)
 
     @property
+    def live_elements(self) -> int:
+        """The most elements of intermediates alive at once when the steps run in order (each
+        result from its step to its last reader, and the copies the step reads), over the
+        plan's ``steps`` (of the whole network where sliced: a slice's own plan gives a
+        slice's): the intermediates' peak live set, which a compiled program's arena
+        (``EinsumProgram.arena_bytes``) comes near, times the itemsize."""
+        in_place, last_read = self.in_place, {}
+        for n, step in enumerate(self.steps):
+            for operand in step.operands:
+                last_read[operand] = n
+        live: dict[int, int] = {}
+        peak = 0
+        for n, step in enumerate(self.steps):
+            views = () if n in in_place else (step.first, step.second)
+            copies = sum(v.copied for v in views if v is not None)
+            peak = max(peak, sum(live.values()) + copies + step.size)
+            for operand in step.operands:
+                if last_read[operand] == n:
+                    live.pop(operand, None)
+            live[step.number] = step.size
+        return peak
+
+    @property
     def products(self) -> int:
         """(x) operations over all steps: batch * M * N * K summed."""
         return sum(s.size * s.first.shape[2] for s in self.steps)

@@ -11,7 +11,6 @@ per branch and joins them by events), so independent steps run side by side on t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import operator
 import threading
@@ -44,14 +43,24 @@ from ..products import (
 )
 from ..products import semiring as lookup
 from ._batched import batched_network, check_batch
-from ._fusion import grouped_plan, groups
+from ._fusion import grouped_plan
 from ._kernel_specs import einsum_spec, many_spec
 from ._lifetimes import LANES, lanes
 from ._plan import EinsumPlan
 from ._planner import planned_for
-from ._rows import THREADS, Group, many_blocks, many_row, read_in_place, tiny
+from ._rows import THREADS, Group, many_blocks, many_row
 from ._runs import assignment, check_out, copy_back, resolved_stream, steps_for
-from ._steps import MAX_GATHER, MAX_STEPS, Op, Steps, backtrace_launch, resolve, steps_key
+from ._schedule import Arena, Schedule, arena, schedule
+from ._steps import (
+    MAX_GATHER,
+    MAX_STEPS,
+    Op,
+    Steps,
+    backtrace_launch,
+    resolve,
+    steps_key,
+    walks,
+)
 from ._subscripts import check_semiring
 
 __all__ = [
@@ -100,8 +109,8 @@ def _aligned(nbytes: int) -> int:
 
 
 class _Layout(NamedTuple):
-    """Where a program keeps its inputs, its result and its arena (every intermediate at
-    once) in its one allocation of ``nbytes``."""
+    """Where a program keeps its inputs, its result and its arena (its steps' buffers placed
+    by their lifetimes: ``_schedule``) in its one allocation of ``nbytes``."""
 
     sizes: list[int]  # each input's bytes
     offsets: list[int]  # and where it starts
@@ -110,8 +119,8 @@ class _Layout(NamedTuple):
     nbytes: int
 
 
-def _layout(steps: Steps) -> _Layout:
-    """The layout of a program of ``steps``."""
+def _layout(steps: Steps, placed: Arena) -> _Layout:
+    """The layout of a program of ``steps`` whose arena is ``placed``."""
     item = steps.dtype.itemsize
     sizes = [int(np.prod(shape, dtype=np.int64)) * item for shape in steps.plan.shapes()]
     offsets, end = [], 0
@@ -119,7 +128,7 @@ def _layout(steps: Steps) -> _Layout:
         offsets.append(end)
         end += _aligned(nbytes)
     arena_at = end + _aligned(int(np.prod(steps.shape, dtype=np.int64)) * item)
-    return _Layout(sizes, offsets, end, arena_at, arena_at + steps.nbytes)
+    return _Layout(sizes, offsets, end, arena_at, arena_at + placed.nbytes)
 
 
 class EinsumProgram:
@@ -149,6 +158,9 @@ class EinsumProgram:
         semiring: The semiring's name.
         batch: For a program over a batch of queries, its size, the varying operands and the
             batch's index in the plan (``einsum_program(..., batch=)``).
+        made: The units its graph launches, in order (``_schedule.schedule`` of the plan).
+        placed: Where the buffers of ``steps`` (prepared without reuse) lie in its arena,
+            by their lifetimes along ``made`` (``_schedule.arena``).
 
     Attributes:
         plan: The ``EinsumPlan`` it runs.
@@ -160,8 +172,11 @@ class EinsumProgram:
         inputs: The bound input buffers, one per operand: C-contiguous CuPy arrays the program
             owns.
         output: The bound result, a CuPy array the program owns, which every call overwrites.
-        nbytes: The device memory the program holds, in bytes: its inputs, its result and every
-            intermediate at once.
+        nbytes: The device memory the program holds, in bytes: its inputs, its result and its
+            arena.
+        arena_bytes: The arena's bytes: the intermediates (results, argmaxes, copies and the
+            assignment), two of them sharing bytes where the graph orders every use of one
+            before the other's (about the peak live set: compare ``plan.live_elements``).
         launches: The kernels its graph runs (a chain of small steps takes one, and a level's
             small groups share one per size).
         copies: How many of those launches copy an operand (a small step reads its operands as
@@ -184,6 +199,8 @@ class EinsumProgram:
         semiring: str,
         *,
         batch: Batch | None = None,
+        made: Schedule,
+        placed: Arena,
     ) -> None:
         cupy = cupy_module()
         planned = steps.plan
@@ -201,7 +218,8 @@ class EinsumProgram:
         self._tables: list[Any] = []  # the tiny steps' tables, which the graph reads
         self._depends: list[tuple[int, ...]] = []
         shapes = planned.shapes()
-        sizes, offsets, output_at, arena_at, self.nbytes = _layout(steps)
+        self._made, self._placed, self.arena_bytes = made, placed, placed.nbytes
+        sizes, offsets, output_at, arena_at, self.nbytes = _layout(steps, placed)
         with OnDevice(self.device):
             self._memory = cupy.cuda.alloc(self.nbytes)
             base = self._memory.ptr
@@ -211,6 +229,8 @@ class EinsumProgram:
             )
             self.output = cupy.ndarray(self.shape, self.dtype, self._memory + output_at)
             self._arena = base + arena_at
+            if self.argmax:
+                self._assignment_at = self._arena + placed.at(steps.assignment)
             self._shapes = [tuple(s) for s in shapes]
             self._strides = [x.strides for x in self.inputs]
             self._bound = [x.data.ptr for x in self.inputs]
@@ -295,81 +315,52 @@ class EinsumProgram:
         return graph
 
     def _units(self) -> list[list[tuple[Packed, Module, list[int]]]]:
-        """The launches in groups that run in order (a unit: one step's launches, or one
-        launch of many small groups of steps), each after those in ``_depends``; the final
-        reordering and the backtrace last (after every unit). Steps are grouped (_fusion: a
-        chain of small steps contracted as one), and groups taken level by level (a group's
-        level: one more than its operands' groups'): the small groups of a level run in one
-        launch of ``tropical_many``, each reading its operands as they are (no copy)."""
-        steps = self._steps
-        planned = steps.plan
-        count, inputs = len(planned.steps), len(planned.terms)
+        """The launches of each unit of the schedule (``_schedule``), in order, each after
+        those in ``_depends``; the final reordering and the backtrace last (after every
+        unit), the backtrace walking the groups (a grouped step's argmax numbers all that
+        its steps sum)."""
+        steps, placed = self._steps, self._placed
         bound = [x.data.ptr for x in self.inputs]
         result = self.output.data.ptr
         by_step: dict[int, list[Op]] = {}
         for op in steps.ops:
             by_step.setdefault(op.step, []).append(op)
-        made = groups(planned)
-        levels: dict[int, int] = {}
-        at_level: dict[int, list[Group]] = {}
-        for group in made:
-            made_by = [levels[o - inputs] for o in group.leaves if o >= inputs]
-            levels[group.root] = level = 1 + max(made_by, default=0)
-            at_level.setdefault(level, []).append(group)
 
-        def small(group: Group) -> bool:
-            return (
-                len(group.members) > 1 or tiny(planned, group) or read_in_place(planned, group.root)
-            )
+        def launches(ops: Sequence[Op]) -> list[tuple[Packed, Module, list[int]]]:
+            return [self._backtrace(op, bound, result) if walks(op.launcher) else
+                    (op.launcher, self._modules[op.module],
+                     resolve(placed.moved(op.sources), bound, self._arena, result))
+                    for op in ops]  # fmt: skip
 
-        def launches(number: int) -> list[tuple[Packed, Module, list[int]]]:
-            return [
-                (op.launcher, self._modules[op.module],
-                 resolve(op.sources, bound, self._arena, result))
-                for op in by_step.get(number, [])
-            ]  # fmt: skip
-
-        units: list[list[tuple[Packed, Module, list[int]]]] = []
-        members: list[list[Group]] = []
-        for level in sorted(at_level):
-            here = at_level[level]
-            # The small groups in one launch per size class (a launch's grid is its largest
-            # group's: a tiny group beside a large one would take as many blocks, idle).
-            classes: dict[int, list[Group]] = {}
-            for group in filter(small, here):
-                classes.setdefault(many_blocks(planned, group).bit_length(), []).append(group)
-            for _, batch in sorted(classes.items()):
-                units.append(self._many(batch, bound, result))
-                members.append(batch)
-            for group in here:
-                if not small(group):
-                    units.append(launches(group.root))
-                    members.append([group])
-        unit_of = {group.root: u for u, batch in enumerate(members) for group in batch}
-        self._depends = [
-            tuple(sorted(
-                {unit_of[o - inputs] for group in batch for o in group.leaves if o >= inputs}
-            ))
-            for batch in members
-        ]  # fmt: skip
-        ends = by_step.get(count, [])  # after the last step: joins every stream
-        if self.argmax and len(made) < count:  # the backtrace walks the groups
-            ends = [self._backtrace(made, op) if _walks(op.launcher) else op for op in ends]
-        by_step[count] = ends
-        units.append(launches(count))
+        units = [
+            self._many(unit.groups, bound, result)
+            if unit.many
+            else launches(by_step.get(unit.groups[0].root, []))
+            for unit in self._made.units
+        ]
+        self._depends = list(self._made.depends)
+        ends = by_step.get(len(steps.plan.steps), [])  # after the last step: joins every stream
+        units.append(launches(ends))
         return units
 
-    def _backtrace(self, made: list[Group], op: Op) -> Op:
-        """The backtrace's launch ``op``, walking ``made`` instead of the steps one by one (a
-        grouped step's argmax numbers all that its steps sum)."""
-        steps = self._steps
-        where = [steps.argmaxes[group.root] for group in made]
+    def _backtrace(
+        self, op: Op, inputs: Sequence[int], result: int
+    ) -> tuple[Packed, Module, list[int]]:
+        """The backtrace's launch ``op`` made again over the arena as placed, walking the
+        schedule's groups where steps ran as one."""
+        steps, placed, made = self._steps, self._placed, list(self._made.made)
+        walked, found = steps.plan, list(steps.argmaxes)
+        if len(made) < len(steps.plan.steps):
+            walked = grouped_plan(steps.plan, made)
+            found = [steps.argmaxes[group.root] for group in made]
+        where = [placed.where(w) for w in found]
         launcher, sources, tables = backtrace_launch(
-            grouped_plan(steps.plan, made), where, self.device, steps.assignment,
-            ring=lookup(self.semiring), dtype=self.dtype,
+            walked, where, self.device, placed.at(steps.assignment), ring=lookup(self.semiring),
+            dtype=self.dtype,
         )  # fmt: skip
         self._tables += tables
-        return dataclasses.replace(op, launcher=launcher, sources=sources)
+        # (Its sources name the arena's base and the assignment as placed: not moved again.)
+        return launcher, self._modules[op.module], resolve(sources, inputs, self._arena, result)
 
     def _many(
         self, made: Sequence[Group], inputs: Sequence[int], result: int
@@ -379,10 +370,11 @@ class EinsumProgram:
         steps = self._steps
         planned = steps.plan
         rows = []
+        moved = self._placed.moved
         for group in made:
             leaves = [steps.operands[o] for o in group.leaves]
-            addresses = resolve([at for at, _ in leaves], inputs, self._arena, result)
-            c, index = resolve(steps.writes[group.root], inputs, self._arena, result)
+            addresses = resolve(moved([at for at, _ in leaves]), inputs, self._arena, result)
+            c, index = resolve(moved(steps.writes[group.root]), inputs, self._arena, result)
             rows.append(
                 many_row(
                     planned, group, [(a, t) for a, (_, t) in zip(addresses, leaves, strict=True)],
@@ -786,7 +778,7 @@ class EinsumProgram:
                 result.data.ptr, self.output.data.ptr, nbytes,
                 runtime.memcpyDeviceToDevice, handle,
             )  # fmt: skip
-        host = copy_back(self._steps, self._arena, stream) if self.argmax else None
+        host = copy_back(self._steps, self._assignment_at, stream) if self.argmax else None
         self._done.record(stream)
         self._last = handle
         return result, host
@@ -798,11 +790,6 @@ class EinsumProgram:
             f"{self.device}: {len(self.plan.steps)} steps, "
             f"{self.nbytes:,} bytes>"
         )
-
-
-def _walks(launcher: Packed) -> bool:
-    """Whether ``launcher`` is the backtrace's."""
-    return launcher.spec.name_expressions[0].startswith("einsum_backtrace<")
 
 
 def settle(done: Any, held: list[Any]) -> None:
@@ -1127,8 +1114,7 @@ def make_program(
     ``only_kept``, None where the cache would not keep the program (past MAX_PROGRAM_BYTES), or
     where its kernels are not all loaded yet (they load in the background meanwhile): a
     sliced einsum then launches the slices' prepared steps, where a program made again for
-    every call would cost its capture each time (0.3 s for a slice of 4,703 steps) and hold
-    every intermediate at once."""
+    every call would cost its capture each time (0.3 s for a slice of 4,703 steps)."""
     ring = lookup(semiring)
     check_semiring(subscripts, semiring)
     shapes, kind, where = program_arguments(operands, dtype, device)
@@ -1161,8 +1147,10 @@ def make_program(
     if only_kept and any(loaded(spec, where, compiler) is None for spec in around):
         load_soon(around, where, compiler)
         return None
-    steps = yield Offload(functools.partial(_steps, planned, ring.name, kind, argmax, where))
-    nbytes = _layout(steps).nbytes
+    steps, made, placed = yield Offload(
+        functools.partial(_steps, planned, ring.name, kind, argmax, where)
+    )
+    nbytes = _layout(steps, placed).nbytes
     keep(_sizes, key, nbytes, MAX_STEPS)
     if only_kept and nbytes > MAX_PROGRAM_BYTES:
         return None
@@ -1173,7 +1161,17 @@ def make_program(
     *modules, gather, many = yield Fetch(specs, where, compiler)
     # Preparing the launches and capturing them takes milliseconds to a second: off the loop.
     program = yield Offload(
-        functools.partial(EinsumProgram, steps, modules, gather, many, ring.name, batch=queries)
+        functools.partial(
+            EinsumProgram,
+            steps,
+            modules,
+            gather,
+            many,
+            ring.name,
+            batch=queries,
+            made=made,
+            placed=placed,
+        )
     )
     _keep(key, program)
     return program  # type: ignore[no-any-return]
@@ -1189,7 +1187,12 @@ def _around(ring: Semiring, dtype: np.dtype[Any], argmax: bool) -> list[KernelSp
     return [einsum_spec("gather", dtype.itemsize), many_spec(ring, dtype, argmax=argmax)]
 
 
-def _steps(planned: EinsumPlan, ring: str, dtype: Any, argmax: bool, device: int) -> Steps:
+def _steps(
+    planned: EinsumPlan, ring: str, dtype: Any, argmax: bool, device: int
+) -> tuple[Steps, Schedule, Arena]:
+    """A program's steps (prepared without reuse), its schedule, and its arena placed by
+    lifetimes along it (Python, O(steps) to prepare and about O(buffers^2) to place: off the
+    loop)."""
     steps = steps_for(planned, lookup(ring), dtype, argmax=argmax, device=device, reuse=False)
     if steps is None:
         empty = next(i for i, n in planned.sizes.items() if n == 0)
@@ -1197,4 +1200,5 @@ def _steps(planned: EinsumPlan, ring: str, dtype: Any, argmax: bool, device: int
             f"einsum_program: index {empty!r} has size 0, so the result is the semiring's zero "
             "and nothing is launched; call einsum for it"
         )
-    return steps
+    made = schedule(planned)
+    return steps, made, arena(steps, made)

@@ -210,9 +210,9 @@ def steps_for(
     )  # fmt: skip
 
 
-def copy_back(steps: Steps, arena: int, stream: Any) -> Any:
-    """Enqueue on ``stream`` the copy of the assignment (and the value's bytes) from the arena
-    at address ``arena`` to pinned host memory, returned (read it with ``assignment``)."""
+def copy_back(steps: Steps, at: int, stream: Any) -> Any:
+    """Enqueue on ``stream`` the copy of the assignment (and the value's bytes) from the
+    device address ``at`` to pinned host memory, returned (read it with ``assignment``)."""
     cupy = cupy_module()
     count = math.prod(steps.shape) * (len(steps.plan.sizes) + 1)
     try:  # one that ``assignment`` gave back (a pinned allocation took half this call's time)
@@ -221,7 +221,7 @@ def copy_back(steps: Steps, arena: int, stream: Any) -> Any:
         host = cupy.cuda.alloc_pinned_memory(count * 8)
     with OnDevice(steps.device):
         cupy.cuda.runtime.memcpyAsync(
-            host.ptr, arena + steps.assignment, count * 8,
+            host.ptr, at, count * 8,
             cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr,
         )  # fmt: skip
     return host

@@ -6,7 +6,8 @@ launches and enqueues them: no array object, view or plan is made per step.
 The arena holds each step's result, its argmax (argmax=True), the copies a product reads from,
 and the assignment; offsets are 256-byte aligned, as allocations of their own would be. An eager
 run reuses the space of what no later step reads (its launches run in order on one stream); a
-compiled program (``_einsum_program``) runs branches concurrently, so nothing is reused.
+compiled program runs branches concurrently, so its steps are prepared with every block apart
+and placed again by the lifetimes its graph's order gives them (``_schedule``).
 """
 
 from __future__ import annotations
@@ -43,15 +44,19 @@ from ._rows import ROW_WORDS, THREADS, lone, many_blocks, many_row, read_in_plac
 from ._terms import Step, Term, contiguous
 
 __all__ = [
+    "ARENA",
     "INPUT",
     "MAX_STEPS",
     "Op",
+    "Source",
     "Steps",
+    "VALUE",
     "backtrace_launch",
     "known",
     "prepared",
     "resolve",
     "steps_key",
+    "walks",
 ]
 
 # Where an address comes from: an input's, the arena's or the result's plus an offset, or a
@@ -100,9 +105,13 @@ class _Arena:
         self.size = 0  # the most it reached: the allocation's size
         self._free: list[tuple[int, int]] = []  # (offset, bytes), by offset
         self.reuses = reuse
+        # Without reuse, every block taken or reserved: (offset, bytes aligned), by offset.
+        self.blocks: list[tuple[int, int]] = []
 
     def take(self, nbytes: int) -> int:
         size = -(-max(nbytes, 1) // _ALIGN) * _ALIGN
+        if not self.reuses:
+            self.blocks.append((self.end, size))
         for n, (offset, free) in enumerate(self._free):
             if free >= size:
                 if free == size:
@@ -120,6 +129,8 @@ class _Arena:
             return self.size
         offset = self.size
         self.size += -(-nbytes // _ALIGN) * _ALIGN
+        if not self.reuses:
+            self.blocks.append((offset, self.size - offset))
         self.end = self.size
         return offset
 
@@ -148,7 +159,9 @@ class Steps:
     op writes, for each element of the result in C order, every index's value at
     ``assignment`` in the arena (int64 each, numbered as the plan's ``sizes``), then the
     element's bytes (one int64 word); ``argmaxes`` are each step's argmax offset in
-    the arena, or the ``Scan`` the backtrace makes instead (a program's large products)."""
+    the arena, or the ``Scan`` the backtrace makes instead (a program's large products).
+    Prepared without ``reuse``, ``blocks`` are every block of the arena as (offset, bytes),
+    by offset, each its own (a program places them anew: ``_schedule``)."""
 
     def __init__(
         self,
@@ -190,6 +203,7 @@ class Steps:
         self._values = fixups[:, 3]
         self._kinds = tuple(fixups[:, 2] == kind for kind in (INPUT, ARENA, RESULT))
         self.nbytes = made.arena.size
+        self.blocks = tuple(made.arena.blocks)
         self.assignment = made.assignment
         names, numbers = assignment_order(planned)  # (what reading an assignment needs, once)
         self.named = (names, np.array(numbers, np.intp))
@@ -295,6 +309,11 @@ def _drain(device: int, held: list[Any]) -> None:
     with contextlib.suppress(Exception), OnDevice(device):  # (the process ends, the GPU is lost)
         cupy_module().cuda.runtime.deviceSynchronize()
     held.clear()
+
+
+def walks(launcher: Packed) -> bool:
+    """Whether ``launcher`` is the backtrace's."""
+    return launcher.spec.name_expressions[0].startswith("einsum_backtrace<")
 
 
 def resolve(sources: Sequence[Source], inputs: Sequence[int], arena: int, result: int) -> list[int]:
