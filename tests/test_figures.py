@@ -312,7 +312,26 @@ HOT_HIT = r"hot hit `await compiler.compile\(spec\)` \| (\d+) ns \(([\d.]+)x"
 F32_8192 = ("maxplus float32 8192", "minplus float32 8192", "maxmul float32 8192")
 I32_8192 = ("maxplus int32 8192", "minplus int32 8192")
 
+COUNTED = "counted_products-nvidia-h100-80gb-hbm3.json"
+
+
+def counted(product: str, *forms: str) -> Read:
+    """The seconds (as ms) of ``product``'s forms in the counted products' run."""
+    return data(lambda r: [r["results"]["products"][product][f]["seconds"] * 1e3 for f in forms])
+
+
 FIGURES = [
+    # Counted products beside the value's
+    Figure(
+        r"max-plus product in float32 takes ([\d.]+) ms for the value, ([\d.]+) ms with "
+        r"`counts=True` and ([\d.]+) ms with int64 counts given; a batch of 1024 products of "
+        r"64 x 64 x 64 takes ([\d.]+) ms, ([\d.]+) ms and ([\d.]+) ms",
+        COUNTED,
+        joined(
+            counted("square 4096 maxplus float32", "value", "ones", "exact"),
+            counted("batched 1024 x 64^3 maxplus float32", "value", "ones", "exact"),
+        ),
+    ),
     # A contraction's roofline: orders by their modelled time (planning only)
     Figure(
         r"the order kept this way models at ([\d.]+) ms and ([\d.]+) ms on an H200, where the "

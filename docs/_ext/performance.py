@@ -60,6 +60,7 @@ GROUPS = (
         ("tile_sweep-nvidia-h200", "The large shape class's tiles, H200"),
         ("tile_sweep-nvidia-h200-argmax-shared-index", "The argmax kernels' tiles, H200"),
         ("sweep_steps-nvidia-h100-80gb-hbm3", "A row sweep's skinny products by kernel, H100"),
+        ("counted_products-nvidia-h100-80gb-hbm3", "Counted products beside the value's, H100"),
     )),
     Group("contractions", (
         ("tropical_einsum-nvidia-h200", "Compiled contractions against JAX and PyTorch, H200"),

@@ -6,9 +6,9 @@ A device replays one compiled program (``einsum_program``: the slice's launches 
 as a CUDA graph) per slice, gathering that slice's operands by address: the operands that hold
 a sliced index are first laid out once per call as a stack of their slices (each slice's part
 one contiguous run), the others are read as they are. Where the program would not be kept
-(past MAX_PROGRAM_BYTES: it holds every intermediate at once, and made again for every call it
-would cost its capture each time), cannot be made (out of memory), or would wait for a kernel
-not loaded yet (the program's kernels then load in the background, for a later call), the
+(past MAX_PROGRAM_BYTES: made again for every call it would cost its capture each time),
+cannot be made (out of memory), or would wait for a kernel not loaded yet (the program's
+kernels then load in the background, for a later call), the
 slice's prepared steps are launched one by one from the operands' addresses moved to that
 slice's views instead, reusing the space of what no later step reads; a step whose kernel is
 not loaded runs on one that is and computes the same product (``at_hand``). Other devices
