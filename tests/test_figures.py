@@ -320,7 +320,50 @@ def counted(product: str, *forms: str) -> Read:
     return data(lambda r: [r["results"]["products"][product][f]["seconds"] * 1e3 for f in forms])
 
 
+SLICED = "sliced_programs-nvidia-h100-80gb-hbm3.json"
+SLICED_NETS = (
+    "MIS of the random 3-regular graph (200 vertices, 300 edges)",
+    "MIS of the random 3-regular graph (220 vertices, 330 edges)",
+    "MIS of the 38x38 king's subgraph at filling 0.8 (1155 vertices, 3548 edges)",
+)
+
+
+def sliced(net: int, *keys: str, scale: float = 1e3) -> Read:
+    """``keys`` of the sliced programs' run's row of network ``net`` (of SLICED_NETS)."""
+
+    def pick(result: Any) -> list[float]:
+        (row,) = [r for r in result["results"] if r["network"] == SLICED_NETS[net]]
+        return [row[key] * scale for key in keys]
+
+    return data(pick)
+
+
 FIGURES = [
+    # Whole and in slices, with each slice's program
+    Figure(
+        r"200-vertex graph ([\d.]+) ms and ([\d.]+) ms, the 220-vertex graph ([\d.]+) ms and "
+        r"([\d.]+) ms, the king's subgraph ([\d.]+) ms and ([\d.]+) ms; with the assignment, "
+        r"([\d.]+) ms and ([\d.]+) ms, ([\d.]+) ms and ([\d.]+) ms, ([\d.]+) ms and ([\d.]+) ms",
+        SLICED,
+        joined(
+            *(sliced(net, "whole_s", "sliced_s") for net in range(3)),
+            *(sliced(net, "whole_argmax_s", "sliced_argmax_s") for net in range(3)),
+        ),
+    ),
+    Figure(
+        r"maximum independent set holds ([\d.]+) MiB, where with every intermediate apart it held "
+        r"([\d,.]+) MiB, beside a live set of ([\d.]+) MiB; those of the 200- and 220-vertex "
+        r"random 3-regular graphs' slices hold ([\d.]+) MiB and ([\d.]+) MiB \(([\d.]+) MiB and "
+        r"([\d.]+) MiB before\)",
+        SLICED,
+        joined(
+            sliced(2, "program_bytes", "program_bytes_before", "live_bytes", scale=2**-20),
+            sliced(0, "program_bytes", scale=2**-20),
+            sliced(1, "program_bytes", scale=2**-20),
+            sliced(0, "program_bytes_before", scale=2**-20),
+            sliced(1, "program_bytes_before", scale=2**-20),
+        ),
+    ),
     # Counted products beside the value's
     Figure(
         r"max-plus product in float32 takes ([\d.]+) ms for the value, ([\d.]+) ms with "

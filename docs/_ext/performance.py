@@ -73,6 +73,8 @@ GROUPS = (
         ("tensor_network_spin_glass-nvidia-h100-80gb-hbm3",
          "A 32 x 32 spin glass swept row by row, H100"),
         ("einsum_slices-nvidia-h100-80gb-hbm3", "Slices on one H100 and on two"),
+        ("sliced_programs-nvidia-h100-80gb-hbm3",
+         "The published networks whole and in slices, with each slice's program, H100"),
         ("relayout-nvidia-h200", "Before and after the split into products and networks, H200"),
     )),
     Group("planning", (

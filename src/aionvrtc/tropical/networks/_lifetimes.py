@@ -33,7 +33,7 @@ _ALIGN = 256  # each offset, as an allocation of its own would be
 @dataclass(frozen=True, slots=True)
 class Buffer:
     """A buffer of ``nbytes`` that the units ``uses`` write or read (numbered as the graph's
-    units; the first writes it, and every other use comes after it in the graph)."""
+    units)."""
 
     nbytes: int
     uses: frozenset[int]
@@ -100,7 +100,9 @@ def placed(buffers: Sequence[Buffer], order: Order) -> tuple[list[int], int]:
         if b.uses:
             uses = np.fromiter(b.uses, np.int64, len(b.uses))
             np.maximum.at(ends[i], order.lane[uses], order.place[uses])
-            starts[i] = order.reach[min(b.uses)]
+            # (Per lane, the least of what finishes before any of its uses: its first's, where
+            # every other use comes after the first, as for a buffer's writer and readers.)
+            starts[i] = order.reach[uses].min(axis=0)
     offsets = [0] * count
     # The buffers placed so far, by where they start: their ends, starts and bytes' span.
     # (Lanes first: each lane's compare runs along one row.)

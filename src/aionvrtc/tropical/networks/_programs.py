@@ -719,7 +719,9 @@ class EinsumProgram:
                 left for a new result.
         """
         with OnDevice(self.device), self._lock:
-            return self._launch((pointers, []), out, stream, self.output.nbytes)[0]
+            # (No assignment: none is returned, and a copy back into pinned memory dropped
+            # at once could land in memory the pool has handed to another call.)
+            return self._launch((pointers, []), out, stream, self.output.nbytes, assign=False)[0]
 
     def _refuse(self, i: int, x: Any, shape: tuple[int, ...]) -> None:
         cupy = cupy_module()
@@ -744,10 +746,17 @@ class EinsumProgram:
                 return self._launch(sources, out, stream, nbytes)
 
     def _launch(
-        self, sources: Any, out: Any, stream: Any, nbytes: int, gathers: Any = None
+        self,
+        sources: Any,
+        out: Any,
+        stream: Any,
+        nbytes: int,
+        gathers: Any = None,
+        *,
+        assign: bool = True,
     ) -> tuple[Any, Any]:
-        """Gather (by ``gathers``, default the inputs'), replay, copy out: enqueued on
-        ``stream``, after the previous call's work."""
+        """Gather (by ``gathers``, default the inputs'), replay, copy out (the assignment too,
+        with argmax and ``assign``): enqueued on ``stream``, after the previous call's work."""
         cupy = cupy_module()
         runtime = cupy.cuda.runtime
         handle = stream.ptr
@@ -778,7 +787,9 @@ class EinsumProgram:
                 result.data.ptr, self.output.data.ptr, nbytes,
                 runtime.memcpyDeviceToDevice, handle,
             )  # fmt: skip
-        host = copy_back(self._steps, self._assignment_at, stream) if self.argmax else None
+        host = (
+            copy_back(self._steps, self._assignment_at, stream) if self.argmax and assign else None
+        )
         self._done.record(stream)
         self._last = handle
         return result, host
