@@ -18,7 +18,6 @@ GPUs, its times not the GPU's.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -29,25 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aionvrtc import tropical
 from aionvrtc.tropical import reference
 from benchmarks._results import RESULTS, gpu_facts, median_s, write
-from benchmarks.tropical_einsum import example
-
-PUBLISHED_PATHS = RESULTS / "tensor_network_published-paths.json"
-
-
-def graphs(small: bool) -> list[Any]:
-    """The random 3-regular graphs' networks, along their kept paths (or, small, their own)."""
-    tn = example()
-    base = {"kings": [], "kings_subgraph": [], "square_spin_glass": [], "spin_glass": [],
-            "filling": 0.8,
-            "seed": 2026, "trials": 64, "plan_time": 60.0}  # fmt: skip
-    if small:
-        return list(tn.networks(argparse.Namespace(regular=[60, 80], planner="random-greedy",
-                                                   **base)))  # fmt: skip
-    nets = tn.networks(argparse.Namespace(regular=[200, 220], planner="auto", **base))
-    tn.use_paths(nets, json.loads(PUBLISHED_PATHS.read_text()), str(PUBLISHED_PATHS))
-    nets = [net for net in nets if net.path_from]
-    assert len(nets) == 2, "both published graphs have a kept path"
-    return nets
+from benchmarks.tropical_einsum import published
 
 
 def measure(net: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -149,7 +130,7 @@ def main() -> None:
         gpus = cupy.cuda.runtime.getDeviceCount()
     ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, logging_level=logging.ERROR)
     try:
-        rows = [measure(net, args) for net in graphs(args.small)]
+        rows = [measure(net, args) for net in published(args.small, kings=False)]
     finally:
         ray.shutdown()
     f = gpu_facts() if args.backend == "cupy" else {

@@ -17,7 +17,6 @@ counts from both say the joins and the steps agree. ``--small`` runs small insta
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,9 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aionvrtc import tropical
 from aionvrtc.tropical import reference
 from benchmarks._results import RESULTS, gpu_facts, median_s, write
-from benchmarks.tropical_einsum import example
+from benchmarks.tropical_einsum import example, published
 
-PUBLISHED_PATHS = RESULTS / "tensor_network_published-paths.json"
 # The most optimal configurations listed (tropical.configurations' limit).
 LISTED = 100_000
 # The most the NumPy reference lists beside them (--small): its walk takes a row at a time, 80 s
@@ -42,21 +40,10 @@ CPU_LISTED = 1_000
 def instances(small: bool) -> list[Any]:
     """The networks, each with its operands (NumPy) and its order: the published problems along
     their kept paths, and the square spin glasses swept row by row."""
+    mis = published(small)
     tn = example()
     base = {"kings": [], "spin_glass": [], "filling": 0.8, "seed": 2026, "trials": 64,
             "plan_time": 60.0}  # fmt: skip
-    if small:
-        mis = tn.networks(argparse.Namespace(
-            regular=[60, 80], kings_subgraph=[10], square_spin_glass=[], planner="random-greedy",
-            **base,
-        ))  # fmt: skip
-    else:
-        mis = tn.networks(argparse.Namespace(
-            regular=[200, 220], kings_subgraph=[38], square_spin_glass=[], planner="auto", **base,
-        ))  # fmt: skip
-        tn.use_paths(mis, json.loads(PUBLISHED_PATHS.read_text()), str(PUBLISHED_PATHS))
-        mis = [net for net in mis if net.path_from]
-        assert len(mis) == 3, "every published problem has a kept path"
     sides = [8, 10] if small else [20, 25]
     glasses = tn.networks(argparse.Namespace(
         regular=[], kings_subgraph=[], square_spin_glass=sides, planner="rows", **base,

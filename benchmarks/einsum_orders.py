@@ -29,9 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aionvrtc import tropical
 from aionvrtc.tropical.products import MODEL_FIGURES
 from benchmarks._results import RESULTS, write
-from benchmarks.tropical_einsum import example
-
-PUBLISHED_PATHS = RESULTS / "tensor_network_published-paths.json"
+from benchmarks.tropical_einsum import PUBLISHED_PATHS, example
 
 
 def orders(net: Any, args: argparse.Namespace, tn: Any) -> list[tuple[str, Any, float]]:

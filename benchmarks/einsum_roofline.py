@@ -51,9 +51,8 @@ from aionvrtc import Compiler, tropical
 from aionvrtc.tropical.networks._runs import steps_for
 from aionvrtc.tropical.products import semiring as lookup
 from benchmarks._results import RESULTS, gpu_facts, median_s, write
-from benchmarks.tropical_einsum import example
+from benchmarks.tropical_einsum import PUBLISHED_PATHS, example
 
-PUBLISHED_PATHS = RESULTS / "tensor_network_published-paths.json"
 TOP = 10  # the steps a network's table lists: those that lose most against their bounds
 
 

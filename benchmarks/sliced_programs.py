@@ -19,7 +19,6 @@ value. ``--small`` takes the 60- and 80-vertex graphs and the 10 x 10 king's sub
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,25 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aionvrtc import tropical
 from benchmarks._results import RESULTS, gpu_facts, median_s, write
-from benchmarks.tropical_einsum import example
-
-PUBLISHED_PATHS = RESULTS / "tensor_network_published-paths.json"
-
-
-def networks(small: bool) -> list[Any]:
-    """The published problems along their kept paths (or, small, small ones of their own)."""
-    tn = example()
-    base = {"kings": [], "square_spin_glass": [], "spin_glass": [], "filling": 0.8,
-            "seed": 2026, "trials": 64, "plan_time": 60.0}  # fmt: skip
-    if small:
-        return list(tn.networks(argparse.Namespace(regular=[60, 80], kings_subgraph=[10],
-                                                   planner="random-greedy", **base)))  # fmt: skip
-    nets = tn.networks(argparse.Namespace(regular=[200, 220], kings_subgraph=[38],
-                                          planner="auto", **base))  # fmt: skip
-    tn.use_paths(nets, json.loads(PUBLISHED_PATHS.read_text()), str(PUBLISHED_PATHS))
-    nets = [net for net in nets if net.path_from]
-    assert len(nets) == 3, "every published problem has a kept path"
-    return nets
+from benchmarks.tropical_einsum import published
 
 
 def measure(net: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -143,7 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     args.slice_bytes = 1 << (args.slice_log2 or (9 if args.small else 27))
     facts = gpu_facts()
-    rows = [measure(net, args) for net in networks(args.small)]
+    rows = [measure(net, args) for net in published(args.small)]
     label = facts["gpu"] + ("-small" if args.small else "")
     write(args.out, "sliced_programs", label=label, facts=facts, results=rows,
           table=table(facts, rows))  # fmt: skip

@@ -36,6 +36,8 @@ from aionvrtc import tropical
 from benchmarks._results import RESULTS, gpu_facts, write
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tensor_network.py"
+# The published problems' kept paths (examples/tensor_network.py --paths).
+PUBLISHED_PATHS = RESULTS / "tensor_network_published-paths.json"
 
 
 def example() -> Any:
@@ -46,6 +48,28 @@ def example() -> Any:
     sys.modules["tensor_network"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def published(small: bool, *, kings: bool = True) -> list[Any]:
+    """The published problems, each with its operands (NumPy) and its order: the maximum
+    independent sets of the 200- and 220-vertex random 3-regular graphs and, with ``kings``, of
+    the 38 x 38 king's subgraph at filling 0.8, along their kept paths; ``small``: the 60- and
+    80-vertex graphs and the 10 x 10 king's subgraph, on random-greedy orders of their own."""
+    tn = example()
+    base = {"kings": [], "spin_glass": [], "square_spin_glass": [], "filling": 0.8,
+            "seed": 2026, "trials": 64, "plan_time": 60.0}  # fmt: skip
+    if small:
+        return list(tn.networks(argparse.Namespace(
+            regular=[60, 80], kings_subgraph=[10] if kings else [], planner="random-greedy",
+            **base,
+        )))  # fmt: skip
+    nets = tn.networks(argparse.Namespace(
+        regular=[200, 220], kings_subgraph=[38] if kings else [], planner="auto", **base,
+    ))  # fmt: skip
+    tn.use_paths(nets, json.loads(PUBLISHED_PATHS.read_text()), str(PUBLISHED_PATHS))
+    nets = [net for net in nets if net.path_from]
+    assert len(nets) == 2 + kings, "every published problem has a kept path"
+    return nets
 
 
 def median_ms(call: Callable[[], Any], sync: Callable[[], Any], repeats: int) -> float:
