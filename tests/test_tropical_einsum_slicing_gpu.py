@@ -268,22 +268,42 @@ def test_without_a_program_the_slices_launch_their_steps(
     assert_same(got, want, f"{ring} {subscripts}\n{plan}")
 
 
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every EinsumProgram made while the test runs, in order."""
+    from aionvrtc.tropical.networks import _programs
+
+    found: list[Any] = []
+
+    class Counted(_programs.EinsumProgram):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            found.append(self)
+
+    monkeypatch.setattr(_programs, "EinsumProgram", Counted)
+    return found
+
+
+def first_program(made: list[Any], subscripts: str, arrays: Any, plan: Any, want: Any) -> Any:
+    """The sliced einsum along ``plan``, checked against ``want``, again until a program is
+    made (its kernels load in the background, where the first call found them missing; until
+    then the slices launch their steps): the program."""
+    for _ in range(1200):
+        assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
+        if made:
+            return made[0]
+        time.sleep(0.1)
+    raise AssertionError("no program was made")
+
+
 def test_slices_replay_a_program_only_where_the_cache_keeps_it(
-    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, made: list[Any]
 ) -> None:
     # A slice's program is kept (and replayed by the next call) within MAX_PROGRAM_BYTES; past
     # it none is made, where one made again for every call would cost its capture each time:
     # the slices launch their prepared steps.
     from aionvrtc.tropical.networks import _programs
 
-    made: list[Any] = []
-
-    class Counted(_programs.EinsumProgram):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(_programs, "EinsumProgram", Counted)
     subscripts, shapes = sliced_network(rng)
     operands = tensors(rng, "maxplus", "float32", shapes)
     arrays = [gpu(x) for x in operands]
@@ -292,14 +312,8 @@ def test_slices_replay_a_program_only_where_the_cache_keeps_it(
     assert plan.slicing is not None
     want = reference.einsum(subscripts, *operands, path=plan.path)
     tropical.clear_programs()
-    # Until the program's kernels are loaded (in the background, where the first call found
-    # them missing) the slices launch their steps; then the program is made, once.
-    for _ in range(1200):
-        assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
-        if made:
-            break
-        time.sleep(0.1)
-    (kept,) = made
+    kept = first_program(made, subscripts, arrays, plan, want)
+    assert made == [kept]  # made once
     assert list(_programs._programs.values()) == [kept]
     assert kept.plan.subscripts == plan.slicing.subscripts
     assert_same(tropical.einsum_sync(subscripts, *arrays, optimize=plan), want, str(plan))
@@ -322,21 +336,13 @@ def test_slices_replay_a_program_only_where_the_cache_keeps_it(
 
 
 def test_a_slice_program_kept_only_because_its_buffers_share_bytes(
-    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, made: list[Any]
 ) -> None:
     # A program's buffers are placed by their lifetimes: the arena of a slice of the 5 x 5
     # king's graph (along its row-by-row path) holds far less than its intermediates at once.
     # With MAX_PROGRAM_BYTES between the two, the program is kept and the slices replay it.
     from aionvrtc.tropical.networks import _programs
 
-    made: list[Any] = []
-
-    class Counted(_programs.EinsumProgram):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(_programs, "EinsumProgram", Counted)
     subscripts, shapes, path = kings_graph(5)
     operands = tensors(rng, "maxplus", "float32", shapes)
     arrays = [gpu(x) for x in operands]
@@ -349,13 +355,7 @@ def test_a_slice_program_kept_only_because_its_buffers_share_bytes(
     def run() -> Any:
         tropical.clear_programs()
         made.clear()
-        for _ in range(1200):  # until the program's kernels load and it is made
-            got = tropical.einsum_sync(subscripts, *arrays, optimize=plan)
-            assert_same(got, want, str(plan))
-            if made:
-                return made[0]
-            time.sleep(0.1)
-        raise AssertionError("no program was made")
+        return first_program(made, subscripts, arrays, plan, want)
 
     kept = run()
     every = kept._steps.nbytes  # the steps' blocks side by side, as the steps placed them

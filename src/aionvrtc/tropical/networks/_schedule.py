@@ -12,6 +12,7 @@ prepared steps' numbers (offsets, sources): nothing here touches a device."""
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -97,8 +98,7 @@ class Arena:
     def where(self, found: int | Scan) -> int | Scan:
         """A step's argmax offset, or its ``Scan``, moved."""
         if isinstance(found, Scan):
-            return Scan(self.at(found.a), self.at(found.b), found.m, found.n, found.k,
-                        found.a_strides, found.b_strides)  # fmt: skip
+            return dataclasses.replace(found, a=self.at(found.a), b=self.at(found.b))
         return self.at(found)
 
 
