@@ -5,7 +5,7 @@ sets of the 200- and 220-vertex random 3-regular graphs and of the 38 x 38 king'
 where at most LISTED configurations attain the optimum, every one listed on the GPU
 (``tropical.configurations``).
 
-    python benchmarks/counted_networks.py [--out DIR] [--repeats 3] [--small]
+    python benchmarks/counted_networks.py [--out DIR] [--repeats 3] [--small] [--only WORD ...]
 
 Each count is checked by a second run along another slicing of the same order (``memory_limit``
 a quarter of the largest intermediate): slices join their counts as the products do, so equal
@@ -160,7 +160,7 @@ def measure(net: Any, repeats: int, small: bool) -> dict[str, Any]:
         row["reference"] = "agrees"
     shown = ("value", "count", "value_s", "counted_s", "top3_s", "value_program_s",
              "counted_program_s", "counted_program_bytes", "configurations_s")  # fmt: skip
-    print(net.name, {k: row.get(k) for k in shown})
+    print(net.name, {k: row.get(k) for k in shown}, flush=True)
     return row
 
 
@@ -205,11 +205,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--small", action="store_true", help="small instances, and the reference")
+    parser.add_argument("--only", nargs="*", default=[], help="the networks whose names hold these")
     args = parser.parse_args()
-    rows = [measure(net, args.repeats, args.small) for net in instances(args.small)]
     f = gpu_facts()
     label = f["gpu"] + ("-small" if args.small else "")
-    write(args.out, "counted_networks", label=label, facts=f, results=rows, table=table(f, rows))
+    rows: list[dict[str, Any]] = []
+    for net in instances(args.small):
+        if args.only and not any(word in net.name for word in args.only):
+            continue
+        began = time.perf_counter()
+        rows.append(measure(net, args.repeats, args.small))
+        print(f"{net.name}: {time.perf_counter() - began:.1f} s", flush=True)
+        # Written after each network, so that a run cut short keeps what it measured.
+        write(args.out, "counted_networks", label=label, facts=f, results=rows,
+              table=table(f, rows))  # fmt: skip
 
 
 if __name__ == "__main__":

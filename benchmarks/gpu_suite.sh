@@ -10,7 +10,9 @@
 #   bash benchmarks/gpu_suite.sh roofline [pytest args...]  the checks given, then the networks'
 #                                                           step profiles (einsum_roofline.py)
 #   bash benchmarks/gpu_suite.sh counting [pytest args...]  the checks given, then counted products
-#                                                           and counting's networks (SMALL=1: small)
+#                                                           and counting's networks (SMALL=1: small;
+#                                                           NETWORKS="w ...": those named so;
+#                                                           PRODUCTS=0: no products)
 #   bash benchmarks/gpu_suite.sh slices [pytest args...]    the checks given, then the published
 #                                                           problems whole and in slices, with each
 #                                                           slice's program (SMALL=1: small)
@@ -44,11 +46,15 @@ elif [ $mode = slices ]; then
   python3 benchmarks/sliced_programs.py "${small[@]}" --out "$OUT" > "$OUT/sliced_programs.log" 2>&1
   first=$? second=0
 elif [ $mode = counting ]; then
-  python3 benchmarks/counted_products.py --out "$OUT" > "$OUT/counted_products.log" 2>&1
-  first=$?
-  small=()
+  first=0
+  if [ "${PRODUCTS:-1}" = 1 ]; then
+    python3 benchmarks/counted_products.py --out "$OUT" > "$OUT/counted_products.log" 2>&1
+    first=$?
+  fi
+  small=() only=()
   if [ "${SMALL:-0}" = 1 ]; then small=(--small); fi
-  python3 benchmarks/counted_networks.py "${small[@]}" --out "$OUT" \
+  if [ -n "${NETWORKS:-}" ]; then read -ra words <<< "$NETWORKS"; only=(--only "${words[@]}"); fi
+  python3 benchmarks/counted_networks.py "${small[@]}" "${only[@]}" --out "$OUT" \
     > "$OUT/counted_networks.log" 2>&1
   second=$?
 elif [ $mode = roofline ]; then

@@ -206,7 +206,7 @@ def test_ls_lists_and_filters(warmed: Path) -> None:
         assert (row["kind"], row["arch"]) == ("cubin", "sm_90")
         template, _, rest = row["names"][0].partition("<")
         assert template in ("tropical_gemm", "tropical_counted", "tropical_counted_rows",
-                            "tropical_top")  # fmt: skip
+                            "tropical_count", "tropical_top")  # fmt: skip
         assert rest.startswith("bool, AndOr")
         assert row["size"] == entries(warmed)[row["key"]].stat().st_size
     assert cli("cache", "ls", "--arch", "sm_80", cache=warmed) == []

@@ -5,6 +5,7 @@ and every counted kernel compiled for sm_90 (real NVRTC)."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ import pytest
 from aionvrtc import tropical
 from aionvrtc.tropical import SEMIRINGS, reference
 from aionvrtc.tropical.products._counted import (  # the launch arithmetic, without a GPU
+    WARPS_FROM_K,
+    WARPS_UP_TO,
     counted_args,
     counted_form,
     counted_grid,
@@ -23,9 +26,11 @@ from aionvrtc.tropical.products._specs import (
     COUNTED_FORMS,
     COUNTINGS,
     TOP_BOUNDS,
+    TOP_LANES,
     counted_spec,
     top_spec,
 )
+from aionvrtc.tropical.products._top import top_lanes
 
 from .support.tropical_data import brute_force_counts, compile_each_for_sm_90, operands
 
@@ -173,13 +178,24 @@ def test_counted_launches_take_the_form_and_grid_of_their_shape() -> None:
     assert counted_form(4096, 2) == "rows"  # a tensor network's tall step
     assert counted_form(3, 1 << 20) == "rows"
     assert counted_form(15, 15) == "rows"
-    assert counted_form(16, 16) == "tiles"
+    # Tiles count after the value product, unless they accumulate or K passes 32-bit tallies.
+    assert counted_form(16, 16) == counted_form(16, 16, (1 << 31) - 1) == "count"
+    assert counted_form(16, 16, accumulate=True) == counted_form(64, 64, 1 << 31) == "tiles"
+    assert counted_form(4096, 2, accumulate=True) == "rows"
+    # A long sum into few outputs: a warp each.
+    assert counted_form(4, 4, WARPS_FROM_K) == counted_form(4, 4, 1 << 20, 4096) == "warps"
+    assert counted_form(4, 4, WARPS_FROM_K - 1) == counted_form(4, 4, 1 << 20, 4097) == "rows"
     # A block per 64 x 64 tile; column tiles and batches past 65535 are looped over.
     assert counted_grid("tiles", 130, 64, 1) == (3, 1, 1)
     assert counted_grid("tiles", 64, 65536 * 64 + 1, 70000) == (1, 65535, 65535)
+    assert counted_grid("count", 130, 64, 1) == (3, 1, 1)
     # A thread per output, up to 2^20 blocks of 256.
     assert counted_grid("rows", 1000, 3, 2) == (24, 1, 1)
     assert counted_grid("rows", 1 << 30, 2, 1) == (1 << 20, 1, 1)
+    assert counted_grid("warps", 4, 4, 4) == (8, 1, 1)  # 64 outputs, a warp each
+    # The k best choose alike.
+    assert top_lanes(16, WARPS_FROM_K) == top_lanes(WARPS_UP_TO, 1 << 20) == 32
+    assert top_lanes(16, WARPS_FROM_K - 1) == top_lanes(WARPS_UP_TO + 1, 1 << 20) == 1
     each = [(i, i + 1, i + 2) for i in range(0, 18, 3)]
     args = counted_args((5, 6, 7, 8), each, modulus=7, accumulate=True)
     assert args == [5, 6, 7, 8, *range(18), 7, (1 << 64) // 7, 1]
@@ -195,15 +211,22 @@ def test_every_counted_kernel_is_in_all_specs_and_compiles_for_sm_90(tmp_path: P
     # kernels of each bound on k.
     assert len(counted) == len(CASES) * len(COUNTINGS) * len(COUNTED_FORMS)
     tops = [s for s in specs if s.name == "tropical_top.cu"]
-    assert len(tops) == len(CASES) * len(TOP_BOUNDS)
+    assert len(tops) == len(CASES) * len(TOP_BOUNDS) * len(TOP_LANES)
     assert top_spec(SEMIRINGS["minplus"], np.dtype(np.int64), kmax=8).name_expressions == (
-        "tropical_top<long long, MinPlus, 8>",
+        "tropical_top<long long, MinPlus, 8, 1>",
     )
+    warps = top_spec(SEMIRINGS["andor"], np.dtype(np.bool_), kmax=4, lanes=32)
+    assert warps.name_expressions == ("tropical_top<bool, AndOr, 4, 32>",)
+    with pytest.raises(ValueError, match=r"no k-best kernel with 8 threads per output: \(1, 32\)"):
+        top_spec(SEMIRINGS["minplus"], np.dtype(np.int64), kmax=4, lanes=8)
     with pytest.raises(ValueError, match=r"no k-best kernel for lists of 5: the bounds are"):
         top_spec(SEMIRINGS["minplus"], np.dtype(np.int64), kmax=5)
     ring, dtype = SEMIRINGS["maxplus"], np.dtype(np.float32)
     assert counted_spec(ring, dtype, counting="exact", form="tiles").name_expressions == (
         "tropical_counted<float, MaxPlus, Exact>",
+    )
+    assert counted_spec(ring, dtype, counting="modular", form="count").name_expressions == (
+        "tropical_count<float, MaxPlus, Modular>",
     )
     with pytest.raises(ValueError, match="no counted kernel 'tiles' counting 'twice'"):
         counted_spec(ring, dtype, counting="twice", form="tiles")
@@ -220,5 +243,8 @@ def test_every_counted_kernel_is_in_all_specs_and_compiles_for_sm_90(tmp_path: P
         for f in COUNTED_FORMS
     ]
     for s, d in (("maxplus", "float32"), ("andor", "bool")):
-        chosen += [top_spec(SEMIRINGS[s], np.dtype(d), kmax=k) for k in TOP_BOUNDS]
+        chosen += [
+            top_spec(SEMIRINGS[s], np.dtype(d), kmax=k, lanes=w)
+            for k, w in itertools.product(TOP_BOUNDS, TOP_LANES)
+        ]
     compile_each_for_sm_90(chosen, tmp_path)

@@ -1,6 +1,6 @@
 """Counted products on the GPU against the NumPy reference, on fresh random inputs (seeds
 printed): every semiring and type, each counting (each entry once, given int64 counts, modulo a
-prime) in both kernel forms, strided views, batches, ``out=`` and ``accumulate``, K = 0, the
+prime) in every kernel form, strided views, batches, ``out=`` and ``accumulate``, K = 0, the
 int64 bound, and a product whose kernel is not loaded running at once on the other form's."""
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import pytest
 
 from aionvrtc import Compiler, tropical
 from aionvrtc.tropical import SEMIRINGS, reference
+from aionvrtc.tropical.products import _plan_cache
 from aionvrtc.tropical.products._counted import counted_form
 from aionvrtc.tropical.products._specs import counted_spec
+from aionvrtc.tropical.products._top import top_lanes
 
 from .support.einsum import (
     PETERSEN,
@@ -32,9 +34,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
 CASES = [(s, np.dtype(d)) for s, ring in SEMIRINGS.items() for d in ring.dtypes]
 IDS = [f"{s}-{d}" for s, d in CASES]
-# (M, K, N): the skinny form on tall, wide and small products, the tiled form on odd sizes
-# past a tile and on a long K.
-SIZES = [(1, 1, 1), (4100, 9, 3), (2, 20, 3000), (15, 40, 15), (70, 33, 90), (130, 600, 65)]
+# (M, K, N): the skinny form on tall, wide and small products, a warp per output on long sums
+# into few, the tiled count pass on odd sizes past a tile and on a long K.
+SIZES = [
+    (1, 1, 1),
+    (4100, 9, 3),
+    (2, 20, 3000),
+    (15, 40, 15),
+    (3, 200, 5),
+    (2, 5000, 1),
+    (70, 33, 90),
+    (130, 600, 65),
+]
 PRIME = 2_147_483_647
 
 
@@ -59,7 +70,7 @@ def test_counted_products_match_the_reference(
 ) -> None:
     forms = set()
     for m, k, n in SIZES:
-        forms.add(counted_form(m, n))
+        forms.add(counted_form(m, n, k))
         a, b = draw(rng, ring, dtype, m, k, n)
         given = (rng.integers(0, 1 << 20, a.shape), rng.integers(0, 1 << 20, b.shape))
         for counts in (True, given):
@@ -68,7 +79,31 @@ def test_counted_products_match_the_reference(
                 got = tropical.matmul_sync(gpu(a), gpu(b), ring, counts=on_gpu, modulus=modulus)
                 want = reference.matmul(a, b, ring, counts=counts, modulus=modulus)
                 assert_counted(got, want)
-    assert forms == {"rows", "tiles"}
+                # Into the zero with accumulate: the same, by the one-pass kernel.
+                zero = SEMIRINGS[ring].zero(np.dtype(dtype))
+                out = (gpu(np.full((m, n), zero, dtype)), gpu(np.zeros((m, n), np.int64)))
+                tropical.matmul_sync(gpu(a), gpu(b), ring, counts=on_gpu, modulus=modulus,
+                                     out=out, accumulate=True)  # fmt: skip
+                assert_counted(out, want)
+    assert forms == {"rows", "warps", "count"}
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(70, 33, 90), (200, 300, 130)])
+def test_exact_counts_of_2_31_and_more_are_multiplied_in_64_bits(
+    rng: np.random.Generator, m: int, k: int, n: int
+) -> None:
+    # The count pass keeps counts below 2^31 in 32 bits; a k-tile holding a larger one reads
+    # the int64 counts of its ties instead. A few large counts, so that most tiles hold none,
+    # and some products and sums pass 2^63 (-1).
+    a, b = draw(rng, "maxplus", np.int32, m, k, n)
+    given = [rng.integers(0, 1 << 20, x.shape) for x in (a, b)]
+    for x in given:
+        large = rng.random(x.shape) < 0.002
+        large.flat[0] = True
+        x[large] = rng.integers(1 << 31, 1 << 45, int(large.sum()))
+    got = tropical.matmul_sync(gpu(a), gpu(b), counts=(gpu(given[0]), gpu(given[1])))
+    want = reference.matmul(a, b, counts=(given[0], given[1]))
+    assert_counted(got, want)
 
 
 @pytest.mark.parametrize("ring", ["maxplus", "minplus", "andor"])
@@ -158,11 +193,20 @@ async def test_a_counted_product_waits_for_no_kernel_the_other_form_can_stand_in
         x, y = draw(rng, "maxplus", np.float32, 200, 16, 300)  # the tiled form's, not loaded
         got = await tropical.matmul(gpu(x), gpu(y), counts=True, compiler=compiler)
         assert_counted(got, reference.matmul(x, y, counts=True))
+        # Its own: the value product's kernel, then the count pass, loaded in the background
+        # meanwhile; then the two passes run.
+        gx, gy = gpu(x), gpu(y)
+        value, _ = _plan_cache.find(gx, gy, "maxplus", argmax=False, out=None, accumulate=False)
+        assert value.launch is not None
         own = counted_spec(SEMIRINGS["maxplus"], np.dtype(np.float32), counting="ones",
-                           form="tiles")  # fmt: skip
-        await until_loaded(compiler, own)  # loaded in the background meanwhile
-        got = await tropical.matmul(gpu(x), gpu(y), counts=True, compiler=compiler)
+                           form="count")  # fmt: skip
+        for spec in (value.launch.spec, own):
+            await until_loaded(compiler, spec)
+        got = await tropical.matmul(gx, gy, counts=True, compiler=compiler)
         assert_counted(got, reference.matmul(x, y, counts=True))
+        ones = counted_spec(SEMIRINGS["maxplus"], np.dtype(np.float32), counting="ones",
+                            form="tiles")  # fmt: skip
+        assert compiler.loaded(ones, device=0) is None  # the one pass never ran
         assert compiler.stats().hot_compiles == 0
 
 
@@ -267,6 +311,21 @@ def test_the_k_best_on_the_gpu_match_the_reference(
         want = reference.einsum(subscripts, *operands, semiring=ring, top=top)
         np.testing.assert_array_equal(host(values), want[0])
         np.testing.assert_array_equal(host(counts), want[1])
+
+
+@pytest.mark.parametrize(("ring", "dtype"), [("maxplus", np.int32), ("minplus", np.float64)])
+@pytest.mark.parametrize("top", [1, 3, 8, 16])
+def test_the_k_best_of_long_sums_into_few_outputs_match_the_reference(
+    rng: np.random.Generator, ring: str, dtype: Any, top: int
+) -> None:
+    # 6 outputs, each a sum over 700 (a warp each, its lanes' lists merged), values 0 to 9 so
+    # that lists fill and values tie across lanes.
+    a, b = rng.integers(0, 10, (3, 700)).astype(dtype), rng.integers(0, 10, (700, 2)).astype(dtype)
+    assert top_lanes(6, 700) == 32
+    values, counts = tropical.einsum_sync("ik,kj->ij", gpu(a), gpu(b), semiring=ring, top=top)
+    want = reference.einsum("ik,kj->ij", a, b, semiring=ring, top=top)
+    np.testing.assert_array_equal(host(values), want[0])
+    np.testing.assert_array_equal(host(counts), want[1])
 
 
 def test_the_petersen_graphs_three_best_sizes_and_their_counts() -> None:

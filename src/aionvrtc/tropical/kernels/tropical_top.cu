@@ -5,9 +5,13 @@
 // tropical_counts.cuh: -1 past 2^63 - 1, the values standing). The reference's einsum(...,
 // top=k) on the GPU.
 //
-// A thread per output list, kept in registers (KMAX, a template bound on k), the outputs in
-// C's order (n fastest) with a grid-stride loop. A list's entries are contiguous (k of them);
-// the strides are in lists, and a value's list and its counts' lie alike.
+// LANES threads per output list, each keeping a list in registers (KMAX, a template bound on k),
+// the outputs in C's order (n fastest) with a grid-stride loop: a thread per output (LANES = 1),
+// or a warp per output for a long sum into few outputs (LANES = 32), each lane every 32nd k, the
+// lanes' lists then merged by shuffles (a value among the k best of the whole is among the k
+// best of every lane that has it, with its whole count there, so the merge is exact). A list's
+// entries are contiguous (k of them); the strides are in lists, and a value's list and its
+// counts' lie alike.
 #include "tropical_common.cuh"
 #include "tropical_counts.cuh"
 
@@ -36,7 +40,14 @@ __device__ __forceinline__ void insert(T (&best)[KMAX], long long (&many)[KMAX],
     }
 }
 
-template <typename T, typename S, int KMAX>
+template <typename T> __device__ __forceinline__ T top_shuffle(T x, int w) {
+    return __shfl_xor_sync(0xffffffffu, x, w);
+}
+template <> __device__ __forceinline__ bool top_shuffle(bool x, int w) {
+    return __shfl_xor_sync(0xffffffffu, (int)x, w) != 0;
+}
+
+template <typename T, typename S, int KMAX, int LANES>
 __global__ void __launch_bounds__(256) tropical_top(
     const T* __restrict__ A, const long long* __restrict__ NA,
     const T* __restrict__ B, const long long* __restrict__ NB,
@@ -47,19 +58,23 @@ __global__ void __launch_bounds__(256) tropical_top(
     long long svb, long long svm, long long svn) {
     const Modulus exact = {0, 0};
     const T zero = S::template zero<T>();
+    static_assert(LANES == 1 || LANES == 32, "a thread or a warp per output");
     const long long total = batch * M * N;
+    const int lane = threadIdx.x % LANES;
     // k - 1 hidden from the optimiser: the unrolled select of the k-th entry below, folded into
     // best[k - 1], would move the lists out of registers into local memory.
     int last_at;
     asm("mov.b32 %0, %1;" : "=r"(last_at) : "r"(k - 1));
-    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
-         t += (long long)gridDim.x * blockDim.x) {
+    // A warp's lanes share one t (LANES = 32), so a warp leaves the loop whole: the shuffles'
+    // full mask is every lane.
+    for (long long t = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / LANES; t < total;
+         t += (long long)gridDim.x * blockDim.x / LANES) {
         const long long n = t % N, r = t / N, m = r % M, b = r / M;
         T best[KMAX];
         long long many[KMAX];
         #pragma unroll
         for (int p = 0; p < KMAX; ++p) { best[p] = zero; many[p] = 0; }
-        for (long long kk = 0; kk < K; ++kk) {
+        for (long long kk = lane; kk < K; kk += LANES) {
             const long long at_a = (b * sab + m * sam + kk * sak) * k;
             const long long at_b = (b * sbb + kk * sbk + n * sbn) * k;
             for (int i = 0; i < k; ++i) {
@@ -86,6 +101,20 @@ __global__ void __launch_bounds__(256) tropical_top(
                 if (first) break;  // a's next values with b's best are worse still
             }
         }
+        #pragma unroll
+        for (int w = LANES / 2; w > 0; w /= 2) {
+            T theirs[KMAX];
+            long long held[KMAX];
+            #pragma unroll
+            for (int p = 0; p < KMAX; ++p) {
+                theirs[p] = top_shuffle(best[p], w);
+                held[p] = top_shuffle(many[p], w);
+            }
+            #pragma unroll
+            for (int p = 0; p < KMAX; ++p)
+                if (held[p] != 0) insert<S>(best, many, k, theirs[p], held[p]);
+        }
+        if (lane != 0) continue;
         const long long at_v = (b * svb + m * svm + n * svn) * k;
         #pragma unroll
         for (int p = 0; p < KMAX; ++p)

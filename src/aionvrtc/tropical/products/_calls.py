@@ -10,10 +10,12 @@ import anyio
 import anyio.to_thread
 
 from ..._compiler import Compiler
+from ..._cuda import Module
 from ..._spec import KernelSpec
 from ..._target import Target, TargetLike, as_target, resolve_target
+from ._counted import CountedLaunch
 from ._counts import check_counted
-from ._launching import first_error, load_soon, loaded
+from ._launching import Launch, first_error, load_soon, loaded
 from ._plan_cache import planned_backward, planned_counted, planned_product, ready
 from ._product_plan import batch_specs
 from ._specs import all_specs, pairs
@@ -254,8 +256,9 @@ def _counted(
     compiler: Compiler | None,
     standins: bool,
 ) -> Work[tuple[Any, Any]]:
-    """A counted product: its own kernel where loaded, else (with ``standins``) the other
-    form's where that is (its own loading in the background), else its own fetched."""
+    """A counted product: its own kernels where loaded (in two passes, the value product's
+    first, or a stand-in of it), else (with ``standins``) the other form's one pass where that
+    is (its own loading in the background), else its own fetched."""
     product, (c, made) = planned_counted(
         a, b, semiring, counts, modulus, out=out, accumulate=accumulate
     )
@@ -263,18 +266,36 @@ def _counted(
     if launch is None:
         product.fill_outputs(c, made, stream)
         return c, made
-    found = loaded(launch.spec, launch.device, compiler) if standins else None
-    if found is None:
-        other = product.standin
-        assert other is not None
-        found = loaded(other.spec, other.device, compiler) if standins else None
-        if found is not None:
-            load_soon([launch.spec], launch.device, compiler)
-            launch = other
-        else:
-            [found] = yield Fetch((launch.spec,), launch.device, compiler)
     given = (None, None) if counts is True else counts
-    launch.run(found, (a, given[0], b, given[1], c, made), stream)
+    own: list[Launch | CountedLaunch] = [launch]
+    value = None
+    if product.after_value:  # the value product into C, then its counts
+        value = planned_product(a, b, semiring, argmax=False, out=c, accumulate=False)[0]
+        assert value.launch is not None  # both have work where either has
+        own.insert(0, value.launch)
+    runs: list[tuple[Launch | CountedLaunch, Module]] = []  # each launch with its kernel, loaded
+    if standins:
+        found = loaded(launch.spec, launch.device, compiler)
+        if found is not None:
+            runs = [(launch, found)]
+            if value is not None:  # and the value product's kernel, or one standing in
+                first = ready(value, compiler)
+                runs = [first, *runs] if first is not None else []
+        if not runs:  # the other form in one pass, if loaded, while its own load
+            other = product.standin
+            assert other is not None
+            one = loaded(other.spec, other.device, compiler)
+            if one is not None:
+                load_soon([x.spec for x in own], launch.device, compiler)
+                runs = [(other, one)]
+    if not runs:
+        modules = yield Fetch(tuple(x.spec for x in own), launch.device, compiler)
+        runs = list(zip(own, modules, strict=True))
+    for each, module in runs:
+        if isinstance(each, CountedLaunch):
+            each.run(module, (a, given[0], b, given[1], c, made), stream)
+        else:
+            each.run(module, (a, b, c, None), stream)
     return c, made
 
 

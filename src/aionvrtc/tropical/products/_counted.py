@@ -1,7 +1,13 @@
 """Counted products on the GPU (``matmul(..., counts=...)``): C = A (x) B with, for each element,
 the count of the ways it is attained (tropical_counted.cu). The plan checks the operands, their
 counts and the outputs once per layout, as a product's does; the launch packs the kernel's
-arguments once, and a call writes its six pointers."""
+arguments once, and a call writes its six pointers.
+
+A product in tiles is two passes: the value product (the tuned kernels) writes C, then the count
+kernel counts, for each output, the pairs that attain its value; a compare for most pairs, where
+one pass must ask of each "better, or equal?" and keep int64 counts through every change of the
+best. Products that accumulate, and those too long for the count kernel's 32-bit tallies, take
+the one-pass kernel."""
 
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ from ._specs import CountedForm, Counting, counted_spec
 
 __all__ = [
     "ROWS_BELOW",
+    "WARPS_FROM_K",
+    "WARPS_UP_TO",
     "CountedLaunch",
     "CountedProduct",
     "counted_args",
@@ -39,20 +47,33 @@ __all__ = [
 # Products with fewer rows or columns than this take the skinny counted kernel (a thread per
 # output): the tiled kernel's 64 x 64 tiles would leave three quarters of its threads idle.
 ROWS_BELOW = 16
-_TILE = 64  # tropical_counted's CBM and CBN
+_TILE = 64  # tropical_counted's CBM and CBN, and tropical_count's KBM and KBN
+# A warp per output where a thread per output would leave most of the GPU idle (2^16 threads:
+# an eighth of an H100's) and each walks a long sum.
+WARPS_FROM_K = 64
+WARPS_UP_TO = 1 << 16
+# The count kernel tallies each entry's 1 in 32 bits: a sum over 2^31 k or more takes one pass.
+_COUNT_K_BELOW = 1 << 31
 
 
-def counted_form(m: int, n: int) -> CountedForm:
-    """The counted kernel for an M x N result: ``"rows"`` where either side is short."""
-    return "rows" if min(m, n) < ROWS_BELOW else "tiles"
+def counted_form(
+    m: int, n: int, k: int = 1, batch: int = 1, *, accumulate: bool = False
+) -> CountedForm:
+    """The counted kernel for a batch of M x N results, each a sum over K: where either side
+    is short, ``"warps"`` for a long sum into few outputs, else ``"rows"``; else ``"count"``
+    (after the value product), or ``"tiles"`` (one pass) where it accumulates or K is 2^31 or
+    more."""
+    if min(m, n) < ROWS_BELOW:
+        return "warps" if k >= WARPS_FROM_K and batch * m * n <= WARPS_UP_TO else "rows"
+    return "tiles" if accumulate or k >= _COUNT_K_BELOW else "count"
 
 
 def counted_grid(form: CountedForm, m: int, n: int, batch: int) -> tuple[int, int, int]:
     """The grid of a counted product: a block per 64 x 64 tile of C (column tiles and batches
-    past 65535 looped over), or for the skinny kernel a thread per output."""
-    if form == "tiles":
+    past 65535 looped over), or for the skinny kernels a thread (a warp) per output."""
+    if form in ("tiles", "count"):
         return tile_grid(m, n, batch, _TILE, _TILE)
-    return thread_blocks(batch * m * n), 1, 1
+    return thread_blocks(batch * m * n * (32 if form == "warps" else 1)), 1, 1
 
 
 def counted_args(
@@ -82,11 +103,14 @@ class CountedLaunch(Packed):
 
 @dataclass(frozen=True, slots=True, eq=False)  # compared by identity: one per layout
 class CountedProduct:
-    """A counted product's launch, and the other form's kernel that computes it too (run
-    while its own loads); or, with no kernel to run (an empty result, or K = 0), None."""
+    """A counted product's launch, and the other form's kernel that computes it too in one
+    pass (run while its own loads); or, with no kernel to run (an empty result, or K = 0),
+    None. ``after_value``: the launch counts the values that the value product of the same
+    operands into the same C writes first."""
 
     launch: CountedLaunch | None
     standin: CountedLaunch | None
+    after_value: bool
     fill: Any  # K = 0 without accumulate: the zero C is filled with (counts 0), else None
     shape: tuple[int, ...]  # C's
     dtype: Any
@@ -134,6 +158,7 @@ def plan_counted(
     shape = (batch, m, n) if shapes.batched else (m, n)
     c, made = _outputs(a, shape, out=out, accumulate=accumulate)
     launch = standin = fill = None
+    after_value = False
     if m and n and batch and k:
         counting: Counting = "ones" if counts is True else "exact" if modulus is None else "modular"
         each = [
@@ -147,7 +172,8 @@ def plan_counted(
         args = [0] * 6 + counted_args(
             (m, n, k, batch), each, modulus=modulus, accumulate=accumulate
         )
-        own = counted_form(m, n)
+        own = counted_form(m, n, k, batch, accumulate=accumulate)
+        after_value = own == "count"
         launch, standin = (
             CountedLaunch(
                 counted_spec(ring, a.dtype, counting=counting, form=form),
@@ -156,11 +182,11 @@ def plan_counted(
                 (THREADS, 1, 1),
                 args,
             )
-            for form in (own, "rows" if own == "tiles" else "tiles")
+            for form in (own, "tiles" if own == "rows" else "rows")
         )
     elif m and n and batch and not accumulate:
         fill = ring.zero(a.dtype)  # the sum over no k, attained by no assignment
-    product = CountedProduct(launch, standin, fill, shape, a.dtype, device)
+    product = CountedProduct(launch, standin, after_value, fill, shape, a.dtype, device)
     return product, (c, made)
 
 

@@ -20,6 +20,8 @@ __all__ = [
     "COUNTED_FORMS",
     "COUNTINGS",
     "LAYOUTS",
+    "TOP_BOUNDS",
+    "TOP_LANES",
     "all_specs",
     "backward_spec",
     "counted_spec",
@@ -50,7 +52,7 @@ _INCLUDES: dict[Family, tuple[str, ...]] = {
     "backward": (),
     "einsum": ("tropical_common.cuh",),
     "probe": (),
-    "counted": ("tropical_common.cuh", "tropical_counts.cuh"),
+    "counted": ("tropical_common.cuh", "tropical_counts.cuh", "tropical_fast.cuh"),
     "top": ("tropical_common.cuh", "tropical_counts.cuh"),
 }
 
@@ -216,10 +218,18 @@ Counting = Literal["ones", "exact", "modular"]
 # 2^63 - 1; modular: residues modulo a prime below 2^31. (tropical_counted.cu's Ones, Exact and
 # Modular.)
 COUNTINGS: tuple[Counting, ...] = ("ones", "exact", "modular")
-CountedForm = Literal["tiles", "rows"]
+CountedForm = Literal["tiles", "rows", "warps", "count"]
 # tiles: 64 x 64 tiles of C per block; rows: a thread per output, for products with few rows or
-# few columns.
-COUNTED_FORMS: tuple[CountedForm, ...] = ("tiles", "rows")
+# few columns; warps: a warp per output, for long sums into few outputs; count: the counts alone,
+# in 64 x 64 tiles, of values a value product wrote first.
+COUNTED_FORMS: tuple[CountedForm, ...] = ("tiles", "rows", "warps", "count")
+# Each form's template, and its arguments past (type, semiring, counting).
+_COUNTED_KERNELS: dict[CountedForm, tuple[str, str]] = {
+    "tiles": ("tropical_counted", ""),
+    "rows": ("tropical_counted_rows", ", 1"),
+    "warps": ("tropical_counted_rows", ", 32"),
+    "count": ("tropical_count", ""),
+}
 
 
 @functools.cache
@@ -227,12 +237,13 @@ def counted_spec(
     ring: Semiring, dtype: np.dtype[np.generic], *, counting: Counting, form: CountedForm
 ) -> KernelSpec:
     """The spec of one counted-product kernel (tropical_counted.cu): values and the counts of
-    the ways each is attained, any strides, batches, accumulating or not (arguments)."""
+    the ways each is attained (the count form: the counts of values written already), any
+    strides, batches, accumulating or not (arguments; the count form never accumulates)."""
     ring.check_dtype(dtype)
     if counting not in COUNTINGS or form not in COUNTED_FORMS:
         raise ValueError(f"no counted kernel {form!r} counting {counting!r}")
-    template = "tropical_counted" if form == "tiles" else "tropical_counted_rows"
-    expression = f"{template}<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {counting.capitalize()}>"
+    template, more = _COUNTED_KERNELS[form]
+    expression = f"{template}<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {counting.capitalize()}{more}>"
     return family_spec("counted", expression)
 
 
@@ -241,14 +252,23 @@ def counted_spec(
 TOP_BOUNDS = (4, 8, 16)
 
 
+# Threads per output list: one, or a warp for a long sum into few outputs.
+TOP_LANES = (1, 32)
+
+
 @functools.cache
-def top_spec(ring: Semiring, dtype: np.dtype[np.generic], *, kmax: int) -> KernelSpec:
+def top_spec(
+    ring: Semiring, dtype: np.dtype[np.generic], *, kmax: int, lanes: int = 1
+) -> KernelSpec:
     """The spec of one k-best kernel (tropical_top.cu): lists of up to ``kmax`` (value,
-    count) pairs."""
+    count) pairs, ``lanes`` threads per output."""
     ring.check_dtype(dtype)
     if kmax not in TOP_BOUNDS:
         raise ValueError(f"no k-best kernel for lists of {kmax}: the bounds are {TOP_BOUNDS}")
-    return family_spec("top", f"tropical_top<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {kmax}>")
+    if lanes not in TOP_LANES:
+        raise ValueError(f"no k-best kernel with {lanes} threads per output: {TOP_LANES}")
+    expression = f"tropical_top<{DTYPES[np.dtype(dtype)]}, {ring.cpp}, {kmax}, {lanes}>"
+    return family_spec("top", expression)
 
 
 def backward_spec(semiring_name: str | Semiring, dtype: Any) -> KernelSpec:
@@ -332,7 +352,10 @@ def all_specs(
             counted_spec(ring, dtype, counting=counting, form=form)
             for counting, form in itertools.product(COUNTINGS, COUNTED_FORMS)
         ]
-        specs += [top_spec(ring, dtype, kmax=kmax) for kmax in TOP_BOUNDS]
+        specs += [
+            top_spec(ring, dtype, kmax=kmax, lanes=lanes)
+            for kmax, lanes in itertools.product(TOP_BOUNDS, TOP_LANES)
+        ]
     return list(dict.fromkeys(specs))  # max-plus and min-plus share backward kernels
 
 

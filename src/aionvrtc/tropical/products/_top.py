@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..._compiler import Compiler
+from ._counted import WARPS_FROM_K, WARPS_UP_TO
 from ._launching import THREADS, Packed, loaded, thread_blocks
 from ._semirings import Semiring
 from ._specs import TOP_BOUNDS, top_spec
 from ._twins import Fetch, Work
 
-__all__ = ["MAX_TOP_GPU", "top_product"]
+__all__ = ["MAX_TOP_GPU", "top_lanes", "top_product"]
 
 # The longest list the GPU keeps (its registers hold each output's).
 MAX_TOP_GPU = TOP_BOUNDS[-1]
@@ -41,13 +42,14 @@ def top_product(
     assert b.shape[3] == values.shape[3] == k
     batch, m, n = values.shape[:3]
     kmax = next(bound for bound in TOP_BOUNDS if bound >= k)
-    spec = top_spec(ring, a.dtype, kmax=kmax)
-    device = a.device.id
-    lists = [_lists(x, batch) for x in (a, b, values)]
     total = batch * m * n
     if total == 0:
         return out
-    grid = (thread_blocks(total), 1, 1)
+    lanes = top_lanes(total, a.shape[2])
+    spec = top_spec(ring, a.dtype, kmax=kmax, lanes=lanes)
+    device = a.device.id
+    lists = [_lists(x, batch) for x in (a, b, values)]
+    grid = (thread_blocks(total * lanes), 1, 1)
     args = [0] * 6 + [m, n, a.shape[2], batch, k]
     args += [s for three in lists for s in three]
     launcher = Packed(spec, device, grid, (THREADS, 1, 1), args)
@@ -57,6 +59,12 @@ def top_product(
     pointers = [x.data.ptr for x in (a, na, b, nb, values, counts)]
     launcher.run_pointers(found, pointers, stream)
     return out
+
+
+def top_lanes(outputs: int, k: int) -> int:
+    """Threads per output list of a k-best product of ``outputs`` lists, each a sum over
+    ``k``: a warp where a long sum goes into few outputs (as the counted products choose)."""
+    return 32 if k >= WARPS_FROM_K and outputs <= WARPS_UP_TO else 1
 
 
 def _lists(x: Any, batch: int) -> tuple[int, int, int]:
