@@ -38,6 +38,7 @@ SHAPES = [
     ("batched 1024 x 64^3", "maxplus", "float32", 1024, 64, 64, 64),
     ("tall 2^20 x 16 x 4", "maxplus", "float32", 1, 1 << 20, 16, 4),
     ("wide 4 x 16 x 2^20", "maxplus", "float32", 1, 4, 16, 1 << 20),
+    ("few 4 x 2^16 x 4", "maxplus", "float32", 1, 4, 1 << 16, 4),
 ]
 WAYS = ("value", "ones", "exact", "modular", "one_pass")
 
@@ -61,7 +62,7 @@ def draw(
 def call(way: str, ring: str, a: Any, b: Any, *, counts: Any, out: Any) -> Any:
     """The product ``way`` computes, into ``out``. ``one_pass``: ``counts=True`` joined into
     ``out`` (accumulate), which the one-pass kernel computes: what counted tiles ran before
-    the count pass."""
+    the count pass. (Each repeat joins equal values, so its counts grow: timed, not read.)"""
     if way == "value":
         return lambda: tropical.matmul_sync(a, b, ring, out=out[0])
     if way == "one_pass":

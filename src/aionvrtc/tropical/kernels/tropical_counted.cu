@@ -222,6 +222,7 @@ constexpr int KBM = 64, KBN = 64, KBK = 16, KPAD = 4;
 template <typename C> struct Tally;
 template <> struct Tally<Ones> {
     typedef unsigned Acc;
+    static constexpr bool wide = false;  // whether a tile may hold counts past 32 bits
     __device__ static Acc add(Acc acc, unsigned, unsigned, unsigned long long) { return acc + 1; }
     __device__ static Acc add_wide(Acc acc, long long, long long) { return acc; }  // never slow
     __device__ static long long finish(Acc acc, Modulus m) {
@@ -231,6 +232,7 @@ template <> struct Tally<Ones> {
 constexpr unsigned long long TALLY_CAP = 1ULL << 63;
 template <> struct Tally<Exact> {
     typedef unsigned long long Acc;
+    static constexpr bool wide = true;
     __device__ static Acc add(Acc acc, unsigned na, unsigned nb, unsigned long long) {
         const Acc s = acc + (Acc)na * nb;
         return s < TALLY_CAP ? s : TALLY_CAP;
@@ -248,6 +250,7 @@ template <> struct Tally<Exact> {
 };
 template <> struct Tally<Modular> {
     typedef unsigned long long Acc;
+    static constexpr bool wide = false;  // residues: below p < 2^31
     __device__ static Acc add(Acc acc, unsigned na, unsigned nb, unsigned long long q) {
         const Acc s = acc + (Acc)na * nb;
         return s >= q ? s - q : s;
@@ -319,7 +322,13 @@ __global__ void __launch_bounds__(CTHREADS) tropical_count(
                                             sam, sak, scam, scak, mod) &
                     load_tile<T, S, C, KBN>(Bs, NBs, B + b * sbb, NB + b * scbb, N, K, n0, k0,
                                             sbn, sbk, scbn, scbk, mod);
-                const bool fast = __syncthreads_and(fits) != 0;
+                // The barrier that publishes the tiles; exact counts also agree on the fast path
+                // (for the others it is always taken, and the slow one compiled out).
+                bool fast = true;
+                if (Y::wide)
+                    fast = __syncthreads_and(fits) != 0;
+                else
+                    __syncthreads();
                 #pragma unroll 4
                 for (int kk = 0; kk < KBK; ++kk) {
                     const Pack<T, 4> a = *reinterpret_cast<const Pack<T, 4>*>(&As[kk][4 * ty]);

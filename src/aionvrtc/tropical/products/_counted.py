@@ -44,8 +44,8 @@ __all__ = [
     "plan_counted",
 ]
 
-# Products with fewer rows or columns than this take the skinny counted kernel (a thread per
-# output): the tiled kernel's 64 x 64 tiles would leave three quarters of its threads idle.
+# Products with fewer rows or columns than this take a skinny counted kernel (a thread or a warp
+# per output): the tiled kernel's 64 x 64 tiles would leave three quarters of its threads idle.
 ROWS_BELOW = 16
 _TILE = 64  # tropical_counted's CBM and CBN, and tropical_count's KBM and KBN
 # A warp per output where a thread per output would leave most of the GPU idle (2^16 threads:
