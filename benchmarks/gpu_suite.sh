@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_suite.sh [pytest args...]           tests, start-up and compile service
 #   bash benchmarks/gpu_suite.sh tropical [pytest args...]  tests, tropical GEMM (tiles: TILES)
 #   SWEEP=1 bash benchmarks/gpu_suite.sh tropical ...       tile sweep first, GEMM on its winners
+#   (WARM=1 before any mode: every tropical kernel compiled first, in parallel)
 #   bash benchmarks/gpu_suite.sh check [pytest args...]     a change's GPU checks: the tests given
 #                                                           (-m gpu and all they name), doctor
 #   bash benchmarks/gpu_suite.sh roofline [pytest args...]  the checks given, then the networks'
@@ -35,6 +36,11 @@ case "${1:-}" in tropical | check | roofline | counting | slices) mode=$1; shift
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 python3 -m aionvrtc doctor --json > "$OUT/doctor.json" 2>&1
 if [ $mode != service ] && [ $mode != tropical ]; then set -- -m gpu "$@"; fi
+# WARM=1: every tropical kernel compiled first, on every CPU, into the cache the tests and
+# benchmarks read (a minute on 16 CPUs), rather than one at a time as each call first needs it.
+if [ "${WARM:-0}" = 1 ]; then
+  python3 -m aionvrtc warm tropical --arch sm_90 --jobs "$(nproc)" > "$OUT/warm.log" 2>&1
+fi
 timeout "${TESTS_TIMEOUT:-3000}" python3 -m pytest -p no:cacheprovider -ra "$@" > "$OUT/pytest.log" 2>&1
 tests=$?
 gpu=$(head -2 "$OUT/nvidia-smi.csv" | tail -1 | cut -d, -f1)
