@@ -207,12 +207,15 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="small instances, and the reference")
     parser.add_argument("--only", nargs="*", default=[], help="the networks whose names hold these")
     args = parser.parse_args()
+    chosen = [
+        n for n in instances(args.small) if not args.only or any(w in n.name for w in args.only)
+    ]
+    if not chosen:
+        parser.error(f"no network's name holds any of {args.only}")
     f = gpu_facts()
     label = f["gpu"] + ("-small" if args.small else "")
     rows: list[dict[str, Any]] = []
-    for net in instances(args.small):
-        if args.only and not any(word in net.name for word in args.only):
-            continue
+    for net in chosen:
         began = time.perf_counter()
         rows.append(measure(net, args.repeats, args.small))
         print(f"{net.name}: {time.perf_counter() - began:.1f} s", flush=True)
