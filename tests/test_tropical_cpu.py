@@ -201,11 +201,12 @@ def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path
     # kernels of float32/float64 for the plus semirings and max-times; the tuned kernels of the
     # 3 numeric semirings x accumulate: each distinct tile of a type's element size, with and
     # without argmax, and the skinny kernel for each K class (no argmax); the counted kernels
-    # of every semiring and type, 3 countings in 2 forms, and the k-best ones of 3 bounds on k.
+    # of every semiring and type, 3 countings in 4 forms, and the k-best ones of 3 bounds on k,
+    # a thread or a warp per list.
     tiles = {v: len({t[v] for t in tropical.TILES.values()}) for v in tropical.VARIANTS}
     skinny = len(ROWS_KMAX)
     tuned = 3 * 2 * (sum(tiles.values()) + 4 * skinny)
-    assert len(specs) == 13 * 2 * 2 * 2 + 4 + tuned + 13 * 3 * 2 + 13 * 3
+    assert len(specs) == 13 * 2 * 2 * 2 + 4 + tuned + 13 * 3 * 4 + 13 * 3 * 2
     expressions = [s.name_expressions[0] for s in specs]
     assert len(set(expressions)) == len(specs)
 
@@ -213,7 +214,7 @@ def test_every_kernel_spec_compiles_for_sm_90_through_the_service(tmp_path: Path
 
     # warm() fills the disk cache through a parallel Compiler; a second warm compiles nothing.
     count = anyio.run(lambda: tropical.warm(["maxplus"], ["float32"], arch="sm_90"))
-    assert count == 2 * 2 * 2 + 1 + 2 * (tiles["f4"] + tiles["f4-argmax"] + skinny) + 3 * 2 + 3
+    assert count == 2 * 2 * 2 + 1 + 2 * (tiles["f4"] + tiles["f4-argmax"] + skinny) + 3 * 4 + 3 * 2
 
     async def again() -> int:
         async with Compiler(arch="sm_90", cache_dir=tmp_path) as compiler:
