@@ -154,13 +154,6 @@ __device__ __forceinline__ void join(T& acc, long long& count, T x, long long c,
     }
 }
 
-template <typename T> __device__ __forceinline__ T shuffle_xor(T x, int w) {
-    return __shfl_xor_sync(0xffffffffu, x, w);
-}
-template <> __device__ __forceinline__ bool shuffle_xor(bool x, int w) {
-    return __shfl_xor_sync(0xffffffffu, (int)x, w) != 0;
-}
-
 template <typename T, typename S, typename C, int LANES>
 __global__ void __launch_bounds__(CTHREADS) tropical_counted_rows(
     const T* __restrict__ A, const long long* __restrict__ NA,

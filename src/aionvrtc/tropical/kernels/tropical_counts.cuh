@@ -1,8 +1,8 @@
-// Count arithmetic of the counted kernels (tropical_counted.cu, tropical_top.cu): counts are
-// int64, exact (Exact: a count past 2^63 - 1 is -1, and stays -1 through every later product
-// and sum, never a wrong number), residues modulo p < 2^31 (Modular), or each operand entry's 1
-// (Ones: no count arrays read; a count is at most K, reduced modulo p at the end where p is
-// given).
+// Count arithmetic of the counted kernels (tropical_counted.cu, tropical_top.cu), and the
+// shuffle their warp-per-output forms join lanes with (at the end). Counts are int64: exact
+// (Exact: a count past 2^63 - 1 is -1, and stays -1 through every later product and sum,
+// never a wrong number), residues modulo p < 2^31 (Modular), or each operand entry's 1 (Ones:
+// no count arrays read; a count is at most K, reduced modulo p at the end where p is given).
 #pragma once
 
 // p = 0: exact counts. mu = floor(2^64 / p), for Barrett's reduction.
@@ -71,3 +71,11 @@ struct Ones {
     __device__ static long long finish(long long x, Modulus m) { return m.p ? x % m.p : x; }
 };
 
+// Lane ^ w's x, every lane of the warp taking part: how the warp-per-output kernels
+// (tropical_counted_rows, tropical_top with LANES = 32) join their lanes' parts.
+template <typename T> __device__ __forceinline__ T shuffle_xor(T x, int w) {
+    return __shfl_xor_sync(0xffffffffu, x, w);
+}
+template <> __device__ __forceinline__ bool shuffle_xor(bool x, int w) {
+    return __shfl_xor_sync(0xffffffffu, (int)x, w) != 0;
+}

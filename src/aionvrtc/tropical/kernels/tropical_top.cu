@@ -40,13 +40,6 @@ __device__ __forceinline__ void insert(T (&best)[KMAX], long long (&many)[KMAX],
     }
 }
 
-template <typename T> __device__ __forceinline__ T top_shuffle(T x, int w) {
-    return __shfl_xor_sync(0xffffffffu, x, w);
-}
-template <> __device__ __forceinline__ bool top_shuffle(bool x, int w) {
-    return __shfl_xor_sync(0xffffffffu, (int)x, w) != 0;
-}
-
 template <typename T, typename S, int KMAX, int LANES>
 __global__ void __launch_bounds__(256) tropical_top(
     const T* __restrict__ A, const long long* __restrict__ NA,
@@ -107,8 +100,8 @@ __global__ void __launch_bounds__(256) tropical_top(
             long long held[KMAX];
             #pragma unroll
             for (int p = 0; p < KMAX; ++p) {
-                theirs[p] = top_shuffle(best[p], w);
-                held[p] = top_shuffle(many[p], w);
+                theirs[p] = shuffle_xor(best[p], w);
+                held[p] = shuffle_xor(many[p], w);
             }
             #pragma unroll
             for (int p = 0; p < KMAX; ++p)

@@ -42,6 +42,7 @@ __all__ = [
     "counted_form",
     "counted_grid",
     "plan_counted",
+    "warp_per_output",
 ]
 
 # Products with fewer rows or columns than this take a skinny counted kernel (a thread or a warp
@@ -64,8 +65,14 @@ def counted_form(
     (after the value product), or ``"tiles"`` (one pass) where it accumulates or K is 2^31 or
     more."""
     if min(m, n) < ROWS_BELOW:
-        return "warps" if k >= WARPS_FROM_K and batch * m * n <= WARPS_UP_TO else "rows"
+        return "warps" if warp_per_output(batch * m * n, k) else "rows"
     return "tiles" if accumulate or k >= _COUNT_K_BELOW else "count"
+
+
+def warp_per_output(outputs: int, k: int) -> bool:
+    """Whether a skinny product (counted, or the k best) of ``outputs`` outputs, each a sum
+    over ``k``, takes a warp per output: a long sum into few outputs."""
+    return k >= WARPS_FROM_K and outputs <= WARPS_UP_TO
 
 
 def counted_grid(form: CountedForm, m: int, n: int, batch: int) -> tuple[int, int, int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._compiler import Compiler
-from ._counted import WARPS_FROM_K, WARPS_UP_TO
+from ._counted import warp_per_output
 from ._launching import THREADS, Packed, loaded, thread_blocks
 from ._semirings import Semiring
 from ._specs import TOP_BOUNDS, top_spec
@@ -64,7 +64,7 @@ def top_product(
 def top_lanes(outputs: int, k: int) -> int:
     """Threads per output list of a k-best product of ``outputs`` lists, each a sum over
     ``k``: a warp where a long sum goes into few outputs (as the counted products choose)."""
-    return 32 if k >= WARPS_FROM_K and outputs <= WARPS_UP_TO else 1
+    return 32 if warp_per_output(outputs, k) else 1
 
 
 def _lists(x: Any, batch: int) -> tuple[int, int, int]:
